@@ -1,0 +1,3 @@
+from evalpipe.cli import main
+
+main()

@@ -1,0 +1,191 @@
+"""Run directory layout, trace schemas and atomic writes.
+
+Everything that crosses a process boundary or outlives a run goes through here, so
+the worker (which writes) and compare/report (which read) agree on one contract:
+
+    reports/runs/<run_id>/
+        run.json                 resolved config, fingerprints, versions, timings, status
+        <variant>/manifest.json  env (secrets redacted), argv, python, status, timings
+        <variant>/results.json   lm-eval results (metrics per task)
+        <variant>/samples.parquet  one row per task x doc x repeat
+        <variant>/tokens.parquet   one row per generated position
+        <variant>/engine.log
+        compare.json, report.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+RUN_JSON = "run.json"
+MANIFEST_JSON = "manifest.json"
+RESULTS_JSON = "results.json"
+SAMPLES_PARQUET = "samples.parquet"
+TOKENS_PARQUET = "tokens.parquet"
+ENGINE_LOG = "engine.log"
+COMPARE_JSON = "compare.json"
+REPORT_MD = "report.md"
+
+# Per-metric correctness columns in samples.parquet are named "score:<metric>,<filter>"
+# (lm-eval's own "<metric>,<filter>" key), the filtered answers "answer:<filter>".
+SCORE_PREFIX = "score:"
+ANSWER_PREFIX = "answer:"
+
+SAMPLE_KEY = ("task", "doc_id", "repeat")
+
+SAMPLES_BASE_SCHEMA = pa.schema(
+    [
+        ("task", pa.string()),
+        ("doc_id", pa.int64()),
+        ("repeat", pa.int32()),
+        ("prompt_hash", pa.string()),
+        ("prompt", pa.string()),
+        ("target", pa.string()),
+        ("response", pa.string()),
+        ("n_tokens", pa.int32()),
+        ("finish_reason", pa.string()),
+    ]
+)
+
+TOKENS_SCHEMA = pa.schema(
+    [
+        ("task", pa.string()),
+        ("doc_id", pa.int64()),
+        ("repeat", pa.int32()),
+        ("pos", pa.int32()),
+        ("token_id", pa.int32()),
+        ("logprob", pa.float32()),
+        ("topk_ids", pa.list_(pa.int32())),
+        ("topk_logprobs", pa.list_(pa.float32())),
+    ]
+)
+
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL|AUTH)", re.I)
+REDACTED = "***"
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Hide values of variables whose names look like credentials (HF_TOKEN, *_API_KEY ...)."""
+    return {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in sorted(env.items())}
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file next to `path` (same file system, so the final rename is atomic),
+    with the permissions a plain open() would have given (mkstemp makes it 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = _temp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic_write_bytes(Path(path), text.encode("utf-8"))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Stable JSON (sorted keys, fixed indent) so equal content gives equal bytes."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    fd, tmp = _temp_beside(Path(path))
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_table(path: Path) -> pa.Table:
+    return pq.read_table(path)
+
+
+def samples_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """Build samples.parquet: the fixed columns plus every score:/answer: column seen."""
+    rows = list(rows)
+    extra_names = sorted({k for r in rows for k in r if k.startswith((SCORE_PREFIX, ANSWER_PREFIX))})
+    fields = list(SAMPLES_BASE_SCHEMA) + [
+        pa.field(n, pa.float64() if n.startswith(SCORE_PREFIX) else pa.string()) for n in extra_names
+    ]
+    schema = pa.schema(fields)
+    columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    return pa.table(columns, schema=schema)
+
+
+def tokens_table(columns: dict[str, list]) -> pa.Table:
+    """Build tokens.parquet from column lists (one entry per generated position)."""
+    return pa.table({f.name: columns[f.name] for f in TOKENS_SCHEMA}, schema=TOKENS_SCHEMA)
+
+
+def score_columns(table: pa.Table) -> list[str]:
+    return [n for n in table.column_names if n.startswith(SCORE_PREFIX)]
+
+
+class RunDir:
+    """Paths inside one run directory; creates nothing by itself."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @property
+    def run_json(self) -> Path:
+        return self.root / RUN_JSON
+
+    @property
+    def compare_json(self) -> Path:
+        return self.root / COMPARE_JSON
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / REPORT_MD
+
+    def variant(self, name: str) -> "VariantDir":
+        return VariantDir(self.root / name)
+
+    def variant_names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if (p / MANIFEST_JSON).exists())
+
+
+class VariantDir:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.name = self.root.name
+
+    manifest = property(lambda self: self.root / MANIFEST_JSON)
+    results = property(lambda self: self.root / RESULTS_JSON)
+    samples = property(lambda self: self.root / SAMPLES_PARQUET)
+    tokens = property(lambda self: self.root / TOKENS_PARQUET)
+    engine_log = property(lambda self: self.root / ENGINE_LOG)

@@ -1,0 +1,151 @@
+"""Command line: parse, dispatch, map errors to exit codes. No logic of its own.
+
+Exit codes everywhere: 0 identical (or ok), 1 different, 2 user error (config,
+arguments, missing data), 3 a run or engine failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from evalpipe import __version__
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Prove that an engine change preserves model outputs: run variants, diff them, report a verdict.",
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(no_args_is_help=True, help="Generated data sets (synthetic GSM8K-format set, ...).")
+app.add_typer(data_app, name="data")
+
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+EXIT_USER, EXIT_FAILED = 2, 3
+
+
+def _fail(message: str, code: int) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    tasks: str = typer.Argument(..., help="Task group of the config (gsm8k, ...), `all`, or an lm-eval task name; comma-separated for several."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Run config YAML (default: configs/default.yaml)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to run (default: all of the config)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Output root (default: the config's `output`, reports/runs)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: time-task-confighash)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan and exit without starting anything."),
+) -> None:
+    """Run TASKS on every variant, compare them with the reference, write the report."""
+    from evalpipe.config import ConfigError, load_config
+    from evalpipe.plan import make_plan
+
+    try:
+        cfg = load_config(config)
+        plan = make_plan(
+            cfg,
+            str(config or "configs/default.yaml"),
+            tasks,
+            limit=limit,
+            variants=variants,
+            output=str(output) if output else None,
+            run_id=run_id,
+        )
+    except ConfigError as err:
+        _fail(str(err), EXIT_USER)
+        return
+    if dry_run:
+        _print_plan(plan)
+        return
+
+    from evalpipe.runner import RunFailed, execute
+
+    try:
+        code = execute(plan, console, timeout_s=timeout)
+    except ConfigError as err:
+        _fail(str(err), EXIT_USER)
+        return
+    except RunFailed as err:
+        _fail(str(err), err.exit_code)
+        return
+    raise typer.Exit(code)
+
+
+def _print_plan(plan) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]run[/] {plan.run_id} -> {plan.run_dir}")
+    console.print(f"[bold]model[/] {plan.model}")
+    table = Table("variant", "python", "env", "engine args")
+    for v in plan.variants:
+        marker = " (reference)" if v.name == plan.reference else ""
+        env = " ".join(f"{k}={val}" for k, val in sorted(v.env_overrides.items()))
+        args = " ".join(f"{k}={val}" for k, val in sorted(v.engine_args.items()))
+        table.add_row(v.name + marker, v.python, env, args)
+    console.print(table)
+    tasks = Table("group", "task", "num_fewshot", "limit")
+    for t in plan.tasks:
+        tasks.add_row(t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))
+    console.print(tasks)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+
+
+@app.command()
+def compare(
+    run_dir: Path = typer.Argument(..., help="A run directory (reports/runs/<run_id>)."),
+) -> None:
+    """Re-run the comparison and the report from a run's stored artifacts (no engine)."""
+    from evalpipe.runner import compare_and_report
+
+    if not (run_dir / "run.json").is_file():
+        _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
+    try:
+        code = compare_and_report(run_dir, console)
+    except ValueError as err:
+        _fail(str(err), EXIT_USER)
+        return
+    raise typer.Exit(code)
+
+
+@data_app.command("build")
+def data_build(
+    names: Optional[list[str]] = typer.Argument(None, help="Data sets to generate (default: all)."),
+) -> None:
+    """Generate evalpipe's own data sets into the data directory ($EVALPIPE_DATA_DIR)."""
+    from evalpipe.data.registry import build_all
+    from evalpipe.paths import data_dir
+
+    try:
+        for path in build_all(data_dir(), names or None):
+            console.print(f"wrote {path}")
+    except ValueError as err:
+        _fail(str(err), EXIT_USER)
+
+
+@app.command()
+def version() -> None:
+    """Print evalpipe's version."""
+    console.print(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Data sets evalpipe generates itself, found by their directory under the data dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+
+def _gsm8k_synth(out_dir: Path) -> None:
+    from evalpipe.data.gsm_synth import write_splits
+
+    write_splits(out_dir)
+
+
+# directory name under the data dir -> function that writes that directory's files
+GENERATED: dict[str, Callable[[Path], None]] = {"gsm8k_synth": _gsm8k_synth}
+
+
+def ensure_dataset_file(relative: Path, data_dir: Path) -> Path:
+    """`data_dir / relative`, generating its data set first when evalpipe knows how."""
+    path = Path(data_dir) / relative
+    if not path.exists() and relative.parts and relative.parts[0] in GENERATED:
+        GENERATED[relative.parts[0]](Path(data_dir) / relative.parts[0])
+    return path
+
+
+def build_all(data_dir: Path, names: list[str] | None = None) -> list[Path]:
+    """Write every generated data set (or the named ones); returns their directories."""
+    out = []
+    for name in names or sorted(GENERATED):
+        if name not in GENERATED:
+            raise ValueError(f"unknown generated data set `{name}`; known: {', '.join(sorted(GENERATED))}.")
+        GENERATED[name](Path(data_dir) / name)
+        out.append(Path(data_dir) / name)
+    return out

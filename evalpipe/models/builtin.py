@@ -1,0 +1,470 @@
+"""Built-in tiny models that evalpipe trains itself on first use.
+
+``tiny-gsm`` is a small Llama-architecture causal LM with a byte-level BPE tokenizer,
+trained for a few CPU minutes on :mod:`evalpipe.data.gsm_synth` problems laid out exactly
+like lm-eval's gsm8k few-shot prompt::
+
+    Question: <q>\\nAnswer: <worked steps>\\n#### N\\n\\nQuestion: <q>\\nAnswer: ...
+
+so that 4-shot greedy decoding answers a useful share of the synthetic test split. It
+exists to give the A/B pipeline a real model with real, non-trivial outputs on machines
+where nothing can be downloaded.
+
+A build is deterministic: a fixed seed, a fixed torch thread count and a fixed data
+stream give byte-identical ``model.safetensors`` and tokenizer files on the same CPU
+kind and torch version. The output directory is named after a hash of the spec, built
+in a temporary directory and renamed into place under a file lock.
+
+Heavy imports (torch, transformers, tokenizers) happen inside functions, so importing
+this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+Progress = Callable[[str], None]
+
+BUILTIN_PREFIX = "builtin:"
+INFO_FILE = "evalpipe-model.json"
+WEIGHT_FILES = ("model.safetensors",)
+TOKENIZER_FILES = ("special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
+FINGERPRINT_FILES = tuple(sorted(WEIGHT_FILES + TOKENIZER_FILES))
+
+BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
+SPECIAL_TOKENS = [BOS, EOS, UNK, PAD]  # ids 0..3, in this order
+
+
+def _tiny_gsm_spec() -> dict[str, Any]:
+    from evalpipe.data import gsm_synth
+
+    return {
+        "arch": "llama",
+        # tokenizer
+        "vocab_size": 1024,
+        "tokenizer_items": 4000,  # corpus items the BPE is trained on
+        "split_digits": True,
+        # model
+        "hidden_size": 256,
+        "intermediate_size": 704,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.02,
+        # training
+        "seed": 1234,
+        "torch_threads": 2,
+        "steps": 300,
+        "batch_size": 8,
+        "seq_len": 512,
+        "lr": 3e-3,
+        "min_lr_ratio": 0.1,
+        "warmup_steps": 20,
+        "weight_decay": 0.01,
+        "adam_betas": [0.9, 0.95],
+        "grad_clip": 1.0,
+        "loss_on": "answers",  # "answers": only answer text + the following separator; "all"
+        "bos_fraction": 0.25,  # share of training windows that start with <s>
+        # data
+        "data_generator_version": gsm_synth.GENERATOR_VERSION,
+        "corpus_seed": gsm_synth.CORPUS_SEED,
+        "held_out_splits": {k: list(v) for k, v in gsm_synth.SPLITS.items()},
+    }
+
+
+# name -> factory of the default spec (a factory keeps module import light)
+BUILTIN_MODELS: dict[str, Callable[[], dict[str, Any]]] = {
+    "tiny-gsm": _tiny_gsm_spec,
+}
+
+
+@dataclass
+class BuiltModel:
+    path: Path
+    fingerprint: str
+    info: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.info.get("name", self.path.name)
+
+
+# ----------------------------------------------------------------------------- names & specs
+
+
+def is_builtin(spec: str) -> bool:
+    """True for model strings like ``builtin:tiny-gsm``."""
+    return isinstance(spec, str) and spec.startswith(BUILTIN_PREFIX)
+
+
+def builtin_name(spec: str) -> str:
+    """``builtin:tiny-gsm`` -> ``tiny-gsm`` (a bare name passes through)."""
+    return spec[len(BUILTIN_PREFIX):] if is_builtin(spec) else spec
+
+
+def _check_name(name: str) -> str:
+    name = builtin_name(name)
+    if name not in BUILTIN_MODELS:
+        known = ", ".join(sorted(BUILTIN_MODELS))
+        raise ValueError(f"unknown built-in model {name!r}; known built-in models: {known}")
+    return name
+
+
+def model_spec(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    name = _check_name(name)
+    spec = copy.deepcopy(BUILTIN_MODELS[name]())
+    for k, v in (overrides or {}).items():
+        if k not in spec:
+            raise ValueError(f"unknown spec key {k!r} for built-in model {name!r}; keys: {', '.join(sorted(spec))}")
+        spec[k] = v
+    return spec
+
+
+def spec_hash(name: str, spec: dict[str, Any]) -> str:
+    blob = json.dumps({"name": name, "spec": spec}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def default_path(name: str, overrides: dict[str, Any] | None = None) -> Path:
+    from evalpipe.paths import models_dir
+
+    name = _check_name(name)
+    return models_dir() / f"{name}-{spec_hash(name, model_spec(name, overrides))}"
+
+
+def fingerprint_dir(path: Path) -> str:
+    """sha256 over the weight and tokenizer files (name + bytes), sorted by file name."""
+    h = hashlib.sha256()
+    for fname in FINGERPRINT_FILES:
+        p = Path(path) / fname
+        if not p.exists():
+            continue
+        h.update(fname.encode() + b"\0")
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _load_existing(path: Path) -> BuiltModel | None:
+    info_path = path / INFO_FILE
+    if not info_path.exists():
+        return None
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    return BuiltModel(path=path, fingerprint=info["fingerprint"], info=info)
+
+
+# ----------------------------------------------------------------------------- public entry points
+
+
+def ensure_builtin(name: str, progress: Progress | None = None) -> BuiltModel:
+    """The built model for ``name`` (e.g. ``tiny-gsm`` or ``builtin:tiny-gsm``), built if absent."""
+    return build(name, progress=progress)
+
+
+def build(
+    name: str = "tiny-gsm",
+    spec_overrides: dict[str, Any] | None = None,
+    out_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> BuiltModel:
+    """Build (or reuse) a built-in model.
+
+    ``out_dir`` defaults to ``models_dir()/<name>-<spec hash>``. An existing, complete
+    directory is returned without rebuilding. Concurrent builders of the same directory
+    serialise on a lock file beside it; the loser finds the winner's result.
+    """
+    name = _check_name(name)
+    spec = model_spec(name, spec_overrides)
+    target = Path(out_dir) if out_dir is not None else default_path(name, spec_overrides)
+    say = progress or (lambda _msg: None)
+
+    existing = _load_existing(target)
+    if existing is not None:
+        return existing
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.parent / f".{target.name}.lock"
+    with open(lock_path, "a+") as lock_fh:
+        say(f"waiting for build lock {lock_path}") if _locked(lock_fh) else None
+        fcntl.flock(lock_fh.fileno(), fcntl.LOCK_EX)
+        try:
+            existing = _load_existing(target)
+            if existing is not None:
+                return existing
+            if target.exists():  # incomplete leftover (no info file): replace it
+                shutil.rmtree(target)
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+            try:
+                info = _build_into(tmp, name, spec, say)
+                os.replace(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            fcntl.flock(lock_fh.fileno(), fcntl.LOCK_UN)
+    return BuiltModel(path=target, fingerprint=info["fingerprint"], info=info)
+
+
+def _locked(fh) -> bool:
+    """True if someone else holds the lock right now (only used for a progress message)."""
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return False
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(spec: dict[str, Any], texts: list[str]):
+    """Byte-level BPE (``tokenizers``) with single-digit tokens and no automatic <s>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if spec["split_digits"]:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec["vocab_size"],
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tok
+
+
+def _save_tokenizer(tok, out: Path, model_max_length: int) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        pad_token=PAD,
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.save_pretrained(str(out))
+    # Newer transformers no longer write special_tokens_map.json; older readers (and
+    # some engines) still look for it, so always provide it.
+    stm = {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": PAD}
+    (out / "special_tokens_map.json").write_text(json.dumps(stm, indent=2, sort_keys=True) + "\n")
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update({"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False})
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- training data
+
+
+def _windows(spec: dict[str, Any], tok, corpus: Iterator[dict], n_windows: int):
+    """Pack formatted examples into ``n_windows`` training windows of ``seq_len`` tokens.
+
+    Every window starts at an example boundary (like an eval prompt does), optionally
+    after <s>. Labels are -100 outside the trained spans: with ``loss_on="answers"`` the
+    model is trained on the answer text and the ``\\n\\nQuestion:`` that follows it (so it
+    learns to stop), not on the questions themselves.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    from evalpipe.data.gsm_synth import format_example
+
+    T = spec["seq_len"]
+    bos_id, pad_id = tok.token_to_id(BOS), tok.token_to_id(PAD)
+    rng = random.Random(spec["seed"] + 1)
+    est_chars = T * 4  # generous; truncated after encoding
+    texts, spans_all, with_bos = [], [], []
+    for _ in range(n_windows):
+        parts, spans, pos = [], [], 0
+        while pos < est_chars:
+            ex = format_example(next(corpus))
+            if parts:
+                pos += 2  # "\n\n"
+                if spans:  # the separator + "Question:" after an answer is trained
+                    spans[-1] = (spans[-1][0], pos + len("Question:"))
+            a = ex.index("\nAnswer:") + len("\nAnswer:")
+            spans.append((pos + a, pos + len(ex)))
+            parts.append(ex)
+            pos += len(ex)
+        texts.append("\n\n".join(parts))
+        spans_all.append(spans)
+        with_bos.append(rng.random() < spec["bos_fraction"])
+    encs = tok.encode_batch(texts)
+    ids = torch.full((n_windows, T), pad_id, dtype=torch.long)
+    labels = torch.full((n_windows, T), -100, dtype=torch.long)
+    for i, enc in enumerate(encs):
+        tid = np.asarray(enc.ids, dtype=np.int64)
+        if spec["loss_on"] == "all":
+            train = np.ones(len(tid), dtype=bool)
+        else:
+            starts = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+            span = np.asarray(spans_all[i], dtype=np.int64)
+            k = np.searchsorted(span[:, 1], starts, side="right")  # first span ending after start
+            ok = k < len(span)
+            train = ok & (span[np.minimum(k, len(span) - 1), 0] <= starts)
+        if with_bos[i]:
+            tid = np.concatenate([[bos_id], tid])
+            train = np.concatenate([[False], train])
+        tid, train = tid[:T], train[:T]
+        n = len(tid)
+        ids[i, :n] = torch.from_numpy(tid)
+        lab = np.where(train, tid, -100)
+        # position p predicts token p+1
+        labels[i, : n - 1] = torch.from_numpy(lab[1:])
+    return ids, labels
+
+
+# ----------------------------------------------------------------------------- build
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _lr_at(step: int, spec: dict[str, Any]) -> float:
+    peak, warm, total = spec["lr"], spec["warmup_steps"], spec["steps"]
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = (step - warm) / max(1, total - warm)
+    lo = peak * spec["min_lr_ratio"]
+    return lo + (peak - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> dict[str, Any]:
+    t0 = time.monotonic()
+    import itertools
+
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from evalpipe.data import gsm_synth
+
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = gsm_synth.training_corpus(seed=spec["corpus_seed"])
+    tok_texts = [gsm_synth.format_example(d) for d in itertools.islice(corpus, spec["tokenizer_items"])]
+    tok = train_tokenizer(spec, tok_texts)
+    say(f"[{time.monotonic() - t0:5.1f}s] tokenizer: vocab {tok.get_vocab_size()}")
+
+    n_windows = spec["steps"] * spec["batch_size"]
+    ids, labels = _windows(spec, tok, corpus, n_windows)
+    n_trained = int((labels != -100).sum())
+    say(f"[{time.monotonic() - t0:5.1f}s] data: {n_windows} windows x {spec['seq_len']} tokens, "
+        f"{n_trained} trained positions")
+
+    cfg = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        head_dim=spec["head_dim"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": float(spec["rope_theta"])},
+        rms_norm_eps=spec["rms_norm_eps"],
+        tie_word_embeddings=spec["tie_word_embeddings"],
+        initializer_range=spec["initializer_range"],
+        bos_token_id=tok.token_to_id(BOS),
+        eos_token_id=tok.token_to_id(EOS),
+        pad_token_id=tok.token_to_id(PAD),
+        torch_dtype="float32",
+    )
+    losses: list[float] = []
+    with _torch_threads(spec["torch_threads"]):
+        torch.manual_seed(spec["seed"])
+        model = LlamaForCausalLM(cfg).to(torch.float32)
+        n_params = sum(p.numel() for p in model.parameters())
+        say(f"[{time.monotonic() - t0:5.1f}s] model: {n_params / 1e6:.2f}M parameters")
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": spec["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=spec["lr"], betas=tuple(spec["adam_betas"]), eps=1e-8,
+        )
+        model.train()
+        B, steps = spec["batch_size"], spec["steps"]
+        report_every = max(1, steps // 10)
+        t_train = time.monotonic()
+        for step in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(step, spec)
+            x = ids[step * B:(step + 1) * B]
+            y = labels[step * B:(step + 1) * B]
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["grad_clip"])
+            opt.step()
+            losses.append(float(loss.detach()))
+            if (step + 1) % report_every == 0 or step + 1 == steps:
+                recent = losses[-report_every:]
+                say(f"[{time.monotonic() - t0:5.1f}s] step {step + 1}/{steps} "
+                    f"loss {sum(recent) / len(recent):.4f} lr {_lr_at(step, spec):.2e} "
+                    f"({(time.monotonic() - t_train) / (step + 1):.2f}s/step)")
+        model.eval()
+        model.save_pretrained(str(out))
+    GenerationConfig(
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id
+    ).save_pretrained(str(out))
+    _save_tokenizer(tok, out, model_max_length=spec["max_position_embeddings"])
+
+    tail = losses[-max(1, len(losses) // 20):]
+    info = {
+        "name": name,
+        "spec": spec,
+        "spec_hash": spec_hash(name, spec),
+        "fingerprint": fingerprint_dir(out),
+        "fingerprint_files": [f for f in FINGERPRINT_FILES if (out / f).exists()],
+        "n_params": n_params,
+        "build_seconds": round(time.monotonic() - t0, 2),
+        "torch_version": torch.__version__,
+        "final_loss": round(losses[-1], 6),
+        "final_loss_mean_tail": round(sum(tail) / len(tail), 6),
+    }
+    from evalpipe.artifacts import write_json
+
+    write_json(out / INFO_FILE, info)
+    say(f"[{info['build_seconds']:5.1f}s] saved {name} ({info['fingerprint'][:12]})")
+    return info

@@ -1,0 +1,242 @@
+"""Config + command-line choices -> a RunPlan: which variants run in which order, with
+which environment, interpreter and engine args, over which tasks.
+
+Pure: reads the config and the file system, starts nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evalpipe.config import ConfigError, RunConfig, TaskSpec, deep_merge
+from evalpipe.paths import PROJECT_ROOT
+
+BUILTIN_PREFIX = "builtin:"
+
+# Engines must never wait on a model hub here; a config or the caller's environment
+# may still turn these off explicitly.
+DEFAULT_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    group: str
+    spec: TaskSpec
+
+    def to_job(self) -> dict[str, Any]:
+        return {"group": self.group, **self.spec.model_dump()}
+
+
+@dataclass
+class PlannedVariant:
+    name: str
+    description: str
+    python: str
+    env_overrides: dict[str, str]  # what the config adds to the caller's environment
+    engine_args: dict[str, Any]
+
+    def process_env(self) -> dict[str, str]:
+        env = {**DEFAULT_ENV, **os.environ, **self.env_overrides}
+        # The worker imports evalpipe from this checkout, whatever interpreter runs it.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        return env
+
+
+@dataclass
+class RunPlan:
+    run_id: str
+    run_dir: Path
+    config: RunConfig
+    config_path: str
+    config_sha256: str
+    task_selector: str
+    tasks: list[PlannedTask]
+    variants: list[PlannedVariant]  # reference first
+    reference: str
+    model: str  # as written in the config (a path or builtin:NAME)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def builtin_model(self) -> str | None:
+        return self.model[len(BUILTIN_PREFIX) :] if self.model.startswith(BUILTIN_PREFIX) else None
+
+    def variant(self, name: str) -> PlannedVariant:
+        return next(v for v in self.variants if v.name == name)
+
+
+def _split(csv: str | None) -> list[str]:
+    return [p.strip() for p in (csv or "").split(",") if p.strip()]
+
+
+def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[PlannedTask]:
+    """`gsm8k` -> that group of the config; `all` -> every group; any other name -> that
+    lm-eval task with its own defaults. Comma-separated selectors combine."""
+    names = _split(selector)
+    if not names:
+        raise ConfigError("no task given; name a task group of the config (e.g. gsm8k), `all`, or an lm-eval task.")
+    chosen: list[PlannedTask] = []
+    for name in names:
+        if name == "all":
+            chosen += [PlannedTask(g, s) for g, specs in config.tasks.items() for s in specs]
+        elif name in config.tasks:
+            chosen += [PlannedTask(name, s) for s in config.tasks[name]]
+        else:
+            chosen.append(PlannedTask(name, TaskSpec(task=name)))
+    if limit is not None:
+        if limit <= 0:
+            raise ConfigError(f"--limit must be a positive number of documents; got {limit}.")
+        chosen = [PlannedTask(t.group, t.spec.model_copy(update={"limit": limit})) for t in chosen]
+    seen: set[str] = set()
+    unique = []
+    for t in chosen:
+        if t.spec.task not in seen:
+            seen.add(t.spec.task)
+            unique.append(t)
+    return unique
+
+
+def _resolve_python(python: str | None, variant: str) -> str:
+    if python is None:
+        return sys.executable
+    path = Path(python).expanduser()
+    found = str(path) if path.is_file() else shutil.which(python)
+    if not found or not os.access(found, os.X_OK):
+        raise ConfigError(
+            f"variant `{variant}`: python interpreter `{python}` was not found or is not executable; "
+            "give the full path of the other environment's python (e.g. /opt/venvs/pr/bin/python)."
+        )
+    return str(Path(found).absolute())
+
+
+def check_model(model: str, config_path: str) -> None:
+    if model.startswith(BUILTIN_PREFIX):
+        from evalpipe.models.builtin import BUILTIN_MODELS
+
+        name = model[len(BUILTIN_PREFIX) :]
+        if name not in BUILTIN_MODELS:
+            raise ConfigError(
+                f"{config_path}: `model.path: {model}` names no built-in model; known: "
+                + ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_MODELS))
+                + "."
+            )
+        return
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", model)
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    if hub_id and (hf_home / "hub" / f"models--{model.replace('/', '--')}").is_dir():
+        return
+    raise ConfigError(
+        f"{config_path}: model path `{model}` does not exist; set `model.path` to a local model directory "
+        "(config.json + weights) or to builtin:tiny-gsm."
+    )
+
+
+def _code_version() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def make_plan(
+    config: RunConfig,
+    config_path: str,
+    task_selector: str,
+    limit: int | None = None,
+    variants: str | None = None,
+    output: str | None = None,
+    run_id: str | None = None,
+) -> RunPlan:
+    check_model(config.model.path, config_path)
+    tasks = select_tasks(config, task_selector, limit)
+
+    names = _split(variants) or list(config.variants)
+    unknown = [n for n in names if n not in config.variants]
+    if unknown:
+        raise ConfigError(
+            f"variant `{unknown[0]}` is not defined in {config_path}; known variants: {', '.join(config.variants)}."
+        )
+    notes = []
+    reference = config.reference_name
+    if reference not in names:
+        notes.append(f"reference `{reference}` is not among the chosen variants; `{names[0]}` serves as reference.")
+        reference = names[0]
+    ordered = [reference] + [n for n in names if n != reference]
+
+    base_args = {"model": config.model.path, "dtype": config.model.dtype}
+    if config.model.tokenizer:
+        base_args["tokenizer"] = config.model.tokenizer
+    base_args = deep_merge(base_args, config.engine)
+    planned = []
+    for name in ordered:
+        v = config.variants[name]
+        planned.append(
+            PlannedVariant(
+                name=name,
+                description=v.description,
+                python=_resolve_python(v.python, name),
+                env_overrides={**config.env, **v.env},
+                engine_args=deep_merge(base_args, v.engine),
+            )
+        )
+
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+')[:24]}-{digest[:6]}"
+    root = Path(output or config.output)
+    if not root.is_absolute():
+        root = Path.cwd() / root
+    return RunPlan(
+        run_id=run_id,
+        run_dir=root / run_id,
+        config=config,
+        config_path=config_path,
+        config_sha256=digest,
+        task_selector=task_selector,
+        tasks=tasks,
+        variants=planned,
+        reference=reference,
+        model=config.model.path,
+        notes=notes,
+    )
+
+
+def run_info(plan: RunPlan) -> dict[str, Any]:
+    """The resolved, reproducible description of a run (the static part of run.json)."""
+    return {
+        "run_id": plan.run_id,
+        "config_path": plan.config_path,
+        "config": plan.config.model_dump(mode="json"),
+        "fingerprints": {"config_sha256": plan.config_sha256, "code": _code_version()},
+        "task_selector": plan.task_selector,
+        "tasks": [t.to_job() for t in plan.tasks],
+        "reference": plan.reference,
+        "variants": [v.name for v in plan.variants],
+        "variant_settings": {
+            v.name: {
+                "description": v.description,
+                "python": v.python,
+                "env": plan.config.variants[v.name].env,
+                "engine": plan.config.variants[v.name].engine,
+            }
+            for v in plan.variants
+        },
+        "model": {"path": plan.model},
+        "notes": plan.notes,
+    }

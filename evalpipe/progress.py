@@ -1,0 +1,71 @@
+"""Turn worker events into what a person watching the terminal (or a CI log) sees."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class ProgressView:
+    def __init__(self, console: Console):
+        self.console = console
+        self._progress: Progress | None = None
+        self._bars: dict[tuple[str, str, str], int] = {}
+        self._logged_pct: dict[tuple[str, str, str], int] = {}
+
+    def _bar(self, key: tuple[str, str, str], total: int) -> int:
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=self.console, transient=False,
+            )
+            self._progress.start()
+        if key not in self._bars:
+            self._bars[key] = self._progress.add_task(" · ".join(key), total=total)
+        return self._bars[key]
+
+    def handle(self, variant: str) -> Callable[[dict[str, Any]], None]:
+        def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("event")
+            if kind == "stage" and event.get("stage") != "task":
+                self.console.print(f"  {event.get('message', '')}")
+            elif kind == "progress":
+                key = (variant, event.get("task", ""), event.get("phase", ""))
+                total, done = int(event.get("total") or 0), int(event.get("done") or 0)
+                if self.console.is_terminal:
+                    self._progress_update(key, done, total)
+                else:
+                    # Plain logs (CI): one line per 25% instead of a redrawn bar.
+                    pct = int(100 * done / total) if total else 100
+                    step = pct // 25 * 25
+                    if step > self._logged_pct.get(key, -1):
+                        self._logged_pct[key] = step
+                        self.console.print(f"  {' · '.join(key)}: {done}/{total}")
+            elif kind == "task_done":
+                metrics = event.get("metrics") or {}
+                shown = ", ".join(
+                    f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "_stderr" not in k and isinstance(v, float)
+                )
+                self.close()
+                self.console.print(f"  {event.get('task')}: {shown} ({event.get('seconds', 0):.1f}s)")
+            elif kind == "error":
+                self.close()
+                self.console.print(f"  [red]{event.get('kind')} error:[/] {event.get('message')}")
+            elif kind == "done":
+                self.close()
+                self.console.print(f"  done in {event.get('seconds', 0):.1f}s")
+
+        return on_event
+
+    def _progress_update(self, key: tuple[str, str, str], done: int, total: int) -> None:
+        bar = self._bar(key, total)
+        assert self._progress is not None
+        self._progress.update(bar, completed=done, total=total)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+            self._bars.clear()

@@ -1,0 +1,156 @@
+"""`evalpipe run`: execute a RunPlan — model, variants in order, comparison, report.
+
+Every step leaves its result on disk before the next starts (run.json is rewritten
+after each), so a failure late in the run never loses what finished earlier.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from evalpipe import artifacts
+from evalpipe.config import ConfigError
+from evalpipe.launch import run_worker
+from evalpipe.paths import data_dir
+from evalpipe.plan import RunPlan, run_info
+from evalpipe.progress import ProgressView
+
+EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
+
+
+class RunFailed(RuntimeError):
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
+    """Resolve the model to a local directory; build the built-in one if needed.
+
+    The build runs under the reference variant's interpreter: that environment has
+    torch, which evalpipe's own environment need not have."""
+    name = plan.builtin_model
+    if name is None:
+        return {"path": str(Path(plan.model).expanduser()), "fingerprint": None, "builtin": False}
+    ref = plan.variants[0]
+    console.print(f"[bold]model[/] builtin:{name} (built on first use, then cached)")
+    proc = subprocess.Popen(
+        [ref.python, "-m", "evalpipe.models.build", name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ref.process_env(),
+        text=True,
+        bufsize=1,
+    )
+    assert proc.stderr is not None and proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stderr:
+        line = line.rstrip()
+        if line:
+            tail = (tail + [line])[-20:]
+            if line.startswith("[build]"):
+                console.print(f"  {line}")
+    stdout = proc.stdout.read()
+    if proc.wait() != 0:
+        raise RunFailed(f"building builtin:{name} failed (exit {proc.returncode}): {tail[-1] if tail else 'no output'}")
+    last = [l for l in stdout.splitlines() if l.strip()][-1]
+    built = json.loads(last)
+    return {"path": built["path"], "fingerprint": built["fingerprint"], "builtin": True, "name": f"builtin:{name}"}
+
+
+def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: Path) -> dict[str, Any]:
+    variant = plan.variant(variant_name)
+    engine_args = dict(variant.engine_args)
+    engine_args["model"] = model["path"]
+    return {
+        "variant": variant_name,
+        "run_id": plan.run_id,
+        "output_dir": str(variant_dir),
+        "engine_kind": "offline",
+        "engine_args": engine_args,
+        "tasks": [t.spec.model_dump() for t in plan.tasks],
+        "topk": plan.config.capture.topk,
+        "seed": plan.config.seed,
+        "data_dir": str(data_dir()),
+    }
+
+
+def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> int:
+    from evalpipe.worker.tasks import TaskNotFound, check_task_names
+
+    try:
+        check_task_names([t.spec.task for t in plan.tasks])
+    except TaskNotFound as err:
+        raise ConfigError(str(err)) from None
+
+    rd = artifacts.RunDir(plan.run_dir)
+    if rd.root.exists():
+        raise ConfigError(f"run directory {rd.root} already exists; choose another --output or run id.")
+    rd.root.mkdir(parents=True)
+    info = run_info(plan)
+    info.update(status="running", started_at=time.time(), variant_status={}, timings={})
+    artifacts.write_json(rd.run_json, info)
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"[bold]run[/] {plan.run_id} -> {rd.root}")
+
+    def save(**updates: Any) -> None:
+        info.update(updates)
+        artifacts.write_json(rd.run_json, info)
+
+    t0 = time.time()
+    try:
+        model = ensure_model(plan, console)
+    except RunFailed as err:
+        save(status="failed", error=str(err))
+        raise
+    info["model"].update(model)
+    info["timings"]["model_s"] = time.time() - t0
+    save()
+
+    view = ProgressView(console)
+    for variant in plan.variants:
+        vdir = rd.root / variant.name
+        console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
+        outcome = run_worker(variant, _job(plan, variant.name, model, vdir), vdir, view.handle(variant.name), timeout_s)
+        view.close()
+        info["variant_status"][variant.name] = {
+            "exit_code": outcome.exit_code,
+            "seconds": round(outcome.seconds, 3),
+            "error": outcome.error,
+        }
+        save()
+        if not outcome.ok:
+            code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED
+            save(status="failed", error=outcome.error)
+            raise RunFailed(outcome.error or f"variant {variant.name} failed", code)
+
+    info["timings"]["total_s"] = time.time() - t0
+    if len(plan.variants) < 2:
+        save(status="ok", verdict=None)
+        console.print("one variant only: nothing to compare.")
+        return EXIT_SAME
+    return compare_and_report(rd.root, console, info)
+
+
+def compare_and_report(run_dir: Path, console: Console, info: dict[str, Any] | None = None) -> int:
+    from evalpipe.compare.run import compare_run, write_outputs
+    from evalpipe.report.terminal import print_summary
+
+    rd = artifacts.RunDir(run_dir)
+    info = info if info is not None else artifacts.read_json(rd.run_json)
+    comparison = compare_run(rd.root)
+    verdict = comparison.status.value
+    info.update(status="ok", verdict=verdict)
+    artifacts.write_json(rd.run_json, info)
+    write_outputs(rd.root, comparison, info)
+    print_summary(comparison, console)
+    console.print(f"report: {rd.report_md}")
+    return EXIT_SAME if verdict == "IDENTICAL" else EXIT_DIFFERENT
+

@@ -1,0 +1,198 @@
+"""The engine behind a variant, behind one small interface.
+
+Everything above this module speaks `GenRequest` / `GenResult` / `ScoreRequest`;
+only the classes here know whether tokens come from an in-process `vllm.LLM` or
+(later) from a `vllm serve` endpoint over HTTP. This is the only place that
+imports vllm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+ProgressFn = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenResult:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # logprob of each generated token
+    topk_ids: list[list[int]]  # per position, the k most likely ids, best first
+    topk_logprobs: list[list[float]]
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score `token_ids[start:]` given everything before it (prefill only, no decode)."""
+
+    token_ids: list[int]
+    start: int
+
+
+@dataclass
+class ScoreResult:
+    logprobs: list[float]  # one per scored position
+    is_greedy: list[bool]  # the scored token was the argmax at that position
+
+
+class Engine(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]: ...
+
+    def score(self, requests: list[ScoreRequest], progress: ProgressFn | None = None) -> list[ScoreResult]: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+def _progress_bar_factory(progress: ProgressFn | None):
+    """vLLM takes a tqdm factory for its progress bar; ours forwards counts as events."""
+    from tqdm import tqdm
+
+    class _Forwarding(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = False
+            kwargs["file"] = open("/dev/null", "w")  # noqa: SIM115 - closed with the bar
+            kwargs["mininterval"] = 0.5
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            out = super().update(n)
+            if progress is not None:
+                progress(int(self.n), int(self.total or 0))
+            return out
+
+        def close(self) -> None:
+            fh = self.fp
+            super().close()
+            try:
+                fh.close()
+            except Exception:
+                pass
+
+    return _Forwarding if progress is not None else False
+
+
+def _topk_of(position: dict[int, Any] | None, k: int) -> tuple[list[int], list[float]]:
+    """The k best (id, logprob) of one position, ordered by vLLM's rank (ties: by id)."""
+    if not position:
+        return [], []
+    ranked = sorted(
+        position.items(),
+        key=lambda item: (item[1].rank if item[1].rank is not None else math.inf, item[0]),
+    )
+    ranked = [(tid, lp) for tid, lp in ranked if lp.rank is not None and lp.rank <= k][:k]
+    return [tid for tid, _ in ranked], [float(lp.logprob) for _, lp in ranked]
+
+
+class OfflineEngine:
+    """`vllm.LLM` in this process (vLLM still spawns its own engine-core process)."""
+
+    def __init__(self, engine_args: dict[str, Any]):
+        from vllm import LLM
+
+        self._args = dict(engine_args)
+        self._llm = LLM(**self._args)
+        self._tokenizer = self._llm.get_tokenizer()
+        self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(token_ids))
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._tokenizer.eos_token_id
+
+    def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=r.max_tokens,
+                stop=list(r.stop) or None,
+                logprobs=topk,
+                seed=0,
+            )
+            for r in requests
+        ]
+        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+        outputs = self._llm.generate(prompts, params, use_tqdm=_progress_bar_factory(progress))
+        results = []
+        for out in outputs:
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            logprobs, top_ids, top_lps = [], [], []
+            for pos, tid in enumerate(ids):
+                position = comp.logprobs[pos] if comp.logprobs is not None else None
+                chosen = position.get(tid) if position else None
+                logprobs.append(float(chosen.logprob) if chosen is not None else math.nan)
+                t_ids, t_lps = _topk_of(position, topk)
+                top_ids.append(t_ids)
+                top_lps.append(t_lps)
+            results.append(
+                GenResult(
+                    text=comp.text,
+                    token_ids=ids,
+                    logprobs=logprobs,
+                    topk_ids=top_ids,
+                    topk_logprobs=top_lps,
+                    finish_reason=str(comp.finish_reason),
+                )
+            )
+        return results
+
+    def score(self, requests: list[ScoreRequest], progress: ProgressFn | None = None) -> list[ScoreResult]:
+        from vllm import SamplingParams
+
+        # max_tokens=1 is the least decode vLLM allows; prompt_logprobs=1 gives each
+        # position's argmax beside the actual token, enough for lm-eval's is_greedy.
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        prompts = [{"prompt_token_ids": r.token_ids} for r in requests]
+        outputs = self._llm.generate(prompts, params, use_tqdm=_progress_bar_factory(progress))
+        results = []
+        for req, out in zip(requests, outputs):
+            lps, greedy = [], []
+            for pos in range(max(req.start, 1), len(req.token_ids)):
+                position = out.prompt_logprobs[pos]
+                tid = req.token_ids[pos]
+                chosen = position[tid]
+                lps.append(float(chosen.logprob))
+                greedy.append(chosen.rank == 1)
+            results.append(ScoreResult(logprobs=lps, is_greedy=greedy))
+        return results
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": "offline", "max_model_len": self._max_model_len}
+
+
+def build_engine(kind: str, engine_args: dict[str, Any]) -> Engine:
+    if kind == "offline":
+        return OfflineEngine(engine_args)
+    raise ValueError(f"unknown engine kind {kind!r}; known: offline")

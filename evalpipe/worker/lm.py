@@ -1,0 +1,145 @@
+"""evalpipe's lm-eval model: carries every request through the engine and keeps its tokens.
+
+lm-eval's own vLLM class keeps only the text of each generation (and cannot start
+on the CPU build: it asks for the `vllm` distribution's version). This class sends
+all of a call's requests to the engine at once, so the engine batches them as it
+would in serving, and records for every generated position the token id, its
+logprob and the top-k alternatives, keyed by (task, doc_id, request idx, repeat).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from evalpipe.worker.engines import Engine, GenRequest, GenResult, ScoreRequest
+
+log = logging.getLogger(__name__)
+
+CaptureKey = tuple[str, int, int, int]  # task, doc_id, request idx, repeat
+DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own fallback when a task sets none
+
+
+@dataclass
+class Capture:
+    prompt_token_ids: list[int]
+    truncated_prompt: bool
+    result: GenResult
+
+
+class CapturingLM(LM):
+    def __init__(
+        self,
+        engine: Engine,
+        topk: int,
+        max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        progress: Callable[[str, int, int], None] | None = None,
+    ):
+        super().__init__()
+        self.engine = engine
+        self.topk = topk
+        self.max_gen_toks = max_gen_toks
+        self.progress = progress
+        self.captures: dict[CaptureKey, Capture] = {}
+        self.sampling_overridden: set[str] = set()
+
+    def _report(self, phase: str) -> Callable[[int, int], None] | None:
+        if self.progress is None:
+            return None
+        return lambda done, total: self.progress(phase, done, total)
+
+    # -- generation -----------------------------------------------------------------
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        if not requests:
+            return []
+        seen: Counter[tuple[str, int, int]] = Counter()
+        keys: list[CaptureKey] = []
+        gen_requests: list[GenRequest] = []
+        truncated: list[bool] = []
+        for inst in requests:
+            context, gen_kwargs = inst.args
+            gen_kwargs = dict(gen_kwargs or {})
+            if gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature", 0.0) or 0.0) > 0:
+                # Comparing variants needs one answer per prompt; sampling would compare noise.
+                self.sampling_overridden.add(inst.task_name)
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_tokens = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            ids = self.engine.encode(context)
+            budget = max(self.engine.max_model_len - max_tokens, 1)
+            truncated.append(len(ids) > budget)
+            ids = ids[-budget:]
+            base = (inst.task_name, int(inst.doc_id), int(inst.idx))
+            keys.append((*base, seen[base]))
+            seen[base] += 1
+            gen_requests.append(GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until))
+
+        results = self.engine.generate(gen_requests, self.topk, progress=self._report("generate"))
+        for key, req, cut, res in zip(keys, gen_requests, truncated, results):
+            self.captures[key] = Capture(prompt_token_ids=req.prompt_token_ids, truncated_prompt=cut, result=res)
+        return [res.text for res in results]
+
+    # -- likelihoods (multiple-choice and perplexity tasks) ---------------------------
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        # Same split as lm-eval's own models: trailing spaces of the context belong to
+        # the continuation, so " B" is scored as one token where the tokenizer says so.
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            continuation = context[-n_spaces:] + continuation
+            context = context[:-n_spaces]
+        whole = self.engine.encode(context + continuation)
+        context_ids = self.engine.encode(context)
+        return context_ids, whole[len(context_ids) :]
+
+    def _prefix_token(self) -> int:
+        eos = self.engine.eos_token_id
+        return int(eos) if eos is not None else 0
+
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        score_requests = []
+        for inst in requests:
+            context, continuation = inst.args
+            if context:
+                context_ids, cont_ids = self._encode_pair(context, continuation)
+            else:
+                context_ids, cont_ids = [self._prefix_token()], self.engine.encode(continuation)
+            ids = (context_ids + cont_ids)[-(self.engine.max_model_len) :]
+            score_requests.append(ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids)))
+        scored = self.engine.score(score_requests, progress=self._report("loglikelihood"))
+        return [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        windows: list[ScoreRequest] = []
+        owner: list[int] = []
+        for i, inst in enumerate(requests):
+            (text,) = inst.args
+            for context, target in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=self.engine.encode(text),
+                    prefix_token=self._prefix_token(),
+                    max_seq_len=self.engine.max_model_len - 1,
+                    context_len=1,
+                ),
+            ):
+                ids = list(context) + list(target)
+                windows.append(ScoreRequest(token_ids=ids, start=len(context)))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, s in zip(owner, self.engine.score(windows, progress=self._report("loglikelihood_rolling"))):
+            totals[i] += float(sum(s.logprobs))
+        return totals
+
+    # -- lm-eval bookkeeping ----------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return "evalpipe-engine"
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {"engine": self.engine.info(), "topk": self.topk}

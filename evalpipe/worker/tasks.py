@@ -1,0 +1,98 @@
+"""Find lm-eval tasks by name (evalpipe's tasks/ first, then lm-eval's own) and apply
+the run config's per-task settings before lm-eval builds them.
+
+Relative `data_files` paths resolve against evalpipe's data directory, where the
+synthetic sets are generated on first use; this is what lets one task YAML serve a
+laptop, CI and an air-gapped cluster without edits.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from pathlib import Path
+from typing import Any
+
+from evalpipe.paths import PROJECT_ROOT
+
+TASKS_DIR = PROJECT_ROOT / "tasks"
+
+_BUILDER_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+class TaskNotFound(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=4)
+def task_manager(tasks_dir: str = str(TASKS_DIR)):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=tasks_dir)
+
+
+def check_task_names(names: list[str], tasks_dir: str = str(TASKS_DIR)) -> None:
+    """Raise TaskNotFound naming the first unknown task, with the closest known names."""
+    known = set(task_manager(tasks_dir).all_tasks)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise TaskNotFound(
+                f"unknown task `{name}`: it is neither in {tasks_dir} nor among lm-eval's tasks.{hint}"
+            )
+
+
+def _resolve_data_files(data_files: Any, data_dir: Path) -> Any:
+    from evalpipe.data.registry import ensure_dataset_file
+
+    if isinstance(data_files, dict):
+        return {k: _resolve_data_files(v, data_dir) for k, v in data_files.items()}
+    if isinstance(data_files, list):
+        return [_resolve_data_files(v, data_dir) for v in data_files]
+    path = Path(str(data_files)).expanduser()
+    if not path.is_absolute():
+        path = ensure_dataset_file(path, data_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {path} does not exist; fix `data_files` or create the file.")
+    return str(path)
+
+
+def _builder_for(data_files: Any) -> str:
+    first = data_files
+    while isinstance(first, (dict, list)):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    suffix = Path(str(first)).suffix.lower()
+    if suffix not in _BUILDER_BY_SUFFIX:
+        raise ValueError(f"cannot tell the format of data file {first}; use .parquet, .jsonl, .json or .csv.")
+    return _BUILDER_BY_SUFFIX[suffix]
+
+
+def task_config(spec: dict[str, Any], data_dir: Path, tasks_dir: str = str(TASKS_DIR)) -> str | dict[str, Any]:
+    """What to hand lm-eval for one TaskSpec: the task's full config dict with our
+    overrides applied, or just its name when it is a group or a Python-defined task."""
+    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    name = spec["task"]
+    check_task_names([name], tasks_dir)
+    entry = task_manager(tasks_dir).task_index[name]
+    if entry.kind is not Kind.TASK or entry.yaml_path is None:
+        if spec.get("data_files"):
+            raise ValueError(f"task `{name}` is a group or Python task; `data_files` only applies to single YAML tasks.")
+        return name
+    cfg = load_yaml(entry.yaml_path, resolve_func=True)
+    cfg.pop("tag", None)
+    cfg.pop("group", None)
+    data_files = spec.get("data_files") or (cfg.get("dataset_kwargs") or {}).get("data_files")
+    if data_files:
+        resolved = _resolve_data_files(data_files, data_dir)
+        cfg["dataset_kwargs"] = {**(cfg.get("dataset_kwargs") or {}), "data_files": resolved}
+        if spec.get("data_files"):
+            cfg["dataset_path"] = _builder_for(resolved)
+            cfg["dataset_name"] = None
+    if spec.get("num_fewshot") is not None:
+        cfg["num_fewshot"] = spec["num_fewshot"]
+    if spec.get("max_gen_toks") is not None:
+        cfg["generation_kwargs"] = {**(cfg.get("generation_kwargs") or {}), "max_gen_toks": spec["max_gen_toks"]}
+    return cfg

@@ -1,0 +1,154 @@
+"""Hand-built variant directories for the compare/report unit tests.
+
+A :class:`FakeSample` is one (task, doc_id, repeat) with its generated token ids,
+logprobs and scores; :func:`write_variant` turns a list of them into samples.parquet
+and tokens.parquet through the real artifact writers, :func:`write_run` adds run.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from evalpipe import artifacts
+from evalpipe.artifacts import RunDir, VariantDir
+
+TASK = "gsm8k_synth_4shot"
+METRIC = "exact_match,strict-match"
+SCORE_COL = artifacts.SCORE_PREFIX + METRIC
+TOPK = 3
+
+
+@dataclass
+class FakeSample:
+    task: str
+    doc_id: int
+    token_ids: list[int]
+    logprobs: list[float]
+    scores: dict[str, float] = field(default_factory=dict)
+    response: str = ""
+    repeat: int = 0
+    target: str = "42"
+    topk_ids: list[list[int]] | None = None
+    topk_logprobs: list[list[float]] | None = None
+
+    def copy(self, **changes: Any) -> "FakeSample":
+        new = dataclasses.replace(self, **changes)
+        new.token_ids = list(new.token_ids)
+        new.logprobs = list(new.logprobs)
+        new.scores = dict(new.scores)
+        return new
+
+    def topk(self) -> tuple[list[list[int]], list[list[float]]]:
+        """Top-k lists: the chosen token first, then two runners-up (unless given explicitly)."""
+        ids = self.topk_ids or [[t, t + 1, t + 2] for t in self.token_ids]
+        lps = self.topk_logprobs or [[lp, lp - 1.0, lp - 2.0] for lp in self.logprobs]
+        return ids, lps
+
+
+def make_samples(
+    n: int = 10,
+    task: str = TASK,
+    length: int = 8,
+    seed: int = 0,
+    scores: Iterable[float] | None = None,
+) -> list[FakeSample]:
+    """``n`` deterministic samples of ``length`` tokens; scores default to doc_id % 2."""
+    rng = np.random.default_rng(seed)
+    score_list = list(scores) if scores is not None else [float(i % 2) for i in range(n)]
+    out = []
+    for i in range(n):
+        ids = rng.integers(100, 30000, size=length).tolist()
+        lps = (-rng.random(length) * 3).astype(np.float32).tolist()
+        out.append(
+            FakeSample(
+                task=task,
+                doc_id=i,
+                token_ids=ids,
+                logprobs=lps,
+                scores={METRIC: score_list[i]},
+                response=f"The answer is {i}.",
+            )
+        )
+    return out
+
+
+def _sample_row(s: FakeSample) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "task": s.task,
+        "doc_id": s.doc_id,
+        "repeat": s.repeat,
+        "prompt_hash": f"h{s.task}{s.doc_id}",
+        "prompt": f"Question {s.doc_id}?",
+        "target": s.target,
+        "response": s.response,
+        "n_tokens": len(s.token_ids),
+        "finish_reason": "stop",
+        "answer:strict-match": s.response.split()[-1] if s.response else "",
+    }
+    for metric, value in s.scores.items():
+        row[artifacts.SCORE_PREFIX + metric] = value
+    return row
+
+
+def tables(samples: list[FakeSample]):
+    """(samples table, tokens table) built with the artifact helpers."""
+    cols: dict[str, list] = {f.name: [] for f in artifacts.TOKENS_SCHEMA}
+    for s in samples:
+        ids, lps = s.topk()
+        for pos, (tok, lp) in enumerate(zip(s.token_ids, s.logprobs)):
+            cols["task"].append(s.task)
+            cols["doc_id"].append(s.doc_id)
+            cols["repeat"].append(s.repeat)
+            cols["pos"].append(pos)
+            cols["token_id"].append(tok)
+            cols["logprob"].append(lp)
+            cols["topk_ids"].append(ids[pos])
+            cols["topk_logprobs"].append(lps[pos])
+    return artifacts.samples_table(_sample_row(s) for s in samples), artifacts.tokens_table(cols)
+
+
+def write_variant(run_root: Path, name: str, samples: list[FakeSample], *, shuffle_seed: int | None = None) -> VariantDir:
+    """Write <run_root>/<name>/{manifest.json, samples.parquet, tokens.parquet}.
+
+    ``shuffle_seed`` permutes the rows of both tables (the comparison must not care).
+    """
+    vdir = RunDir(run_root).variant(name)
+    samples_t, tokens_t = tables(samples)
+    if shuffle_seed is not None:
+        rng = np.random.default_rng(shuffle_seed)
+        samples_t = samples_t.take(rng.permutation(samples_t.num_rows))
+        tokens_t = tokens_t.take(rng.permutation(tokens_t.num_rows))
+    artifacts.write_json(vdir.manifest, {"name": name, "status": "ok"})
+    artifacts.write_table(vdir.samples, samples_t)
+    artifacts.write_table(vdir.tokens, tokens_t)
+    return vdir
+
+
+def write_run(
+    run_root: Path,
+    variants: dict[str, list[FakeSample]],
+    reference: str | None = None,
+    run_info: dict[str, Any] | None = None,
+) -> Path:
+    """A whole run directory: run.json plus one variant directory per entry."""
+    run_root = Path(run_root)
+    for name, samples in variants.items():
+        write_variant(run_root, name, samples)
+    info = {
+        "run_id": run_root.name,
+        "reference": reference or next(iter(variants)),
+        "variants": list(variants),
+    }
+    info.update(run_info or {})
+    artifacts.write_json(RunDir(run_root).run_json, info)
+    return run_root
+
+
+def mutate(samples: list[FakeSample], doc_id: int, fn: Callable[[FakeSample], FakeSample], task: str = TASK) -> list[FakeSample]:
+    """Copy of ``samples`` with the sample (task, doc_id) replaced by ``fn(copy)``."""
+    return [fn(s.copy()) if (s.task, s.doc_id) == (task, doc_id) else s.copy() for s in samples]
