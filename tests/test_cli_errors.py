@@ -1,0 +1,86 @@
+"""Bad input ends in one clear sentence and exit code 2, never a traceback, and
+leaves nothing half-written behind."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+GOOD = {
+    "model": {"path": "builtin:tiny-gsm"},
+    "variants": {"a": {}, "b": {"engine": {"max_num_seqs": 1}}},
+    "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
+}
+
+
+def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    message = proc.stderr.strip()
+    assert message.startswith("error:"), message
+    flat = " ".join(message.split())  # rich may wrap long lines
+    for fragment in fragments:
+        assert fragment in flat, flat
+
+
+def test_unknown_config_key(tmp_path):
+    cfg = write(tmp_path, {**GOOD, "engnie": {}})
+    assert_user_error(evalpipe("run", "gsm8k", "-c", str(cfg), cwd=tmp_path), "unknown key `engnie`", str(cfg))
+
+
+def test_missing_model_path(tmp_path):
+    cfg = write(tmp_path, {**GOOD, "model": {"path": str(tmp_path / "no-model")}})
+    assert_user_error(evalpipe("run", "gsm8k", "-c", str(cfg), cwd=tmp_path), "does not exist", "model.path")
+
+
+def test_unknown_variant(tmp_path):
+    cfg = write(tmp_path, GOOD)
+    proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--variants", "a,c", cwd=tmp_path)
+    assert_user_error(proc, "variant `c` is not defined", "known variants: a, b")
+
+
+def test_unknown_task_name_fails_before_any_engine_starts(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    cfg = write(tmp_path, {**GOOD, "model": {"path": str(model_dir)}, "output": str(tmp_path / "runs")})
+    proc = evalpipe("run", "gsm8k_sinth_4shot", "-c", str(cfg), cwd=tmp_path)
+    assert_user_error(proc, "unknown task `gsm8k_sinth_4shot`", "Did you mean: gsm8k_synth_4shot")
+    assert not (tmp_path / "runs").exists(), "nothing is written for a run that never started"
+
+
+def test_missing_config_file(tmp_path):
+    proc = evalpipe("run", "gsm8k", "-c", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert_user_error(proc, "does not exist", "-c/--config")
+
+
+def test_compare_on_a_non_run_directory(tmp_path):
+    assert_user_error(evalpipe("compare", str(tmp_path), cwd=tmp_path), "is not a run directory")
+
+
+@pytest.mark.parametrize("args", [["run"], ["run", "gsm8k", "--limit", "x"]])
+def test_usage_errors_exit_2(tmp_path, args):
+    proc = evalpipe(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+
+
+def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path):
+    cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs")})
+    proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--dry-run", "--limit", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "gsm8k_synth_4shot" in proc.stdout and "(reference)" in proc.stdout
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,89 @@
+import sys
+
+import pytest
+
+from evalpipe.config import ConfigError, parse_config
+from evalpipe.paths import PROJECT_ROOT
+from evalpipe.plan import DEFAULT_ENV, make_plan, run_info, select_tasks
+
+CONFIG = {
+    "model": {"path": "builtin:tiny-gsm", "dtype": "float32"},
+    "engine": {"max_model_len": 4096, "additional_config": {"enable_dsa_cp": True, "keep": 1}},
+    "env": {"SHARED": "1"},
+    "variants": {
+        "legacy": {"env": {"LAYOUT": "legacy"}},
+        "sp": {"env": {"LAYOUT": "sp", "SHARED": "2"}, "engine": {"additional_config": {"enable_dsa_cp": False}}},
+    },
+    "reference": "legacy",
+    "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}], "longctx": [{"task": "niah_single_1"}]},
+}
+
+
+def plan(**kwargs):
+    return make_plan(parse_config(CONFIG), "cfg.yaml", kwargs.pop("tasks", "gsm8k"), **kwargs)
+
+
+def test_variants_get_merged_engine_args_env_and_interpreter(tmp_path):
+    p = plan(output=str(tmp_path))
+    assert [v.name for v in p.variants] == ["legacy", "sp"]
+    sp = p.variant("sp")
+    assert sp.engine_args["additional_config"] == {"enable_dsa_cp": False, "keep": 1}
+    assert sp.engine_args["dtype"] == "float32" and sp.engine_args["max_model_len"] == 4096
+    assert sp.env_overrides == {"SHARED": "2", "LAYOUT": "sp"}
+    assert sp.python == sys.executable
+    env = sp.process_env()
+    assert env["LAYOUT"] == "sp" and env["SHARED"] == "2"
+    assert env["PYTHONPATH"].split(":")[0] == str(PROJECT_ROOT), "workers import this checkout"
+    assert p.run_dir.parent == tmp_path
+
+
+def test_config_env_wins_over_default_offline_env(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cfg = dict(CONFIG, env={"HF_HUB_OFFLINE": "0"})
+    p = make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+    assert p.variants[0].process_env()["HF_HUB_OFFLINE"] == "0"
+    p2 = plan()
+    assert p2.variants[0].process_env()["HF_HUB_OFFLINE"] == DEFAULT_ENV["HF_HUB_OFFLINE"]
+
+
+def test_reference_runs_first_and_variant_selection():
+    p = plan(variants="sp,legacy")
+    assert [v.name for v in p.variants] == ["legacy", "sp"]
+    only_sp = plan(variants="sp")
+    assert only_sp.reference == "sp" and only_sp.notes
+    with pytest.raises(ConfigError, match="variant `nope` is not defined in cfg.yaml; known variants: legacy, sp"):
+        plan(variants="legacy,nope")
+
+
+def test_task_selection_groups_all_and_raw_names_with_limit():
+    cfg = parse_config(CONFIG)
+    assert [t.spec.task for t in select_tasks(cfg, "gsm8k", None)] == ["gsm8k_synth_4shot"]
+    assert [t.spec.task for t in select_tasks(cfg, "all", None)] == ["gsm8k_synth_4shot", "niah_single_1"]
+    raw = select_tasks(cfg, "hellaswag", 5)
+    assert raw[0].group == "hellaswag" and raw[0].spec.limit == 5 and raw[0].spec.num_fewshot is None
+    assert len(select_tasks(cfg, "gsm8k,all", None)) == 2, "a task is run once"
+    with pytest.raises(ConfigError, match="--limit"):
+        select_tasks(cfg, "gsm8k", 0)
+
+
+def test_missing_model_path_and_unknown_builtin():
+    cfg = dict(CONFIG, model={"path": "/does/not/exist"})
+    with pytest.raises(ConfigError, match="model path `/does/not/exist` does not exist"):
+        make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+    cfg = dict(CONFIG, model={"path": "builtin:nope"})
+    with pytest.raises(ConfigError, match="names no built-in model; known: builtin:tiny-gsm"):
+        make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+
+
+def test_missing_variant_interpreter():
+    cfg = dict(CONFIG, reference=None, variants={"a": {}, "b": {"python": "/opt/nowhere/bin/python"}})
+    with pytest.raises(ConfigError, match="variant `b`: python interpreter `/opt/nowhere/bin/python` was not found"):
+        make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+
+
+def test_run_info_records_what_distinguishes_variants():
+    info = run_info(plan())
+    assert info["reference"] == "legacy" and info["variants"] == ["legacy", "sp"]
+    assert info["variant_settings"]["sp"]["env"] == {"LAYOUT": "sp", "SHARED": "2"}
+    assert info["tasks"][0]["task"] == "gsm8k_synth_4shot"
+    assert len(info["fingerprints"]["config_sha256"]) == 64
