@@ -104,14 +104,18 @@ def _print_plan(plan) -> None:
 @app.command()
 def compare(
     run_dir: Path = typer.Argument(..., help="A run directory (reports/runs/<run_id>)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Variant to compare against (default: the run's reference)."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to compare (default: all of the run)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json and report.md (default: the run directory)."),
 ) -> None:
     """Re-run the comparison and the report from a run's stored artifacts (no engine)."""
     from evalpipe.runner import compare_and_report
 
     if not (run_dir / "run.json").is_file():
         _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
+    chosen = [v.strip() for v in (variants or "").split(",") if v.strip()] or None
     try:
-        code = compare_and_report(run_dir, console)
+        code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output)
     except ValueError as err:
         _fail(str(err), EXIT_USER)
         return

@@ -139,18 +139,29 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
     return compare_and_report(rd.root, console, info)
 
 
-def compare_and_report(run_dir: Path, console: Console, info: dict[str, Any] | None = None) -> int:
+def compare_and_report(
+    run_dir: Path,
+    console: Console,
+    info: dict[str, Any] | None = None,
+    *,
+    reference: str | None = None,
+    variants: list[str] | None = None,
+    output: Path | None = None,
+) -> int:
+    """Compare stored artifacts and write compare.json + report.md (into `output`,
+    default the run directory). Needs no engine: this is `evalpipe compare`."""
     from evalpipe.compare.run import compare_run, write_outputs
     from evalpipe.report.terminal import print_summary
 
     rd = artifacts.RunDir(run_dir)
     info = info if info is not None else artifacts.read_json(rd.run_json)
-    comparison = compare_run(rd.root)
+    comparison = compare_run(rd.root, reference=reference, variants=variants)
     verdict = comparison.status.value
-    info.update(status="ok", verdict=verdict)
-    artifacts.write_json(rd.run_json, info)
-    write_outputs(rd.root, comparison, info)
+    if output is None:
+        info.update(status="ok", verdict=verdict)
+        artifacts.write_json(rd.run_json, info)
+    out_dir = Path(output) if output is not None else rd.root
+    write_outputs(out_dir, comparison, info)
     print_summary(comparison, console)
-    console.print(f"report: {rd.report_md}")
+    console.print(f"report: {artifacts.RunDir(out_dir).report_md}")
     return EXIT_SAME if verdict == "IDENTICAL" else EXIT_DIFFERENT
-
