@@ -24,8 +24,9 @@ app = typer.Typer(
 data_app = typer.Typer(no_args_is_help=True, help="Generated data sets (synthetic GSM8K-format set, ...).")
 app.add_typer(data_app, name="data")
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 EXIT_USER, EXIT_FAILED = 2, 3
 

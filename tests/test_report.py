@@ -90,6 +90,7 @@ def test_terminal_summary(tmp_path):
     buf = io.StringIO()
     print_summary(rc, Console(file=buf, width=200, color_system=None))
     out = buf.getvalue()
-    assert "sp vs legacy: DIFFERENT" in out
-    assert TASK in out and "83.3%" in out
+    assert "scores (reference: legacy)" in out
+    row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
+    assert TASK in row and "83.3%" in row and "DIFFERENT" in row
     assert "run-1: DIFFERENT" in out

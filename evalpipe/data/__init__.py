@@ -1,0 +1,1 @@
+"""Data sets evalpipe generates itself (see :mod:`evalpipe.data.gsm_synth`)."""

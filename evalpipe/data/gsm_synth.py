@@ -366,8 +366,9 @@ def _one(rng: random.Random, r: Ranges) -> dict:
 
 
 def iter_problems(seed: int, exclude: Iterable[str] = (), *, unique: bool = True,
-                  ranges: Ranges = RANGES) -> Iterator[dict]:
+                  ranges: Ranges | None = None) -> Iterator[dict]:
     """Endless deterministic stream of problems whose question is not in ``exclude``."""
+    ranges = ranges or RANGES
     rng = random.Random(seed)
     excluded = set(exclude)
     seen: set[str] = set()
@@ -381,7 +382,7 @@ def iter_problems(seed: int, exclude: Iterable[str] = (), *, unique: bool = True
         yield item
 
 
-def generate(n: int, seed: int, exclude: Iterable[str] = (), *, ranges: Ranges = RANGES) -> list[dict]:
+def generate(n: int, seed: int, exclude: Iterable[str] = (), *, ranges: Ranges | None = None) -> list[dict]:
     """``n`` distinct problems for ``seed``, none of whose questions is in ``exclude``."""
     out = []
     for item in iter_problems(seed, exclude, ranges=ranges):

@@ -56,7 +56,8 @@ def _tiny_gsm_spec() -> dict[str, Any]:
         # tokenizer
         "vocab_size": 1024,
         "tokenizer_items": 4000,  # corpus items the BPE is trained on
-        "split_digits": True,
+        "split_digits": True,  # every digit its own token
+        "number_tokens": 0,  # >0 (with split_digits off): make 0..N-1 single tokens
         # model
         "hidden_size": 256,
         "intermediate_size": 704,
@@ -204,7 +205,8 @@ def build(
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / f".{target.name}.lock"
     with open(lock_path, "a+") as lock_fh:
-        say(f"waiting for build lock {lock_path}") if _locked(lock_fh) else None
+        if _locked(lock_fh):
+            say(f"another process is building {target.name}; waiting for it")
         fcntl.flock(lock_fh.fileno(), fcntl.LOCK_EX)
         try:
             existing = _load_existing(target)
@@ -255,6 +257,11 @@ def train_tokenizer(spec: dict[str, Any], texts: list[str]):
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
+    if spec.get("number_tokens"):
+        # BPE only merges what is frequent; seeing every number in each of the contexts it
+        # takes (after a space, "<<", an operator, "=" and ">>") makes each a single token.
+        nums = [f" {n} <<{n}+{n}={n}>>{n} ${n}" for n in range(spec["number_tokens"])]
+        texts = list(texts) + nums * 3
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tok
 

@@ -91,7 +91,12 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
                 per_filter[f"{SCORE_PREFIX}{metric},{f}"] = None if value is None else float(value)
         args = first["arguments"][0]
         prompt = args[0] if isinstance(args, (list, tuple)) and args and isinstance(args[0], str) else json.dumps(args, default=str)
-        responses = first["resps"][0] if first["resps"] else []
+        resps = first["resps"] or []
+        if resps and all(isinstance(r, str) for r in resps[0]):
+            responses = list(resps[0])  # generation: one text per repeat
+        else:
+            # likelihood tasks: one request per choice; keep every (logprob, is_greedy)
+            responses = [json.dumps([list(r[0]) if isinstance(r[0], (list, tuple)) else r[0] for r in resps], default=str)]
         for repeat, response in enumerate(responses):
             capture = captures.get((task, doc_id, 0, repeat))
             result = capture.result if capture is not None else None

@@ -1,0 +1,137 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from evalpipe.models import builtin
+
+# A few-second build: same code path as tiny-gsm, much smaller.
+TINY = {
+    "vocab_size": 400,
+    "tokenizer_items": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "steps": 6,
+    "batch_size": 2,
+    "seq_len": 128,
+    "warmup_steps": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_builds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("builtin")
+    a = builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=root / "a")
+    b = builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=root / "b")
+    c = builtin.build("tiny-gsm", spec_overrides={**TINY, "seed": TINY.get("seed", 1234) + 1}, out_dir=root / "c")
+    return a, b, c
+
+
+def test_same_seed_gives_identical_bytes(tiny_builds):
+    a, b, _ = tiny_builds
+    assert a.fingerprint == b.fingerprint
+    for fname in builtin.FINGERPRINT_FILES:
+        assert (a.path / fname).read_bytes() == (b.path / fname).read_bytes(), fname
+    assert a.fingerprint == builtin.fingerprint_dir(a.path)
+
+
+def test_different_seed_gives_different_weights(tiny_builds):
+    a, _, c = tiny_builds
+    assert a.fingerprint != c.fingerprint
+    assert (a.path / "model.safetensors").read_bytes() != (c.path / "model.safetensors").read_bytes()
+
+
+def test_saved_directory_is_a_hf_model(tiny_builds):
+    from transformers import AutoConfig, AutoTokenizer
+
+    a = tiny_builds[0]
+    for fname in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "generation_config.json", builtin.INFO_FILE):
+        assert (a.path / fname).exists(), fname
+    cfg = AutoConfig.from_pretrained(a.path)
+    assert cfg.model_type == "llama"
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert head_dim >= 32
+    assert cfg.max_position_embeddings >= 4096
+    tok = AutoTokenizer.from_pretrained(a.path)
+    assert tok.bos_token == "<s>" and tok.eos_token == "</s>"
+    assert cfg.eos_token_id == tok.eos_token_id and cfg.bos_token_id == tok.bos_token_id
+    assert cfg.vocab_size == len(tok)
+    text = "Question: Tom has 12 apples.\nAnswer: Tom has 12 + 7 = <<12+7=19>>19 apples.\n#### 19\n\nQuestion:"
+    ids = tok(text)["input_ids"]
+    assert ids[0] != tok.bos_token_id  # no automatic <s>: prompts are encoded as written
+    assert tok.decode(ids) == text
+    # digits are single tokens, so numbers tokenize the same wherever they appear
+    pieces = tok.convert_ids_to_tokens(tok("<<152+5=157>>157")["input_ids"])
+    assert all(len(p) == 1 for p in pieces if any(ch.isdigit() for ch in p))
+
+
+def test_info_file(tiny_builds):
+    a = tiny_builds[0]
+    info = json.loads((a.path / builtin.INFO_FILE).read_text())
+    assert info["name"] == "tiny-gsm"
+    assert info["fingerprint"] == a.fingerprint
+    assert info["spec"]["seed"] == a.info["spec"]["seed"]
+    assert info["spec"]["hidden_size"] == TINY["hidden_size"]
+    for key in ("build_seconds", "torch_version", "final_loss"):
+        assert key in info
+
+
+def test_existing_build_is_reused(tiny_builds):
+    a = tiny_builds[0]
+    mtime = (a.path / "model.safetensors").stat().st_mtime_ns
+    again = builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=a.path)
+    assert again.fingerprint == a.fingerprint and again.info == a.info
+    assert (a.path / "model.safetensors").stat().st_mtime_ns == mtime
+    leftovers = [p.name for p in a.path.parent.iterdir() if ".tmp-" in p.name]
+    assert leftovers == []
+
+
+def test_names_and_errors():
+    assert builtin.is_builtin("builtin:tiny-gsm")
+    assert not builtin.is_builtin("meta-llama/Llama-3.2-1B")
+    assert not builtin.is_builtin("/models/tiny-gsm")
+    assert builtin.builtin_name("builtin:tiny-gsm") == "tiny-gsm"
+    assert "tiny-gsm" in builtin.BUILTIN_MODELS
+    with pytest.raises(ValueError, match="tiny-gsm"):
+        builtin.ensure_builtin("no-such-model")
+    with pytest.raises(ValueError, match="unknown spec key"):
+        builtin.model_spec("tiny-gsm", {"hidden_sise": 3})
+
+
+def test_default_path_is_spec_hashed_under_models_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALPIPE_CACHE", str(tmp_path))
+    p = builtin.default_path("builtin:tiny-gsm")
+    assert p.parent == tmp_path / "models"
+    assert p.name.startswith("tiny-gsm-") and len(p.name) == len("tiny-gsm-") + 12
+    assert builtin.default_path("tiny-gsm") == p
+    assert builtin.default_path("tiny-gsm", {"seed": 99}) != p
+
+
+def test_import_is_light():
+    code = "import sys, evalpipe.models.builtin, evalpipe.models; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
+
+
+def test_build_entry_point_prints_one_json_line(tmp_path):
+    env = {**os.environ, "EVALPIPE_CACHE": str(tmp_path / "cache")}
+    args = [sys.executable, "-m", "evalpipe.models.build", "builtin:tiny-gsm"]
+    for k, v in TINY.items():
+        args += ["--set", f"{k}={json.dumps(v)}"]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1
+    res = json.loads(lines[0])
+    assert set(res) == {"path", "fingerprint"}
+    assert res["path"].startswith(str(tmp_path / "cache" / "models" / "tiny-gsm-"))
+    assert "step" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "evalpipe.models.build", "nope"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "tiny-gsm" in bad.stderr and bad.stdout == ""
