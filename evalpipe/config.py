@@ -58,6 +58,10 @@ class TaskSpec(_Strict):
     num_fewshot: int | None = Field(default=None, ge=0)
     limit: int | None = Field(default=None, gt=0, description="Evaluate only the first N documents.")
     max_gen_toks: int | None = Field(default=None, gt=0)
+    data_files: dict[str, str | list[str]] | None = Field(
+        default=None,
+        description="Local data files per split (parquet/jsonl/json/csv) instead of the task's hub data set; relative paths resolve against the data directory.",
+    )
 
 
 class Capture(_Strict):

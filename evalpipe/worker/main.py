@@ -88,7 +88,10 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
             per_filter[f"{ANSWER_PREFIX}{f}"] = None if filtered is None else str(filtered)
             for metric in entry["metrics"]:
                 value = entry.get(metric)
-                per_filter[f"{SCORE_PREFIX}{metric},{f}"] = None if value is None else float(value)
+                # Corpus-level metrics (perplexity, BLEU) log tuples per item that only
+                # mean something aggregated; only per-item numbers are paired later.
+                if value is None or isinstance(value, (int, float)):  # bool is an int
+                    per_filter[f"{SCORE_PREFIX}{metric},{f}"] = None if value is None else float(value)
         args = first["arguments"][0]
         prompt = args[0] if isinstance(args, (list, tuple)) and args and isinstance(args[0], str) else json.dumps(args, default=str)
         resps = first["resps"] or []
