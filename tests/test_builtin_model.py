@@ -9,7 +9,6 @@ from evalpipe.models import builtin
 
 # A few-second build: same code path as tiny-gsm, much smaller.
 TINY = {
-    "vocab_size": 400,
     "tokenizer_items": 300,
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -67,9 +66,10 @@ def test_saved_directory_is_a_hf_model(tiny_builds):
     ids = tok(text)["input_ids"]
     assert ids[0] != tok.bos_token_id  # no automatic <s>: prompts are encoded as written
     assert tok.decode(ids) == text
-    # digits are single tokens, so numbers tokenize the same wherever they appear
-    pieces = tok.convert_ids_to_tokens(tok("<<152+5=157>>157")["input_ids"])
-    assert all(len(p) == 1 for p in pieces if any(ch.isdigit() for ch in p))
+    # small numbers are single tokens wherever they appear (after a space, "<<", "=", ">>")
+    pieces = tok.convert_ids_to_tokens(tok("Tom has 152 + 5 = <<152+5=157>>157 apples.\n#### 157")["input_ids"])
+    numbers = [p.lstrip("\u0120") for p in pieces if any(ch.isdigit() for ch in p)]
+    assert numbers == ["152", "5", "152", "5", "157", "157", "157"]
 
 
 def test_info_file(tiny_builds):
@@ -91,6 +91,19 @@ def test_existing_build_is_reused(tiny_builds):
     assert (a.path / "model.safetensors").stat().st_mtime_ns == mtime
     leftovers = [p.name for p in a.path.parent.iterdir() if ".tmp-" in p.name]
     assert leftovers == []
+    # readable by others as the umask allows (the temp build dir starts out 0700)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert a.path.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (a.path / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=tmp_path / "x")
+    assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
 
 
 def test_names_and_errors():

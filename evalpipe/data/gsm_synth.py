@@ -16,9 +16,10 @@ and :func:`write_splits` gives byte-identical files. The ``test`` split is gener
 first; ``train`` (the few-shot pool) and :func:`training_corpus` (what the built-in
 model is trained on, see :mod:`evalpipe.models.builtin`) exclude every test question.
 
-The number ranges below are tuned together with the built-in ``tiny-gsm`` model: small
-enough that a model trained for a few CPU minutes learns the arithmetic, large enough
-that it cannot answer by copying numbers from the question.
+The number ranges (:class:`Ranges`: results stay <= 100) are tuned together with the
+built-in ``tiny-gsm`` model: small enough that a model trained for a few CPU minutes
+learns the arithmetic, large enough that it cannot answer by copying numbers from the
+question. Changing them (or any template) changes the data: bump ``GENERATOR_VERSION``.
 """
 
 from __future__ import annotations
@@ -91,12 +92,12 @@ _GROUP_PEOPLE = ["friends", "kids", "students", "cousins", "neighbors", "teams"]
 class Ranges:
     """Number ranges (inclusive). Tuned with the built-in model; see module docstring."""
 
-    start: tuple[int, int] = (5, 40)  # a starting quantity
-    delta: tuple[int, int] = (2, 20)  # an amount added or removed
-    factor: tuple[int, int] = (2, 9)  # the small side of a product
-    count: tuple[int, int] = (2, 12)  # the other side of a product
-    divisor: tuple[int, int] = (2, 5)
-    max_value: int = 200  # every intermediate and final result stays <= this
+    start: tuple[int, int] = (5, 30)  # a starting quantity
+    delta: tuple[int, int] = (2, 15)  # an amount added or removed
+    factor: tuple[int, int] = (2, 6)  # the small side of a product
+    count: tuple[int, int] = (2, 10)  # the other side of a product (a price, a rate)
+    divisor: tuple[int, int] = (2, 4)
+    max_value: int = 100  # every intermediate and final result stays <= this
 
 
 RANGES = Ranges()

@@ -6,9 +6,10 @@ like lm-eval's gsm8k few-shot prompt::
 
     Question: <q>\\nAnswer: <worked steps>\\n#### N\\n\\nQuestion: <q>\\nAnswer: ...
 
-so that 4-shot greedy decoding answers a useful share of the synthetic test split. It
-exists to give the A/B pipeline a real model with real, non-trivial outputs on machines
-where nothing can be downloaded.
+so that 4-shot greedy decoding answers a useful share of the synthetic test split (about
+55% strict-match; see the recipe notes above ``_tiny_gsm_spec``). It exists to give the
+A/B pipeline a real model with real, non-trivial outputs on machines where nothing can
+be downloaded.
 
 A build is deterministic: a fixed seed, a fixed torch thread count and a fixed data
 stream give byte-identical ``model.safetensors`` and tokenizer files on the same CPU
@@ -48,21 +49,38 @@ BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 SPECIAL_TOKENS = [BOS, EOS, UNK, PAD]  # ids 0..3, in this order
 
 
+# Recipe notes for tiny-gsm (2 AMD EPYC cores, torch 2.13 CPU; strict-match = lm-eval's
+# gsm8k regex, 4-shot greedy, on 200-600 synthetic test items; ~0.4-0.6 s per step):
+#   digits split, h128 x4 layers, 350 steps, lr 3e-3 ............................ 12%
+#   same, lr 6e-3 ................................................................ 10%
+#   same, smaller numbers (results <= 100) ....................................... 16%
+#   digits split, h192 x3 layers, 300 steps, lr 4e-3, results <= 200 ............. 28%
+#   whole-number tokens, h128 x4, 350 steps, lr 6e-3, results <= 100 ............. 37%
+#   whole-number tokens, h128 x4, same, results <= 200 ........................... 43%
+#   whole-number tokens, h256 x2, 300 steps, lr 4e-3, results <= 100 ............. 50%
+#   whole-number tokens, h192 x3, 300 steps, lr 4e-3, results <= 200 ............. 41%
+#   whole-number tokens, h192 x3, 300 steps, lr 4e-3, results <= 100 (chosen) .... 55%
+# With single-digit tokens the model mostly failed to copy operands and to add (carries
+# run against left-to-right generation); with every number 0..299 one token, copying is
+# one step and +/-/*// become table look-ups. Multiplication and division are learnt
+# well; addition/subtraction of larger numbers and 3-step chains stay weak (3-step ~4%).
+# Full build: ~3 min wall on an idle machine (~10 s data + tokenizer, ~175 s training),
+# proportionally longer when other jobs share the cores.
 def _tiny_gsm_spec() -> dict[str, Any]:
     from evalpipe.data import gsm_synth
 
     return {
         "arch": "llama",
         # tokenizer
-        "vocab_size": 1024,
+        "vocab_size": 1536,
         "tokenizer_items": 4000,  # corpus items the BPE is trained on
-        "split_digits": True,  # every digit its own token
-        "number_tokens": 0,  # >0 (with split_digits off): make 0..N-1 single tokens
+        "split_digits": False,  # True: every digit its own token
+        "number_tokens": 300,  # make 0..N-1 single tokens (needs split_digits False)
         # model
-        "hidden_size": 256,
-        "intermediate_size": 704,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
+        "hidden_size": 192,
+        "intermediate_size": 512,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 6,
         "num_key_value_heads": 2,
         "head_dim": 32,
         "max_position_embeddings": 4096,
@@ -76,9 +94,9 @@ def _tiny_gsm_spec() -> dict[str, Any]:
         "steps": 300,
         "batch_size": 8,
         "seq_len": 512,
-        "lr": 3e-3,
+        "lr": 4e-3,
         "min_lr_ratio": 0.1,
-        "warmup_steps": 20,
+        "warmup_steps": 30,
         "weight_decay": 0.01,
         "adam_betas": [0.9, 0.95],
         "grad_clip": 1.0,
@@ -86,6 +104,8 @@ def _tiny_gsm_spec() -> dict[str, Any]:
         "bos_fraction": 0.25,  # share of training windows that start with <s>
         # data
         "data_generator_version": gsm_synth.GENERATOR_VERSION,
+        "data_ranges": {k: list(v) if isinstance(v, tuple) else v
+                        for k, v in dataclasses.asdict(gsm_synth.RANGES).items()},
         "corpus_seed": gsm_synth.CORPUS_SEED,
         "held_out_splits": {k: list(v) for k, v in gsm_synth.SPLITS.items()},
     }
@@ -212,11 +232,13 @@ def build(
             existing = _load_existing(target)
             if existing is not None:
                 return existing
-            if target.exists():  # incomplete leftover (no info file): replace it
-                shutil.rmtree(target)
+            if target.exists():
+                # Builds are renamed into place whole, so this is not ours: never delete it.
+                raise FileExistsError(f"{target} exists but holds no {INFO_FILE}; move it away to build there")
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
             try:
                 info = _build_into(tmp, name, spec, say)
+                _make_readable(tmp)
                 os.replace(tmp, target)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -224,6 +246,15 @@ def build(
         finally:
             fcntl.flock(lock_fh.fileno(), fcntl.LOCK_UN)
     return BuiltModel(path=target, fingerprint=info["fingerprint"], info=info)
+
+
+def _make_readable(path: Path) -> None:
+    """mkdtemp makes 0700 dirs (and some writers 0600 files); a shared cache wants umask modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    for p in path.iterdir():
+        os.chmod(p, 0o666 & ~umask)
 
 
 def _locked(fh) -> bool:
@@ -240,7 +271,11 @@ def _locked(fh) -> bool:
 
 
 def train_tokenizer(spec: dict[str, Any], texts: list[str]):
-    """Byte-level BPE (``tokenizers``) with single-digit tokens and no automatic <s>."""
+    """Byte-level BPE (``tokenizers``); no automatic <s> (prompts encode as written).
+
+    With ``split_digits`` every digit is a token; otherwise ``number_tokens`` > 0 makes
+    each of 0..number_tokens-1 a single token in every context it appears in.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -367,6 +402,14 @@ def _torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+def _add_legacy_config_keys(path: Path, spec: dict[str, Any]) -> None:
+    """Also spell rope theta and dtype the way transformers 4.x (older engines) read them."""
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg.setdefault("rope_theta", float(spec["rope_theta"]))
+    cfg.setdefault("torch_dtype", "float32")
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def _lr_at(step: int, spec: dict[str, Any]) -> float:
     peak, warm, total = spec["lr"], spec["warmup_steps"], spec["steps"]
     if step < warm:
@@ -452,6 +495,7 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> di
                     f"({(time.monotonic() - t_train) / (step + 1):.2f}s/step)")
         model.eval()
         model.save_pretrained(str(out))
+    _add_legacy_config_keys(out / "config.json", spec)
     GenerationConfig(
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id
     ).save_pretrained(str(out))
