@@ -55,7 +55,7 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
         if line:
             tail = (tail + [line])[-20:]
             if line.startswith("[build]"):
-                console.print(f"  {line}")
+                console.print(f"  {line.removeprefix('[build] ')}")
     stdout = proc.stdout.read()
     if proc.wait() != 0:
         raise RunFailed(f"building builtin:{name} failed (exit {proc.returncode}): {tail[-1] if tail else 'no output'}")

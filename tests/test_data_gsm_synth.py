@@ -127,3 +127,13 @@ def test_ensure_splits_uses_data_dir(tmp_path, monkeypatch):
 def test_format_example_matches_lm_eval_gsm8k():
     item = {"question": "Q?", "answer": "x = <<1+1=2>>2.\n#### 2", "n_steps": 1}
     assert gsm_synth.format_example(item) == "Question: Q?\nAnswer: x = <<1+1=2>>2.\n#### 2"
+
+
+def test_stale_or_edited_files_are_regenerated(tmp_path):
+    paths = gsm_synth.write_splits(tmp_path)
+    good = paths["test"].read_bytes()
+    paths["test"].write_text('{"question": "old generator", "answer": "#### 1"}\n')
+    mtime_train = paths["train"].stat().st_mtime_ns
+    gsm_synth.ensure_splits(tmp_path)
+    assert paths["test"].read_bytes() == good
+    assert paths["train"].stat().st_mtime_ns == mtime_train, "files that already match are left alone"

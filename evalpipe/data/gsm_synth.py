@@ -423,7 +423,8 @@ def to_jsonl(items: Iterable[dict]) -> str:
 
 
 def write_splits(out_dir: Path) -> dict[str, Path]:
-    """Write ``train.jsonl`` and ``test.jsonl`` into ``out_dir`` (each atomically)."""
+    """Make ``train.jsonl`` and ``test.jsonl`` in ``out_dir`` hold exactly what this
+    generator produces, rewriting (atomically) only files whose bytes differ."""
     from evalpipe.artifacts import write_text
 
     out_dir = Path(out_dir)
@@ -431,7 +432,9 @@ def write_splits(out_dir: Path) -> dict[str, Path]:
     paths = {}
     for name, items in make_splits().items():
         path = out_dir / f"{name}.jsonl"
-        write_text(path, to_jsonl(items))
+        text = to_jsonl(items)
+        if not path.is_file() or path.read_bytes() != text.encode("utf-8"):
+            write_text(path, text)
         paths[name] = path
     return {k: paths[k] for k in SPLITS}
 
@@ -443,12 +446,12 @@ def default_dir() -> Path:
 
 
 def ensure_splits(out_dir: Path | None = None) -> dict[str, Path]:
-    """The split files under ``data_dir()/gsm8k_synth`` (or ``out_dir``), written if absent."""
-    out_dir = Path(out_dir) if out_dir is not None else default_dir()
-    paths = {name: out_dir / f"{name}.jsonl" for name in SPLITS}
-    if all(p.exists() for p in paths.values()):
-        return paths
-    return write_splits(out_dir)
+    """The split files under ``data_dir()/gsm8k_synth`` (or ``out_dir``).
+
+    Generating takes ~0.1 s, so the files are checked against a fresh generation on
+    every call: files left by an older generator, or edited by hand, never silently
+    stand in for the data set this code defines."""
+    return write_splits(Path(out_dir) if out_dir is not None else default_dir())
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -17,9 +17,10 @@ GENERATED: dict[str, Callable[[Path], None]] = {"gsm8k_synth": _gsm8k_synth}
 
 
 def ensure_dataset_file(relative: Path, data_dir: Path) -> Path:
-    """`data_dir / relative`, generating its data set first when evalpipe knows how."""
+    """`data_dir / relative`; for a data set evalpipe generates, (re)generated first so
+    stale or edited files are replaced by what the generator defines (cheap, idempotent)."""
     path = Path(data_dir) / relative
-    if not path.exists() and relative.parts and relative.parts[0] in GENERATED:
+    if relative.parts and relative.parts[0] in GENERATED:
         GENERATED[relative.parts[0]](Path(data_dir) / relative.parts[0])
     return path
 

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             builtin_name(args.name),
             spec_overrides=_parse_set(args.overrides) or None,
             out_dir=args.out_dir,
-            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+            progress=lambda msg: print(f"[build] {msg}", file=sys.stderr, flush=True),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ engine.log). Exit codes: 0 ok, 2 user error (task, data), 3 engine or run failur
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -65,6 +66,21 @@ def software_versions() -> dict[str, str | None]:
 
 def hardware() -> dict[str, Any]:
     return {"machine": platform.machine(), "system": platform.system(), "cpus": os.cpu_count()}
+
+
+def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
+    """sha256 of every local data file a task reads: the data is part of what a
+    comparison compares, so two runs can tell they saw the same items."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for cfg in task_cfgs:
+        if not isinstance(cfg, dict):
+            continue
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files") or {}
+        for split, paths in files.items():
+            for path in [paths] if isinstance(paths, str) else paths:
+                digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                out.setdefault(cfg["task"], {})[split] = {"path": path, "sha256": digest}
+    return out
 
 
 def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tuple[list[dict], dict[str, list]]:
@@ -164,6 +180,9 @@ def run(job: dict[str, Any], events: Events) -> int:
     except (task_lookup.TaskNotFound, FileNotFoundError, ValueError) as err:
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))
+
+    manifest["data_files"] = data_file_hashes(task_cfgs)
+    artifacts.write_json(out.manifest, manifest)
 
     # 2. One engine for every task of this variant.
     events.emit("stage", stage="engine", message="starting engine")
