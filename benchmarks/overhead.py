@@ -40,7 +40,7 @@ if __name__ == "__main__":
     outs = llm.generate(prompts, params, use_tqdm=False)
     gen_s = time.time() - t0
     n_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    print(json.dumps({"engine_start_s": start_s, "generate_s": gen_s, "generated_tokens": n_tokens}))
+    print("RAW_RESULT " + json.dumps({"engine_start_s": start_s, "generate_s": gen_s, "generated_tokens": n_tokens}))
 '''
 
 
@@ -99,14 +99,19 @@ def main() -> int:
     if raw.returncode != 0:
         print(raw.stderr[-3000:])
         return 3
-    raw_res = json.loads(raw.stdout.strip().splitlines()[-1])
+    # vLLM logs to stdout too; the result is the one marked line.
+    raw_res = json.loads(next(l for l in raw.stdout.splitlines() if l.startswith("RAW_RESULT "))[len("RAW_RESULT "):])
     evalpipe_tokens = sum(s["n_tokens"] for s in samples)
 
     print(f"prompts: {len(prompts)} ({task}, 4-shot), generated tokens: evalpipe {evalpipe_tokens}, raw {raw_res['generated_tokens']}")
     print(f"{'':32}{'raw vllm.LLM':>14}{'evalpipe':>12}")
     print(f"{'engine start (s)':32}{raw_res['engine_start_s']:>14.1f}{manifest['timings']['engine_start_s']:>12.1f}")
     print(f"{'generation phase (s)':32}{raw_res['generate_s']:>14.2f}{evalpipe_task_s:>12.2f}")
-    print(f"ratio evalpipe / raw generation: {evalpipe_task_s / raw_res['generate_s']:.2f}")
+    print(f"{'  of which engine calls (s)':32}{raw_res['generate_s']:>14.2f}{manifest['timings']['engine_calls_s']:>12.2f}"
+          "   (evalpipe: incl. converting logprobs to captures)")
+    print(f"ratio evalpipe / raw generation: {evalpipe_task_s / raw_res['generate_s']:.2f} "
+          f"(engine calls alone: {manifest['timings']['engine_calls_s'] / raw_res['generate_s']:.2f}; "
+          "the rest is lm-eval building requests, few-shot contexts, filters and metrics)")
     print(f"engine starts per variant (evalpipe, from engine.log): {engine_starts}")
     print(f"evalpipe wall time for the one-variant run (incl. model check, lm-eval, artifacts): {wall:.1f}s")
     return 0

@@ -10,6 +10,7 @@ logprob and the top-k alternatives, keyed by (task, doc_id, request idx, repeat)
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -48,6 +49,7 @@ class CapturingLM(LM):
         self.progress = progress
         self.captures: dict[CaptureKey, Capture] = {}
         self.sampling_overridden: set[str] = set()
+        self.engine_seconds = 0.0  # time inside engine calls, incl. converting their logprobs
 
     def _report(self, phase: str) -> Callable[[int, int], None] | None:
         if self.progress is None:
@@ -80,7 +82,9 @@ class CapturingLM(LM):
             seen[base] += 1
             gen_requests.append(GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until))
 
+        t0 = time.perf_counter()
         results = self.engine.generate(gen_requests, self.topk, progress=self._report("generate"))
+        self.engine_seconds += time.perf_counter() - t0
         for key, req, cut, res in zip(keys, gen_requests, truncated, results):
             self.captures[key] = Capture(prompt_token_ids=req.prompt_token_ids, truncated_prompt=cut, result=res)
         return [res.text for res in results]
@@ -111,7 +115,9 @@ class CapturingLM(LM):
                 context_ids, cont_ids = [self._prefix_token()], self.engine.encode(continuation)
             ids = (context_ids + cont_ids)[-(self.engine.max_model_len) :]
             score_requests.append(ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids)))
+        t0 = time.perf_counter()
         scored = self.engine.score(score_requests, progress=self._report("loglikelihood"))
+        self.engine_seconds += time.perf_counter() - t0
         return [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:

@@ -257,6 +257,7 @@ def run(job: dict[str, Any], events: Events) -> int:
         events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
 
     timings["tasks_s"] = generation_s
+    timings["engine_calls_s"] = lm.engine_seconds
     results["sampling_overridden"] = sorted(lm.sampling_overridden)
     artifacts.write_json(out.results, results)
     artifacts.write_table(out.samples, artifacts.samples_table(all_rows))
