@@ -81,6 +81,20 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
     }
 
 
+def _record_environment(info: dict[str, Any], variant: str, vdir: Path) -> None:
+    """Lift what the worker measured about its environment into run.json: the
+    reference's versions and hardware for the header, and every variant's versions
+    beside its settings, where a different build shows up as a difference."""
+    manifest_path = artifacts.VariantDir(vdir).manifest
+    if not manifest_path.is_file():
+        return
+    manifest = artifacts.read_json(manifest_path)
+    versions = {k: v for k, v in (manifest.get("versions") or {}).items() if v is not None}
+    info["variant_settings"][variant]["versions"] = versions
+    info.setdefault("versions", versions)
+    info.setdefault("hardware", manifest.get("hardware"))
+
+
 def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> int:
     from evalpipe.worker.tasks import TaskNotFound, check_task_names
 
@@ -125,6 +139,7 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
             "seconds": round(outcome.seconds, 3),
             "error": outcome.error,
         }
+        _record_environment(info, variant.name, vdir)
         save()
         if not outcome.ok:
             code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED

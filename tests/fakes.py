@@ -152,3 +152,14 @@ def write_run(
 def mutate(samples: list[FakeSample], doc_id: int, fn: Callable[[FakeSample], FakeSample], task: str = TASK) -> list[FakeSample]:
     """Copy of ``samples`` with the sample (task, doc_id) replaced by ``fn(copy)``."""
     return [fn(s.copy()) if (s.task, s.doc_id) == (task, doc_id) else s.copy() for s in samples]
+
+
+def set_token(pos: int, new_id: int) -> Callable[[FakeSample], FakeSample]:
+    """A mutation for `mutate`: the sample generates `new_id` at `pos` instead."""
+
+    def fn(s: FakeSample) -> FakeSample:
+        ids = list(s.token_ids)
+        ids[pos] = new_id
+        return s.copy(token_ids=ids)
+
+    return fn

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from evalpipe.compare.tokens import compare_tokens
-from fakes import TASK, FakeSample, make_samples, mutate, tables
+from fakes import TASK, FakeSample, make_samples, mutate, set_token, tables
 
 
 def _cmp(a_samples, b_samples, *, with_samples=True, shuffle=False, worst_k=5):
@@ -15,15 +15,6 @@ def _cmp(a_samples, b_samples, *, with_samples=True, shuffle=False, worst_k=5):
     if with_samples:
         return compare_tokens(ta, tb, sa, sb, worst_k=worst_k)
     return compare_tokens(ta, tb, worst_k=worst_k)
-
-
-def _set_token(pos, new_id):
-    def fn(s):
-        ids = list(s.token_ids)
-        ids[pos] = new_id
-        return s.copy(token_ids=ids)
-
-    return fn
 
 
 def test_identical():
@@ -39,7 +30,7 @@ def test_identical():
 
 def test_one_token_changed():
     a = make_samples(6)
-    b = mutate(a, 3, _set_token(5, 7))
+    b = mutate(a, 3, set_token(5, 7))
     cmp = _cmp(a, b, shuffle=True)
     (t,) = cmp.summaries
     assert not t.identical
@@ -135,7 +126,7 @@ def test_empty_generation_counts_as_a_sample():
 
 def test_without_samples_tables():
     a = make_samples(4)
-    b = mutate(a, 0, _set_token(0, 3))
+    b = mutate(a, 0, set_token(0, 3))
     (t,) = _cmp(a, b, with_samples=False).summaries
     assert t.n_samples == 4 and t.divergence_positions == (0,)
     assert t.worst_divergence[0].response_a is None
@@ -145,9 +136,9 @@ def test_several_tasks_and_repeats_and_worst_order():
     a = make_samples(4) + make_samples(3, task="aaa", seed=1) + [
         s.copy(repeat=1) for s in make_samples(4, seed=2)
     ]
-    b = mutate(a, 2, _set_token(6, 1))
-    b = mutate(b, 1, _set_token(2, 1))
-    b = mutate(b, 0, _set_token(4, 1), task="aaa")
+    b = mutate(a, 2, set_token(6, 1))
+    b = mutate(b, 1, set_token(2, 1))
+    b = mutate(b, 0, set_token(4, 1), task="aaa")
     cmp = _cmp(a, b, shuffle=True, worst_k=1)
     by_task = {t.task: t for t in cmp.summaries}
     assert [t.task for t in cmp.summaries] == ["aaa", TASK]
@@ -161,7 +152,7 @@ def test_several_tasks_and_repeats_and_worst_order():
 
 def test_swap_symmetry():
     a = make_samples(6)
-    b = mutate(a, 3, _set_token(5, 7))
+    b = mutate(a, 3, set_token(5, 7))
     b = mutate(b, 1, lambda s: s.copy(logprobs=[x - 0.25 for x in s.logprobs]))
     (ab,) = _cmp(a, b).summaries
     (ba,) = _cmp(b, a).summaries

@@ -5,22 +5,13 @@ import pytest
 from evalpipe import artifacts
 from evalpipe.compare import Status, compare_run, compare_tables, compare_variants, decide, write_outputs
 from evalpipe.compare.verdict import fmt_delta, worst_status
-from fakes import METRIC, TASK, make_samples, mutate, tables, write_run, write_variant
+from fakes import METRIC, TASK, make_samples, mutate, set_token, tables, write_run, write_variant
 
 
 def _vc(a, b, **kw):
     sa, ta = tables(a)
     sb, tb = tables(b)
     return compare_tables(sa, ta, sb, tb, label_a="legacy", label_b="sp", **kw)
-
-
-def _set_token(pos, new_id):
-    def fn(s):
-        ids = list(s.token_ids)
-        ids[pos] = new_id
-        return s.copy(token_ids=ids)
-
-    return fn
 
 
 def test_identical_variants():
@@ -35,8 +26,8 @@ def test_identical_variants():
 
 def test_one_token_changed_points_at_doc_and_position():
     a = make_samples(10)
-    b = mutate(a, 7, _set_token(3, 1))
-    b = mutate(b, 2, _set_token(6, 1))
+    b = mutate(a, 7, set_token(3, 1))
+    b = mutate(b, 2, set_token(6, 1))
     vc = _vc(a, b)
     assert vc.status is Status.DIFFERENT
     assert f"{TASK}: 2/10 samples generate different tokens (earliest at doc 7, position 3)" in vc.verdict.reasons
@@ -77,7 +68,7 @@ def test_missing_samples_make_it_different():
 def test_swap_keeps_status_and_abs_delta():
     a = make_samples(10)
     b = mutate(a, 4, lambda s: s.copy(scores={METRIC: 1.0}))
-    b = mutate(b, 4, _set_token(0, 2))
+    b = mutate(b, 4, set_token(0, 2))
     ab, ba = _vc(a, b), _vc(b, a)
     assert ab.status is ba.status is Status.DIFFERENT
     assert abs(ab.scores.rows[0].delta) == abs(ba.scores.rows[0].delta) == pytest.approx(0.1)
@@ -113,7 +104,7 @@ def _run(tmp_path, b_mut=None, **kw):
 
 
 def test_compare_run_and_overall_status(tmp_path):
-    root = _run(tmp_path, lambda a: mutate(a, 2, _set_token(1, 9)))
+    root = _run(tmp_path, lambda a: mutate(a, 2, set_token(1, 9)))
     rc = compare_run(root)
     assert rc.reference == "legacy" and rc.variants == ["sp", "sp2"]
     assert [c.status for c in rc.comparisons] == [Status.DIFFERENT, Status.IDENTICAL]

@@ -71,6 +71,8 @@ def test_run_finishes_and_exits_1_because_bf16_differs(run):
     info = json.loads((run["dir"] / "run.json").read_text())
     assert info["status"] == "ok" and info["verdict"] == "DIFFERENT"
     assert info["model"]["builtin"] and len(info["model"]["fingerprint"]) == 64
+    assert info["versions"]["vllm"] and info["hardware"]["cpus"]
+    assert info["variant_settings"]["bf16"]["versions"] == info["versions"], "one environment, same versions"
     # progress was visible: which variant, which task, how far
     for name in variant_names(run):
         assert f"variant {name}" in proc.stdout
