@@ -163,3 +163,13 @@ def set_token(pos: int, new_id: int) -> Callable[[FakeSample], FakeSample]:
         return s.copy(token_ids=ids)
 
     return fn
+
+
+def set_column(table: Any, name: str, values: list) -> Any:
+    """Copy of a samples table with column ``name`` replaced or appended (e.g. "cluster", "prompt")."""
+    import pyarrow as pa
+
+    arr = pa.array(values)
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, arr)
+    return table.append_column(name, arr)

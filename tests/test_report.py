@@ -94,3 +94,40 @@ def test_terminal_summary(tmp_path):
     row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
     assert TASK in row and "83.3%" in row and "DIFFERENT" in row
     assert "run-1: DIFFERENT" in out
+
+
+def test_markdown_statistics_table(tmp_path):
+    md = render_markdown(_run(tmp_path, _diverge), RUN_INFO)
+    # 6 items, A = [0,1,0,1,0,1], B flips doc 2 to right: d = [0,0,1,0,0,0], d̄ = 1/6,
+    # SE = √((5/6)/5/6) = 1/6, t_{.975,5} = 2.5706 -> [−0.262, +0.595];
+    # 90%: t_{.95,5} = 2.0150 -> [−0.169, +0.503]; MDD = (2.5706 + 0.9195)/6 = 0.582; McNemar(0, 1) = 1
+    assert "| equivalent within ±0.01 [90% CI] | detectable Δ | items |" in md
+    assert (
+        "| exact\\_match,strict-match | 0.500 ± 0.224 | 0.667 ± 0.211 | +0.167 [−0.262, +0.595] | 1 "
+        "| no [−0.169, +0.503] | 0.582 | 6 |"
+    ) in md
+
+
+def test_markdown_flipped_items(tmp_path):
+    md = render_markdown(_run(tmp_path, _diverge), RUN_INFO)
+    section = md[md.index("#### Items whose score changed") : md.index("#### Earliest divergences")]
+    assert "exact\\_match,strict-match: 1" in section
+    row = next(line for line in section.splitlines() if line.startswith("| 2 |"))
+    assert "| 0 → 1 | Question 2? | 4\\|2 |" in row
+    assert "&lt;script&gt;" in row and "<script>" not in row and "other line" in row
+
+
+def test_markdown_flipped_items_truncated(tmp_path):
+    a = make_samples(12)
+    b = [s.copy(scores={METRIC: 1.0 - s.scores[METRIC]}) for s in a]
+    rc = compare_run(write_run(tmp_path / "run-f", {"legacy": a, "sp": b}, reference="legacy"))
+    md = render_markdown(rc, {})
+    assert "exact\\_match,strict-match: first 10 of 12" in md
+    section = md[md.index("#### Items whose score changed") :]
+    assert "| 9 |" in section and "| 10 |" not in section
+
+
+def test_identical_report_statistics(tmp_path):
+    md = render_markdown(_run(tmp_path), RUN_INFO)
+    assert "| 0.500 ± 0.224 | 0.500 ± 0.224 | 0 [0, 0] | 1 | yes [0, 0] | 0.000 | 6 |" in md
+    assert "Items whose score changed" not in md

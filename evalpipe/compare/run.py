@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SAMPLE_KEY, TOKENS_SCHEMA, RunDir, VariantDir
-from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
+from evalpipe.compare.scores import DEFAULT_MARGIN, ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
 
@@ -135,9 +135,13 @@ def compare_tables(
     label_a: str = "A",
     label_b: str = "B",
     worst_k: int = 5,
+    margin: float = DEFAULT_MARGIN,
 ) -> VariantComparison:
-    """Score + token comparison and verdict of two in-memory variants (A = reference)."""
-    scores = compare_scores(samples_a, samples_b)
+    """Score + token comparison and verdict of two in-memory variants (A = reference).
+
+    ``margin``: TOST equivalence margin of the score statistics (metric scale).
+    """
+    scores = compare_scores(samples_a, samples_b, margin=margin)
     tokens = compare_tokens(tokens_a, tokens_b, samples_a, samples_b, worst_k=worst_k)
     verdict = decide(
         scores.rows,
@@ -165,6 +169,7 @@ def compare_variants(
     label_a: str | None = None,
     label_b: str | None = None,
     worst_k: int = 5,
+    margin: float = DEFAULT_MARGIN,
 ) -> VariantComparison:
     """Compare variant ``b`` against reference ``a`` from their artifacts.
 
@@ -181,6 +186,7 @@ def compare_variants(
         label_a=label_a or a.name,
         label_b=label_b or b.name,
         worst_k=worst_k,
+        margin=margin,
     )
 
 
@@ -220,6 +226,7 @@ def compare_run(
     variants: list[str] | None = None,
     *,
     worst_k: int = 5,
+    margin: float = DEFAULT_MARGIN,
 ) -> RunComparison:
     """Compare every non-reference variant of ``run_dir`` with the reference.
 
@@ -245,7 +252,9 @@ def compare_run(
     for name in others:
         samples_b, tokens_b = load_variant(rd.variant(name))
         comparisons.append(
-            compare_tables(samples_a, tokens_a, samples_b, tokens_b, label_a=ref, label_b=name, worst_k=worst_k)
+            compare_tables(
+                samples_a, tokens_a, samples_b, tokens_b, label_a=ref, label_b=name, worst_k=worst_k, margin=margin
+            )
         )
     run_id = str(info.get("run_id") or run_dir.name)
     return RunComparison(run_id=run_id, reference=ref, comparisons=tuple(comparisons))

@@ -1,9 +1,13 @@
 """Paired score comparison: per task x metric, the same (task, doc_id, repeat) items on both sides.
 
-The per-item vectors are kept in :class:`PairedScores` so that paired statistics
-(bootstrap / t confidence intervals, McNemar's exact test, TOST equivalence) can be
-computed from them later without re-reading the artifacts. :class:`ScoreRow` is the
-small, JSON-ready summary that the verdict and the reports consume.
+The per-item vectors are kept in :class:`PairedScores`; :class:`ScoreRow` is the
+JSON-ready summary that the verdict and the reports consume. Each row carries the
+paired statistics of :mod:`evalpipe.compare.stats` (SEs, the t interval of the
+difference, McNemar's exact test for 0/1 metrics, TOST against ``margin``, the minimum
+detectable difference) and the items whose score changed (:class:`FlippedItem`).
+
+Items are independent unless the samples table has a ``cluster`` column (long-context
+tasks ask several questions about one document); then the SEs are cluster-robust.
 
 This module also holds :func:`align_keys`, the vectorised outer join on key columns
 that the token comparison reuses.
@@ -19,7 +23,19 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from evalpipe.artifacts import SAMPLE_KEY, SCORE_PREFIX, score_columns
+from evalpipe.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
+from evalpipe.compare import stats
+
+# TOST equivalence margin on the metric's own scale: 0.01 = 1.0 point of a 0-1 accuracy.
+DEFAULT_MARGIN = 0.01
+CONF = 0.95  # two-sided interval of the difference
+ALPHA = 0.05  # McNemar / TOST level (TOST's interval is the 1 - 2*ALPHA = 90% one)
+POWER = 0.8  # for the minimum detectable difference
+CLUSTER_COLUMN = "cluster"
+FLIPPED_SHOWN = 20  # flipped items listed per task x metric (n_flipped has the total)
+QUESTION_CHARS = 500
+TAIL_CHARS = 200  # prompt excerpt when it has no "Question:"
+RESPONSE_CHARS = 2000
 
 # ---------------------------------------------------------------------------
 # generic helpers
@@ -182,6 +198,17 @@ class ScoreRow:
     ``n_paired`` counts items scored on both sides; ``n_missing`` items present on
     both sides but scored on one only. For 0/1 metrics ``a_right_b_wrong`` and
     ``a_wrong_b_right`` are McNemar's discordant counts b and c.
+
+    Statistics over the ``n_paired`` items (formulas in :mod:`evalpipe.compare.stats`;
+    ``None`` where undefined, e.g. SEs with a single item):
+    ``se_a``/``se_b`` SE of each mean; ``se_delta`` SE of the paired difference;
+    ``ci_low``/``ci_high`` its ``ci_conf`` t interval with ``df`` degrees of freedom
+    (n - 1, or clusters - 1); ``n_clusters`` = n_paired unless a ``cluster`` column
+    groups items; ``mcnemar_p`` exact two-sided p (0/1 metrics only); ``tost_*`` the
+    equivalence test against ±``margin`` (90% interval, one-sided p-values,
+    ``equivalent``); ``mdd`` the minimum detectable difference (5% level, 80% power).
+    ``flipped`` lists the first items (by doc_id, repeat) whose score differs,
+    ``n_flipped`` counts them all.
     """
 
     task: str
@@ -198,9 +225,71 @@ class ScoreRow:
     identical: bool
     only_a: int
     only_b: int
+    se_a: float | None = None
+    se_b: float | None = None
+    se_delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_conf: float = CONF
+    df: int | None = None
+    n_clusters: int = 0
+    mcnemar_p: float | None = None
+    margin: float = DEFAULT_MARGIN
+    tost_ci_low: float | None = None
+    tost_ci_high: float | None = None
+    tost_p_lower: float | None = None
+    tost_p_upper: float | None = None
+    equivalent: bool = False
+    mdd: float | None = None
+    n_flipped: int = 0
+    flipped: tuple["FlippedItem", ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class FlippedItem:
+    """One item whose score differs between A and B (for 0/1 metrics: a McNemar discordant pair).
+
+    ``question`` is the prompt's last question (text after the final "Question:", else
+    its last 200 characters); ``answer_a``/``answer_b`` the filtered answers of the
+    metric's filter (``answer:<filter>`` columns) when the samples have them.
+    """
+
+    doc_id: int
+    repeat: int
+    score_a: float
+    score_b: float
+    question: str | None
+    target: str | None
+    response_a: str | None
+    response_b: str | None
+    answer_a: str | None = None
+    answer_b: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _clip(text: str | None, limit: int) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= limit else text[:limit] + "\u2026"
+
+
+def last_question(prompt: str | None) -> str | None:
+    """The text after the prompt's final "Question:" (without a trailing "Answer:"), else its last 200 chars."""
+    if prompt is None:
+        return None
+    k = prompt.rfind("Question:")
+    if k < 0:
+        tail = prompt[-TAIL_CHARS:]
+        return ("\u2026" + tail) if len(prompt) > TAIL_CHARS else tail
+    q = prompt[k + len("Question:") :].strip()
+    if q.endswith("Answer:"):
+        q = q[: -len("Answer:")].rstrip()
+    return _clip(q, QUESTION_CHARS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,8 +304,24 @@ class PairedScores:
     b: np.ndarray
     only_a: int
     only_b: int
+    # cluster label per item (None: every item is its own cluster)
+    cluster: np.ndarray | None = None
+    # row numbers of the items in the A / B samples tables (for the flipped-item texts)
+    row_a: np.ndarray | None = None
+    row_b: np.ndarray | None = None
 
-    def summary(self) -> ScoreRow:
+    def changed(self) -> np.ndarray:
+        """Mask of the items scored on both sides whose scores differ."""
+        both = ~np.isnan(self.a) & ~np.isnan(self.b)
+        return both & (self.a != self.b)
+
+    def statistics(self, conf: float = CONF) -> stats.PairedDifference:
+        """Paired difference over the items scored on both sides."""
+        both = ~np.isnan(self.a) & ~np.isnan(self.b)
+        clusters = self.cluster[both] if self.cluster is not None else None
+        return stats.paired_difference(self.a[both], self.b[both], clusters=clusters, conf=conf)
+
+    def summary(self, margin: float = DEFAULT_MARGIN, flipped: Sequence["FlippedItem"] = ()) -> ScoreRow:
         va, vb = ~np.isnan(self.a), ~np.isnan(self.b)
         both = va & vb
         a, b = self.a[both], self.b[both]
@@ -227,6 +332,10 @@ class PairedScores:
         n_changed = int(np.count_nonzero(a != b))
         n_missing = int(np.count_nonzero(va ^ vb))
         binary = bool(n) and bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
+        rw = int(np.count_nonzero((a == 1.0) & (b == 0.0))) if binary else None
+        wr = int(np.count_nonzero((a == 0.0) & (b == 1.0))) if binary else None
+        pdiff = self.statistics(CONF)
+        eq = stats.tost(pdiff.diff, pdiff.se, margin, alpha=ALPHA, df=pdiff.df)
         return ScoreRow(
             task=self.task,
             metric=self.metric,
@@ -237,11 +346,29 @@ class PairedScores:
             n_changed=n_changed,
             n_missing=n_missing,
             binary=binary,
-            a_right_b_wrong=int(np.count_nonzero((a == 1.0) & (b == 0.0))) if binary else None,
-            a_wrong_b_right=int(np.count_nonzero((a == 0.0) & (b == 1.0))) if binary else None,
+            a_right_b_wrong=rw,
+            a_wrong_b_right=wr,
             identical=n_changed == 0 and n_missing == 0,
             only_a=self.only_a,
             only_b=self.only_b,
+            se_a=pdiff.se_a,
+            se_b=pdiff.se_b,
+            se_delta=pdiff.se,
+            ci_low=pdiff.ci_low,
+            ci_high=pdiff.ci_high,
+            ci_conf=CONF,
+            df=pdiff.df,
+            n_clusters=pdiff.n_clusters,
+            mcnemar_p=stats.mcnemar_exact(rw, wr) if binary else None,
+            margin=margin,
+            tost_ci_low=eq.ci_low,
+            tost_ci_high=eq.ci_high,
+            tost_p_lower=eq.p_lower,
+            tost_p_upper=eq.p_upper,
+            equivalent=eq.equivalent,
+            mdd=stats.minimum_detectable_difference(pdiff.se, alpha=ALPHA, power=POWER, df=pdiff.df),
+            n_flipped=n_changed,
+            flipped=tuple(flipped),
         )
 
 
@@ -279,6 +406,7 @@ def paired_scores(samples_a: pa.Table, samples_b: pa.Table) -> tuple[list[Paired
     paired_mask = in_a & in_b
     out: list[PairedScores] = []
     values = {c: (_float_column(samples_a, c, al.idx_a), _float_column(samples_b, c, al.idx_b)) for c in common}
+    cluster = _optional_union_column(al, samples_a, samples_b, CLUSTER_COLUMN)
     # Union rows are sorted by task code, i.e. by task name: contiguous task blocks.
     task_codes = al.codes[0]
     bounds = np.flatnonzero(np.r_[True, task_codes[1:] != task_codes[:-1]]) if len(al) else np.zeros(0, int)
@@ -303,6 +431,9 @@ def paired_scores(samples_a: pa.Table, samples_b: pa.Table) -> tuple[list[Paired
                     b=vb[pm],
                     only_a=only_a,
                     only_b=only_b,
+                    cluster=cluster[sl][pm] if cluster is not None else None,
+                    row_a=al.idx_a[sl][pm],
+                    row_b=al.idx_b[sl][pm],
                 )
             )
     only_a_m = sorted(metric_name(c) for c in cols_a - cols_b)
@@ -310,8 +441,75 @@ def paired_scores(samples_a: pa.Table, samples_b: pa.Table) -> tuple[list[Paired
     return out, only_a_m, only_b_m
 
 
-def compare_scores(samples_a: pa.Table, samples_b: pa.Table) -> ScoreComparison:
-    """Per task x metric summary of A vs B (B - A), sorted by (task, metric)."""
+def _optional_union_column(al: Alignment, a: pa.Table, b: pa.Table, column: str) -> np.ndarray | None:
+    """Like :func:`union_column` for a column that either side may lack; None if neither has it."""
+    has_a, has_b = column in a.column_names, column in b.column_names
+    if not (has_a or has_b):
+        return None
+    out = np.full(len(al), None, dtype=object)
+    ia, ib = al.idx_a, al.idx_b
+    if has_b and b.num_rows:
+        vb = np.asarray(b.column(column).to_pylist(), dtype=object)
+        out[ib >= 0] = vb[ib[ib >= 0]]
+    if has_a and a.num_rows:  # A (the reference) wins where both sides have the item
+        va = np.asarray(a.column(column).to_pylist(), dtype=object)
+        out[ia >= 0] = va[ia[ia >= 0]]
+    return out
+
+
+def _cell(table: pa.Table, column: str, row: int) -> Any:
+    if row < 0 or column not in table.column_names:
+        return None
+    return table.column(column)[row].as_py()
+
+
+def _text(value: Any, limit: int) -> str | None:
+    return None if value is None else _clip(str(value), limit)
+
+
+def flipped_items(
+    p: PairedScores, samples_a: pa.Table, samples_b: pa.Table, limit: int = FLIPPED_SHOWN
+) -> tuple[FlippedItem, ...]:
+    """The first ``limit`` items (by doc_id, repeat) whose score differs, with their texts.
+
+    Prompt and target come from A (both sides ran the same prompt); responses and the
+    filtered answers of the metric's filter from each side; long texts are clipped.
+    """
+    if p.row_a is None or p.row_b is None:
+        return ()
+    idx = np.flatnonzero(p.changed())[:limit]
+    filt = p.metric.split(",", 1)[1] if "," in p.metric else None
+    answer_col = ANSWER_PREFIX + filt if filt else None
+    out = []
+    for i in idx.tolist():
+        ra, rb = int(p.row_a[i]), int(p.row_b[i])
+        out.append(
+            FlippedItem(
+                doc_id=int(p.doc_id[i]),
+                repeat=int(p.repeat[i]),
+                score_a=float(p.a[i]),
+                score_b=float(p.b[i]),
+                question=last_question(_cell(samples_a, "prompt", ra)),
+                target=_text(_cell(samples_a, "target", ra), QUESTION_CHARS),
+                response_a=_text(_cell(samples_a, "response", ra), RESPONSE_CHARS),
+                response_b=_text(_cell(samples_b, "response", rb), RESPONSE_CHARS),
+                answer_a=_text(_cell(samples_a, answer_col, ra), QUESTION_CHARS) if answer_col else None,
+                answer_b=_text(_cell(samples_b, answer_col, rb), QUESTION_CHARS) if answer_col else None,
+            )
+        )
+    return tuple(out)
+
+
+def compare_scores(
+    samples_a: pa.Table, samples_b: pa.Table, *, margin: float = DEFAULT_MARGIN
+) -> ScoreComparison:
+    """Per task x metric summary of A vs B (B - A), sorted by (task, metric).
+
+    ``margin`` is the TOST equivalence margin on the metric's scale (0.01 = 1 point of
+    a 0-1 accuracy).
+    """
+    if not margin > 0:
+        raise ValueError(f"the equivalence margin must be > 0, got {margin}.")
     paired, only_a_m, only_b_m = paired_scores(samples_a, samples_b)
-    rows = tuple(p.summary() for p in paired)
+    rows = tuple(p.summary(margin=margin, flipped=flipped_items(p, samples_a, samples_b)) for p in paired)
     return ScoreComparison(rows=rows, paired=tuple(paired), metrics_only_a=tuple(only_a_m), metrics_only_b=tuple(only_b_m))

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 import jinja2
 
 from evalpipe.compare.run import RunComparison, VariantComparison, variant_names_from_info
+from evalpipe.compare.scores import FlippedItem, ScoreRow
 from evalpipe.compare.tokens import TaskTokenSummary, WorstExample
 from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
 
@@ -25,6 +26,7 @@ TEMPLATE_NAME = "report.md.j2"
 EXCERPT_CHARS = 160
 EXCERPT_CONTEXT = 48
 TOPK_SHOWN = 5
+FLIPPED_SHOWN = 10  # per task x metric in the report; compare.json lists more
 
 _MD_SPECIAL = "\\`*_[]|~"
 
@@ -118,6 +120,55 @@ def _pct(n: int, total: int) -> str:
     return f"{n}/{total} ({100.0 * n / total:.1f}%)" if total else "0/0"
 
 
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "\u2014"
+    if p >= 1.0:
+        return "1"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _fmt_ci(lo: float | None, hi: float | None) -> str:
+    return "n/a" if lo is None or hi is None else f"[{fmt_delta(lo)}, {fmt_delta(hi)}]"
+
+
+def _fmt_mean_se(mean: float | None, se: float | None) -> str:
+    return fmt_score(mean) if se is None or mean is None else f"{fmt_score(mean)} \u00b1 {fmt_score(se)}"
+
+
+def _stats_view(r: ScoreRow) -> dict[str, Any]:
+    """Cells of the statistics table: means ± SE, Δ with its CI, McNemar, TOST, detectable Δ."""
+    if r.n_paired == 0:
+        tost = "n/a"
+    else:
+        tost = ("yes " if r.equivalent else "no ") + _fmt_ci(r.tost_ci_low, r.tost_ci_high)
+    clusters = f" in {r.n_clusters} clusters" if r.n_clusters != r.n_paired else ""
+    return {
+        "metric": md_escape(r.metric),
+        "a": _fmt_mean_se(r.mean_a, r.se_a),
+        "b": _fmt_mean_se(r.mean_b, r.se_b),
+        "delta": f"{fmt_delta(r.delta)} {_fmt_ci(r.ci_low, r.ci_high)}" if r.n_paired else "n/a",
+        "mcnemar": _fmt_p(r.mcnemar_p),
+        "tost": tost,
+        "mdd": fmt_score(r.mdd),
+        "n": f"{r.n_paired}{clusters}",
+    }
+
+
+def _flipped_view(f: FlippedItem) -> dict[str, Any]:
+    ex_a, ex_b = _excerpts(f.response_a, f.response_b)
+    return {
+        "where": f"{f.doc_id}" + (f" repeat {f.repeat}" if f.repeat else ""),
+        "scores": f"{f.score_a:g} \u2192 {f.score_b:g}",
+        "question": md_escape(f.question, max_len=EXCERPT_CHARS),
+        "target": md_escape(f.target, max_len=EXCERPT_CHARS),
+        "answer_a": md_escape(f.answer_a, max_len=EXCERPT_CHARS),
+        "answer_b": md_escape(f.answer_b, max_len=EXCERPT_CHARS),
+        "response_a": md_escape(ex_a),
+        "response_b": md_escape(ex_b),
+    }
+
+
 def _task_view(c: VariantComparison, t: TaskTokenSummary | None, task: str) -> dict[str, Any]:
     scores = [
         {
@@ -134,7 +185,28 @@ def _task_view(c: VariantComparison, t: TaskTokenSummary | None, task: str) -> d
         for r in c.scores.rows
         if r.task == task
     ]
-    view: dict[str, Any] = {"name": md_escape(task), "scores": scores, "tokens": None}
+    rows = [r for r in c.scores.rows if r.task == task]
+    margins = sorted({r.margin for r in rows})
+    flipped = [
+        {
+            "metric": md_escape(r.metric),
+            "count": (
+                f"{r.n_flipped}" if r.n_flipped <= min(FLIPPED_SHOWN, len(r.flipped))
+                else f"first {min(FLIPPED_SHOWN, len(r.flipped))} of {r.n_flipped}"
+            ),
+            "rows": [_flipped_view(f) for f in r.flipped[:FLIPPED_SHOWN]],
+        }
+        for r in rows
+        if r.flipped
+    ]
+    view: dict[str, Any] = {
+        "name": md_escape(task),
+        "scores": scores,
+        "stats": [_stats_view(r) for r in rows],
+        "margin": ", ".join(f"{m:g}" for m in margins),
+        "flipped": flipped,
+        "tokens": None,
+    }
     if t is not None:
         view["tokens"] = {
             "samples": t.n_samples,
