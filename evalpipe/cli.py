@@ -104,19 +104,31 @@ def _print_plan(plan) -> None:
 
 @app.command()
 def compare(
-    run_dir: Path = typer.Argument(..., help="A run directory (reports/runs/<run_id>)."),
+    targets: list[Path] = typer.Argument(..., help="RUN_DIR, or RUN_A/VARIANT RUN_B/VARIANT to compare variants of two runs (B against A)."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Variant to compare against (default: the run's reference)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to compare (default: all of the run)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json and report.md (default: the run directory)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json and report.md (default: the run directory; across runs: reports/compare/A-vs-B)."),
 ) -> None:
-    """Re-run the comparison and the report from a run's stored artifacts (no engine)."""
-    from evalpipe.runner import compare_and_report
+    """Re-run the comparison and the report from stored artifacts (no engine)."""
+    from evalpipe.runner import compare_and_report, compare_two_runs
 
-    if not (run_dir / "run.json").is_file():
-        _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
-    chosen = [v.strip() for v in (variants or "").split(",") if v.strip()] or None
     try:
-        code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output)
+        if len(targets) == 1:
+            run_dir = targets[0]
+            if not (run_dir / "run.json").is_file():
+                _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
+            chosen = [v.strip() for v in (variants or "").split(",") if v.strip()] or None
+            code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output)
+        elif len(targets) == 2:
+            if reference or variants:
+                _fail("--reference and --variants apply to one run directory; across runs the first argument is the reference.", EXIT_USER)
+            for t in targets:
+                if not (t / "manifest.json").is_file():
+                    _fail(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.", EXIT_USER)
+            code = compare_two_runs(targets[0], targets[1], console, output=output)
+        else:
+            _fail("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.", EXIT_USER)
+            return
     except ValueError as err:
         _fail(str(err), EXIT_USER)
         return

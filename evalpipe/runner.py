@@ -180,3 +180,18 @@ def compare_and_report(
     print_summary(comparison, console)
     console.print(f"report: {artifacts.RunDir(out_dir).report_md}")
     return EXIT_SAME if verdict == "IDENTICAL" else EXIT_DIFFERENT
+
+
+def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None) -> int:
+    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
+    from evalpipe.compare.run import compare_across_runs, write_outputs
+    from evalpipe.report.terminal import print_summary
+
+    comparison = compare_across_runs(a, b)
+    name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
+    out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
+    info = {"run_id": comparison.run_id, "reference": comparison.reference, "variants": [comparison.reference, *comparison.variants]}
+    write_outputs(out_dir, comparison, info)
+    print_summary(comparison, console)
+    console.print(f"report: {artifacts.RunDir(out_dir).report_md}")
+    return EXIT_SAME if comparison.status.value == "IDENTICAL" else EXIT_DIFFERENT

@@ -272,3 +272,52 @@ def write_outputs(
     artifacts.write_json(rd.compare_json, run_comparison.to_dict())
     artifacts.write_text(rd.report_md, render_markdown(run_comparison, run_info))
     return rd.compare_json, rd.report_md
+
+
+# ---------------------------------------------------------------------------
+# across runs
+# ---------------------------------------------------------------------------
+
+
+def _item_keys(samples: pa.Table) -> dict[str, dict[tuple[int, int], str]]:
+    cols = samples.select(["task", "doc_id", "repeat", "prompt_hash"]).to_pydict()
+    out: dict[str, dict[tuple[int, int], str]] = {}
+    for task, doc, rep, h in zip(cols["task"], cols["doc_id"], cols["repeat"], cols["prompt_hash"]):
+        out.setdefault(task, {})[(int(doc), int(rep))] = h
+    return out
+
+
+def check_same_items(samples_a: pa.Table, samples_b: pa.Table, label_a: str, label_b: str) -> None:
+    """Variants of two different runs are comparable only on the same items with the
+    same prompts; raise a one-sentence ValueError naming the first mismatch."""
+    a, b = _item_keys(samples_a), _item_keys(samples_b)
+    if set(a) != set(b):
+        raise ValueError(
+            f"{label_a} ran tasks {sorted(a)} but {label_b} ran {sorted(b)}; compare runs of the same tasks."
+        )
+    for task in sorted(a):
+        if set(a[task]) != set(b[task]):
+            raise ValueError(
+                f"task {task}: {label_a} has {len(a[task])} items and {label_b} has {len(b[task])}, "
+                "not the same documents; re-run with the same tasks and --limit."
+            )
+        differing = sorted(k for k in a[task] if a[task][k] != b[task][k])
+        if differing:
+            doc, rep = differing[0]
+            raise ValueError(
+                f"task {task}: {len(differing)} items have different prompts in {label_a} and {label_b} "
+                f"(first: doc {doc}, repeat {rep}); the task definition or its data changed between the runs."
+            )
+
+
+def compare_across_runs(a: Path, b: Path, *, margin: float = DEFAULT_MARGIN) -> RunComparison:
+    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: B against A as reference."""
+    va, vb = VariantDir(Path(a)), VariantDir(Path(b))
+    label_a, label_b = f"{va.root.parent.name}/{va.name}", f"{vb.root.parent.name}/{vb.name}"
+    if label_a == label_b:
+        label_a, label_b = str(va.root), str(vb.root)
+    samples_a, tokens_a = load_variant(va)
+    samples_b, tokens_b = load_variant(vb)
+    check_same_items(samples_a, samples_b, label_a, label_b)
+    vc = compare_tables(samples_a, tokens_a, samples_b, tokens_b, label_a=label_a, label_b=label_b, margin=margin)
+    return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,))

@@ -1,0 +1,69 @@
+"""`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: variants of two runs, same items."""
+
+import subprocess
+import sys
+
+import pytest
+from fakes import make_samples, mutate, set_token, write_variant
+
+from evalpipe.compare.run import compare_across_runs
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "evalpipe", "compare", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_same_items_from_two_runs(tmp_path):
+    s = make_samples(6)
+    a = write_variant(tmp_path / "run1", "legacy", s)
+    b = write_variant(tmp_path / "run2", "legacy", s, shuffle_seed=3)
+    rc = compare_across_runs(a.root, b.root)
+    assert rc.status.value == "IDENTICAL"
+    assert rc.reference == "run1/legacy" and rc.variants == ["run2/legacy"]
+    proc = cli(str(a.root), str(b.root), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "compare.json").is_file() and (tmp_path / "out" / "report.md").is_file()
+
+
+def test_a_changed_token_across_runs_is_different(tmp_path):
+    s = make_samples(6)
+    a = write_variant(tmp_path / "run1", "legacy", s)
+    b = write_variant(tmp_path / "run2", "sp", mutate(s, 2, set_token(3, 7)))
+    proc = cli(str(a.root), str(b.root), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "run2/sp" in proc.stdout
+
+
+def test_different_items_are_a_clear_user_error(tmp_path):
+    a = write_variant(tmp_path / "run1", "legacy", make_samples(6))
+    b = write_variant(tmp_path / "run2", "legacy", make_samples(4))
+    with pytest.raises(ValueError, match="has 6 items and run2/legacy has 4"):
+        compare_across_runs(a.root, b.root)
+    proc = cli(str(a.root), str(b.root), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "re-run with the same tasks and --limit" in " ".join(proc.stderr.split())
+    other_task = write_variant(tmp_path / "run3", "legacy", make_samples(6, task="other_task"))
+    with pytest.raises(ValueError, match="ran tasks"):
+        compare_across_runs(a.root, other_task.root)
+
+
+def test_arguments_must_be_variant_directories(tmp_path):
+    a = write_variant(tmp_path / "run1", "legacy", make_samples(2))
+    proc = cli(str(a.root), str(tmp_path / "missing"), cwd=tmp_path)
+    assert proc.returncode == 2 and "is not a variant directory" in proc.stderr
+
+
+def test_changed_prompts_are_a_clear_user_error(tmp_path):
+    from fakes import set_column
+
+    from evalpipe import artifacts
+
+    s = make_samples(3)
+    a = write_variant(tmp_path / "run1", "legacy", s)
+    b = write_variant(tmp_path / "run2", "legacy", s)
+    table = artifacts.read_table(b.samples)
+    hashes = table.column("prompt_hash").to_pylist()
+    hashes[1] = "another prompt"
+    artifacts.write_table(b.samples, set_column(table, "prompt_hash", hashes))
+    with pytest.raises(ValueError, match=r"1 items have different prompts .*\(first: doc 1"):
+        compare_across_runs(a.root, b.root)
