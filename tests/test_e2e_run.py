@@ -88,6 +88,8 @@ def test_every_variant_has_all_artifacts(run):
         assert manifest["status"] == "ok"
         assert manifest["versions"]["vllm"] and manifest["versions"]["lm_eval"] == "0.4.13"
         assert manifest["timings"]["engine_start_s"] > 0
+        assert manifest["truncated_prompts"] == 0
+        assert manifest["data_files"]["gsm8k_synth_4shot"]["test"]["sha256"]
         results = artifacts.read_json(vdir.results)
         task = results["results"]["gsm8k_synth_4shot"]
         assert 0.0 <= task["exact_match,strict-match"] <= 1.0

@@ -9,7 +9,6 @@ logprob and the top-k alternatives, keyed by (task, doc_id, request idx, repeat)
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -20,8 +19,6 @@ from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalpipe.worker.engines import Engine, GenRequest, GenResult, ScoreRequest
-
-log = logging.getLogger(__name__)
 
 CaptureKey = tuple[str, int, int, int]  # task, doc_id, request idx, repeat
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own fallback when a task sets none

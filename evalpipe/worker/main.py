@@ -256,6 +256,11 @@ def run(job: dict[str, Any], events: Events) -> int:
         metrics = {k: v for k, v in (out_eval["results"].get(spec["task"]) or {}).items() if isinstance(v, (int, float))}
         events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
 
+    truncated = sum(c.truncated_prompt for c in lm.captures.values())
+    if truncated:
+        # Left-truncated prompts are still compared, but a reader should know.
+        events.emit("stage", stage="warning", message=f"{truncated} prompts were longer than max_model_len - max_gen_toks and lost their beginning")
+    manifest["truncated_prompts"] = truncated
     timings["tasks_s"] = generation_s
     timings["engine_calls_s"] = lm.engine_seconds
     results["sampling_overridden"] = sorted(lm.sampling_overridden)
