@@ -173,3 +173,20 @@ def set_column(table: Any, name: str, values: list) -> Any:
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), name, arr)
     return table.append_column(name, arr)
+
+
+def set_step(pos: int, token_id: int, logprob: float, topk_ids: list[int], topk_logprobs: list[float]) -> Callable[[FakeSample], FakeSample]:
+    """A mutation for `mutate`: at `pos` the sample generates `token_id` with this logprob and top-k lists.
+
+    The other positions keep their top-k lists (the default ones unless set explicitly).
+    """
+
+    def fn(s: FakeSample) -> FakeSample:
+        ids, lps = s.topk()
+        ids, lps = [list(x) for x in ids], [list(x) for x in lps]
+        ids[pos], lps[pos] = list(topk_ids), list(topk_logprobs)
+        tok, lp = list(s.token_ids), list(s.logprobs)
+        tok[pos], lp[pos] = token_id, logprob
+        return s.copy(token_ids=tok, logprobs=lp, topk_ids=ids, topk_logprobs=lps)
+
+    return fn

@@ -16,9 +16,16 @@ Terms used throughout:
 * identical (bitwise): same ids, same length, and bit-equal logprob and top-k lists
   at every position.
 
+* near-tie divergence: at the first divergence, A's token is in B's top-k, B's token
+  is in A's top-k, and the reference's (A's) gap between the two tokens,
+  |A's logprob of its own token - A's top-k logprob of B's token|, is below
+  ``near_tie_gap``. Every other divergence is hard, including one where a side has no
+  token at that position (its sequence ended first).
+* top-k KL: KL(A||B) between the two top-k distributions of a shared-prefix position,
+  see :func:`topk_kl` for the "missing mass" rule.
+
 The aligned positions (:attr:`TokenComparison.positions`) and per-sample arrays
-(:attr:`TokenComparison.samples`) are kept so that near-tie classification and KL
-on top-k distributions can be added without re-aligning.
+(:attr:`TokenComparison.samples`) are kept so that later checks need not re-align.
 """
 
 from __future__ import annotations
@@ -38,6 +45,18 @@ TOKEN_KEY = SAMPLE_KEY + ("pos",)
 _BIG = np.iinfo(np.int64).max
 # Cap on (doc_id, repeat) pairs listed for samples present on one side only.
 MAX_LISTED_KEYS = 10
+# Cap on (doc_id, repeat, pos) triples listed for hard divergences (the count is exact).
+MAX_LISTED_HARD = 20
+# Near-tie threshold on the reference's logprob gap between the two diverging tokens,
+# in nats. 0.5 nats is a probability ratio of ~1.65: two candidates that close can swap
+# rank from reduction-order / kernel-choice rounding alone (observed |dlogprob| of
+# bf16 engines is ~1e-2..1e-1 per token, and it accumulates over the prefix), whereas a
+# change that really alters the model's preference moves the gap by whole nats.
+NEAR_TIE_GAP = 0.5
+# Probability floor for the top-k KL (before renormalising), so log(P/Q) stays finite.
+KL_FLOOR = 1e-12
+# Positions per chunk of the (n, k, k) broadcast in the top-k KL (bounds peak memory).
+_KL_CHUNK = 1 << 15
 
 
 # ---------------------------------------------------------------------------
@@ -103,6 +122,19 @@ class TaskTokenSummary:
     max_abs_dlogprob_same_ids: float | None  # over samples whose ids are identical
     worst_divergence: tuple[WorstExample, ...] = ()
     worst_logprob: tuple[WorstExample, ...] = ()
+    # first divergences classified (see module docstring); n_near_tie + n_hard == n_divergent
+    near_tie_gap: float = NEAR_TIE_GAP
+    n_near_tie_divergences: int = 0
+    n_hard_divergences: int = 0
+    hard_divergences: tuple[tuple[int, int, int], ...] = ()  # (doc_id, repeat, pos), first MAX_LISTED_HARD
+    # shared-prefix distribution agreement, per position (None when no position compared)
+    n_positions_topk_equal: int = 0  # top-k id sets equal (order ignored)
+    share_topk_equal: float | None = None
+    kl_p50: float | None = None  # KL(A||B) of the top-k distributions, see topk_kl
+    kl_p99: float | None = None
+    kl_max: float | None = None
+    abs_dlogprob_p50: float | None = None  # the max is max_abs_dlogprob
+    abs_dlogprob_p99: float | None = None
 
     @property
     def n_divergent(self) -> int:
@@ -154,6 +186,15 @@ class SampleTokenDiffs:
     n_topk_diff: np.ndarray
     sample_idx_a: np.ndarray  # row in samples table A (-1 when unknown / absent)
     sample_idx_b: np.ndarray
+    # first-divergence class: True near-tie, False hard or no divergence
+    near_tie: np.ndarray | None = None
+    divergence_gap: np.ndarray | None = None  # A's |gap| at the divergence; NaN if B's token not in A's top-k
+    # per shared-prefix position (alignment row ``prefix_rows[i]``, sample ``prefix_sample[i]``)
+    prefix_rows: np.ndarray | None = None
+    prefix_sample: np.ndarray | None = None
+    prefix_abs_dlogprob: np.ndarray | None = None
+    prefix_kl: np.ndarray | None = None
+    prefix_topk_equal: np.ndarray | None = None
 
     @property
     def paired(self) -> np.ndarray:
@@ -247,6 +288,110 @@ def _topk_differs(tokens_a: pa.Table, tokens_b: pa.Table, ra: np.ndarray, rb: np
     return diff
 
 
+def _topk_matrix(table: pa.Table, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed-width top-k of rows ``idx`` (-1 = no row): ids (n, k) padded with -1, logprobs padded with -inf."""
+    n = len(idx)
+    ids = np.full((n, k), -1, dtype=np.int64)
+    lps = np.full((n, k), -np.inf, dtype=np.float64)
+    ok = np.flatnonzero(idx >= 0)
+    if len(ok) == 0 or k == 0:
+        return ids, lps
+    take = pa.array(idx[ok])
+    for column, out, fill in (("topk_ids", ids, -1), ("topk_logprobs", lps, -np.inf)):
+        lists = table.column(column).take(take).combine_chunks()
+        full = np.maximum(_list_lengths(lists), 0)
+        lens = np.minimum(full, k)
+        flat = np.asarray(pc.list_flatten(lists).fill_null(fill).to_numpy(zero_copy_only=False), dtype=out.dtype)
+        starts = np.concatenate([[0], np.cumsum(full)[:-1]]).astype(np.int64)
+        row = np.repeat(np.arange(len(ok)), lens)
+        col = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        out[ok[row], col] = flat[np.repeat(starts, lens) + col]
+    return ids, lps
+
+
+def _topk_width(a: pa.Table, b: pa.Table) -> int:
+    widths = [int(pc.max(pc.list_value_length(t.column("topk_ids"))).as_py() or 0) for t in (a, b) if t.num_rows]
+    return max(widths, default=0)
+
+
+def topk_kl(
+    ids_a: np.ndarray, lp_a: np.ndarray, ids_b: np.ndarray, lp_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: KL(A||B) between two top-k distributions, and whether the top-k id sets are equal.
+
+    Inputs are (n, k) arrays padded with id -1 / logprob -inf. Both distributions are
+    put on the union of the two id sets. "Missing mass" rule: a token in one list but
+    not in the other gets, on the side that lacks it, that side's leftover mass
+    ``max(0, 1 - sum(exp(own top-k logprobs)))`` divided equally among all the union
+    tokens that side lacks. Then every union entry is floored at ``KL_FLOOR`` (1e-12)
+    and each side is renormalised to sum to 1 over the union, so the KL is finite; mass
+    outside the union is ignored. Identical inputs give exactly 0. Vectorised as an
+    (n, k, k) id-equality broadcast, in chunks of rows.
+    """
+    n = len(ids_a)
+    kl = np.zeros(n, dtype=np.float64)
+    same = np.ones(n, dtype=bool)
+    for lo in range(0, n, _KL_CHUNK):  # chunks of rows, not tokens
+        sl = slice(lo, min(n, lo + _KL_CHUNK))
+        ia, ib = ids_a[sl], ids_b[sl]
+        va, vb = ia >= 0, ib >= 0
+        pa_ = np.where(va, np.exp(lp_a[sl]), 0.0)
+        pb_ = np.where(vb, np.exp(lp_b[sl]), 0.0)
+        eq = (ia[:, :, None] == ib[:, None, :]) & va[:, :, None] & vb[:, None, :]
+        a_in_b = eq.any(axis=2)  # A's slot i also listed by B
+        b_only = vb & ~eq.any(axis=1)  # B's slot j not listed by A
+        a_only = va & ~a_in_b
+        same[sl] = ~a_only.any(axis=1) & ~b_only.any(axis=1)
+        rest_a = np.maximum(0.0, 1.0 - pa_.sum(axis=1))
+        rest_b = np.maximum(0.0, 1.0 - pb_.sum(axis=1))
+        n_miss_a = b_only.sum(axis=1)  # union tokens A lacks
+        n_miss_b = a_only.sum(axis=1)  # union tokens B lacks
+        fill_a = np.where(n_miss_a > 0, rest_a / np.maximum(n_miss_a, 1), 0.0)[:, None]
+        fill_b = np.where(n_miss_b > 0, rest_b / np.maximum(n_miss_b, 1), 0.0)[:, None]
+        # union = A's slots followed by B-only slots: (m, 2k) with a validity mask
+        p = np.concatenate([pa_, np.where(b_only, fill_a, 0.0)], axis=1)
+        q_on_a = np.where(a_in_b, (eq * pb_[:, None, :]).sum(axis=2), fill_b)
+        q = np.concatenate([np.where(va, q_on_a, 0.0), np.where(b_only, pb_, 0.0)], axis=1)
+        valid = np.concatenate([va, b_only], axis=1)
+        p = np.where(valid, np.maximum(p, KL_FLOOR), 0.0)
+        q = np.where(valid, np.maximum(q, KL_FLOOR), 0.0)
+        p_sum, q_sum = p.sum(axis=1, keepdims=True), q.sum(axis=1, keepdims=True)
+        p = p / np.where(p_sum > 0, p_sum, 1.0)
+        q = q / np.where(q_sum > 0, q_sum, 1.0)
+        terms = np.where(valid, p * (np.log(np.where(valid, p, 1.0)) - np.log(np.where(valid, q, 1.0))), 0.0)
+        kl[sl] = np.maximum(terms.sum(axis=1), 0.0)
+    return kl, same
+
+
+def _classify_divergences(
+    tokens_a: pa.Table,
+    tokens_b: pa.Table,
+    ra: np.ndarray,
+    rb: np.ndarray,
+    k: int,
+    near_tie_gap: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """For divergence rows (ra[i], rb[i]; -1 = that side has no token there): near-tie?, A's |gap|."""
+    n = len(ra)
+    if n == 0 or k == 0:  # no top-k lists: nothing can be shown to be a near-tie
+        return np.zeros(n, dtype=bool), np.full(n, np.nan)
+    tok_a = _gather(tokens_a, "token_id", ra, -1, np.int64)
+    tok_b = _gather(tokens_b, "token_id", rb, -1, np.int64)
+    lp_a = _gather(tokens_a, "logprob", ra, np.nan, np.float64)
+    ids_a, lps_a = _topk_matrix(tokens_a, ra, k)
+    ids_b, _ = _topk_matrix(tokens_b, rb, k)
+    both = (ra >= 0) & (rb >= 0)
+    b_tok_in_a = (ids_a == tok_b[:, None]) & (ids_a >= 0)
+    a_tok_in_b = ((ids_b == tok_a[:, None]) & (ids_b >= 0)).any(axis=1)
+    first = np.argmax(b_tok_in_a, axis=1)
+    in_a = b_tok_in_a.any(axis=1)
+    lp_b_under_a = np.where(in_a, lps_a[np.arange(n), first], np.nan)
+    gap = np.abs(lp_a - lp_b_under_a)
+    gap = np.where(both & in_a, gap, np.nan)
+    near = both & in_a & a_tok_in_b & (gap < near_tie_gap)
+    return near, gap
+
+
 def _key_table(task: list[Any] | np.ndarray, doc_id: np.ndarray, repeat: np.ndarray) -> pa.Table:
     return pa.table(
         {
@@ -279,6 +424,8 @@ def sample_token_diffs(
     tokens_b: pa.Table,
     samples_a: pa.Table | None = None,
     samples_b: pa.Table | None = None,
+    *,
+    near_tie_gap: float = NEAR_TIE_GAP,
 ) -> tuple[SampleTokenDiffs, Alignment]:
     """Align both token tables and compute the per-sample arrays (vectorised)."""
     pal = align_keys(tokens_a.select(list(TOKEN_KEY)), tokens_b.select(list(TOKEN_KEY)), TOKEN_KEY, "token positions")
@@ -325,6 +472,9 @@ def sample_token_diffs(
         fd_seg = fd_row_seg = amax_row_seg = cnt_seg = lpdiff_seg = topk_seg = len_a_seg = len_b_seg = z
         max_seg = sum_seg = np.zeros(0, dtype=np.float64)
         seg_keys = _empty_keys()
+        seg = z
+        prefix = np.zeros(0, dtype=bool)
+        dlp = np.zeros(0, dtype=np.float64)
 
     # --- the sample universe ------------------------------------------------------
     if samples_a is not None and samples_b is not None:
@@ -378,6 +528,20 @@ def sample_token_diffs(
     max_dlp = np.where(cnt > 0, max_dlp, np.nan)
     first_div = np.where(both, first_div, -1)
     first_div_row = np.where(both, first_div_row, -1)
+
+    # --- near-tie classification and top-k KL (vectorised) -------------------------
+    k = _topk_width(tokens_a, tokens_b)
+    div_s = np.flatnonzero(first_div_row >= 0)
+    div_r = first_div_row[div_s]
+    near_s, gap_s = _classify_divergences(tokens_a, tokens_b, pal.idx_a[div_r], pal.idx_b[div_r], k, near_tie_gap)
+    near_tie = np.zeros(n_uni, dtype=bool)
+    near_tie[div_s] = near_s
+    div_gap = np.full(n_uni, np.nan, dtype=np.float64)
+    div_gap[div_s] = gap_s
+    pr = np.flatnonzero(prefix)
+    pr_ids_a, pr_lp_a = _topk_matrix(tokens_a, pal.idx_a[pr], k)
+    pr_ids_b, pr_lp_b = _topk_matrix(tokens_b, pal.idx_b[pr], k)
+    pr_kl, pr_same = topk_kl(pr_ids_a, pr_lp_a, pr_ids_b, pr_lp_b)
     diffs = SampleTokenDiffs(
         task=np.asarray(uni_task, dtype=object),
         doc_id=np.asarray(uni_doc, dtype=np.int64),
@@ -396,12 +560,29 @@ def sample_token_diffs(
         n_topk_diff=np.where(both, scatter(topk_seg, 0, np.int64), 0),
         sample_idx_a=np.asarray(sidx_a, dtype=np.int64),
         sample_idx_b=np.asarray(sidx_b, dtype=np.int64),
+        near_tie=near_tie,
+        divergence_gap=div_gap,
+        prefix_rows=pr,
+        prefix_sample=seg_to_uni[seg[pr]] if len(pr) else np.zeros(0, dtype=np.int64),
+        prefix_abs_dlogprob=np.asarray(dlp[pr], dtype=np.float64),
+        prefix_kl=pr_kl,
+        prefix_topk_equal=pr_same,
     )
     return diffs, pal
 
 
 def _opt_float(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
+
+
+def _quantile(x: np.ndarray, q: float) -> float | None:
+    """Percentile ``q`` (linear interpolation; 100 = max); None when empty or not finite."""
+    if len(x) == 0:
+        return None
+    if q >= 100:
+        return _opt_float(np.max(x))
+    with np.errstate(invalid="ignore"):
+        return _opt_float(np.percentile(x, q))
 
 
 def _worst(
@@ -472,6 +653,7 @@ def summarize_tokens(
     samples_b: pa.Table | None = None,
     *,
     worst_k: int = 5,
+    near_tie_gap: float = NEAR_TIE_GAP,
 ) -> tuple[TaskTokenSummary, ...]:
     """Per task summary (loop over tasks only) with the ``worst_k`` notable samples of each kind."""
     out = []
@@ -482,6 +664,11 @@ def summarize_tokens(
     bounds = np.flatnonzero(np.r_[True, task[1:] != task[:-1]])
     ends = np.r_[bounds[1:], n]
     paired_all, ids_id_all, id_all = d.paired, d.ids_identical, d.identical
+    n_pr = 0 if d.prefix_sample is None else len(d.prefix_sample)
+    if n_pr:
+        pr_order = np.argsort(d.prefix_sample, kind="stable")
+        pr_sorted = d.prefix_sample[pr_order]
+    near_all = d.near_tie if d.near_tie is not None else np.zeros(n, dtype=bool)
     for start, end in zip(bounds.tolist(), ends.tolist()):
         sl = slice(start, end)
         idx = np.arange(start, end)
@@ -506,6 +693,27 @@ def summarize_tokens(
         lp_idx = idx[lp_sel]
         order = np.lexsort((d.repeat[lp_idx], d.doc_id[lp_idx], -d.max_abs_dlogprob[lp_idx]))
         worst_lp = lp_idx[order][:worst_k]
+        # near-tie / hard first divergences
+        near = div & near_all[sl]
+        hard_idx = idx[div & ~near]
+        hard = tuple(
+            (int(a), int(b), int(c))
+            for a, b, c in zip(
+                d.doc_id[hard_idx][:MAX_LISTED_HARD],
+                d.repeat[hard_idx][:MAX_LISTED_HARD],
+                d.first_divergence[hard_idx][:MAX_LISTED_HARD],
+            )
+        )
+        # per-position distribution agreement over the shared prefix
+        if n_pr:
+            lo, hi = np.searchsorted(pr_sorted, [start, end])
+            rows = pr_order[lo:hi]
+        else:
+            rows = np.zeros(0, dtype=np.int64)
+        n_rows = len(rows)
+        kl = d.prefix_kl[rows] if n_rows else np.zeros(0)
+        adl = d.prefix_abs_dlogprob[rows] if n_rows else np.zeros(0)
+        n_same = int(d.prefix_topk_equal[rows].sum()) if n_rows else 0
         out.append(
             TaskTokenSummary(
                 task=str(task[start]),
@@ -538,6 +746,17 @@ def summarize_tokens(
                 worst_logprob=_worst(
                     "largest_dlogprob", worst_lp, d.max_dlogprob_row, d, pal, tokens_a, tokens_b, samples_a, samples_b
                 ),
+                near_tie_gap=float(near_tie_gap),
+                n_near_tie_divergences=int(near.sum()),
+                n_hard_divergences=int(len(hard_idx)),
+                hard_divergences=hard,
+                n_positions_topk_equal=n_same,
+                share_topk_equal=n_same / n_rows if n_rows else None,
+                kl_p50=_quantile(kl, 50),
+                kl_p99=_quantile(kl, 99),
+                kl_max=_quantile(kl, 100),
+                abs_dlogprob_p50=_quantile(adl, 50),
+                abs_dlogprob_p99=_quantile(adl, 99),
             )
         )
     return tuple(out)
@@ -550,13 +769,17 @@ def compare_tokens(
     samples_b: pa.Table | None = None,
     *,
     worst_k: int = 5,
+    near_tie_gap: float = NEAR_TIE_GAP,
 ) -> TokenComparison:
     """Compare two tokens tables (A = reference, B = variant).
 
     With the samples tables, the sample set is theirs (so samples that generated no
     token still count, and responses are attached to the worst examples); without
-    them it is the set of samples with at least one token row.
+    them it is the set of samples with at least one token row. ``near_tie_gap`` (nats)
+    is the near-tie threshold on the reference's logprob gap at a first divergence.
     """
-    d, pal = sample_token_diffs(tokens_a, tokens_b, samples_a, samples_b)
-    summaries = summarize_tokens(d, pal, tokens_a, tokens_b, samples_a, samples_b, worst_k=worst_k)
+    d, pal = sample_token_diffs(tokens_a, tokens_b, samples_a, samples_b, near_tie_gap=near_tie_gap)
+    summaries = summarize_tokens(
+        d, pal, tokens_a, tokens_b, samples_a, samples_b, worst_k=worst_k, near_tie_gap=near_tie_gap
+    )
     return TokenComparison(summaries=summaries, samples=d, positions=pal)

@@ -169,6 +169,15 @@ def _flipped_view(f: FlippedItem) -> dict[str, Any]:
     }
 
 
+def _hard_list(t: TaskTokenSummary) -> str:
+    """'doc 3 pos 5, doc 7 repeat 1 pos 0, ... (first 20 of 31)' or '' when there is none."""
+    items = [f"doc {d}" + (f" repeat {r}" if r else "") + f" pos {p}" for d, r, p in t.hard_divergences]
+    if not items:
+        return ""
+    more = f" (first {len(items)} of {t.n_hard_divergences})" if t.n_hard_divergences > len(items) else ""
+    return ", ".join(items) + more
+
+
 def _task_view(c: VariantComparison, t: TaskTokenSummary | None, task: str) -> dict[str, Any]:
     scores = [
         {
@@ -218,6 +227,12 @@ def _task_view(c: VariantComparison, t: TaskTokenSummary | None, task: str) -> d
             "mean_dlp": fmt_small(t.mean_abs_dlogprob),
             "positions": t.n_positions_compared,
             "length_diff": t.n_length_diff,
+            "near_tie": f"{t.n_near_tie_divergences} / {t.n_hard_divergences}",
+            "gap": f"{t.near_tie_gap:g}",
+            "topk_equal": _pct(t.n_positions_topk_equal, t.n_positions_compared),
+            "kl": " / ".join(fmt_small(x) for x in (t.kl_p50, t.kl_p99, t.kl_max)),
+            "dlp_pct": " / ".join(fmt_small(x) for x in (t.abs_dlogprob_p50, t.abs_dlogprob_p99, t.max_abs_dlogprob)),
+            "hard": _hard_list(t),
         }
         view["worst_divergence"] = [_example_view(w) for w in t.worst_divergence]
         view["worst_logprob"] = [_example_view(w) for w in t.worst_logprob]
