@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,8 +28,6 @@ class VariantOutcome:
     exit_code: int
     seconds: float
     error: str | None = None
-    error_kind: str | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -97,9 +95,8 @@ def run_worker(
                     event = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a stray print that escaped the redirection; engine.log has the rest
-                outcome.events.append(event)
                 if event.get("event") == "error":
-                    outcome.error, outcome.error_kind = event.get("message"), event.get("kind")
+                    outcome.error = event.get("message")
                 on_event(event)
                 if timeout_s is not None and time.time() - started > timeout_s:
                     raise TimeoutError
@@ -107,12 +104,10 @@ def run_worker(
         except (TimeoutError, subprocess.TimeoutExpired):
             timed_out = True
             outcome.error = f"variant `{variant.name}` exceeded its time limit of {timeout_s:.0f}s and was stopped"
-            outcome.error_kind = "run"
         finally:
             _stop_group(proc)
     outcome.exit_code = 3 if timed_out else proc.returncode
     if outcome.exit_code != 0 and outcome.error is None:
         outcome.error = f"worker of variant `{variant.name}` exited with code {proc.returncode}; see {vdir.engine_log}"
-        outcome.error_kind = "run"
     outcome.seconds = time.time() - started
     return outcome
