@@ -8,9 +8,11 @@ the worker (which writes) and compare/report (which read) agree on one contract:
         <variant>/manifest.json  env (secrets redacted), argv, python, status, timings
         <variant>/results.json   lm-eval results (metrics per task)
         <variant>/samples.parquet  one row per task x doc x repeat
-        <variant>/tokens.parquet   one row per generated position
+        <variant>/tokens.parquet   one row per generated position (free-running)
+        <variant>/teacher.parquet  one row per position of the reference's continuations,
+                                   scored by this variant (teacher-forced)
         <variant>/engine.log
-        compare.json, report.md
+        compare.json, report.md, report.html, junit.xml
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ MANIFEST_JSON = "manifest.json"
 RESULTS_JSON = "results.json"
 SAMPLES_PARQUET = "samples.parquet"
 TOKENS_PARQUET = "tokens.parquet"
+TEACHER_PARQUET = "teacher.parquet"
 ENGINE_LOG = "engine.log"
 COMPARE_JSON = "compare.json"
 REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+JUNIT_XML = "junit.xml"
 
 # Per-metric correctness columns in samples.parquet are named "score:<metric>,<filter>"
 # (lm-eval's own "<metric>,<filter>" key), the filtered answers "answer:<filter>".
@@ -65,8 +70,15 @@ TOKENS_SCHEMA = pa.schema(
         ("logprob", pa.float32()),
         ("topk_ids", pa.list_(pa.int32())),
         ("topk_logprobs", pa.list_(pa.float32())),
+        # The token's own text, so reports can show context without a tokenizer.
+        # Optional on read: artifacts written before it existed lack it.
+        ("token_text", pa.string()),
     ]
 )
+TOKENS_REQUIRED = tuple(f.name for f in TOKENS_SCHEMA if f.name != "token_text")
+# samples.parquet may carry the prompt's token ids (teacher forcing rebuilds the
+# reference's exact sequences from them); optional on read.
+PROMPT_IDS_COLUMN = "prompt_token_ids"
 
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL|AUTH)", re.I)
 REDACTED = "***"
@@ -140,14 +152,21 @@ def samples_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     fields = list(SAMPLES_BASE_SCHEMA) + [
         pa.field(n, pa.float64() if n.startswith(SCORE_PREFIX) else pa.string()) for n in extra_names
     ]
+    if any(PROMPT_IDS_COLUMN in r for r in rows):
+        fields.append(pa.field(PROMPT_IDS_COLUMN, pa.list_(pa.int32())))
     schema = pa.schema(fields)
     columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
     return pa.table(columns, schema=schema)
 
 
 def tokens_table(columns: dict[str, list]) -> pa.Table:
-    """Build tokens.parquet from column lists (one entry per generated position)."""
-    return pa.table({f.name: columns[f.name] for f in TOKENS_SCHEMA}, schema=TOKENS_SCHEMA)
+    """Build tokens.parquet / teacher.parquet from column lists (one entry per position).
+
+    ``token_text`` may be absent (then null)."""
+    n = len(columns["pos"])
+    return pa.table(
+        {f.name: columns[f.name] if f.name in columns else [None] * n for f in TOKENS_SCHEMA}, schema=TOKENS_SCHEMA
+    )
 
 
 def score_columns(table: pa.Table) -> list[str]:
@@ -172,6 +191,14 @@ class RunDir:
     def report_md(self) -> Path:
         return self.root / REPORT_MD
 
+    @property
+    def report_html(self) -> Path:
+        return self.root / REPORT_HTML
+
+    @property
+    def junit_xml(self) -> Path:
+        return self.root / JUNIT_XML
+
     def variant(self, name: str) -> "VariantDir":
         return VariantDir(self.root / name)
 
@@ -188,4 +215,5 @@ class VariantDir:
     results = property(lambda self: self.root / RESULTS_JSON)
     samples = property(lambda self: self.root / SAMPLES_PARQUET)
     tokens = property(lambda self: self.root / TOKENS_PARQUET)
+    teacher = property(lambda self: self.root / TEACHER_PARQUET)
     engine_log = property(lambda self: self.root / ENGINE_LOG)

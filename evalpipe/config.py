@@ -68,6 +68,65 @@ class Capture(_Strict):
     topk: int = Field(default=5, ge=1, le=20, description="Top-k logprobs recorded per generated token (vLLM caps at max_logprobs, 20).")
 
 
+class Tolerance(_Strict):
+    """A gate on one token metric: fail when measured > max(abs, rel_aa x the A/A value).
+
+    Without an A/A run (``noise_floor: false``) the bound is ``abs``.
+    """
+
+    abs: float = Field(ge=0, description="Absolute bound; the gate never fails at or below it.")
+    rel_aa: float | None = Field(default=3.0, ge=0, description="Multiple of the same metric in the A/A noise-floor run; null ignores the A/A run.")
+
+    def bound(self, aa_value: float | None) -> float:
+        if self.rel_aa is None or aa_value is None:
+            return self.abs
+        return max(self.abs, self.rel_aa * aa_value)
+
+
+class ScoreGates(_Strict):
+    margin: float = Field(default=0.01, gt=0, description="TOST equivalence margin on the metric's scale (0.01 = 1 point of accuracy).")
+    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Level of McNemar's test and of TOST (TOST uses the 1 - 2 alpha interval).")
+    require_equivalence: bool = Field(default=True, description="Fail a task x metric whose paired difference is not shown equivalent within +-margin (TOST).")
+    fail_on_significant: bool = Field(default=True, description="Fail a task x metric whose paired difference is significant (McNemar exact p < alpha).")
+
+
+class TokenGates(_Strict):
+    free_hard_divergences: Tolerance = Field(
+        default=Tolerance(abs=0),
+        description="Free-running samples whose first divergence is hard (not a near tie), per task.",
+    )
+    teacher_kl_p99: Tolerance = Field(
+        default=Tolerance(abs=1e-3),
+        description="p99 over teacher-forced positions of KL(reference || variant) between the top-k distributions, nats.",
+    )
+    teacher_kl_max: Tolerance = Field(
+        default=Tolerance(abs=0.1),
+        description="Largest teacher-forced per-position KL, nats (catches faults that touch few positions).",
+    )
+    teacher_hard_top1_flips: Tolerance = Field(
+        default=Tolerance(abs=0),
+        description="Teacher-forced positions whose top-1 token differs and the reference's gap between the two is not a near tie.",
+    )
+
+
+class Gates(_Strict):
+    """When a non-identical comparison still counts as EQUIVALENT. Any failing gate makes it DIVERGENT."""
+
+    scores: ScoreGates = ScoreGates()
+    tokens: TokenGates = TokenGates()
+
+
+class NoiseFloor(_Strict):
+    """A/A run: the reference variant again, with another batch arrangement."""
+
+    enabled: bool = True
+    reverse_order: bool = Field(default=True, description="Send each call's requests to the engine in reverse order.")
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine-arg overrides for the A/A run; default: max_num_seqs halved (from the reference's value, else 256).",
+    )
+
+
 class RunConfig(_Strict):
     model: ModelSpec
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -76,6 +135,8 @@ class RunConfig(_Strict):
     reference: str | None = None
     tasks: dict[str, list[TaskSpec]]
     capture: Capture = Capture()
+    gates: Gates = Gates()
+    noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")
     output: str = "reports/runs"
     seed: int = 1234
 
@@ -88,6 +149,15 @@ class RunConfig(_Strict):
             return {k: (v if isinstance(v, list) else [v]) for k, v in value.items()}
         return value
 
+    @field_validator("noise_floor", mode="before")
+    @classmethod
+    def _noise_floor_flag(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
+
     @model_validator(mode="after")
     def _check_references(self) -> "RunConfig":
         if not self.variants:
@@ -98,6 +168,10 @@ class RunConfig(_Strict):
             )
         if "all" in self.tasks:
             raise ValueError("`all` is reserved as a task group name (it means every group); rename that group.")
+        if self.noise_floor is not None and self.noise_floor.enabled and self.aa_name in self.variants:
+            raise ValueError(
+                f"variant `{self.aa_name}` collides with the name of the A/A noise-floor run; rename it or set noise_floor: false."
+            )
         for name, variant in self.variants.items():
             if "model" in variant.engine:
                 raise ValueError(f"variant `{name}` sets engine.model; set the model once under `model:`.")
@@ -106,6 +180,18 @@ class RunConfig(_Strict):
     @property
     def reference_name(self) -> str:
         return self.reference or next(iter(self.variants))
+
+    @property
+    def aa_name(self) -> str:
+        return aa_variant_name(self.reference_name)
+
+
+AA_SUFFIX = "-aa"
+
+
+def aa_variant_name(reference: str) -> str:
+    """Directory / variant name of the A/A noise-floor run of ``reference``."""
+    return reference + AA_SUFFIX
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -97,7 +97,7 @@ def _sample_row(s: FakeSample) -> dict[str, Any]:
 
 def tables(samples: list[FakeSample]):
     """(samples table, tokens table) built with the artifact helpers."""
-    cols: dict[str, list] = {f.name: [] for f in artifacts.TOKENS_SCHEMA}
+    cols: dict[str, list] = {name: [] for name in artifacts.TOKENS_REQUIRED}
     for s in samples:
         ids, lps = s.topk()
         for pos, (tok, lp) in enumerate(zip(s.token_ids, s.logprobs)):

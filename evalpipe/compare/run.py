@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from evalpipe import artifacts
-from evalpipe.artifacts import SAMPLE_KEY, TOKENS_SCHEMA, RunDir, VariantDir
+from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.compare.scores import DEFAULT_MARGIN, ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
@@ -24,7 +24,7 @@ from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
 COMPARE_SCHEMA_VERSION = 1
 
 _SAMPLES_REQUIRED = SAMPLE_KEY
-_TOKENS_REQUIRED = tuple(f.name for f in TOKENS_SCHEMA)
+_TOKENS_REQUIRED = TOKENS_REQUIRED
 
 
 @dataclass(frozen=True)
