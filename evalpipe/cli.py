@@ -1,7 +1,7 @@
 """Command line: parse, dispatch, map errors to exit codes. No logic of its own.
 
-Exit codes everywhere: 0 identical (or ok), 1 different, 2 user error (config,
-arguments, missing data), 3 a run or engine failed.
+Exit codes everywhere: 0 identical or equivalent (or ok), 1 divergent, 2 user error
+(config, arguments, missing data), 3 a run or engine failed.
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ def run(
     output: Optional[Path] = typer.Option(None, "--output", help="Output root (default: the config's `output`, reports/runs)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: time-task-confighash)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds."),
+    noise_floor: Optional[bool] = typer.Option(
+        None, "--noise-floor/--no-noise-floor",
+        help="Run the reference a second time with another batch arrangement (A/A) to measure the engine's own noise (default: the config's `noise_floor`).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan and exit without starting anything."),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
@@ -61,6 +65,7 @@ def run(
             variants=variants,
             output=str(output) if output else None,
             run_id=run_id,
+            noise_floor=noise_floor,
         )
     except ConfigError as err:
         _fail(str(err), EXIT_USER)
@@ -89,7 +94,7 @@ def _print_plan(plan) -> None:
     console.print(f"[bold]model[/] {plan.model}")
     table = Table("variant", "python", "env", "engine args")
     for v in plan.variants:
-        marker = " (reference)" if v.name == plan.reference else ""
+        marker = " (reference)" if v.name == plan.reference else " (A/A, requests reversed)" if v.reverse_order else ""
         env = " ".join(f"{k}={val}" for k, val in sorted(v.env_overrides.items()))
         args = " ".join(f"{k}={val}" for k, val in sorted(v.engine_args.items()))
         table.add_row(v.name + marker, v.python, env, args)
@@ -107,25 +112,33 @@ def compare(
     targets: list[Path] = typer.Argument(..., help="RUN_DIR, or RUN_A/VARIANT RUN_B/VARIANT to compare variants of two runs (B against A)."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Variant to compare against (default: the run's reference)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to compare (default: all of the run)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json and report.md (default: the run directory; across runs: reports/compare/A-vs-B)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json, report.md/.html and junit.xml (default: the run directory; across runs: reports/compare/A-vs-B)."),
+    gates: Optional[Path] = typer.Option(None, "--gates", help="YAML with the gates to apply (a run config's `gates:` or the mapping itself); default: the run's own."),
+    margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
+    from evalpipe.config import ConfigError, load_gates
     from evalpipe.runner import compare_and_report, compare_two_runs
 
+    try:
+        chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
+    except ConfigError as err:
+        _fail(str(err), EXIT_USER)
+        return
     try:
         if len(targets) == 1:
             run_dir = targets[0]
             if not (run_dir / "run.json").is_file():
                 _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
             chosen = [v.strip() for v in (variants or "").split(",") if v.strip()] or None
-            code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output)
+            code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
         elif len(targets) == 2:
             if reference or variants:
                 _fail("--reference and --variants apply to one run directory; across runs the first argument is the reference.", EXIT_USER)
             for t in targets:
                 if not (t / "manifest.json").is_file():
                     _fail(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.", EXIT_USER)
-            code = compare_two_runs(targets[0], targets[1], console, output=output)
+            code = compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates)
         else:
             _fail("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.", EXIT_USER)
             return
@@ -133,6 +146,17 @@ def compare(
         _fail(str(err), EXIT_USER)
         return
     raise typer.Exit(code)
+
+
+def _run_gates(target: Path):
+    """The gates a run was made with (so --margin alone changes only the margin)."""
+    from evalpipe.compare.run import gates_from_info, read_run_info
+
+    run_dir = target if (target / "run.json").is_file() else target.parent
+    try:
+        return gates_from_info(read_run_info(run_dir), str(run_dir / "run.json"))
+    except ValueError:
+        return None
 
 
 @data_app.command("build")

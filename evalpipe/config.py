@@ -66,6 +66,10 @@ class TaskSpec(_Strict):
 
 class Capture(_Strict):
     topk: int = Field(default=5, ge=1, le=20, description="Top-k logprobs recorded per generated token (vLLM caps at max_logprobs, 20).")
+    teacher_forcing: bool = Field(
+        default=True,
+        description="Every variant also scores the reference's exact sequences (prompt + continuation) -> teacher.parquet.",
+    )
 
 
 class Tolerance(_Strict):
@@ -97,7 +101,7 @@ class TokenGates(_Strict):
     )
     teacher_kl_p99: Tolerance = Field(
         default=Tolerance(abs=1e-3),
-        description="p99 over teacher-forced positions of KL(reference || variant) between the top-k distributions, nats.",
+        description="p99 over teacher-forced positions of the symmetric top-k KL, max(KL(ref||variant), KL(variant||ref)), nats.",
     )
     teacher_kl_max: Tolerance = Field(
         default=Tolerance(abs=0.1),
@@ -236,3 +240,32 @@ def load_config(path: str | Path | None = None) -> RunConfig:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: invalid YAML{where}: {getattr(err, 'problem', err)}; fix the syntax.") from None
     return parse_config(data, str(path))
+
+
+def load_gates(path: str | Path | None = None, margin: float | None = None, base: Gates | None = None) -> Gates | None:
+    """Gates for `evalpipe compare`: from a YAML file (a run config with a `gates:` key,
+    or the gates mapping itself) and/or a score margin; None when neither is given
+    (then the run's own gates apply)."""
+    if path is None and margin is None:
+        return None
+    gates = base or Gates()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"gates file {path} does not exist; pass a YAML file with a `gates:` mapping.")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: invalid YAML ({getattr(err, 'problem', err)}); fix the syntax.") from None
+        data = data.get("gates", data) if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping with `scores:` and/or `tokens:` (or a `gates:` key).")
+        try:
+            gates = Gates.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(_format_validation_error(err, str(path)).replace("see configs/default.yaml", "see the gates section of configs/default.yaml")) from None
+    if margin is not None:
+        if margin <= 0:
+            raise ConfigError(f"--margin must be positive (a score difference on the metric's scale, e.g. 0.01); got {margin}.")
+        gates = gates.model_copy(update={"scores": gates.scores.model_copy(update={"margin": margin})})
+    return gates

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalpipe.config import ConfigError, RunConfig, TaskSpec, deep_merge
+from evalpipe.config import ConfigError, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.paths import PROJECT_ROOT
 
 BUILTIN_PREFIX = "builtin:"
@@ -44,6 +44,8 @@ class PlannedVariant:
     python: str
     env_overrides: dict[str, str]  # what the config adds to the caller's environment
     engine_args: dict[str, Any]
+    reverse_order: bool = False  # the A/A run sends requests in reverse order
+    aa_of: str | None = None  # set on the A/A noise-floor run: the variant it repeats
 
     def process_env(self) -> dict[str, str]:
         env = {**DEFAULT_ENV, **os.environ, **self.env_overrides}
@@ -162,7 +164,9 @@ def make_plan(
     variants: str | None = None,
     output: str | None = None,
     run_id: str | None = None,
+    noise_floor: bool | None = None,
 ) -> RunPlan:
+    """``noise_floor`` (from the command line) overrides the config's ``noise_floor``."""
     check_model(config.model.path, config_path)
     tasks = select_tasks(config, task_selector, limit)
 
@@ -196,6 +200,14 @@ def make_plan(
             )
         )
 
+    nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
+    if nf is not None and nf.enabled:
+        planned.insert(1, _aa_variant(planned[0], nf))
+        if planned[1].name in config.variants:
+            raise ConfigError(
+                f"variant `{planned[1].name}` collides with the name of the A/A noise-floor run; rename it or run with --no-noise-floor."
+            )
+
     canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
     digest = hashlib.sha256(canonical.encode()).hexdigest()
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+')[:24]}-{digest[:6]}"
@@ -217,6 +229,40 @@ def make_plan(
     )
 
 
+# vLLM's max_num_seqs when a config leaves it unset (LLM class default).
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
+    """The reference once more, with another batch arrangement: the A/A noise floor.
+
+    Same interpreter, environment and numerics; only the order of requests and the
+    batch limits differ, so whatever the comparison sees here is run-to-run noise of
+    this engine, not a change."""
+    overrides = nf.engine or {
+        "max_num_seqs": max(1, int(reference.engine_args.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS) // 2)
+    }
+    parts = ["requests in reverse order"] if nf.reverse_order else []
+    parts += [f"{k}={v}" for k, v in sorted(overrides.items())]
+    return PlannedVariant(
+        name=aa_variant_name(reference.name),
+        description=f"A/A noise floor: {reference.name} again ({', '.join(parts) or 'same settings'})",
+        python=reference.python,
+        env_overrides=dict(reference.env_overrides),
+        engine_args=deep_merge(reference.engine_args, overrides),
+        reverse_order=nf.reverse_order,
+        aa_of=reference.name,
+    )
+
+
+def _settings(plan: RunPlan, v: PlannedVariant) -> dict[str, Any]:
+    source = plan.config.variants[v.aa_of or v.name]
+    engine = source.engine if v.aa_of is None else {
+        k: val for k, val in v.engine_args.items() if plan.variant(v.aa_of).engine_args.get(k) != val
+    }
+    return {"description": v.description, "python": v.python, "env": source.env, "engine": engine}
+
+
 def run_info(plan: RunPlan) -> dict[str, Any]:
     """The resolved, reproducible description of a run (the static part of run.json)."""
     return {
@@ -228,15 +274,11 @@ def run_info(plan: RunPlan) -> dict[str, Any]:
         "tasks": [t.to_job() for t in plan.tasks],
         "reference": plan.reference,
         "variants": [v.name for v in plan.variants],
-        "variant_settings": {
-            v.name: {
-                "description": v.description,
-                "python": v.python,
-                "env": plan.config.variants[v.name].env,
-                "engine": plan.config.variants[v.name].engine,
-            }
-            for v in plan.variants
-        },
+        "variant_settings": {v.name: _settings(plan, v) for v in plan.variants},
+        "noise_floor": next(
+            ({"variant": v.name, "of": v.aa_of, "reverse_order": v.reverse_order} for v in plan.variants if v.aa_of),
+            None,
+        ),
         "model": {"path": plan.model},
         "notes": plan.notes,
     }

@@ -22,6 +22,12 @@ from evalpipe.plan import RunPlan, run_info
 from evalpipe.progress import ProgressView
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
+PASSING_STATUSES = ("IDENTICAL", "EQUIVALENT")
+
+
+def verdict_exit_code(status: str) -> int:
+    """0 when the outputs are the same or equivalent within the gates, 1 when they diverge."""
+    return EXIT_SAME if status in PASSING_STATUSES else EXIT_DIFFERENT
 
 
 class RunFailed(RuntimeError):
@@ -68,6 +74,13 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
     variant = plan.variant(variant_name)
     engine_args = dict(variant.engine_args)
     engine_args["model"] = model["path"]
+    reference = plan.variants[0]
+    teacher = {
+        "enabled": plan.config.capture.teacher_forcing,
+        # The reference scores the sequences it has just generated; every later
+        # variant reads them from the reference's directory.
+        "reference_dir": None if variant is reference else str(variant_dir.parent / reference.name),
+    }
     return {
         "variant": variant_name,
         "run_id": plan.run_id,
@@ -78,6 +91,8 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         "topk": plan.config.capture.topk,
         "seed": plan.config.seed,
         "data_dir": str(data_dir()),
+        "reverse_order": variant.reverse_order,
+        "teacher": teacher,
     }
 
 
@@ -162,6 +177,7 @@ def compare_and_report(
     reference: str | None = None,
     variants: list[str] | None = None,
     output: Path | None = None,
+    gates: Any = None,
 ) -> int:
     """Compare stored artifacts and write compare.json + report.md (into `output`,
     default the run directory). Needs no engine: this is `evalpipe compare`."""
@@ -170,28 +186,32 @@ def compare_and_report(
 
     rd = artifacts.RunDir(run_dir)
     info = info if info is not None else artifacts.read_json(rd.run_json)
-    comparison = compare_run(rd.root, reference=reference, variants=variants)
+    comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates)
     verdict = comparison.status.value
     if output is None:
         info.update(status="ok", verdict=verdict)
         artifacts.write_json(rd.run_json, info)
     out_dir = Path(output) if output is not None else rd.root
-    write_outputs(out_dir, comparison, info)
-    print_summary(comparison, console)
-    console.print(f"report: {artifacts.RunDir(out_dir).report_md}")
-    return EXIT_SAME if verdict == "IDENTICAL" else EXIT_DIFFERENT
+    written = write_outputs(out_dir, comparison, info)
+    print_summary(comparison.to_dict(), console)
+    _print_written(written, console)
+    return verdict_exit_code(verdict)
 
 
-def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None) -> int:
+def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
     from evalpipe.compare.run import compare_across_runs, write_outputs
     from evalpipe.report.terminal import print_summary
 
-    comparison = compare_across_runs(a, b)
+    comparison = compare_across_runs(a, b, gates=gates)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
     out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
     info = {"run_id": comparison.run_id, "reference": comparison.reference, "variants": [comparison.reference, *comparison.variants]}
-    write_outputs(out_dir, comparison, info)
-    print_summary(comparison, console)
-    console.print(f"report: {artifacts.RunDir(out_dir).report_md}")
-    return EXIT_SAME if comparison.status.value == "IDENTICAL" else EXIT_DIFFERENT
+    written = write_outputs(out_dir, comparison, info)
+    print_summary(comparison.to_dict(), console)
+    _print_written(written, console)
+    return verdict_exit_code(comparison.status.value)
+
+
+def _print_written(written: dict[str, Path], console: Console) -> None:
+    console.print(f"report: {written['html']}  ({written['markdown'].name}, {written['compare'].name}, {written['junit'].name} beside it)")

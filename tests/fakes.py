@@ -2,7 +2,8 @@
 
 A :class:`FakeSample` is one (task, doc_id, repeat) with its generated token ids,
 logprobs and scores; :func:`write_variant` turns a list of them into samples.parquet
-and tokens.parquet through the real artifact writers, :func:`write_run` adds run.json.
+and tokens.parquet through the real artifact writers (and teacher.parquet, in the same
+token layout, from a second list), :func:`write_run` adds run.json.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def _sample_row(s: FakeSample) -> dict[str, Any]:
 
 def tables(samples: list[FakeSample]):
     """(samples table, tokens table) built with the artifact helpers."""
+    return artifacts.samples_table(_sample_row(s) for s in samples), token_table(samples)
+
+
+def token_table(samples: list[FakeSample]):
+    """The tokens.parquet / teacher.parquet layout of ``samples``, one row per position."""
     cols: dict[str, list] = {name: [] for name in artifacts.TOKENS_REQUIRED}
     for s in samples:
         ids, lps = s.topk()
@@ -109,23 +115,36 @@ def tables(samples: list[FakeSample]):
             cols["logprob"].append(lp)
             cols["topk_ids"].append(ids[pos])
             cols["topk_logprobs"].append(lps[pos])
-    return artifacts.samples_table(_sample_row(s) for s in samples), artifacts.tokens_table(cols)
+    return artifacts.tokens_table(cols)
 
 
-def write_variant(run_root: Path, name: str, samples: list[FakeSample], *, shuffle_seed: int | None = None) -> VariantDir:
-    """Write <run_root>/<name>/{manifest.json, samples.parquet, tokens.parquet}.
+def write_variant(
+    run_root: Path,
+    name: str,
+    samples: list[FakeSample],
+    *,
+    shuffle_seed: int | None = None,
+    teacher: list[FakeSample] | None = None,
+) -> VariantDir:
+    """Write <run_root>/<name>/{manifest.json, samples.parquet, tokens.parquet[, teacher.parquet]}.
 
-    ``shuffle_seed`` permutes the rows of both tables (the comparison must not care).
+    ``teacher``: the reference's continuations as this variant scored them (token ids
+    of the reference, this variant's logprobs and top-k lists). ``shuffle_seed``
+    permutes the rows of every table (the comparison must not care).
     """
     vdir = RunDir(run_root).variant(name)
     samples_t, tokens_t = tables(samples)
+    teacher_t = None if teacher is None else token_table(teacher)
     if shuffle_seed is not None:
         rng = np.random.default_rng(shuffle_seed)
-        samples_t = samples_t.take(rng.permutation(samples_t.num_rows))
-        tokens_t = tokens_t.take(rng.permutation(tokens_t.num_rows))
+        samples_t, tokens_t, teacher_t = (
+            None if t is None else t.take(rng.permutation(t.num_rows)) for t in (samples_t, tokens_t, teacher_t)
+        )
     artifacts.write_json(vdir.manifest, {"name": name, "status": "ok"})
     artifacts.write_table(vdir.samples, samples_t)
     artifacts.write_table(vdir.tokens, tokens_t)
+    if teacher_t is not None:
+        artifacts.write_table(vdir.teacher, teacher_t)
     return vdir
 
 
@@ -134,16 +153,23 @@ def write_run(
     variants: dict[str, list[FakeSample]],
     reference: str | None = None,
     run_info: dict[str, Any] | None = None,
+    *,
+    teachers: dict[str, list[FakeSample]] | None = None,
+    noise_floor: str | None = None,
 ) -> Path:
-    """A whole run directory: run.json plus one variant directory per entry."""
+    """A whole run directory: run.json plus one variant directory per entry.
+
+    ``teachers`` gives teacher.parquet contents per variant name; ``noise_floor`` names
+    the A/A variant (one of ``variants``) in run.json, as a run with a noise floor does.
+    """
     run_root = Path(run_root)
+    teachers = teachers or {}
     for name, samples in variants.items():
-        write_variant(run_root, name, samples)
-    info = {
-        "run_id": run_root.name,
-        "reference": reference or next(iter(variants)),
-        "variants": list(variants),
-    }
+        write_variant(run_root, name, samples, teacher=teachers.get(name))
+    ref = reference or next(iter(variants))
+    info: dict[str, Any] = {"run_id": run_root.name, "reference": ref, "variants": list(variants)}
+    if noise_floor is not None:
+        info["noise_floor"] = {"variant": noise_floor, "of": ref, "reverse_order": True}
     info.update(run_info or {})
     artifacts.write_json(RunDir(run_root).run_json, info)
     return run_root
@@ -188,5 +214,39 @@ def set_step(pos: int, token_id: int, logprob: float, topk_ids: list[int], topk_
         tok, lp = list(s.token_ids), list(s.logprobs)
         tok[pos], lp[pos] = token_id, logprob
         return s.copy(token_ids=tok, logprobs=lp, topk_ids=ids, topk_logprobs=lps)
+
+    return fn
+
+
+def perturb_topk(eps: float, positions: Iterable[int] | None = None) -> Callable[[FakeSample], FakeSample]:
+    """A mutation for `mutate`: the runner-up's top-k logprob moves by ``eps`` at ``positions`` (default all).
+
+    Shifting every top-k logprob by the same amount leaves the renormalised top-k
+    distribution unchanged; moving one entry changes it, so the top-k KL grows with |eps|.
+    """
+
+    def fn(s: FakeSample) -> FakeSample:
+        ids, lps = s.topk()
+        ids, lps = [list(x) for x in ids], [list(x) for x in lps]
+        for pos in range(len(lps)) if positions is None else positions:
+            lps[pos][1] = float(np.float32(lps[pos][1] + eps))
+        return s.copy(topk_ids=ids, topk_logprobs=lps)
+
+    return fn
+
+
+def swap_top1(positions: Iterable[int]) -> Callable[[FakeSample], FakeSample]:
+    """A mutation for `mutate` on teacher-forced data: at ``positions`` the first two top-k ids swap.
+
+    The forced token and the logprobs stay; the top-1 token becomes the runner-up, with
+    the default top-k a gap of 1 nat on both sides (a hard flip, whichever side is the reference).
+    """
+
+    def fn(s: FakeSample) -> FakeSample:
+        ids, lps = s.topk()
+        ids, lps = [list(x) for x in ids], [list(x) for x in lps]
+        for pos in positions:
+            ids[pos][0], ids[pos][1] = ids[pos][1], ids[pos][0]
+        return s.copy(topk_ids=ids, topk_logprobs=lps)
 
     return fn

@@ -211,13 +211,22 @@ def test_kl_hand_computed_two_positions():
     kl0 = 0.5 * ln(0.5 / 0.4) + 0.3 * ln(0.3 / 0.4)
     kl1 = 2 / 3 * ln(2) + 2 / 9 * ln(2 / 3) + 1 / 9 * ln(1 / 3)
     assert kl0 == pytest.approx(0.025267, abs=1e-6) and kl1 == pytest.approx(0.249927, abs=1e-6)
+    # The summaries use max(KL(A||B), KL(B||A)) per position. Reverse directions:
+    #   pos 0: KL(Q||P) = 0.4 ln(0.4/0.5) + 0.4 ln(0.4/0.3) = -0.089257 + 0.115073 = 0.025816
+    #   pos 1: KL(Q||P) = 1/3 [ln(1/2) + ln(3/2) + ln 3] = 1/3 ln(9/4) = 0.270310
+    # both larger than the forward ones, so the symmetric values are the reverse ones.
+    kl0_r = 0.4 * ln(0.4 / 0.5) + 0.4 * ln(0.4 / 0.3)
+    kl1_r = ln(9 / 4) / 3
+    assert kl0_r == pytest.approx(0.025816, abs=1e-6) and kl1_r == pytest.approx(0.270310, abs=1e-6)
     cmp = _cmp(a, b)
     (t,) = cmp.summaries
     assert t.n_positions_compared == 2 and t.n_positions_topk_equal == 1 and t.share_topk_equal == 0.5
-    assert t.kl_max == pytest.approx(kl1, rel=1e-5)
-    assert t.kl_p50 == pytest.approx((kl0 + kl1) / 2, rel=1e-5)  # linear interpolation of 2 values
-    assert t.kl_p99 == pytest.approx(kl0 + 0.99 * (kl1 - kl0), rel=1e-5)
-    assert sorted(cmp.samples.prefix_kl) == pytest.approx([kl0, kl1], rel=1e-5)
+    assert t.kl_max == pytest.approx(kl1_r, rel=1e-5)
+    assert t.kl_p50 == pytest.approx((kl0_r + kl1_r) / 2, rel=1e-5)  # linear interpolation of 2 values
+    assert t.kl_p99 == pytest.approx(kl0_r + 0.99 * (kl1_r - kl0_r), rel=1e-5)
+    assert sorted(cmp.samples.prefix_kl) == pytest.approx([kl0_r, kl1_r], rel=1e-5)
+    assert sorted(cmp.samples.prefix_kl_ab) == pytest.approx([kl0, kl1], rel=1e-5)  # the forward KL is kept
+    assert t.kl_max_at == (0, 0, 1)
     # |dlogprob|: ln(0.5/0.4) = 0.2231 and ln(0.6/0.3) = 0.6931
     assert t.max_abs_dlogprob == pytest.approx(ln(2), rel=1e-5)
     assert t.abs_dlogprob_p50 == pytest.approx((ln(1.25) + ln(2)) / 2, rel=1e-5)
@@ -300,3 +309,336 @@ def test_hard_divergence_list_is_capped():
     (t,) = _cmp(a, b).summaries
     assert t.n_hard_divergences == 25 and len(t.hard_divergences) == 20
     assert t.hard_divergences[0] == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------------
+# top-1 agreement, symmetric KL, worst-KL examples with context, histograms
+# ---------------------------------------------------------------------------
+
+import json
+
+import pyarrow as pa
+
+from evalpipe.compare.tokens import CONTEXT_TOKENS, HIST_DECADES, _decade_hist
+
+
+def _with_text(table: pa.Table) -> pa.Table:
+    """``table`` with token_text "<doc.pos>" on every row, so contexts are easy to read."""
+    docs, pos = table.column("doc_id").to_pylist(), table.column("pos").to_pylist()
+    i = table.schema.get_field_index("token_text")
+    return table.set_column(i, "token_text", pa.array([f"<{d}.{p}>" for d, p in zip(docs, pos)], pa.string()))
+
+
+def _forced(a_lists, b_lists):
+    """A teacher-forced pair: both sides score the same tokens (A's top-1), each with its own top-k.
+
+    ``*_lists`` are per position (topk_ids, topk_logprobs); a side's token logprob is its
+    top-k entry for the forced token, or -4 when it does not list it.
+    """
+    tokens = [ids[0] for ids, _ in a_lists]
+
+    def side(lists):
+        lps = [dict(zip(ids, lp)).get(tok, -4.0) for tok, (ids, lp) in zip(tokens, lists)]
+        return FakeSample(TASK, 0, list(tokens), lps, topk_ids=[list(i) for i, _ in lists],
+                          topk_logprobs=[list(lp) for _, lp in lists])
+
+    return [side(a_lists)], [side(b_lists)]
+
+
+# pos 0: near tie: top-1 10 vs 11, each in the other's list; A's gap 0.2, B's gap 0.2
+# pos 1: hard by A's gap: A 20 vs B 21, A's gap |-0.3 - -1.0| = 0.7 >= 0.5 (B's gap 0.2)
+# pos 2: hard: A's top-1 30 is not in B's list (B's top-1 31 is in A's, gap 0.2)
+# pos 3: hard by B's gap: A's gap 0.2, B's gap |-0.45 - -1.2| = 0.75 >= 0.5
+# pos 4: same lists, top-1 agrees
+_TOP1 = [  # per position: (A's top-k ids, logprobs), (B's top-k ids, logprobs)
+    (([10, 11, 12], [-0.5, -0.7, -3.0]), ([11, 10, 12], [-0.6, -0.8, -3.0])),
+    (([20, 21, 22], [-0.3, -1.0, -2.0]), ([21, 20, 22], [-0.5, -0.7, -2.0])),
+    (([30, 31, 32], [-0.4, -0.6, -2.0]), ([31, 33, 34], [-0.2, -2.5, -3.0])),
+    (([40, 41, 42], [-0.4, -0.6, -2.0]), ([41, 40, 42], [-0.45, -1.2, -2.0])),
+    (([50, 51, 52], [-0.1, -2.0, -3.0]), ([50, 51, 52], [-0.1, -2.0, -3.0])),
+]
+_TOP1_A, _TOP1_B = [a for a, _ in _TOP1], [b for _, b in _TOP1]
+
+
+def test_top1_near_tie_vs_hard_hand_computed():
+    a, b = _forced(_TOP1_A, _TOP1_B)
+    (t,) = _cmp(a, b).summaries
+    assert t.n_ids_identical == 1 and t.n_positions_compared == 5  # forced: the whole sequence is compared
+    assert t.n_top1_disagree == 4 and t.n_top1_hard == 3
+    assert t.share_top1_agree == pytest.approx(0.2)
+    assert t.top1_hard_positions == ((0, 0, 1), (0, 0, 2), (0, 0, 3))
+    # the threshold is the same keyword as for first divergences: at 1 nat only pos 2 stays hard
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+    (t1,) = compare_tokens(ta, tb, sa, sb, near_tie_gap=1.0).summaries
+    assert t1.n_top1_disagree == 4 and t1.n_top1_hard == 1 and t1.top1_hard_positions == ((0, 0, 2),)
+    j = t.to_dict()
+    assert j["n_top1_hard"] == 3 and j["top1_hard_positions"] == [[0, 0, 1], [0, 0, 2], [0, 0, 3]]
+
+
+def test_top1_identical_and_empty():
+    s = make_samples(3)
+    (t,) = _cmp(s, s).summaries
+    assert t.n_top1_disagree == t.n_top1_hard == 0 and t.share_top1_agree == 1.0 and t.top1_hard_positions == ()
+    (t,) = _cmp([FakeSample(TASK, 0, [], [])], [FakeSample(TASK, 0, [], [])]).summaries
+    assert t.n_positions_compared == 0 and t.share_top1_agree is None and t.kl_max is None and t.kl_max_at is None
+
+
+def test_top1_counts_and_kl_summaries_survive_swap():
+    a, b = _forced(_TOP1_A, _TOP1_B)
+    cmp_ab, cmp_ba = _cmp(a, b), _cmp(b, a)
+    (ab,), (ba,) = cmp_ab.summaries, cmp_ba.summaries
+    # pos 1 is hard on A's gap and pos 3 on B's: with A's gap alone each would flip class on swap
+    for f in ("n_top1_disagree", "n_top1_hard", "share_top1_agree", "top1_hard_positions", "kl_p50", "kl_p99",
+              "kl_max", "kl_max_at", "kl_hist_zero", "kl_hist", "abs_dlogprob_hist", "n_positions_topk_equal"):
+        assert getattr(ab, f) == getattr(ba, f), f  # exactly: the union is summed in id order
+    assert np.array_equal(cmp_ab.samples.prefix_kl, cmp_ba.samples.prefix_kl)
+    assert ab.kl_max > 0
+
+
+def test_first_divergence_hard_when_either_gap_is_large():
+    # A's gap 0.2 (near), B's gap 0.8 (not): hard whichever side is the reference
+    a, b = _diverging(0, 0.2, 0.8)
+    for x, y in (([a], [b]), ([b], [a])):
+        (t,) = _cmp(x, y).summaries
+        assert t.n_near_tie_divergences == 0 and t.n_hard_divergences == 1 and t.hard_divergences == ((0, 0, 2),)
+
+
+def _kl_by_hand(ids_a, lp_a, ids_b, lp_b):
+    """The documented rule, one row at a time with dicts (slow, obviously right)."""
+    pa_ = {i: math.exp(x) for i, x in zip(ids_a, lp_a) if i >= 0}
+    pb_ = {i: math.exp(x) for i, x in zip(ids_b, lp_b) if i >= 0}
+    union = sorted(set(pa_) | set(pb_))
+
+    def dist(own):
+        lacking = [u for u in union if u not in own]
+        rest = max(0.0, 1.0 - sum(own.values()))
+        fill = min(rest / len(lacking), min(own.values(), default=1.0)) if lacking else 0.0
+        raw = [max(own.get(u, fill), 1e-12) for u in union]
+        return [x / sum(raw) for x in raw]
+
+    p, q = dist(pa_), dist(pb_)
+    return sum(x * math.log(x / y) for x, y in zip(p, q))
+
+
+def _random_lists(rng, n, k):
+    """n rows of two top-k lists over a small vocabulary: sets overlap, orders and lengths vary."""
+    ids_a = np.stack([rng.choice(12, size=k, replace=False) for _ in range(n)])
+    ids_b = ids_a.copy()
+    for r in range(n):
+        kind = r % 4
+        if kind == 1:  # same set, other order
+            ids_b[r] = rng.permutation(ids_b[r])
+        elif kind == 2:  # one token swapped for another
+            ids_b[r, -1] = next(x for x in range(12) if x not in ids_a[r])
+        elif kind == 3:  # shorter list on one side
+            ids_b[r, -2:] = -1
+    lp_a = np.log(rng.dirichlet(np.ones(k + 2), size=n)[:, :k])
+    lp_b = lp_a + rng.normal(0, 0.05, size=lp_a.shape) * (rng.random((n, 1)) < 0.7)
+    lp_b = np.where(ids_b >= 0, lp_b, -np.inf)
+    return ids_a, lp_a, ids_b, lp_b
+
+
+def test_topk_kl_matches_rule_by_hand_and_is_swap_exact():
+    ids_a, lp_a, ids_b, lp_b = _random_lists(np.random.default_rng(3), 200, 5)
+    kl_ab, same = topk_kl(ids_a, lp_a, ids_b, lp_b)
+    kl_ba, same_ba = topk_kl(ids_b, lp_b, ids_a, lp_a)
+    for r in range(len(ids_a)):
+        assert kl_ab[r] == pytest.approx(_kl_by_hand(ids_a[r], lp_a[r], ids_b[r], lp_b[r]), rel=1e-9, abs=1e-15)
+        assert kl_ba[r] == pytest.approx(_kl_by_hand(ids_b[r], lp_b[r], ids_a[r], lp_a[r]), rel=1e-9, abs=1e-15)
+    assert same.tolist() == same_ba.tolist() == [set(x[x >= 0]) == set(y[y >= 0]) for x, y in zip(ids_a, ids_b)]
+
+
+def test_missing_mass_is_capped_at_the_smallest_listed_probability():
+    ln = math.log
+    # A lists {1: 0.5, 2: 0.2}, leftover 0.3; B lists {1: 0.5, 3: 0.05}, leftover 0.45.
+    # A lacks 3: min(0.3, 0.2) = 0.2; B lacks 2: min(0.45, 0.05) = 0.05.
+    # P = (0.5, 0.2, 0.2) / 0.9 = (5/9, 2/9, 2/9), Q = (0.5, 0.05, 0.05) / 0.6 = (5/6, 1/12, 1/12)
+    # KL(P||Q) = 5/9 ln(2/3) + 4/9 ln(8/3) = -0.225258 + 0.435924 = 0.210666
+    # (uncapped, the leftovers would give P = (0.5, 0.2, 0.3), Q = (0.5, 0.45, 0.05): 0.375342)
+    expected = 5 / 9 * ln(2 / 3) + 4 / 9 * ln(8 / 3)
+    assert expected == pytest.approx(0.210666, abs=1e-6)
+    kl, same = topk_kl(np.array([[1, 2]]), np.array([[ln(0.5), ln(0.2)]]), np.array([[1, 3]]), np.array([[ln(0.5), ln(0.05)]]))
+    assert kl[0] == pytest.approx(expected, rel=1e-9) and not same[0]
+
+
+def _kl_fixture():
+    """Two samples, logprob -0.5 everywhere; B changes one runner-up logprob at four positions.
+
+    The change d at (doc 0, pos 27) = 1.0, (doc 0, pos 3) = (doc 1, pos 2) = 0.5 (equal KL:
+    key order decides), (doc 1, pos 4) = 0.1; larger d, larger KL.
+    """
+    a = [FakeSample(TASK, 0, list(range(100, 130)), [-0.5] * 30), FakeSample(TASK, 1, list(range(200, 206)), [-0.5] * 6)]
+    b = [s.copy() for s in a]
+    for s, pos, d in ((0, 27, 1.0), (0, 3, 0.5), (1, 2, 0.5), (1, 4, 0.1)):
+        ids, lps = b[s].topk()
+        lps = [list(x) for x in lps]
+        lps[pos][1] -= d
+        b[s] = b[s].copy(topk_ids=ids, topk_logprobs=lps)
+    return a, b
+
+
+def test_worst_kl_order_context_and_kl_max_at():
+    a, b = _kl_fixture()
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+    cmp = compare_tokens(_with_text(ta), tb, sa, sb, worst_k=3)
+    (t,) = cmp.summaries
+    assert [(w.kind, w.doc_id, w.pos) for w in t.worst_kl] == [("largest_kl", 0, 27), ("largest_kl", 0, 3), ("largest_kl", 1, 2)]
+    kls = [w.kl for w in t.worst_kl]
+    assert kls[0] > kls[1] == kls[2] > 0 and kls[0] == t.kl_max
+    assert t.kl_max_at == (0, 0, 27)
+    w0, w1 = t.worst_kl[0], t.worst_kl[1]
+    # 24 tokens before pos 27 are pos 3..26; pos 0..2 exist, hence the ellipsis
+    assert CONTEXT_TOKENS == 24
+    assert w0.context == "\u2026" + "".join(f"<0.{p}>" for p in range(3, 27)) + "[[<0.27>]]"
+    assert w1.context == "<0.0><0.1><0.2>[[<0.3>]]"
+    assert w0.token_a == w0.token_b == 127 and w0.topk_logprobs_b[1] == pytest.approx(-2.5)
+    # the largest-|dlogprob| examples carry context and KL too (token logprobs are equal here: none)
+    assert t.worst_logprob == ()
+    d = t.to_dict()
+    assert d["worst_kl"][0]["context"] == w0.context and d["kl_max_at"] == [0, 0, 27]
+    # A's token texts absent (null column, or no column): no context, the rest unchanged
+    for ta_plain in (ta, ta.drop_columns(["token_text"])):
+        (u,) = compare_tokens(ta_plain, tb, sa, sb, worst_k=3).summaries
+        assert [w.context for w in u.worst_kl] == [None] * 3
+        assert [(w.doc_id, w.pos, w.kl) for w in u.worst_kl] == [(w.doc_id, w.pos, w.kl) for w in t.worst_kl]
+
+
+def test_worst_kl_ignores_zero_kl_and_respects_worst_k():
+    s = make_samples(3)
+    (t,) = _cmp(s, s).summaries
+    assert t.worst_kl == () and t.kl_max == 0.0 and t.kl_max_at is None
+    a, b = _kl_fixture()
+    (t,) = _cmp(a, b, worst_k=10).summaries
+    assert [(w.doc_id, w.pos) for w in t.worst_kl] == [(0, 27), (0, 3), (1, 2), (1, 4)]
+    (t,) = _cmp(a, b, worst_k=0).summaries
+    assert t.worst_kl == () and t.kl_max_at == (0, 0, 27)
+
+
+def test_context_of_divergence_examples():
+    a = make_samples(3)
+    b = mutate(a, 2, lambda s: s.copy(token_ids=s.token_ids[:5], logprobs=s.logprobs[:5]))
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+    # A is the longer one: its token at the divergence is marked
+    (t,) = compare_tokens(_with_text(ta), _with_text(tb), sa, sb).summaries
+    (w,) = t.worst_divergence
+    assert w.kl is None and w.context == "<2.0><2.1><2.2><2.3><2.4>[[<2.5>]]"
+    # A ended first: nothing to mark
+    (t,) = compare_tokens(_with_text(tb), _with_text(ta), sb, sa).summaries
+    assert t.worst_divergence[0].context == "<2.0><2.1><2.2><2.3><2.4>[[]]"
+
+
+def test_logprob_example_has_kl_and_context():
+    a = make_samples(2)
+    b = mutate(a, 1, lambda s: s.copy(logprobs=s.logprobs[:3] + [s.logprobs[3] - 0.25] + s.logprobs[4:]))
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+    (t,) = compare_tokens(_with_text(ta), tb, sa, sb).summaries
+    (w,) = t.worst_logprob
+    assert (w.doc_id, w.pos) == (1, 3) and w.context == "<1.0><1.1><1.2>[[<1.3>]]"
+    assert w.kl is not None and w.kl > 0 and w.kl == t.kl_max
+
+
+def test_decade_histogram_bins():
+    decades = list(HIST_DECADES)
+    assert decades == list(range(-10, 3)) and len(decades) == 13
+    # one exact power of ten per decade: each lands in its own bin (log10 rounding at the edges)
+    zero, counts = _decade_hist(np.array([10.0**d for d in decades]))
+    assert zero == 0 and counts == (1,) * 13
+    # just below a power of ten belongs to the decade below
+    zero, counts = _decade_hist(np.array([np.nextafter(10.0**d, 0) for d in decades[1:]]))
+    assert counts == (1,) * 12 + (0,)
+    x = np.array([0.0, 0.0, 0.0, 1e-300, 3e-11, 1e-10, 9.99e-10, 1e-9, 0.5, 1.0, 99.9, 100.0, 1e5, np.inf, np.nan])
+    zero, counts = _decade_hist(x)
+    assert zero == 3
+    expected = [0] * 13
+    for dec in (-10, -10, -10, -10, -9, -1, 0, 1, 2, 2, 2):  # below 1e-10 clips up, >= 100 and inf clip down
+        expected[dec + 10] += 1
+    assert list(counts) == expected  # NaN counted nowhere
+    assert _decade_hist(np.zeros(0)) == (0, (0,) * 13)
+
+
+def test_histograms_in_summary_and_json():
+    s = make_samples(4)
+    (t,) = _cmp(s, s).summaries
+    assert t.kl_hist_zero == t.abs_dlogprob_hist_zero == t.n_positions_compared == 32
+    assert t.kl_hist == t.abs_dlogprob_hist == (0,) * 13
+    b = mutate(s, 1, lambda x: x.copy(logprobs=[x.logprobs[0] - 0.25] + x.logprobs[1:]))
+    (t,) = _cmp(s, b).summaries
+    # one position moved by 0.25 nats (float32 rounding: still the 1e-1 decade); its KL is positive too
+    assert t.abs_dlogprob_hist_zero == 31 and t.abs_dlogprob_hist[HIST_DECADES.index(-1)] == 1
+    assert t.kl_hist_zero == 31 and sum(t.kl_hist) == 1
+    d = t.to_dict()
+    for name in ("kl_hist", "abs_dlogprob_hist"):
+        assert set(d[name]) == {"decades", "zero", "counts"}
+        assert d[name]["decades"] == list(range(-10, 3)) and len(d[name]["counts"]) == 13
+    assert d["abs_dlogprob_hist"]["zero"] == 31 and d["abs_dlogprob_hist"]["counts"][9] == 1
+    assert not any(k.endswith("_hist_zero") for k in d)
+    assert json.loads(json.dumps(d)) == d  # plain JSON
+    assert d == t.to_dict()
+
+
+def test_chunked_and_ragged_tables_give_the_same_result():
+    a = make_samples(5)
+    b = mutate(a, 1, lambda s: s.copy(logprobs=[x - 0.01 for x in s.logprobs]))
+    # ragged top-k: one position lists a single token on both sides, another two on B only
+    def ragged(s, extra):
+        ids, lps = s.topk()
+        ids, lps = [list(x) for x in ids], [list(x) for x in lps]
+        ids[2], lps[2] = ids[2][:1], lps[2][:1]
+        ids[4], lps[4] = ids[4][: 2 + extra], lps[4][: 2 + extra]
+        return s.copy(topk_ids=ids, topk_logprobs=lps)
+
+    a = mutate(a, 3, lambda s: ragged(s, 1))
+    b = mutate(b, 3, lambda s: ragged(s, 0))
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+    whole = compare_tokens(ta, tb, sa, sb)
+    pieces = compare_tokens(pa.concat_tables([ta.slice(0, 7), ta.slice(7, 20), ta.slice(27)]),
+                            pa.concat_tables([tb.slice(0, 13), tb.slice(13)]), sa, sb)
+    assert whole.summaries == pieces.summaries
+    (t,) = whole.summaries
+    assert t.n_ids_identical == 5 and t.n_identical == 3 and t.n_topk_diff_same_ids == 1
+    assert t.n_positions_topk_equal == 39  # doc 3 pos 4: B lacks A's third token
+
+
+def test_packed_position_join_matches_the_plain_join():
+    from evalpipe.compare.scores import align_keys
+    from evalpipe.compare.tokens import TOKEN_KEY, _align_positions
+
+    a = make_samples(4) + make_samples(3, task="aaa", seed=1) + [FakeSample(TASK, -7, [1, 2], [-0.1, -0.2])]
+    b = [s.copy(repeat=1) if s.doc_id == 2 else s.copy() for s in a[1:]]
+    _, ta = tables(a)
+    _, tb = tables(b)
+    huge = tb.set_column(1, "doc_id", pa.array([d + (1 << 60) * (i % 2) for i, d in enumerate(tb.column("doc_id").to_pylist())]))
+    for x, y in ((ta, tb), (tb, ta), (ta, huge), (ta, ta.slice(0, 0))):  # the last two take the plain join
+        got = _align_positions(x, y)
+        want = align_keys(x.select(list(TOKEN_KEY)), y.select(list(TOKEN_KEY)), TOKEN_KEY)
+        assert all(np.array_equal(g, w) for g, w in zip(got.codes, want.codes))
+        assert np.array_equal(got.idx_a, want.idx_a) and np.array_equal(got.idx_b, want.idx_b)
+    with pytest.raises(ValueError, match=r"duplicate token positions for key \{'task': 1, 'doc_id': 0"):
+        _align_positions(pa.concat_tables([ta, ta.slice(0, 1)]), tb)
+
+
+def test_worst_examples_carry_token_and_topk_texts_from_the_traces():
+    from fakes import make_samples, mutate, tables
+
+    a = make_samples(3, length=4)
+    b = mutate(a, 1, lambda s: s.copy(logprobs=[s.logprobs[0]] + [s.logprobs[1] - 0.5] + s.logprobs[2:]))
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+
+    def with_text(t):
+        return t.set_column(t.column_names.index("token_text"), "token_text", pa.array([f"<{i}>" for i in t["token_id"].to_pylist()]))
+
+    cmp = compare_tokens(with_text(ta), with_text(tb), sa, sb)
+    (w,) = cmp.summaries[0].worst_logprob[:1]
+    assert (w.doc_id, w.pos) == (1, 1)
+    assert w.token_text_a == f"<{w.token_a}>" and w.token_text_b == f"<{w.token_b}>"
+    # top-k entries are known where the id was generated somewhere in the traces
+    assert w.topk_texts_a[0] == f"<{w.topk_ids_a[0]}>"
+    assert len(w.topk_texts_a) == len(w.topk_ids_a)
+    plain = compare_tokens(ta, tb, sa, sb).summaries[0].worst_logprob[0]
+    assert plain.token_text_a is None and plain.topk_texts_a is None

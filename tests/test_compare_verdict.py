@@ -29,7 +29,7 @@ def test_one_token_changed_points_at_doc_and_position():
     b = mutate(a, 7, set_token(3, 1))
     b = mutate(b, 2, set_token(6, 1))
     vc = _vc(a, b)
-    assert vc.status is Status.DIFFERENT
+    assert vc.status is Status.DIVERGENT
     assert f"{TASK}: 2/10 samples generate different tokens (earliest at doc 7, position 3)" in vc.verdict.reasons
 
 
@@ -37,8 +37,10 @@ def test_logprob_only_difference_reports_max():
     a = make_samples(4)
     b = mutate(a, 1, lambda s: s.copy(logprobs=[s.logprobs[0] - 3.1e-6] + s.logprobs[1:]))
     vc = _vc(a, b)
-    assert vc.status is Status.DIFFERENT
-    (reason,) = vc.verdict.reasons
+    # no gate looks at logprobs of the free-running tokens: a change, but within the gates
+    assert vc.status is Status.EQUIVALENT and vc.status.passed
+    reason, gates_line = vc.verdict.reasons
+    assert gates_line == "all 3 gates passed (3 skipped)"
     assert reason.startswith(f"{TASK}: logprobs differ on 1/4 samples with identical tokens (max |\u0394logprob| ")
     assert "e-06)" in reason
 
@@ -48,7 +50,7 @@ def test_score_change_reason_with_hand_checked_numbers():
     b = mutate(a, 1, lambda s: s.copy(scores={METRIC: 0.0}))
     b = mutate(b, 3, lambda s: s.copy(scores={METRIC: 0.0}))
     vc = _vc(a, b)
-    assert vc.status is Status.DIFFERENT
+    assert vc.status is Status.DIVERGENT
     assert (
         f"{TASK} {METRIC}: 0.500 \u2192 0.300 (\u0394 \u22120.200, 2 items changed: 2 right\u2192wrong, 0 wrong\u2192right)"
         in vc.verdict.reasons
@@ -59,7 +61,7 @@ def test_missing_samples_make_it_different():
     a = make_samples(5)
     b = [s for s in a if s.doc_id not in (0, 3)]
     vc = _vc(a, b)
-    assert vc.status is Status.DIFFERENT
+    assert vc.status is Status.DIVERGENT
     assert f"{TASK}: 2 samples present only in 'legacy' (doc 0, 3)" in vc.verdict.reasons
     vc = _vc(b, a)
     assert f"{TASK}: 2 samples present only in 'sp' (doc 0, 3)" in vc.verdict.reasons
@@ -70,27 +72,30 @@ def test_swap_keeps_status_and_abs_delta():
     b = mutate(a, 4, lambda s: s.copy(scores={METRIC: 1.0}))
     b = mutate(b, 4, set_token(0, 2))
     ab, ba = _vc(a, b), _vc(b, a)
-    assert ab.status is ba.status is Status.DIFFERENT
+    assert ab.status is ba.status is Status.DIVERGENT
     assert abs(ab.scores.rows[0].delta) == abs(ba.scores.rows[0].delta) == pytest.approx(0.1)
     assert len(ab.verdict.reasons) == len(ba.verdict.reasons)
 
 
 def test_empty_is_not_identical():
     v = decide([], [])
-    assert v.status is Status.DIFFERENT and "no samples" in v.reasons[0]
+    assert v.status is Status.DIVERGENT and "no samples" in v.reasons[0]
 
 
 def test_metric_only_on_one_side():
     a = make_samples(3)
     b = [s.copy(scores={**s.scores, "acc,none": 1.0}) for s in a]
     vc = _vc(a, b)
-    assert vc.status is Status.DIFFERENT
+    assert vc.status is Status.DIVERGENT
     assert "metrics reported only by 'sp': acc,none" in vc.verdict.reasons
 
 
 def test_status_helpers():
-    assert worst_status([Status.IDENTICAL, Status.DIFFERENT]) is Status.DIFFERENT
+    assert worst_status([Status.IDENTICAL, Status.DIVERGENT]) is Status.DIVERGENT
+    assert worst_status([Status.EQUIVALENT, Status.IDENTICAL]) is Status.EQUIVALENT
     assert worst_status([]) is Status.IDENTICAL
+    assert [s.severity for s in Status] == [0, 1, 2]
+    assert [s.passed for s in Status] == [True, True, False]
     assert fmt_delta(-0.02) == "\u22120.020" and fmt_delta(2e-5) == "+2e-05" and fmt_delta(0.0) == "0"
 
 
@@ -107,10 +112,10 @@ def test_compare_run_and_overall_status(tmp_path):
     root = _run(tmp_path, lambda a: mutate(a, 2, set_token(1, 9)))
     rc = compare_run(root)
     assert rc.reference == "legacy" and rc.variants == ["sp", "sp2"]
-    assert [c.status for c in rc.comparisons] == [Status.DIFFERENT, Status.IDENTICAL]
-    assert rc.status is Status.DIFFERENT
+    assert [c.status for c in rc.comparisons] == [Status.DIVERGENT, Status.IDENTICAL]
+    assert rc.status is Status.DIVERGENT
     d = rc.to_dict()
-    assert d["status"] == "DIFFERENT" and d["comparisons"][1]["status"] == "IDENTICAL"
+    assert d["status"] == "DIVERGENT" and d["comparisons"][1]["status"] == "IDENTICAL"
     rc2 = compare_run(root, variants=["sp2"])
     assert rc2.status is Status.IDENTICAL and rc2.variants == ["sp2"]
 
@@ -128,7 +133,7 @@ def test_compare_json_byte_identical(tmp_path):
     assert (root / artifacts.COMPARE_JSON).read_bytes() == first
     assert (root / artifacts.REPORT_MD).read_bytes() == first_md
     parsed = json.loads(first)
-    assert parsed["schema_version"] == 1 and parsed["reference"] == "legacy"
+    assert parsed["schema_version"] == 2 and parsed["reference"] == "legacy"
     assert "NaN" not in first.decode()
 
 

@@ -85,3 +85,24 @@ def test_deep_merge_merges_nested_dicts_and_replaces_the_rest():
         "list": [3],
     }
     assert base["additional_config"]["x"] == {"y": 1}, "inputs are not modified"
+
+
+def test_gates_have_documented_defaults_and_reject_unknown_keys():
+    cfg = parse_config(MINIMAL)
+    assert cfg.gates.scores.margin == 0.01 and cfg.gates.scores.alpha == 0.05
+    kl = cfg.gates.tokens.teacher_kl_p99
+    assert kl.bound(None) == 1e-3, "without an A/A run the absolute bound applies"
+    assert kl.bound(1e-4) == 1e-3 and kl.bound(0.01) == pytest.approx(0.03), "max(abs, 3 x A/A)"
+    with pytest.raises(ConfigError, match="unknown key `gates.tokens.kl`"):
+        parse_config({**MINIMAL, "gates": {"tokens": {"kl": {"abs": 1}}}})
+    strict = parse_config({**MINIMAL, "gates": {"tokens": {"teacher_kl_max": {"abs": 0.5, "rel_aa": None}}}})
+    assert strict.gates.tokens.teacher_kl_max.bound(10.0) == 0.5
+
+
+def test_noise_floor_accepts_true_false_or_a_mapping():
+    assert parse_config(MINIMAL).noise_floor is None
+    assert parse_config({**MINIMAL, "noise_floor": False}).noise_floor is None
+    on = parse_config({**MINIMAL, "noise_floor": True}).noise_floor
+    assert on.enabled and on.reverse_order and on.engine == {}
+    custom = parse_config({**MINIMAL, "noise_floor": {"engine": {"max_num_seqs": 3}}}).noise_floor
+    assert custom.engine == {"max_num_seqs": 3}

@@ -1,16 +1,19 @@
 """End to end on the real engine (vLLM's CPU build) with the built-in model: no mocks.
 
-One run of four variants serves the whole module (engine starts dominate the cost):
-  batched  the default config's reference
-  chunked  the default config's other variant (chunked prefill forced)
-  again    the reference's exact settings a second time  -> must be IDENTICAL
-  bf16     the positive control's bfloat16 variant       -> must be DIFFERENT
+One run of four engines serves the whole module (engine starts dominate the cost):
+  batched     the default config's reference
+  batched-aa  the A/A noise floor: the reference's numerics again, requests reversed and
+              max_num_seqs halved                         -> must be IDENTICAL
+  chunked     the default config's other variant (chunked prefill forced) -> IDENTICAL
+  bf16        the positive control's bfloat16 variant     -> must be DIVERGENT, by the gates
+Every variant also teacher-forces the reference's sequences (teacher.parquet).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import xml.etree.ElementTree as ET
 import sys
 from pathlib import Path
 
@@ -44,9 +47,9 @@ def run(tmp_path_factory) -> dict:
     cfg["variants"] = {
         ref: default["variants"][ref],
         other: default["variants"][other],
-        "again": default["variants"][ref],
         "bf16": {"engine": {**default["variants"][ref].get("engine", {}), **control["variants"]["bf16"]["engine"]}},
     }
+    cfg["noise_floor"] = True
     cfg["output"] = str(tmp / "runs")
     path = tmp / "e2e.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -56,7 +59,7 @@ def run(tmp_path_factory) -> dict:
 
 
 def variant_names(run) -> list[str]:
-    return [run["ref"], run["other"], "again", "bf16"]
+    return [run["ref"], f"{run['ref']}-aa", run["other"], "bf16"]
 
 
 def comparison(run, name: str) -> dict:
@@ -64,12 +67,13 @@ def comparison(run, name: str) -> dict:
     return next(c for c in data["comparisons"] if c["variant"] == name)
 
 
-def test_run_finishes_and_exits_1_because_bf16_differs(run):
+def test_run_finishes_and_exits_1_because_bf16_diverges(run):
     proc = run["proc"]
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     info = json.loads((run["dir"] / "run.json").read_text())
-    assert info["status"] == "ok" and info["verdict"] == "DIFFERENT"
+    assert info["status"] == "ok" and info["verdict"] == "DIVERGENT"
+    assert info["noise_floor"]["variant"] == f"{run['ref']}-aa"
     assert info["model"]["builtin"] and len(info["model"]["fingerprint"]) == 64
     assert info["versions"]["vllm"] and info["hardware"]["cpus"]
     assert info["variant_settings"]["bf16"]["versions"] == info["versions"], "one environment, same versions"
@@ -82,20 +86,20 @@ def test_run_finishes_and_exits_1_because_bf16_differs(run):
 def test_every_variant_has_all_artifacts(run):
     for name in variant_names(run):
         vdir = artifacts.VariantDir(run["dir"] / name)
-        for path in (vdir.manifest, vdir.results, vdir.samples, vdir.tokens, vdir.engine_log):
+        for path in (vdir.manifest, vdir.results, vdir.samples, vdir.tokens, vdir.teacher, vdir.engine_log):
             assert path.is_file() and path.stat().st_size > 0, path
         manifest = artifacts.read_json(vdir.manifest)
         assert manifest["status"] == "ok"
         assert manifest["versions"]["vllm"] and manifest["versions"]["lm_eval"] == "0.4.13"
-        assert manifest["timings"]["engine_start_s"] > 0
+        assert manifest["timings"]["engine_start_s"] > 0 and manifest["timings"]["teacher_s"] > 0
         assert manifest["truncated_prompts"] == 0
         assert manifest["data_files"]["gsm8k_synth_4shot"]["test"]["sha256"]
         results = artifacts.read_json(vdir.results)
         task = results["results"]["gsm8k_synth_4shot"]
         assert 0.0 <= task["exact_match,strict-match"] <= 1.0
         assert results["n-samples"]["gsm8k_synth_4shot"]["effective"] == LIMIT
-    for path in (run["dir"] / "compare.json", run["dir"] / "report.md"):
-        assert path.is_file()
+    for name in ("compare.json", "report.md", "report.html", "junit.xml"):
+        assert (run["dir"] / name).is_file(), name
 
 
 def test_tokens_line_up_with_samples(run):
@@ -120,9 +124,29 @@ def test_tokens_line_up_with_samples(run):
             assert tid == top_ids[0] and lp == top_lps[0], "greedy decoding picks the top-1 token"
 
 
-def test_identical_settings_are_identical(run):
-    c = comparison(run, "again")
-    assert c["status"] == "IDENTICAL", c["reasons"]
+def test_teacher_forcing_scores_the_references_exact_continuations(run):
+    key = [("doc_id", "ascending"), ("pos", "ascending")]
+    ref_tokens = artifacts.read_table(artifacts.VariantDir(run["dir"] / run["ref"]).tokens).sort_by(key)
+    for name in variant_names(run):
+        teacher = artifacts.read_table(artifacts.VariantDir(run["dir"] / name).teacher).sort_by(key)
+        assert teacher.num_rows == ref_tokens.num_rows
+        assert teacher["token_id"].to_pylist() == ref_tokens["token_id"].to_pylist(), "forced tokens are the reference's"
+        assert all(len(t) == run["config"].capture.topk for t in teacher["topk_ids"].to_pylist())
+        assert teacher["token_text"].null_count == 0
+    # The reference scoring its own continuation in one prefill must reproduce the
+    # logprobs it saw while decoding: a shifted position would be off by whole nats.
+    own = artifacts.read_table(artifacts.VariantDir(run["dir"] / run["ref"]).teacher).sort_by(key)
+    diffs = [abs(a - b) for a, b in zip(own["logprob"].to_pylist(), ref_tokens["logprob"].to_pylist())]
+    assert max(diffs) < 1e-4
+
+
+def test_noise_floor_run_is_identical(run):
+    # Same numerics, other batch arrangement: on this engine nothing may move.
+    data = json.loads((run["dir"] / "compare.json").read_text())
+    aa = data["noise_floor"]
+    assert aa["variant"] == f"{run['ref']}-aa"
+    assert aa["status"] == "IDENTICAL", aa["reasons"]
+    assert f"{run['ref']}-aa" not in [c["variant"] for c in data["comparisons"]]
 
 
 def test_default_config_variants_are_identical(run):
@@ -131,12 +155,22 @@ def test_default_config_variants_are_identical(run):
     assert c["status"] == "IDENTICAL", c["reasons"]
 
 
-def test_dtype_control_is_different_with_reasons(run):
+def test_dtype_control_diverges_with_gate_reasons(run):
     c = comparison(run, "bf16")
-    assert c["status"] == "DIFFERENT"
-    assert c["reasons"], "a DIFFERENT verdict says why"
+    assert c["status"] == "DIVERGENT"
+    failed = [g for g in c["gates"] if g["status"] == "fail"]
+    assert failed, "a DIVERGENT verdict names the gates that failed"
+    for g in failed:
+        assert g["measured"] > g["threshold"]
+        assert g["detail"] in c["reasons"]
+    assert any(g["gate"] == "teacher_kl_p99" for g in failed), "bf16 moves teacher-forced distributions far beyond fp32 noise"
+    kl_gate = next(g for g in failed if g["gate"] == "teacher_kl_max")
+    assert kl_gate["evidence"], "the worst position is named"
     tok = c["tokens"][0]
-    assert tok["max_abs_dlogprob"] > 1e-4, "bf16 moves logprobs far beyond fp32 noise"
+    assert tok["max_abs_dlogprob"] > 1e-4
+    suites = ET.parse(run["dir"] / "junit.xml").getroot()
+    bf16 = next(s for s in suites if s.get("name").endswith("-vs-bf16"))
+    assert int(bf16.get("failures")) == len(failed)
 
 
 def test_compare_reruns_from_artifacts_byte_identically(run, tmp_path):
@@ -145,7 +179,24 @@ def test_compare_reruns_from_artifacts_byte_identically(run, tmp_path):
     proc = evalpipe("compare", str(run["dir"]), "--output", str(out), cwd=tmp_path)
     assert proc.returncode == 1
     assert (out / "compare.json").read_bytes() == first
-    same = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},again", "--output", str(tmp_path / "s"), cwd=tmp_path)
+    same = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},{run['other']}", "--output", str(tmp_path / "s"), cwd=tmp_path)
     assert same.returncode == 0, same.stdout + same.stderr
     diff = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},bf16", "--output", str(tmp_path / "d"), cwd=tmp_path)
     assert diff.returncode == 1
+
+
+def test_looser_gates_turn_the_same_evidence_equivalent(run, tmp_path):
+    # The verdict is a function of the evidence and the gates: with tolerances wide
+    # enough for bf16, the same artifacts are EQUIVALENT (exit 0) instead of DIVERGENT.
+    loose = tmp_path / "loose.yaml"
+    wide = {"abs": 1.0e9, "rel_aa": None}
+    loose.write_text(yaml.safe_dump({"gates": {
+        "scores": {"margin": 1.0, "fail_on_significant": False},
+        "tokens": {k: wide for k in ("free_hard_divergences", "teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips")},
+    }}))
+    out = tmp_path / "loose"
+    proc = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},bf16", "--gates", str(loose), "--output", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((out / "compare.json").read_text())
+    assert data["comparisons"][0]["status"] == "EQUIVALENT"
+    assert data["gates"]["scores"]["margin"] == 1.0

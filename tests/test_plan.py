@@ -87,3 +87,36 @@ def test_run_info_records_what_distinguishes_variants():
     assert info["variant_settings"]["sp"]["env"] == {"LAYOUT": "sp", "SHARED": "2"}
     assert info["tasks"][0]["task"] == "gsm8k_synth_4shot"
     assert len(info["fingerprints"]["config_sha256"]) == 64
+
+
+def test_noise_floor_repeats_the_reference_right_after_it(tmp_path):
+    p = plan(output=str(tmp_path), noise_floor=True)
+    assert [v.name for v in p.variants] == ["legacy", "legacy-aa", "sp"]
+    ref, aa = p.variants[0], p.variants[1]
+    assert aa.aa_of == "legacy" and aa.reverse_order and not ref.reverse_order
+    assert aa.env_overrides == ref.env_overrides and aa.python == ref.python
+    # another batch arrangement, same numerics: only max_num_seqs differs (vLLM's 256 halved)
+    assert {k: v for k, v in aa.engine_args.items() if ref.engine_args.get(k) != v} == {"max_num_seqs": 128}
+    info = run_info(p)
+    assert info["noise_floor"] == {"variant": "legacy-aa", "of": "legacy", "reverse_order": True}
+    assert info["variant_settings"]["legacy-aa"]["engine"] == {"max_num_seqs": 128}
+    assert info["variant_settings"]["legacy-aa"]["env"] == {"LAYOUT": "legacy"}
+
+
+def test_noise_floor_from_config_with_own_overrides_and_cli_switch_off(tmp_path):
+    cfg = parse_config({**CONFIG, "noise_floor": {"reverse_order": False, "engine": {"max_num_batched_tokens": 64}}})
+    p = make_plan(cfg, "cfg.yaml", "gsm8k", output=str(tmp_path))
+    aa = p.variant("legacy-aa")
+    assert not aa.reverse_order and aa.engine_args["max_num_batched_tokens"] == 64
+    assert "max_num_seqs" not in aa.engine_args
+    off = make_plan(cfg, "cfg.yaml", "gsm8k", output=str(tmp_path), noise_floor=False)
+    assert [v.name for v in off.variants] == ["legacy", "sp"]
+    assert run_info(off)["noise_floor"] is None
+
+
+def test_noise_floor_name_collision_is_a_config_error():
+    with pytest.raises(ConfigError, match="collides with the name of the A/A noise-floor run"):
+        parse_config({**CONFIG, "variants": {**CONFIG["variants"], "legacy-aa": {}}, "noise_floor": True})
+    cfg = parse_config({**CONFIG, "variants": {**CONFIG["variants"], "legacy-aa": {}}})
+    with pytest.raises(ConfigError, match="--no-noise-floor"):
+        make_plan(cfg, "cfg.yaml", "gsm8k", noise_floor=True)

@@ -1,11 +1,15 @@
 """Compare variants from their stored artifacts (pure functions; no engine imports)."""
 
+from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.run import (
+    COMPARE_SCHEMA_VERSION,
     RunComparison,
     VariantComparison,
+    compare_across_runs,
     compare_run,
     compare_tables,
     compare_variants,
+    load_teacher,
     load_variant,
     read_run_info,
     write_outputs,
@@ -21,6 +25,9 @@ from evalpipe.compare.tokens import (
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
 
 __all__ = [
+    "AASummaries",
+    "COMPARE_SCHEMA_VERSION",
+    "GateResult",
     "PairedScores",
     "RunComparison",
     "SampleTokenDiffs",
@@ -32,12 +39,15 @@ __all__ = [
     "Verdict",
     "VariantComparison",
     "WorstExample",
+    "compare_across_runs",
     "compare_run",
     "compare_scores",
     "compare_tables",
     "compare_tokens",
     "compare_variants",
     "decide",
+    "evaluate_gates",
+    "load_teacher",
     "load_variant",
     "paired_scores",
     "read_run_info",

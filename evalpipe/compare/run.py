@@ -1,8 +1,20 @@
 """Compare the variants of a run directory and write compare.json / report.md.
 
-``compare.json`` is a pure function of the artifacts: no timestamps, no absolute
-paths, sorted keys, NaN as null; recomputing it from the same run directory gives
-the same bytes.
+``compare.json`` is a pure function of the artifacts (and the gates): no timestamps,
+no absolute paths, sorted keys, NaN as null; recomputing it from the same run
+directory gives the same bytes.
+
+Noise floor: when run.json names an A/A run (``"noise_floor": {"variant":
+"<reference>-aa"}``), the reference is compared with it first. That comparison is
+information, not a verdict: it is left out of the run status and of the variant
+list, and its token measures set the relative bounds of every other comparison's
+gates (see :mod:`evalpipe.compare.gates`).
+
+Teacher forcing: ``<variant>/teacher.parquet`` holds the reference's continuations
+scored by that variant. When both sides have one, it is compared with the same
+token comparison as the free-running tokens; the ids agree by construction, so
+every position is on the shared prefix and the per-position measures (KL, top-1)
+cover the whole continuation.
 """
 
 from __future__ import annotations
@@ -13,15 +25,18 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
+from pydantic import ValidationError
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
-from evalpipe.compare.scores import DEFAULT_MARGIN, ScoreComparison, compare_scores, to_jsonable
+from evalpipe.compare.gates import AASummaries
+from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
+from evalpipe.config import Gates, aa_variant_name
 
 # Bump when the layout of compare.json changes incompatibly.
-COMPARE_SCHEMA_VERSION = 1
+COMPARE_SCHEMA_VERSION = 2
 
 _SAMPLES_REQUIRED = SAMPLE_KEY
 _TOKENS_REQUIRED = TOKENS_REQUIRED
@@ -38,10 +53,16 @@ class VariantComparison:
     scores: ScoreComparison
     tokens: TokenComparison
     verdict: Verdict
+    teacher: TokenComparison | None = None  # None: teacher.parquet missing on a side
 
     @property
     def status(self) -> Status:
         return self.verdict.status
+
+    def aa_summaries(self) -> AASummaries:
+        """This comparison's token summaries, as the A/A noise floor of other comparisons."""
+        teacher = None if self.teacher is None else self.teacher.summaries
+        return AASummaries.of(self.tokens.summaries, teacher)
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(
@@ -57,15 +78,21 @@ class VariantComparison:
                 "metrics_only_a": list(self.scores.metrics_only_a),
                 "metrics_only_b": list(self.scores.metrics_only_b),
                 "tokens": [t.to_dict() for t in self.tokens.summaries],
+                "teacher": None if self.teacher is None else [t.to_dict() for t in self.teacher.summaries],
+                "gates": [g.to_dict() for g in self.verdict.gates],
             }
         )
 
 
 @dataclass(frozen=True)
 class RunComparison:
+    """The reference against every variant; ``noise_floor`` is the A/A comparison (not in the status)."""
+
     run_id: str
     reference: str
     comparisons: tuple[VariantComparison, ...]
+    noise_floor: VariantComparison | None = None
+    gates: Gates = Gates()
 
     @property
     def status(self) -> Status:
@@ -82,6 +109,8 @@ class RunComparison:
             "reference": self.reference,
             "variants": self.variants,
             "status": self.status.value,
+            "gates": self.gates.model_dump(mode="json"),
+            "noise_floor": None if self.noise_floor is None else self.noise_floor.to_dict(),
             "comparisons": [c.to_dict() for c in self.comparisons],
         }
 
@@ -121,9 +150,37 @@ def load_variant(vdir: VariantDir) -> tuple[pa.Table, pa.Table]:
     return samples, tokens
 
 
+def load_teacher(vdir: VariantDir) -> pa.Table | None:
+    """teacher.parquet of a variant, or None when it has none (teacher forcing is optional)."""
+    return _read(vdir, vdir.teacher, _TOKENS_REQUIRED) if vdir.teacher.is_file() else None
+
+
+@dataclass(frozen=True, eq=False)
+class _Side:
+    """The artifacts of one variant, loaded once per run comparison."""
+
+    name: str
+    samples: pa.Table
+    tokens: pa.Table
+    teacher: pa.Table | None
+
+    @classmethod
+    def load(cls, vdir: VariantDir, name: str | None = None) -> "_Side":
+        samples, tokens = load_variant(vdir)
+        return cls(name or vdir.name, samples, tokens, load_teacher(vdir))
+
+
 # ---------------------------------------------------------------------------
 # comparing
 # ---------------------------------------------------------------------------
+
+
+def with_margin(gates: Gates | None, margin: float | None) -> Gates:
+    """``gates`` (default Gates()) with the score margin replaced when ``margin`` is given."""
+    gates = Gates() if gates is None else gates
+    if margin is None:
+        return gates
+    return gates.model_copy(update={"scores": gates.scores.model_copy(update={"margin": margin})})
 
 
 def compare_tables(
@@ -135,17 +192,32 @@ def compare_tables(
     label_a: str = "A",
     label_b: str = "B",
     worst_k: int = 5,
-    margin: float = DEFAULT_MARGIN,
+    margin: float | None = None,
+    teacher_a: pa.Table | None = None,
+    teacher_b: pa.Table | None = None,
+    gates: Gates | None = None,
+    aa: VariantComparison | None = None,
 ) -> VariantComparison:
-    """Score + token comparison and verdict of two in-memory variants (A = reference).
+    """Score + token comparison, gates and verdict of two in-memory variants (A = reference).
 
-    ``margin``: TOST equivalence margin of the score statistics (metric scale).
+    The score statistics use the gates' margin and alpha, so the score gates read
+    them straight off the rows; ``margin`` overrides ``gates.scores.margin``. The
+    teacher-forced tables are compared only when both are given, without the samples
+    tables: their sample set is the samples that have teacher-forced positions.
+    ``aa`` is the A/A comparison whose values set the gates' relative bounds.
     """
-    scores = compare_scores(samples_a, samples_b, margin=margin)
+    gates = with_margin(gates, margin)
+    scores = compare_scores(samples_a, samples_b, margin=gates.scores.margin, alpha=gates.scores.alpha)
     tokens = compare_tokens(tokens_a, tokens_b, samples_a, samples_b, worst_k=worst_k)
+    teacher = None
+    if teacher_a is not None and teacher_b is not None:
+        teacher = compare_tokens(teacher_a, teacher_b, worst_k=worst_k)
     verdict = decide(
         scores.rows,
         tokens.summaries,
+        teacher_summaries=None if teacher is None else teacher.summaries,
+        gates=gates,
+        aa=None if aa is None else aa.aa_summaries(),
         metrics_only_a=scores.metrics_only_a,
         metrics_only_b=scores.metrics_only_b,
         label_a=repr(label_a),
@@ -159,6 +231,25 @@ def compare_tables(
         scores=scores,
         tokens=tokens,
         verdict=verdict,
+        teacher=teacher,
+    )
+
+
+def _compare_sides(
+    a: _Side, b: _Side, *, worst_k: int, gates: Gates, aa: VariantComparison | None = None
+) -> VariantComparison:
+    return compare_tables(
+        a.samples,
+        a.tokens,
+        b.samples,
+        b.tokens,
+        label_a=a.name,
+        label_b=b.name,
+        worst_k=worst_k,
+        teacher_a=a.teacher,
+        teacher_b=b.teacher,
+        gates=gates,
+        aa=aa,
     )
 
 
@@ -169,24 +260,17 @@ def compare_variants(
     label_a: str | None = None,
     label_b: str | None = None,
     worst_k: int = 5,
-    margin: float = DEFAULT_MARGIN,
+    margin: float | None = None,
+    gates: Gates | None = None,
+    aa: VariantComparison | None = None,
 ) -> VariantComparison:
-    """Compare variant ``b`` against reference ``a`` from their artifacts.
+    """Compare variant ``b`` against reference ``a`` from their artifacts (teacher.parquet included).
 
     Labels default to the directory names; pass e.g. "runA/legacy" when comparing
     across runs where both directories have the same name.
     """
-    samples_a, tokens_a = load_variant(a)
-    samples_b, tokens_b = load_variant(b)
-    return compare_tables(
-        samples_a,
-        tokens_a,
-        samples_b,
-        tokens_b,
-        label_a=label_a or a.name,
-        label_b=label_b or b.name,
-        worst_k=worst_k,
-        margin=margin,
+    return _compare_sides(
+        _Side.load(a, label_a), _Side.load(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
     )
 
 
@@ -220,58 +304,90 @@ def variant_names_from_info(run_info: dict[str, Any]) -> list[str] | None:
     return None
 
 
+def gates_from_info(run_info: dict[str, Any], where: str = "run.json") -> Gates:
+    """The gates of run.json's "config"."gates", else the defaults; ``where`` names the file in errors."""
+    config = run_info.get("config")
+    data = config.get("gates") if isinstance(config, dict) else None
+    if data is None:
+        return Gates()
+    try:
+        return Gates.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: config.gates.{key}: {first['msg']}; fix or remove it.") from None
+
+
+def noise_floor_from_info(run_info: dict[str, Any], reference: str) -> str | None:
+    """The A/A variant of ``reference`` that run.json names, else None.
+
+    An A/A run of another variant (the reference was overridden) is no noise floor
+    for this reference; it is then compared like any variant.
+    """
+    nf = run_info.get("noise_floor")
+    name = nf.get("variant") if isinstance(nf, dict) else None
+    return str(name) if name and str(name) == aa_variant_name(reference) else None
+
+
 def compare_run(
     run_dir: Path,
     reference: str | None = None,
     variants: list[str] | None = None,
     *,
     worst_k: int = 5,
-    margin: float = DEFAULT_MARGIN,
+    margin: float | None = None,
+    gates: Gates | None = None,
 ) -> RunComparison:
     """Compare every non-reference variant of ``run_dir`` with the reference.
 
     Defaults: reference = run.json "reference" (else the first variant); variants =
-    run.json "variants" (else every sub-directory with a manifest.json).
+    run.json "variants" (else every sub-directory with a manifest.json); gates =
+    run.json "config"."gates" (else the defaults). With a noise floor in run.json the
+    A/A comparison runs first and bounds the others (module docstring).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"run directory {run_dir} does not exist.")
     rd = RunDir(run_dir)
     info = read_run_info(run_dir)
+    gates = with_margin(gates if gates is not None else gates_from_info(info, str(rd.run_json)), margin)
     names = list(variants) if variants else (variant_names_from_info(info) or rd.variant_names())
     if not names:
         raise ValueError(f"{run_dir} has no variants (no run.json \"variants\" and no <variant>/manifest.json).")
-    ref = reference or info.get("reference") or names[0]
-    ref = str(ref)
-    others = [n for n in dict.fromkeys(names) if n != ref]
+    ref = str(reference or info.get("reference") or names[0])
+    aa_name = noise_floor_from_info(info, ref)
+    others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
     if not others:
         raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
-    ref_dir = rd.variant(ref)
-    samples_a, tokens_a = load_variant(ref_dir)
-    comparisons = []
-    for name in others:
-        samples_b, tokens_b = load_variant(rd.variant(name))
-        comparisons.append(
-            compare_tables(
-                samples_a, tokens_a, samples_b, tokens_b, label_a=ref, label_b=name, worst_k=worst_k, margin=margin
-            )
-        )
+    ref_side = _Side.load(rd.variant(ref))
+    aa = None
+    if aa_name is not None:
+        aa = _compare_sides(ref_side, _Side.load(rd.variant(aa_name)), worst_k=worst_k, gates=gates)
+    comparisons = tuple(
+        _compare_sides(ref_side, _Side.load(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa) for name in others
+    )
     run_id = str(info.get("run_id") or run_dir.name)
-    return RunComparison(run_id=run_id, reference=ref, comparisons=tuple(comparisons))
+    return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
 
 
 def write_outputs(
     run_dir: Path, run_comparison: RunComparison, run_info: dict[str, Any] | None = None
-) -> tuple[Path, Path]:
-    """Write compare.json and report.md atomically; returns their paths."""
-    from evalpipe.report.markdown import render_markdown  # report depends on compare, not vice versa
+) -> dict[str, Path]:
+    """Write compare.json, report.md, report.html and junit.xml atomically.
+
+    compare.json is written first: the reports are renderings of it, so a failure
+    while drawing a plot never loses the comparison itself."""
+    from evalpipe.report import render_html, render_junit, render_markdown  # report depends on compare
 
     rd = RunDir(Path(run_dir))
     if run_info is None:
         run_info = read_run_info(rd.root)
-    artifacts.write_json(rd.compare_json, run_comparison.to_dict())
-    artifacts.write_text(rd.report_md, render_markdown(run_comparison, run_info))
-    return rd.compare_json, rd.report_md
+    data = run_comparison.to_dict()
+    artifacts.write_json(rd.compare_json, data)
+    artifacts.write_text(rd.junit_xml, render_junit(data))
+    artifacts.write_text(rd.report_md, render_markdown(data, run_info))
+    artifacts.write_text(rd.report_html, render_html(data, run_info))
+    return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}
 
 
 # ---------------------------------------------------------------------------
@@ -310,14 +426,23 @@ def check_same_items(samples_a: pa.Table, samples_b: pa.Table, label_a: str, lab
             )
 
 
-def compare_across_runs(a: Path, b: Path, *, margin: float = DEFAULT_MARGIN) -> RunComparison:
-    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: B against A as reference."""
+def compare_across_runs(
+    a: Path, b: Path, *, worst_k: int = 5, margin: float | None = None, gates: Gates | None = None
+) -> RunComparison:
+    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: B against A as reference.
+
+    Gates default to those of run A's run.json. There is no noise floor: an A/A run
+    belongs to one run, and two runs need not share their engine settings.
+    """
     va, vb = VariantDir(Path(a)), VariantDir(Path(b))
     label_a, label_b = f"{va.root.parent.name}/{va.name}", f"{vb.root.parent.name}/{vb.name}"
     if label_a == label_b:
         label_a, label_b = str(va.root), str(vb.root)
-    samples_a, tokens_a = load_variant(va)
-    samples_b, tokens_b = load_variant(vb)
-    check_same_items(samples_a, samples_b, label_a, label_b)
-    vc = compare_tables(samples_a, tokens_a, samples_b, tokens_b, label_a=label_a, label_b=label_b, margin=margin)
-    return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,))
+    if gates is None:
+        run_a = RunDir(va.root.parent)
+        gates = gates_from_info(read_run_info(run_a.root), str(run_a.run_json))
+    gates = with_margin(gates, margin)
+    side_a, side_b = _Side.load(va, label_a), _Side.load(vb, label_b)
+    check_same_items(side_a.samples, side_b.samples, label_a, label_b)
+    vc = _compare_sides(side_a, side_b, worst_k=worst_k, gates=gates)
+    return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)

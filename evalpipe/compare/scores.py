@@ -205,8 +205,9 @@ class ScoreRow:
     ``ci_low``/``ci_high`` its ``ci_conf`` t interval with ``df`` degrees of freedom
     (n - 1, or clusters - 1); ``n_clusters`` = n_paired unless a ``cluster`` column
     groups items; ``mcnemar_p`` exact two-sided p (0/1 metrics only); ``tost_*`` the
-    equivalence test against ±``margin`` (90% interval, one-sided p-values,
-    ``equivalent``); ``mdd`` the minimum detectable difference (5% level, 80% power).
+    equivalence test against ±``margin`` at level ``alpha`` (its 1 - 2 alpha interval,
+    one-sided p-values, ``equivalent``); ``mdd`` the minimum detectable difference
+    (level ``alpha``, 80% power).
     ``flipped`` lists the first items (by doc_id, repeat) whose score differs,
     ``n_flipped`` counts them all.
     """
@@ -235,6 +236,7 @@ class ScoreRow:
     n_clusters: int = 0
     mcnemar_p: float | None = None
     margin: float = DEFAULT_MARGIN
+    alpha: float = ALPHA
     tost_ci_low: float | None = None
     tost_ci_high: float | None = None
     tost_p_lower: float | None = None
@@ -321,7 +323,9 @@ class PairedScores:
         clusters = self.cluster[both] if self.cluster is not None else None
         return stats.paired_difference(self.a[both], self.b[both], clusters=clusters, conf=conf)
 
-    def summary(self, margin: float = DEFAULT_MARGIN, flipped: Sequence["FlippedItem"] = ()) -> ScoreRow:
+    def summary(
+        self, margin: float = DEFAULT_MARGIN, flipped: Sequence["FlippedItem"] = (), alpha: float = ALPHA
+    ) -> ScoreRow:
         va, vb = ~np.isnan(self.a), ~np.isnan(self.b)
         both = va & vb
         a, b = self.a[both], self.b[both]
@@ -335,7 +339,7 @@ class PairedScores:
         rw = int(np.count_nonzero((a == 1.0) & (b == 0.0))) if binary else None
         wr = int(np.count_nonzero((a == 0.0) & (b == 1.0))) if binary else None
         pdiff = self.statistics(CONF)
-        eq = stats.tost(pdiff.diff, pdiff.se, margin, alpha=ALPHA, df=pdiff.df)
+        eq = stats.tost(pdiff.diff, pdiff.se, margin, alpha=alpha, df=pdiff.df)
         return ScoreRow(
             task=self.task,
             metric=self.metric,
@@ -361,12 +365,13 @@ class PairedScores:
             n_clusters=pdiff.n_clusters,
             mcnemar_p=stats.mcnemar_exact(rw, wr) if binary else None,
             margin=margin,
+            alpha=alpha,
             tost_ci_low=eq.ci_low,
             tost_ci_high=eq.ci_high,
             tost_p_lower=eq.p_lower,
             tost_p_upper=eq.p_upper,
             equivalent=eq.equivalent,
-            mdd=stats.minimum_detectable_difference(pdiff.se, alpha=ALPHA, power=POWER, df=pdiff.df),
+            mdd=stats.minimum_detectable_difference(pdiff.se, alpha=alpha, power=POWER, df=pdiff.df),
             n_flipped=n_changed,
             flipped=tuple(flipped),
         )
@@ -501,15 +506,17 @@ def flipped_items(
 
 
 def compare_scores(
-    samples_a: pa.Table, samples_b: pa.Table, *, margin: float = DEFAULT_MARGIN
+    samples_a: pa.Table, samples_b: pa.Table, *, margin: float = DEFAULT_MARGIN, alpha: float = ALPHA
 ) -> ScoreComparison:
     """Per task x metric summary of A vs B (B - A), sorted by (task, metric).
 
     ``margin`` is the TOST equivalence margin on the metric's scale (0.01 = 1 point of
-    a 0-1 accuracy).
+    a 0-1 accuracy); ``alpha`` the level of TOST and of the minimum detectable difference.
     """
     if not margin > 0:
         raise ValueError(f"the equivalence margin must be > 0, got {margin}.")
     paired, only_a_m, only_b_m = paired_scores(samples_a, samples_b)
-    rows = tuple(p.summary(margin=margin, flipped=flipped_items(p, samples_a, samples_b)) for p in paired)
+    rows = tuple(
+        p.summary(margin=margin, flipped=flipped_items(p, samples_a, samples_b), alpha=alpha) for p in paired
+    )
     return ScoreComparison(rows=rows, paired=tuple(paired), metrics_only_a=tuple(only_a_m), metrics_only_b=tuple(only_b_m))

@@ -1,28 +1,56 @@
-"""Per-token comparison of two free-running generations of the same samples.
+"""Per-token comparison of two traces of the same samples.
+
+Two kinds of traces go through here with the same schema: free-running ones
+(tokens.parquet: each side generated its own continuation) and teacher-forced ones
+(teacher.parquet: both sides scored the reference's continuation, so the token ids
+agree everywhere and the whole sequence is the shared prefix; what differs is the
+logprob of the forced token and each side's own top-k at each position).
 
 Both token tables are aligned on (task, doc_id, repeat, pos) with one vectorised
-outer join (:func:`evalpipe.compare.scores.align_keys`); per-sample reductions use
-``np.*.reduceat`` over the sample segments, so the cost is a few array passes and
-never a Python loop per token. Only the handful of "worst" examples is built in a
-Python loop.
+outer join (:func:`evalpipe.compare.scores.align_keys`, on the four keys packed into
+one integer); per-sample reductions use
+``np.*.reduceat`` over the sample segments, and each table's top-k lists are read
+once into fixed-width matrices straight from the Arrow buffers, so the cost is a
+few array passes and never a Python loop per token. Only the handful of "worst"
+examples is built in a Python loop.
 
 Terms used throughout:
 
 * first divergence: the first position whose token ids differ, or the shorter
   length when one sequence is a strict prefix of the other (None if ids identical).
-* shared prefix: the positions before the first divergence. Logprob differences are
-  measured there only: after a divergence the contexts differ and |dlogprob| means
-  nothing.
+* shared prefix: the positions before the first divergence; these are the
+  "compared positions". Logprob differences are measured there only: after a
+  divergence the contexts differ and |dlogprob| means nothing.
 * identical (bitwise): same ids, same length, and bit-equal logprob and top-k lists
   at every position.
 
-* near-tie divergence: at the first divergence, A's token is in B's top-k, B's token
-  is in A's top-k, and the reference's (A's) gap between the two tokens,
-  |A's logprob of its own token - A's top-k logprob of B's token|, is below
-  ``near_tie_gap``. Every other divergence is hard, including one where a side has no
-  token at that position (its sequence ended first).
-* top-k KL: KL(A||B) between the two top-k distributions of a shared-prefix position,
-  see :func:`topk_kl` for the "missing mass" rule.
+* near tie: two tokens x_a (A's choice) and x_b (B's choice) are a near tie when
+  x_b is in A's top-k, x_a is in B's top-k, and BOTH sides' logprob gaps are below
+  ``near_tie_gap``: A's |logprob of x_a - A's top-k logprob of x_b| and B's
+  |logprob of x_b - B's top-k logprob of x_a|. Requiring both (hard as soon as
+  either gap reaches the threshold) makes the class independent of which variant is
+  the reference: swapping A and B swaps the two gaps and nothing else.
+* near-tie / hard first divergence: the rule above at the first divergence, with
+  each side's generated token and its logprob. Every other divergence is hard,
+  including one where a side has no token at that position (its sequence ended).
+* top-1 agreement: at a compared position the two sides' top-1 ids
+  (``topk_ids[0]``) agree, or they disagree; a disagreement is classified with the
+  same rule, each side's own logprob being its ``topk_logprobs[0]``; a side with an
+  empty list has no top-1 (hard against a listed one, agreement when both are
+  empty). In a teacher-forced trace this is where the variant would have picked
+  another token.
+* top-k KL: the per-position divergence between the two top-k distributions, see
+  :func:`topk_kl` for the "missing mass" rule. KL is asymmetric, so the summaries
+  (``kl_p50``/``kl_p99``/``kl_max``, ``worst_kl``, ``kl_max_at``, ``kl_hist``) use
+  the symmetric ``max(KL(A||B), KL(B||A))`` per position: it bounds both directions,
+  stays in nats on the same scale as either KL (unlike Jensen-Shannon, which saturates
+  at ln 2 and is ~4x smaller for small differences, so KL thresholds would not carry
+  over), and is computed on a union ordered by token id, so swapping the variants
+  gives bit-identical values.
+* decade histograms (``kl_hist``, ``abs_dlogprob_hist``) over the compared positions:
+  ``zero`` counts exact zeros, ``counts[i]`` the values x > 0 with
+  floor(log10 x), clipped to [-10, 2], equal to ``HIST_DECADES[i]`` (so the first
+  bin also holds everything below 1e-10 and the last everything from 100 up).
 
 The aligned positions (:attr:`TokenComparison.positions`) and per-sample arrays
 (:attr:`TokenComparison.samples`) are kept so that later checks need not re-align.
@@ -31,6 +59,7 @@ The aligned positions (:attr:`TokenComparison.positions`) and per-sample arrays
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from evalpipe.artifacts import SAMPLE_KEY
-from evalpipe.compare.scores import Alignment, align_keys, to_jsonable
+from evalpipe.compare.scores import Alignment, _column_codes, align_keys, to_jsonable
 
 TOKEN_KEY = SAMPLE_KEY + ("pos",)
 _BIG = np.iinfo(np.int64).max
@@ -47,16 +76,22 @@ _BIG = np.iinfo(np.int64).max
 MAX_LISTED_KEYS = 10
 # Cap on (doc_id, repeat, pos) triples listed for hard divergences (the count is exact).
 MAX_LISTED_HARD = 20
-# Near-tie threshold on the reference's logprob gap between the two diverging tokens,
-# in nats. 0.5 nats is a probability ratio of ~1.65: two candidates that close can swap
-# rank from reduction-order / kernel-choice rounding alone (observed |dlogprob| of
-# bf16 engines is ~1e-2..1e-1 per token, and it accumulates over the prefix), whereas a
+# Near-tie threshold on the logprob gap between the two competing tokens, in nats.
+# 0.5 nats is a probability ratio of ~1.65: two candidates that close can swap rank
+# from reduction-order / kernel-choice rounding alone (observed |dlogprob| of bf16
+# engines is ~1e-2..1e-1 per token, and it accumulates over the prefix), whereas a
 # change that really alters the model's preference moves the gap by whole nats.
 NEAR_TIE_GAP = 0.5
 # Probability floor for the top-k KL (before renormalising), so log(P/Q) stays finite.
 KL_FLOOR = 1e-12
-# Positions per chunk of the (n, k, k) broadcast in the top-k KL (bounds peak memory).
-_KL_CHUNK = 1 << 15
+_LOG_KL_FLOOR = float(np.log(KL_FLOOR))
+# Tokens of side A shown before the position of a worst example.
+CONTEXT_TOKENS = 24
+# log10 decades of the plot histograms; values outside are clipped into the end bins.
+HIST_DECADES = tuple(range(-10, 3))
+# Rows per chunk of the top-k passes: bounds the temporaries at a few MB each, which
+# also keeps them in cache.
+_ROW_CHUNK = 1 << 14
 
 
 # ---------------------------------------------------------------------------
@@ -66,10 +101,16 @@ _KL_CHUNK = 1 << 15
 
 @dataclass(frozen=True)
 class WorstExample:
-    """One notable sample: where it diverged (or where |dlogprob| peaked) and both top-k lists.
+    """One notable position with both top-k lists.
 
-    ``kind`` is "earliest_divergence" or "largest_dlogprob". Token / top-k fields of a
-    side are None when that side has no token at ``pos`` (its sequence ended).
+    ``kind`` is "earliest_divergence" (a sample's first divergence),
+    "largest_dlogprob" (where a sample's |dlogprob| peaked) or "largest_kl" (one of
+    the task's positions with the largest symmetric top-k KL). Token / top-k fields of
+    a side are None when that side has no token at ``pos`` (its sequence ended).
+    ``kl`` is the position's symmetric KL (None off the shared prefix). ``context`` is
+    the text of up to CONTEXT_TOKENS tokens of A before ``pos`` ("…" first when
+    there are earlier ones) followed by A's token at ``pos`` in ``[[ ]]`` (empty
+    brackets when A has none there); None when A's trace has no token texts.
     """
 
     kind: str
@@ -91,9 +132,20 @@ class WorstExample:
     response_a: str | None = None
     response_b: str | None = None
     target: str | None = None
+    kl: float | None = None
+    context: str | None = None
+    # Text of each side's token and of its top-k entries, where the traces' token_text
+    # column knows the id (any id generated or forced anywhere in the two tables).
+    token_text_a: str | None = None
+    token_text_b: str | None = None
+    topk_texts_a: list[str | None] | None = None
+    topk_texts_b: list[str | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+_HISTOGRAMS = (("kl_hist", "kl_hist_zero"), ("abs_dlogprob_hist", "abs_dlogprob_hist_zero"))
 
 
 @dataclass(frozen=True)
@@ -130,11 +182,24 @@ class TaskTokenSummary:
     # shared-prefix distribution agreement, per position (None when no position compared)
     n_positions_topk_equal: int = 0  # top-k id sets equal (order ignored)
     share_topk_equal: float | None = None
-    kl_p50: float | None = None  # KL(A||B) of the top-k distributions, see topk_kl
+    kl_p50: float | None = None  # symmetric max(KL(A||B), KL(B||A)) of the top-k distributions
     kl_p99: float | None = None
     kl_max: float | None = None
     abs_dlogprob_p50: float | None = None  # the max is max_abs_dlogprob
     abs_dlogprob_p99: float | None = None
+    # top-1 agreement over the compared positions; n_top1_hard <= n_top1_disagree
+    n_top1_disagree: int = 0
+    n_top1_hard: int = 0
+    share_top1_agree: float | None = None
+    top1_hard_positions: tuple[tuple[int, int, int], ...] = ()  # (doc_id, repeat, pos), first MAX_LISTED_HARD
+    # positions with the largest symmetric KL (> 0 only), ties in key order
+    worst_kl: tuple[WorstExample, ...] = ()
+    kl_max_at: tuple[int, int, int] | None = None  # (doc_id, repeat, pos) of kl_max; None when kl_max is 0 or None
+    # decade histograms over the compared positions (see module docstring); to_dict nests them
+    kl_hist_zero: int = 0
+    kl_hist: tuple[int, ...] = ()
+    abs_dlogprob_hist_zero: int = 0
+    abs_dlogprob_hist: tuple[int, ...] = ()
 
     @property
     def n_divergent(self) -> int:
@@ -154,6 +219,9 @@ class TaskTokenSummary:
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        for name, zero in _HISTOGRAMS:
+            counts = [int(c) for c in getattr(self, name)] or [0] * len(HIST_DECADES)
+            d[name] = {"decades": list(HIST_DECADES), "zero": int(d.pop(zero)), "counts": counts}
         d["n_divergent"] = self.n_divergent
         d["share_ids_identical"] = to_jsonable(self.share_ids_identical)
         d["share_identical"] = to_jsonable(self.share_identical)
@@ -193,8 +261,12 @@ class SampleTokenDiffs:
     prefix_rows: np.ndarray | None = None
     prefix_sample: np.ndarray | None = None
     prefix_abs_dlogprob: np.ndarray | None = None
-    prefix_kl: np.ndarray | None = None
+    prefix_kl: np.ndarray | None = None  # symmetric: max(KL(A||B), KL(B||A))
     prefix_topk_equal: np.ndarray | None = None
+    prefix_kl_ab: np.ndarray | None = None  # KL(A||B) alone
+    prefix_top1_disagree: np.ndarray | None = None
+    prefix_top1_hard: np.ndarray | None = None
+    first_row: np.ndarray | None = None  # first alignment row of each sample (-1 when it has none)
 
     @property
     def paired(self) -> np.ndarray:
@@ -256,62 +328,184 @@ def _list_lengths(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.list_value_length(arr).fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _segment_any(flat_diff: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per list: does any of its elements differ? (cumsum trick; empty lists -> False)."""
-    cs = np.concatenate([[0], np.cumsum(flat_diff, dtype=np.int64)])
-    offs = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0), dtype=np.int64)])
-    return (cs[offs[1:]] - cs[offs[:-1]]) > 0
+def _list_matrix(column: pa.ChunkedArray, k: int, fill: Any, dtype: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as an (n, k) matrix padded with ``fill``, and each list's length (-1 = null list).
+
+    ``dtype`` None keeps the values' own type. When every list has exactly k entries
+    (the usual case) and no conversion is asked for, the matrix is a view of the Arrow
+    value buffer: converting or copying ~10^7 values costs more than the comparison.
+    """
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(arr)
+    lens = _list_lengths(arr)
+    if n == 0 or k == 0:
+        return np.full((n, k), fill, dtype=dtype), lens
+    flat = arr.flatten()  # values of the non-null lists, honouring slice offsets
+    if flat.null_count:
+        flat = flat.fill_null(fill)
+    values = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=dtype)
+    if values.dtype.kind == "u":  # room for the -1 padding
+        values = values.astype(np.int64)
+    if (lens == k).all():
+        return values.reshape(n, k), lens
+    out = np.full((n, k), fill, dtype=dtype)
+    used = np.maximum(lens, 0)
+    row = np.repeat(np.arange(n), used)
+    col = np.arange(len(values)) - np.repeat(np.cumsum(used) - used, used)
+    out[row, col] = values
+    return out, lens
 
 
-def _topk_differs(tokens_a: pa.Table, tokens_b: pa.Table, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
-    """For row pairs (ra[i], rb[i]): do the top-k id or logprob lists differ (bitwise)?"""
-    n = len(ra)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    ta, tb = pa.array(ra), pa.array(rb)
-    ids_a = tokens_a.column("topk_ids").take(ta).combine_chunks()
-    ids_b = tokens_b.column("topk_ids").take(tb).combine_chunks()
-    lp_a = tokens_a.column("topk_logprobs").take(ta).combine_chunks()
-    lp_b = tokens_b.column("topk_logprobs").take(tb).combine_chunks()
-    li_a, li_b, ll_a, ll_b = (_list_lengths(x) for x in (ids_a, ids_b, lp_a, lp_b))
-    diff = (li_a != li_b) | (ll_a != ll_b)
-    same_len = np.flatnonzero(~diff)
-    if len(same_len):
-        sl = pa.array(same_len)
-        fa = np.asarray(ids_a.take(sl).flatten().to_numpy(zero_copy_only=False))
-        fb = np.asarray(ids_b.take(sl).flatten().to_numpy(zero_copy_only=False))
-        d_ids = _segment_any(fa != fb, li_a[same_len])
-        ga = np.asarray(lp_a.take(sl).flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-        gb = np.asarray(lp_b.take(sl).flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-        d_lp = _segment_any(ga.view(np.uint32) != gb.view(np.uint32), ll_a[same_len])
-        diff[same_len] = d_ids | d_lp
-    return diff
+@dataclass(frozen=True, eq=False)
+class _TopK:
+    """One table's top-k lists as fixed-width matrices (ids padded with -1, logprobs with -inf)."""
 
+    ids: np.ndarray  # the column's integer type
+    lps: np.ndarray  # float32, the schema's precision (bitwise comparisons need it)
+    n_ids: np.ndarray  # list lengths, -1 for a null list
+    n_lps: np.ndarray
 
-def _topk_matrix(table: pa.Table, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fixed-width top-k of rows ``idx`` (-1 = no row): ids (n, k) padded with -1, logprobs padded with -inf."""
-    n = len(idx)
-    ids = np.full((n, k), -1, dtype=np.int64)
-    lps = np.full((n, k), -np.inf, dtype=np.float64)
-    ok = np.flatnonzero(idx >= 0)
-    if len(ok) == 0 or k == 0:
+    @classmethod
+    def of(cls, table: pa.Table, k: int) -> _TopK:
+        ids, n_ids = _list_matrix(table.column("topk_ids"), k, -1)
+        lps, n_lps = _list_matrix(table.column("topk_logprobs"), k, -np.inf, np.float32)
+        return cls(ids, lps, n_ids, n_lps)
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, logprobs) of rows ``idx``; -1 gives an empty (all padding) row."""
+        if len(self.ids) == 0:
+            k = self.ids.shape[1]
+            return np.full((len(idx), k), -1, dtype=np.int64), np.full((len(idx), k), -np.inf, dtype=np.float32)
+        safe = np.maximum(idx, 0)
+        ids, lps = self.ids[safe], self.lps[safe]
+        missing = idx < 0
+        ids[missing], lps[missing] = -1, -np.inf
         return ids, lps
-    take = pa.array(idx[ok])
-    for column, out, fill in (("topk_ids", ids, -1), ("topk_logprobs", lps, -np.inf)):
-        lists = table.column(column).take(take).combine_chunks()
-        full = np.maximum(_list_lengths(lists), 0)
-        lens = np.minimum(full, k)
-        flat = np.asarray(pc.list_flatten(lists).fill_null(fill).to_numpy(zero_copy_only=False), dtype=out.dtype)
-        starts = np.concatenate([[0], np.cumsum(full)[:-1]]).astype(np.int64)
-        row = np.repeat(np.arange(len(ok)), lens)
-        col = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        out[ok[row], col] = flat[np.repeat(starts, lens) + col]
-    return ids, lps
 
 
 def _topk_width(a: pa.Table, b: pa.Table) -> int:
     widths = [int(pc.max(pc.list_value_length(t.column("topk_ids"))).as_py() or 0) for t in (a, b) if t.num_rows]
     return max(widths, default=0)
+
+
+def _kl_from_union(
+    p: np.ndarray, lp: np.ndarray, q: np.ndarray, lq: np.ndarray, valid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(KL(P||Q), KL(Q||P)) per row from raw masses and their logs on a common union of slots.
+
+    Masses below KL_FLOOR are raised to it, then each side is renormalised over the
+    valid slots. Working with the logs as given (the traces' own logprobs) rather than
+    log(exp(.)) keeps identical inputs at exactly 0 and tiny KLs accurate.
+    """
+    low_p, low_q = p < KL_FLOOR, q < KL_FLOOR
+    p = np.where(valid, np.where(low_p, KL_FLOOR, p), 0.0)
+    q = np.where(valid, np.where(low_q, KL_FLOOR, q), 0.0)
+    sp, sq = p.sum(axis=1), q.sum(axis=1)
+    sp, sq = np.where(sp > 0, sp, 1.0), np.where(sq > 0, sq, 1.0)
+    lp = np.where(low_p, _LOG_KL_FLOOR, lp) - np.log(sp)[:, None]
+    lq = np.where(low_q, _LOG_KL_FLOOR, lq) - np.log(sq)[:, None]
+    diff = np.where(valid, lp - lq, 0.0)
+    kl_pq = np.maximum((p * diff).sum(axis=1) / sp, 0.0)
+    kl_qp = np.maximum(-(q * diff).sum(axis=1) / sq, 0.0)
+    return kl_pq, kl_qp
+
+
+def _kl_aligned(la: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both KLs for rows whose two full id lists are equal slot by slot: no padding, nothing missing.
+
+    The arithmetic of :func:`_kl_from_union` without its masks, the floor applied to
+    the logprobs: this is the path nearly every position of two close variants takes.
+    """
+    la64 = np.maximum(la, _LOG_KL_FLOOR, dtype=np.float64)
+    lb64 = np.maximum(lb, _LOG_KL_FLOOR, dtype=np.float64)
+    p, q = np.exp(la64), np.exp(lb64)
+    sp, sq = p.sum(axis=1), q.sum(axis=1)
+    diff = la64 - lb64
+    diff -= (np.log(sp) - np.log(sq))[:, None]
+    kl_pq = np.maximum(np.einsum("ij,ij->i", p, diff) / sp, 0.0)
+    kl_qp = np.maximum(-np.einsum("ij,ij->i", q, diff) / sq, 0.0)
+    return kl_pq, kl_qp
+
+
+def _kl_union(
+    ia: np.ndarray, la: np.ndarray, ib: np.ndarray, lb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both KLs and top-k set equality for rows with any id lists, on their union sorted by id.
+
+    Each row's 2k entries are sorted by (id, side, slot) packed into one int64, which
+    pairs a token listed by both sides as adjacent A-then-B entries. Id order does
+    not depend on which side is A, so swapping the sides gives the same sums.
+    """
+    m, k = ia.shape
+    width = 2 * k
+    bits = max(1, (width - 1).bit_length())
+    va, vb = ia >= 0, ib >= 0
+    la64, lb64 = la.astype(np.float64), lb.astype(np.float64)
+    pa_ = np.where(va, np.exp(la64), 0.0)
+    pb_ = np.where(vb, np.exp(lb64), 0.0)
+    rest_a = np.maximum(0.0, 1.0 - pa_.sum(axis=1))
+    rest_b = np.maximum(0.0, 1.0 - pb_.sum(axis=1))
+    sentinel = int(max(ia.max(initial=0), ib.max(initial=0))) + 1  # padding sorts last
+    ids = np.concatenate([np.where(va, ia, sentinel), np.where(vb, ib, sentinel)], axis=1).astype(np.int64)
+    packed = np.sort((ids << bits) | np.arange(width, dtype=np.int64), axis=1)
+    sid, slot = packed >> bits, packed & ((1 << bits) - 1)
+    valid = sid != sentinel
+    from_a = slot < k
+    pair_next = np.zeros((m, width), dtype=bool)  # A entry whose token B lists too (B's entry follows)
+    pair_next[:, :-1] = (sid[:, :-1] == sid[:, 1:]) & from_a[:, :-1] & ~from_a[:, 1:] & valid[:, :-1]
+    keep = valid.copy()  # one union entry per token: drop B's half of a pair
+    keep[:, 1:] &= ~pair_next[:, :-1]
+    zeros = np.zeros((m, k))
+    p_e = np.take_along_axis(np.concatenate([pa_, zeros], axis=1), slot, axis=1)
+    lp_e = np.take_along_axis(np.concatenate([la64, zeros], axis=1), slot, axis=1)
+    q_e = np.take_along_axis(np.concatenate([zeros, pb_], axis=1), slot, axis=1)
+    lq_e = np.take_along_axis(np.concatenate([zeros, lb64], axis=1), slot, axis=1)
+    q_next, lq_next = np.zeros_like(q_e), np.zeros_like(lq_e)
+    q_next[:, :-1], lq_next[:, :-1] = q_e[:, 1:], lq_e[:, 1:]
+    b_only = keep & ~from_a
+    a_only = keep & from_a & ~pair_next
+    n_miss_a, n_miss_b = b_only.sum(axis=1), a_only.sum(axis=1)  # union tokens each side lacks
+    # an unlisted token is at most as likely as the side's last listed one
+    cap_a = np.where(va, pa_, 1.0).min(axis=1, initial=1.0)
+    cap_b = np.where(vb, pb_, 1.0).min(axis=1, initial=1.0)
+    fill_a = np.where(n_miss_a > 0, np.minimum(rest_a / np.maximum(n_miss_a, 1), cap_a), 0.0)[:, None]
+    fill_b = np.where(n_miss_b > 0, np.minimum(rest_b / np.maximum(n_miss_b, 1), cap_b), 0.0)[:, None]
+    with np.errstate(divide="ignore"):
+        log_fill_a, log_fill_b = np.log(fill_a), np.log(fill_b)
+    p = np.where(from_a, p_e, fill_a)
+    lp = np.where(from_a, lp_e, log_fill_a)
+    q = np.where(from_a, np.where(pair_next, q_next, fill_b), q_e)
+    lq = np.where(from_a, np.where(pair_next, lq_next, log_fill_b), lq_e)
+    kl_ab, kl_ba = _kl_from_union(p, np.where(keep, lp, 0.0), q, np.where(keep, lq, 0.0), keep)
+    return kl_ab, kl_ba, (n_miss_a == 0) & (n_miss_b == 0)
+
+
+def _kl_pair(
+    ids_a: np.ndarray, lp_a: np.ndarray, ids_b: np.ndarray, lp_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: KL(A||B), KL(B||A) and top-k id set equality, for (m, k) padded matrices of equal width."""
+    n = len(ids_a)
+    kl_ab, kl_ba = np.zeros(n), np.zeros(n)
+    same = np.ones(n, dtype=bool)
+    if ids_a.shape[1] == 0:
+        return kl_ab, kl_ba, same
+    aligned = (ids_a == ids_b).all(axis=1) & (ids_a >= 0).all(axis=1)
+    fast, slow = np.flatnonzero(aligned), np.flatnonzero(~aligned)
+    if len(fast):
+        kl_ab[fast], kl_ba[fast] = _kl_aligned(lp_a[fast], lp_b[fast])
+    if len(slow):
+        kl_ab[slow], kl_ba[slow], same[slow] = _kl_union(ids_a[slow], lp_a[slow], ids_b[slow], lp_b[slow])
+    return kl_ab, kl_ba, same
+
+
+def _pad_width(ids: np.ndarray, lps: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    n, w = ids.shape
+    if w == k:
+        return ids, lps
+    return (
+        np.concatenate([ids, np.full((n, k - w), -1, dtype=ids.dtype)], axis=1),
+        np.concatenate([lps, np.full((n, k - w), -np.inf, dtype=lps.dtype)], axis=1),
+    )
 
 
 def topk_kl(
@@ -323,73 +517,134 @@ def topk_kl(
     put on the union of the two id sets. "Missing mass" rule: a token in one list but
     not in the other gets, on the side that lacks it, that side's leftover mass
     ``max(0, 1 - sum(exp(own top-k logprobs)))`` divided equally among all the union
-    tokens that side lacks. Then every union entry is floored at ``KL_FLOOR`` (1e-12)
+    tokens that side lacks, but at most that side's smallest listed probability: a
+    token outside a top-k list is no more likely than the list's last entry. (Without
+    that cap a token entering at rank k, a rounding-level event, would be given the
+    whole leftover mass, often tenths of the distribution, and score tens of nats.)
+    Then every union entry is floored at ``KL_FLOOR`` (1e-12)
     and each side is renormalised to sum to 1 over the union, so the KL is finite; mass
-    outside the union is ignored. Identical inputs give exactly 0. Vectorised as an
-    (n, k, k) id-equality broadcast, in chunks of rows.
+    outside the union is ignored. Identical inputs give exactly 0. The rule treats both
+    sides alike, so KL(B||A) is this function with the sides swapped; the summaries use
+    the larger of the two. Rows are processed in chunks; rows whose lists agree slot by
+    slot skip the union.
     """
+    ids_a, ids_b = np.asarray(ids_a, dtype=np.int64), np.asarray(ids_b, dtype=np.int64)
+    lp_a, lp_b = np.asarray(lp_a, dtype=np.float64), np.asarray(lp_b, dtype=np.float64)
+    k = max(ids_a.shape[1], ids_b.shape[1])
+    ids_a, lp_a = _pad_width(ids_a, lp_a, k)
+    ids_b, lp_b = _pad_width(ids_b, lp_b, k)
     n = len(ids_a)
-    kl = np.zeros(n, dtype=np.float64)
+    kl = np.zeros(n)
     same = np.ones(n, dtype=bool)
-    for lo in range(0, n, _KL_CHUNK):  # chunks of rows, not tokens
-        sl = slice(lo, min(n, lo + _KL_CHUNK))
-        ia, ib = ids_a[sl], ids_b[sl]
-        va, vb = ia >= 0, ib >= 0
-        pa_ = np.where(va, np.exp(lp_a[sl]), 0.0)
-        pb_ = np.where(vb, np.exp(lp_b[sl]), 0.0)
-        eq = (ia[:, :, None] == ib[:, None, :]) & va[:, :, None] & vb[:, None, :]
-        a_in_b = eq.any(axis=2)  # A's slot i also listed by B
-        b_only = vb & ~eq.any(axis=1)  # B's slot j not listed by A
-        a_only = va & ~a_in_b
-        same[sl] = ~a_only.any(axis=1) & ~b_only.any(axis=1)
-        rest_a = np.maximum(0.0, 1.0 - pa_.sum(axis=1))
-        rest_b = np.maximum(0.0, 1.0 - pb_.sum(axis=1))
-        n_miss_a = b_only.sum(axis=1)  # union tokens A lacks
-        n_miss_b = a_only.sum(axis=1)  # union tokens B lacks
-        fill_a = np.where(n_miss_a > 0, rest_a / np.maximum(n_miss_a, 1), 0.0)[:, None]
-        fill_b = np.where(n_miss_b > 0, rest_b / np.maximum(n_miss_b, 1), 0.0)[:, None]
-        # union = A's slots followed by B-only slots: (m, 2k) with a validity mask
-        p = np.concatenate([pa_, np.where(b_only, fill_a, 0.0)], axis=1)
-        q_on_a = np.where(a_in_b, (eq * pb_[:, None, :]).sum(axis=2), fill_b)
-        q = np.concatenate([np.where(va, q_on_a, 0.0), np.where(b_only, pb_, 0.0)], axis=1)
-        valid = np.concatenate([va, b_only], axis=1)
-        p = np.where(valid, np.maximum(p, KL_FLOOR), 0.0)
-        q = np.where(valid, np.maximum(q, KL_FLOOR), 0.0)
-        p_sum, q_sum = p.sum(axis=1, keepdims=True), q.sum(axis=1, keepdims=True)
-        p = p / np.where(p_sum > 0, p_sum, 1.0)
-        q = q / np.where(q_sum > 0, q_sum, 1.0)
-        terms = np.where(valid, p * (np.log(np.where(valid, p, 1.0)) - np.log(np.where(valid, q, 1.0))), 0.0)
-        kl[sl] = np.maximum(terms.sum(axis=1), 0.0)
+    for lo in range(0, n, _ROW_CHUNK):  # chunks of rows, not tokens
+        sl = slice(lo, min(n, lo + _ROW_CHUNK))
+        kl[sl], _, same[sl] = _kl_pair(ids_a[sl], lp_a[sl], ids_b[sl], lp_b[sl])
     return kl, same
 
 
-def _classify_divergences(
-    tokens_a: pa.Table,
-    tokens_b: pa.Table,
-    ra: np.ndarray,
-    rb: np.ndarray,
-    k: int,
+def _tie_gap(own_lp: np.ndarray, other_tok: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> np.ndarray:
+    """One side's |logprob of its own token - its top-k logprob of the other side's token|; NaN if not listed."""
+    if ids.shape[1] == 0:  # no top-k lists: nothing can be shown to be a near tie
+        return np.full(len(ids), np.nan)
+    hit = (ids == other_tok[:, None]) & (ids >= 0)
+    found = hit.any(axis=1)
+    other_lp = lps[np.arange(len(ids)), np.argmax(hit, axis=1)].astype(np.float64)
+    return np.where(found, np.abs(own_lp - other_lp), np.nan)
+
+
+def _near_tie(
+    tok_a: np.ndarray,
+    lp_a: np.ndarray,
+    ids_a: np.ndarray,
+    lps_a: np.ndarray,
+    tok_b: np.ndarray,
+    lp_b: np.ndarray,
+    ids_b: np.ndarray,
+    lps_b: np.ndarray,
     near_tie_gap: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """For divergence rows (ra[i], rb[i]; -1 = that side has no token there): near-tie?, A's |gap|."""
-    n = len(ra)
-    if n == 0 or k == 0:  # no top-k lists: nothing can be shown to be a near-tie
-        return np.zeros(n, dtype=bool), np.full(n, np.nan)
-    tok_a = _gather(tokens_a, "token_id", ra, -1, np.int64)
-    tok_b = _gather(tokens_b, "token_id", rb, -1, np.int64)
-    lp_a = _gather(tokens_a, "logprob", ra, np.nan, np.float64)
-    ids_a, lps_a = _topk_matrix(tokens_a, ra, k)
-    ids_b, _ = _topk_matrix(tokens_b, rb, k)
-    both = (ra >= 0) & (rb >= 0)
-    b_tok_in_a = (ids_a == tok_b[:, None]) & (ids_a >= 0)
-    a_tok_in_b = ((ids_b == tok_a[:, None]) & (ids_b >= 0)).any(axis=1)
-    first = np.argmax(b_tok_in_a, axis=1)
-    in_a = b_tok_in_a.any(axis=1)
-    lp_b_under_a = np.where(in_a, lps_a[np.arange(n), first], np.nan)
-    gap = np.abs(lp_a - lp_b_under_a)
-    gap = np.where(both & in_a, gap, np.nan)
-    near = both & in_a & a_tok_in_b & (gap < near_tie_gap)
-    return near, gap
+    """(near tie?, A's gap) for competing tokens tok_a vs tok_b (-1 = that side has none); see the module docstring."""
+    gap_a = _tie_gap(lp_a, tok_b, ids_a, lps_a)
+    gap_b = _tie_gap(lp_b, tok_a, ids_b, lps_b)
+    both = (tok_a >= 0) & (tok_b >= 0)
+    gap_a = np.where(both, gap_a, np.nan)
+    with np.errstate(invalid="ignore"):
+        near = both & (gap_a < near_tie_gap) & (gap_b < near_tie_gap)
+    return near, gap_a
+
+
+@dataclass(frozen=True, eq=False)
+class _PrefixMetrics:
+    topk_diff: np.ndarray
+    kl_ab: np.ndarray
+    kl_ba: np.ndarray
+    topk_equal: np.ndarray
+    top1_disagree: np.ndarray
+    top1_hard: np.ndarray
+
+
+def _prefix_metrics(ta: _TopK, tb: _TopK, ra: np.ndarray, rb: np.ndarray, near_tie_gap: float) -> _PrefixMetrics:
+    """Per shared-prefix position (rows ra[i] of A, rb[i] of B, both present): every top-k quantity, in one pass."""
+    n, k = len(ra), ta.ids.shape[1]
+    diff = (ta.n_ids[ra] != tb.n_ids[rb]) | (ta.n_lps[ra] != tb.n_lps[rb])
+    kl_ab, kl_ba = np.zeros(n), np.zeros(n)
+    same = np.ones(n, dtype=bool)
+    disagree, hard = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    for lo in range(0, n if k else 0, _ROW_CHUNK):
+        sl = slice(lo, min(n, lo + _ROW_CHUNK))
+        ia, la = ta.take(ra[sl])
+        ib, lb = tb.take(rb[sl])
+        # padding is equal on both sides whenever the lengths are, so whole rows compare
+        differs = (ia != ib).any(axis=1) | (la.view(np.uint32) != lb.view(np.uint32)).any(axis=1)
+        diff[sl] |= differs
+        todo = np.flatnonzero(differs)  # bit-equal rows: KL exactly 0, sets equal
+        if len(todo):
+            kl_ab[lo + todo], kl_ba[lo + todo], same[lo + todo] = _kl_pair(ia[todo], la[todo], ib[todo], lb[todo])
+        flip = np.flatnonzero(ia[:, 0] != ib[:, 0])
+        if len(flip):
+            fa, fb = ia[flip], ib[flip]
+            near, _ = _near_tie(
+                fa[:, 0], la[flip, 0].astype(np.float64), fa, la[flip],
+                fb[:, 0], lb[flip, 0].astype(np.float64), fb, lb[flip], near_tie_gap,
+            )
+            disagree[lo + flip] = True
+            hard[lo + flip] = ~near
+    return _PrefixMetrics(diff, kl_ab, kl_ba, same, disagree, hard)
+
+
+def _align_positions(tokens_a: pa.Table, tokens_b: pa.Table) -> Alignment:
+    """:func:`align_keys` on (task, doc_id, repeat, pos), with the four keys packed into one int64.
+
+    Sorting one packed column instead of four is several times faster at ~10^6
+    positions. Packing keeps the key order (task code in the high bits), so the
+    result is the same; when the ranges do not fit in 62 bits, or a key is duplicated
+    (for the error message in the columns' own terms), the plain join runs.
+    """
+    def plain() -> Alignment:
+        keys = list(TOKEN_KEY)
+        return align_keys(tokens_a.select(keys), tokens_b.select(keys), TOKEN_KEY, "token positions")
+
+    if tokens_a.num_rows == 0 or tokens_b.num_rows == 0:
+        return plain()
+    cols = [_column_codes(tokens_a.column("task"), tokens_b.column("task"))] + [
+        (np.asarray(tokens_a.column(k).to_numpy(), np.int64), np.asarray(tokens_b.column(k).to_numpy(), np.int64))
+        for k in TOKEN_KEY[1:]
+    ]
+    lows = [int(min(ca.min(), cb.min())) for ca, cb in cols]
+    widths = [max(1, (int(max(ca.max(), cb.max())) - lo).bit_length()) for (ca, cb), lo in zip(cols, lows)]
+    if sum(widths) > 62:
+        return plain()
+    shifts = [sum(widths[i + 1 :]) for i in range(len(widths))]
+    packed = [
+        functools.reduce(np.bitwise_or, [(c[side] - lo) << sh for c, lo, sh in zip(cols, lows, shifts)])
+        for side in (0, 1)
+    ]
+    try:
+        al = align_keys(pa.table({"key": packed[0]}), pa.table({"key": packed[1]}), ("key",), "token positions")
+    except ValueError:
+        return plain()
+    codes = tuple(((al.codes[0] >> sh) & ((1 << w) - 1)) + lo for sh, w, lo in zip(shifts, widths, lows))
+    return Alignment(TOKEN_KEY, codes, al.idx_a, al.idx_b)
 
 
 def _key_table(task: list[Any] | np.ndarray, doc_id: np.ndarray, repeat: np.ndarray) -> pa.Table:
@@ -428,9 +683,11 @@ def sample_token_diffs(
     near_tie_gap: float = NEAR_TIE_GAP,
 ) -> tuple[SampleTokenDiffs, Alignment]:
     """Align both token tables and compute the per-sample arrays (vectorised)."""
-    pal = align_keys(tokens_a.select(list(TOKEN_KEY)), tokens_b.select(list(TOKEN_KEY)), TOKEN_KEY, "token positions")
+    pal = _align_positions(tokens_a, tokens_b)
     n_pos = len(pal)
     in_a, in_b = pal.in_a, pal.in_b
+    k = _topk_width(tokens_a, tokens_b)
+    topk_a, topk_b = _TopK.of(tokens_a, k), _TopK.of(tokens_b, k)
 
     # --- per-position quantities -------------------------------------------------
     if n_pos:
@@ -460,8 +717,9 @@ def sample_token_diffs(
         amax_row_seg = np.minimum.reduceat(np.where(is_max, rows, _BIG), starts)
         lpdiff_seg = np.add.reduceat((prefix & ~bits_eq).astype(np.int64), starts)
         pr = np.flatnonzero(prefix)
+        pm = _prefix_metrics(topk_a, topk_b, pal.idx_a[pr], pal.idx_b[pr], near_tie_gap)
         topk_row = np.zeros(n_pos, dtype=np.int64)
-        topk_row[pr] = _topk_differs(tokens_a, tokens_b, pal.idx_a[pr], pal.idx_b[pr])
+        topk_row[pr] = pm.topk_diff
         topk_seg = np.add.reduceat(topk_row, starts)
         len_a_seg = np.add.reduceat(in_a.astype(np.int64), starts)
         len_b_seg = np.add.reduceat(in_b.astype(np.int64), starts)
@@ -475,6 +733,8 @@ def sample_token_diffs(
         seg = z
         prefix = np.zeros(0, dtype=bool)
         dlp = np.zeros(0, dtype=np.float64)
+        pr = z
+        pm = _prefix_metrics(topk_a, topk_b, z, z, near_tie_gap)
 
     # --- the sample universe ------------------------------------------------------
     if samples_a is not None and samples_b is not None:
@@ -529,19 +789,21 @@ def sample_token_diffs(
     first_div = np.where(both, first_div, -1)
     first_div_row = np.where(both, first_div_row, -1)
 
-    # --- near-tie classification and top-k KL (vectorised) -------------------------
-    k = _topk_width(tokens_a, tokens_b)
+    # --- first divergences classified (vectorised) ---------------------------------
     div_s = np.flatnonzero(first_div_row >= 0)
     div_r = first_div_row[div_s]
-    near_s, gap_s = _classify_divergences(tokens_a, tokens_b, pal.idx_a[div_r], pal.idx_b[div_r], k, near_tie_gap)
+    ra, rb = pal.idx_a[div_r], pal.idx_b[div_r]
+    ids_da, lps_da = topk_a.take(ra)
+    ids_db, lps_db = topk_b.take(rb)
+    near_s, gap_s = _near_tie(
+        _gather(tokens_a, "token_id", ra, -1, np.int64), _gather(tokens_a, "logprob", ra, np.nan, np.float64), ids_da, lps_da,
+        _gather(tokens_b, "token_id", rb, -1, np.int64), _gather(tokens_b, "logprob", rb, np.nan, np.float64), ids_db, lps_db,
+        near_tie_gap,
+    )
     near_tie = np.zeros(n_uni, dtype=bool)
     near_tie[div_s] = near_s
     div_gap = np.full(n_uni, np.nan, dtype=np.float64)
     div_gap[div_s] = gap_s
-    pr = np.flatnonzero(prefix)
-    pr_ids_a, pr_lp_a = _topk_matrix(tokens_a, pal.idx_a[pr], k)
-    pr_ids_b, pr_lp_b = _topk_matrix(tokens_b, pal.idx_b[pr], k)
-    pr_kl, pr_same = topk_kl(pr_ids_a, pr_lp_a, pr_ids_b, pr_lp_b)
     diffs = SampleTokenDiffs(
         task=np.asarray(uni_task, dtype=object),
         doc_id=np.asarray(uni_doc, dtype=np.int64),
@@ -565,8 +827,12 @@ def sample_token_diffs(
         prefix_rows=pr,
         prefix_sample=seg_to_uni[seg[pr]] if len(pr) else np.zeros(0, dtype=np.int64),
         prefix_abs_dlogprob=np.asarray(dlp[pr], dtype=np.float64),
-        prefix_kl=pr_kl,
-        prefix_topk_equal=pr_same,
+        prefix_kl=np.maximum(pm.kl_ab, pm.kl_ba),
+        prefix_topk_equal=pm.topk_equal,
+        prefix_kl_ab=pm.kl_ab,
+        prefix_top1_disagree=pm.top1_disagree,
+        prefix_top1_hard=pm.top1_hard,
+        first_row=scatter(starts, -1, np.int64),
     )
     return diffs, pal
 
@@ -585,10 +851,50 @@ def _quantile(x: np.ndarray, q: float) -> float | None:
         return _opt_float(np.percentile(x, q))
 
 
+def _decade_hist(x: np.ndarray) -> tuple[int, tuple[int, ...]]:
+    """(exact zeros, counts per HIST_DECADES decade) of the non-NaN values of ``x`` (all >= 0)."""
+    x = x[~np.isnan(x)]
+    pos = x[x > 0]
+    lo, hi = HIST_DECADES[0], HIST_DECADES[-1]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        dec = np.clip(np.floor(np.log10(pos)), lo - 1, hi + 1)
+        # log10 can round across an integer right at a power of ten
+        dec = dec - (pos < 10.0**dec) + (pos >= 10.0 ** (dec + 1))
+    counts = np.bincount(np.clip(dec, lo, hi).astype(np.int64) - lo, minlength=len(HIST_DECADES))
+    return int(np.count_nonzero(x == 0)), tuple(int(c) for c in counts)
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest positive values, largest first, ties in index order (NaN never)."""
+    cand = np.flatnonzero(values > 0)
+    if k <= 0 or len(cand) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(cand) > k:  # partition first: a full sort of every position costs more than the rest
+        cut = np.partition(values[cand], len(cand) - k)[len(cand) - k]
+        cand = cand[values[cand] >= cut]
+    return cand[np.lexsort((cand, -values[cand]))][:k]
+
+
+def _context(d: SampleTokenDiffs, pal: Alignment, tokens_a: pa.Table, s: int, r: int) -> str | None:
+    """A's text just before alignment row ``r`` of sample ``s``, with A's token at ``r`` in [[ ]]."""
+    if "token_text" not in tokens_a.column_names or d.first_row is None or d.first_row[s] < 0:
+        return None
+    ia = pal.idx_a[int(d.first_row[s]) : r + 1]
+    before = ia[:-1][ia[:-1] >= 0]
+    shown = before[-CONTEXT_TOKENS:]
+    at = int(ia[-1])
+    rows = np.concatenate([shown, [at] if at >= 0 else []]).astype(np.int64)
+    texts = tokens_a.column("token_text").take(pa.array(rows)).to_pylist()
+    if any(t is None for t in texts):
+        return None
+    marked = texts.pop() if at >= 0 else ""
+    return ("\u2026" if len(before) > len(shown) else "") + "".join(texts) + "[[" + marked + "]]"
+
+
 def _worst(
     kind: str,
     sel: np.ndarray,
-    row_of: np.ndarray,
+    rows: np.ndarray,
     d: SampleTokenDiffs,
     pal: Alignment,
     tokens_a: pa.Table,
@@ -596,9 +902,17 @@ def _worst(
     samples_a: pa.Table | None,
     samples_b: pa.Table | None,
 ) -> tuple[WorstExample, ...]:
-    out = []
-    for s in sel.tolist():  # a handful of samples
-        r = int(row_of[s])
+    """Examples for samples ``sel[i]`` at alignment rows ``rows[i]`` (a handful)."""
+    out: list[WorstExample] = []
+    if len(sel) == 0:
+        return ()
+    vocab = _vocabulary(tokens_a, tokens_b)
+
+    def texts(ids: list[int] | None) -> list[str | None] | None:
+        return None if ids is None or not vocab else [vocab.get(int(t)) for t in ids]
+
+    pr = d.prefix_rows if d.prefix_rows is not None else np.zeros(0, dtype=np.int64)
+    for s, r in zip(sel.tolist(), rows.tolist()):
         ia, ib = int(pal.idx_a[r]), int(pal.idx_b[r])
         pos = int(pal.codes[3][r])
 
@@ -617,6 +931,8 @@ def _worst(
                 return None
             return table.column(col)[i].as_py()
 
+        j = int(np.searchsorted(pr, r))
+        kl = float(d.prefix_kl[j]) if d.prefix_kl is not None and j < len(pr) and pr[j] == r else None
         sa, sb = int(d.sample_idx_a[s]), int(d.sample_idx_b[s])
         out.append(
             WorstExample(
@@ -639,9 +955,40 @@ def _worst(
                 response_a=text(samples_a, sa, "response"),
                 response_b=text(samples_b, sb, "response"),
                 target=text(samples_a, sa, "target") if sa >= 0 else text(samples_b, sb, "target"),
+                kl=kl,
+                context=_context(d, pal, tokens_a, s, r),
+                token_text_a=vocab.get(int(tok_a)) if tok_a is not None else None,
+                token_text_b=vocab.get(int(tok_b)) if tok_b is not None else None,
+                topk_texts_a=texts(tk_a),
+                topk_texts_b=texts(tk_b),
             )
         )
     return tuple(out)
+
+
+def _vocabulary(*tables: pa.Table) -> dict[int, str]:
+    """id -> text for every id whose token_text the tables record (one vectorised pass each)."""
+    vocab: dict[int, str] = {}
+    for table in tables:
+        if "token_text" not in table.column_names or table.num_rows == 0:
+            continue
+        pairs = table.select(["token_id", "token_text"]).filter(pc.is_valid(table["token_text"]))
+        unique = pairs.group_by("token_id").aggregate([("token_text", "min")])
+        vocab.update(zip(unique["token_id"].to_pylist(), unique["token_text_min"].to_pylist()))
+    return vocab
+
+
+def _key_triples(pal: Alignment, rows: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """(doc_id, repeat, pos) of alignment rows."""
+    return tuple(zip(pal.codes[1][rows].tolist(), pal.codes[2][rows].tolist(), pal.codes[3][rows].tolist()))
+
+
+def _rows_of(d: SampleTokenDiffs, prefix_idx: np.ndarray, per_prefix: np.ndarray | None = None) -> np.ndarray:
+    """Alignment rows (or ``per_prefix`` values) of shared-prefix positions ``prefix_idx``."""
+    values = d.prefix_rows if per_prefix is None else per_prefix
+    if len(prefix_idx) == 0 or values is None:
+        return np.zeros(0, dtype=np.int64)
+    return values[prefix_idx]
 
 
 def summarize_tokens(
@@ -669,6 +1016,7 @@ def summarize_tokens(
         pr_order = np.argsort(d.prefix_sample, kind="stable")
         pr_sorted = d.prefix_sample[pr_order]
     near_all = d.near_tie if d.near_tie is not None else np.zeros(n, dtype=bool)
+    worst = functools.partial(_worst, d=d, pal=pal, tokens_a=tokens_a, tokens_b=tokens_b, samples_a=samples_a, samples_b=samples_b)
     for start, end in zip(bounds.tolist(), ends.tolist()):
         sl = slice(start, end)
         idx = np.arange(start, end)
@@ -714,6 +1062,14 @@ def summarize_tokens(
         kl = d.prefix_kl[rows] if n_rows else np.zeros(0)
         adl = d.prefix_abs_dlogprob[rows] if n_rows else np.zeros(0)
         n_same = int(d.prefix_topk_equal[rows].sum()) if n_rows else 0
+        n_top1_dis = int(d.prefix_top1_disagree[rows].sum()) if n_rows else 0
+        top1_hard = rows[d.prefix_top1_hard[rows]] if n_rows else rows
+        kl_max = _quantile(kl, 100)
+        # prefix rows are in key order, so index order breaks ties by key
+        worst_kl = rows[_largest(kl, worst_k)]
+        kl_at = rows[[int(np.argmax(kl))]] if kl_max else rows[:0]
+        kl_zero, kl_hist = _decade_hist(kl)
+        adl_zero, adl_hist = _decade_hist(adl)
         out.append(
             TaskTokenSummary(
                 task=str(task[start]),
@@ -740,23 +1096,29 @@ def summarize_tokens(
                 max_abs_dlogprob=_opt_float(mx_paired.max()) if len(mx_paired) else None,
                 mean_abs_dlogprob=_opt_float(d.sum_abs_dlogprob[sl][paired].sum() / total_cnt) if total_cnt else None,
                 max_abs_dlogprob_same_ids=_opt_float(mx_same.max()) if len(mx_same) else None,
-                worst_divergence=_worst(
-                    "earliest_divergence", worst_div, d.first_divergence_row, d, pal, tokens_a, tokens_b, samples_a, samples_b
-                ),
-                worst_logprob=_worst(
-                    "largest_dlogprob", worst_lp, d.max_dlogprob_row, d, pal, tokens_a, tokens_b, samples_a, samples_b
-                ),
+                worst_divergence=worst("earliest_divergence", worst_div, d.first_divergence_row[worst_div]),
+                worst_logprob=worst("largest_dlogprob", worst_lp, d.max_dlogprob_row[worst_lp]),
                 near_tie_gap=float(near_tie_gap),
                 n_near_tie_divergences=int(near.sum()),
-                n_hard_divergences=int(len(hard_idx)),
+                n_hard_divergences=len(hard_idx),
                 hard_divergences=hard,
                 n_positions_topk_equal=n_same,
                 share_topk_equal=n_same / n_rows if n_rows else None,
                 kl_p50=_quantile(kl, 50),
                 kl_p99=_quantile(kl, 99),
-                kl_max=_quantile(kl, 100),
+                kl_max=kl_max,
                 abs_dlogprob_p50=_quantile(adl, 50),
                 abs_dlogprob_p99=_quantile(adl, 99),
+                n_top1_disagree=n_top1_dis,
+                n_top1_hard=len(top1_hard),
+                share_top1_agree=(n_rows - n_top1_dis) / n_rows if n_rows else None,
+                top1_hard_positions=_key_triples(pal, _rows_of(d, top1_hard[:MAX_LISTED_HARD])),
+                worst_kl=worst("largest_kl", _rows_of(d, worst_kl, d.prefix_sample), _rows_of(d, worst_kl)),
+                kl_max_at=(_key_triples(pal, _rows_of(d, kl_at)) or (None,))[0],
+                kl_hist_zero=kl_zero,
+                kl_hist=kl_hist,
+                abs_dlogprob_hist_zero=adl_zero,
+                abs_dlogprob_hist=adl_hist,
             )
         )
     return tuple(out)
@@ -776,7 +1138,8 @@ def compare_tokens(
     With the samples tables, the sample set is theirs (so samples that generated no
     token still count, and responses are attached to the worst examples); without
     them it is the set of samples with at least one token row. ``near_tie_gap`` (nats)
-    is the near-tie threshold on the reference's logprob gap at a first divergence.
+    is the near-tie threshold (both sides' logprob gaps) for first divergences and
+    top-1 disagreements.
     """
     d, pal = sample_token_diffs(tokens_a, tokens_b, samples_a, samples_b, near_tie_gap=near_tie_gap)
     summaries = summarize_tokens(

@@ -1,19 +1,26 @@
 """Turn score rows and token summaries into a verdict with concrete, evidence-bearing reasons.
 
-This milestone decides IDENTICAL vs DIFFERENT only. The tolerance-based statuses
-(EQUIVALENT, DIVERGENT) slot into :class:`Status` and :data:`STATUS_SEVERITY`; the
-gate checks add reasons through the same list.
+IDENTICAL: the same samples, every token id, logprob and top-k entry bitwise equal
+(free-running and, when present, teacher-forced), every score equal.
+DIVERGENT: a structural problem (samples or metrics on one side only, nothing to
+compare) or a failing gate (:mod:`evalpipe.compare.gates`).
+EQUIVALENT: not identical, but every gate passes.
+
+The gates are evaluated for every verdict, IDENTICAL included, so that a CI report
+can show one test case per task x gate whatever the outcome.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Sequence
 
+from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.tokens import TaskTokenSummary
+from evalpipe.config import Gates
 
 MINUS = "\u2212"
 ARROW = "\u2192"
@@ -21,18 +28,24 @@ ARROW = "\u2192"
 
 class Status(str, Enum):
     IDENTICAL = "IDENTICAL"
-    DIFFERENT = "DIFFERENT"
+    EQUIVALENT = "EQUIVALENT"
+    DIVERGENT = "DIVERGENT"
 
     @property
     def severity(self) -> int:
         return STATUS_SEVERITY[self]
+
+    @property
+    def passed(self) -> bool:
+        """True for the statuses a CI run accepts (exit code 0)."""
+        return self is not Status.DIVERGENT
 
     def __str__(self) -> str:  # plain "IDENTICAL" in f-strings
         return self.value
 
 
 # Higher is worse; the overall status of several comparisons is the worst one.
-STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.DIFFERENT: 10}
+STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1, Status.DIVERGENT: 2}
 
 
 def worst_status(statuses: Iterable[Status]) -> Status:
@@ -44,9 +57,14 @@ def worst_status(statuses: Iterable[Status]) -> Status:
 class Verdict:
     status: Status
     reasons: tuple[str, ...]
+    gates: tuple[GateResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status.value, "reasons": list(self.reasons)}
+        return {
+            "status": self.status.value,
+            "reasons": list(self.reasons),
+            "gates": [g.to_dict() for g in self.gates],
+        }
 
 
 # ---------------------------------------------------------------------------
@@ -93,12 +111,20 @@ def _where(doc_id: int, repeat: int) -> str:
 # ---------------------------------------------------------------------------
 
 
-def token_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B") -> list[str]:
+def presence_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B", name: str | None = None) -> list[str]:
+    """Samples present on one side only (``name`` replaces the task name in the sentences)."""
     out = []
     for n, keys, label in ((t.only_a, t.only_a_keys, label_a), (t.only_b, t.only_b_keys, label_b)):
         if n:
             noun = "sample" if n == 1 else "samples"
-            out.append(f"{t.task}: {n} {noun} present only in {label} ({fmt_keys(keys, n)})")
+            out.append(f"{name or t.task}: {n} {noun} present only in {label} ({fmt_keys(keys, n)})")
+    return out
+
+
+def difference_reasons(t: TaskTokenSummary, name: str | None = None) -> list[str]:
+    """How the paired samples differ: generated tokens, logprobs, top-k lists."""
+    name = name or t.task
+    out = []
     if t.n_divergent:
         where = ""
         if t.worst_divergence:
@@ -107,18 +133,22 @@ def token_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B") -
         elif t.divergence_positions:
             where = f" (earliest at position {t.divergence_positions[0]})"
         extra = f"; {t.n_length_diff} differ in length" if t.n_length_diff else ""
-        out.append(f"{t.task}: {t.n_divergent}/{t.n_samples} samples generate different tokens{where}{extra}")
+        out.append(f"{name}: {t.n_divergent}/{t.n_samples} samples generate different tokens{where}{extra}")
     if t.n_logprob_diff_same_ids:
         out.append(
-            f"{t.task}: logprobs differ on {t.n_logprob_diff_same_ids}/{t.n_samples} samples with identical tokens "
+            f"{name}: logprobs differ on {t.n_logprob_diff_same_ids}/{t.n_samples} samples with identical tokens "
             f"(max |\u0394logprob| {fmt_small(t.max_abs_dlogprob_same_ids)})"
         )
     if t.n_topk_diff_same_ids:
         out.append(
-            f"{t.task}: top-k lists differ on {t.n_topk_diff_same_ids}/{t.n_samples} samples "
+            f"{name}: top-k lists differ on {t.n_topk_diff_same_ids}/{t.n_samples} samples "
             "with identical tokens and logprobs"
         )
     return out
+
+
+def token_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B", name: str | None = None) -> list[str]:
+    return presence_reasons(t, label_a, label_b, name) + difference_reasons(t, name)
 
 
 def score_reason(r: ScoreRow) -> str:
@@ -133,54 +163,104 @@ def score_reason(r: ScoreRow) -> str:
     return s + ")"
 
 
+def teacher_name(task: str) -> str:
+    return f"{task} (teacher-forced)"
+
+
+@dataclass
+class _Findings:
+    """What decide() observed, sorted into the kinds the status depends on."""
+
+    structural: list[str] = field(default_factory=list)  # DIVERGENT whatever the gates say
+    differences: list[str] = field(default_factory=list)  # not identical, possibly within the gates
+    evidence: list[str] = field(default_factory=list)  # what was checked, for an IDENTICAL verdict
+
+    def free(self, task: str, t: TaskTokenSummary | None, label_a: str, label_b: str) -> None:
+        if t is None:
+            self.structural.append(f"{task}: no token-level comparison available")
+            return
+        self.structural.extend(presence_reasons(t, label_a, label_b))
+        if t.n_samples == 0 and not (t.only_a or t.only_b):
+            self.structural.append(f"{task}: no samples to compare")
+        self.differences.extend(difference_reasons(t))
+        self.evidence.append(
+            f"{task}: {t.n_identical}/{t.n_samples} samples bitwise identical ({t.tokens_a} tokens, ids and logprobs)"
+        )
+
+    def teacher(self, task: str, t: TaskTokenSummary, label_a: str, label_b: str) -> None:
+        # One-sided teacher-forced samples are a difference, not a structural problem:
+        # the free-running comparison already judges the sample sets.
+        name = teacher_name(task)
+        self.differences.extend(token_reasons(t, label_a, label_b, name))
+        self.evidence.append(
+            f"{name}: {t.n_identical}/{t.n_samples} samples bitwise identical ({t.n_positions_compared} positions)"
+        )
+
+    def scores(self, rows: Sequence[ScoreRow]) -> None:
+        for r in sorted(rows, key=lambda r: r.metric):
+            if r.identical:
+                self.evidence.append(f"{r.task} {r.metric}: {fmt_score(r.mean_a)} on both ({r.n_paired} items)")
+            else:
+                self.differences.append(score_reason(r))
+
+
+def _findings(
+    score_rows: Sequence[ScoreRow],
+    token_summaries: Sequence[TaskTokenSummary],
+    teacher_summaries: Sequence[TaskTokenSummary] | None,
+    metrics_only: tuple[tuple[str, Sequence[str]], tuple[str, Sequence[str]]],
+) -> _Findings:
+    """``metrics_only``: (label, metrics only that side reports) for side A, then side B."""
+    (label_a, _), (label_b, _) = metrics_only
+    f = _Findings()
+    free = {t.task: t for t in token_summaries}
+    teacher = {t.task: t for t in teacher_summaries or ()}
+    tasks = sorted(set(free) | set(teacher) | {r.task for r in score_rows})
+    if not tasks:
+        f.structural.append("no samples to compare: both sides are empty")
+    for task in tasks:
+        f.free(task, free.get(task), label_a, label_b)
+        if task in teacher:
+            f.teacher(task, teacher[task], label_a, label_b)
+        f.scores([r for r in score_rows if r.task == task])
+    for label, metrics in metrics_only:
+        if metrics:
+            f.structural.append(f"metrics reported only by {label}: {', '.join(metrics)}")
+    return f
+
+
+def gates_summary(results: Sequence[GateResult]) -> str:
+    n_skip = sum(g.skipped for g in results)
+    return f"all {len(results) - n_skip} gates passed ({n_skip} skipped)"
+
+
 def decide(
     score_rows: Sequence[ScoreRow],
     token_summaries: Sequence[TaskTokenSummary],
     *,
+    teacher_summaries: Sequence[TaskTokenSummary] | None = None,
+    gates: Gates = Gates(),
+    aa: AASummaries | None = None,
     metrics_only_a: Sequence[str] = (),
     metrics_only_b: Sequence[str] = (),
     label_a: str = "A",
     label_b: str = "B",
 ) -> Verdict:
-    """IDENTICAL iff same sample set, every token id and logprob bitwise equal, every score equal.
+    """IDENTICAL, EQUIVALENT or DIVERGENT, with reasons that point at the evidence.
 
-    Reasons point at the evidence: which task, how many samples, where the earliest
-    divergence is, how big the largest |dlogprob| is, how each score moved. For an
-    IDENTICAL verdict the reasons state what was checked.
+    ``teacher_summaries`` None: no teacher-forced data (its gates skip, and it does not
+    keep a comparison from being IDENTICAL). ``aa``: the A/A comparison's summaries,
+    for the gates' relative bounds.
+
+    Reasons: DIVERGENT lists the failing gates' details first, then the structural
+    problems and the other observed differences; EQUIVALENT the observed differences
+    and how many gates passed; IDENTICAL what was checked.
     """
-    problems: list[str] = []
-    tasks = sorted({t.task for t in token_summaries} | {r.task for r in score_rows})
-    tok_by_task = {t.task: t for t in token_summaries}
-    rows_by_task: dict[str, list[ScoreRow]] = {}
-    for r in score_rows:
-        rows_by_task.setdefault(r.task, []).append(r)
-
-    if not tasks:
-        problems.append("no samples to compare: both sides are empty")
-    for task in tasks:
-        t = tok_by_task.get(task)
-        if t is None:
-            problems.append(f"{task}: no token-level comparison available")
-        else:
-            problems.extend(token_reasons(t, label_a, label_b))
-            if t.n_samples == 0 and not (t.only_a or t.only_b):
-                problems.append(f"{task}: no samples to compare")
-        for r in sorted(rows_by_task.get(task, []), key=lambda r: r.metric):
-            if not r.identical:
-                problems.append(score_reason(r))
-    for label, metrics in ((label_a, metrics_only_a), (label_b, metrics_only_b)):
-        if metrics:
-            problems.append(f"metrics reported only by {label}: {', '.join(metrics)}")
-
-    if problems:
-        return Verdict(Status.DIFFERENT, tuple(problems))
-
-    evidence = []
-    for task in tasks:
-        t = tok_by_task[task]
-        evidence.append(
-            f"{task}: {t.n_identical}/{t.n_samples} samples bitwise identical ({t.tokens_a} tokens, ids and logprobs)"
-        )
-        for r in sorted(rows_by_task.get(task, []), key=lambda r: r.metric):
-            evidence.append(f"{task} {r.metric}: {fmt_score(r.mean_a)} on both ({r.n_paired} items)")
-    return Verdict(Status.IDENTICAL, tuple(evidence))
+    results = tuple(evaluate_gates(score_rows, token_summaries, teacher_summaries, gates, aa))
+    f = _findings(score_rows, token_summaries, teacher_summaries, ((label_a, metrics_only_a), (label_b, metrics_only_b)))
+    failing = [g.detail for g in results if g.failed]
+    if failing or f.structural:
+        return Verdict(Status.DIVERGENT, tuple(failing + f.structural + f.differences), results)
+    if f.differences:
+        return Verdict(Status.EQUIVALENT, tuple(f.differences + [gates_summary(results)]), results)
+    return Verdict(Status.IDENTICAL, tuple(f.evidence), results)

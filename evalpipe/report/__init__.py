@@ -1,6 +1,9 @@
-"""Human-readable renderings of a run comparison (markdown file, terminal summary)."""
+"""Renderings of a run comparison from the compare.json dict (and run.json):
+report.md, report.html, junit.xml and the terminal summary."""
 
+from evalpipe.report.html import render_html
+from evalpipe.report.junit import render_junit
 from evalpipe.report.markdown import md_escape, render_markdown
 from evalpipe.report.terminal import print_summary
 
-__all__ = ["md_escape", "print_summary", "render_markdown"]
+__all__ = ["md_escape", "print_summary", "render_html", "render_junit", "render_markdown"]

@@ -1,70 +1,141 @@
-"""Compact terminal summary of a run comparison (rich tables + verdict line)."""
+"""Compact terminal summary of a run comparison: verdict line, scores, tokens, failed gates."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from evalpipe.compare.run import RunComparison
-from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
+from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
+from evalpipe.report.view import DASH, as_dict, fmt_num, gate_counts
 
-STATUS_STYLE = {Status.IDENTICAL: "bold green", Status.DIFFERENT: "bold red"}
+STATUS_STYLE = {
+    "IDENTICAL": "bold green",
+    "EQUIVALENT": "bold cyan",
+    "DIVERGENT": "bold red",
+    "DIFFERENT": "bold red",
+}
 MAX_REASONS = 8
 
 
-def _style(status: Status) -> str:
-    return STATUS_STYLE.get(status, "bold yellow")
+def _style(status: Any) -> str:
+    return STATUS_STYLE.get(str(status), "bold yellow")
 
 
-def _pct(n: int, total: int) -> str:
-    return f"{100.0 * n / total:.1f}%" if total else "\u2014"
+def _pct(n: int | None, total: int | None) -> str:
+    return f"{100.0 * n / total:.1f}%" if n is not None and total else DASH
 
 
-def scores_table(rc: RunComparison) -> Table:
-    """One row per variant x task x metric: both scores, the delta, items that changed."""
-    table = Table(title=f"scores (reference: {rc.reference})", title_justify="left")
-    for name, justify in (("variant", "left"), ("task", "left"), ("metric", "left"), ("ref", "right"),
-                          ("variant", "right"), ("\u0394", "right"), ("changed", "right")):
-        table.add_column(name, justify=justify, no_wrap=justify == "left")  # type: ignore[arg-type]
-    for c in rc.comparisons:
-        for r in sorted(c.scores.rows, key=lambda r: (r.task, r.metric)):
-            table.add_row(c.variant, r.task, r.metric, fmt_score(r.mean_a), fmt_score(r.mean_b),
-                          fmt_delta(r.delta), f"{r.n_changed}/{r.n_paired}")
+def _table(title: str, columns: list[tuple[str, bool]], wrap: str | None = None) -> Table:
+    """Columns are (name, left-aligned); only the column named ``wrap`` may wrap, so numbers never get squeezed out."""
+    table = Table(title=escape(title), title_justify="left")
+    for name, left in columns:
+        table.add_column(escape(name), justify="left" if left else "right", no_wrap=name != wrap)
     return table
 
 
-def tokens_table(rc: RunComparison) -> Table:
-    """One row per variant x task: how many samples generate the same tokens."""
-    table = Table(title="generated tokens", title_justify="left")
-    for name in ("variant", "task", "samples", "same ids", "bitwise", "median 1st div", "max |\u0394lp|", "verdict"):
-        left = name in ("variant", "task", "verdict")
-        table.add_column(name, justify="left" if left else "right", no_wrap=left)
-    for c in rc.comparisons:
-        for t in c.tokens.summaries:
-            samples = str(t.n_samples) + (f" (+{t.only_a}/+{t.only_b} one-sided)" if t.only_a or t.only_b else "")
+def scores_table(compare: Mapping[str, Any]) -> Table:
+    """One row per variant x task x metric: both scores, the delta, items that changed."""
+    table = _table(
+        f"scores (reference: {compare.get('reference', '')})",
+        [("variant", True), ("task", True), ("metric", True), ("ref", False), ("variant", False),
+         ("\u0394", False), ("changed", False)],
+    )
+    for c in compare.get("comparisons") or ():
+        for r in sorted(c.get("scores") or (), key=lambda r: (str(r.get("task")), str(r.get("metric")))):
             table.add_row(
-                c.variant, t.task, samples,
-                _pct(t.n_ids_identical, t.n_samples), _pct(t.n_identical, t.n_samples),
-                "\u2014" if t.median_first_divergence is None else f"{t.median_first_divergence:g}",
-                fmt_small(t.max_abs_dlogprob),
-                Text(c.status.value, style=_style(c.status)),
+                Text(str(c.get("variant"))), Text(str(r.get("task"))), Text(str(r.get("metric"))),
+                fmt_score(r.get("mean_a")), fmt_score(r.get("mean_b")), fmt_delta(r.get("delta")),
+                f"{r.get('n_changed', 0)}/{r.get('n_paired', 0)}",
             )
     return table
 
 
-def print_summary(run_comparison: RunComparison, console: Console | None = None) -> None:
-    """Per comparison a table of tasks, then the overall verdict line and its first reasons."""
+def tokens_table(compare: Mapping[str, Any]) -> Table:
+    """One row per variant x task: how many samples generate the same tokens; teacher-forced KL when present."""
+    comparisons = list(compare.get("comparisons") or ())
+    with_teacher = any(c.get("teacher") for c in comparisons)
+    columns = [("variant", True), ("task", True), ("samples", False), ("same ids", False), ("bitwise", False),
+               ("median 1st div", False), ("hard div", False), ("max |\u0394lp|", False)]
+    if with_teacher:
+        columns += [("TF KL p99", False), ("TF hard top-1", False)]
+    table = _table("generated tokens", columns + [("verdict", True)])
+    for c in comparisons:
+        teacher = {str(t.get("task")): t for t in c.get("teacher") or ()}
+        for t in c.get("tokens") or ():
+            n = t.get("n_samples", 0)
+            only_a, only_b = t.get("only_a", 0), t.get("only_b", 0)
+            samples = str(n) + (f" (+{only_a}/+{only_b} one-sided)" if only_a or only_b else "")
+            row: list[Any] = [
+                Text(str(c.get("variant"))), Text(str(t.get("task"))), samples,
+                _pct(t.get("n_ids_identical"), n), _pct(t.get("n_identical"), n),
+                fmt_num(t.get("median_first_divergence")), fmt_num(t.get("n_hard_divergences")),
+                fmt_small(t.get("max_abs_dlogprob")),
+            ]
+            if with_teacher:
+                tf = teacher.get(str(t.get("task"))) or {}
+                row += [fmt_small(tf.get("kl_p99")) if tf else DASH, fmt_num(tf.get("n_top1_hard"))]
+            status = c.get("status", "")
+            table.add_row(*row, Text(str(status), style=_style(status)))
+    return table
+
+
+def failed_gates_table(compare: Mapping[str, Any]) -> Table | None:
+    rows = [
+        (c, g)
+        for c in compare.get("comparisons") or ()
+        for g in c.get("gates") or ()
+        if g.get("status") == "fail"
+    ]
+    if not rows:
+        return None
+    table = _table(
+        "failed gates",
+        [("variant", True), ("gate", True), ("task", True), ("metric", True), ("measured", False),
+         ("threshold", False), ("A/A", False), ("detail", True)],
+        wrap="detail",
+    )
+    for c, g in rows:
+        table.add_row(
+            Text(str(c.get("variant"))), Text(str(g.get("gate"))), Text(str(g.get("task"))),
+            Text(str(g.get("metric") or DASH)), fmt_num(g.get("measured")), fmt_num(g.get("threshold")),
+            fmt_num(g.get("aa_value")), Text(str(g.get("detail") or "")),
+        )
+    return table
+
+
+def print_summary(compare: Any, console: Console | None = None) -> None:
+    """Verdict line, the scores and token tables, then the failed gates (or that all passed)."""
     console = console or Console()
-    rc = run_comparison
-    console.print(scores_table(rc))
-    console.print(tokens_table(rc))
-    console.print(Text.assemble(Text(f"{rc.run_id}: "), Text(rc.status.value, style=_style(rc.status))))
-    for c in rc.comparisons:
-        if c.status is Status.IDENTICAL:
-            continue
-        reasons = list(c.verdict.reasons)
-        for r in reasons[:MAX_REASONS]:
-            console.print(Text(f"  {c.variant}: {r}"))
-        if len(reasons) > MAX_REASONS:
-            console.print(Text(f"  {c.variant}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))
+    compare = as_dict(compare)
+    status = compare.get("status", "")
+    console.print(Text.assemble(Text(f"{compare.get('run_id', '')}: "), Text(str(status), style=_style(status))))
+    nf = compare.get("noise_floor")
+    if nf:
+        console.print(Text.assemble(
+            Text(f"A/A noise floor ({nf.get('variant', nf.get('b', ''))}): "),
+            Text(str(nf.get("status", "")), style=_style(nf.get("status"))),
+        ))
+    console.print(scores_table(compare))
+    console.print(tokens_table(compare))
+    counts = gate_counts(compare)
+    failed = failed_gates_table(compare)
+    if failed is not None:
+        console.print(failed)
+    elif counts["total"]:
+        skipped = f" ({counts['skip']} skipped)" if counts["skip"] else ""
+        console.print(Text(f"all {counts['total'] - counts['skip']} gates passed{skipped}", style="green"))
+    else:
+        # no gates: the reasons are the only account of what differs
+        for c in compare.get("comparisons") or ():
+            if c.get("status") == "IDENTICAL":
+                continue
+            reasons = [str(r) for r in c.get("reasons") or ()]
+            for r in reasons[:MAX_REASONS]:
+                console.print(Text(f"  {c.get('variant')}: {r}"))
+            if len(reasons) > MAX_REASONS:
+                console.print(Text(f"  {c.get('variant')}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))

@@ -44,6 +44,9 @@ class ScoreRequest:
 class ScoreResult:
     logprobs: list[float]  # one per scored position
     is_greedy: list[bool]  # the scored token was the argmax at that position
+    # per scored position, the k most likely ids / logprobs (best first)
+    topk_ids: list[list[int]] = field(default_factory=list)
+    topk_logprobs: list[list[float]] = field(default_factory=list)
 
 
 class Engine(Protocol):
@@ -59,9 +62,13 @@ class Engine(Protocol):
 
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]: ...
 
-    def score(self, requests: list[ScoreRequest], progress: ProgressFn | None = None) -> list[ScoreResult]: ...
+    def score(
+        self, requests: list[ScoreRequest], progress: ProgressFn | None = None, topk: int = 1
+    ) -> list[ScoreResult]: ...
 
     def info(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 def _progress_bar_factory(progress: ProgressFn | None):
@@ -168,28 +175,45 @@ class OfflineEngine:
             )
         return results
 
-    def score(self, requests: list[ScoreRequest], progress: ProgressFn | None = None) -> list[ScoreResult]:
+    def score(
+        self, requests: list[ScoreRequest], progress: ProgressFn | None = None, topk: int = 1
+    ) -> list[ScoreResult]:
         from vllm import SamplingParams
 
         # max_tokens=1 is the least decode vLLM allows; prompt_logprobs=1 gives each
         # position's argmax beside the actual token, enough for lm-eval's is_greedy.
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        # Teacher forcing asks for the variant's own top-k at every forced position.
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=max(1, topk))
         prompts = [{"prompt_token_ids": r.token_ids} for r in requests]
         outputs = self._llm.generate(prompts, params, use_tqdm=_progress_bar_factory(progress))
         results = []
         for req, out in zip(requests, outputs):
-            lps, greedy = [], []
+            result = ScoreResult(logprobs=[], is_greedy=[])
             for pos in range(max(req.start, 1), len(req.token_ids)):
                 position = out.prompt_logprobs[pos]
-                tid = req.token_ids[pos]
-                chosen = position[tid]
-                lps.append(float(chosen.logprob))
-                greedy.append(chosen.rank == 1)
-            results.append(ScoreResult(logprobs=lps, is_greedy=greedy))
+                chosen = position[req.token_ids[pos]]
+                result.logprobs.append(float(chosen.logprob))
+                result.is_greedy.append(chosen.rank == 1)
+                t_ids, t_lps = _topk_of(position, topk)
+                result.topk_ids.append(t_ids)
+                result.topk_logprobs.append(t_lps)
+            results.append(result)
         return results
 
     def info(self) -> dict[str, Any]:
         return {"kind": "offline", "max_model_len": self._max_model_len}
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process now, not during interpreter teardown."""
+        core = getattr(getattr(self._llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+
+def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
+    """Each token's own text (for reports' context), decoding every distinct id once."""
+    texts = {tid: engine.decode([tid]) for tid in set(token_ids)}
+    return [texts[tid] for tid in token_ids]
 
 
 def build_engine(kind: str, engine_args: dict[str, Any]) -> Engine:

@@ -38,15 +38,24 @@ class CapturingLM(LM):
         topk: int,
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         progress: Callable[[str, int, int], None] | None = None,
+        reverse_order: bool = False,
     ):
         super().__init__()
         self.engine = engine
+        # The A/A noise-floor run sends each call's requests in reverse order, so the
+        # engine forms different batches from the same work.
+        self.reverse_order = reverse_order
         self.topk = topk
         self.max_gen_toks = max_gen_toks
         self.progress = progress
         self.captures: dict[CaptureKey, Capture] = {}
         self.sampling_overridden: set[str] = set()
         self.engine_seconds = 0.0  # time inside engine calls, incl. converting their logprobs
+
+    def _ordered(self, call: Callable[[list], list], requests: list) -> list:
+        if not self.reverse_order:
+            return call(requests)
+        return call(requests[::-1])[::-1]
 
     def _report(self, phase: str) -> Callable[[int, int], None] | None:
         if self.progress is None:
@@ -80,7 +89,9 @@ class CapturingLM(LM):
             gen_requests.append(GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until))
 
         t0 = time.perf_counter()
-        results = self.engine.generate(gen_requests, self.topk, progress=self._report("generate"))
+        results = self._ordered(
+            lambda reqs: self.engine.generate(reqs, self.topk, progress=self._report("generate")), gen_requests
+        )
         self.engine_seconds += time.perf_counter() - t0
         for key, req, cut, res in zip(keys, gen_requests, truncated, results):
             self.captures[key] = Capture(prompt_token_ids=req.prompt_token_ids, truncated_prompt=cut, result=res)
@@ -113,7 +124,7 @@ class CapturingLM(LM):
             ids = (context_ids + cont_ids)[-(self.engine.max_model_len) :]
             score_requests.append(ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids)))
         t0 = time.perf_counter()
-        scored = self.engine.score(score_requests, progress=self._report("loglikelihood"))
+        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood")), score_requests)
         self.engine_seconds += time.perf_counter() - t0
         return [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
 
@@ -135,7 +146,8 @@ class CapturingLM(LM):
                 windows.append(ScoreRequest(token_ids=ids, start=len(context)))
                 owner.append(i)
         totals = [0.0] * len(requests)
-        for i, s in zip(owner, self.engine.score(windows, progress=self._report("loglikelihood_rolling"))):
+        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood_rolling")), windows)
+        for i, s in zip(owner, scored):
             totals[i] += float(sum(s.logprobs))
         return totals
 

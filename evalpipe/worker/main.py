@@ -86,6 +86,7 @@ def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
 def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tuple[list[dict], dict[str, list]]:
     """Turn lm-eval's logged samples (one entry per doc x filter) into samples rows
     (one per doc x repeat) and the matching token rows from the LM's captures."""
+    from evalpipe import artifacts
     from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
 
     by_doc: dict[int, list[dict]] = {}
@@ -130,6 +131,7 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
                     "response": response if isinstance(response, str) else json.dumps(response, default=str),
                     "n_tokens": len(result.token_ids) if result else 0,
                     "finish_reason": result.finish_reason if result else None,
+                    artifacts.PROMPT_IDS_COLUMN: capture.prompt_token_ids if capture is not None else None,
                     **per_filter,
                 }
             )
@@ -201,6 +203,7 @@ def run(job: dict[str, Any], events: Events) -> int:
 
     from lm_eval import simple_evaluate
 
+    from evalpipe.worker.engines import decode_each
     from evalpipe.worker.lm import CapturingLM
 
     current = {"task": ""}
@@ -208,6 +211,7 @@ def run(job: dict[str, Any], events: Events) -> int:
         engine,
         topk=int(job["topk"]),
         progress=lambda phase, done, total: events.progress(current["task"], phase, done, total),
+        reverse_order=bool(job.get("reverse_order")),
     )
     all_rows: list[dict] = []
     all_tokens: dict[str, list] = {}
@@ -264,15 +268,65 @@ def run(job: dict[str, Any], events: Events) -> int:
     timings["tasks_s"] = generation_s
     timings["engine_calls_s"] = lm.engine_seconds
     results["sampling_overridden"] = sorted(lm.sampling_overridden)
-    artifacts.write_json(out.results, results)
-    artifacts.write_table(out.samples, artifacts.samples_table(all_rows))
     if not all_tokens:
-        all_tokens = {f.name: [] for f in artifacts.TOKENS_SCHEMA}
-    artifacts.write_table(out.tokens, artifacts.tokens_table(all_tokens))
+        all_tokens = {name: [] for name in artifacts.TOKENS_REQUIRED}
+    all_tokens["token_text"] = decode_each(engine, all_tokens["token_id"])
+    samples_table = artifacts.samples_table(all_rows)
+    tokens_table = artifacts.tokens_table(all_tokens)
+    # Finished results go to disk before teacher forcing, which can still fail.
+    artifacts.write_json(out.results, results)
+    artifacts.write_table(out.samples, samples_table)
+    artifacts.write_table(out.tokens, tokens_table)
+
+    teacher = job.get("teacher") or {}
+    if teacher.get("enabled"):
+        code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings)
+        if code != EXIT_OK:
+            return finish("failed", code, error=error, n_samples=len(all_rows))
+    engine.close()
     timings["total_s"] = time.time() - started
     code = finish("ok", EXIT_OK, n_samples=len(all_rows))
     events.emit("done", seconds=timings["total_s"])
     return code
+
+
+def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events: Events, timings) -> tuple[int, str | None]:
+    """Score the reference's sequences (ours when we are the reference) -> teacher.parquet."""
+    from evalpipe import artifacts
+    from evalpipe.worker import teacher as tf
+    from evalpipe.worker.engines import decode_each
+
+    events.emit("stage", stage="teacher", message="teacher forcing: scoring the reference's sequences")
+    t0 = time.time()
+    try:
+        if teacher.get("reference_dir"):
+            sequences = tf.read_reference_sequences(Path(teacher["reference_dir"]))
+        else:
+            sequences = tf.reference_sequences(samples_table, tokens_table)
+    except ValueError as err:
+        events.emit("error", kind="user", message=str(err))
+        return EXIT_USER, str(err)
+    try:
+        table = tf.teacher_force(
+            engine,
+            sequences,
+            int(job["topk"]),
+            reverse_order=bool(job.get("reverse_order")),
+            token_text=lambda ids: decode_each(engine, ids),
+            progress=lambda done, total: events.progress("teacher forcing", "score", done, total),
+        )
+    except Exception as err:  # noqa: BLE001
+        traceback.print_exc()
+        msg = f"teacher forcing failed: {type(err).__name__}: {err} (see {out.engine_log})"
+        events.emit("error", kind="run", message=msg)
+        return EXIT_FAILED, msg
+    artifacts.write_table(out.teacher, table)
+    timings["teacher_s"] = time.time() - t0
+    events.emit(
+        "stage", stage="teacher_done",
+        message=f"teacher forcing: {len(sequences)} sequences, {table.num_rows} positions in {timings['teacher_s']:.1f}s",
+    )
+    return EXIT_OK, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,5 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _exit_now(code: int) -> None:
+    """Leave without interpreter teardown. Every artifact is on disk (fsynced) and the
+    engine is shut down; native threads left behind by vLLM/torch can abort during
+    teardown ("terminate called without an active exception"), which would turn a
+    finished variant into a failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

@@ -1,0 +1,373 @@
+"""Gates: when a comparison that is not bitwise identical still counts as EQUIVALENT.
+
+Every gate is one check of one task (score gates: of one task x metric) with a
+measured value, a threshold and a one-sentence detail pointing at the evidence. A
+failing gate makes the comparison DIVERGENT; gates that cannot be evaluated on the
+data at hand are "skip" and say why.
+
+Score gates (per task x metric, over the paired items; see :mod:`evalpipe.compare.stats`)
+
+* ``score_equivalence``: TOST. "No significant difference" is not evidence of
+  equality: a small task rarely fails a significance test. TOST turns the burden
+  around and passes only when the (1 - 2 alpha) interval of the paired difference
+  lies inside ±margin, i.e. the data *show* the change is smaller than the margin.
+  Measured: the interval's end furthest from 0; threshold: the margin.
+* ``score_mcnemar``: significance. A tiny but systematic shift can sit inside a
+  generous margin; McNemar's exact test on the discordant pairs catches it for
+  0/1 metrics (fail when p < alpha). Non-binary metrics use a paired t-test p-value
+  when the score row carries one (``ttest_p``), else the gate is skipped.
+
+Together: equivalence bounds the size of the change, significance catches a
+consistent direction; neither alone says "same".
+
+Token gates (per task, each a :class:`evalpipe.config.Tolerance`)
+
+The bound is ``max(abs, rel_aa x A/A value)``: the A/A comparison (the reference
+against its own re-run with another batch arrangement) measures how much the
+engine differs from itself. A variant is held to a multiple of that noise, never
+to less than ``abs``; without an A/A run the bound is ``abs``. Fail iff
+measured > bound.
+
+* ``free_hard_divergences``: free-running samples whose first divergence is hard.
+* ``teacher_kl_p99`` / ``teacher_kl_max``: the per-position top-k KL over the
+  teacher-forced positions (both sides score the reference's tokens, so every
+  position is comparable).
+* ``teacher_hard_top1_flips``: teacher-forced positions whose top-1 token differs
+  and is not a near tie.
+
+Swap symmetry: a verdict must not depend on which variant is called the reference.
+The score gates are symmetric in A and B (TOST's interval is symmetric around the
+difference and the margin around 0; McNemar is symmetric in its discordant counts).
+The token gates inherit their symmetry from :mod:`evalpipe.compare.tokens`: its KL
+is max(KL(A||B), KL(B||A)) per position and a near tie needs both sides' gaps below
+the threshold, so a swap gives the same measures. The A/A values come from the
+reference's own re-run and bound both orders alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from evalpipe.compare.scores import ScoreRow, to_jsonable
+from evalpipe.compare.tokens import TaskTokenSummary
+from evalpipe.config import Gates, Tolerance
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+SCORE_GATES = ("score_equivalence", "score_mcnemar")
+FREE_GATES = ("free_hard_divergences",)
+TEACHER_GATES = ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips")
+GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES
+# Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
+POINTERS_IN_DETAIL = 3
+NO_TEACHER = "no teacher-forced data (teacher.parquet missing on one side)"
+NO_TEACHER_TASK = "no teacher-forced data for this task (teacher.parquet has no rows for it)"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One gate of one task (score gates: of one task x metric).
+
+    ``aa_value`` is the same measure in the A/A comparison (token gates only);
+    ``evidence`` lists item ids / positions ("doc 3 repeat 0 pos 12") to look at.
+    """
+
+    gate: str
+    task: str
+    metric: str | None
+    status: str
+    measured: float | None
+    threshold: float | None
+    aa_value: float | None
+    detail: str
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+    @property
+    def skipped(self) -> bool:
+        return self.status == SKIP
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, eq=False)
+class AASummaries:
+    """Token summaries of the A/A comparison by task; ``teacher`` None when it had no teacher-forced data."""
+
+    free: Mapping[str, TaskTokenSummary]
+    teacher: Mapping[str, TaskTokenSummary] | None = None
+
+    @classmethod
+    def of(
+        cls, free: Iterable[TaskTokenSummary], teacher: Iterable[TaskTokenSummary] | None = None
+    ) -> "AASummaries":
+        return cls({t.task: t for t in free}, None if teacher is None else {t.task: t for t in teacher})
+
+
+# ---------------------------------------------------------------------------
+# formatting
+# ---------------------------------------------------------------------------
+
+
+def _num(x: float | None) -> str:
+    """Whole numbers as integers (counts, bounds like 0), everything else with 3 significant digits."""
+    if x is None:
+        return "n/a"
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.3g}"
+
+
+def _signed(x: float | None) -> str:
+    return "n/a" if x is None else ("+" if x >= 0 else "") + _num(x)
+
+
+def position(doc_id: int, repeat: int, pos: int | None = None) -> str:
+    """Evidence string of an item ("doc 3 repeat 0") or a token position ("doc 3 repeat 0 pos 12")."""
+    where = f"doc {int(doc_id)} repeat {int(repeat)}"
+    return where if pos is None else f"{where} pos {int(pos)}"
+
+
+def _pointer(label: str, evidence: Sequence[str], total: int | None = None) -> str:
+    if not evidence:
+        return ""
+    more = len(evidence) > POINTERS_IN_DETAIL or (total is not None and total > len(evidence))
+    return f"; {label} " + ", ".join(evidence[:POINTERS_IN_DETAIL]) + (", \u2026" if more else "")
+
+
+def _bound_text(tol: Tolerance, aa_value: float | None) -> str:
+    if tol.rel_aa is None:
+        return f"abs {_num(tol.abs)}; A/A not used"
+    if aa_value is None:
+        return f"abs {_num(tol.abs)}; no A/A value"
+    return f"max(abs {_num(tol.abs)}, {_num(tol.rel_aa)} x A/A {_num(aa_value)})"
+
+
+# ---------------------------------------------------------------------------
+# score gates
+# ---------------------------------------------------------------------------
+
+
+def _flipped_evidence(row: ScoreRow) -> tuple[str, ...]:
+    return tuple(position(f.doc_id, f.repeat) for f in row.flipped)
+
+
+def _check_row_settings(row: ScoreRow, gates: Gates) -> None:
+    # The gates read TOST off the row; a row computed at another margin or level
+    # would silently answer another question.
+    margin, alpha = gates.scores.margin, gates.scores.alpha
+    if row.margin != margin or row.alpha != alpha:
+        raise ValueError(
+            f"score row {row.task} {row.metric} was computed with margin {row.margin} and alpha {row.alpha} "
+            f"but the gates ask for margin {margin} and alpha {alpha}; pass the gates' margin and alpha to compare_scores."
+        )
+
+
+def _score_gate(
+    row: ScoreRow,
+    gate: str,
+    status: str,
+    measured: float | None,
+    threshold: float | None,
+    text: str,
+    evidence: tuple[str, ...] = (),
+) -> GateResult:
+    detail = f"{row.task} {row.metric} {gate}: {text}"
+    return GateResult(gate, row.task, row.metric, status, measured, threshold, None, detail, evidence)
+
+
+def _identical_row(row: ScoreRow, gate: str, measured: float, threshold: float) -> GateResult:
+    return _score_gate(row, gate, PASS, measured, threshold, f"scores identical on all {row.n_paired} items")
+
+
+def equivalence_gate(row: ScoreRow, gates: Gates) -> GateResult:
+    """TOST at ``gates.scores.margin``; measured = the interval end furthest from 0."""
+    gate, margin, alpha = "score_equivalence", gates.scores.margin, gates.scores.alpha
+    if row.identical:
+        return _identical_row(row, gate, 0.0, margin)
+    evidence = _flipped_evidence(row)
+    conf = f"{100 * (1 - 2 * alpha):g}%"
+    lo, hi = row.tost_ci_low, row.tost_ci_high
+    measured = None if lo is None or hi is None else max(abs(lo), abs(hi))
+    if measured is None:
+        why = "no item is scored on both sides" if row.n_paired == 0 else "its interval is undefined"
+        text = f"not shown equivalent within \u00b1{_num(margin)}, {why} (n {row.n_paired}, {row.n_changed} changed)"
+    else:
+        inside = "inside" if row.equivalent else "not inside"
+        text = f"{conf} CI [{_signed(lo)}, {_signed(hi)}] {inside} \u00b1{_num(margin)} (n {row.n_paired}"
+        text += ")" if row.equivalent else f", \u0394 {_signed(row.delta)}, minimum detectable difference {_num(row.mdd)})"
+    if not row.equivalent:
+        text += _pointer("flipped:", evidence, row.n_flipped)
+    return _score_gate(row, gate, PASS if row.equivalent else FAIL, measured, margin, text, evidence)
+
+
+def significance_gate(row: ScoreRow, gates: Gates) -> GateResult:
+    """McNemar exact p for 0/1 metrics, the paired t-test p (if the row has one) otherwise; fail when p < alpha."""
+    gate, alpha = "score_mcnemar", gates.scores.alpha
+    if row.identical:
+        return _identical_row(row, gate, 1.0, alpha)
+    evidence = _flipped_evidence(row)
+    if row.binary:
+        p, test = row.mcnemar_p, "McNemar exact p"
+        counts = f"{row.a_right_b_wrong} right\u2192wrong, {row.a_wrong_b_right} wrong\u2192right, n {row.n_paired}"
+    else:
+        p, test = getattr(row, "ttest_p", None), "paired t-test p"
+        counts = f"{row.n_changed} changed, n {row.n_paired}"
+    if p is None:
+        if row.n_paired == 0:
+            why = "no item is scored on both sides"
+        elif row.binary:
+            why = "the p-value is undefined"
+        else:
+            why = "the metric is not 0/1 and the score row has no paired t-test p-value; score_equivalence covers it"
+        return _score_gate(row, gate, SKIP, None, alpha, f"skipped, {why}", evidence)
+    failed = p < alpha
+    text = f"{test} {_num(p)} {'<' if failed else '>='} {_num(alpha)} ({counts})"
+    if failed:
+        text += _pointer("flipped:", evidence, row.n_flipped)
+    return _score_gate(row, gate, FAIL if failed else PASS, p, alpha, text, evidence)
+
+
+def score_gates(row: ScoreRow, gates: Gates) -> list[GateResult]:
+    _check_row_settings(row, gates)
+    out = []
+    if gates.scores.require_equivalence:
+        out.append(equivalence_gate(row, gates))
+    if gates.scores.fail_on_significant:
+        out.append(significance_gate(row, gates))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# token gates
+# ---------------------------------------------------------------------------
+
+
+def _kl_positions(t: Any) -> list[tuple[int, int, int]]:
+    at = getattr(t, "kl_max_at", None)
+    worst = [(w.doc_id, w.repeat, w.pos) for w in getattr(t, "worst_kl", ())]
+    return ([tuple(at)] if at is not None else []) + worst
+
+
+@dataclass(frozen=True)
+class _TokenMeasure:
+    """How a token gate reads a TaskTokenSummary.
+
+    Fields the summary may not have yet (older token comparisons) are read with
+    getattr, so such a gate skips instead of failing.
+    """
+
+    gate: str
+    field: str
+    label: str  # how the detail points at the evidence: "worst at", "first at"
+    positions: Callable[[Any], Iterable[tuple[int, int, int]]]
+    is_count: bool = False
+
+    def evidence(self, t: Any) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(position(*p) for p in self.positions(t)))
+
+    def value(self, t: Any) -> tuple[float | None, str | None]:
+        """(measured, None) or (None, why it cannot be measured)."""
+        if not hasattr(t, self.field):
+            return None, f"this token comparison does not compute {self.field}"
+        v = getattr(t, self.field)
+        if v is not None:
+            return float(v), None
+        if t.n_positions_compared == 0 and t.n_samples == 0:
+            return 0.0, None  # nothing on either side to differ
+        if t.n_positions_compared == 0:
+            return None, f"no position to compare in {t.n_samples} samples"
+        return None, f"{self.field} is undefined over {t.n_positions_compared} positions"
+
+
+def _hard_positions(t: Any) -> Iterable[tuple[int, int, int]]:
+    return getattr(t, "hard_divergences", ())
+
+
+def _top1_positions(t: Any) -> Iterable[tuple[int, int, int]]:
+    return getattr(t, "top1_hard_positions", ())
+
+
+FREE_MEASURES = (_TokenMeasure("free_hard_divergences", "n_hard_divergences", "first at", _hard_positions, True),)
+TEACHER_MEASURES = (
+    _TokenMeasure("teacher_kl_p99", "kl_p99", "worst at", _kl_positions),
+    _TokenMeasure("teacher_kl_max", "kl_max", "worst at", _kl_positions),
+    _TokenMeasure("teacher_hard_top1_flips", "n_top1_hard", "first at", _top1_positions, True),
+)
+
+
+def _aa_value(m: _TokenMeasure, aa: Mapping[str, TaskTokenSummary] | None, task: str) -> float | None:
+    t = None if aa is None else aa.get(task)
+    if t is None:
+        return None
+    value, _ = m.value(t)
+    return value
+
+
+def token_gate(
+    m: _TokenMeasure,
+    task: str,
+    t: TaskTokenSummary | None,
+    tol: Tolerance,
+    aa_value: float | None,
+    missing: str,
+) -> GateResult:
+    """One tolerance gate: fail iff measured > max(abs, rel_aa x A/A value)."""
+    bound = tol.bound(aa_value)
+    head = f"{task} {m.gate}:"
+    if t is None:
+        return GateResult(m.gate, task, None, SKIP, None, bound, aa_value, f"{head} skipped, {missing}")
+    measured, why = m.value(t)
+    if measured is None:
+        return GateResult(m.gate, task, None, SKIP, None, bound, aa_value, f"{head} skipped, {why}")
+    evidence = m.evidence(t) if measured > 0 else ()
+    failed = measured > bound
+    text = f"{head} {_num(measured)} {'>' if failed else '<='} {_num(bound)} ({_bound_text(tol, aa_value)})"
+    if failed:
+        text += _pointer(m.label, evidence, int(measured) if m.is_count else None)
+    return GateResult(m.gate, task, None, FAIL if failed else PASS, measured, bound, aa_value, text, evidence)
+
+
+# ---------------------------------------------------------------------------
+# all gates
+# ---------------------------------------------------------------------------
+
+
+def _order(g: GateResult) -> tuple[str, int, str]:
+    return g.task, GATE_ORDER.index(g.gate), g.metric or ""
+
+
+def evaluate_gates(
+    score_rows: Sequence[ScoreRow],
+    free_summaries: Sequence[TaskTokenSummary],
+    teacher_summaries: Sequence[TaskTokenSummary] | None,
+    gates: Gates,
+    aa: AASummaries | None = None,
+) -> list[GateResult]:
+    """Every gate of every task, ordered by (task, gate, metric).
+
+    ``teacher_summaries`` None means the comparison has no teacher-forced data (the
+    teacher gates skip); ``aa`` the A/A comparison whose values set the relative bounds.
+    A task appears when any input mentions it.
+    """
+    free = {t.task: t for t in free_summaries}
+    teacher = None if teacher_summaries is None else {t.task: t for t in teacher_summaries}
+    tasks = sorted({r.task for r in score_rows} | set(free) | set(teacher or ()))
+    out = [g for row in score_rows for g in score_gates(row, gates)]
+    for task in tasks:
+        for m in FREE_MEASURES:
+            tol = getattr(gates.tokens, m.gate)
+            aa_value = _aa_value(m, None if aa is None else aa.free, task)
+            out.append(token_gate(m, task, free.get(task), tol, aa_value, "no token-level comparison for this task"))
+        for m in TEACHER_MEASURES:
+            tol = getattr(gates.tokens, m.gate)
+            summary = None if teacher is None else teacher.get(task)
+            missing = NO_TEACHER if teacher is None else NO_TEACHER_TASK
+            aa_value = _aa_value(m, None if aa is None else aa.teacher, task)
+            out.append(token_gate(m, task, summary, tol, aa_value, missing))
+    return sorted(out, key=_order)

@@ -1,0 +1,71 @@
+"""report.html: the markdown report's content, one self-contained file with inline plots.
+
+No script, no external stylesheet, font or image: the page opens offline. Safety
+of untrusted text rests on jinja2's autoescape, so the view hands the template raw
+text; :func:`html_text` only makes control characters visible (they are invalid in
+HTML and some model output holds them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evalpipe.report.markdown import template_environment
+from evalpipe.report.view import as_dict, build_view, show_controls
+
+TEMPLATE_NAME = "report.html.j2"
+KNOWN_STATUSES = {"IDENTICAL", "EQUIVALENT", "DIVERGENT", "DIFFERENT"}
+
+
+def html_text(text: Any, max_len: int | None = None) -> str:
+    """Plain text for the autoescaping template: truncated, controls shown as \\uXXXX, newlines kept."""
+    if text is None:
+        return ""
+    s = str(text)
+    if max_len is not None and len(s) > max_len:
+        s = s[:max_len] + "\u2026"
+    return show_controls(s.replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t")
+
+
+def status_class(status: Any) -> str:
+    s = str(status)
+    return s.lower() if s in KNOWN_STATUSES else "unknown"
+
+
+def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's two plots, or for each a line saying why there is none."""
+    # matplotlib is slow to import and only report.html needs it
+    from evalpipe.report import plots
+
+    teacher = data.get("teacher") is not None
+    ab, aa = (data["teacher"], data.get("teacher_aa")) if teacher else (data.get("free"), data.get("free_aa"))
+    mode = "teacher-forced" if teacher else "free-running"
+    dist = plots.distribution_plot(ab, aa, mode)
+    free, free_aa = data.get("free") or {}, data.get("free_aa") or {}
+    div = plots.divergence_plot(free.get("divergence_positions"), free_aa.get("divergence_positions"))
+    return [
+        {
+            "png": dist,
+            "alt": f"distribution of per-position KL and |Δlogprob| ({mode})",
+            "note": f"No per-position KL or |Δlogprob| distribution for this task ({mode}).",
+        },
+        {
+            "png": div,
+            "alt": "first-divergence positions (free-running)",
+            "note": "No free-running divergence: every paired sample generated the same token ids."
+            if data.get("free") is not None
+            else "No free-running token comparison for this task.",
+        },
+    ]
+
+
+def render_html(compare: Any, run_info: dict[str, Any] | None = None) -> str:
+    """report.html from the compare.json dict and run.json."""
+    compare = as_dict(compare)
+    view = build_view(compare, run_info, html_text)
+    for c in view["comparisons"]:
+        for t in c["tasks"]:
+            t["plots"] = _plots(t["data"])
+    env = template_environment(autoescape=True)
+    env.filters["status_class"] = status_class
+    return env.get_template(TEMPLATE_NAME).render(**view)
