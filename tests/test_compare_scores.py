@@ -156,7 +156,9 @@ def test_identical_rows_have_degenerate_statistics():
     s = make_samples(10)
     (row,) = _scores(s, s).rows
     assert row.se_delta == 0.0 and (row.ci_low, row.ci_high) == (0.0, 0.0)
-    assert row.mcnemar_p == 1.0 and row.equivalent and row.mdd == 0.0
+    assert row.mcnemar_p == 1.0 and row.equivalent
+    # no item changed: the detectable difference comes from the rule-of-three floor, not SE 0
+    assert row.mdd == pytest.approx((sst.t.ppf(0.975, 9) + sst.t.ppf(0.8, 9)) * math.sqrt(3) / 10)
     assert (row.tost_p_lower, row.tost_p_upper) == (0.0, 0.0)
     assert row.n_flipped == 0 and row.flipped == ()
     assert row.se_a == row.se_b == pytest.approx(math.sqrt(2.5 / 90))

@@ -312,3 +312,15 @@ def test_tost_interval_rule_matches_p_values(diff, se, margin, df):
     worst = max(r.p_lower, r.p_upper)
     assume(abs(worst - 0.05) > 1e-9)
     assert r.equivalent == (worst < 0.05)
+
+
+def test_no_change_se_is_the_rule_of_three_bound():
+    from evalpipe.compare.stats import no_change_se
+
+    # 0 changes in n items: the 95% upper bound on the change rate solves (1 - p)^n = 0.05
+    n = 600
+    p_upper = 1 - 0.05 ** (1 / n)
+    assert p_upper == pytest.approx(3 / n, rel=0.01)
+    assert no_change_se(n) == pytest.approx(math.sqrt(p_upper / n), rel=0.01)
+    assert minimum_detectable_difference(no_change_se(n)) == pytest.approx(4.85 / n, rel=0.01)
+    assert no_change_se(0) is None and no_change_se(None) is None

@@ -5,7 +5,8 @@ One run of four engines serves the whole module (engine starts dominate the cost
   batched-aa  the A/A noise floor: the reference's numerics again, requests reversed and
               max_num_seqs halved                         -> must be IDENTICAL
   chunked     the default config's other variant (chunked prefill forced) -> IDENTICAL
-  bf16        the positive control's bfloat16 variant     -> must be DIVERGENT, by the gates
+  bf16        the positive control's bfloat16 variant     -> never IDENTICAL: EQUIVALENT under
+              the default gates, DIVERGENT under the control's fp32-reproducibility gates
 Every variant also teacher-forces the reference's sequences (teacher.parquet).
 """
 
@@ -67,12 +68,12 @@ def comparison(run, name: str) -> dict:
     return next(c for c in data["comparisons"] if c["variant"] == name)
 
 
-def test_run_finishes_and_exits_1_because_bf16_diverges(run):
+def test_run_finishes_and_bf16_is_equivalent_under_default_gates(run):
     proc = run["proc"]
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     info = json.loads((run["dir"] / "run.json").read_text())
-    assert info["status"] == "ok" and info["verdict"] == "DIVERGENT"
+    assert info["status"] == "ok" and info["verdict"] == "EQUIVALENT"
     assert info["noise_floor"]["variant"] == f"{run['ref']}-aa"
     assert info["model"]["builtin"] and len(info["model"]["fingerprint"]) == 64
     assert info["versions"]["vllm"] and info["hardware"]["cpus"]
@@ -155,48 +156,46 @@ def test_default_config_variants_are_identical(run):
     assert c["status"] == "IDENTICAL", c["reasons"]
 
 
-def test_dtype_control_diverges_with_gate_reasons(run):
+def test_dtype_control_is_seen_and_within_default_gates(run):
     c = comparison(run, "bf16")
+    assert c["status"] == "EQUIVALENT", c["reasons"]
+    assert any("logprobs differ" in r for r in c["reasons"]), "what differs is stated even when it passes"
+    kl = next(g for g in c["gates"] if g["gate"] == "teacher_kl_p99")
+    assert kl["status"] == "pass" and 0 < kl["measured"] <= kl["threshold"]
+    assert c["teacher"][0]["max_abs_dlogprob"] > 1e-4, "bf16 moves logprobs far beyond fp32 noise"
+
+
+def test_dtype_control_gates_make_bf16_divergent_with_evidence(run, tmp_path):
+    out = tmp_path / "strict"
+    gates = CONFIGS / "dtype_control.yaml"
+    proc = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},bf16", "--gates", str(gates), "--output", str(out), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    c = json.loads((out / "compare.json").read_text())["comparisons"][0]
     assert c["status"] == "DIVERGENT"
     failed = [g for g in c["gates"] if g["status"] == "fail"]
-    assert failed, "a DIVERGENT verdict names the gates that failed"
+    assert {g["gate"] for g in failed} >= {"teacher_kl_p99", "teacher_kl_max"}
     for g in failed:
-        assert g["measured"] > g["threshold"]
+        assert g["measured"] > g["threshold"] and g["evidence"], g
         assert g["detail"] in c["reasons"]
-    assert any(g["gate"] == "teacher_kl_p99" for g in failed), "bf16 moves teacher-forced distributions far beyond fp32 noise"
-    kl_gate = next(g for g in failed if g["gate"] == "teacher_kl_max")
-    assert kl_gate["evidence"], "the worst position is named"
-    tok = c["tokens"][0]
-    assert tok["max_abs_dlogprob"] > 1e-4
-    suites = ET.parse(run["dir"] / "junit.xml").getroot()
-    bf16 = next(s for s in suites if s.get("name").endswith("-vs-bf16"))
-    assert int(bf16.get("failures")) == len(failed)
+    suites = ET.parse(out / "junit.xml").getroot()
+    (suite,) = [s for s in suites if s.get("name").endswith("-vs-bf16")]
+    assert int(suite.get("failures")) == len(failed)
 
 
 def test_compare_reruns_from_artifacts_byte_identically(run, tmp_path):
     first = (run["dir"] / "compare.json").read_bytes()
     out = tmp_path / "again"
     proc = evalpipe("compare", str(run["dir"]), "--output", str(out), cwd=tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "compare.json").read_bytes() == first
     same = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},{run['other']}", "--output", str(tmp_path / "s"), cwd=tmp_path)
     assert same.returncode == 0, same.stdout + same.stderr
-    diff = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},bf16", "--output", str(tmp_path / "d"), cwd=tmp_path)
-    assert diff.returncode == 1
 
 
-def test_looser_gates_turn_the_same_evidence_equivalent(run, tmp_path):
-    # The verdict is a function of the evidence and the gates: with tolerances wide
-    # enough for bf16, the same artifacts are EQUIVALENT (exit 0) instead of DIVERGENT.
-    loose = tmp_path / "loose.yaml"
-    wide = {"abs": 1.0e9, "rel_aa": None}
-    loose.write_text(yaml.safe_dump({"gates": {
-        "scores": {"margin": 1.0, "fail_on_significant": False},
-        "tokens": {k: wide for k in ("free_hard_divergences", "teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips")},
-    }}))
-    out = tmp_path / "loose"
-    proc = evalpipe("compare", str(run["dir"]), "--variants", f"{run['ref']},bf16", "--gates", str(loose), "--output", str(out), cwd=tmp_path)
+def test_margin_flag_is_applied_and_recorded(run, tmp_path):
+    out = tmp_path / "m"
+    proc = evalpipe("compare", str(run["dir"]), "--margin", "0.05", "--output", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((out / "compare.json").read_text())
-    assert data["comparisons"][0]["status"] == "EQUIVALENT"
-    assert data["gates"]["scores"]["margin"] == 1.0
+    assert data["gates"]["scores"]["margin"] == 0.05
+    assert {r["margin"] for c in data["comparisons"] for r in c["scores"]} == {0.05}

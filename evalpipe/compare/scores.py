@@ -207,7 +207,9 @@ class ScoreRow:
     groups items; ``mcnemar_p`` exact two-sided p (0/1 metrics only); ``tost_*`` the
     equivalence test against ±``margin`` at level ``alpha`` (its 1 - 2 alpha interval,
     one-sided p-values, ``equivalent``); ``mdd`` the minimum detectable difference
-    (level ``alpha``, 80% power).
+    (level ``alpha``, 80% power). When no item of a 0/1 metric changed the observed SE
+    is 0 and would claim that any difference is detectable; ``mdd`` then uses
+    :func:`evalpipe.compare.stats.no_change_se` (rule of three) instead.
     ``flipped`` lists the first items (by doc_id, repeat) whose score differs,
     ``n_flipped`` counts them all.
     """
@@ -371,7 +373,10 @@ class PairedScores:
             tost_p_lower=eq.p_lower,
             tost_p_upper=eq.p_upper,
             equivalent=eq.equivalent,
-            mdd=stats.minimum_detectable_difference(pdiff.se, alpha=alpha, power=POWER, df=pdiff.df),
+            mdd=stats.minimum_detectable_difference(
+                stats.no_change_se(pdiff.n_clusters) if binary and n_changed == 0 else pdiff.se,
+                alpha=alpha, power=POWER, df=pdiff.df,
+            ),
             n_flipped=n_changed,
             flipped=tuple(flipped),
         )

@@ -96,8 +96,9 @@ def divergence_plot(ab: Sequence[int] | None, aa: Sequence[int] | None) -> str |
     if not series:
         return None
     top = max(float(s.max()) for _, s, _ in series)
-    n_bins = int(min(MAX_POSITION_BINS, top + 1))
-    edges = np.linspace(0, top + 1, n_bins + 1)
+    # whole-token bins (at most MAX_POSITION_BINS of them), centred on the positions
+    width = max(1, int(np.ceil((top + 1) / MAX_POSITION_BINS)))
+    edges = np.arange(0, top + 1 + width, width) - 0.5
     fig = Figure(figsize=PANEL_SIZE)
     fig.subplots_adjust(left=0.17, right=0.96, top=0.88, bottom=0.2)
     ax = fig.add_subplot(1, 1, 1)
@@ -106,6 +107,8 @@ def divergence_plot(ab: Sequence[int] | None, aa: Sequence[int] | None) -> str |
     ax.set_xlabel("token position", fontsize=7)
     ax.set_ylabel("samples", fontsize=7)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(-0.5, max(top + 0.5, 10))
     ax.tick_params(labelsize=6)
     ax.legend(fontsize=6, frameon=False)
     return _png(fig)
