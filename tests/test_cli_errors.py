@@ -84,3 +84,38 @@ def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "gsm8k_synth_4shot" in proc.stdout and "(reference)" in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def _fake_run(tmp_path: Path) -> Path:
+    from fakes import make_samples, write_run
+
+    return write_run(tmp_path / "run", {"a": make_samples(4), "b": make_samples(4)})
+
+
+def test_compare_gates_file_errors_are_one_sentence(tmp_path):
+    run = _fake_run(tmp_path)
+    assert_user_error(evalpipe("compare", str(run), "--gates", str(tmp_path / "nope.yaml"), cwd=tmp_path), "does not exist")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"gates": {"tokens": {"teacher_kl": {"abs": 1}}}}))
+    assert_user_error(evalpipe("compare", str(run), "--gates", str(bad), cwd=tmp_path), "unknown key `tokens.teacher_kl`")
+    assert_user_error(evalpipe("compare", str(run), "--margin", "0", cwd=tmp_path), "--margin must be positive")
+    assert not (run / "compare.json").exists(), "nothing written on bad input"
+
+
+def test_compare_gates_file_drives_the_verdict(tmp_path):
+    import json
+
+    from fakes import make_samples, mutate, set_token, write_run
+
+    a = make_samples(6)
+    b = mutate(a, 2, set_token(3, 7))  # a token outside both top-k lists: a hard divergence
+    run = write_run(tmp_path / "run", {"a": a, "b": b})
+    default = evalpipe("compare", str(run), cwd=tmp_path)
+    assert default.returncode == 1, default.stdout + default.stderr
+    assert json.loads((run / "compare.json").read_text())["status"] == "DIVERGENT"
+    loose = tmp_path / "loose.yaml"  # the mapping itself, without a `gates:` key
+    loose.write_text(yaml.safe_dump({"tokens": {"free_hard_divergences": {"abs": 1}}, "scores": {"margin": 0.5}}))
+    proc = evalpipe("compare", str(run), "--gates", str(loose), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((run / "compare.json").read_text())
+    assert data["status"] == "EQUIVALENT" and data["gates"]["scores"]["margin"] == 0.5

@@ -22,6 +22,7 @@ def test_default_config_is_the_embedded_cpu_default():
     assert cfg.model.path == "builtin:tiny-gsm"
     assert cfg.reference_name in cfg.variants
     assert len(cfg.variants) == 2
+    assert cfg.noise_floor is not None and cfg.noise_floor.enabled, "the default measures its own noise floor"
     assert cfg.tasks["gsm8k"][0].num_fewshot == 4
 
 
@@ -106,3 +107,10 @@ def test_noise_floor_accepts_true_false_or_a_mapping():
     assert on.enabled and on.reverse_order and on.engine == {}
     custom = parse_config({**MINIMAL, "noise_floor": {"engine": {"max_num_seqs": 3}}}).noise_floor
     assert custom.engine == {"max_num_seqs": 3}
+
+
+def test_default_config_spells_out_the_code_defaults_of_the_gates():
+    # configs/default.yaml documents the gates; it must not drift from the code.
+    from evalpipe.config import Gates
+
+    assert load_config().gates == Gates()

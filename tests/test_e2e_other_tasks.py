@@ -54,7 +54,7 @@ def run(tmp_path_factory):
     path = tmp / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
-        [sys.executable, "-m", "evalpipe", "run", "other", "-c", str(path), "--variants", cfg["reference"], "--run-id", "r"],
+        [sys.executable, "-m", "evalpipe", "run", "other", "-c", str(path), "--variants", cfg["reference"], "--no-noise-floor", "--run-id", "r"],
         cwd=tmp, capture_output=True, text=True, timeout=1800,
     )
     return {"proc": proc, "dir": tmp / "runs" / "r", "ref": cfg["reference"]}

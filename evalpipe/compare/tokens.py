@@ -906,11 +906,6 @@ def _worst(
     out: list[WorstExample] = []
     if len(sel) == 0:
         return ()
-    vocab = _vocabulary(tokens_a, tokens_b)
-
-    def texts(ids: list[int] | None) -> list[str | None] | None:
-        return None if ids is None or not vocab else [vocab.get(int(t)) for t in ids]
-
     pr = d.prefix_rows if d.prefix_rows is not None else np.zeros(0, dtype=np.int64)
     for s, r in zip(sel.tolist(), rows.tolist()):
         ia, ib = int(pal.idx_a[r]), int(pal.idx_b[r])
@@ -957,22 +952,43 @@ def _worst(
                 target=text(samples_a, sa, "target") if sa >= 0 else text(samples_b, sb, "target"),
                 kl=kl,
                 context=_context(d, pal, tokens_a, s, r),
-                token_text_a=vocab.get(int(tok_a)) if tok_a is not None else None,
-                token_text_b=vocab.get(int(tok_b)) if tok_b is not None else None,
-                topk_texts_a=texts(tk_a),
-                topk_texts_b=texts(tk_b),
             )
         )
-    return tuple(out)
+    return _with_texts(out, tokens_a, tokens_b)
 
 
-def _vocabulary(*tables: pa.Table) -> dict[int, str]:
-    """id -> text for every id whose token_text the tables record (one vectorised pass each)."""
+def _with_texts(examples: list[WorstExample], *tables: pa.Table) -> tuple[WorstExample, ...]:
+    """Fill the token / top-k texts of ``examples`` from the tables' token_text column."""
+    wanted = {t for w in examples for t in (w.token_a, w.token_b) if t is not None}
+    wanted |= {t for w in examples for ids in (w.topk_ids_a, w.topk_ids_b) if ids for t in ids}
+    vocab = _vocabulary(tables, wanted)
+    if not vocab:
+        return tuple(examples)
+
+    def texts(ids: list[int] | None) -> list[str | None] | None:
+        return None if ids is None else [vocab.get(int(t)) for t in ids]
+
+    return tuple(
+        dataclasses.replace(
+            w,
+            token_text_a=vocab.get(w.token_a) if w.token_a is not None else None,
+            token_text_b=vocab.get(w.token_b) if w.token_b is not None else None,
+            topk_texts_a=texts(w.topk_ids_a),
+            topk_texts_b=texts(w.topk_ids_b),
+        )
+        for w in examples
+    )
+
+
+def _vocabulary(tables: tuple[pa.Table, ...], wanted: set[int]) -> dict[int, str]:
+    """id -> text for the ``wanted`` ids that some table's token_text records."""
     vocab: dict[int, str] = {}
+    ids = pa.array(sorted(wanted), type=pa.int32())
     for table in tables:
-        if "token_text" not in table.column_names or table.num_rows == 0:
+        if "token_text" not in table.column_names or table.num_rows == 0 or not wanted:
             continue
-        pairs = table.select(["token_id", "token_text"]).filter(pc.is_valid(table["token_text"]))
+        mask = pc.and_(pc.is_in(table["token_id"], value_set=ids), pc.is_valid(table["token_text"]))
+        pairs = table.select(["token_id", "token_text"]).filter(mask)
         unique = pairs.group_by("token_id").aggregate([("token_text", "min")])
         vocab.update(zip(unique["token_id"].to_pylist(), unique["token_text_min"].to_pylist()))
     return vocab
