@@ -148,6 +148,32 @@ def compare(
     raise typer.Exit(code)
 
 
+@app.command()
+def calibrate(
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Layout-model config with the reference `legacy` (default: configs/layout.yaml)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents per variant."),
+    faults: Optional[str] = typer.Option(None, "--faults", help="Comma-separated zoo entries (default: all)."),
+    table: Path = typer.Option(Path("docs/calibration.md"), "--table", help="Where to write the calibration table."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Output root of the run (default: the config's `output`)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory."),
+) -> None:
+    """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
+    from evalpipe.calibrate import run_calibration
+    from evalpipe.config import ConfigError
+    from evalpipe.runner import RunFailed
+
+    names = [f.strip() for f in (faults or "").split(",") if f.strip()] or None
+    try:
+        code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output)
+    except ConfigError as err:
+        _fail(str(err), EXIT_USER)
+        return
+    except RunFailed as err:
+        _fail(str(err), err.exit_code)
+        return
+    raise typer.Exit(code)
+
+
 def _run_gates(target: Path):
     """The gates a run was made with (so --margin alone changes only the margin)."""
     from evalpipe.compare.run import gates_from_info, read_run_info

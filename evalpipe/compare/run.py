@@ -156,7 +156,7 @@ def load_teacher(vdir: VariantDir) -> pa.Table | None:
 
 
 @dataclass(frozen=True, eq=False)
-class _Side:
+class VariantArtifacts:
     """The artifacts of one variant, loaded once per run comparison."""
 
     name: str
@@ -165,7 +165,7 @@ class _Side:
     teacher: pa.Table | None
 
     @classmethod
-    def load(cls, vdir: VariantDir, name: str | None = None) -> "_Side":
+    def load(cls, vdir: VariantDir, name: str | None = None) -> "VariantArtifacts":
         samples, tokens = load_variant(vdir)
         return cls(name or vdir.name, samples, tokens, load_teacher(vdir))
 
@@ -235,8 +235,8 @@ def compare_tables(
     )
 
 
-def _compare_sides(
-    a: _Side, b: _Side, *, worst_k: int, gates: Gates, aa: VariantComparison | None = None
+def compare_artifacts(
+    a: VariantArtifacts, b: VariantArtifacts, *, worst_k: int, gates: Gates, aa: VariantComparison | None = None
 ) -> VariantComparison:
     return compare_tables(
         a.samples,
@@ -269,8 +269,8 @@ def compare_variants(
     Labels default to the directory names; pass e.g. "runA/legacy" when comparing
     across runs where both directories have the same name.
     """
-    return _compare_sides(
-        _Side.load(a, label_a), _Side.load(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
+    return compare_artifacts(
+        VariantArtifacts.load(a, label_a), VariantArtifacts.load(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
     )
 
 
@@ -359,12 +359,12 @@ def compare_run(
     others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
     if not others:
         raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
-    ref_side = _Side.load(rd.variant(ref))
+    ref_side = VariantArtifacts.load(rd.variant(ref))
     aa = None
     if aa_name is not None:
-        aa = _compare_sides(ref_side, _Side.load(rd.variant(aa_name)), worst_k=worst_k, gates=gates)
+        aa = compare_artifacts(ref_side, VariantArtifacts.load(rd.variant(aa_name)), worst_k=worst_k, gates=gates)
     comparisons = tuple(
-        _compare_sides(ref_side, _Side.load(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa) for name in others
+        compare_artifacts(ref_side, VariantArtifacts.load(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa) for name in others
     )
     run_id = str(info.get("run_id") or run_dir.name)
     return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
@@ -442,7 +442,7 @@ def compare_across_runs(
         run_a = RunDir(va.root.parent)
         gates = gates_from_info(read_run_info(run_a.root), str(run_a.run_json))
     gates = with_margin(gates, margin)
-    side_a, side_b = _Side.load(va, label_a), _Side.load(vb, label_b)
+    side_a, side_b = VariantArtifacts.load(va, label_a), VariantArtifacts.load(vb, label_b)
     check_same_items(side_a.samples, side_b.samples, label_a, label_b)
-    vc = _compare_sides(side_a, side_b, worst_k=worst_k, gates=gates)
+    vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates)
     return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)

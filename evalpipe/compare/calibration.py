@@ -1,0 +1,177 @@
+"""Calibration: how evalpipe's verdict fares against variants whose truth is known.
+
+A calibration run compares a reference with variants that are known to be benign
+(must come out IDENTICAL or EQUIVALENT) or harmful (must come out DIVERGENT). For
+each variant this module reports the verdict, the score movement with its paired
+statistics, which detector families fired, and the detection cost: the smallest
+number of items, taken in a fixed order (task, then doc_id), after which the
+verdict on those items alone is already DIVERGENT. The cost tells a user how many
+prompts a smoke test needs before a broken change shows.
+
+Pure functions over loaded artifacts; nothing here starts an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from evalpipe.compare.gates import FAIL, FREE_GATES, SCORE_GATES, TEACHER_GATES
+from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
+from evalpipe.compare.scores import to_jsonable
+from evalpipe.compare.verdict import Status
+from evalpipe.config import Gates
+
+DETECTORS = {"free-running": FREE_GATES, "teacher-forced": TEACHER_GATES, "scores": SCORE_GATES}
+# Outcomes against the expectation.
+CAUGHT, MISSED, CLEAN, FALSE_ALARM = "caught", "missed", "clean", "false alarm"
+
+
+@dataclass(frozen=True)
+class CalibrationRow:
+    variant: str
+    expected: str  # "benign" | "harmful"
+    status: str
+    outcome: str  # CAUGHT / MISSED for harmful, CLEAN / FALSE_ALARM for benign
+    detectors: tuple[str, ...]  # families with a failing gate
+    failed_gates: tuple[str, ...]
+    task: str | None  # the task of the score figures below (the first one)
+    metric: str | None
+    delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+    mcnemar_p: float | None
+    n_items: int
+    detection_cost: int | None  # None: never DIVERGENT on any prefix (or not computed)
+    doc: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+
+def outcome(expected: str, status: str) -> str:
+    divergent = status == Status.DIVERGENT.value
+    if expected == "harmful":
+        return CAUGHT if divergent else MISSED
+    return FALSE_ALARM if divergent else CLEAN
+
+
+def detectors_fired(comparison: VariantComparison) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(detector families, gate names) with at least one failing gate."""
+    failed = [g for g in comparison.verdict.gates if g.status == FAIL]
+    names = tuple(dict.fromkeys(g.gate for g in failed))
+    families = tuple(f for f, gates in DETECTORS.items() if any(n in gates for n in names))
+    return families, names
+
+
+# ---------------------------------------------------------------------------
+# prefixes in a fixed order
+# ---------------------------------------------------------------------------
+
+
+def item_order(samples: pa.Table) -> list[tuple[str, int]]:
+    """The items of a samples table in the fixed order (task, doc_id)."""
+    cols = samples.select(["task", "doc_id"]).to_pydict()
+    return sorted(set(zip(cols["task"], (int(d) for d in cols["doc_id"]))))
+
+
+def _rank_of_rows(table: pa.Table, rank: dict[tuple[str, int], int]) -> np.ndarray:
+    cols = table.select(["task", "doc_id"]).to_pydict()
+    # one dict lookup per (task, doc) pair, then a vectorised gather over the rows
+    pairs = pa.table({"task": cols["task"], "doc_id": cols["doc_id"]})
+    unique = pairs.group_by(["task", "doc_id"]).aggregate([])
+    lookup = {(t, int(d)): rank.get((t, int(d)), len(rank)) for t, d in zip(unique["task"].to_pylist(), unique["doc_id"].to_pylist())}
+    return np.fromiter((lookup[(t, int(d))] for t, d in zip(cols["task"], cols["doc_id"])), dtype=np.int64, count=table.num_rows)
+
+
+class PrefixView:
+    """A variant's artifacts restricted to the first n items of the fixed order."""
+
+    def __init__(self, side: VariantArtifacts, rank: dict[tuple[str, int], int]):
+        self.side = side
+        self._ranks = {
+            "samples": _rank_of_rows(side.samples, rank),
+            "tokens": _rank_of_rows(side.tokens, rank),
+            "teacher": None if side.teacher is None else _rank_of_rows(side.teacher, rank),
+        }
+
+    def first(self, n: int) -> VariantArtifacts:
+        def cut(table: pa.Table | None, ranks: np.ndarray | None) -> pa.Table | None:
+            return None if table is None else table.filter(pa.array(ranks < n))
+
+        s = self.side
+        return VariantArtifacts(
+            s.name,
+            cut(s.samples, self._ranks["samples"]),
+            cut(s.tokens, self._ranks["tokens"]),
+            cut(s.teacher, self._ranks["teacher"]),
+        )
+
+
+def detection_cost(
+    reference: VariantArtifacts,
+    variant: VariantArtifacts,
+    gates: Gates,
+    aa: VariantArtifacts | None = None,
+    max_items: int | None = None,
+) -> int | None:
+    """Smallest n such that the first n items alone give DIVERGENT; None if no n does.
+
+    Scanned upward from 1: the verdict on a prefix is not monotone in n (a score
+    gate can pass on more items), so bisection could skip the smallest n. The A/A
+    run, when given, is cut to the same items so relative bounds stay comparable.
+    """
+    order = item_order(reference.samples)
+    rank = {key: i for i, key in enumerate(order)}
+    views = [PrefixView(s, rank) for s in (reference, variant)]
+    aa_view = PrefixView(aa, rank) if aa is not None else None
+    limit = min(len(order), max_items or len(order))
+    for n in range(1, limit + 1):
+        ref_n, var_n = (v.first(n) for v in views)
+        aa_cmp = compare_artifacts(ref_n, aa_view.first(n), worst_k=0, gates=gates) if aa_view else None
+        if compare_artifacts(ref_n, var_n, worst_k=0, gates=gates, aa=aa_cmp).status is Status.DIVERGENT:
+            return n
+    return None
+
+
+def calibration_row(
+    comparison: VariantComparison,
+    expected: str,
+    *,
+    cost: int | None,
+    doc: str = "",
+    metric: str | None = None,
+) -> CalibrationRow:
+    """One table row; the score figures are those of ``metric`` (default: the first
+    task's first metric in name order) — the gates still cover every metric."""
+    families, gate_names = detectors_fired(comparison)
+    rows = sorted(comparison.scores.rows, key=lambda r: (r.task, r.metric))
+    first = next((r for r in rows if r.metric == metric), rows[0] if rows else None)
+    return CalibrationRow(
+        variant=comparison.variant,
+        expected=expected,
+        status=comparison.status.value,
+        outcome=outcome(expected, comparison.status.value),
+        detectors=families,
+        failed_gates=gate_names,
+        task=first.task if first else None,
+        metric=first.metric if first else None,
+        delta=first.delta if first else None,
+        ci_low=first.ci_low if first else None,
+        ci_high=first.ci_high if first else None,
+        mcnemar_p=first.mcnemar_p if first else None,
+        n_items=first.n_paired if first else 0,
+        detection_cost=cost,
+        doc=doc,
+    )
+
+
+def summarize(rows: Sequence[CalibrationRow]) -> dict[str, int]:
+    """Counts per outcome: how many harmful variants were caught, benign ones kept clean."""
+    out = {CAUGHT: 0, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
+    for r in rows:
+        out[r.outcome] += 1
+    return out

@@ -1,0 +1,69 @@
+"""Calibration figures from known-benign and known-harmful fake variants."""
+
+import pytest
+
+from evalpipe.compare.calibration import (
+    CAUGHT,
+    CLEAN,
+    FALSE_ALARM,
+    MISSED,
+    calibration_row,
+    detection_cost,
+    item_order,
+    outcome,
+    summarize,
+)
+from evalpipe.compare.run import VariantArtifacts, compare_artifacts
+from evalpipe.config import Gates
+from fakes import METRIC, make_samples, mutate, set_token, tables
+
+
+def side(name, samples):
+    s, t = tables(samples)
+    return VariantArtifacts(name, s, t, None)
+
+
+def test_outcome_against_expectation():
+    assert outcome("harmful", "DIVERGENT") == CAUGHT and outcome("harmful", "EQUIVALENT") == MISSED
+    assert outcome("benign", "IDENTICAL") == CLEAN and outcome("benign", "DIVERGENT") == FALSE_ALARM
+
+
+def test_detection_cost_is_the_first_prefix_that_diverges():
+    ref = make_samples(12)
+    bad = mutate(mutate(ref, 5, set_token(2, 7)), 9, set_token(0, 7))  # hard divergences at docs 5 and 9
+    cost = detection_cost(side("legacy", ref), side("bad", bad), Gates())
+    assert cost == 6, "items 0..5 in doc order are needed to see doc 5"
+    assert detection_cost(side("legacy", ref), side("same", ref), Gates()) is None
+    assert detection_cost(side("legacy", ref), side("bad", bad), Gates(), max_items=5) is None
+
+
+def test_detection_cost_orders_items_by_task_then_doc():
+    ref = make_samples(4, task="b") + make_samples(3, task="a")
+    assert item_order(side("x", ref).samples)[:4] == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
+    bad = mutate(ref, 0, set_token(1, 7), task="b")
+    assert detection_cost(side("legacy", ref), side("bad", bad), Gates()) == 4
+
+
+def test_relative_gates_use_the_aa_run_cut_to_the_same_items():
+    ref = make_samples(8)
+    noisy = mutate(ref, 1, set_token(2, 7))  # one hard divergence in the A/A run
+    bad = mutate(ref, 3, set_token(2, 7))
+    # with the A/A run showing one hard divergence among its first 2+ items, 3 x 1 = 3 are tolerated
+    assert detection_cost(side("legacy", ref), side("bad", bad), Gates(), aa=side("aa", noisy)) is None
+    assert detection_cost(side("legacy", ref), side("bad", bad), Gates()) == 4
+
+
+def test_calibration_row_reports_score_figures_and_detectors():
+    ref = make_samples(10)  # scores doc_id % 2
+    flipped = [s.copy(scores={METRIC: 0.0}) if s.doc_id in (1, 3, 5) else s.copy() for s in ref]
+    bad = mutate(flipped, 7, set_token(0, 7))
+    cmp = compare_artifacts(side("legacy", ref), side("bad", bad), worst_k=0, gates=Gates())
+    row = calibration_row(cmp, "harmful", cost=2, doc="stands for a bug")
+    assert row.status == "DIVERGENT" and row.outcome == CAUGHT
+    assert set(row.detectors) == {"free-running", "scores"}
+    assert "free_hard_divergences" in row.failed_gates and "score_equivalence" in row.failed_gates
+    assert row.delta == pytest.approx(-0.3) and row.n_items == 10
+    assert row.ci_low < -0.3 < row.ci_high
+    assert row.mcnemar_p == pytest.approx(0.25)  # b = 3, c = 0: 2 * 0.5^3
+    assert summarize([row]) == {CAUGHT: 1, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
+    assert row.to_dict()["detection_cost"] == 2
