@@ -407,3 +407,20 @@ def test_swap_on_a_hand_made_case():
     failing = {g.gate for g in ab.verdict.gates if g.failed}
     assert failing == {"score_equivalence", "free_hard_divergences", "teacher_kl_p99", "teacher_kl_max",
                        "teacher_hard_top1_flips"}
+
+
+def test_infinite_measure_fails_the_gate_instead_of_skipping():
+    from evalpipe.compare.gates import evaluate_gates
+    from evalpipe.compare.tokens import compare_tokens
+    from fakes import make_samples, mutate, tables
+
+    a = make_samples(3, length=4)
+    nan = float("nan")
+    b = mutate(a, 1, lambda s: s.copy(logprobs=[nan] * 4, topk_logprobs=[[nan, nan, nan]] * 4))
+    (sa, ta), (sb, tb) = tables(a), tables(b)
+    teacher = compare_tokens(ta, tb).summaries
+    free = compare_tokens(ta, tb, sa, sb).summaries
+    results = {g.gate: g for g in evaluate_gates([], free, teacher, Gates())}
+    for name in ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips"):
+        assert results[name].status == "fail", results[name].detail
+    assert "inf" in results["teacher_kl_max"].detail

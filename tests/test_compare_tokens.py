@@ -642,3 +642,17 @@ def test_worst_examples_carry_token_and_topk_texts_from_the_traces():
     assert len(w.topk_texts_a) == len(w.topk_ids_a)
     plain = compare_tokens(ta, tb, sa, sb).summaries[0].worst_logprob[0]
     assert plain.token_text_a is None and plain.topk_texts_a is None
+
+
+def test_nan_logprobs_on_one_side_are_the_largest_difference_not_missing_data():
+    # An fp16 overflow makes one variant's logits NaN: every measure must say "maximal".
+    a = make_samples(3, length=4)
+    nan = float("nan")
+    b = mutate(a, 1, lambda s: s.copy(logprobs=[nan] * 4, topk_logprobs=[[nan, nan, nan]] * 4))
+    (sa, ta), (sb, tb) = tables(a), tables(b)
+    (t,) = compare_tokens(ta, tb, sa, sb).summaries
+    assert t.kl_max == float("inf") and t.max_abs_dlogprob == float("inf")
+    assert t.n_top1_hard == 4, "same top-1 id, but a NaN distribution is no near tie"
+    assert t.kl_p99 == float("inf") and t.kl_p50 == 0.0
+    d = t.to_dict()
+    assert d["kl_max"] is None, "JSON has no infinity: null, and the gates read the summary itself"

@@ -600,7 +600,15 @@ def _prefix_metrics(ta: _TopK, tb: _TopK, ra: np.ndarray, rb: np.ndarray, near_t
         todo = np.flatnonzero(differs)  # bit-equal rows: KL exactly 0, sets equal
         if len(todo):
             kl_ab[lo + todo], kl_ba[lo + todo], same[lo + todo] = _kl_pair(ia[todo], la[todo], ib[todo], lb[todo])
-        flip = np.flatnonzero(ia[:, 0] != ib[:, 0])
+        # Non-finite logprobs on one side (an overflow, a NaN) are the largest
+        # difference there is, not a missing measurement.
+        # (-inf is the padding of short top-k lists, so only NaN / +inf count)
+        broken = differs & (_nonfinite_rows(la) ^ _nonfinite_rows(lb))
+        if broken.any():
+            where = lo + np.flatnonzero(broken)
+            kl_ab[where] = kl_ba[where] = np.inf
+            same[where] = False
+        flip = np.flatnonzero((ia[:, 0] != ib[:, 0]) | broken)
         if len(flip):
             fa, fb = ia[flip], ib[flip]
             near, _ = _near_tie(
@@ -608,8 +616,12 @@ def _prefix_metrics(ta: _TopK, tb: _TopK, ra: np.ndarray, rb: np.ndarray, near_t
                 fb[:, 0], lb[flip, 0].astype(np.float64), fb, lb[flip], near_tie_gap,
             )
             disagree[lo + flip] = True
-            hard[lo + flip] = ~near
+            hard[lo + flip] = ~near | broken[flip]
     return _PrefixMetrics(diff, kl_ab, kl_ba, same, disagree, hard)
+
+
+def _nonfinite_rows(lps: np.ndarray) -> np.ndarray:
+    return (np.isnan(lps) | np.isposinf(lps)).any(axis=1)
 
 
 def _align_positions(tokens_a: pa.Table, tokens_b: pa.Table) -> Alignment:
@@ -838,7 +850,9 @@ def sample_token_diffs(
 
 
 def _opt_float(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
+    """NaN (nothing measured) -> None; +inf stays: it marks non-finite logprobs on one
+    side, which is the largest difference there is (JSON writes it as null)."""
+    return None if np.isnan(x) else float(x)
 
 
 def _quantile(x: np.ndarray, q: float) -> float | None:
@@ -847,6 +861,14 @@ def _quantile(x: np.ndarray, q: float) -> float | None:
         return None
     if q >= 100:
         return _opt_float(np.max(x))
+    x = np.asarray(x, dtype=np.float64)
+    infinite = np.isposinf(x)
+    if infinite.any():
+        # linear interpolation between two infinities gives NaN; between a finite
+        # value and an infinity the percentile is infinite, so compute it on a stand-in
+        big = np.finfo(np.float64).max
+        v = float(np.percentile(np.where(infinite, big, x), q))
+        return np.inf if v >= big / 2 else _opt_float(v)
     with np.errstate(invalid="ignore"):
         return _opt_float(np.percentile(x, q))
 
