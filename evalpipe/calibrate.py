@@ -22,13 +22,11 @@ from rich.table import Table
 from evalpipe import artifacts
 from evalpipe.config import ConfigError, RunConfig, Variant
 from evalpipe.layout.faults import FAULT_ENV, FAULTS, Fault
+from evalpipe.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
 
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "layout.yaml"
 DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"
-LAYOUT_ENV = "EVALPIPE_LAYOUT"
-# Output scale for the faults that only exist when the O projection is scaled.
-FAULT_OUT_SCALE = 64.0
 
 
 def zoo(names: list[str] | None = None) -> list[Fault]:
@@ -42,10 +40,11 @@ def zoo(names: list[str] | None = None) -> list[Fault]:
     return [f for f in FAULTS.values() if not f.raises]
 
 
-def fault_variant(fault: Fault, out_scale: float = FAULT_OUT_SCALE) -> Variant:
+def fault_variant(fault: Fault) -> Variant:
     engine: dict[str, Any] = {}
     if fault.needs_scale:
-        engine = {"hf_overrides": {"layout_out_scale": out_scale}}
+        # the scale the fault is documented with (the one at which it really bites)
+        engine = {"hf_overrides": {"layout_out_scale": fault.out_scale}}
     kind = "harmful" if fault.harmful else "benign"
     return Variant(
         description=f"{fault.layout} + fault {fault.name} ({kind})",

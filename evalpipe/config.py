@@ -99,6 +99,10 @@ class TokenGates(_Strict):
         default=Tolerance(abs=0),
         description="Free-running samples whose first divergence is hard (not a near tie), per task.",
     )
+    free_kl_max: Tolerance = Field(
+        default=Tolerance(abs=0.1),
+        description="Largest free-running per-position KL before the first divergence, nats (batch-layout faults that only decoding meets).",
+    )
     teacher_kl_p99: Tolerance = Field(
         default=Tolerance(abs=1e-3),
         description="p99 over teacher-forced positions of the symmetric top-k KL, max(KL(ref||variant), KL(variant||ref)), nats.",

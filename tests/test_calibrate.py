@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.calibrate import FAULT_OUT_SCALE, calibration_config, zoo
+from evalpipe.calibrate import calibration_config, zoo
 from evalpipe.compare.calibration import CalibrationRow
 from evalpipe.config import ConfigError, parse_config
 from evalpipe.layout.faults import FAULT_ENV, FAULTS
@@ -31,7 +31,8 @@ def test_every_runnable_fault_becomes_a_variant_with_its_expectation():
         assert v.env == {"EVALPIPE_LAYOUT": f.layout, FAULT_ENV: f.name}
         assert expected[f"fault-{f.name}"] == ("harmful" if f.harmful else "benign", f.doc)
         scale = (v.engine.get("hf_overrides") or {}).get("layout_out_scale")
-        assert scale == (FAULT_OUT_SCALE if f.needs_scale else None)
+        assert scale == (f.out_scale if f.needs_scale else None)
+        assert not f.needs_scale or scale > 1
     assert any(f.harmful for f in faults) and any(not f.harmful for f in faults)
 
 

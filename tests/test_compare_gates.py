@@ -241,10 +241,11 @@ def test_gate_order_and_json():
         ("aaa", "score_equivalence", METRIC),
         ("aaa", "score_mcnemar", METRIC),
         ("aaa", "free_hard_divergences", None),
+        ("aaa", "free_kl_max", None),
         ("aaa", "teacher_kl_p99", None),
         ("aaa", "teacher_kl_max", None),
         ("aaa", "teacher_hard_top1_flips", None),
-    ] + [(TASK,) + k[1:] for k in keys[:6]]
+    ] + [(TASK,) + k[1:] for k in keys[:7]]
     d = vc.verdict.gates[0].to_dict()
     assert set(d) == {"gate", "task", "metric", "status", "measured", "threshold", "aa_value", "detail", "evidence"}
     json.dumps(vc.to_dict()["gates"], allow_nan=False)
@@ -270,7 +271,7 @@ def test_teacher_difference_alone_keeps_it_from_identical():
     s = make_samples(3)
     vc = _vc(s, s, s, mutate(s, 1, lambda x: x.copy(logprobs=[v - 1e-3 for v in x.logprobs])))
     assert vc.status is Status.EQUIVALENT
-    assert vc.verdict.reasons[-1] == "all 6 gates passed (0 skipped)"
+    assert vc.verdict.reasons[-1] == "all 7 gates passed (0 skipped)"
 
 
 def test_divergent_lists_failing_gates_first_then_structure():
@@ -424,3 +425,16 @@ def test_infinite_measure_fails_the_gate_instead_of_skipping():
     for name in ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips"):
         assert results[name].status == "fail", results[name].detail
     assert "inf" in results["teacher_kl_max"].detail
+
+
+def test_free_kl_max_gate_catches_a_decode_only_fault():
+    # Same tokens everywhere, but one decode position's distribution moved by far
+    # more than noise: the teacher-forced side may never see such a batch-layout fault.
+    from fakes import set_step
+
+    a = make_samples(4, length=5)
+    b = mutate(a, 2, set_step(3, a[2].token_ids[3], a[2].logprobs[3], [a[2].token_ids[3], 1, 2], [a[2].logprobs[3], a[2].logprobs[3] - 0.05, -9.0]))
+    vc = _vc(a, b)
+    g = _by_name(vc.verdict.gates, "free_kl_max")
+    assert g.status == "fail" and g.measured > 0.1 and "doc 2 repeat 0 pos 3" in g.evidence
+    assert vc.status.value == "DIVERGENT"

@@ -105,10 +105,10 @@ def test_compare_json_v2_shape_and_bytes(tmp_path):
     (c,) = d["comparisons"]
     assert set(c) == COMPARISON_KEYS
     assert [g["gate"] for g in c["gates"]] == [
-        "score_equivalence", "score_mcnemar", "free_hard_divergences",
+        "score_equivalence", "score_mcnemar", "free_hard_divergences", "free_kl_max",
         "teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips",
     ]
-    assert c["teacher"][0]["task"] == TASK and c["reasons"][-1] == "all 6 gates passed (0 skipped)"
+    assert c["teacher"][0]["task"] == TASK and c["reasons"][-1] == "all 7 gates passed (0 skipped)"
     assert "NaN" not in first.decode() and str(tmp_path) not in first.decode()
     # the same artifacts with their rows in another order: the same bytes
     s = make_samples(8)

@@ -29,6 +29,11 @@ to less than ``abs``; without an A/A run the bound is ``abs``. Fail iff
 measured > bound.
 
 * ``free_hard_divergences``: free-running samples whose first divergence is hard.
+* ``free_kl_max``: the largest top-k KL at a free-running position before the
+  first divergence (both sides still agree on every earlier token). Decoding
+  batches are arranged differently from the prefill that teacher forcing uses, so
+  a fault tied to the batch layout (a row of a shard boundary, stale padding) can
+  show here while the teacher-forced positions never meet it.
 * ``teacher_kl_p99`` / ``teacher_kl_max``: the per-position top-k KL over the
   teacher-forced positions (both sides score the reference's tokens, so every
   position is comparable).
@@ -56,7 +61,7 @@ from evalpipe.config import Gates, Tolerance
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SCORE_GATES = ("score_equivalence", "score_mcnemar")
-FREE_GATES = ("free_hard_divergences",)
+FREE_GATES = ("free_hard_divergences", "free_kl_max")
 TEACHER_GATES = ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips")
 GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES
 # Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
@@ -293,7 +298,10 @@ def _top1_positions(t: Any) -> Iterable[tuple[int, int, int]]:
     return getattr(t, "top1_hard_positions", ())
 
 
-FREE_MEASURES = (_TokenMeasure("free_hard_divergences", "n_hard_divergences", "first at", _hard_positions, True),)
+FREE_MEASURES = (
+    _TokenMeasure("free_hard_divergences", "n_hard_divergences", "first at", _hard_positions, True),
+    _TokenMeasure("free_kl_max", "kl_max", "worst at", _kl_positions),
+)
 TEACHER_MEASURES = (
     _TokenMeasure("teacher_kl_p99", "kl_p99", "worst at", _kl_positions),
     _TokenMeasure("teacher_kl_max", "kl_max", "worst at", _kl_positions),

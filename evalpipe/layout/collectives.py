@@ -116,7 +116,9 @@ def take_shard(padded: Tensor, offset: int, size: int) -> Tensor:
     """Rows ``[offset, offset + size)`` of the padded batch; rows past its end repeat the last
     row (a read beyond the buffer returns whatever is there)."""
     part = padded[offset : offset + size]
-    return pad_rows(part, size, mode="replicate") if part.shape[0] < size else part
+    if part.shape[0] == size:
+        return part
+    return torch.cat([part, padded[-1:].expand(size - part.shape[0], *padded.shape[1:])], dim=0)
 
 
 def split_shards(padded: Tensor, world: int) -> list[Tensor]:

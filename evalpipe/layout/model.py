@@ -32,7 +32,9 @@ its size (the fp16 overflow guard of the PR, where c = 1 / routed_scaling_factor
 attention output is scaled (sp: on the partial products before the reduction; legacy:
 after it), the residual is rescaled on layer 0, and the MLP output is scaled (the PR's MoE
 skips its routed scaling instead). The final RMSNorm removes c again, so the result
-matches c = 1 up to the norms' epsilon; a power of two keeps the scaling itself exact.
+matches c = 1. The norms that see the scaled stream get their epsilon scaled by c**2, so
+for a power of two the scale is exactly neutral (the fp16 deployment this stands for keeps
+its epsilon, a deliberate small change that would only blur the faults' signal here).
 
 Deviations from real tensor parallelism, on purpose:
 - Heads need not divide by T. They are split into T groups as evenly as possible, larger
@@ -52,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from vllm.compilation.decorators import ignore_torch_compile
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
 from vllm.logger import init_logger
 from vllm.model_executor.models.llama import (
     LlamaAttention,
@@ -66,7 +68,8 @@ from evalpipe.layout import collectives as C
 from evalpipe.layout.plugin import ARCHITECTURE
 from evalpipe.layout.settings import LayoutSettings, resolve
 
-logger = init_logger(__name__)
+# Under the vllm logger namespace so the line lands in the engine log with vLLM's own.
+logger = init_logger(f"vllm.{__name__}")
 
 # Reductions of the sp layout's reduce_scatter (⑥) by fault; the default is the ring.
 _REDUCE_SCATTER = {
@@ -84,13 +87,33 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         self.is_last_layer = self.layer_idx == hf_config.num_hidden_layers - 1
         self.num_heads = self.self_attn.total_num_heads
         self.head_dim = self.self_attn.head_dim
+        self.o_weight: torch.Tensor | None = None
+        self.eps = self.input_layernorm.variance_epsilon
         self.use_settings(resolve(hf_config))
 
     def use_settings(self, settings: LayoutSettings) -> None:
         self.settings = settings
-        groups = C.head_groups(self.num_heads, settings.tp)
-        self.columns = [C.head_columns(g, self.head_dim) for g in groups]
-        self.strided_columns = [C.head_columns(g, self.head_dim) for g in C.strided_head_groups(self.num_heads, settings.tp)]
+        scaled = settings.out_scale**2 * self.eps
+        # Layer 0's input norm sees the embedding before the rescale; every other norm sees
+        # the scaled stream.
+        self.input_layernorm.variance_epsilon = self.eps if self.layer_idx == 0 else scaled
+        self.post_attention_layernorm.variance_epsilon = scaled
+        device = self.self_attn.o_proj.weight.device
+        self.columns = [C.head_columns(g, self.head_dim).to(device) for g in C.head_groups(self.num_heads, settings.tp)]
+        self.strided_columns = [
+            C.head_columns(g, self.head_dim).to(device) for g in C.strided_head_groups(self.num_heads, settings.tp)
+        ]
+        self._slice_o_weight()
+
+    def keep_o_weight(self) -> None:
+        """Keep W_o as loaded: vLLM's CPU build repacks linear weights for its GEMM kernels
+        after loading and drops the plain tensor, but every rank needs its column slice."""
+        self.o_weight = self.self_attn.o_proj.weight.detach().clone()
+        self._slice_o_weight()
+
+    def _slice_o_weight(self) -> None:
+        w = self.o_weight
+        self.o_weight_slices = None if w is None else [w.index_select(1, cols).contiguous() for cols in self.columns]
 
     # ------------------------------------------------------------------ decoder layer
 
@@ -133,10 +156,13 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
     def _o_partial(self, x: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank ``rank``'s row-parallel share of the O projection: its head group's columns of
         the attention output times the matching slice of W_o (bias on rank 0 only)."""
-        o_proj = self.self_attn.o_proj
-        weight = o_proj.weight.index_select(1, self.columns[rank])
-        bias = o_proj.bias if rank == 0 else None
-        return F.linear(x, weight, bias)
+        if self.o_weight_slices is None:
+            raise RuntimeError(
+                f"{ARCHITECTURE}: the O-projection weights were not captured at load time; "
+                "load the model through its load_weights (a real checkpoint, not load_format=dummy)."
+            )
+        bias = self.self_attn.o_proj.bias if rank == 0 else None
+        return F.linear(x, self.o_weight_slices[rank], bias)
 
     # ------------------------------------------------------------------ legacy: ① ... ④
 
@@ -218,17 +244,26 @@ class LayoutForCausalLM(LlamaForCausalLM):
     """vLLM's LlamaForCausalLM with LayoutDecoderLayer: loads Llama checkpoints unchanged."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", layer_type=LayoutDecoderLayer):
-        tp = get_tensor_model_parallel_world_size()
-        if tp != 1:
+        tp, pp = get_tensor_model_parallel_world_size(), get_pp_group().world_size
+        if (tp, pp) != (1, 1):
             raise ValueError(
                 f"{ARCHITECTURE} emulates its tensor-parallel ranks in one process; run it with "
-                f"tensor_parallel_size 1 (got {tp}) and set the virtual rank count with hf_overrides.layout_tp."
+                f"tensor_parallel_size 1 and pipeline_parallel_size 1 (got {tp} and {pp}) and set the "
+                "virtual rank count with hf_overrides.layout_tp."
             )
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+        self.final_eps = self.model.norm.variance_epsilon
+        self.use_settings(self.layout_settings())
         logger.info("%s: %s", ARCHITECTURE, self.layout_settings().describe())
 
     def _init_model(self, vllm_config: VllmConfig, prefix: str = "", layer_type=LayoutDecoderLayer):
         return LayoutModel(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+
+    def load_weights(self, weights):
+        loaded = super().load_weights(weights)
+        for layer in self._layout_layers():
+            layer.keep_o_weight()
+        return loaded
 
     def _layout_layers(self) -> list[LayoutDecoderLayer]:
         return [m for m in self.model.layers if isinstance(m, LayoutDecoderLayer)]
@@ -242,3 +277,4 @@ class LayoutForCausalLM(LlamaForCausalLM):
         KV blocks were computed under the previous settings."""
         for layer in self._layout_layers():
             layer.use_settings(settings)
+        self.model.norm.variance_epsilon = settings.out_scale**2 * self.final_eps
