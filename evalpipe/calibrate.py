@@ -111,9 +111,8 @@ def run_calibration(
 
     from evalpipe.report.calibration import render_calibration
 
-    command = "evalpipe calibrate" + "".join(
-        f" {flag} {shlex.quote(str(v))}" for flag, v in (("-c", config_path), ("--limit", limit)) if v is not None
-    )
+    options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None))
+    command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
     text = render_calibration(rows, info, command=command, seconds=time.time() - started, run_dir=plan.run_dir)
     artifacts.write_text(table_path, text)
     artifacts.write_json(rd.root / "calibration.json", {"rows": [r.to_dict() for r in rows], "summary": summarize(rows)})
