@@ -74,10 +74,18 @@ def run(
         _print_plan(plan)
         return
 
-    from evalpipe.runner import RunFailed, execute
+    from evalpipe.runner import execute
+
+    _exit_with(lambda: execute(plan, console, timeout_s=timeout))
+
+
+def _exit_with(job) -> None:
+    """Run ``job`` (returns an exit code); a config problem or a failed run ends in one sentence."""
+    from evalpipe.config import ConfigError
+    from evalpipe.runner import RunFailed
 
     try:
-        code = execute(plan, console, timeout_s=timeout)
+        code = job()
     except ConfigError as err:
         _fail(str(err), EXIT_USER)
         return
@@ -118,6 +126,7 @@ def compare(
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
     from evalpipe.config import ConfigError, load_gates
+    from evalpipe.plan import split_csv
     from evalpipe.runner import compare_and_report, compare_two_runs
 
     try:
@@ -130,7 +139,7 @@ def compare(
             run_dir = targets[0]
             if not (run_dir / "run.json").is_file():
                 _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
-            chosen = [v.strip() for v in (variants or "").split(",") if v.strip()] or None
+            chosen = split_csv(variants) or None
             code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
         elif len(targets) == 2:
             if reference or variants:
@@ -159,19 +168,10 @@ def calibrate(
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
     from evalpipe.calibrate import run_calibration
-    from evalpipe.config import ConfigError
-    from evalpipe.runner import RunFailed
+    from evalpipe.plan import split_csv
 
-    names = [f.strip() for f in (faults or "").split(",") if f.strip()] or None
-    try:
-        code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output)
-    except ConfigError as err:
-        _fail(str(err), EXIT_USER)
-        return
-    except RunFailed as err:
-        _fail(str(err), err.exit_code)
-        return
-    raise typer.Exit(code)
+    names = split_csv(faults) or None
+    _exit_with(lambda: run_calibration(config, limit, names, table, console, run_id=run_id, output=output))
 
 
 def _run_gates(target: Path):

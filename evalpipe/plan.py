@@ -76,14 +76,15 @@ class RunPlan:
         return next(v for v in self.variants if v.name == name)
 
 
-def _split(csv: str | None) -> list[str]:
+def split_csv(csv: str | None) -> list[str]:
+    """"a, b,,c" -> ["a", "b", "c"] (command-line lists)."""
     return [p.strip() for p in (csv or "").split(",") if p.strip()]
 
 
 def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[PlannedTask]:
     """`gsm8k` -> that group of the config; `all` -> every group; any other name -> that
     lm-eval task with its own defaults. Comma-separated selectors combine."""
-    names = _split(selector)
+    names = split_csv(selector)
     if not names:
         raise ConfigError("no task given; name a task group of the config (e.g. gsm8k), `all`, or an lm-eval task.")
     chosen: list[PlannedTask] = []
@@ -170,7 +171,7 @@ def make_plan(
     check_model(config.model.path, config_path)
     tasks = select_tasks(config, task_selector, limit)
 
-    names = _split(variants) or list(config.variants)
+    names = split_csv(variants) or list(config.variants)
     unknown = [n for n in names if n not in config.variants]
     if unknown:
         raise ConfigError(

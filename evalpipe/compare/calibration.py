@@ -13,6 +13,7 @@ Pure functions over loaded artifacts; nothing here starts an engine.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -78,24 +79,33 @@ def item_order(samples: pa.Table) -> list[tuple[str, int]]:
     return sorted(set(zip(cols["task"], (int(d) for d in cols["doc_id"]))))
 
 
-def _rank_of_rows(table: pa.Table, rank: dict[tuple[str, int], int]) -> np.ndarray:
-    cols = table.select(["task", "doc_id"]).to_pydict()
-    # one dict lookup per (task, doc) pair, then a vectorised gather over the rows
-    pairs = pa.table({"task": cols["task"], "doc_id": cols["doc_id"]})
-    unique = pairs.group_by(["task", "doc_id"]).aggregate([])
-    lookup = {(t, int(d)): rank.get((t, int(d)), len(rank)) for t, d in zip(unique["task"].to_pylist(), unique["doc_id"].to_pylist())}
-    return np.fromiter((lookup[(t, int(d))] for t, d in zip(cols["task"], cols["doc_id"])), dtype=np.int64, count=table.num_rows)
+def _rank_of_rows(table: pa.Table, order: list[tuple[str, int]]) -> np.ndarray:
+    """Each row's item rank in ``order`` (sorted by task, then doc_id); len(order) if absent.
+
+    Within a task the ranks are consecutive, so a searchsorted per task finds them."""
+    tasks = table.column("task").to_numpy(zero_copy_only=False)
+    docs = table.column("doc_id").to_numpy()
+    ranks = np.full(table.num_rows, len(order), dtype=np.int64)
+    start = 0
+    for task, group in itertools.groupby(order, key=lambda key: key[0]):
+        known = np.fromiter((d for _, d in group), dtype=np.int64)
+        rows = np.flatnonzero(tasks == task)
+        at = np.searchsorted(known, docs[rows])
+        hit = known[np.minimum(at, len(known) - 1)] == docs[rows]
+        ranks[rows[hit]] = start + at[hit]
+        start += len(known)
+    return ranks
 
 
 class PrefixView:
     """A variant's artifacts restricted to the first n items of the fixed order."""
 
-    def __init__(self, side: VariantArtifacts, rank: dict[tuple[str, int], int]):
+    def __init__(self, side: VariantArtifacts, order: list[tuple[str, int]]):
         self.side = side
         self._ranks = {
-            "samples": _rank_of_rows(side.samples, rank),
-            "tokens": _rank_of_rows(side.tokens, rank),
-            "teacher": None if side.teacher is None else _rank_of_rows(side.teacher, rank),
+            "samples": _rank_of_rows(side.samples, order),
+            "tokens": _rank_of_rows(side.tokens, order),
+            "teacher": None if side.teacher is None else _rank_of_rows(side.teacher, order),
         }
 
     def first(self, n: int) -> VariantArtifacts:
@@ -125,9 +135,8 @@ def detection_cost(
     run, when given, is cut to the same items so relative bounds stay comparable.
     """
     order = item_order(reference.samples)
-    rank = {key: i for i, key in enumerate(order)}
-    views = [PrefixView(s, rank) for s in (reference, variant)]
-    aa_view = PrefixView(aa, rank) if aa is not None else None
+    views = [PrefixView(s, order) for s in (reference, variant)]
+    aa_view = PrefixView(aa, order) if aa is not None else None
     limit = min(len(order), max_items or len(order))
     for n in range(1, limit + 1):
         ref_n, var_n = (v.first(n) for v in views)

@@ -210,6 +210,12 @@ class OfflineEngine:
             core.shutdown()
 
 
+def in_order(call: Callable[[list], list], requests: list, reverse: bool) -> list:
+    """``call(requests)``, sending the requests in reverse order when asked (the A/A
+    run: the engine forms other batches from the same work); results in input order."""
+    return call(requests[::-1])[::-1] if reverse else call(requests)
+
+
 def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
     """Each token's own text (for reports' context), decoding every distinct id once."""
     texts = {tid: engine.decode([tid]) for tid in set(token_ids)}

@@ -18,7 +18,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from evalpipe.worker.engines import Engine, GenRequest, GenResult, ScoreRequest
+from evalpipe.worker.engines import Engine, GenRequest, GenResult, ScoreRequest, in_order
 
 CaptureKey = tuple[str, int, int, int]  # task, doc_id, request idx, repeat
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own fallback when a task sets none
@@ -53,9 +53,7 @@ class CapturingLM(LM):
         self.engine_seconds = 0.0  # time inside engine calls, incl. converting their logprobs
 
     def _ordered(self, call: Callable[[list], list], requests: list) -> list:
-        if not self.reverse_order:
-            return call(requests)
-        return call(requests[::-1])[::-1]
+        return in_order(call, requests, self.reverse_order)
 
     def _report(self, phase: str) -> Callable[[int, int], None] | None:
         if self.progress is None:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from evalpipe import artifacts
-from evalpipe.worker.engines import Engine, ScoreRequest
+from evalpipe.worker.engines import Engine, ScoreRequest, in_order
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,11 @@ def teacher_force(
     ]
     # A continuation can only start at position >= 1 (position 0 has no logprob);
     # the reference generated after a non-empty prompt, so this always holds.
-    if not requests:  # likelihood-only tasks generate nothing to force
-        results = []
-    elif reverse_order:
-        results = engine.score(requests[::-1], progress=progress, topk=topk)[::-1]
-    else:
-        results = engine.score(requests, progress=progress, topk=topk)
+    results = (
+        in_order(lambda reqs: engine.score(reqs, progress=progress, topk=topk), requests, reverse_order)
+        if requests  # likelihood-only tasks generate nothing to force
+        else []
+    )
     cols: dict[str, list] = {name: [] for name in artifacts.TOKENS_REQUIRED}
     for seq, res in zip(sequences, results):
         n = len(seq.continuation_ids)
