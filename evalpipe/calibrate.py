@@ -20,12 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from evalpipe import artifacts
-from evalpipe.config import ConfigError, RunConfig, Variant
+from evalpipe.config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
 from evalpipe.layout.faults import FAULT_ENV, FAULTS, Fault
 from evalpipe.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
 
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "layout.yaml"
 DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"
 
 
@@ -81,11 +80,11 @@ def run_calibration(
     run_id: str | None = None,
     output: Path | None = None,
 ) -> int:
-    from evalpipe.compare.calibration import calibration_row, detection_cost, summarize
+    from evalpipe.compare.calibration import calibration_row, detection_cost, failed_row, summarize
     from evalpipe.compare.run import VariantArtifacts, compare_run, read_run_info
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
-    from evalpipe.runner import execute
+    from evalpipe.runner import RunFailed, execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
     base = load_config(path)
@@ -93,21 +92,36 @@ def run_calibration(
     task_group = next(iter(config.tasks))
     plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
     started = time.time()
-    execute(plan, console)  # exit code ignored: DIVERGENT is the expected outcome for harmful entries
+    try:
+        execute(plan, console)  # exit code ignored: DIVERGENT is the expected outcome for harmful entries
+    except RunFailed as err:
+        # A fault that brings the engine down fails its variant only; the others were compared.
+        if not read_run_info(plan.run_dir).get("failed_variants"):
+            raise
+        console.print(f"[yellow]{err}[/]")
 
-    comparison = compare_run(plan.run_dir)
     info = read_run_info(plan.run_dir)
+    failed = [v for v in info["variants"] if v in set(info.get("failed_variants") or ())]
+    survivors = [v for v in info["variants"] if v not in failed]
+    essential = {info["reference"], (info.get("noise_floor") or {}).get("variant")}
+    comparisons = ()
     rd = artifacts.RunDir(plan.run_dir)
-    ref = VariantArtifacts.load(rd.variant(comparison.reference))
-    aa = VariantArtifacts.load(rd.variant(comparison.noise_floor.variant)) if comparison.noise_floor else None
+    if set(survivors) - essential:
+        comparison = compare_run(plan.run_dir, variants=survivors)
+        comparisons = comparison.comparisons
+        ref = VariantArtifacts.load(rd.variant(comparison.reference))
+        aa = VariantArtifacts.load(rd.variant(comparison.noise_floor.variant)) if comparison.noise_floor else None
     rows = []
-    for c in comparison.comparisons:
+    for c in comparisons:
         kind, doc = expected.get(c.variant, ("benign", ""))
         cost = None
         if c.status.value == "DIVERGENT":
             console.print(f"detection cost of {c.variant} ...")
             cost = detection_cost(ref, VariantArtifacts.load(rd.variant(c.variant)), comparison.gates, aa=aa)
         rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))
+    for name in failed:
+        kind, doc = expected.get(name, ("benign", ""))
+        rows.append(failed_row(name, kind, str(info["variant_status"][name].get("error")), doc=doc))
 
     from evalpipe.report.calibration import render_calibration
 

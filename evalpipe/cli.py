@@ -159,7 +159,7 @@ def compare(
 
 @app.command()
 def calibrate(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Layout-model config with the reference `legacy` (default: configs/layout.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Layout-model config with the reference `legacy` (default: configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents per variant."),
     faults: Optional[str] = typer.Option(None, "--faults", help="Comma-separated zoo entries (default: all)."),
     table: Path = typer.Option(Path("docs/calibration.md"), "--table", help="Where to write the calibration table."),

@@ -80,6 +80,7 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         # The reference scores the sequences it has just generated; every later
         # variant reads them from the reference's directory.
         "reference_dir": None if variant is reference else str(variant_dir.parent / reference.name),
+        "prompt_positions": plan.config.capture.prompt_positions.model_dump(),
     }
     return {
         "variant": variant_name,
@@ -144,6 +145,11 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
     save()
 
     view = ProgressView(console)
+    # Without the reference (or its A/A twin) nothing can be compared, so their failure
+    # ends the run; any other variant's failure is recorded and the rest still run and
+    # are compared, so one broken build does not throw away an hour of the others.
+    essential = {v.name for v in plan.variants[:1]} | {v.name for v in plan.variants if v.aa_of}
+    failures: dict[str, tuple[str, int]] = {}
     for variant in plan.variants:
         vdir = rd.root / variant.name
         console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
@@ -157,16 +163,36 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
         _record_environment(info, variant.name, vdir)
         save()
         if not outcome.ok:
+            error = outcome.error or f"variant {variant.name} failed"
             code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED
-            save(status="failed", error=outcome.error)
-            raise RunFailed(outcome.error or f"variant {variant.name} failed", code)
+            if variant.name in essential:
+                save(status="failed", error=error)
+                raise RunFailed(error, code)
+            failures[variant.name] = (error, code)
+            console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
 
     info["timings"]["total_s"] = time.time() - t0
-    if len(plan.variants) < 2:
+    compared = [v.name for v in plan.variants if v.name not in failures]
+    if len(compared) - len(essential & set(compared)) < 1:
+        if failures:
+            return _fail_run(info, failures, save)
         save(status="ok", verdict=None)
         console.print("one variant only: nothing to compare.")
         return EXIT_SAME
-    return compare_and_report(rd.root, console, info)
+    code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
+    return _fail_run(info, failures, save) if failures else code
+
+
+def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) -> int:
+    """Mark the run failed (after whatever could be compared was written) and raise."""
+    names = ", ".join(failures)
+    first_error, _ = next(iter(failures.values()))
+    message = f"variant{'s' if len(failures) > 1 else ''} {names} failed ({first_error})"
+    if info.get("verdict"):
+        message += f"; the other variants were compared: {info['verdict']}"
+    save(status="failed", error=message, failed_variants=list(failures))
+    codes = {code for _, code in failures.values()}
+    raise RunFailed(message, EXIT_USER if codes == {EXIT_USER} else EXIT_FAILED)
 
 
 def compare_and_report(

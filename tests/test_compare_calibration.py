@@ -9,6 +9,7 @@ from evalpipe.compare.calibration import (
     MISSED,
     calibration_row,
     detection_cost,
+    failed_row,
     item_order,
     outcome,
     summarize,
@@ -67,3 +68,12 @@ def test_calibration_row_reports_score_figures_and_detectors():
     assert row.mcnemar_p == pytest.approx(0.25)  # b = 3, c = 0: 2 * 0.5^3
     assert summarize([row]) == {CAUGHT: 1, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
     assert row.to_dict()["detection_cost"] == 2
+
+
+def test_failed_variant_row_counts_by_expectation_and_keeps_the_error():
+    harmful = failed_row("fault-x", "harmful", "engine failed to start: ShardMismatch", doc="off by one.")
+    benign = failed_row("fault-y", "benign", "engine failed to start: OOM")
+    assert (harmful.status, harmful.outcome, harmful.detectors) == ("FAILED", "caught", ("engine failure",))
+    assert benign.outcome == "false alarm" and benign.delta is None and benign.detection_cost is None
+    assert harmful.doc == "off by one. Run failed: engine failed to start: ShardMismatch"
+    assert summarize([harmful, benign]) == {"caught": 1, "missed": 0, "clean": 0, "false alarm": 1}

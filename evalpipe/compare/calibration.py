@@ -178,6 +178,28 @@ def calibration_row(
     )
 
 
+def failed_row(variant: str, expected: str, error: str, doc: str = "") -> CalibrationRow:
+    """A variant whose engine run failed: a harmful one counts as caught (the run fails
+    loudly, exit 3), a benign one as a false alarm; no score or detector figures."""
+    return CalibrationRow(
+        variant=variant,
+        expected=expected,
+        status="FAILED",
+        outcome=outcome(expected, Status.DIVERGENT.value),
+        detectors=("engine failure",),
+        failed_gates=(),
+        task=None,
+        metric=None,
+        delta=None,
+        ci_low=None,
+        ci_high=None,
+        mcnemar_p=None,
+        n_items=0,
+        detection_cost=None,
+        doc=f"{doc} Run failed: {error}".strip(),
+    )
+
+
 def summarize(rows: Sequence[CalibrationRow]) -> dict[str, int]:
     """Counts per outcome: how many harmful variants were caught, benign ones kept clean."""
     out = {CAUGHT: 0, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}

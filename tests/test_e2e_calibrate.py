@@ -1,0 +1,87 @@
+"""`evalpipe calibrate` end to end on the real engine, on a small slice of the zoo:
+one harmful fault, one benign one, and one whose input check stops the engine (the run
+goes on without it, and the table still says what happened)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from evalpipe import artifacts
+from evalpipe.config import DEFAULT_CONFIG
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 4
+FAULTS = ["heads_permuted", "tree_reduce", "shard_offset_checked"]
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("calibrate")
+    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    ref = cfg["reference"]
+    # Only the reference and the faults: every engine start costs half a minute here.
+    cfg["variants"] = {ref: cfg["variants"][ref]}
+    cfg["noise_floor"] = False
+    cfg["tasks"] = {"gsm8k": cfg["tasks"]["gsm8k"]}
+    path = tmp / "cal.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    table = tmp / "calibration.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "evalpipe", "calibrate", "-c", str(path), "--limit", str(LIMIT),
+         "--faults", ",".join(FAULTS), "--table", str(table), "--output", str(tmp / "runs"), "--run-id", "cal"],
+        cwd=tmp, capture_output=True, text=True, timeout=1800,
+    )
+    return {"proc": proc, "table": table, "dir": tmp / "runs" / "cal", "ref": ref}
+
+
+def rows(calibrated) -> dict[str, dict]:
+    data = json.loads((calibrated["dir"] / "calibration.json").read_text())
+    return {r["variant"]: r for r in data["rows"]}
+
+
+def test_calibrate_succeeds_with_every_entry_as_expected(calibrated):
+    proc = calibrated["proc"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    summary = json.loads((calibrated["dir"] / "calibration.json").read_text())["summary"]
+    assert summary == {"caught": 2, "missed": 0, "clean": 1, "false alarm": 0}
+
+
+def test_harmful_fault_is_divergent_with_cost_and_detectors(calibrated):
+    r = rows(calibrated)["fault-heads_permuted"]
+    assert (r["expected"], r["status"], r["outcome"]) == ("harmful", "DIVERGENT", "caught")
+    assert r["n_items"] == LIMIT and r["delta"] is not None
+    assert 1 <= r["detection_cost"] <= LIMIT
+    assert "teacher-forced" in r["detectors"] and "teacher_kl_max" in r["failed_gates"]
+
+
+def test_benign_fault_stays_clean(calibrated):
+    r = rows(calibrated)["fault-tree_reduce"]
+    assert (r["expected"], r["outcome"]) == ("benign", "clean")
+    assert r["status"] in ("IDENTICAL", "EQUIVALENT") and r["detection_cost"] is None and not r["detectors"]
+
+
+def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
+    r = rows(calibrated)["fault-shard_offset_checked"]
+    assert (r["status"], r["outcome"], r["detectors"]) == ("FAILED", "caught", ["engine failure"])
+    assert "shard" in r["doc"]
+    info = artifacts.read_json(calibrated["dir"] / "run.json")
+    assert info["status"] == "failed" and info["failed_variants"] == ["fault-shard_offset_checked"]
+    assert "fault-shard_offset_checked" in info["error"]
+    # the variants that did run were compared and reported all the same
+    compared = json.loads((calibrated["dir"] / "compare.json").read_text())
+    assert {c["variant"] for c in compared["comparisons"]} == {"fault-heads_permuted", "fault-tree_reduce"}
+
+
+def test_table_states_the_command_and_every_entry(calibrated):
+    text = calibrated["table"].read_text()
+    assert f"--limit {LIMIT}" in text and "--faults heads_permuted,tree_reduce,shard_offset_checked" in text
+    assert "**Harmful caught: 2/2. Benign kept clean: 1/1.**" in text
+    for name in FAULTS:
+        assert f"fault-{name.replace('_', chr(92) + '_')}" in text, name
