@@ -64,12 +64,35 @@ class TaskSpec(_Strict):
     )
 
 
+class PromptPositions(_Strict):
+    """Which prompt positions teacher forcing keeps besides the whole continuation.
+
+    A long prompt is where a layout change bites (its prefill is what gets sharded),
+    but keeping every position of a 128k prompt would store 128k x top-k rows per
+    sample; a bounded, layout-aware subset is kept instead."""
+
+    min_prompt_tokens: int = Field(default=1024, ge=1, description="Prompts shorter than this keep no prompt positions (GSM8K-sized prompts: the continuation only).")
+    last: int = Field(default=256, ge=0, description="The last N prompt positions (where the answer is prepared).")
+    every: int = Field(default=512, ge=0, description="Every Nth prompt position (0: none).")
+    tp_sizes: list[int] = Field(default_factory=lambda: [4, 16], description="Tensor-parallel sizes whose shard boundaries are always kept (the prompt split into T contiguous padded shards).")
+    block_sizes: list[int] = Field(default_factory=lambda: [2048], description="Block sizes (e.g. sparse attention's KV block) whose boundaries are always kept.")
+    around: int = Field(default=1, ge=0, description="Positions kept on each side of a boundary.")
+
+    @field_validator("tp_sizes", "block_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(x < 1 for x in v):
+            raise ValueError("sizes must be positive integers")
+        return sorted(set(v))
+
+
 class Capture(_Strict):
     topk: int = Field(default=5, ge=1, le=20, description="Top-k logprobs recorded per generated token (vLLM caps at max_logprobs, 20).")
     teacher_forcing: bool = Field(
         default=True,
         description="Every variant also scores the reference's exact sequences (prompt + continuation) -> teacher.parquet.",
     )
+    prompt_positions: PromptPositions = PromptPositions()
 
 
 class Tolerance(_Strict):

@@ -5,8 +5,16 @@ The real engine's side (prompt_logprobs through vLLM) is covered by the end-to-e
 import pytest
 
 from evalpipe import artifacts
-from evalpipe.worker.engines import ScoreResult
-from evalpipe.worker.teacher import read_reference_sequences, reference_sequences, teacher_force
+from evalpipe.config import PromptPositions
+from evalpipe.worker.engines import ScoreResult, token_budget_slices
+from evalpipe.worker.teacher import (
+    ReferenceSequence,
+    prompt_positions,
+    read_reference_sequences,
+    reference_sequences,
+    shard_boundaries,
+    teacher_force,
+)
 
 
 def _reference_tables():
@@ -37,7 +45,7 @@ class RecordingEngine:
         self.calls.append(([r.token_ids for r in requests], topk))
         out = []
         for r in requests:
-            scored = r.token_ids[r.start:]
+            scored = [r.token_ids[p] for p in r.scored()]
             out.append(ScoreResult(
                 logprobs=[-t / 100 for t in scored],
                 is_greedy=[True] * len(scored),
@@ -89,3 +97,62 @@ def test_nothing_generated_means_an_empty_teacher_table_and_no_engine_call():
     table = teacher_force(engine, [], topk=5)
     assert table.num_rows == 0 and table.schema == artifacts.TOKENS_SCHEMA
     assert engine.calls == []
+
+
+SPEC = PromptPositions().model_dump()
+
+
+def test_short_prompts_keep_the_continuation_only():
+    assert prompt_positions(1023, 1100, SPEC) == []
+    assert prompt_positions(5000, 5010, None) == []
+
+
+def test_shard_boundaries_follow_padded_contiguous_shards():
+    # 10 tokens over 4 ranks: padded to 12, shards of 3 -> shards start at 3, 6, 9
+    assert shard_boundaries(10, 4) == [3, 6, 9]
+    assert shard_boundaries(8, 4) == [2, 4, 6]
+    # 5 tokens over 4 ranks: shards of 2, the last one all padding
+    assert shard_boundaries(5, 4) == [2, 4]
+
+
+def test_long_prompt_keeps_last_every_nth_and_every_boundary():
+    n, total = 4099, 4120
+    kept = prompt_positions(n, total, SPEC)
+    assert kept == sorted(set(kept)) and kept[0] >= 1 and kept[-1] == n - 1
+    assert set(range(n - 256, n)) <= set(kept)
+    assert {512, 1024, 3584} <= set(kept)
+    for tp in (4, 16):
+        for edge in shard_boundaries(n, tp) + shard_boundaries(total, tp):
+            assert {edge - 2, edge - 1, edge, edge + 1} <= set(kept), (tp, edge)
+    assert {2046, 2047, 2048, 2049} <= set(kept), "the sparse-attention block boundary"
+    # bounded: a few hundred of the 4099 positions
+    assert len(kept) < 400
+
+
+def test_kept_positions_grow_slowly_with_prompt_length():
+    sizes = [len(prompt_positions(n, n + 32, SPEC)) for n in (16384, 131072)]
+    assert sizes[0] < 600 and sizes[1] < 1200
+    assert sizes[1] < 8 * sizes[0] / 4, "every-Nth grows linearly; the rest is constant per prompt"
+
+
+def test_prompt_positions_come_first_with_negative_pos():
+    prompt = list(range(100, 100 + 1200))
+    seq = ReferenceSequence("t", 0, 0, prompt_token_ids=prompt, continuation_ids=[7, 8])
+    spec = {**SPEC, "min_prompt_tokens": 1000, "last": 2, "every": 0, "tp_sizes": [], "block_sizes": [600], "around": 0}
+    engine = RecordingEngine()
+    table = teacher_force(engine, [seq], topk=2, prompt_spec=spec)
+    cols = table.to_pydict()
+    # block edge 600 -> positions 599, 600; last 2 -> 1198, 1199; then the continuation
+    assert cols["pos"] == [599 - 1200, 600 - 1200, -2, -1, 0, 1]
+    assert cols["token_id"] == [prompt[599], prompt[600], prompt[1198], prompt[1199], 7, 8]
+    assert cols["logprob"] == pytest.approx([-t / 100 for t in cols["token_id"]])
+
+
+def test_score_work_is_sliced_by_token_budget():
+    assert token_budget_slices([5, 5, 5, 5], 10) == [(0, 2), (2, 4)]
+    assert token_budget_slices([30, 5, 5], 10) == [(0, 1), (1, 3)], "a long request gets a slice of its own"
+    assert token_budget_slices([], 10) == []
+    lengths = [3, 9, 1, 1, 12, 4]
+    slices = token_budget_slices(lengths, 10)
+    assert [i for lo, hi in slices for i in range(lo, hi)] == list(range(len(lengths)))
+    assert all(sum(lengths[lo:hi]) <= 10 or hi - lo == 1 for lo, hi in slices)

@@ -34,10 +34,15 @@ class GenResult:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """Score `token_ids[start:]` given everything before it (prefill only, no decode)."""
+    """Score `token_ids[start:]` given everything before it (prefill only, no decode);
+    with `positions`, exactly those (absolute, >= 1) positions instead."""
 
     token_ids: list[int]
     start: int
+    positions: list[int] | None = None
+
+    def scored(self) -> Sequence[int]:
+        return self.positions if self.positions is not None else range(max(self.start, 1), len(self.token_ids))
 
 
 @dataclass
@@ -184,21 +189,30 @@ class OfflineEngine:
         # position's argmax beside the actual token, enough for lm-eval's is_greedy.
         # Teacher forcing asks for the variant's own top-k at every forced position.
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=max(1, topk))
-        prompts = [{"prompt_token_ids": r.token_ids} for r in requests]
-        outputs = self._llm.generate(prompts, params, use_tqdm=_progress_bar_factory(progress))
         results = []
-        for req, out in zip(requests, outputs):
-            result = ScoreResult(logprobs=[], is_greedy=[])
-            for pos in range(max(req.start, 1), len(req.token_ids)):
-                position = out.prompt_logprobs[pos]
-                chosen = position[req.token_ids[pos]]
-                result.logprobs.append(float(chosen.logprob))
-                result.is_greedy.append(chosen.rank == 1)
-                t_ids, t_lps = _topk_of(position, topk)
-                result.topk_ids.append(t_ids)
-                result.topk_logprobs.append(t_lps)
-            results.append(result)
+        # vLLM returns every prompt position's top-k as Python objects; sending the work
+        # in slices of a bounded token count keeps that transient memory bounded too,
+        # and only the asked-for positions are kept from each slice.
+        for lo, hi in token_budget_slices([len(r.token_ids) for r in requests], SCORE_TOKENS_PER_CALL):
+            prompts = [{"prompt_token_ids": r.token_ids} for r in requests[lo:hi]]
+            bar = _progress_bar_factory(_offset_progress(progress, lo, len(requests)))
+            outputs = self._llm.generate(prompts, params, use_tqdm=bar)
+            results += [self._scored(req, out, topk) for req, out in zip(requests[lo:hi], outputs)]
+            del outputs
         return results
+
+    @staticmethod
+    def _scored(req: ScoreRequest, out: Any, topk: int) -> ScoreResult:
+        result = ScoreResult(logprobs=[], is_greedy=[])
+        for pos in req.scored():
+            position = out.prompt_logprobs[pos]
+            chosen = position[req.token_ids[pos]]
+            result.logprobs.append(float(chosen.logprob))
+            result.is_greedy.append(chosen.rank == 1)
+            t_ids, t_lps = _topk_of(position, topk)
+            result.topk_ids.append(t_ids)
+            result.topk_logprobs.append(t_lps)
+        return result
 
     def info(self) -> dict[str, Any]:
         return {"kind": "offline", "max_model_len": self._max_model_len}
@@ -208,6 +222,30 @@ class OfflineEngine:
         core = getattr(getattr(self._llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+
+
+# Tokens per engine call when scoring (see OfflineEngine.score).
+SCORE_TOKENS_PER_CALL = 1 << 18
+
+
+def token_budget_slices(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive (lo, hi) slices whose token counts stay within ``budget`` (a single
+    longer request gets a slice of its own); covers every index once, in order."""
+    slices, lo, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > lo and used + n > budget:
+            slices.append((lo, i))
+            lo, used = i, 0
+        used += n
+    if lo < len(lengths):
+        slices.append((lo, len(lengths)))
+    return slices
+
+
+def _offset_progress(progress: ProgressFn | None, offset: int, total: int) -> ProgressFn | None:
+    if progress is None:
+        return None
+    return lambda done, _slice_total: progress(offset + done, total)
 
 
 def in_order(call: Callable[[list], list], requests: list, reverse: bool) -> list:

@@ -314,6 +314,7 @@ def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, event
             reverse_order=bool(job.get("reverse_order")),
             token_text=lambda ids: decode_each(engine, ids),
             progress=lambda done, total: events.progress("teacher forcing", "score", done, total),
+            prompt_spec=teacher.get("prompt_positions"),
         )
     except Exception as err:  # noqa: BLE001
         traceback.print_exc()

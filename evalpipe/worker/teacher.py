@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +67,37 @@ def read_reference_sequences(reference_dir: Path) -> list[ReferenceSequence]:
     return reference_sequences(artifacts.read_table(vdir.samples), artifacts.read_table(vdir.tokens))
 
 
+def shard_boundaries(n_tokens: int, tp: int) -> list[int]:
+    """Where the T contiguous shards of an n-token batch start (padded to a multiple of
+    T, so every shard holds ceil(n/T) tokens); the first shard's start (0) excluded."""
+    size = -(-n_tokens // tp)
+    return [k * size for k in range(1, tp) if k * size < n_tokens]
+
+
+def prompt_positions(prompt_len: int, total_len: int, spec: Mapping[str, Any] | None) -> list[int]:
+    """The prompt positions (absolute, 1..prompt_len-1) teacher forcing keeps.
+
+    Empty for prompts shorter than ``min_prompt_tokens``; otherwise the last N, every
+    Nth, and the positions around each shard boundary (for the prompt's own prefill
+    and for the teacher-forced prefill of prompt + continuation) and block boundary."""
+    if not spec or prompt_len < int(spec["min_prompt_tokens"]):
+        return []
+    keep: set[int] = set(range(max(1, prompt_len - int(spec["last"])), prompt_len))
+    if int(spec["every"]) > 0:
+        keep.update(range(int(spec["every"]), prompt_len, int(spec["every"])))
+    edges: set[int] = set()
+    for tp in spec["tp_sizes"]:
+        edges.update(shard_boundaries(prompt_len, int(tp)))
+        edges.update(shard_boundaries(total_len, int(tp)))
+    for block in spec["block_sizes"]:
+        edges.update(range(int(block), prompt_len, int(block)))
+    around = int(spec["around"])
+    for edge in edges:
+        # the last token of one shard and the first of the next, `around` each side
+        keep.update(range(edge - 1 - around, edge + around + 1))
+    return sorted(p for p in keep if 1 <= p < prompt_len)
+
+
 def teacher_force(
     engine: Engine,
     sequences: list[ReferenceSequence],
@@ -75,12 +106,23 @@ def teacher_force(
     reverse_order: bool = False,
     token_text: Callable[[list[int]], list[str]] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    prompt_spec: Mapping[str, Any] | None = None,
 ) -> pa.Table:
-    """Score every sequence's continuation; one row per continuation position (teacher.parquet)."""
-    requests = [
-        ScoreRequest(token_ids=s.prompt_token_ids + s.continuation_ids, start=len(s.prompt_token_ids))
-        for s in sequences
-    ]
+    """Score every sequence's continuation and the chosen prompt positions
+    (``prompt_positions``); one row per position (teacher.parquet). ``pos`` counts from
+    the continuation's first token: prompt positions are negative (-1 = the prompt's
+    last token), so one axis serves both and the keys stay unique."""
+    requests = []
+    for s in sequences:
+        n = len(s.prompt_token_ids)
+        kept = prompt_positions(n, n + len(s.continuation_ids), prompt_spec)
+        requests.append(
+            ScoreRequest(
+                token_ids=s.prompt_token_ids + s.continuation_ids,
+                start=n,
+                positions=kept + list(range(n, n + len(s.continuation_ids))) if kept else None,
+            )
+        )
     # A continuation can only start at position >= 1 (position 0 has no logprob);
     # the reference generated after a non-empty prompt, so this always holds.
     results = (
@@ -89,13 +131,15 @@ def teacher_force(
         else []
     )
     cols: dict[str, list] = {name: [] for name in artifacts.TOKENS_REQUIRED}
-    for seq, res in zip(sequences, results):
-        n = len(seq.continuation_ids)
+    for seq, req, res in zip(sequences, requests, results):
+        start = req.start
+        positions = req.positions if req.positions is not None else range(start, len(req.token_ids))
+        n = len(positions)
         cols["task"] += [seq.task] * n
         cols["doc_id"] += [seq.doc_id] * n
         cols["repeat"] += [seq.repeat] * n
-        cols["pos"] += list(range(n))
-        cols["token_id"] += seq.continuation_ids
+        cols["pos"] += [p - start for p in positions]
+        cols["token_id"] += [req.token_ids[p] for p in positions]
         cols["logprob"] += res.logprobs
         cols["topk_ids"] += res.topk_ids or [[] for _ in range(n)]
         cols["topk_logprobs"] += res.topk_logprobs or [[] for _ in range(n)]
