@@ -153,6 +153,35 @@ def read_table(path: Path) -> pa.Table:
         return f.read()
 
 
+# Item metadata a task's documents may carry (the long-context probes do), kept per
+# sample so the comparison can group by length and depth; `cluster` marks items that
+# share one context (several questions about one haystack), for clustered statistics.
+DOC_COLUMNS: dict[str, pa.DataType] = {
+    "cluster": pa.string(),
+    "target_length": pa.int64(),
+    "length_kind": pa.string(),
+    "length_tags": pa.string(),
+    "depth": pa.float64(),
+}
+_DOC_FIELD_TO_COLUMN = {"haystack_id": "cluster", "target_length": "target_length", "length_kind": "length_kind",
+                        "length_tags": "length_tags", "depth": "depth"}
+
+
+def doc_columns(doc: Any) -> dict[str, Any]:
+    """The DOC_COLUMNS values a task document carries (none for most tasks)."""
+    if not isinstance(doc, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for field, column in _DOC_FIELD_TO_COLUMN.items():
+        value = doc.get(field)
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        out[column] = str(value) if DOC_COLUMNS[column] == pa.string() else value
+    return out
+
+
 def samples_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     """Build samples.parquet: the fixed columns plus every score:/answer: column seen."""
     rows = list(rows)
@@ -162,6 +191,7 @@ def samples_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     ]
     if any(PROMPT_IDS_COLUMN in r for r in rows):
         fields.append(pa.field(PROMPT_IDS_COLUMN, pa.list_(pa.int32())))
+    fields += [pa.field(name, kind) for name, kind in DOC_COLUMNS.items() if any(name in r for r in rows)]
     schema = pa.schema(fields)
     columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
     return pa.table(columns, schema=schema)

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.paths import PROJECT_ROOT
 
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -166,6 +167,10 @@ class RunConfig(_Strict):
     reference: str | None = None
     tasks: dict[str, list[TaskSpec]]
     capture: Capture = Capture()
+    longctx: LongCtxSpec = Field(
+        default_factory=LongCtxSpec,
+        description="Lengths, layout edge cases and items of the generated long-context probes (tasks/longctx).",
+    )
     gates: Gates = Gates()
     noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")
     output: str = "reports/runs"

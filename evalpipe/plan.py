@@ -201,6 +201,7 @@ def make_plan(
             )
         )
 
+    _check_longctx(config, tasks, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
     if nf is not None and nf.enabled:
         planned.insert(1, _aa_variant(planned[0], nf))
@@ -228,6 +229,32 @@ def make_plan(
         model=config.model.path,
         notes=notes,
     )
+
+
+def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]) -> None:
+    """The long-context probes promise exact prompt lengths: refuse, before any engine
+    starts, what would break them (shots, or a context window the engine would cut)."""
+    from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
+
+    probes = [t.spec for t in tasks if t.spec.task in TASK_PROBE]
+    if not probes:
+        return
+    longest = max(n for n, _, _ in target_lengths(config.longctx))
+    for spec in probes:
+        if spec.num_fewshot:
+            raise ConfigError(
+                f"task `{spec.task}` is zero-shot by construction (its prompts have exact token lengths); "
+                "remove num_fewshot from its entry."
+            )
+        generated = spec.max_gen_toks or MAX_GEN_TOKS[TASK_PROBE[spec.task]]
+        for v in planned:
+            window = v.engine_args.get("max_model_len")
+            if window is not None and longest + generated > int(window):
+                raise ConfigError(
+                    f"`{spec.task}` needs prompts of {longest} tokens plus {generated} generated, more than "
+                    f"max_model_len {window} of variant `{v.name}`; raise engine.max_model_len to at least "
+                    f"{longest + generated} or drop the longer lengths from longctx.lengths."
+                )
 
 
 # vLLM's max_num_seqs when a config leaves it unset (LLM class default).

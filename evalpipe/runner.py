@@ -93,6 +93,7 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         "seed": plan.config.seed,
         "data_dir": str(data_dir()),
         "reverse_order": variant.reverse_order,
+        "longctx": plan.config.longctx.model_dump(mode="json"),
         "teacher": teacher,
     }
 

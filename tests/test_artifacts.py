@@ -63,3 +63,17 @@ def test_tokens_table_schema_round_trips(tmp_path):
 def test_redact_env_hides_credentials_only():
     env = artifacts.redact_env({"HF_TOKEN": "x", "MY_API_KEY": "y", "VLLM_CPU_KVCACHE_SPACE": "2", "PATH": "/bin"})
     assert env == {"HF_TOKEN": "***", "MY_API_KEY": "***", "PATH": "/bin", "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def test_doc_metadata_becomes_typed_sample_columns():
+    doc = {"prompt": "...", "haystack_id": "passkey-2048-1", "target_length": 2049, "length_kind": "edge",
+           "length_tags": ["tp4:1", "block+1"], "depth": 0.5, "unrelated": 3}
+    assert artifacts.doc_columns(doc) == {"cluster": "passkey-2048-1", "target_length": 2049, "length_kind": "edge",
+                                          "length_tags": "tp4:1,block+1", "depth": 0.5}
+    assert artifacts.doc_columns({"question": "q"}) == {} and artifacts.doc_columns(None) == {}
+    base = {"task": "t", "doc_id": 0, "repeat": 0, "prompt_hash": "h", "prompt": "p", "target": "1", "response": "1",
+            "n_tokens": 1, "finish_reason": "stop"}
+    table = artifacts.samples_table([{**base, **artifacts.doc_columns(doc)}, {**base, "doc_id": 1}])
+    assert table.schema.field("target_length").type == pa.int64() and table.schema.field("depth").type == pa.float64()
+    assert table.column("cluster").to_pylist() == ["passkey-2048-1", None]
+    assert "cluster" not in artifacts.samples_table([base]).column_names, "tasks without metadata get no columns"

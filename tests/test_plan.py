@@ -120,3 +120,25 @@ def test_noise_floor_name_collision_is_a_config_error():
     cfg = parse_config({**CONFIG, "variants": {**CONFIG["variants"], "legacy-aa": {}}})
     with pytest.raises(ConfigError, match="--no-noise-floor"):
         make_plan(cfg, "cfg.yaml", "gsm8k", noise_floor=True)
+
+
+def longctx_plan(tmp_path, task=None, **longctx):
+    cfg = {**CONFIG, "tasks": {"longctx": [task or {"task": "longctx_passkey"}]}, "longctx": longctx}
+    return make_plan(parse_config(cfg), "cfg.yaml", "longctx", output=str(tmp_path))
+
+
+def test_longctx_lengths_must_fit_the_context_window(tmp_path):
+    assert longctx_plan(tmp_path, lengths=[1024, 2048], sparse_block=2048, tp_sizes=[4, 16]).tasks
+    with pytest.raises(ConfigError, match=r"`longctx_passkey` needs prompts of 4096 tokens plus 16 generated, more than "
+                                          r"max_model_len 4096 of variant `legacy`; raise engine.max_model_len to at least 4112"):
+        longctx_plan(tmp_path, lengths=[4096])
+
+
+def test_longctx_tasks_refuse_shots(tmp_path):
+    with pytest.raises(ConfigError, match="zero-shot by construction .* remove num_fewshot"):
+        longctx_plan(tmp_path, task={"task": "longctx_vartrack", "num_fewshot": 2}, lengths=[1024], sparse_block=1024)
+
+
+def test_longctx_spec_in_the_config_is_strict():
+    with pytest.raises(ConfigError, match="lenghts"):
+        parse_config({**CONFIG, "longctx": {"lenghts": [1024]}})

@@ -49,3 +49,38 @@ def test_lm_eval_tasks_by_name(tmp_path):
     assert cfg["dataset_path"] == "openai/gsm8k"
     with pytest.raises(TaskNotFound, match="Did you mean: gsm8k"):
         check_task_names(["gsm8kk"])
+
+
+def _save_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from evalpipe.data import longctx
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(longctx.FILLER) * 5 + list(longctx.HEADER.values()), trainer=trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(str(path))
+
+
+def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from evalpipe.worker.tasks import LongCtxData
+
+    _save_tokenizer(tmp_path / "tok")
+    generated = LongCtxData(str(tmp_path / "tok"), {"lengths": [300], "sparse_block": 256, "tp_sizes": [4], "items_per_length": 1})
+    cfg = task_config({"task": "longctx_passkey"}, tmp_path / "data", generated=generated)
+    (test_file,) = cfg["dataset_kwargs"]["data_files"].values()
+    assert test_file.startswith(str(tmp_path / "data" / "longctx" / "passkey-")) and test_file.endswith("test.jsonl")
+    items = [json.loads(line) for line in open(test_file)]
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert sorted(it["target_length"] for it in items) == [255, 256, 257, 259, 300]
+    for it in items:
+        assert len(tok.encode(it["prompt"], add_special_tokens=False)) == it["target_length"] == it["length"]
+    # other tasks never load the tokenizer
+    plain = LongCtxData(str(tmp_path / "missing"), None)
+    assert task_config({"task": "gsm8k_synth_4shot"}, tmp_path / "data", generated=plain)["dataset_path"] == "json"

@@ -132,6 +132,7 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
                     "n_tokens": len(result.token_ids) if result else 0,
                     "finish_reason": result.finish_reason if result else None,
                     artifacts.PROMPT_IDS_COLUMN: capture.prompt_token_ids if capture is not None else None,
+                    **artifacts.doc_columns(first.get("doc")),
                     **per_filter,
                 }
             )
@@ -178,7 +179,9 @@ def run(job: dict[str, Any], events: Events) -> int:
     # 1. Resolve tasks before the (slow) engine start so bad names fail fast.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
-        task_cfgs = [task_lookup.task_config(spec, Path(job["data_dir"])) for spec in job["tasks"]]
+        engine_args = job["engine_args"]
+        generated = task_lookup.LongCtxData(str(engine_args.get("tokenizer") or engine_args["model"]), job.get("longctx"))
+        task_cfgs = [task_lookup.task_config(spec, Path(job["data_dir"]), generated=generated) for spec in job["tasks"]]
     except (task_lookup.TaskNotFound, FileNotFoundError, ValueError) as err:
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))

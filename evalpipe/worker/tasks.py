@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evalpipe.paths import PROJECT_ROOT
 
@@ -43,16 +43,44 @@ def check_task_names(names: list[str], tasks_dir: str = str(TASKS_DIR)) -> None:
             )
 
 
-def _resolve_data_files(data_files: Any, data_dir: Path) -> Any:
+# A relative data file a generator may own: returns the generated file, or None when the
+# path is not one of its placeholders (see LongCtxData).
+GeneratedData = Callable[[Path, Path], "Path | None"]
+
+
+class LongCtxData:
+    """Resolves tasks/longctx's `longctx/<probe>-{fingerprint}/test.jsonl` placeholders:
+    the probe's items are generated with the model's own tokenizer (exact lengths) and
+    cached under the data directory by fingerprint. The tokenizer loads on first use."""
+
+    def __init__(self, tokenizer_path: str, spec: dict[str, Any] | None):
+        self.tokenizer_path = tokenizer_path
+        self.spec = spec
+        self._tokenizer = None
+
+    def __call__(self, relative: Path, data_dir: Path) -> Path | None:
+        from evalpipe.data import longctx
+
+        if not longctx.is_placeholder(relative):
+            return None
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        spec = longctx.LongCtxSpec(**(self.spec or {}))
+        return longctx.resolve_data_file(relative, self._tokenizer, spec, data_dir)
+
+
+def _resolve_data_files(data_files: Any, data_dir: Path, generated: GeneratedData | None = None) -> Any:
     from evalpipe.data.registry import ensure_dataset_file
 
     if isinstance(data_files, dict):
-        return {k: _resolve_data_files(v, data_dir) for k, v in data_files.items()}
+        return {k: _resolve_data_files(v, data_dir, generated) for k, v in data_files.items()}
     if isinstance(data_files, list):
-        return [_resolve_data_files(v, data_dir) for v in data_files]
+        return [_resolve_data_files(v, data_dir, generated) for v in data_files]
     path = Path(str(data_files)).expanduser()
     if not path.is_absolute():
-        path = ensure_dataset_file(path, data_dir)
+        path = (generated(path, data_dir) if generated else None) or ensure_dataset_file(path, data_dir)
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist; fix `data_files` or create the file.")
     return str(path)
@@ -68,7 +96,9 @@ def _builder_for(data_files: Any) -> str:
     return _BUILDER_BY_SUFFIX[suffix]
 
 
-def task_config(spec: dict[str, Any], data_dir: Path, tasks_dir: str = str(TASKS_DIR)) -> str | dict[str, Any]:
+def task_config(
+    spec: dict[str, Any], data_dir: Path, tasks_dir: str = str(TASKS_DIR), generated: GeneratedData | None = None
+) -> str | dict[str, Any]:
     """What to hand lm-eval for one TaskSpec: the task's full config dict with our
     overrides applied, or just its name when it is a group or a Python-defined task."""
     from lm_eval.tasks._index import Kind
@@ -86,7 +116,7 @@ def task_config(spec: dict[str, Any], data_dir: Path, tasks_dir: str = str(TASKS
     cfg.pop("group", None)
     data_files = spec.get("data_files") or (cfg.get("dataset_kwargs") or {}).get("data_files")
     if data_files:
-        resolved = _resolve_data_files(data_files, data_dir)
+        resolved = _resolve_data_files(data_files, data_dir, generated)
         cfg["dataset_kwargs"] = {**(cfg.get("dataset_kwargs") or {}), "data_files": resolved}
         if spec.get("data_files"):
             cfg["dataset_path"] = _builder_for(resolved)
