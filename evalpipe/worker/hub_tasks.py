@@ -1,0 +1,777 @@
+"""Long-context tasks of lm-eval: RULER's offline-generated ones, and the hub-only ones.
+
+Two kinds of long-context task exist in lm-eval 0.4.13:
+
+* **Generated offline** - six RULER tasks build their items at task-build time from
+  the model's tokenizer and a list of target lengths; nothing is downloaded. lm-eval's
+  own builders always make 500 items per length, hang for ever (``while True`` around
+  a bare ``except:``) or emit items with empty answers when a tokenizer is less
+  efficient than they expect, and print to stdout. :func:`ruler_task_config` returns a
+  task config dict whose ``custom_dataset`` is :func:`generate_ruler_dataset`: the same
+  prompts from lm-eval's own templates and random draws, ``num_samples`` items per
+  length, each length seeded on its own (same items whatever other lengths are asked
+  for), bounded loops that fail with a sentence instead of hanging, and a per-item
+  ``score`` plus one metric per length (``"4096"``...) that only that length's items carry.
+
+* **Hub-only** - LongBench, LongBench v2, InfiniteBench, babilong, SCROLLS and the RULER
+  variants that need an essay corpus or QA data: :func:`check_available` tells, offline
+  and in milliseconds, whether their data is already in the Hugging Face datasets cache
+  (or given as local files) and otherwise raises :class:`DataUnavailable` with one
+  sentence saying what is missing, where it looked and how to fix it.
+
+How to hand RULER its settings: with an explicit ``task_manager``, ``simple_evaluate``
+ignores its own ``metadata=`` argument (it only uses it to build a TaskManager when none
+is given). The settings must be in the task config's ``metadata`` (what
+:func:`ruler_task_config` does) or in ``TaskManager(metadata=...)``, which would hand them
+to every task, babilong included, which reads ``max_seq_lengths`` as a config name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import io
+import logging
+import os
+import random
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NUM_SAMPLES = 20  # per length; lm-eval's builders make 500
+DEFAULT_SEED = 42
+_MAX_ATTEMPTS = 10_000  # per item, in the loops that lm-eval leaves unbounded
+
+
+class DataUnavailable(ValueError):
+    """A task's data is neither in the local caches nor given as local files."""
+
+
+class RulerTooShort(ValueError):
+    """A RULER task cannot fit an item into the requested length with this tokenizer."""
+
+
+# ---------------------------------------------------------------------------
+# which task is which
+# ---------------------------------------------------------------------------
+
+# RULER tasks built from lm-eval's templates without any download, with the
+# generator parameters of lm_eval/tasks/ruler/niah_utils.py (0.4.13).
+_NIAH_PARAMS: dict[str, dict[str, Any]] = {
+    "niah_single_1": {"type_haystack": "repeat", "type_needle_k": "words", "type_needle_v": "numbers"},
+    "niah_multikey_2": {"type_haystack": "needle", "type_needle_k": "words", "type_needle_v": "numbers"},
+    "niah_multikey_3": {"type_haystack": "needle", "type_needle_k": "uuids", "type_needle_v": "uuids"},
+    # essay haystack: the Paul Graham essays (hub dataset) and nltk's punkt_tab
+    "niah_single_2": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers"},
+    "niah_single_3": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "uuids"},
+    "niah_multikey_1": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_k": 4},
+    "niah_multivalue": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_v": 4},
+    "niah_multiquery": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_q": 4},
+}
+OFFLINE_RULER: tuple[str, ...] = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
+RULER_ESSAY: tuple[str, ...] = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
+RULER_QA: dict[str, str] = {
+    "ruler_qa_squad": "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json",
+    "ruler_qa_hotpot": "https://huggingface.co/datasets/namlh2004/hotpotqa (hotpot_dev_distractor_v1.json)",
+}
+ESSAY_DATASET = ("baber/paul_graham_essays", None, "train")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A set of lm-eval tasks, by group name or name prefix, and where its data comes from."""
+
+    name: str
+    groups: tuple[str, ...]  # lm-eval group / tag names that stand for the whole family
+    prefixes: tuple[str, ...]  # task-name prefixes (or exact names) of its leaf tasks
+    kind: str  # "generated" | "hub" | "hub+nltk" | "url" | "hub-python"
+    local_files: bool  # whether evalpipe's `data_files:` override can replace the hub data
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("RULER (generated)", (), OFFLINE_RULER, "generated", False),
+    Family("RULER essay haystack", (), RULER_ESSAY, "hub+nltk", False),
+    Family("RULER QA", (), tuple(RULER_QA), "url", False),
+    Family("LongBench v2", ("longbench2",), ("longbench2_",), "hub", True),
+    Family("LongBench", ("longbench", "longbench_e"), ("longbench_",), "hub", True),
+    Family("InfiniteBench", ("infinitebench",), ("infinitebench_",), "hub", True),
+    Family("babilong", ("babilong", "babilong_longctx"), ("babilong_",), "hub", False),
+    Family("SCROLLS", ("scrolls",), ("scrolls_",), "hub-python", False),
+)
+_RULER_GROUPS = ("ruler",)
+
+
+def family_of(task_name: str) -> Family | None:
+    """The family a task or group name belongs to, or None for tasks this module leaves alone."""
+    for fam in FAMILIES:
+        if task_name in fam.groups or task_name in fam.prefixes:
+            return fam
+    for fam in FAMILIES:  # prefixes after exact names: "longbench2_x" is not LongBench
+        if any(task_name.startswith(p) for p in fam.prefixes if p.endswith("_")):
+            return fam
+    return None
+
+
+def is_offline_ruler(task_name: str) -> bool:
+    return task_name in OFFLINE_RULER
+
+
+# ---------------------------------------------------------------------------
+# RULER: metadata, task config, generation
+# ---------------------------------------------------------------------------
+
+
+def ruler_metadata(
+    tokenizer_path: str | os.PathLike,
+    lengths: list[int],
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> dict[str, Any]:
+    """What RULER needs in a task's metadata: a *local* tokenizer directory (never a hub
+    id, so nothing can try to download one), the target lengths, items per length, seed.
+
+    Works as the ``metadata`` of :func:`ruler_task_config` and, for lm-eval's stock
+    builders (500 items per length, no seed of their own), as ``TaskManager(metadata=...)``.
+    """
+    path = Path(tokenizer_path).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"RULER needs the model's tokenizer as a local directory, and {path} is not one; "
+            "pass the model's local path (a hub id would make transformers try to download it)."
+        )
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+        raise FileNotFoundError(f"no tokenizer files (tokenizer.json, tokenizer_config.json, ...) in {path}.")
+    clean = sorted({int(n) for n in lengths})
+    if not clean or clean[0] <= 0:
+        raise ValueError(f"RULER lengths must be positive token counts, got {lengths!r}.")
+    if int(num_samples) < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples!r}.")
+    return {
+        "tokenizer": str(path),
+        "pretrained": str(path),
+        "max_seq_lengths": clean,
+        "num_samples": int(num_samples),
+        "seed": int(seed),
+    }
+
+
+def ruler_task_config(task: str | dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval task config dict for one RULER task, to pass as ``simple_evaluate(tasks=[cfg])``.
+
+    ``task`` is a task name or a config dict for it (e.g. from evalpipe's
+    ``tasks.task_config``, whose ``generation_kwargs`` and ``num_fewshot`` are kept).
+    """
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    if isinstance(task, dict):
+        name = str(task["task"])
+        base = dict(task)
+    else:
+        name = task
+        base = {}
+    if name not in OFFLINE_RULER and name not in RULER_ESSAY:
+        raise ValueError(
+            f"`{name}` is not a RULER task evalpipe can generate; generated offline: {', '.join(OFFLINE_RULER)}; "
+            f"with a pre-filled essay cache: {', '.join(RULER_ESSAY)}."
+        )
+    yaml_path = Path(importlib.util.find_spec("lm_eval.tasks.ruler").submodule_search_locations[0]) / _RULER_YAML[name]
+    # Functions unresolved: importing lm-eval's niah module costs ~8 s and ~1 GB (a list
+    # of 6 million word pairs) and calls nltk.download; every function field is replaced below.
+    cfg = load_yaml(yaml_path, resolve_func=False)
+    cfg.update(base)
+    for key in ("tag", "group", "include"):
+        cfg.pop(key, None)
+    lengths = list(metadata["max_seq_lengths"])
+    cfg["task"] = name
+    cfg["custom_dataset"] = generate_ruler_dataset
+    cfg["process_results"] = process_results
+    cfg["metric_list"] = [{"metric": "score", "aggregation": "mean", "higher_is_better": True}] + [
+        {"metric": str(n), "aggregation": "mean", "higher_is_better": True} for n in lengths
+    ]
+    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    cfg["metadata"] = {**meta, **metadata, "ruler_task": name}
+    return cfg
+
+
+_RULER_YAML = {
+    **{n: f"{n}.yaml" for n in _NIAH_PARAMS},
+    "ruler_vt": "vt.yaml",
+    "ruler_cwe": "cwe.yaml",
+    "ruler_fwe": "fwe.yaml",
+}
+
+
+def process_results(doc: dict, results: list[str]) -> dict[str, float]:
+    """lm-eval's string_match_all, as ``score`` for every item and under the item's own
+    length (``"4096"``) so that per-length means come out of lm-eval's aggregation."""
+    from lm_eval.tasks.ruler.common_utils import postprocess_pred, string_match_all
+
+    score = string_match_all(postprocess_pred(results), [doc["outputs"]])
+    return {"score": score, str(doc["max_length"]): score}
+
+
+def generate_ruler_dataset(**kwargs: Any) -> dict[str, Any]:
+    """``custom_dataset`` of :func:`ruler_task_config`: lm-eval calls it with the task's
+    metadata as keyword arguments and takes ``{"test": Dataset}``."""
+    import datasets
+
+    name = kwargs.get("ruler_task")
+    if name not in _GENERATORS and name not in _NIAH_PARAMS:
+        raise ValueError(f"generate_ruler_dataset needs `ruler_task` in the metadata, got {name!r}.")
+    tok_name = kwargs.get("tokenizer") or kwargs.get("pretrained")
+    if not tok_name:
+        raise ValueError(f"{name}: no `tokenizer` in the task metadata; build the config with ruler_metadata().")
+    tokenizer = load_tokenizer(str(tok_name))
+    lengths = sorted({int(n) for n in kwargs.get("max_seq_lengths") or [4096]})
+    n = int(kwargs.get("num_samples") or DEFAULT_NUM_SAMPLES)
+    seed = int(kwargs.get("seed", DEFAULT_SEED))
+    rows: list[dict] = []
+    for length in lengths:
+        with _seeded(seed, name, length), _quiet():
+            if name in _NIAH_PARAMS:
+                made = _niah(name, tokenizer, length, n)
+            else:
+                made = _GENERATORS[name](tokenizer, length, n)
+        _check_items(name, length, made)
+        rows += made
+    return {"test": datasets.Dataset.from_list(rows, split=datasets.Split.TEST)}
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str):
+    """The tokenizer from a local directory only (``local_files_only``: no hub request)."""
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer directory {path} does not exist; RULER needs the model's local tokenizer.")
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=True)
+    # RULER measures whole haystacks; the "longer than model_max_length" warning is noise.
+    tok.model_max_length = 1 << 30
+    if not tok("The quick brown fox jumps over the lazy dog.").input_ids:
+        raise ValueError(f"tokenizer {path} encodes text to 0 tokens; RULER cannot size its items with it.")
+    return tok
+
+
+_SEED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, name: str, length: int) -> Iterator[None]:
+    """Seed Python's and numpy's global generators (which lm-eval's RULER code draws
+    from) per (seed, task, length), and give the caller's random state back afterwards."""
+    import numpy as np
+
+    s = zlib.crc32(f"{seed}:{name}:{length}".encode())
+    with _SEED_LOCK:
+        py_state, np_state = random.getstate(), np.random.get_state()
+        random.seed(s)
+        np.random.seed(s)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """lm-eval's RULER code prints progress to stdout (up to one line per try)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        yield
+    if buf.getvalue():
+        log.debug("RULER generation printed: %s", buf.getvalue()[-2000:])
+
+
+@contextlib.contextmanager
+def _no_nltk_download() -> Iterator[None]:
+    """lm-eval's prepare_niah calls ``nltk.download("punkt_tab")`` at import when nltk's
+    punkt_tab is missing. Offline that prints an error block (or, where the network drops
+    packets instead of refusing, waits up to nltk's 120 s network timeout per try) and
+    then prints "Downloaded punkt_tab" anyway. punkt_tab is only used for the essay
+    haystack, which needs data from the hub in any case; check_available checks it there."""
+    import nltk
+
+    original = nltk.download
+    nltk.download = lambda *a, **k: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        nltk.download = original  # type: ignore[assignment]
+
+
+def quiet_ruler_import():
+    """Import lm-eval's RULER needle module without the nltk download and its prints
+    (~8 s and ~1 GB on first import: lm-eval builds a 6-million-entry key word list)."""
+    import sys
+
+    mod = sys.modules.get("lm_eval.tasks.ruler.prepare_niah")
+    if mod is not None:
+        return mod
+    _require_ruler_packages()
+    with _no_nltk_download(), _quiet():
+        import lm_eval.tasks.ruler.prepare_niah as mod
+    return mod
+
+
+def _require_ruler_packages() -> None:
+    missing = [m for m in ("wonderwords", "nltk") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DataUnavailable(
+            f"RULER tasks need the Python package(s) {', '.join(missing)}, which are not installed in "
+            f"this environment; install them with `pip install wonderwords nltk` (or `pip install -e .` of evalpipe)."
+        )
+
+
+# -- the generators -----------------------------------------------------------------
+
+
+def _niah(name: str, tokenizer, length: int, n: int) -> list[dict]:
+    prepare_niah = quiet_ruler_import()
+    from lm_eval.tasks.ruler.niah_utils import TEMPLATE
+
+    params = dict(_NIAH_PARAMS[name])
+    try:
+        return prepare_niah.generate_samples(
+            prepare_niah.get_haystack(type_haystack=params["type_haystack"]),
+            max_seq_length=length,
+            template=TEMPLATE,
+            num_samples=n,
+            TOKENIZER=tokenizer,
+            **params,
+        )
+    except ValueError as err:
+        if "Could not generate any sample" in str(err) or "grew past" in str(err):
+            raise RulerTooShort(f"{name} cannot fit an item into {length} tokens with this tokenizer: {err}") from err
+        raise
+
+
+VT_ICL_BUDGET = 500  # lm-eval's token budget for ruler_vt's one few-shot example
+
+
+def _vt(tokenizer, length: int, n: int) -> list[dict]:
+    """lm-eval's ruler_vt (vt_utils.get_dataset): one few-shot example made at 500 tokens,
+    then n items at ``length`` that start with it; same draws, bounded loops. Where this
+    tokenizer cannot fit the example into 500 tokens (lm-eval hangs there), the example
+    gets the budget it needs (its 5-line minimum plus 64 tokens of slack) instead."""
+    _require_ruler_packages()
+    try:
+        icl = _vartrack(tokenizer, 1, VT_ICL_BUDGET, incremental=5, icl_example=None, task="ruler_vt few-shot example")[0]
+    except RulerTooShort:
+        need = _vt_min_tokens(tokenizer, noises=5, is_icl=True) + 64
+        log.warning("ruler_vt: the few-shot example needs about %d tokens with this tokenizer, not 500", need)
+        icl = _vartrack(tokenizer, 1, max(VT_ICL_BUDGET, need), incremental=5, icl_example=None, task="ruler_vt few-shot example")[0]
+    return _vartrack(tokenizer, n, length, incremental=10, icl_example=icl, task="ruler_vt")
+
+
+def _vt_min_tokens(tokenizer, noises: int, is_icl: bool) -> int:
+    from lm_eval.tasks.ruler import vt_utils as vt
+
+    text, answer = vt.generate_input_output(noises, 1, 4, is_icl=is_icl)
+    return len(tokenizer(text + f" {answer}").input_ids) + 30
+
+
+def _vartrack(tokenizer, num_samples: int, max_seq_length: int, *, incremental: int, icl_example: dict | None, task: str) -> list[dict]:
+    # Mirrors lm_eval/tasks/ruler/vt_utils.py sys_vartrack_w_noise_random (0.4.13):
+    # num_chains=1, num_hops=4, add_fewshot=True, tokens_to_generate=30.
+    from lm_eval.tasks.ruler import vt_utils as vt
+
+    tokens_to_generate, num_chains, num_hops = 30, 1, 4
+    is_icl = icl_example is None
+    example_tokens = 0
+    icl_text = None
+    if icl_example is not None:
+        icl_text = icl_example["input"] + " " + " ".join(icl_example["outputs"]) + "\n\n"
+        example_tokens = len(tokenizer(icl_text).input_ids)
+
+    num_noises, total_tokens = incremental, 0
+    while total_tokens + tokens_to_generate + example_tokens < max_seq_length:
+        input_text, answer = vt.generate_input_output(num_noises, num_chains, num_hops, is_icl=is_icl)
+        total_tokens = len(tokenizer(input_text + f" {answer}").input_ids)
+        if total_tokens + tokens_to_generate + example_tokens > max_seq_length:
+            num_noises -= incremental
+            break
+        num_noises += incremental
+    if num_noises < incremental:
+        raise RulerTooShort(
+            f"{task} cannot fit an item into {max_seq_length} tokens with this tokenizer: "
+            f"{incremental} noise lines already take {total_tokens + tokens_to_generate + example_tokens} tokens "
+            f"({example_tokens} of them the few-shot example); use a larger length."
+        )
+
+    out: list[dict] = []
+    for index in range(num_samples):
+        used, attempts = num_noises, 0
+        while True:
+            attempts += 1
+            try:
+                input_text, answer = vt.generate_input_output(used, num_chains, num_hops, is_icl=is_icl)
+                n_tokens = len(tokenizer(input_text).input_ids) + tokens_to_generate + example_tokens
+                if n_tokens <= max_seq_length:
+                    break
+                reason = f"{n_tokens} tokens"
+            except Exception as err:  # noqa: BLE001 - lm-eval retries on any failure too
+                reason = f"{type(err).__name__}: {err}"
+            if used <= incremental or attempts >= _MAX_ATTEMPTS:
+                raise RulerTooShort(f"{task} cannot fit item {index} into {max_seq_length} tokens with this tokenizer ({reason}).")
+            used -= incremental
+        if icl_text is not None:
+            cutoff = input_text.index(vt.CONFIG["variable_tracking"]["template"][:20])
+            input_text = input_text[:cutoff] + vt.randomize_icl(icl_text) + "\n\n" + input_text[cutoff:]
+        gen_prefix_index = input_text.rfind(" Answer: According to the chain(s) of variable assignment")
+        gen_prefix = input_text[gen_prefix_index:].strip()
+        if icl_example is not None:
+            input_text = input_text[:gen_prefix_index]
+        out.append(
+            {"index": index, "input": input_text, "outputs": answer, "length": n_tokens, "max_length": max_seq_length, "gen_prefix": gen_prefix}
+        )
+    return out
+
+
+def _cwe(tokenizer, length: int, n: int) -> list[dict]:
+    # Mirrors lm_eval/tasks/ruler/cwe_utils.py sys_word_pair_random (0.4.13), bounded.
+    # lm-eval leaves `input_example` out of the prompt (doc_to_text is "{{input}}"), so
+    # its ruler_cwe is zero-shot although the example's room is still reserved.
+    _require_ruler_packages()
+    from lm_eval.tasks.ruler import cwe_utils as cwe
+
+    cwe.RNG.seed(random.getrandbits(32))  # lm-eval's module-level Random(42) would differ per call
+    tokens_to_generate, incremental, num_cw = 120, 10, 10
+
+    def answer_list(answer: list[str]) -> str:
+        return " ".join(f"{i + 1}. {w}" for i, w in enumerate(answer))
+
+    num_words, total_tokens = incremental, 0
+    while total_tokens + tokens_to_generate < length:
+        example, input_text, answer = cwe.generate_input_output(num_words, length)
+        total_tokens = len(tokenizer(example + "\n" + input_text + " " + answer_list(answer)).input_ids)
+        if total_tokens + tokens_to_generate > length:
+            num_words -= incremental
+            break
+        num_words += incremental
+        if num_words > len(cwe.WORDS):
+            num_words = len(cwe.WORDS)
+            break
+    if num_words < num_cw:  # lm-eval goes on with 0 words: empty lists, empty answers
+        raise RulerTooShort(
+            f"ruler_cwe cannot fit a list of {num_cw} common words into {length} tokens with this tokenizer "
+            f"({total_tokens + tokens_to_generate} tokens with {incremental} words, counting the example lm-eval sizes "
+            "but leaves out of the prompt); use a larger length (lm-eval repeats each common word 30 times from 4096 "
+            "tokens on and 6 times below, so a length under 4096 may fit where 4096 does not)."
+        )
+    out: list[dict] = []
+    for index in range(n):
+        used, attempts = num_words, 0
+        while True:
+            attempts += 1
+            try:
+                example, input_text, answer = cwe.generate_input_output(used, length)
+                n_tokens = len(tokenizer(input_text).input_ids) + tokens_to_generate
+                if n_tokens <= length:
+                    break
+                reason = f"{n_tokens} tokens"
+            except Exception as err:  # noqa: BLE001
+                reason = f"{type(err).__name__}: {err}"
+            if used <= incremental or attempts >= _MAX_ATTEMPTS:
+                raise RulerTooShort(f"ruler_cwe cannot fit item {index} into {length} tokens with this tokenizer ({reason}).")
+            used -= incremental
+        input_text = input_text[: input_text.rfind(cwe.CONFIG["answer_prefix"])]
+        out.append(
+            {
+                "index": index,
+                "input": input_text.strip(),
+                "input_example": example,
+                "outputs": answer,
+                "length": n_tokens,
+                "max_length": length,
+                "gen_prefix": cwe.CONFIG["answer_prefix"].strip(),
+            }
+        )
+    return out
+
+
+def _fwe(tokenizer, length: int, n: int) -> list[dict]:
+    _require_ruler_packages()
+    from lm_eval.tasks.ruler import fwe_utils as fwe
+
+    bare = len(tokenizer(fwe.TEMPLATE.format(context="", query="")).input_ids)
+    if bare + 16 * 3 > length:  # lm-eval's shrinking loop never ends when the template alone is too long
+        raise RulerTooShort(f"ruler_fwe cannot fit into {length} tokens with this tokenizer: its template alone takes {bare} tokens.")
+    return fwe.sys_kwext(tokenizer=tokenizer, max_seq_length=length, num_samples=n)
+
+
+_GENERATORS: dict[str, Callable[[Any, int, int], list[dict]]] = {"ruler_vt": _vt, "ruler_cwe": _cwe, "ruler_fwe": _fwe}
+
+
+def _check_items(name: str, length: int, items: list[dict]) -> None:
+    """Every item must carry its answers in its text; lm-eval's builders do not all check."""
+    if not items:
+        raise RulerTooShort(f"{name} made no item at length {length}.")
+    for item in items:
+        outputs = item.get("outputs") or []
+        if not outputs:
+            raise RulerTooShort(f"{name} made an item with no answer at length {length}; use a larger length.")
+        text = item["input"] + " " + item.get("gen_prefix", "")
+        if name == "ruler_fwe":
+            continue  # coded words: the answers are the most frequent ones, present by construction if any
+        if any(str(o) not in text for o in outputs):
+            raise RulerTooShort(f"{name} made an item whose answer is not in its text at length {length}; use a larger length.")
+
+
+def item_fields(doc: dict) -> dict[str, Any]:
+    """Per-item facts of a RULER doc (lm-eval logs it as ``doc`` in each sample) for
+    per-length reports: the configured length, the item's measured budget, and, for the
+    needle tasks, where the (first) answer sits in the haystack as a fraction of its
+    characters (lm-eval draws the position at random and does not record it)."""
+    text, outputs = str(doc.get("input", "")), doc.get("outputs") or []
+    depth = None
+    if outputs and text:
+        pos = text.find(str(outputs[0]))
+        depth = round(pos / len(text), 4) if pos >= 0 else None
+    return {"max_length": doc.get("max_length"), "length": doc.get("length"), "depth": depth}
+
+
+# ---------------------------------------------------------------------------
+# hub-only tasks: is the data here?
+# ---------------------------------------------------------------------------
+
+
+def check_available(
+    task_name: str,
+    data_files: Any = None,
+    *,
+    metadata: dict[str, Any] | None = None,
+    allow_download: bool = False,
+) -> None:
+    """Raise :class:`DataUnavailable` (one sentence) when a hub-only long-context task,
+    or any task of such a group, has no data on this machine; return None when it has,
+    when ``allow_download`` is set (the machine may reach the hub), and for every task
+    this module does not know (gsm8k, evalpipe's own tasks...). Never touches the network.
+
+    ``data_files``: evalpipe's `data_files:` override of the task (passes if the files
+    exist and the task reads them). ``metadata``: the task metadata babilong takes its
+    config from (``max_seq_lengths``: "0k", "1k", ... "128k"; default "0k").
+    """
+    if task_name in _RULER_GROUPS:
+        missing = []
+        for leaf in (*OFFLINE_RULER, *RULER_ESSAY, *RULER_QA):
+            try:
+                check_available(leaf, metadata=metadata, allow_download=allow_download)
+            except DataUnavailable as err:
+                missing.append((leaf, err))
+        if missing:
+            raise DataUnavailable(
+                f"{len(missing)} of the 13 tasks of group `ruler` cannot run here ({', '.join(m for m, _ in missing)}), "
+                f"so run only the generated ones ({', '.join(OFFLINE_RULER)}) offline; the first: {str(missing[0][1]).rstrip('.')}."
+            )
+        return
+    fam = family_of(task_name)
+    if fam is None:
+        return
+    if fam.kind == "generated":
+        _require_ruler_packages()
+        return
+    if data_files:
+        if not fam.local_files:
+            raise DataUnavailable(
+                f"task `{task_name}` ({fam.name}) does not read `data_files:` (lm-eval builds it in Python), so local files "
+                "cannot stand in for its hub data; pre-fill the Hugging Face datasets cache instead."
+            )
+        missing_files = [p for p in _flatten(data_files) if not Path(str(p)).expanduser().exists()]
+        if missing_files:
+            raise DataUnavailable(f"task `{task_name}`: data file {missing_files[0]} does not exist; fix `data_files:`.")
+        return
+    if allow_download:
+        return
+    if fam.kind == "url":
+        raise DataUnavailable(
+            f"task `{task_name}` ({fam.name}) downloads {RULER_QA[task_name]} with `requests` while it builds its items and "
+            "lm-eval keeps no cache of it, so it cannot run offline; run it on a machine that reaches that address, "
+            f"or use the generated RULER tasks ({', '.join(OFFLINE_RULER)})."
+        )
+    if fam.kind == "hub-python":
+        _check_scrolls(task_name)
+        return
+    if fam.kind == "hub+nltk":
+        _check_dataset(task_name, *ESSAY_DATASET, kwargs={})
+        _check_punkt(task_name)
+        return
+    leaves = _leaf_tasks(task_name)
+    if not leaves:
+        return  # unknown to this lm-eval: evalpipe's own name check reports it
+    missing: list[tuple[str, DataUnavailable]] = []
+    for leaf, (path, name, split, kwargs) in leaves.items():
+        if fam.name == "babilong":
+            name = str((metadata or {}).get("max_seq_lengths") or "0k")
+        try:
+            _check_dataset(leaf, path, name, split, kwargs=kwargs)
+        except DataUnavailable as err:
+            missing.append((leaf, err))
+    if missing and len(leaves) == 1:
+        raise missing[0][1]
+    if missing:
+        raise DataUnavailable(
+            f"{len(missing)} of the {len(leaves)} tasks of `{task_name}` have no data here; the first: {str(missing[0][1]).rstrip('.')}."
+        )
+
+
+def _flatten(files: Any) -> list:
+    if isinstance(files, dict):
+        return [p for v in files.values() for p in _flatten(v)]
+    if isinstance(files, (list, tuple)):
+        return [p for v in files for p in _flatten(v)]
+    return [files]
+
+
+def _leaf_tasks(name: str) -> dict[str, tuple[str, str | None, str | None, dict]]:
+    """{leaf task: (dataset_path, dataset_name, test split, dataset_kwargs)} from lm-eval's
+    YAMLs (includes resolved, functions not imported), groups and tags expanded."""
+    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    index = _task_index()
+    out: dict[str, tuple[str, str | None, str | None, dict]] = {}
+
+    def visit(n: str, depth: int = 0) -> None:
+        entry = index.get(n)
+        if entry is None or depth > 8:
+            return
+        if entry.kind is Kind.TAG:
+            for t in sorted(entry.tags):
+                visit(t, depth + 1)
+            return
+        if entry.yaml_path is None:
+            return
+        cfg = load_yaml(entry.yaml_path, resolve_func=False)
+        if entry.kind is Kind.GROUP:
+            for child in cfg.get("task") or []:
+                visit(child if isinstance(child, str) else (child.get("task") or child.get("group")), depth + 1)
+            return
+        if entry.kind is Kind.TASK and cfg.get("dataset_path"):
+            kwargs = dict(cfg.get("dataset_kwargs") or {})
+            # babilong's own key: its loader reads that split of the config named by metadata
+            split = kwargs.pop("qa_split", None) or cfg.get("test_split") or cfg.get("validation_split")
+            out[n] = (cfg["dataset_path"], cfg.get("dataset_name"), split, kwargs)
+
+    visit(name)
+    return out
+
+
+def _task_index() -> dict:
+    from evalpipe.worker.tasks import task_manager  # cached: the index is built once per process
+
+    return task_manager().task_index
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """Force `datasets` and `huggingface_hub` offline for one look-up, whatever the env says."""
+    import datasets.config as dconfig
+    import huggingface_hub.constants as hconst
+
+    saved = (dconfig.HF_HUB_OFFLINE, hconst.HF_HUB_OFFLINE)
+    dconfig.HF_HUB_OFFLINE = True
+    hconst.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        dconfig.HF_HUB_OFFLINE, hconst.HF_HUB_OFFLINE = saved
+
+
+def _check_dataset(task: str, path: str, name: str | None, split: str | None, *, kwargs: dict) -> None:
+    """Cheap, offline: the same cache look-up `datasets.load_dataset` does offline (it only
+    reads the prepared Arrow cache, never the raw hub download cache), then the split's files."""
+    import datasets
+    import datasets.config as dconfig
+
+    # the task's dataset_kwargs as lm-eval passes them (InfiniteBench: `features`)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("trust_remote_code",)}
+    where = os.path.expanduser(str(dconfig.HF_DATASETS_CACHE))
+    what = f"`{path}`" + (f" (config `{name}`)" if name else "")
+    fix = (
+        f"pre-fill the cache on a machine with network (`python -c \"import datasets; datasets.load_dataset('{path}'"
+        + (f", '{name}'" if name else "")
+        + ")\"`) and copy its ~/.cache/huggingface (or $HF_HOME) here"
+    )
+    fam = family_of(task)
+    if fam is not None and fam.local_files:
+        fix += ", or point the task at local files with `data_files:` in the run config"
+    try:
+        with _offline(), _silence_datasets():
+            builder = datasets.load_dataset_builder(path, name, **kwargs)
+    except Exception as err:  # noqa: BLE001 - any failure here means "not usable offline"
+        # "not cached" surfaces as ConnectionError (offline hub), FileNotFoundError or
+        # ValueError("Couldn't find cache..."); anything else is worth naming
+        odd = "" if isinstance(err, (ConnectionError, FileNotFoundError, ValueError)) else f" ({type(err).__name__}: {err})"
+        raise DataUnavailable(
+            f"task `{task}` needs the hub dataset {what}, which is not in the Hugging Face datasets cache at {where}{odd}; {fix}."
+        ) from None
+    splits = builder.info.splits or {}
+    if split and splits and split not in splits:
+        raise DataUnavailable(
+            f"task `{task}` needs split `{split}` of {what}, but the cache at {builder.cache_dir} has only "
+            f"{', '.join(sorted(splits))}; {fix}."
+        )
+    if not any(Path(builder.cache_dir).glob("*.arrow")):
+        raise DataUnavailable(f"task `{task}`: the cache entry of {what} at {builder.cache_dir} has no data files; {fix}.")
+
+
+@contextlib.contextmanager
+def _silence_datasets() -> Iterator[None]:
+    """The cache look-up logs 'Using the latest cached version...' warnings."""
+    import datasets
+
+    level = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(level)
+
+
+def _check_punkt(task: str) -> None:
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+    except LookupError:
+        raise DataUnavailable(
+            f"task `{task}` splits its essay haystack into sentences with nltk's `punkt_tab`, which is not in any of "
+            f"nltk's data directories ({', '.join(map(str, nltk.data.path[:3]))}, ...); run "
+            "`python -m nltk.downloader punkt_tab` on a machine with network and copy ~/nltk_data here (or set NLTK_DATA)."
+        ) from None
+
+
+def _check_scrolls(task: str) -> None:
+    from huggingface_hub import constants as hconst
+    from huggingface_hub import try_to_load_from_cache
+
+    sub = {
+        "scrolls_contractnli": "contract_nli",
+        "scrolls_govreport": "gov_report",
+        "scrolls_narrativeqa": "narrative_qa",
+        "scrolls_qasper": "qasper",
+        "scrolls_quality": "quality",
+        "scrolls_summscreenfd": "summ_screen_fd",
+        "scrolls_qmsum": "qmsum",
+    }
+    names = list(sub.values()) if task == "scrolls" else [sub.get(task, task.removeprefix("scrolls_"))]
+    metric = try_to_load_from_cache("tau/scrolls", "metrics/scrolls.py", revision="refs/pr/5", repo_type="dataset")
+    if not isinstance(metric, str):
+        raise DataUnavailable(
+            f"task `{task}` (SCROLLS) downloads its metric script and data zip from the hub dataset `tau/scrolls` while it is "
+            f"built, and they are not in the hub cache at {hconst.HF_HUB_CACHE}; SCROLLS is a Python task that cannot read "
+            "local files, so run it once on a machine with network and copy ~/.cache/huggingface (or $HF_HOME) here."
+        )
+    for n in names:
+        if not isinstance(try_to_load_from_cache("tau/scrolls", f"{n}.zip", repo_type="dataset"), str):
+            raise DataUnavailable(
+                f"task `{task}` (SCROLLS) needs `{n}.zip` of the hub dataset `tau/scrolls`, which is not in the hub cache at "
+                f"{hconst.HF_HUB_CACHE}; run it once on a machine with network and copy ~/.cache/huggingface (or $HF_HOME) here."
+            )

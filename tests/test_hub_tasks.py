@@ -1,0 +1,354 @@
+"""Long-context tasks: RULER generated offline with our tokenizer, hub-only data checks.
+
+No engine: tasks are built through lm-eval's TaskManager (and one simple_evaluate with
+a fake LM). Every test runs with the hub switched off and sockets refused, so any
+download attempt (tokenizer, data set, nltk data) shows up as a failure.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalpipe.worker import hub_tasks
+from evalpipe.worker.hub_tasks import (
+    OFFLINE_RULER,
+    DataUnavailable,
+    RulerTooShort,
+    check_available,
+    generate_ruler_dataset,
+    ruler_metadata,
+    ruler_task_config,
+)
+
+TOKENIZER = Path("~/.cache/evalpipe/models/tiny-gsm-ead1c4b8775a").expanduser()
+LENGTH = 2048  # the smallest power of two at which all six fit with the tiny model's tokenizer
+N = 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir() -> Path:
+    if not TOKENIZER.is_dir():
+        from evalpipe.models import builtin  # noqa: F401 - creates the built-in tiny model
+
+        pytest.skip(f"built-in tiny model not at {TOKENIZER}")
+    return TOKENIZER
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """HF offline flags on, and every internet socket refused (and recorded)."""
+    import datasets.config as dconfig
+    import huggingface_hub.constants as hconst
+
+    attempts: list = []
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self, address, *args, **kwargs):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            attempts.append(address)
+            raise OSError(f"network disabled in this test ({address})")
+        return real_connect(self, address, *args, **kwargs)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in ("localhost", "127.0.0.1", "::1", None):
+            attempts.append(host)
+            raise socket.gaierror(f"network disabled in this test ({host})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        mp.setattr(dconfig, "HF_HUB_OFFLINE", True)
+        mp.setattr(hconst, "HF_HUB_OFFLINE", True)
+        mp.setattr(socket.socket, "connect", connect)
+        mp.setattr(socket, "getaddrinfo", getaddrinfo)
+        yield attempts
+    assert attempts == [], f"network access attempted: {attempts[:5]}"
+
+
+@pytest.fixture(scope="module")
+def task_manager():
+    from evalpipe.worker.tasks import task_manager
+
+    return task_manager()
+
+
+def _load(tm, cfg):
+    return tm.load([cfg])["tasks"][cfg["task"]]
+
+
+# ---------------------------------------------------------------------------
+# RULER
+# ---------------------------------------------------------------------------
+
+
+def test_ruler_import_is_quiet(capfd, offline):
+    """lm-eval's niah module calls nltk.download at import: no output, no network."""
+    already = "lm_eval.tasks.ruler.prepare_niah" in sys.modules
+    hub_tasks.quiet_ruler_import()
+    out, err = capfd.readouterr()
+    if not already:
+        assert "punkt_tab" not in out + err and "nltk_data" not in err
+    assert offline == []
+
+
+def test_ruler_metadata_takes_only_a_local_tokenizer_directory(tokenizer_dir, tmp_path):
+    meta = ruler_metadata(tokenizer_dir, [4096, 1024, 1024], num_samples=3)
+    assert meta == {
+        "tokenizer": str(tokenizer_dir.resolve()),
+        "pretrained": str(tokenizer_dir.resolve()),
+        "max_seq_lengths": [1024, 4096],
+        "num_samples": 3,
+        "seed": hub_tasks.DEFAULT_SEED,
+    }
+    with pytest.raises(FileNotFoundError, match="local directory"):
+        ruler_metadata("meta-llama/Llama-3.1-8B", [1024])  # a hub id: never downloaded
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        ruler_metadata(tmp_path, [1024])
+
+
+@pytest.fixture(scope="module")
+def built(tokenizer_dir, task_manager):
+    """The six offline RULER tasks at LENGTH, N items each, built by lm-eval."""
+    meta = ruler_metadata(tokenizer_dir, [LENGTH], num_samples=N)
+    out = {}
+    for name in OFFLINE_RULER:
+        task = _load(task_manager, ruler_task_config(name, meta))
+        task.build_all_requests(limit=None, rank=0, world_size=1)
+        out[name] = task
+    return out
+
+
+@pytest.mark.parametrize("name", OFFLINE_RULER)
+def test_offline_ruler_builds_within_the_length(built, name, tokenizer_dir):
+    task = built[name]
+    docs = list(task.eval_docs)
+    assert len(docs) == N and len(task.instances) == N
+    tok = hub_tasks.load_tokenizer(str(tokenizer_dir.resolve()))
+    for doc, inst in zip(docs, task.instances):
+        assert {"index", "input", "outputs", "length", "max_length", "gen_prefix"} <= set(doc)
+        assert doc["max_length"] == LENGTH and doc["outputs"]
+        assert doc["length"] <= LENGTH + 50  # ruler_fwe sizes the text, not text + answer, to the length
+        context, gen_kwargs = inst.args
+        assert context.rstrip().endswith(doc["gen_prefix"])  # lm-eval appends the answer prefix
+        n_tokens = len(tok(context).input_ids)
+        assert LENGTH // 2 < n_tokens <= LENGTH, (name, n_tokens)
+        assert gen_kwargs["max_gen_toks"] in (128, 30, 120, 50) and gen_kwargs["until"] == []
+    assert task.config.metadata["max_seq_lengths"] == [LENGTH]
+
+
+def test_generation_is_seeded_per_length(tokenizer_dir):
+    base = dict(ruler_metadata(tokenizer_dir, [1024], num_samples=3), ruler_task="niah_single_1")
+    one = generate_ruler_dataset(**base)["test"]
+    again = generate_ruler_dataset(**base)["test"]
+    both = generate_ruler_dataset(**{**base, "max_seq_lengths": [1024, 2048]})["test"]
+    other_seed = generate_ruler_dataset(**{**base, "seed": 7})["test"]
+    assert one["input"] == again["input"]
+    assert both["max_length"] == [1024] * 3 + [2048] * 3
+    assert both["input"][:3] == one["input"]  # adding a length leaves the others' items alone
+    assert other_seed["input"] != one["input"]
+
+
+def test_too_short_lengths_fail_with_a_sentence_instead_of_hanging(tokenizer_dir):
+    # lm-eval's own ruler_vt loops for ever here (while True around a bare except),
+    # and its ruler_cwe makes items with empty word lists and no answers.
+    for name in ("ruler_vt", "ruler_cwe"):
+        with pytest.raises(RulerTooShort, match=rf"{name} cannot fit .* 1024 tokens"):
+            generate_ruler_dataset(**ruler_metadata(tokenizer_dir, [1024], num_samples=1), ruler_task=name)
+
+
+class _NeedleReader:
+    """A fake LM that answers NIAH questions by reading the needle out of the prompt."""
+
+    def __new__(cls):
+        from lm_eval.api.model import LM
+
+        class Reader(LM):
+            def generate_until(self, requests, disable_tqdm=False):
+                out = []
+                for inst in requests:
+                    ctx = inst.args[0]
+                    key = re.search(r"special magic number for (\S+) mentioned in the provided text\?", ctx).group(1)
+                    out.append(" " + re.search(rf"for {re.escape(key)} is: (\d+)", ctx).group(1) + ".")
+                return out
+
+            def loglikelihood(self, requests, disable_tqdm=False):
+                raise NotImplementedError
+
+            def loglikelihood_rolling(self, requests, disable_tqdm=False):
+                raise NotImplementedError
+
+        return Reader()
+
+
+def test_simple_evaluate_reports_score_and_per_length_metrics(tokenizer_dir, task_manager):
+    from lm_eval import simple_evaluate
+
+    cfg = ruler_task_config("niah_multikey_2", ruler_metadata(tokenizer_dir, [1024, 2048], num_samples=2))
+    out = simple_evaluate(model=_NeedleReader(), tasks=[cfg], task_manager=task_manager, log_samples=True, bootstrap_iters=0)
+    res = out["results"]["niah_multikey_2"]
+    assert res["score,none"] == 1.0 and res["1024,none"] == 1.0 and res["2048,none"] == 1.0
+    logged = out["samples"]["niah_multikey_2"]
+    assert sorted(e["doc"]["max_length"] for e in logged) == [1024, 1024, 2048, 2048]
+    for e in logged:  # each item carries its own length's metric only
+        assert set(e["metrics"]) == {"score", str(e["doc"]["max_length"])}
+
+
+def test_simple_evaluate_metadata_is_ignored_with_an_explicit_task_manager(tokenizer_dir, task_manager):
+    """Why the metadata goes into the task config (or TaskManager(metadata=...))."""
+    from lm_eval import simple_evaluate
+
+    meta = {"tokenizer": str(tokenizer_dir), "max_seq_lengths": [1024]}
+    with pytest.raises(AssertionError, match="No tokenizer or pretrained provided"):
+        simple_evaluate(model=_NeedleReader(), tasks=["niah_multikey_2"], task_manager=task_manager, metadata=meta)
+
+
+def test_stock_builder_reads_config_metadata_and_makes_500_items(tokenizer_dir, task_manager):
+    """lm-eval's own builder takes the same metadata from a config dict (TaskManager(metadata=...)
+    merges into the same place), but has no knob for the item count."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    hub_tasks.quiet_ruler_import()
+    cfg = load_yaml(task_manager.task_index["niah_multikey_2"].yaml_path, resolve_func=True)
+    cfg.pop("tag", None)
+    cfg["metadata"] = {"tokenizer": str(tokenizer_dir), "max_seq_lengths": [1024], "num_samples": 3}
+    docs = list(_load(task_manager, cfg).eval_docs)
+    assert len(docs) == 500 and {d["max_length"] for d in docs} == {1024}
+
+
+def test_ruler_task_config_keeps_evalpipe_overrides(tokenizer_dir):
+    meta = ruler_metadata(tokenizer_dir, [4096], num_samples=1)
+    cfg = ruler_task_config({"task": "ruler_vt", "generation_kwargs": {"max_gen_toks": 7, "until": []}}, meta)
+    assert cfg["generation_kwargs"]["max_gen_toks"] == 7
+    assert cfg["metadata"]["ruler_task"] == "ruler_vt" and cfg["metadata"]["num_samples"] == 1
+    assert [m["metric"] for m in cfg["metric_list"]] == ["score", "4096"]
+    assert "tag" not in cfg and callable(cfg["custom_dataset"])
+    with pytest.raises(ValueError, match="not a RULER task"):
+        ruler_task_config("ruler_qa_squad", meta)
+
+
+# ---------------------------------------------------------------------------
+# hub-only tasks
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def empty_cache(tmp_path, monkeypatch):
+    import datasets.config as dconfig
+    import huggingface_hub.constants as hconst
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(dconfig, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+    monkeypatch.setattr(hconst, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    return tmp_path / "hf"
+
+
+def _fake_cached_dataset(datasets_cache: Path, repo: str, config: str, split: str, rows: list[dict]) -> Path:
+    """What `datasets.load_dataset(repo, config)` leaves in the cache after a download."""
+    import datasets
+    from datasets.arrow_writer import ArrowWriter
+    from datasets.naming import camelcase_to_snakecase
+
+    namespace, name = repo.split("/")
+    snake = camelcase_to_snakecase(name)
+    where = datasets_cache / f"{namespace}___{snake}" / config / "0.0.0" / "0123456789abcdef"
+    where.mkdir(parents=True)
+    ds = datasets.Dataset.from_list(rows)
+    with ArrowWriter(path=str(where / f"{snake}-{split}.arrow"), features=ds.features) as writer:
+        writer.write_table(ds.data.table)
+        writer.finalize()
+    info = datasets.DatasetInfo(features=ds.features, config_name=config, dataset_name=snake)
+    info.splits = datasets.SplitDict({split: datasets.SplitInfo(name=split, num_examples=len(rows), dataset_name=snake)})
+    info.write_to_directory(str(where))
+    return where
+
+
+def test_longbench_without_data_raises_one_clear_sentence(empty_cache):
+    with pytest.raises(DataUnavailable) as err:
+        check_available("longbench_hotpotqa")
+    msg = str(err.value)
+    assert "`Xnhyacinth/LongBench` (config `hotpotqa`)" in msg
+    assert str(empty_cache / "datasets") in msg
+    assert "copy its ~/.cache/huggingface" in msg and "data_files:" in msg
+    assert msg.count(". ") == 0 and msg.endswith(".")  # one sentence
+
+
+def test_longbench_group_names_the_missing_count(empty_cache):
+    with pytest.raises(DataUnavailable, match=r"^\d+ of the \d+ tasks of `longbench_single_tasks` have no data here"):
+        check_available("longbench_single_tasks")
+
+
+def test_longbench_passes_when_the_cache_has_it(empty_cache):
+    import datasets
+
+    rows = [{"input": "q", "context": "c", "answers": ["a"], "length": 1, "dataset": "hotpotqa", "language": "en",
+             "all_classes": None, "_id": "x"}]
+    _fake_cached_dataset(empty_cache / "datasets", "Xnhyacinth/LongBench", "hotpotqa", "test", rows)
+    check_available("longbench_hotpotqa")  # no exception
+    # and the fake is what datasets itself reads offline
+    assert datasets.load_dataset("Xnhyacinth/LongBench", "hotpotqa", split="test")[0]["input"] == "q"
+    with pytest.raises(DataUnavailable, match="config `2wikimqa`"):
+        check_available("longbench_2wikimqa")
+
+
+def test_local_files_stand_in_only_where_lm_eval_reads_them(empty_cache, tmp_path):
+    f = tmp_path / "hotpot.jsonl"
+    f.write_text("{}\n")
+    check_available("longbench_hotpotqa", data_files={"test": str(f)})
+    with pytest.raises(DataUnavailable, match="does not exist"):
+        check_available("longbench_hotpotqa", data_files={"test": str(tmp_path / "nope.jsonl")})
+    with pytest.raises(DataUnavailable, match="does not read `data_files:`"):
+        check_available("babilong_qa1", data_files={"test": str(f)})
+
+
+def test_babilong_checks_the_config_its_metadata_names(empty_cache):
+    with pytest.raises(DataUnavailable, match="RMT-team/babilong-1k-samples` \\(config `0k`\\)"):
+        check_available("babilong_qa1")
+    _fake_cached_dataset(empty_cache / "datasets", "RMT-team/babilong-1k-samples", "4k", "qa1",
+                         [{"input": "i", "question": "q", "target": "t"}])
+    check_available("babilong_qa1", metadata={"max_seq_lengths": "4k"})
+    with pytest.raises(DataUnavailable, match="split `qa2`"):
+        check_available("babilong_qa2", metadata={"max_seq_lengths": "4k"})
+
+
+def test_ruler_variants_that_download(empty_cache):
+    with pytest.raises(DataUnavailable, match="baber/paul_graham_essays"):
+        check_available("niah_single_2")
+    with pytest.raises(DataUnavailable, match="rajpurkar.github.io.* cannot run offline"):
+        check_available("ruler_qa_squad")
+    check_available("ruler_qa_squad", allow_download=True)
+    with pytest.raises(DataUnavailable, match="7 of the 13 tasks of group `ruler`"):
+        check_available("ruler")
+    for name in OFFLINE_RULER:
+        check_available(name)
+
+
+def test_other_hub_families_and_unknown_tasks(empty_cache):
+    with pytest.raises(DataUnavailable, match="recursal/longbench-v2"):
+        check_available("longbench2_detective")
+    with pytest.raises(DataUnavailable, match="xinrongzhang2022/InfiniteBench"):
+        check_available("infinitebench_passkey")
+    with pytest.raises(DataUnavailable, match="tau/scrolls"):
+        check_available("scrolls_qasper")
+    check_available("gsm8k")  # not a long-context task: nothing to say
+    check_available("longbench_hotpotqa", allow_download=True)
+
+
+def test_family_table():
+    assert hub_tasks.family_of("longbench2_detective").name == "LongBench v2"
+    assert hub_tasks.family_of("longbench_hotpotqa").name == "LongBench"
+    assert hub_tasks.family_of("niah_single_1").kind == "generated"
+    assert hub_tasks.family_of("niah_single_2").kind == "hub+nltk"
+    assert hub_tasks.family_of("gsm8k") is None
+
+
+def test_item_fields_give_length_and_needle_depth(built):
+    doc = next(iter(built["niah_single_1"].eval_docs))
+    fields = hub_tasks.item_fields(doc)
+    assert fields["max_length"] == LENGTH and fields["length"] == doc["length"]
+    assert 0.0 <= fields["depth"] <= 1.0
