@@ -233,8 +233,24 @@ def make_plan(
 
 def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]) -> None:
     """The long-context probes promise exact prompt lengths: refuse, before any engine
-    starts, what would break them (shots, or a context window the engine would cut)."""
+    starts, what would break them (shots, or a context window the engine would cut).
+    lm-eval's RULER tasks run at longctx.lengths too: same refusals, with each task's
+    own max_gen_toks (a RULER prompt takes up to its length; the LM keeps max_gen_toks free)."""
     from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
+    from evalpipe.worker.hub_tasks import RULER_MAX_GEN_TOKS, is_generated_ruler
+
+    for spec in (t.spec for t in tasks if is_generated_ruler(t.spec.task)):
+        if spec.num_fewshot:
+            raise ConfigError(
+                f"task `{spec.task}` (RULER) is zero-shot: its items fill longctx.lengths, so shots would not fit; "
+                "remove num_fewshot from its entry."
+            )
+        if spec.data_files:
+            raise ConfigError(
+                f"task `{spec.task}` (RULER) generates its items from the model's tokenizer; remove data_files from its entry."
+            )
+        _check_window(f"`{spec.task}` (RULER)", "up to ", max(config.longctx.lengths),
+                      spec.max_gen_toks or RULER_MAX_GEN_TOKS[spec.task], planned)
 
     probes = [t.spec for t in tasks if t.spec.task in TASK_PROBE]
     if not probes:
@@ -246,15 +262,20 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
                 f"task `{spec.task}` is zero-shot by construction (its prompts have exact token lengths); "
                 "remove num_fewshot from its entry."
             )
-        generated = spec.max_gen_toks or MAX_GEN_TOKS[TASK_PROBE[spec.task]]
-        for v in planned:
-            window = v.engine_args.get("max_model_len")
-            if window is not None and longest + generated > int(window):
-                raise ConfigError(
-                    f"`{spec.task}` needs prompts of {longest} tokens plus {generated} generated, more than "
-                    f"max_model_len {window} of variant `{v.name}`; raise engine.max_model_len to at least "
-                    f"{longest + generated} or drop the longer lengths from longctx.lengths."
-                )
+        _check_window(f"`{spec.task}`", "", longest, spec.max_gen_toks or MAX_GEN_TOKS[TASK_PROBE[spec.task]], planned)
+
+
+def _check_window(what: str, up_to: str, longest: int, generated: int, planned: list[PlannedVariant]) -> None:
+    """Refuse a variant whose context window would cut the longest prompt: the LM keeps
+    room for the generated tokens and cuts the prompt's start, losing the exact length."""
+    for v in planned:
+        window = v.engine_args.get("max_model_len")
+        if window is not None and longest + generated > int(window):
+            raise ConfigError(
+                f"{what} needs prompts of {up_to}{longest} tokens plus {generated} generated, more than "
+                f"max_model_len {window} of variant `{v.name}`; raise engine.max_model_len to at least "
+                f"{longest + generated} or drop the longer lengths from longctx.lengths."
+            )
 
 
 # vLLM's max_num_seqs when a config leaves it unset (LLM class default).

@@ -77,3 +77,17 @@ def test_doc_metadata_becomes_typed_sample_columns():
     assert table.schema.field("target_length").type == pa.int64() and table.schema.field("depth").type == pa.float64()
     assert table.column("cluster").to_pylist() == ["passkey-2048-1", None]
     assert "cluster" not in artifacts.samples_table([base]).column_names, "tasks without metadata get no columns"
+
+
+def test_ruler_length_bucket_and_depth_become_typed_sample_columns():
+    from evalpipe.worker.hub_tasks import sample_columns
+
+    doc = {"index": 0, "input": "filler 1234567 filler", "outputs": ["1234567"], "length": 3900, "max_length": 4096,
+           "gen_prefix": "The special magic number is"}
+    cols = artifacts.doc_columns(sample_columns("niah_single_1", doc))
+    assert cols == {"target_length": 4096, "depth": round(7 / len(doc["input"]), 4)}
+    assert artifacts.doc_columns(doc) == {}, "RULER's own field names map to no column by themselves"
+    base = {"task": "niah_single_1", "doc_id": 0, "repeat": 0, "prompt_hash": "h", "prompt": "p", "target": "1",
+            "response": "1", "n_tokens": 1, "finish_reason": "stop"}
+    table = artifacts.samples_table([{**base, **cols}])
+    assert table.column("target_length").to_pylist() == [4096] and table.schema.field("depth").type == pa.float64()

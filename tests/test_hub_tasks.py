@@ -352,3 +352,39 @@ def test_item_fields_give_length_and_needle_depth(built):
     fields = hub_tasks.item_fields(doc)
     assert fields["max_length"] == LENGTH and fields["length"] == doc["length"]
     assert 0.0 <= fields["depth"] <= 1.0
+
+
+def test_max_gen_toks_table_matches_lm_evals_yamls():
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    root = Path(hub_tasks.importlib.util.find_spec("lm_eval.tasks.ruler").submodule_search_locations[0])
+    for name, yaml_name in hub_tasks._RULER_YAML.items():
+        cfg = load_yaml(root / yaml_name, resolve_func=False)
+        assert cfg["generation_kwargs"]["max_gen_toks"] == hub_tasks.RULER_MAX_GEN_TOKS[name], name
+    assert set(hub_tasks.RULER_MAX_GEN_TOKS) == set(OFFLINE_RULER) | set(hub_tasks.RULER_ESSAY)
+
+
+def test_prebuilt_items_interleave_lengths_and_are_what_lm_eval_gets(tokenizer_dir, task_manager):
+    cfg = ruler_task_config("niah_multikey_2", ruler_metadata(tokenizer_dir, [1024, LENGTH], num_samples=2))
+    pre = hub_tasks.prebuild_ruler(cfg)
+    assert cfg["custom_dataset"] is generate_ruler_dataset  # the input config is left alone
+    docs = list(_load(task_manager, pre).eval_docs)
+    assert [d["max_length"] for d in docs] == [1024, LENGTH, 1024, LENGTH]
+    plain = generate_ruler_dataset(**cfg["metadata"])["test"]
+    assert sorted(d["input"] for d in docs) == sorted(plain["input"])  # same items, other order
+    assert "sha256 " + pre["custom_dataset"].sha256[:12] in repr(pre["custom_dataset"])
+
+
+def test_ruler_task_config_merges_a_max_gen_toks_override(tokenizer_dir):
+    cfg = ruler_task_config({"task": "niah_single_1", "generation_kwargs": {"max_gen_toks": 9}}, ruler_metadata(tokenizer_dir, [1024]))
+    assert cfg["generation_kwargs"] == {"do_sample": False, "temperature": 0.0, "max_gen_toks": 9, "until": []}
+
+
+def test_sample_columns_only_for_ruler_and_depth_only_for_needles(built):
+    doc = next(iter(built["niah_single_1"].eval_docs))
+    cols = hub_tasks.sample_columns("niah_single_1", doc)
+    assert cols == {"target_length": LENGTH, "depth": hub_tasks.item_fields(doc)["depth"]}
+    vt_doc = next(iter(built["ruler_vt"].eval_docs))
+    assert hub_tasks.sample_columns("ruler_vt", vt_doc) == {"target_length": LENGTH}
+    assert hub_tasks.item_fields(vt_doc, "ruler_vt")["depth"] is None
+    assert hub_tasks.sample_columns("gsm8k", doc) == {} and hub_tasks.sample_columns("niah_single_1", None) == {}

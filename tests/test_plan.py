@@ -142,3 +142,30 @@ def test_longctx_tasks_refuse_shots(tmp_path):
 def test_longctx_spec_in_the_config_is_strict():
     with pytest.raises(ConfigError, match="lenghts"):
         parse_config({**CONFIG, "longctx": {"lenghts": [1024]}})
+
+
+def test_ruler_lengths_plus_generation_must_fit_the_context_window(tmp_path):
+    ok = longctx_plan(tmp_path, task={"task": "niah_single_1"}, lengths=[2048, 3968])
+    assert [t.spec.task for t in ok.tasks] == ["niah_single_1"]
+    with pytest.raises(ConfigError, match=r"^`niah_single_1` \(RULER\) needs prompts of up to 4096 tokens plus 128 generated, "
+                                          r"more than max_model_len 4096 of variant `legacy`; raise engine.max_model_len to at "
+                                          r"least 4224 or drop the longer lengths from longctx.lengths\.$"):
+        longctx_plan(tmp_path, task={"task": "niah_single_1"}, lengths=[2048, 4096])
+    # each task's own max_gen_toks, or the entry's override
+    assert longctx_plan(tmp_path, task={"task": "ruler_vt"}, lengths=[4066]).tasks
+    with pytest.raises(ConfigError, match="4067 tokens plus 30 generated"):
+        longctx_plan(tmp_path, task={"task": "ruler_vt"}, lengths=[4067])
+    assert longctx_plan(tmp_path, task={"task": "niah_single_1", "max_gen_toks": 16}, lengths=[4080]).tasks
+
+
+def test_ruler_refuses_shots_and_data_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"`ruler_cwe` \(RULER\) is zero-shot"):
+        longctx_plan(tmp_path, task={"task": "ruler_cwe", "num_fewshot": 1}, lengths=[1024])
+    with pytest.raises(ConfigError, match="remove data_files"):
+        longctx_plan(tmp_path, task={"task": "niah_multikey_3", "data_files": {"test": "x.jsonl"}}, lengths=[1024])
+
+
+def test_ruler_items_per_length_is_part_of_the_longctx_spec():
+    assert parse_config({**CONFIG, "longctx": {"ruler_items_per_length": 2}}).longctx.ruler_items_per_length == 2
+    with pytest.raises(ConfigError, match="ruler_items_per_length is 0"):
+        parse_config({**CONFIG, "longctx": {"ruler_items_per_length": 0}})

@@ -1,6 +1,7 @@
 """Task lookup and per-task overrides (lm-eval's task index, no engine)."""
 
 import json
+import re
 
 import pytest
 
@@ -84,3 +85,173 @@ def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path
     # other tasks never load the tokenizer
     plain = LongCtxData(str(tmp_path / "missing"), None)
     assert task_config({"task": "gsm8k_synth_4shot"}, tmp_path / "data", generated=plain)["dataset_path"] == "json"
+
+
+# ---------------------------------------------------------------------------
+# lm-eval's long-context tasks through the worker path (evalpipe.worker.hub_tasks)
+# ---------------------------------------------------------------------------
+
+RULER_LENGTH = 1024  # fits niah_* with both tokenizers below; too short for ruler_vt with either
+
+
+def _spec(task, **kw):
+    """A job's task entry, as the runner writes it (TaskSpec.model_dump())."""
+    return {"task": task, "num_fewshot": None, "limit": None, "max_gen_toks": None, "data_files": None, **kw}
+
+
+@pytest.fixture(scope="module")
+def ruler_imported():
+    """lm-eval's RULER needle module, imported once for the module (8-30 s, ~1 GB)."""
+    from evalpipe.worker import hub_tasks
+
+    return hub_tasks.quiet_ruler_import()
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    _save_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def builtin_tokenizer():
+    from evalpipe.models.builtin import default_path
+
+    path = default_path("tiny-gsm")
+    if not (path / "tokenizer.json").exists():
+        pytest.skip(f"built-in tiny model not built at {path}")
+    return path
+
+
+def _ruler_docs(tokenizer_dir, task, tmp_path, **longctx):
+    from evalpipe.worker.tasks import LongCtxData, task_manager
+
+    generated = LongCtxData(str(tokenizer_dir), {"lengths": [RULER_LENGTH], "ruler_items_per_length": 2, **longctx}, seed=7)
+    cfg = task_config(_spec(task), tmp_path, generated=generated)
+    task_obj = task_manager().load([cfg])["tasks"][task]
+    return cfg, list(task_obj.eval_docs)
+
+
+@pytest.mark.parametrize("which", ["builtin", "saved"])
+def test_ruler_task_is_generated_with_the_models_tokenizer(which, request, ruler_imported, tmp_path):
+    tokenizer_dir = request.getfixturevalue(f"{which}_tokenizer")
+    cfg, docs = _ruler_docs(tokenizer_dir, "niah_single_1", tmp_path)
+    assert len(docs) == 2 and {d["max_length"] for d in docs} == {RULER_LENGTH}
+    assert cfg["metadata"]["tokenizer"] == str(tokenizer_dir.resolve()) and cfg["metadata"]["seed"] == 7
+    assert cfg["metadata"]["num_samples"] == 2 and cfg["metadata"]["max_seq_lengths"] == [RULER_LENGTH]
+    assert [m["metric"] for m in cfg["metric_list"]] == ["score", str(RULER_LENGTH)]
+    assert cfg["generation_kwargs"]["max_gen_toks"] == 128 and cfg["generation_kwargs"]["until"] == []
+    assert len(cfg["custom_dataset"].sha256) == 64
+
+
+def test_ruler_items_interleave_lengths_so_limit_keeps_every_length(saved_tokenizer, ruler_imported, tmp_path):
+    from evalpipe.worker.main import data_file_hashes
+
+    cfg, docs = _ruler_docs(saved_tokenizer, "niah_multikey_2", tmp_path, lengths=[512, RULER_LENGTH])
+    assert [d["max_length"] for d in docs] == [512, RULER_LENGTH, 512, RULER_LENGTH]
+    again, _ = _ruler_docs(saved_tokenizer, "niah_multikey_2", tmp_path, lengths=[512, RULER_LENGTH])
+    assert again["custom_dataset"].sha256 == cfg["custom_dataset"].sha256  # every variant sees the same items
+    assert data_file_hashes([cfg]) == {"niah_multikey_2": {"test": {"path": "generated:ruler", "sha256": cfg["custom_dataset"].sha256}}}
+
+
+def test_ruler_overrides_and_refusals(saved_tokenizer, tmp_path):
+    from evalpipe.worker.tasks import LongCtxData
+
+    generated = LongCtxData(str(saved_tokenizer), {"lengths": [512], "ruler_items_per_length": 1})
+    cfg = task_config(_spec("ruler_fwe", max_gen_toks=20), tmp_path, generated=generated)
+    assert cfg["generation_kwargs"] == {"do_sample": False, "temperature": 0.0, "max_gen_toks": 20, "until": []}
+    with pytest.raises(ValueError, match="remove `data_files`"):
+        task_config(_spec("ruler_fwe", data_files={"test": "x.jsonl"}), tmp_path, generated=generated)
+    with pytest.raises(ValueError, match="resolve it with a LongCtxData"):
+        task_config(_spec("ruler_fwe"), tmp_path)
+    with pytest.raises(ValueError, match="ruler_items_per_length is 0"):
+        task_config(_spec("ruler_fwe"), tmp_path, generated=LongCtxData(str(saved_tokenizer), {"ruler_items_per_length": 0}))
+
+
+class _Events:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, event, **fields):
+        self.events.append({"event": event, **fields})
+
+    def progress(self, *args):
+        pass
+
+
+def _run_step1(tmp_path, monkeypatch, tokenizer_dir, task, lengths):
+    """main.run() with an engine start that fails the test: what step 1 makes of `task`."""
+    from evalpipe import artifacts
+    from evalpipe.worker import engines, main
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine must not start")
+
+    monkeypatch.setattr(engines, "build_engine", no_engine)
+    job = {
+        "variant": "v", "output_dir": str(tmp_path / "v"), "engine_args": {"model": str(tokenizer_dir)},
+        "tasks": [_spec(task)], "seed": 1, "data_dir": str(tmp_path / "data"), "topk": 1,
+        "longctx": {"lengths": lengths, "ruler_items_per_length": 2},
+    }
+    events = _Events()
+    code = main.run(job, events)
+    (error,) = [e for e in events.events if e["event"] == "error"]
+    manifest = artifacts.read_json(tmp_path / "v" / "manifest.json")
+    return code, error, manifest
+
+
+def _one_sentence(msg):
+    return msg.endswith(".") and msg.count(". ") == 0 and "\n" not in msg
+
+
+def test_ruler_length_too_short_is_a_user_error_before_the_engine_starts(saved_tokenizer, tmp_path, monkeypatch):
+    from evalpipe.worker.main import EXIT_USER
+
+    code, error, manifest = _run_step1(tmp_path, monkeypatch, saved_tokenizer, "ruler_vt", [RULER_LENGTH])
+    assert code == EXIT_USER and error["kind"] == "user"
+    assert re.match(rf"ruler_vt cannot fit an item into {RULER_LENGTH} tokens with this tokenizer: .*use a larger length "
+                    rf"\(the lengths are `longctx.lengths` of the run config: {RULER_LENGTH}\)\.$", error["message"])
+    assert _one_sentence(error["message"])
+    assert manifest["status"] == "failed" and manifest["error"] == error["message"]
+
+
+def test_hub_only_task_without_local_data_is_a_user_error_before_the_engine_starts(saved_tokenizer, tmp_path, monkeypatch):
+    import datasets.config as dconfig
+    import huggingface_hub.constants as hconst
+
+    from evalpipe.worker.main import EXIT_USER
+
+    monkeypatch.setattr(dconfig, "HF_HUB_OFFLINE", True)  # as evalpipe's workers run (plan.DEFAULT_ENV)
+    monkeypatch.setattr(dconfig, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+    monkeypatch.setattr(hconst, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    code, error, _ = _run_step1(tmp_path, monkeypatch, saved_tokenizer, "longbench_hotpotqa", [RULER_LENGTH])
+    assert code == EXIT_USER and error["kind"] == "user"
+    assert error["message"].startswith("task `longbench_hotpotqa` needs the hub dataset `Xnhyacinth/LongBench` (config `hotpotqa`)")
+    assert str(tmp_path / "hf" / "datasets") in error["message"] and _one_sentence(error["message"])
+    code, error, _ = _run_step1(tmp_path / "b", monkeypatch, saved_tokenizer, "ruler_qa_squad", [RULER_LENGTH])
+    assert code == EXIT_USER and "cannot run offline" in error["message"]
+
+
+def test_ruler_sample_rows_carry_the_length_bucket_and_needle_depth(builtin_tokenizer, ruler_imported, tmp_path):
+    from evalpipe import artifacts
+    from evalpipe.worker.main import sample_rows
+
+    _, docs = _ruler_docs(builtin_tokenizer, "niah_single_1", tmp_path)
+
+    def logged(doc_id, doc):
+        return {"doc_id": doc_id, "doc": doc, "filter": "none", "filtered_resps": [" 1"], "metrics": ["score", str(doc["max_length"])],
+                "score": 1.0, str(doc["max_length"]): 1.0, "arguments": [[doc["input"], {}]], "resps": [[" 1"]],
+                "prompt_hash": "h", "target": str(doc["outputs"])}
+
+    rows, _ = sample_rows("niah_single_1", [logged(i, d) for i, d in enumerate(docs)], {})
+    for row, doc in zip(rows, docs):
+        assert row["target_length"] == RULER_LENGTH and row["score:1024,none"] == 1.0
+        assert row["depth"] == pytest.approx(doc["input"].find(doc["outputs"][0]) / len(doc["input"]), abs=1e-4)
+    vt_doc = {**docs[0], "outputs": ["ABCDE"], "input": "VAR ABCDE = 1"}
+    (vt_row,), _ = sample_rows("ruler_vt", [logged(0, vt_doc)], {})
+    assert vt_row["target_length"] == RULER_LENGTH and "depth" not in vt_row  # no needle: no depth
+    (other,), _ = sample_rows("gsm8k", [logged(0, docs[0])], {})
+    assert "target_length" not in other and "depth" not in other  # `max_length` means nothing elsewhere
+    table = artifacts.samples_table(rows)
+    assert table.schema.field("target_length").type == artifacts.DOC_COLUMNS["target_length"]

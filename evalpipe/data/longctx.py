@@ -124,6 +124,9 @@ class LongCtxSpec(BaseModel):
     n_chains: int = 3  # vartrack: chains per haystack (asked + distractors)
     chain_len: int = 4  # vartrack: names per chain
     seed: int = TEST_SEED
+    # lm-eval's RULER tasks (niah_single_1, ruler_vt, ...) run at `lengths` too, with this
+    # many items per length (evalpipe.worker.hub_tasks; lm-eval's own builders make 500)
+    ruler_items_per_length: int = 5
 
     @model_validator(mode="after")
     def _check(self) -> LongCtxSpec:
@@ -139,6 +142,8 @@ class LongCtxSpec(BaseModel):
             raise ValueError(f"sparse_block {self.sparse_block} is too small; it must be at least {MIN_LENGTH + 1} so that sparse_block-1 holds a probe.")
         if self.items_per_length < 1:
             raise ValueError(f"items_per_length is {self.items_per_length}; it must be at least 1.")
+        if self.ruler_items_per_length < 1:
+            raise ValueError(f"ruler_items_per_length is {self.ruler_items_per_length}; it must be at least 1.")
         if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise ValueError(f"depths {list(self.depths)} are invalid; give at least one depth, each between 0 and 1.")
         for name in ("questions_per_haystack", "n_keys", "n_chains", "chain_len"):

@@ -70,11 +70,15 @@ def hardware() -> dict[str, Any]:
 
 def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
     """sha256 of every local data file a task reads: the data is part of what a
-    comparison compares, so two runs can tell they saw the same items."""
+    comparison compares, so two runs can tell they saw the same items. Items generated
+    in memory (RULER) get the sha256 of their rows, under the path ``generated:ruler``."""
     out: dict[str, dict[str, dict[str, str]]] = {}
     for cfg in task_cfgs:
         if not isinstance(cfg, dict):
             continue
+        prebuilt = getattr(cfg.get("custom_dataset"), "sha256", None)
+        if prebuilt:
+            out.setdefault(cfg["task"], {})["test"] = {"path": "generated:ruler", "sha256": prebuilt}
         files = (cfg.get("dataset_kwargs") or {}).get("data_files") or {}
         for split, paths in files.items():
             for path in [paths] if isinstance(paths, str) else paths:
@@ -88,6 +92,7 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
     (one per doc x repeat) and the matching token rows from the LM's captures."""
     from evalpipe import artifacts
     from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
+    from evalpipe.worker.hub_tasks import sample_columns
 
     by_doc: dict[int, list[dict]] = {}
     for entry in logged:
@@ -133,6 +138,8 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
                     "finish_reason": result.finish_reason if result else None,
                     artifacts.PROMPT_IDS_COLUMN: capture.prompt_token_ids if capture is not None else None,
                     **artifacts.doc_columns(first.get("doc")),
+                    # RULER docs: target_length = the configured length bucket, needle depth
+                    **artifacts.doc_columns(sample_columns(task, first.get("doc"))),
                     **per_filter,
                 }
             )
@@ -176,12 +183,22 @@ def run(job: dict[str, Any], events: Events) -> int:
         artifacts.write_json(out.manifest, manifest)
         return code
 
-    # 1. Resolve tasks before the (slow) engine start so bad names fail fast.
+    # 1. Resolve tasks before the (slow) engine start so bad names fail fast: hub-only
+    # long-context tasks are checked for local data (DataUnavailable) and RULER's items
+    # are generated here (RulerTooShort), both ValueErrors, i.e. user errors.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
+        from evalpipe.worker.hub_tasks import is_generated_ruler
+
         engine_args = job["engine_args"]
-        generated = task_lookup.LongCtxData(str(engine_args.get("tokenizer") or engine_args["model"]), job.get("longctx"))
-        task_cfgs = [task_lookup.task_config(spec, Path(job["data_dir"]), generated=generated) for spec in job["tasks"]]
+        generated = task_lookup.LongCtxData(
+            str(engine_args.get("tokenizer") or engine_args["model"]), job.get("longctx"), seed=job.get("seed")
+        )
+        task_cfgs = []
+        for spec in job["tasks"]:
+            if is_generated_ruler(spec["task"]):
+                events.emit("stage", stage="tasks", message=f"generating {spec['task']} items with the model's tokenizer")
+            task_cfgs.append(task_lookup.task_config(spec, Path(job["data_dir"]), generated=generated))
     except (task_lookup.TaskNotFound, FileNotFoundError, ValueError) as err:
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))

@@ -4,6 +4,12 @@ the run config's per-task settings before lm-eval builds them.
 Relative `data_files` paths resolve against evalpipe's data directory, where the
 synthetic sets are generated on first use; this is what lets one task YAML serve a
 laptop, CI and an air-gapped cluster without edits.
+
+Long-context tasks of lm-eval (evalpipe.worker.hub_tasks): RULER's generated tasks get
+their items made here with the model's tokenizer at the run config's `longctx.lengths`
+(`longctx.ruler_items_per_length` per length), and hub-only ones (LongBench,
+InfiniteBench, babilong, ...) are checked for local data, so either fails with one
+sentence before any engine starts.
 """
 
 from __future__ import annotations
@@ -51,11 +57,15 @@ GeneratedData = Callable[[Path, Path], "Path | None"]
 class LongCtxData:
     """Resolves tasks/longctx's `longctx/<probe>-{fingerprint}/test.jsonl` placeholders:
     the probe's items are generated with the model's own tokenizer (exact lengths) and
-    cached under the data directory by fingerprint. The tokenizer loads on first use."""
+    cached under the data directory by fingerprint. The tokenizer loads on first use.
 
-    def __init__(self, tokenizer_path: str, spec: dict[str, Any] | None):
+    Also builds lm-eval's RULER tasks (:meth:`ruler_config`) from the same spec's
+    lengths with the same tokenizer; ``seed`` is the run's seed."""
+
+    def __init__(self, tokenizer_path: str, spec: dict[str, Any] | None, seed: int | None = None):
         self.tokenizer_path = tokenizer_path
         self.spec = spec
+        self.seed = seed
         self._tokenizer = None
 
     def __call__(self, relative: Path, data_dir: Path) -> Path | None:
@@ -69,6 +79,52 @@ class LongCtxData:
             self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         spec = longctx.LongCtxSpec(**(self.spec or {}))
         return longctx.resolve_data_file(relative, self._tokenizer, spec, data_dir)
+
+    def local_tokenizer_dir(self) -> str:
+        """The tokenizer as a local directory (RULER never loads one from the hub): the
+        path itself, or the snapshot of a hub id that is already in the local hub cache."""
+        path = Path(self.tokenizer_path).expanduser()
+        if path.is_dir():
+            return str(path)
+        try:
+            from huggingface_hub import snapshot_download
+
+            return snapshot_download(self.tokenizer_path, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not a cached hub id: ruler_metadata says what is wrong
+            return str(path)
+
+    def ruler_config(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """lm-eval config of one RULER task with its items already generated: the run
+        config's longctx.lengths, ruler_items_per_length items per length, the run's seed.
+        Raises RulerTooShort (a ValueError) when a length cannot hold an item."""
+        from evalpipe.data import longctx
+        from evalpipe.worker import hub_tasks
+
+        name = spec["task"]
+        if spec.get("data_files"):
+            raise ValueError(f"task `{name}` generates its items from the model's tokenizer; remove `data_files` from its entry.")
+        lc = longctx.LongCtxSpec(**(self.spec or {}))
+        seed = hub_tasks.DEFAULT_SEED if self.seed is None else int(self.seed)
+        meta = hub_tasks.ruler_metadata(self.local_tokenizer_dir(), list(lc.lengths), lc.ruler_items_per_length, seed)
+        overrides: dict[str, Any] = {"task": name}
+        if spec.get("num_fewshot") is not None:
+            overrides["num_fewshot"] = spec["num_fewshot"]
+        if spec.get("max_gen_toks") is not None:
+            overrides["generation_kwargs"] = {"max_gen_toks": spec["max_gen_toks"]}
+        try:
+            return hub_tasks.prebuild_ruler(hub_tasks.ruler_task_config(overrides, meta))
+        except hub_tasks.RulerTooShort as err:  # say where the length comes from
+            raise hub_tasks.RulerTooShort(
+                f"{str(err).rstrip('.')} (the lengths are `longctx.lengths` of the run config: {', '.join(map(str, lc.lengths))})."
+            ) from None
+
+
+def _hub_offline() -> bool:
+    """Whether this process may not download data sets (evalpipe's workers get
+    HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 unless the config turns them off)."""
+    import datasets.config
+
+    return bool(datasets.config.HF_HUB_OFFLINE)
 
 
 def _resolve_data_files(data_files: Any, data_dir: Path, generated: GeneratedData | None = None) -> Any:
@@ -100,12 +156,31 @@ def task_config(
     spec: dict[str, Any], data_dir: Path, tasks_dir: str = str(TASKS_DIR), generated: GeneratedData | None = None
 ) -> str | dict[str, Any]:
     """What to hand lm-eval for one TaskSpec: the task's full config dict with our
-    overrides applied, or just its name when it is a group or a Python-defined task."""
+    overrides applied, or just its name when it is a group or a Python-defined task.
+
+    RULER's generated tasks need ``generated`` to be a :class:`LongCtxData` (the model's
+    tokenizer and the longctx spec) and come back with their items built; hub-only
+    long-context tasks raise DataUnavailable (a ValueError) when their data is not here."""
     from lm_eval.tasks._index import Kind
     from lm_eval.tasks._yaml_loader import load_yaml
 
+    from evalpipe.worker import hub_tasks
+
     name = spec["task"]
     check_task_names([name], tasks_dir)
+    if hub_tasks.is_generated_ruler(name):
+        # not through load_yaml(resolve_func=True): that imports lm-eval's niah module
+        # with its nltk download, and its builders make 500 items per length
+        hub_tasks.check_available(name, metadata=None, allow_download=not _hub_offline())  # essay cache, packages
+        if not isinstance(generated, LongCtxData):
+            raise ValueError(f"task `{name}` (RULER) is generated with the model's tokenizer; resolve it with a LongCtxData.")
+        return generated.ruler_config(spec)
+    hub_tasks.check_available(name, spec.get("data_files"), allow_download=not _hub_offline())
+    if name in hub_tasks.RULER_QA or name == "ruler":
+        raise ValueError(
+            f"`{name}` is not a RULER task evalpipe can hand the model's tokenizer and lengths; "
+            f"run the generated ones instead ({', '.join(hub_tasks.OFFLINE_RULER)})."
+        )
     entry = task_manager(tasks_dir).task_index[name]
     if entry.kind is not Kind.TASK or entry.yaml_path is None:
         if spec.get("data_files"):
