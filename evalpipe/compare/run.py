@@ -15,6 +15,11 @@ scored by that variant. When both sides have one, it is compared with the same
 token comparison as the free-running tokens; the ids agree by construction, so
 every position is on the shared prefix and the per-position measures (KL, top-1)
 cover the whole continuation.
+
+Long-context tasks: when the samples carry ``target_length`` (tasks/longctx), each
+comparison (the A/A one included) also gets ``by_length``, its scores and token
+figures per task x prompt length and needle depth (:mod:`evalpipe.compare.bylength`);
+compare.json of other runs has no such key.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pydantic import ValidationError
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
+from evalpipe.compare.bylength import LengthBreakdown, length_breakdown
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
@@ -54,6 +60,8 @@ class VariantComparison:
     tokens: TokenComparison
     verdict: Verdict
     teacher: TokenComparison | None = None  # None: teacher.parquet missing on a side
+    # per task, length and needle depth; None unless the samples carry target_length
+    by_length: LengthBreakdown | None = None
 
     @property
     def status(self) -> Status:
@@ -65,8 +73,11 @@ class VariantComparison:
         return AASummaries.of(self.tokens.summaries, teacher)
 
     def to_dict(self) -> dict[str, Any]:
+        # "by_length" only for runs with long-context tasks: other runs' compare.json keeps its keys
+        extra = {} if self.by_length is None else {"by_length": self.by_length.to_dict()}
         return to_jsonable(
             {
+                **extra,
                 "a": self.reference,
                 "b": self.variant,
                 "reference": self.reference,
@@ -212,6 +223,10 @@ def compare_tables(
     teacher = None
     if teacher_a is not None and teacher_b is not None:
         teacher = compare_tokens(teacher_a, teacher_b, worst_k=worst_k)
+    # per task x length / depth of the long-context tasks (None at once for other runs)
+    by_length = length_breakdown(
+        samples_a, samples_b, scores, tokens, teacher, margin=gates.scores.margin, alpha=gates.scores.alpha
+    )
     verdict = decide(
         scores.rows,
         tokens.summaries,
@@ -232,6 +247,7 @@ def compare_tables(
         tokens=tokens,
         verdict=verdict,
         teacher=teacher,
+        by_length=by_length,
     )
 
 

@@ -59,6 +59,30 @@ def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-length and per-depth trend plots of a long-context task, or a line saying why there is none."""
+    from evalpipe.report import plots
+
+    ab, aa = data.get("ab") or {}, data.get("aa") or {}
+    source, split = data.get("source", "teacher"), bool(data.get("split"))
+    mode = "teacher-forced" if source == "teacher" else "free-running"
+    zero = f"Every {mode} KL max and max |Δlogprob| is 0 or missing"
+    return [
+        {
+            "png": plots.length_plot(ab.get("lengths"), aa.get("lengths"), source, split),
+            "alt": f"KL max and max |Δlogprob| ({mode}) against prompt length",
+            "note": f"{zero} at every length: nothing to plot against prompt length.",
+        },
+        {
+            "png": plots.depth_plot(ab.get("depths"), aa.get("depths"), source, split),
+            "alt": f"KL max and max |Δlogprob| ({mode}) against needle depth",
+            "note": f"{zero} at every depth: nothing to plot against needle depth."
+            if ab.get("depths")
+            else "The items carry no needle depth.",
+        },
+    ]
+
+
 def render_html(compare: Any, run_info: dict[str, Any] | None = None) -> str:
     """report.html from the compare.json dict and run.json."""
     compare = as_dict(compare)
@@ -66,6 +90,8 @@ def render_html(compare: Any, run_info: dict[str, Any] | None = None) -> str:
     for c in view["comparisons"]:
         for t in c["tasks"]:
             t["plots"] = _plots(t["data"])
+            if t.get("by_length"):
+                t["by_length"]["plots"] = _length_plots(t["by_length"]["data"])
     env = template_environment(autoescape=True)
     env.filters["status_class"] = status_class
     return env.get_template(TEMPLATE_NAME).render(**view)

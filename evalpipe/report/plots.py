@@ -112,3 +112,127 @@ def divergence_plot(ab: Sequence[int] | None, aa: Sequence[int] | None) -> str |
     ax.tick_params(labelsize=6)
     ax.legend(fontsize=6, frameon=False)
     return _png(fig)
+
+
+# ---------------------------------------------------------------------------
+# per length / depth (compare.json "by_length" rows)
+# ---------------------------------------------------------------------------
+
+# (figure key in a row's trace figures, panel title)
+TREND_METRICS = (("kl_max", "KL max"), ("max_abs_dlogprob", "max |Δlogprob|"))
+EDGE_MARKER = "D"
+
+
+def _trend_series(source: str, split: bool) -> tuple[tuple[str, str, str], ...]:
+    """(row key, label suffix, line style) of the trace figures a trend plot draws."""
+    if source != "teacher":
+        return (("free", "", "-"),)
+    if split:
+        return (("teacher_prompt", " prompt", "-"), ("teacher_continuation", " cont.", "--"))
+    return (("teacher", "", "-"),)
+
+
+def _trend_values(rows: Sequence[Mapping[str, Any]], x_key: str, part: str, metric: str) -> list[tuple[float, float, bool]]:
+    """(x, value, edge) of the rows that have the figure; NaN / missing values are left out."""
+    out = []
+    for r in rows:
+        fig, x = r.get(part), r.get(x_key)
+        value = (fig or {}).get(metric)
+        if x is None or value is None or not np.isfinite(float(value)):
+            continue
+        out.append((float(x), float(value), r.get("length_kind") == "edge"))
+    return out
+
+
+def _trend_plot(
+    ab: Sequence[Mapping[str, Any]] | None,
+    aa: Sequence[Mapping[str, Any]] | None,
+    *,
+    x_key: str,
+    xlabel: str,
+    source: str,
+    split: bool,
+    log2_x: bool,
+) -> str | None:
+    """One panel per TREND_METRICS: A/B and A/A figures against ``x_key``; None when nothing is positive.
+
+    Round lengths are joined by a line; edge-case lengths are unjoined hollow
+    diamonds, so a divergence that sits on the edges stands out from the trend. Zeros
+    (bit-equal) are drawn at the bottom edge of the log axis.
+    """
+    mode = "teacher-forced" if source == "teacher" else "free-running"
+    panels = []
+    for metric, title in TREND_METRICS:
+        series = []
+        for side, rows, color in (("A/B", ab, COLOR_AB), ("A/A", aa, COLOR_AA)):
+            for part, suffix, style in _trend_series(source, split):
+                pts = _trend_values(rows or (), x_key, part, metric)
+                if pts:
+                    series.append((side + suffix, pts, color, style, side == "A/B"))
+        if series:
+            panels.append((metric, title, series))
+    positive = [v for _, _, series in panels for _, pts, *_ in series for _, v, _ in pts if v > 0]
+    if not positive:
+        return None
+    fig = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1] + 0.4))
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.2, wspace=0.3)
+    for i, (metric, title, series) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        values = [v for _, pts, *_ in series for _, v, _ in pts]
+        pos = [v for v in values if v > 0]
+        floor = min(pos) / 10 if pos else 1e-12
+        has_zero = any(v <= 0 for v in values)
+        best = None  # the largest A/B point, labelled with its x
+        for label, pts, color, style, is_ab in series:
+            xs = np.asarray([p[0] for p in pts])
+            ys = np.maximum(np.asarray([p[1] for p in pts]), floor)
+            edge = np.asarray([p[2] for p in pts], dtype=bool)
+            ax.plot(xs[~edge], ys[~edge], style, marker="o", markersize=3, linewidth=1, color=color, label=label)
+            if edge.any():
+                ax.scatter(xs[edge], ys[edge], s=22, marker=EDGE_MARKER, facecolors="none", edgecolors=color, linewidths=1)
+            if is_ab:
+                j = int(np.argmax(ys))
+                if best is None or ys[j] > best[1]:
+                    best = (xs[j], ys[j])
+        if best is not None and best[1] > floor:
+            ax.annotate(f"{best[0]:g}", best, textcoords="offset points", xytext=(3, 3), fontsize=6)
+        if any(p[2] for _, pts, *_ in series for p in pts):
+            ax.scatter([], [], s=22, marker=EDGE_MARKER, facecolors="none", edgecolors="black", label="edge-case length")
+        if pos:
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.set_ylim(bottom=floor / 1.5, top=max(values) * 3)
+        else:  # nothing but zeros: a log axis would invent a scale
+            ax.set_yticks([floor], ["0"])
+            ax.text(0.5, 0.6, "0 at every point", transform=ax.transAxes, ha="center", fontsize=7)
+        xs_all = sorted({p[0] for _, pts, *_ in series for p in pts})
+        if log2_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_minor_locator(NullLocator())
+            rounds = sorted({p[0] for _, pts, *_ in series for p in pts if not p[2]}) or xs_all
+            ax.set_xticks(rounds, [f"{x:g}" for x in rounds], rotation=90 if len(rounds) > 6 else 0)
+            lo, hi = min(xs_all), max(xs_all)
+            ax.set_xlim(lo / 2 ** 0.15, hi * 2 ** 0.15)
+        else:
+            ax.set_xlim(-0.05, 1.05)
+        ax.tick_params(labelsize=6)
+        ax.set_title(f"{title} ({mode}) vs {xlabel}", fontsize=8)
+        ax.set_xlabel(xlabel + (" (log2)" if log2_x else ""), fontsize=7)
+        ax.set_ylabel("nats" + (" (0 at the bottom)" if has_zero and pos else ""), fontsize=7)
+        if i == 0:
+            ax.legend(fontsize=6, frameon=False, loc="best")
+    return _png(fig)
+
+
+def length_plot(
+    ab: Sequence[Mapping[str, Any]] | None, aa: Sequence[Mapping[str, Any]] | None, source: str, split: bool
+) -> str | None:
+    """KL max and max |Δlogprob| per prompt length (log2 axis), A/B beside A/A; edge lengths as diamonds."""
+    return _trend_plot(ab, aa, x_key="target_length", xlabel="prompt length", source=source, split=split, log2_x=True)
+
+
+def depth_plot(
+    ab: Sequence[Mapping[str, Any]] | None, aa: Sequence[Mapping[str, Any]] | None, source: str, split: bool
+) -> str | None:
+    """KL max and max |Δlogprob| per needle-depth bin, A/B beside A/A."""
+    return _trend_plot(ab, aa, x_key="depth_bin", xlabel="needle depth", source=source, split=split, log2_x=False)

@@ -84,6 +84,48 @@ def tokens_table(compare: Mapping[str, Any]) -> Table:
     return table
 
 
+def _length_figure(row: Mapping[str, Any]) -> float | None:
+    """The row's teacher-forced KL max (all positions), else its free-running one."""
+    for part in ("teacher", "free"):
+        fig = row.get(part)
+        if fig and fig.get("kl_max") is not None:
+            return float(fig["kl_max"])
+    return None
+
+
+def length_lines(compare: Mapping[str, Any]) -> list[str]:
+    """One line per comparison x long-context task: the lengths, where the KL max is lowest and
+    highest (edge-case lengths marked), and the lengths whose scores changed."""
+    out = []
+    for c in compare.get("comparisons") or ():
+        for entry in c.get("by_length") or ():
+            rows = list(entry.get("lengths") or ())
+            if not rows:
+                continue
+            lengths = [int(r.get("target_length") or 0) for r in rows]
+            n_edge = sum(r.get("length_kind") == "edge" for r in rows)
+            span = f"{len(rows)} lengths {min(lengths)}\u2013{max(lengths)}" + (f" ({n_edge} edge)" if n_edge else "")
+            valued = [(v, r) for r in rows if (v := _length_figure(r)) is not None]
+            mode = "TF" if any(r.get("teacher") for r in rows) else "free"
+
+            def at(v: float, r: Mapping[str, Any]) -> str:
+                edge = " edge" if r.get("length_kind") == "edge" else ""
+                return f"{fmt_small(v)} at {r.get('target_length')}{edge}"
+
+            kl = ""
+            if valued:
+                lo, hi = min(valued, key=lambda x: x[0]), max(valued, key=lambda x: x[0])
+                kl = f"; {mode} KL max {at(*lo)} .. {at(*hi)}"
+            changed = [
+                f"{r.get('target_length')} ({sum(s.get('n_changed') or 0 for s in r.get('scores') or ())})"
+                for r in rows
+                if any(s.get("n_changed") for s in r.get("scores") or ())
+            ]
+            scores = f"; score changed at {', '.join(changed)}" if changed else "; no score change at any length"
+            out.append(f"per length, {c.get('variant')} {entry.get('task')}: {span}{kl}{scores}")
+    return out
+
+
 def failed_gates_table(compare: Mapping[str, Any]) -> Table | None:
     rows = [
         (c, g)
@@ -122,6 +164,8 @@ def print_summary(compare: Any, console: Console | None = None) -> None:
         ))
     console.print(scores_table(compare))
     console.print(tokens_table(compare))
+    for line in length_lines(compare):
+        console.print(Text(line))
     counts = gate_counts(compare)
     failed = failed_gates_table(compare)
     if failed is not None:

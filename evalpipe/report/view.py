@@ -371,8 +371,166 @@ def _task_view(task: str, c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc)
         "tokens": _token_table(columns, esc),
         "notes": [(esc(label), esc(text)) for label, text in notes],
         "worst": _worst_sections(free, False, esc) + _worst_sections(teacher, True, esc),
+        "by_length": _length_section(task, c, nf, esc),
         # unescaped sources, for renderers that draw from the numbers (plots)
         "data": {"free": free, "teacher": teacher, "free_aa": free_aa, "teacher_aa": teacher_aa},
+    }
+
+
+# ---------------------------------------------------------------------------
+# per length / depth (long-context tasks: compare.json "by_length")
+# ---------------------------------------------------------------------------
+
+LENGTH_NOTE = (
+    "One row per prompt length (exact token count) and per needle-depth bin. Edge-case lengths sit at "
+    "layout boundaries; tags: tpT:r = r tokens over a multiple of the tensor-parallel size T, "
+    "block / block±1 = at or next to the attention block size. TF = teacher-forced; with prompt positions, "
+    "cells read prompt / continuation. A/A = the reference against its own second run."
+)
+
+
+def _primary_metric(entry: Mapping[str, Any]) -> str | None:
+    """The metric the table shows: the first 0/1 metric of the task, else its first metric."""
+    metrics = [str(m) for m in entry.get("metrics") or ()]
+    binary = {
+        str(s.get("metric"))
+        for r in entry.get("lengths") or ()
+        for s in r.get("scores") or ()
+        if s.get("binary")
+    }
+    return next((m for m in metrics if m in binary), metrics[0] if metrics else None)
+
+
+def _score_of(row: Mapping[str, Any], metric: str | None) -> Mapping[str, Any]:
+    return next((s for s in row.get("scores") or () if str(s.get("metric")) == metric), {})
+
+
+def _trace_source(entry: Mapping[str, Any]) -> str:
+    """'teacher' when the rows carry teacher-forced figures, else 'free'."""
+    rows = list(entry.get("lengths") or ()) + list(entry.get("depths") or ())
+    return "teacher" if any(r.get("teacher") for r in rows) else "free"
+
+
+def _split_cell(row: Mapping[str, Any] | None, key: str, fmt: Callable[[Any], str], split: bool, source: str) -> str:
+    """One figure of a row: 'prompt / continuation' when split, else over all positions."""
+    if not row:
+        return DASH
+    if source == "free":
+        return fmt((row.get("free") or {}).get(key)) if row.get("free") else DASH
+    if split:
+        parts = [row.get("teacher_prompt"), row.get("teacher_continuation")]
+        return " / ".join(fmt(p.get(key)) if p else DASH for p in parts)
+    return fmt((row.get("teacher") or {}).get(key)) if row.get("teacher") else DASH
+
+
+def _n_items(row: Mapping[str, Any]) -> str:
+    n, g = row.get("n_items", 0), row.get("n_clusters", row.get("n_items", 0))
+    return f"{n}" + (f" in {g} clusters" if g != n else "")
+
+
+def _free_div(row: Mapping[str, Any]) -> str:
+    f = row.get("free")
+    if not f:
+        return DASH
+    return f"{f.get('n_divergent', 0)}/{f.get('n_samples', 0)} ({f.get('n_hard_divergences', 0)} hard)"
+
+
+def _group_columns(
+    first: list[str], reference: str, variant: str, metric: str | None, source: str, split: bool, with_aa: bool
+) -> list[str]:
+    part = " prompt / cont." if split else ""
+    mode = "TF" if source == "teacher" else "free-running"
+    cols = first + [f"{reference} score", f"{variant} score", "Δ [95% CI]", "McNemar p", "free-running diverged (hard)"]
+    cols.append(f"{mode} KL max{part}")
+    if with_aa:
+        cols.append(f"A/A {mode} KL max{part}")
+    cols.append(f"{mode} max |Δlogprob|{part}")
+    if source == "teacher":
+        cols.append(f"TF hard top-1 flips{part}")
+    return cols
+
+
+def _group_cells(
+    row: Mapping[str, Any], aa_row: Mapping[str, Any] | None, metric: str | None, source: str, split: bool, with_aa: bool
+) -> list[str]:
+    s = _score_of(row, metric)
+    n = s.get("n_paired") or 0
+    cells = [
+        fmt_score(s.get("mean_a")) if s else DASH,
+        fmt_score(s.get("mean_b")) if s else DASH,
+        f"{fmt_delta(s.get('delta'))} {fmt_ci(s.get('ci_low'), s.get('ci_high'))}" if n else "n/a",
+        fmt_p(s.get("mcnemar_p")) if s else DASH,
+        _free_div(row),
+        _split_cell(row, "kl_max", fmt_small, split, source),
+    ]
+    if with_aa:
+        cells.append(_split_cell(aa_row, "kl_max", fmt_small, split, source))
+    cells.append(_split_cell(row, "max_abs_dlogprob", fmt_small, split, source))
+    if source == "teacher":
+        cells.append(_split_cell(row, "n_top1_hard", fmt_num, split, source))
+    return cells
+
+
+def _kind(row: Mapping[str, Any]) -> str:
+    kind, tags = row.get("length_kind") or DASH, row.get("length_tags")
+    return f"{kind} ({tags})" if tags else str(kind)
+
+
+def _span(values: Sequence[Any]) -> str:
+    vals = [int(v) for v in values or ()]
+    if not vals:
+        return DASH
+    return str(vals[0]) if len(vals) == 1 else f"{min(vals)}\u2013{max(vals)} ({len(vals)})"
+
+
+def _length_section(
+    task: str, c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc
+) -> dict[str, Any] | None:
+    entry = _by_task(c.get("by_length")).get(task)
+    if not entry:
+        return None
+    aa = _by_task(nf.get("by_length")).get(task) if nf else None
+    metric = _primary_metric(entry)
+    source = _trace_source(entry)
+    split = bool(entry.get("has_prompt_positions")) and source == "teacher"
+    with_aa = aa is not None
+    ref, var = str(c.get("reference", c.get("a"))), str(c.get("variant", c.get("b")))
+    aa_len = {r.get("target_length"): r for r in (aa or {}).get("lengths") or ()}
+    aa_depth = {r.get("depth_bin"): r for r in (aa or {}).get("depths") or ()}
+    lengths = [
+        {
+            "edge": r.get("length_kind") == "edge",
+            "cells": [esc(x) for x in [fmt_num(r.get("target_length")), _kind(r), _n_items(r)]
+                      + _group_cells(r, aa_len.get(r.get("target_length")), metric, source, split, with_aa)],
+        }
+        for r in entry.get("lengths") or ()
+    ]
+    depths = [
+        {
+            "edge": False,
+            "cells": [
+                esc(x)
+                for x in [
+                    f"{r.get('depth_bin', 0):.1f} ({r.get('depth_min', 0):.2f}\u2013{r.get('depth_max', 0):.2f})",
+                    _span(r.get("lengths")),
+                    _n_items(r),
+                ]
+                + _group_cells(r, aa_depth.get(r.get("depth_bin")), metric, source, split, with_aa)
+            ],
+        }
+        for r in entry.get("depths") or ()
+    ]
+    others = [m for m in entry.get("metrics") or () if m != metric]
+    return {
+        "metric": esc(metric or DASH),
+        "other_metrics": esc(", ".join(map(str, others))) if others else "",
+        "note": esc(LENGTH_NOTE),
+        "length_columns": [esc(x) for x in _group_columns(["length", "kind (tags)", "items"], ref, var, metric, source, split, with_aa)],
+        "lengths": lengths,
+        "depth_columns": [esc(x) for x in _group_columns(["depth", "lengths", "items"], ref, var, metric, source, split, with_aa)],
+        "depths": depths,
+        # unescaped sources, for the plots
+        "data": {"ab": entry, "aa": aa, "source": source, "split": split},
     }
 
 
