@@ -88,7 +88,7 @@ def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path
 
 
 # ---------------------------------------------------------------------------
-# lm-eval's long-context tasks through the worker path (evalpipe.worker.hub_tasks)
+# lm-eval's long-context tasks through the worker path (evalpipe.worker.ruler, evalpipe.worker.hub_data)
 # ---------------------------------------------------------------------------
 
 RULER_LENGTH = 1024  # fits niah_* with both tokenizers below; too short for ruler_vt with either
@@ -102,9 +102,9 @@ def _spec(task, **kw):
 @pytest.fixture(scope="module")
 def ruler_imported():
     """lm-eval's RULER needle module, imported once for the module (8-30 s, ~1 GB)."""
-    from evalpipe.worker import hub_tasks
+    from evalpipe.worker import ruler
 
-    return hub_tasks.quiet_ruler_import()
+    return ruler.quiet_ruler_import()
 
 
 @pytest.fixture(scope="module")

@@ -125,7 +125,7 @@ class LongCtxSpec(BaseModel):
     chain_len: int = 4  # vartrack: names per chain
     seed: int = TEST_SEED
     # lm-eval's RULER tasks (niah_single_1, ruler_vt, ...) run at `lengths` too, with this
-    # many items per length (evalpipe.worker.hub_tasks; lm-eval's own builders make 500)
+    # many items per length (evalpipe.worker.ruler; lm-eval's own builders make 500)
     ruler_items_per_length: int = 5
 
     @model_validator(mode="after")

@@ -92,7 +92,7 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
     (one per doc x repeat) and the matching token rows from the LM's captures."""
     from evalpipe import artifacts
     from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
-    from evalpipe.worker.hub_tasks import sample_columns
+    from evalpipe.worker.ruler import sample_columns
 
     by_doc: dict[int, list[dict]] = {}
     for entry in logged:
@@ -188,7 +188,7 @@ def run(job: dict[str, Any], events: Events) -> int:
     # are generated here (RulerTooShort), both ValueErrors, i.e. user errors.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
-        from evalpipe.worker.hub_tasks import is_generated_ruler
+        from evalpipe.worker.task_families import is_generated_ruler
 
         engine_args = job["engine_args"]
         generated = task_lookup.LongCtxData(

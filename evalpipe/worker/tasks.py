@@ -5,7 +5,7 @@ Relative `data_files` paths resolve against evalpipe's data directory, where the
 synthetic sets are generated on first use; this is what lets one task YAML serve a
 laptop, CI and an air-gapped cluster without edits.
 
-Long-context tasks of lm-eval (evalpipe.worker.hub_tasks): RULER's generated tasks get
+Long-context tasks of lm-eval (evalpipe.worker.ruler, evalpipe.worker.hub_data): RULER's generated tasks get
 their items made here with the model's tokenizer at the run config's `longctx.lengths`
 (`longctx.ruler_items_per_length` per length), and hub-only ones (LongBench,
 InfiniteBench, babilong, ...) are checked for local data, so either fails with one
@@ -98,23 +98,23 @@ class LongCtxData:
         config's longctx.lengths, ruler_items_per_length items per length, the run's seed.
         Raises RulerTooShort (a ValueError) when a length cannot hold an item."""
         from evalpipe.data import longctx
-        from evalpipe.worker import hub_tasks
+        from evalpipe.worker import ruler
 
         name = spec["task"]
         if spec.get("data_files"):
             raise ValueError(f"task `{name}` generates its items from the model's tokenizer; remove `data_files` from its entry.")
         lc = longctx.LongCtxSpec(**(self.spec or {}))
-        seed = hub_tasks.DEFAULT_SEED if self.seed is None else int(self.seed)
-        meta = hub_tasks.ruler_metadata(self.local_tokenizer_dir(), list(lc.lengths), lc.ruler_items_per_length, seed)
+        seed = ruler.DEFAULT_SEED if self.seed is None else int(self.seed)
+        meta = ruler.ruler_metadata(self.local_tokenizer_dir(), list(lc.lengths), lc.ruler_items_per_length, seed)
         overrides: dict[str, Any] = {"task": name}
         if spec.get("num_fewshot") is not None:
             overrides["num_fewshot"] = spec["num_fewshot"]
         if spec.get("max_gen_toks") is not None:
             overrides["generation_kwargs"] = {"max_gen_toks": spec["max_gen_toks"]}
         try:
-            return hub_tasks.prebuild_ruler(hub_tasks.ruler_task_config(overrides, meta))
-        except hub_tasks.RulerTooShort as err:  # say where the length comes from
-            raise hub_tasks.RulerTooShort(
+            return ruler.prebuild_ruler(ruler.ruler_task_config(overrides, meta))
+        except ruler.RulerTooShort as err:  # say where the length comes from
+            raise ruler.RulerTooShort(
                 f"{str(err).rstrip('.')} (the lengths are `longctx.lengths` of the run config: {', '.join(map(str, lc.lengths))})."
             ) from None
 
@@ -164,22 +164,22 @@ def task_config(
     from lm_eval.tasks._index import Kind
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from evalpipe.worker import hub_tasks
+    from evalpipe.worker import hub_data, task_families
 
     name = spec["task"]
     check_task_names([name], tasks_dir)
-    if hub_tasks.is_generated_ruler(name):
+    if task_families.is_generated_ruler(name):
         # not through load_yaml(resolve_func=True): that imports lm-eval's niah module
         # with its nltk download, and its builders make 500 items per length
-        hub_tasks.check_available(name, metadata=None, allow_download=not _hub_offline())  # essay cache, packages
+        hub_data.check_available(name, metadata=None, allow_download=not _hub_offline())  # essay cache, packages
         if not isinstance(generated, LongCtxData):
             raise ValueError(f"task `{name}` (RULER) is generated with the model's tokenizer; resolve it with a LongCtxData.")
         return generated.ruler_config(spec)
-    hub_tasks.check_available(name, spec.get("data_files"), allow_download=not _hub_offline())
-    if name in hub_tasks.RULER_QA or name == "ruler":
+    hub_data.check_available(name, spec.get("data_files"), allow_download=not _hub_offline())
+    if name in task_families.RULER_QA or name == "ruler":
         raise ValueError(
             f"`{name}` is not a RULER task evalpipe can hand the model's tokenizer and lengths; "
-            f"run the generated ones instead ({', '.join(hub_tasks.OFFLINE_RULER)})."
+            f"run the generated ones instead ({', '.join(task_families.OFFLINE_RULER)})."
         )
     entry = task_manager(tasks_dir).task_index[name]
     if entry.kind is not Kind.TASK or entry.yaml_path is None:

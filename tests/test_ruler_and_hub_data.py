@@ -14,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.worker import hub_tasks
-from evalpipe.worker.hub_tasks import (
-    OFFLINE_RULER,
-    DataUnavailable,
-    RulerTooShort,
-    check_available,
-    generate_ruler_dataset,
-    ruler_metadata,
-    ruler_task_config,
-)
+from evalpipe.worker import ruler, task_families
+from evalpipe.worker.hub_data import check_available
+from evalpipe.worker.ruler import RulerTooShort, generate_ruler_dataset, ruler_metadata, ruler_task_config
+from evalpipe.worker.task_families import OFFLINE_RULER, DataUnavailable
 
 TOKENIZER = Path("~/.cache/evalpipe/models/tiny-gsm-ead1c4b8775a").expanduser()
 LENGTH = 2048  # the smallest power of two at which all six fit with the tiny model's tokenizer
@@ -90,7 +84,7 @@ def _load(tm, cfg):
 def test_ruler_import_is_quiet(capfd, offline):
     """lm-eval's niah module calls nltk.download at import: no output, no network."""
     already = "lm_eval.tasks.ruler.prepare_niah" in sys.modules
-    hub_tasks.quiet_ruler_import()
+    ruler.quiet_ruler_import()
     out, err = capfd.readouterr()
     if not already:
         assert "punkt_tab" not in out + err and "nltk_data" not in err
@@ -104,7 +98,7 @@ def test_ruler_metadata_takes_only_a_local_tokenizer_directory(tokenizer_dir, tm
         "pretrained": str(tokenizer_dir.resolve()),
         "max_seq_lengths": [1024, 4096],
         "num_samples": 3,
-        "seed": hub_tasks.DEFAULT_SEED,
+        "seed": ruler.DEFAULT_SEED,
     }
     with pytest.raises(FileNotFoundError, match="local directory"):
         ruler_metadata("meta-llama/Llama-3.1-8B", [1024])  # a hub id: never downloaded
@@ -129,7 +123,7 @@ def test_offline_ruler_builds_within_the_length(built, name, tokenizer_dir):
     task = built[name]
     docs = list(task.eval_docs)
     assert len(docs) == N and len(task.instances) == N
-    tok = hub_tasks.load_tokenizer(str(tokenizer_dir.resolve()))
+    tok = ruler.load_tokenizer(str(tokenizer_dir.resolve()))
     for doc, inst in zip(docs, task.instances):
         assert {"index", "input", "outputs", "length", "max_length", "gen_prefix"} <= set(doc)
         assert doc["max_length"] == LENGTH and doc["outputs"]
@@ -213,7 +207,7 @@ def test_stock_builder_reads_config_metadata_and_makes_500_items(tokenizer_dir, 
     merges into the same place), but has no knob for the item count."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    hub_tasks.quiet_ruler_import()
+    ruler.quiet_ruler_import()
     cfg = load_yaml(task_manager.task_index["niah_multikey_2"].yaml_path, resolve_func=True)
     cfg.pop("tag", None)
     cfg["metadata"] = {"tokenizer": str(tokenizer_dir), "max_seq_lengths": [1024], "num_samples": 3}
@@ -340,16 +334,16 @@ def test_other_hub_families_and_unknown_tasks(empty_cache):
 
 
 def test_family_table():
-    assert hub_tasks.family_of("longbench2_detective").name == "LongBench v2"
-    assert hub_tasks.family_of("longbench_hotpotqa").name == "LongBench"
-    assert hub_tasks.family_of("niah_single_1").kind == "generated"
-    assert hub_tasks.family_of("niah_single_2").kind == "hub+nltk"
-    assert hub_tasks.family_of("gsm8k") is None
+    assert task_families.family_of("longbench2_detective").name == "LongBench v2"
+    assert task_families.family_of("longbench_hotpotqa").name == "LongBench"
+    assert task_families.family_of("niah_single_1").kind == "generated"
+    assert task_families.family_of("niah_single_2").kind == "hub+nltk"
+    assert task_families.family_of("gsm8k") is None
 
 
 def test_item_fields_give_length_and_needle_depth(built):
     doc = next(iter(built["niah_single_1"].eval_docs))
-    fields = hub_tasks.item_fields(doc)
+    fields = ruler.item_fields(doc)
     assert fields["max_length"] == LENGTH and fields["length"] == doc["length"]
     assert 0.0 <= fields["depth"] <= 1.0
 
@@ -357,16 +351,16 @@ def test_item_fields_give_length_and_needle_depth(built):
 def test_max_gen_toks_table_matches_lm_evals_yamls():
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    root = Path(hub_tasks.importlib.util.find_spec("lm_eval.tasks.ruler").submodule_search_locations[0])
-    for name, yaml_name in hub_tasks._RULER_YAML.items():
+    root = Path(ruler.importlib.util.find_spec("lm_eval.tasks.ruler").submodule_search_locations[0])
+    for name, yaml_name in ruler._RULER_YAML.items():
         cfg = load_yaml(root / yaml_name, resolve_func=False)
-        assert cfg["generation_kwargs"]["max_gen_toks"] == hub_tasks.RULER_MAX_GEN_TOKS[name], name
-    assert set(hub_tasks.RULER_MAX_GEN_TOKS) == set(OFFLINE_RULER) | set(hub_tasks.RULER_ESSAY)
+        assert cfg["generation_kwargs"]["max_gen_toks"] == task_families.RULER_MAX_GEN_TOKS[name], name
+    assert set(task_families.RULER_MAX_GEN_TOKS) == set(OFFLINE_RULER) | set(task_families.RULER_ESSAY)
 
 
 def test_prebuilt_items_interleave_lengths_and_are_what_lm_eval_gets(tokenizer_dir, task_manager):
     cfg = ruler_task_config("niah_multikey_2", ruler_metadata(tokenizer_dir, [1024, LENGTH], num_samples=2))
-    pre = hub_tasks.prebuild_ruler(cfg)
+    pre = ruler.prebuild_ruler(cfg)
     assert cfg["custom_dataset"] is generate_ruler_dataset  # the input config is left alone
     docs = list(_load(task_manager, pre).eval_docs)
     assert [d["max_length"] for d in docs] == [1024, LENGTH, 1024, LENGTH]
@@ -382,9 +376,9 @@ def test_ruler_task_config_merges_a_max_gen_toks_override(tokenizer_dir):
 
 def test_sample_columns_only_for_ruler_and_depth_only_for_needles(built):
     doc = next(iter(built["niah_single_1"].eval_docs))
-    cols = hub_tasks.sample_columns("niah_single_1", doc)
-    assert cols == {"target_length": LENGTH, "depth": hub_tasks.item_fields(doc)["depth"]}
+    cols = ruler.sample_columns("niah_single_1", doc)
+    assert cols == {"target_length": LENGTH, "depth": ruler.item_fields(doc)["depth"]}
     vt_doc = next(iter(built["ruler_vt"].eval_docs))
-    assert hub_tasks.sample_columns("ruler_vt", vt_doc) == {"target_length": LENGTH}
-    assert hub_tasks.item_fields(vt_doc, "ruler_vt")["depth"] is None
-    assert hub_tasks.sample_columns("gsm8k", doc) == {} and hub_tasks.sample_columns("niah_single_1", None) == {}
+    assert ruler.sample_columns("ruler_vt", vt_doc) == {"target_length": LENGTH}
+    assert ruler.item_fields(vt_doc, "ruler_vt")["depth"] is None
+    assert ruler.sample_columns("gsm8k", doc) == {} and ruler.sample_columns("niah_single_1", None) == {}

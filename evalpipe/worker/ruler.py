@@ -1,23 +1,15 @@
-"""Long-context tasks of lm-eval: RULER's offline-generated ones, and the hub-only ones.
+"""lm-eval's RULER tasks generated offline with the model's own tokenizer.
 
-Two kinds of long-context task exist in lm-eval 0.4.13:
-
-* **Generated offline** - six RULER tasks build their items at task-build time from
-  the model's tokenizer and a list of target lengths; nothing is downloaded. lm-eval's
-  own builders always make 500 items per length, hang for ever (``while True`` around
-  a bare ``except:``) or emit items with empty answers when a tokenizer is less
-  efficient than they expect, and print to stdout. :func:`ruler_task_config` returns a
-  task config dict whose ``custom_dataset`` is :func:`generate_ruler_dataset`: the same
-  prompts from lm-eval's own templates and random draws, ``num_samples`` items per
-  length, each length seeded on its own (same items whatever other lengths are asked
-  for), bounded loops that fail with a sentence instead of hanging, and a per-item
-  ``score`` plus one metric per length (``"4096"``...) that only that length's items carry.
-
-* **Hub-only** - LongBench, LongBench v2, InfiniteBench, babilong, SCROLLS and the RULER
-  variants that need an essay corpus or QA data: :func:`check_available` tells, offline
-  and in milliseconds, whether their data is already in the Hugging Face datasets cache
-  (or given as local files) and otherwise raises :class:`DataUnavailable` with one
-  sentence saying what is missing, where it looked and how to fix it.
+Six RULER tasks build their items at task-build time from the model's tokenizer and a
+list of target lengths; nothing is downloaded. lm-eval's own builders always make 500
+items per length, hang for ever (``while True`` around a bare ``except:``) or emit items
+with empty answers when a tokenizer is less efficient than they expect, and print to
+stdout. :func:`ruler_task_config` returns a task config dict whose ``custom_dataset`` is
+:func:`generate_ruler_dataset`: the same prompts from lm-eval's own templates and random
+draws, ``num_samples`` items per length, each length seeded on its own (same items
+whatever other lengths are asked for), bounded loops that fail with a sentence instead
+of hanging, and a per-item ``score`` plus one metric per length (``"4096"``...) that only
+that length's items carry.
 
 How to hand RULER its settings: with an explicit ``task_manager``, ``simple_evaluate``
 ignores its own ``metadata=`` argument (it only uses it to build a TaskManager when none
@@ -38,9 +30,16 @@ import random
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from evalpipe.worker.task_families import (
+    _NIAH_PARAMS,
+    OFFLINE_RULER,
+    RULER_ESSAY,
+    is_generated_ruler,
+    require_ruler_packages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,98 +48,8 @@ DEFAULT_SEED = 42
 _MAX_ATTEMPTS = 10_000  # per item, in the loops that lm-eval leaves unbounded
 
 
-class DataUnavailable(ValueError):
-    """A task's data is neither in the local caches nor given as local files."""
-
-
 class RulerTooShort(ValueError):
     """A RULER task cannot fit an item into the requested length with this tokenizer."""
-
-
-# ---------------------------------------------------------------------------
-# which task is which
-# ---------------------------------------------------------------------------
-
-# RULER tasks built from lm-eval's templates without any download, with the
-# generator parameters of lm_eval/tasks/ruler/niah_utils.py (0.4.13).
-_NIAH_PARAMS: dict[str, dict[str, Any]] = {
-    "niah_single_1": {"type_haystack": "repeat", "type_needle_k": "words", "type_needle_v": "numbers"},
-    "niah_multikey_2": {"type_haystack": "needle", "type_needle_k": "words", "type_needle_v": "numbers"},
-    "niah_multikey_3": {"type_haystack": "needle", "type_needle_k": "uuids", "type_needle_v": "uuids"},
-    # essay haystack: the Paul Graham essays (hub dataset) and nltk's punkt_tab
-    "niah_single_2": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers"},
-    "niah_single_3": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "uuids"},
-    "niah_multikey_1": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_k": 4},
-    "niah_multivalue": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_v": 4},
-    "niah_multiquery": {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_q": 4},
-}
-OFFLINE_RULER: tuple[str, ...] = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
-RULER_ESSAY: tuple[str, ...] = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
-RULER_QA: dict[str, str] = {
-    "ruler_qa_squad": "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json",
-    "ruler_qa_hotpot": "https://huggingface.co/datasets/namlh2004/hotpotqa (hotpot_dev_distractor_v1.json)",
-}
-ESSAY_DATASET = ("baber/paul_graham_essays", None, "train")
-
-
-@dataclass(frozen=True)
-class Family:
-    """A set of lm-eval tasks, by group name or name prefix, and where its data comes from."""
-
-    name: str
-    groups: tuple[str, ...]  # lm-eval group / tag names that stand for the whole family
-    prefixes: tuple[str, ...]  # task-name prefixes (or exact names) of its leaf tasks
-    kind: str  # "generated" | "hub" | "hub+nltk" | "url" | "hub-python"
-    local_files: bool  # whether evalpipe's `data_files:` override can replace the hub data
-
-
-FAMILIES: tuple[Family, ...] = (
-    Family("RULER (generated)", (), OFFLINE_RULER, "generated", False),
-    Family("RULER essay haystack", (), RULER_ESSAY, "hub+nltk", False),
-    Family("RULER QA", (), tuple(RULER_QA), "url", False),
-    Family("LongBench v2", ("longbench2",), ("longbench2_",), "hub", True),
-    Family("LongBench", ("longbench", "longbench_e"), ("longbench_",), "hub", True),
-    Family("InfiniteBench", ("infinitebench",), ("infinitebench_",), "hub", True),
-    Family("babilong", ("babilong", "babilong_longctx"), ("babilong_",), "hub", False),
-    Family("SCROLLS", ("scrolls",), ("scrolls_",), "hub-python", False),
-)
-_RULER_GROUPS = ("ruler",)
-
-
-def family_of(task_name: str) -> Family | None:
-    """The family a task or group name belongs to, or None for tasks this module leaves alone."""
-    for fam in FAMILIES:
-        if task_name in fam.groups or task_name in fam.prefixes:
-            return fam
-    for fam in FAMILIES:  # prefixes after exact names: "longbench2_x" is not LongBench
-        if any(task_name.startswith(p) for p in fam.prefixes if p.endswith("_")):
-            return fam
-    return None
-
-
-def is_offline_ruler(task_name: str) -> bool:
-    return task_name in OFFLINE_RULER
-
-
-def is_generated_ruler(task_name: str) -> bool:
-    """A RULER task :func:`ruler_task_config` builds (offline, or from a pre-filled essay cache)."""
-    return task_name in OFFLINE_RULER or task_name in RULER_ESSAY
-
-
-# generation_kwargs.max_gen_toks of lm-eval 0.4.13's RULER YAMLs (tests check them against
-# the YAMLs): what a prompt needs on top of its length in the model's context window,
-# known without importing lm-eval (the run plan checks it before any worker starts).
-RULER_MAX_GEN_TOKS: dict[str, int] = {
-    **{n: 128 for n in _NIAH_PARAMS},
-    "ruler_vt": 30,
-    "ruler_cwe": 120,
-    "ruler_fwe": 50,
-}
-
-
-# ---------------------------------------------------------------------------
-# RULER: metadata, task config, generation
-# ---------------------------------------------------------------------------
 
 
 def ruler_metadata(
@@ -332,19 +241,10 @@ def quiet_ruler_import():
     mod = sys.modules.get("lm_eval.tasks.ruler.prepare_niah")
     if mod is not None:
         return mod
-    _require_ruler_packages()
+    require_ruler_packages()
     with _no_nltk_download(), _quiet():
         import lm_eval.tasks.ruler.prepare_niah as mod
     return mod
-
-
-def _require_ruler_packages() -> None:
-    missing = [m for m in ("wonderwords", "nltk") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise DataUnavailable(
-            f"RULER tasks need the Python package(s) {', '.join(missing)}, which are not installed in "
-            f"this environment; install them with `pip install wonderwords nltk` (or `pip install -e .` of evalpipe)."
-        )
 
 
 # -- the generators -----------------------------------------------------------------
@@ -378,7 +278,7 @@ def _vt(tokenizer, length: int, n: int) -> list[dict]:
     then n items at ``length`` that start with it; same draws, bounded loops. Where this
     tokenizer cannot fit the example into 500 tokens (lm-eval hangs there), the example
     gets the budget it needs (its 5-line minimum plus 64 tokens of slack) instead."""
-    _require_ruler_packages()
+    require_ruler_packages()
     try:
         icl = _vartrack(tokenizer, 1, VT_ICL_BUDGET, incremental=5, icl_example=None, task="ruler_vt few-shot example")[0]
     except RulerTooShort:
@@ -456,7 +356,7 @@ def _cwe(tokenizer, length: int, n: int) -> list[dict]:
     # Mirrors lm_eval/tasks/ruler/cwe_utils.py sys_word_pair_random (0.4.13), bounded.
     # lm-eval leaves `input_example` out of the prompt (doc_to_text is "{{input}}"), so
     # its ruler_cwe is zero-shot although the example's room is still reserved.
-    _require_ruler_packages()
+    require_ruler_packages()
     from lm_eval.tasks.ruler import cwe_utils as cwe
 
     cwe.RNG.seed(random.getrandbits(32))  # lm-eval's module-level Random(42) would differ per call
@@ -515,7 +415,7 @@ def _cwe(tokenizer, length: int, n: int) -> list[dict]:
 
 
 def _fwe(tokenizer, length: int, n: int) -> list[dict]:
-    _require_ruler_packages()
+    require_ruler_packages()
     from lm_eval.tasks.ruler import fwe_utils as fwe
 
     bare = len(tokenizer(fwe.TEMPLATE.format(context="", query="")).input_ids)
@@ -610,243 +510,3 @@ def prebuild_ruler(cfg: dict[str, Any]) -> dict[str, Any]:
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
     dataset = datasets.Dataset.from_list(rows, split=datasets.Split.TEST)
     return {**cfg, "custom_dataset": PrebuiltItems(dataset, digest)}
-
-
-# ---------------------------------------------------------------------------
-# hub-only tasks: is the data here?
-# ---------------------------------------------------------------------------
-
-
-def check_available(
-    task_name: str,
-    data_files: Any = None,
-    *,
-    metadata: dict[str, Any] | None = None,
-    allow_download: bool = False,
-) -> None:
-    """Raise :class:`DataUnavailable` (one sentence) when a hub-only long-context task,
-    or any task of such a group, has no data on this machine; return None when it has,
-    when ``allow_download`` is set (the machine may reach the hub), and for every task
-    this module does not know (gsm8k, evalpipe's own tasks...). Never touches the network.
-
-    ``data_files``: evalpipe's `data_files:` override of the task (passes if the files
-    exist and the task reads them). ``metadata``: the task metadata babilong takes its
-    config from (``max_seq_lengths``: "0k", "1k", ... "128k"; default "0k").
-    """
-    if task_name in _RULER_GROUPS:
-        missing = []
-        for leaf in (*OFFLINE_RULER, *RULER_ESSAY, *RULER_QA):
-            try:
-                check_available(leaf, metadata=metadata, allow_download=allow_download)
-            except DataUnavailable as err:
-                missing.append((leaf, err))
-        if missing:
-            raise DataUnavailable(
-                f"{len(missing)} of the 13 tasks of group `ruler` cannot run here ({', '.join(m for m, _ in missing)}), "
-                f"so run only the generated ones ({', '.join(OFFLINE_RULER)}) offline; the first: {str(missing[0][1]).rstrip('.')}."
-            )
-        return
-    fam = family_of(task_name)
-    if fam is None:
-        return
-    if fam.kind == "generated":
-        _require_ruler_packages()
-        return
-    if data_files:
-        if not fam.local_files:
-            raise DataUnavailable(
-                f"task `{task_name}` ({fam.name}) does not read `data_files:` (lm-eval builds it in Python), so local files "
-                "cannot stand in for its hub data; pre-fill the Hugging Face datasets cache instead."
-            )
-        missing_files = [p for p in _flatten(data_files) if not Path(str(p)).expanduser().exists()]
-        if missing_files:
-            raise DataUnavailable(f"task `{task_name}`: data file {missing_files[0]} does not exist; fix `data_files:`.")
-        return
-    if allow_download:
-        return
-    if fam.kind == "url":
-        raise DataUnavailable(
-            f"task `{task_name}` ({fam.name}) downloads {RULER_QA[task_name]} with `requests` while it builds its items and "
-            "lm-eval keeps no cache of it, so it cannot run offline; run it on a machine that reaches that address, "
-            f"or use the generated RULER tasks ({', '.join(OFFLINE_RULER)})."
-        )
-    if fam.kind == "hub-python":
-        _check_scrolls(task_name)
-        return
-    if fam.kind == "hub+nltk":
-        _check_dataset(task_name, *ESSAY_DATASET, kwargs={})
-        _check_punkt(task_name)
-        return
-    leaves = _leaf_tasks(task_name)
-    if not leaves:
-        return  # unknown to this lm-eval: evalpipe's own name check reports it
-    missing: list[tuple[str, DataUnavailable]] = []
-    for leaf, (path, name, split, kwargs) in leaves.items():
-        if fam.name == "babilong":
-            name = str((metadata or {}).get("max_seq_lengths") or "0k")
-        try:
-            _check_dataset(leaf, path, name, split, kwargs=kwargs)
-        except DataUnavailable as err:
-            missing.append((leaf, err))
-    if missing and len(leaves) == 1:
-        raise missing[0][1]
-    if missing:
-        raise DataUnavailable(
-            f"{len(missing)} of the {len(leaves)} tasks of `{task_name}` have no data here; the first: {str(missing[0][1]).rstrip('.')}."
-        )
-
-
-def _flatten(files: Any) -> list:
-    if isinstance(files, dict):
-        return [p for v in files.values() for p in _flatten(v)]
-    if isinstance(files, (list, tuple)):
-        return [p for v in files for p in _flatten(v)]
-    return [files]
-
-
-def _leaf_tasks(name: str) -> dict[str, tuple[str, str | None, str | None, dict]]:
-    """{leaf task: (dataset_path, dataset_name, test split, dataset_kwargs)} from lm-eval's
-    YAMLs (includes resolved, functions not imported), groups and tags expanded."""
-    from lm_eval.tasks._index import Kind
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    index = _task_index()
-    out: dict[str, tuple[str, str | None, str | None, dict]] = {}
-
-    def visit(n: str, depth: int = 0) -> None:
-        entry = index.get(n)
-        if entry is None or depth > 8:
-            return
-        if entry.kind is Kind.TAG:
-            for t in sorted(entry.tags):
-                visit(t, depth + 1)
-            return
-        if entry.yaml_path is None:
-            return
-        cfg = load_yaml(entry.yaml_path, resolve_func=False)
-        if entry.kind is Kind.GROUP:
-            for child in cfg.get("task") or []:
-                visit(child if isinstance(child, str) else (child.get("task") or child.get("group")), depth + 1)
-            return
-        if entry.kind is Kind.TASK and cfg.get("dataset_path"):
-            kwargs = dict(cfg.get("dataset_kwargs") or {})
-            # babilong's own key: its loader reads that split of the config named by metadata
-            split = kwargs.pop("qa_split", None) or cfg.get("test_split") or cfg.get("validation_split")
-            out[n] = (cfg["dataset_path"], cfg.get("dataset_name"), split, kwargs)
-
-    visit(name)
-    return out
-
-
-def _task_index() -> dict:
-    from evalpipe.worker.tasks import task_manager  # cached: the index is built once per process
-
-    return task_manager().task_index
-
-
-@contextlib.contextmanager
-def _offline() -> Iterator[None]:
-    """Force `datasets` and `huggingface_hub` offline for one look-up, whatever the env says."""
-    import datasets.config as dconfig
-    import huggingface_hub.constants as hconst
-
-    saved = (dconfig.HF_HUB_OFFLINE, hconst.HF_HUB_OFFLINE)
-    dconfig.HF_HUB_OFFLINE = True
-    hconst.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        dconfig.HF_HUB_OFFLINE, hconst.HF_HUB_OFFLINE = saved
-
-
-def _check_dataset(task: str, path: str, name: str | None, split: str | None, *, kwargs: dict) -> None:
-    """Cheap, offline: the same cache look-up `datasets.load_dataset` does offline (it only
-    reads the prepared Arrow cache, never the raw hub download cache), then the split's files."""
-    import datasets
-    import datasets.config as dconfig
-
-    # the task's dataset_kwargs as lm-eval passes them (InfiniteBench: `features`)
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("trust_remote_code",)}
-    where = os.path.expanduser(str(dconfig.HF_DATASETS_CACHE))
-    what = f"`{path}`" + (f" (config `{name}`)" if name else "")
-    fix = (
-        f"pre-fill the cache on a machine with network (`python -c \"import datasets; datasets.load_dataset('{path}'"
-        + (f", '{name}'" if name else "")
-        + ")\"`) and copy its ~/.cache/huggingface (or $HF_HOME) here"
-    )
-    fam = family_of(task)
-    if fam is not None and fam.local_files:
-        fix += ", or point the task at local files with `data_files:` in the run config"
-    try:
-        with _offline(), _silence_datasets():
-            builder = datasets.load_dataset_builder(path, name, **kwargs)
-    except Exception as err:  # noqa: BLE001 - any failure here means "not usable offline"
-        # "not cached" surfaces as ConnectionError (offline hub), FileNotFoundError or
-        # ValueError("Couldn't find cache..."); anything else is worth naming
-        odd = "" if isinstance(err, (ConnectionError, FileNotFoundError, ValueError)) else f" ({type(err).__name__}: {err})"
-        raise DataUnavailable(
-            f"task `{task}` needs the hub dataset {what}, which is not in the Hugging Face datasets cache at {where}{odd}; {fix}."
-        ) from None
-    splits = builder.info.splits or {}
-    if split and splits and split not in splits:
-        raise DataUnavailable(
-            f"task `{task}` needs split `{split}` of {what}, but the cache at {builder.cache_dir} has only "
-            f"{', '.join(sorted(splits))}; {fix}."
-        )
-    if not any(Path(builder.cache_dir).glob("*.arrow")):
-        raise DataUnavailable(f"task `{task}`: the cache entry of {what} at {builder.cache_dir} has no data files; {fix}.")
-
-
-@contextlib.contextmanager
-def _silence_datasets() -> Iterator[None]:
-    """The cache look-up logs 'Using the latest cached version...' warnings."""
-    import datasets
-
-    level = datasets.logging.get_verbosity()
-    datasets.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        datasets.logging.set_verbosity(level)
-
-
-def _check_punkt(task: str) -> None:
-    import nltk
-
-    try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
-    except LookupError:
-        raise DataUnavailable(
-            f"task `{task}` splits its essay haystack into sentences with nltk's `punkt_tab`, which is not in any of "
-            f"nltk's data directories ({', '.join(map(str, nltk.data.path[:3]))}, ...); run "
-            "`python -m nltk.downloader punkt_tab` on a machine with network and copy ~/nltk_data here (or set NLTK_DATA)."
-        ) from None
-
-
-def _check_scrolls(task: str) -> None:
-    from huggingface_hub import constants as hconst
-    from huggingface_hub import try_to_load_from_cache
-
-    sub = {
-        "scrolls_contractnli": "contract_nli",
-        "scrolls_govreport": "gov_report",
-        "scrolls_narrativeqa": "narrative_qa",
-        "scrolls_qasper": "qasper",
-        "scrolls_quality": "quality",
-        "scrolls_summscreenfd": "summ_screen_fd",
-        "scrolls_qmsum": "qmsum",
-    }
-    names = list(sub.values()) if task == "scrolls" else [sub.get(task, task.removeprefix("scrolls_"))]
-    metric = try_to_load_from_cache("tau/scrolls", "metrics/scrolls.py", revision="refs/pr/5", repo_type="dataset")
-    if not isinstance(metric, str):
-        raise DataUnavailable(
-            f"task `{task}` (SCROLLS) downloads its metric script and data zip from the hub dataset `tau/scrolls` while it is "
-            f"built, and they are not in the hub cache at {hconst.HF_HUB_CACHE}; SCROLLS is a Python task that cannot read "
-            "local files, so run it once on a machine with network and copy ~/.cache/huggingface (or $HF_HOME) here."
-        )
-    for n in names:
-        if not isinstance(try_to_load_from_cache("tau/scrolls", f"{n}.zip", repo_type="dataset"), str):
-            raise DataUnavailable(
-                f"task `{task}` (SCROLLS) needs `{n}.zip` of the hub dataset `tau/scrolls`, which is not in the hub cache at "
-                f"{hconst.HF_HUB_CACHE}; run it once on a machine with network and copy ~/.cache/huggingface (or $HF_HOME) here."
-            )
