@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.worker.task_families import (
-    _RULER_GROUPS,
     ESSAY_DATASET,
     OFFLINE_RULER,
     RULER_ESSAY,
+    RULER_GROUPS,
     RULER_QA,
     DataUnavailable,
     family_of,
     require_ruler_packages,
 )
-
 
 
 def check_available(
@@ -44,7 +43,7 @@ def check_available(
     exist and the task reads them). ``metadata``: the task metadata babilong takes its
     config from (``max_seq_lengths``: "0k", "1k", ... "128k"; default "0k").
     """
-    if task_name in _RULER_GROUPS:
+    if task_name in RULER_GROUPS:
         missing = []
         for leaf in (*OFFLINE_RULER, *RULER_ESSAY, *RULER_QA):
             try:

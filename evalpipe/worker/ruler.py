@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.worker.task_families import (
-    _NIAH_PARAMS,
+    NIAH_PARAMS,
     OFFLINE_RULER,
     RULER_ESSAY,
     is_generated_ruler,
@@ -127,7 +127,7 @@ def ruler_task_config(task: str | dict[str, Any], metadata: dict[str, Any]) -> d
 
 
 _RULER_YAML = {
-    **{n: f"{n}.yaml" for n in _NIAH_PARAMS},
+    **{n: f"{n}.yaml" for n in NIAH_PARAMS},
     "ruler_vt": "vt.yaml",
     "ruler_cwe": "cwe.yaml",
     "ruler_fwe": "fwe.yaml",
@@ -149,7 +149,7 @@ def generate_ruler_dataset(**kwargs: Any) -> dict[str, Any]:
     import datasets
 
     name = kwargs.get("ruler_task")
-    if name not in _GENERATORS and name not in _NIAH_PARAMS:
+    if name not in _GENERATORS and name not in NIAH_PARAMS:
         raise ValueError(f"generate_ruler_dataset needs `ruler_task` in the metadata, got {name!r}.")
     tok_name = kwargs.get("tokenizer") or kwargs.get("pretrained")
     if not tok_name:
@@ -161,7 +161,7 @@ def generate_ruler_dataset(**kwargs: Any) -> dict[str, Any]:
     rows: list[dict] = []
     for length in lengths:
         with _seeded(seed, name, length), _quiet():
-            if name in _NIAH_PARAMS:
+            if name in NIAH_PARAMS:
                 made = _niah(name, tokenizer, length, n)
             else:
                 made = _GENERATORS[name](tokenizer, length, n)
@@ -254,7 +254,7 @@ def _niah(name: str, tokenizer, length: int, n: int) -> list[dict]:
     prepare_niah = quiet_ruler_import()
     from lm_eval.tasks.ruler.niah_utils import TEMPLATE
 
-    params = dict(_NIAH_PARAMS[name])
+    params = dict(NIAH_PARAMS[name])
     try:
         return prepare_niah.generate_samples(
             prepare_niah.get_haystack(type_haystack=params["type_haystack"]),
@@ -452,7 +452,7 @@ def item_fields(doc: dict, task: str | None = None) -> dict[str, Any]:
     ruler_vt/cwe/fwe the first answer's first occurrence says nothing about a position."""
     text, outputs = str(doc.get("input", "")), doc.get("outputs") or []
     depth = None
-    if outputs and text and (task is None or task in _NIAH_PARAMS):
+    if outputs and text and (task is None or task in NIAH_PARAMS):
         pos = text.find(str(outputs[0]))
         depth = round(pos / len(text), 4) if pos >= 0 else None
     return {"max_length": doc.get("max_length"), "length": doc.get("length"), "depth": depth}

@@ -16,7 +16,7 @@ class DataUnavailable(ValueError):
 
 # RULER tasks built from lm-eval's templates without any download, with the
 # generator parameters of lm_eval/tasks/ruler/niah_utils.py (0.4.13).
-_NIAH_PARAMS: dict[str, dict[str, Any]] = {
+NIAH_PARAMS: dict[str, dict[str, Any]] = {
     "niah_single_1": {"type_haystack": "repeat", "type_needle_k": "words", "type_needle_v": "numbers"},
     "niah_multikey_2": {"type_haystack": "needle", "type_needle_k": "words", "type_needle_v": "numbers"},
     "niah_multikey_3": {"type_haystack": "needle", "type_needle_k": "uuids", "type_needle_v": "uuids"},
@@ -57,7 +57,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("babilong", ("babilong", "babilong_longctx"), ("babilong_",), "hub", False),
     Family("SCROLLS", ("scrolls",), ("scrolls_",), "hub-python", False),
 )
-_RULER_GROUPS = ("ruler",)
+RULER_GROUPS = ("ruler",)
 
 
 def family_of(task_name: str) -> Family | None:
@@ -84,7 +84,7 @@ def is_generated_ruler(task_name: str) -> bool:
 # the YAMLs): what a prompt needs on top of its length in the model's context window,
 # known without importing lm-eval (the run plan checks it before any worker starts).
 RULER_MAX_GEN_TOKS: dict[str, int] = {
-    **{n: 128 for n in _NIAH_PARAMS},
+    **{n: 128 for n in NIAH_PARAMS},
     "ruler_vt": 30,
     "ruler_cwe": 120,
     "ruler_fwe": 50,
