@@ -20,6 +20,8 @@ TINY = {
     "batch_size": 2,
     "seq_len": 128,
     "warmup_steps": 2,
+    # the long-context phase, small: both probes, two lengths, GSM batches in between
+    "longctx_stages": [{"steps": 5, "lr": 1e-3, "lengths": [384, 448], "probes": ["passkey", "multikey"], "tokens_per_step": 900}],
 }
 
 
@@ -81,6 +83,41 @@ def test_info_file(tiny_builds):
     assert info["spec"]["hidden_size"] == TINY["hidden_size"]
     for key in ("build_seconds", "torch_version", "final_loss"):
         assert key in info
+
+
+def test_long_context_phase_trains_and_is_recorded(tiny_builds, tmp_path):
+    a = tiny_builds[0]
+    loss = a.info["longctx_final_loss"]
+    assert loss is not None and 0 < loss < 50
+    without = builtin.build("tiny-gsm", spec_overrides={**TINY, "longctx_stages": []}, out_dir=tmp_path / "plain")
+    assert without.info["longctx_final_loss"] is None
+    assert (without.path / "model.safetensors").read_bytes() != (a.path / "model.safetensors").read_bytes()
+    # the tokenizer does not depend on the phase
+    assert (without.path / "tokenizer.json").read_bytes() == (a.path / "tokenizer.json").read_bytes()
+
+
+def test_long_context_schedule_interleaves_gsm_and_cycles_lengths():
+    spec = {"longctx_gsm_every": 3}
+    plan = builtin._longctx_schedule(spec, {"steps": 7, "lengths": [128, 512]})
+    assert plan == [("probe", 128), ("probe", 512), ("gsm", 0), ("probe", 128), ("probe", 512), ("gsm", 0), ("probe", 128)]
+    assert all(k == "probe" for k, _ in builtin._longctx_schedule({"longctx_gsm_every": 0}, {"steps": 4, "lengths": [64]}))
+
+
+def test_answer_windows_train_only_the_answer_and_the_newline(tiny_builds):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_builds[0].path / "tokenizer.json"))
+    pairs = [("A pass key is hidden. The pass key is 42. What is the pass key? The pass key is", "42"),
+             ("Short. The pass key is", "17")]
+    ids, labels = builtin._answer_windows(tok, pairs)
+    assert ids.shape[0] == 2 and labels.shape == ids.shape
+    for row, (_, answer) in enumerate(pairs):
+        trained = [int(t) for t in labels[row] if t != -100]
+        assert tok.decode(trained) == " " + answer + "\n"
+        # position p is labelled with token p + 1
+        first = next(i for i, t in enumerate(labels[row]) if t != -100)
+        assert int(ids[row, first + 1]) == trained[0]
+    assert int(ids[1, -1]) == tok.token_to_id(builtin.PAD)  # the shorter row is padded
 
 
 def test_existing_build_is_reused(tiny_builds):

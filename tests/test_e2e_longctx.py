@@ -20,7 +20,7 @@ from evalpipe.data.longctx import LongCtxSpec, target_lengths
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"lengths": [1024], "tp_sizes": [4, 16], "sparse_block": 1024, "items_per_length": 2}
+SPEC = {"lengths": [1024], "tp_sizes": [4, 16], "sparse_block": 1024, "items_per_length": 2, "value_digits": 2}
 FAULT = "padding_not_zeroed"
 PROBES = ["longctx_passkey", "longctx_multikey", "longctx_vartrack"]
 
@@ -69,6 +69,15 @@ def test_prompts_have_exactly_the_target_lengths_including_the_edge_cases(run):
             assert r["cluster"] and 0 <= r["depth"] <= 1
         edge = {r["target_length"]: r["length_tags"] for r in rows if r["length_kind"] == "edge"}
         assert "tp4:3" in edge[1027] and "tp16:15" in edge[1039] and "block-1" in edge[1023]
+
+
+def test_the_builtin_model_retrieves_pass_keys(run):
+    # The built-in model is trained on the passkey format (2-digit keys, up to 2048
+    # tokens): it must find the key at these lengths, so the scores compare something.
+    samples = artifacts.read_table(artifacts.VariantDir(run["dir"] / run["ref"]).samples)
+    rows = samples.filter(pc.equal(samples["task"], "longctx_passkey")).to_pylist()
+    correct = [r["score:exact_match,none"] for r in rows]
+    assert len(correct) == 10 and sum(correct) > 0, correct
 
 
 def test_teacher_forcing_keeps_bounded_prompt_positions(run):

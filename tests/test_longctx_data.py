@@ -339,6 +339,16 @@ def test_fingerprint_of_builtin_tokenizer_is_stable(builtin_tok):
     assert lc.fingerprint("vartrack", lc.LongCtxSpec(), builtin_tok) == lc.fingerprint("vartrack", lc.LongCtxSpec(), again)
 
 
+@pytest.mark.parametrize("digits", [2, 5])
+def test_values_have_the_configured_number_of_digits(builtin_tok, digits):
+    spec = lc.LongCtxSpec(lengths=(512,), sparse_block=512, tp_sizes=(4,), items_per_length=3, value_digits=digits)
+    for probe in ("passkey", "multikey", "vartrack"):
+        for it in lc.generate(probe, builtin_tok, spec):
+            value = it["answer"] if probe != "vartrack" else re.search(r"assigned the value (\d+)\?", it["prompt"]).group(1)
+            assert re.fullmatch(rf"[1-9]\d{{{digits - 1}}}", value), (probe, value)
+            assert _n(builtin_tok, it["prompt"]) == it["target_length"]
+
+
 def test_raw_tokenizers_object_gives_the_same_items(bpe_tok):
     spec = lc.LongCtxSpec(lengths=(512,), sparse_block=512, tp_sizes=(4,), items_per_length=2)
     raw = bpe_tok.backend_tokenizer
@@ -359,6 +369,8 @@ def test_raw_tokenizers_object_gives_the_same_items(bpe_tok):
         ({"items_per_length": 0}, "items_per_length is 0; it must be at least 1."),
         ({"depths": (0.5, 1.5)}, "depths [0.5, 1.5] are invalid; give at least one depth, each between 0 and 1."),
         ({"chain_len": 0}, "chain_len is 0; it must be at least 1."),
+        ({"value_digits": 0}, "value_digits is 0; it must be between 1 and 9."),
+        ({"value_digits": 1, "n_keys": 12}, "value_digits 1 gives only 10 distinct values, fewer than n_keys/n_chains; use more digits."),
         ({"n_keys": 99}, "n_keys 99 exceeds the 24 distinct key words; use at most 24."),
         ({"questions_per_haystack": 4, "n_chains": 3}, "questions_per_haystack 4 exceeds n_keys or n_chains; each question needs its own key and chain."),
     ],
@@ -429,17 +441,14 @@ def test_lm_eval_contexts_equal_the_prompts(longctx_tasks, builtin_tok, tmp_path
 # ----------------------------------------------------------------------------- training texts
 
 
-def test_training_texts(bpe_tok):
-    texts = lc.training_texts("vartrack", bpe_tok, 5, [512, 600], seed=lc.TRAIN_SEED, test_spec=SMALL)
-    assert len(texts) == 5
-    lengths = []
-    for t in texts:
-        prompt, rest = t.rsplit("The variables are", 1)
-        prompt += "The variables are"
-        assert re.fullmatch(r" [A-Z]{5}(, [A-Z]{5})*\n", rest)
-        lengths.append(_n(bpe_tok, prompt))
-    assert lengths == [512, 600, 512, 600, 512]  # interleaved across lengths
+def test_training_pairs(bpe_tok):
+    pairs = lc.training_pairs("vartrack", bpe_tok, 5, [512, 600], seed=lc.TRAIN_SEED, test_spec=SMALL)
+    assert len(pairs) == 5
+    for prompt, answer in pairs:
+        assert prompt.endswith("The variables are")
+        assert re.fullmatch(r"[A-Z]{5}(, [A-Z]{5})*", answer)
+    assert [_n(bpe_tok, p) for p, _ in pairs] == [512, 600, 512, 600, 512]  # interleaved across lengths
     test_prompts = {it["prompt"] for it in lc.generate("vartrack", bpe_tok, SMALL)}
-    assert not any(t[: -len(t.rsplit("The variables are", 1)[1])] in test_prompts for t in texts)
+    assert not any(p in test_prompts for p, _ in pairs)
     with pytest.raises(ValueError, match="equals the test seed"):
-        lc.training_texts("passkey", bpe_tok, 2, [512], seed=SMALL.seed, test_spec=SMALL)
+        lc.training_pairs("passkey", bpe_tok, 2, [512], seed=SMALL.seed, test_spec=SMALL)

@@ -2,14 +2,14 @@
 
 Three probes, each an lm-eval ``generate_until`` task (``tasks/longctx/``):
 
-* ``passkey``  a 5-digit pass key hidden in filler text::
+* ``passkey``  a pass key (``value_digits`` digits, default 5) hidden in filler text::
 
       A pass key is hidden in the text below. Find it and remember it. The grass is
       green. ... The pass key is 71432. Remember it. ... Here we go. - -
       What is the pass key? The pass key is
 
-* ``multikey`` several ``key -> value`` needles (keys ``word-NN``, distinct 5-digit
-  values); one key is asked, the others are distractors. Questions about different
+* ``multikey`` several ``key -> value`` needles (keys ``word-NN``, distinct
+  values of ``value_digits`` digits); one key is asked, the others are distractors. Questions about different
   keys of one haystack share its ``haystack_id``::
 
       ... The value of key lemon-42 is 58329. ...
@@ -73,7 +73,7 @@ VAR_SEPARATOR = ", "
 MAX_GEN_TOKS = {"passkey": 16, "multikey": 16, "vartrack": 64}  # the YAMLs' max_gen_toks
 
 TEST_SEED = 4_000_037
-TRAIN_SEED = 5_000_011  # default seed for training_texts (distinct from TEST_SEED)
+TRAIN_SEED = 5_000_011  # default seed for training_pairs (distinct from TEST_SEED)
 MIN_LENGTH = 64
 
 # Filler: no digits and none of the needle/question words, so nothing in it can be
@@ -123,6 +123,9 @@ class LongCtxSpec(BaseModel):
     n_keys: int = 4  # multikey: needles per haystack (asked + distractors)
     n_chains: int = 3  # vartrack: chains per haystack (asked + distractors)
     chain_len: int = 4  # vartrack: names per chain
+    # digits of every pass key / value (5: 10000-99999). A model whose tokenizer splits
+    # long numbers into rare pieces may need fewer (configs/default.yaml explains why).
+    value_digits: int = 5
     seed: int = TEST_SEED
     # lm-eval's RULER tasks (niah_single_1, ruler_vt, ...) run at `lengths` too, with this
     # many items per length (evalpipe.worker.ruler; lm-eval's own builders make 500)
@@ -149,6 +152,13 @@ class LongCtxSpec(BaseModel):
         for name in ("questions_per_haystack", "n_keys", "n_chains", "chain_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} is {getattr(self, name)}; it must be at least 1.")
+        if not 1 <= self.value_digits <= 9:
+            raise ValueError(f"value_digits is {self.value_digits}; it must be between 1 and 9.")
+        distinct = len(_value_range(self.value_digits))
+        if max(self.n_keys, self.n_chains) > distinct:
+            raise ValueError(
+                f"value_digits {self.value_digits} gives only {distinct} distinct values, fewer than n_keys/n_chains; use more digits."
+            )
         if self.n_keys > len(KEY_WORDS):
             raise ValueError(f"n_keys {self.n_keys} exceeds the {len(KEY_WORDS)} distinct key words; use at most {len(KEY_WORDS)}.")
         if self.questions_per_haystack > min(self.n_keys, self.n_chains):
@@ -399,19 +409,23 @@ class _Haystack:
 # ----------------------------------------------------------------------------- probes
 
 
-def _values(rng: random.Random, n: int) -> list[int]:
-    return rng.sample(range(10_000, 100_000), n)  # distinct 5-digit numbers
+def _value_range(digits: int) -> range:
+    return range(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+
+
+def _values(rng: random.Random, n: int, spec: LongCtxSpec) -> list[int]:
+    return rng.sample(_value_range(spec.value_digits), n)  # distinct, value_digits digits each
 
 
 def _passkey(rng: random.Random, depths: list[float], spec: LongCtxSpec):
-    (v,) = _values(rng, 1)
+    (v,) = _values(rng, 1, spec)
     needles = [(f" The pass key is {v}. Remember it.", depths[0])]
     return needles, [("\nWhat is the pass key? The pass key is", str(v), [0])]
 
 
 def _multikey(rng: random.Random, depths: list[float], spec: LongCtxSpec):
     keys = [f"{w}-{rng.randint(10, 99)}" for w in rng.sample(KEY_WORDS, spec.n_keys)]
-    values = _values(rng, spec.n_keys)
+    values = _values(rng, spec.n_keys, spec)
     where = list(depths) + [rng.random() for _ in range(spec.n_keys - len(depths))]  # distractors anywhere
     needles = [(f" The value of key {k} is {v}.", d) for k, v, d in zip(keys, values, where)]
     questions = [
@@ -427,7 +441,7 @@ def _vartrack(rng: random.Random, depths: list[float], spec: LongCtxSpec):
         name = "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
         if name not in names:
             names.append(name)
-    values = _values(rng, spec.n_chains)
+    values = _values(rng, spec.n_chains, spec)
     needles: list[tuple[str, float]] = []
     questions = []
     for c in range(spec.n_chains):
@@ -586,7 +600,7 @@ def resolve_data_file(relative: str | Path, tokenizer: Any, spec: LongCtxSpec | 
     return write_probe(m["probe"], tokenizer, spec, data_dir)
 
 
-def training_texts(
+def training_pairs(
     probe: str,
     tokenizer: Any,
     n: int,
@@ -594,10 +608,10 @@ def training_texts(
     seed: int = TRAIN_SEED,
     spec: LongCtxSpec | None = None,
     test_spec: LongCtxSpec | None = None,
-) -> list[str]:
-    """`n` training strings ``prompt + " " + answer + "\\n"`` at the given (round) lengths,
-    interleaved across lengths, from `seed` (must differ from the test seed). No prompt
-    equals a test prompt of `test_spec` (default: `spec`, else LongCtxSpec())."""
+) -> list[tuple[str, str]]:
+    """`n` training (prompt, answer) pairs at the given (round) lengths, interleaved
+    across lengths, from `seed` (must differ from the test seed). No prompt equals a test
+    prompt of `test_spec` (default: `spec`, else LongCtxSpec())."""
     _check_probe(probe)
     base = spec or LongCtxSpec()
     test_spec = test_spec or base
@@ -616,4 +630,5 @@ def training_texts(
         clash = [it["id"] for it in items if it["prompt"] in test_prompts]
         if clash:
             raise AssertionError(f"training prompts {clash[:3]} equal test prompts; use another seed.")
-    return [it["prompt"] + TARGET_DELIMITER + it["answer"] + STOP for it in items]
+    return [(it["prompt"], it["answer"]) for it in items]
+

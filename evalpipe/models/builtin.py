@@ -67,7 +67,7 @@ SPECIAL_TOKENS = [BOS, EOS, UNK, PAD]  # ids 0..3, in this order
 # Full build: ~3 min wall on an idle machine (~10 s data + tokenizer, ~175 s training),
 # proportionally longer when other jobs share the cores.
 def _tiny_gsm_spec() -> dict[str, Any]:
-    from evalpipe.data import gsm_synth
+    from evalpipe.data import gsm_synth, longctx
 
     return {
         "arch": "llama",
@@ -108,7 +108,35 @@ def _tiny_gsm_spec() -> dict[str, Any]:
                         for k, v in dataclasses.asdict(gsm_synth.RANGES).items()},
         "corpus_seed": gsm_synth.CORPUS_SEED,
         "held_out_splits": {k: list(v) for k, v in gsm_synth.SPLITS.items()},
+        # long-context phase: see _train_longctx and the recipe notes above _LONGCTX_STAGES
+        "longctx_stages": copy.deepcopy(_LONGCTX_STAGES),
+        "longctx_gsm_every": 2,  # every 2nd step of the phase is a GSM batch, so arithmetic stays
+        "longctx_value_digits": 2,
+        "longctx_seed": longctx.TRAIN_SEED,
+        "longctx_generator_version": longctx.GENERATOR_VERSION,
     }
+
+
+# Long-context phase of tiny-gsm (after the GSM phase; fresh AdamW per stage, warm-up
+# over a tenth of the stage, cosine to a tenth of the peak). Trained on the passkey probe
+# format (evalpipe.data.longctx.training_pairs: its own seed, never a test prompt), loss
+# on the answer and the newline after it. Measured on the default test items (HF greedy,
+# 2 AMD EPYC cores):
+#   5-digit keys, 400 steps at 96-2048 tokens (two runs) ..................... 0 / 15 at 2047-2063
+#   5-digit keys, 300-400 steps of dense drills (many needles, repeated numbers)  0
+#   3-digit keys 100-299, 300 steps at 256-2048, 240 at 96-128 tokens ........ 0 (loss at chance)
+#   2-digit keys, 300 steps at 96-128 tokens, no GSM batches ................. 6 / 6 at 128-256
+#                 (GSM forgotten: answer loss 0.16 -> 14.5)
+#   2-digit keys, 200 steps at 128 tokens, every 2nd step GSM ................ 4 / 15 at 2047-2063
+#   then 100 steps at 512/1024/2048 tokens, every 2nd step GSM (chosen) ...... 15 / 15 at 2047-2063,
+#                 6 / 6 at 128-512; GSM answer loss 0.16 -> 0.10 (the GSM batches keep training it)
+# The answer-loss never left the uniform level for keys whose tokens are rare in the
+# GSM-trained vocabulary (3-5 digit numbers split into pieces the model hardly saw):
+# copying needs a distinct embedding per value; 10-99 are well-trained single tokens.
+_LONGCTX_STAGES: list[dict[str, Any]] = [
+    {"steps": 200, "lr": 4e-3, "lengths": [128], "probes": ["passkey"], "tokens_per_step": 6144},
+    {"steps": 100, "lr": 2e-3, "lengths": [512, 1024, 2048], "probes": ["passkey"], "tokens_per_step": 4096},
+]
 
 
 # name -> factory of the default spec (a factory keeps module import light)
@@ -387,6 +415,81 @@ def _windows(spec: dict[str, Any], tok, corpus: Iterator[dict], n_windows: int):
     return ids, labels
 
 
+def _answer_windows(tok, pairs: list[tuple[str, str]]):
+    """One padded batch of ``prompt + " " + answer + "\\n"``; loss on the answer and the newline."""
+    import numpy as np
+    import torch
+
+    from evalpipe.data.longctx import STOP, TARGET_DELIMITER
+
+    encs = tok.encode_batch([p + TARGET_DELIMITER + a + STOP for p, a in pairs])
+    width = max(len(e.ids) for e in encs)
+    ids = torch.full((len(encs), width), tok.token_to_id(PAD), dtype=torch.long)
+    labels = torch.full((len(encs), width), -100, dtype=torch.long)
+    for i, ((prompt, _), enc) in enumerate(zip(pairs, encs)):
+        tid = np.asarray(enc.ids, dtype=np.int64)
+        starts = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+        ids[i, : len(tid)] = torch.from_numpy(tid)
+        lab = np.where(starts >= len(prompt), tid, -100)
+        labels[i, : len(tid) - 1] = torch.from_numpy(lab[1:])
+    return ids, labels
+
+
+def _longctx_schedule(spec: dict[str, Any], stage: dict[str, Any]) -> list[tuple[str, int]]:
+    """Per step: ("gsm", 0) or ("probe", length); probe steps cycle through the lengths."""
+    every, lengths = spec["longctx_gsm_every"], stage["lengths"]
+    out: list[tuple[str, int]] = []
+    probe_steps = 0
+    for step in range(stage["steps"]):
+        if every and step % every == every - 1:
+            out.append(("gsm", 0))
+        else:
+            out.append(("probe", lengths[probe_steps % len(lengths)]))
+            probe_steps += 1
+    return out
+
+
+def _train_longctx(model, spec: dict[str, Any], tok, corpus: Iterator[dict], say: Progress, t0: float) -> list[float]:
+    """The long-context phase: each stage trains on probe prompts of its lengths, every
+    ``longctx_gsm_every``-th step on GSM windows from the same stream as the GSM phase."""
+    import torch
+
+    from evalpipe.data import longctx
+
+    probe_spec = longctx.LongCtxSpec(value_digits=spec["longctx_value_digits"])
+    losses: list[float] = []
+    for k, stage in enumerate(spec["longctx_stages"]):
+        plan = _longctx_schedule(spec, stage)
+        per_step = {n: max(1, stage["tokens_per_step"] // n) for n in stage["lengths"]}
+        need = {n: sum(per_step[n] for kind, m in plan if kind == "probe" and m == n) for n in stage["lengths"]}
+        pool: dict[int, list[tuple[str, str]]] = {}
+        for n, count in need.items():
+            by_probe = [longctx.training_pairs(p, tok, -(-count // len(stage["probes"])), [n],
+                                               seed=spec["longctx_seed"] + k, spec=probe_spec)
+                        for p in stage["probes"]]
+            pool[n] = [pair for group in zip(*by_probe) for pair in group]  # interleave probes
+        n_gsm = sum(1 for kind, _ in plan if kind == "gsm")
+        gsm_ids, gsm_labels = _windows(spec, tok, corpus, n_gsm * spec["batch_size"]) if n_gsm else (None, None)
+        say(f"[{time.monotonic() - t0:5.1f}s] long-context stage {k + 1}: {stage['steps']} steps, "
+            f"lengths {stage['lengths']}, {sum(need.values())} probe prompts, {n_gsm} GSM batches")
+        opt = _optimizer(model, spec, stage["lr"])
+        sched = {"lr": stage["lr"], "warmup_steps": max(1, stage["steps"] // 10), "steps": stage["steps"],
+                 "min_lr_ratio": spec["min_lr_ratio"]}
+        used = {n: 0 for n in stage["lengths"]}
+        g = 0
+        for step, (kind, n) in enumerate(plan):
+            if kind == "gsm":
+                B = spec["batch_size"]
+                x, y = gsm_ids[g * B:(g + 1) * B], gsm_labels[g * B:(g + 1) * B]
+                g += 1
+            else:
+                x, y = _answer_windows(tok, pool[n][used[n]:used[n] + per_step[n]])
+                used[n] += per_step[n]
+            losses.append(_train_step(model, opt, x, y, _lr_at(step, sched), spec["grad_clip"]))
+        say(f"[{time.monotonic() - t0:5.1f}s] long-context stage {k + 1} done, last loss {losses[-1]:.4f}")
+    return losses
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -417,6 +520,31 @@ def _lr_at(step: int, spec: dict[str, Any]) -> float:
     t = (step - warm) / max(1, total - warm)
     lo = peak * spec["min_lr_ratio"]
     return lo + (peak - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _optimizer(model, spec: dict[str, Any], lr: float):
+    import torch
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=tuple(spec["adam_betas"]), eps=1e-8,
+    )
+
+
+def _train_step(model, opt, x, y, lr: float, grad_clip: float) -> float:
+    import torch
+
+    for g in opt.param_groups:
+        g["lr"] = lr
+    logits = model(input_ids=x).logits
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return float(loss.detach())
 
 
 def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> dict[str, Any]:
@@ -464,35 +592,21 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> di
         model = LlamaForCausalLM(cfg).to(torch.float32)
         n_params = sum(p.numel() for p in model.parameters())
         say(f"[{time.monotonic() - t0:5.1f}s] model: {n_params / 1e6:.2f}M parameters")
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": spec["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=spec["lr"], betas=tuple(spec["adam_betas"]), eps=1e-8,
-        )
+        opt = _optimizer(model, spec, spec["lr"])
         model.train()
         B, steps = spec["batch_size"], spec["steps"]
         report_every = max(1, steps // 10)
         t_train = time.monotonic()
         for step in range(steps):
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step, spec)
             x = ids[step * B:(step + 1) * B]
             y = labels[step * B:(step + 1) * B]
-            logits = model(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["grad_clip"])
-            opt.step()
-            losses.append(float(loss.detach()))
+            losses.append(_train_step(model, opt, x, y, _lr_at(step, spec), spec["grad_clip"]))
             if (step + 1) % report_every == 0 or step + 1 == steps:
                 recent = losses[-report_every:]
                 say(f"[{time.monotonic() - t0:5.1f}s] step {step + 1}/{steps} "
                     f"loss {sum(recent) / len(recent):.4f} lr {_lr_at(step, spec):.2e} "
                     f"({(time.monotonic() - t_train) / (step + 1):.2f}s/step)")
+        lc_losses = _train_longctx(model, spec, tok, corpus, say, t0) if spec["longctx_stages"] else []
         model.eval()
         model.save_pretrained(str(out))
     _add_legacy_config_keys(out / "config.json", spec)
@@ -513,6 +627,7 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> di
         "torch_version": torch.__version__,
         "final_loss": round(losses[-1], 6),
         "final_loss_mean_tail": round(sum(tail) / len(tail), 6),
+        "longctx_final_loss": round(lc_losses[-1], 6) if lc_losses else None,
     }
     from evalpipe.artifacts import write_json
 
