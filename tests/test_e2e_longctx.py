@@ -38,7 +38,7 @@ def run(tmp_path_factory):
     path = tmp / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
-        [sys.executable, "-m", "evalpipe", "run", "longctx", "-c", str(path), "--run-id", "lc"],
+        [sys.executable, "-m", "evalpipe", "run", ",".join(PROBES), "-c", str(path), "--run-id", "lc"],
         cwd=tmp, capture_output=True, text=True, timeout=1800,
     )
     return {"proc": proc, "dir": tmp / "runs" / "lc", "ref": ref, "other": other}
