@@ -7,7 +7,10 @@ like lm-eval's gsm8k few-shot prompt::
     Question: <q>\\nAnswer: <worked steps>\\n#### N\\n\\nQuestion: <q>\\nAnswer: ...
 
 so that 4-shot greedy decoding answers a useful share of the synthetic test split (about
-55% strict-match; see the recipe notes above ``_tiny_gsm_spec``). It exists to give the
+55% strict-match after this phase; see the recipe notes above ``_tiny_gsm_spec``). A
+long-context phase follows (notes above ``_LONGCTX_STAGES``): passkey prompts of up to
+2048 tokens with 2-digit keys, GSM batches in between, after which the model retrieves
+pass keys up to 2048 tokens and answers 59.5% of the GSM items. It exists to give the
 A/B pipeline a real model with real, non-trivial outputs on machines where nothing can
 be downloaded.
 
