@@ -455,8 +455,6 @@ def _longctx_schedule(spec: dict[str, Any], stage: dict[str, Any]) -> list[tuple
 def _train_longctx(model, spec: dict[str, Any], tok, corpus: Iterator[dict], say: Progress, t0: float) -> list[float]:
     """The long-context phase: each stage trains on probe prompts of its lengths, every
     ``longctx_gsm_every``-th step on GSM windows from the same stream as the GSM phase."""
-    import torch
-
     from evalpipe.data import longctx
 
     probe_spec = longctx.LongCtxSpec(value_digits=spec["longctx_value_digits"])
