@@ -409,13 +409,19 @@ def _windows(spec: dict[str, Any], tok, corpus: Iterator[dict], n_windows: int):
         if with_bos[i]:
             tid = np.concatenate([[bos_id], tid])
             train = np.concatenate([[False], train])
-        tid, train = tid[:T], train[:T]
-        n = len(tid)
-        ids[i, :n] = torch.from_numpy(tid)
-        lab = np.where(train, tid, -100)
-        # position p predicts token p+1
-        labels[i, : n - 1] = torch.from_numpy(lab[1:])
+        _put_row(ids, labels, i, tid[:T], train[:T])
     return ids, labels
+
+
+def _put_row(ids, labels, i: int, tid, train) -> None:
+    """Row i of a batch: the token ids, and as labels the next token where it is trained
+    (position p predicts token p+1), -100 elsewhere."""
+    import numpy as np
+    import torch
+
+    n = len(tid)
+    ids[i, :n] = torch.from_numpy(tid)
+    labels[i, : n - 1] = torch.from_numpy(np.where(train, tid, -100)[1:])
 
 
 def _answer_windows(tok, pairs: list[tuple[str, str]]):
@@ -432,9 +438,7 @@ def _answer_windows(tok, pairs: list[tuple[str, str]]):
     for i, ((prompt, _), enc) in enumerate(zip(pairs, encs)):
         tid = np.asarray(enc.ids, dtype=np.int64)
         starts = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
-        ids[i, : len(tid)] = torch.from_numpy(tid)
-        lab = np.where(starts >= len(prompt), tid, -100)
-        labels[i, : len(tid) - 1] = torch.from_numpy(lab[1:])
+        _put_row(ids, labels, i, tid, starts >= len(prompt))
     return ids, labels
 
 
