@@ -6,8 +6,6 @@ after each), so a failure late in the run never loses what finished earlier.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -37,37 +35,19 @@ class RunFailed(RuntimeError):
 
 
 def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
-    """Resolve the model to a local directory; build the built-in one if needed.
+    """Resolve the model to a local directory; a built-in one is the package's shipped,
+    verified files (no training at run time, the same weights on every machine)."""
+    from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 
-    The build runs under the reference variant's interpreter: that environment has
-    torch, which evalpipe's own environment need not have."""
     name = plan.builtin_model
     if name is None:
         return {"path": str(Path(plan.model).expanduser()), "fingerprint": None, "builtin": False}
-    ref = plan.variants[0]
-    console.print(f"[bold]model[/] builtin:{name} (built on first use, then cached)")
-    proc = subprocess.Popen(
-        [ref.python, "-m", "evalpipe.models.build", name],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=ref.process_env(),
-        text=True,
-        bufsize=1,
-    )
-    assert proc.stderr is not None and proc.stdout is not None
-    tail: list[str] = []
-    for line in proc.stderr:
-        line = line.rstrip()
-        if line:
-            tail = (tail + [line])[-20:]
-            if line.startswith("[build]"):
-                console.print(f"  {line.removeprefix('[build] ')}")
-    stdout = proc.stdout.read()
-    if proc.wait() != 0:
-        raise RunFailed(f"building builtin:{name} failed (exit {proc.returncode}): {tail[-1] if tail else 'no output'}")
-    last = [l for l in stdout.splitlines() if l.strip()][-1]
-    built = json.loads(last)
-    return {"path": built["path"], "fingerprint": built["fingerprint"], "builtin": True, "name": f"builtin:{name}"}
+    try:
+        model = ensure_builtin(name)
+    except ShippedModelError as err:
+        raise RunFailed(str(err), exit_code=EXIT_USER) from None
+    console.print(f"[bold]model[/] builtin:{name} (shipped, fingerprint {model.fingerprint[:12]})")
+    return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
 
 
 def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: Path) -> dict[str, Any]:

@@ -185,3 +185,76 @@ def test_build_entry_point_prints_one_json_line(tmp_path):
     assert "step" in out.stderr
     bad = subprocess.run([sys.executable, "-m", "evalpipe.models.build", "nope"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "tiny-gsm" in bad.stderr and bad.stdout == ""
+
+
+# ----------------------------------------------------------------------------- shipped files
+
+
+def _tiny_recipe(monkeypatch, shipped_root):
+    """Make the default recipe of tiny-gsm the few-second TINY one, shipped under ``shipped_root``."""
+    full = builtin.BUILTIN_MODELS["tiny-gsm"]
+    monkeypatch.setitem(builtin.BUILTIN_MODELS, "tiny-gsm", lambda: {**full(), **TINY})
+    monkeypatch.setattr(builtin, "SHIPPED_DIR", shipped_root)
+
+
+def test_shipped_model_matches_its_recorded_fingerprint_and_the_current_recipe(builtin_model_dir):
+    model = builtin.ensure_builtin("builtin:tiny-gsm")
+    assert model.path == builtin_model_dir == builtin.SHIPPED_DIR / "tiny-gsm"
+    info = json.loads((model.path / builtin.INFO_FILE).read_text())
+    assert builtin.fingerprint_dir(model.path) == info["fingerprint"] == model.fingerprint
+    assert info["spec_hash"] == builtin.spec_hash("tiny-gsm", builtin.model_spec("tiny-gsm"))
+    # the fingerprint covers everything an engine reads, and every such file is recorded
+    assert sorted(info["files"]) == list(builtin.FINGERPRINT_FILES)
+    for fname, digest in info["files"].items():
+        assert builtin._file_sha256(model.path / fname) == digest, fname
+    assert info["built_on"]["cpu"] and info["torch_version"]
+
+
+def test_readme_records_the_shipped_fingerprint(builtin_model_dir):
+    from evalpipe.paths import PROJECT_ROOT
+
+    fingerprint = builtin.ensure_builtin("tiny-gsm").fingerprint
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    assert fingerprint in readme, "record the shipped model's fingerprint in the README"
+
+
+def test_ship_then_serve_round_trip(tmp_path, monkeypatch):
+    _tiny_recipe(monkeypatch, tmp_path / "shipped")
+    shipped = builtin.ship("tiny-gsm")
+    assert shipped.path == tmp_path / "shipped" / "tiny-gsm"
+    assert [p.name for p in (tmp_path / "shipped").iterdir()] == ["tiny-gsm"]  # no staging left
+    served = builtin.ensure_builtin("tiny-gsm")
+    assert served.fingerprint == shipped.fingerprint == builtin.fingerprint_dir(served.path)
+    # shipping again replaces the files whole (same recipe, same machine: same bytes)
+    again = builtin.ship("tiny-gsm")
+    assert again.fingerprint == shipped.fingerprint
+    assert sorted(p.name for p in (tmp_path / "shipped").iterdir()) == ["tiny-gsm"]
+
+
+def test_altered_missing_or_outdated_shipped_files_are_refused(tmp_path, monkeypatch):
+    _tiny_recipe(monkeypatch, tmp_path / "shipped")
+    path = builtin.ship("tiny-gsm").path
+    weights = path / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    with pytest.raises(builtin.ShippedModelError, match=r"model\.safetensors does not match its recorded sha256"):
+        builtin.ensure_builtin("tiny-gsm")
+    weights.write_bytes(original[:100])  # truncated
+    with pytest.raises(builtin.ShippedModelError, match="altered or truncated"):
+        builtin.ensure_builtin("tiny-gsm")
+    weights.write_bytes(original)
+    builtin.ensure_builtin("tiny-gsm")
+    # a recipe change without regenerating the shipped files
+    full = builtin.BUILTIN_MODELS["tiny-gsm"]
+    monkeypatch.setitem(builtin.BUILTIN_MODELS, "tiny-gsm", lambda: {**full(), "lr": 1e-3})
+    with pytest.raises(builtin.ShippedModelError, match=r"another recipe .*--ship"):
+        builtin.ensure_builtin("tiny-gsm")
+    monkeypatch.setattr(builtin, "SHIPPED_DIR", tmp_path / "nowhere")
+    with pytest.raises(builtin.ShippedModelError, match="are missing"):
+        builtin.ensure_builtin("tiny-gsm")
+
+
+def test_ship_flag_takes_no_overrides(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "evalpipe.models.build", "tiny-gsm", "--ship", "--set", "steps=3"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--ship" in out.stderr and out.stdout == ""

@@ -544,12 +544,17 @@ def test_logprob_example_has_kl_and_context():
 def test_decade_histogram_bins():
     decades = list(HIST_DECADES)
     assert decades == list(range(-10, 3)) and len(decades) == 13
-    # one exact power of ten per decade: each lands in its own bin (log10 rounding at the edges)
-    zero, counts = _decade_hist(np.array([10.0**d for d in decades]))
+    # Edges are the decimal literals as parsed (correctly rounded everywhere), never a
+    # libm log10/pow result, so these cases hold on every CPU.
+    powers = np.array([float(f"1e{d}") for d in decades])
+    zero, counts = _decade_hist(powers)
     assert zero == 0 and counts == (1,) * 13
-    # just below a power of ten belongs to the decade below
-    zero, counts = _decade_hist(np.array([np.nextafter(10.0**d, 0) for d in decades[1:]]))
+    # one ulp below a power of ten belongs to the decade below
+    zero, counts = _decade_hist(np.nextafter(powers[1:], 0))
     assert counts == (1,) * 12 + (0,)
+    # one ulp above stays in the power's own decade
+    zero, counts = _decade_hist(np.nextafter(powers, np.inf))
+    assert counts == (1,) * 13
     x = np.array([0.0, 0.0, 0.0, 1e-300, 3e-11, 1e-10, 9.99e-10, 1e-9, 0.5, 1.0, 99.9, 100.0, 1e5, np.inf, np.nan])
     zero, counts = _decade_hist(x)
     assert zero == 3

@@ -1,7 +1,7 @@
 """Long-context probe generator (evalpipe/data/longctx.py) and its lm-eval tasks; no engine.
 
-Tokenizers: the built-in model's (skipped only if its cache directory is missing) and
-tokenizers built here with the `tokenizers` library, so nothing depends on the cache:
+Tokenizers: the built-in model's (shipped with the package) and tokenizers built here
+with the `tokenizers` library:
 a byte-level BPE (GPT-2 style), a Metaspace BPE (SentencePiece style: pieces cost
 differently standalone and in context) and a BPE without pre-tokenizer (merges across
 words and sentences: token counts do not add up, exercising the measured search).
@@ -19,10 +19,8 @@ import yaml
 from pydantic import ValidationError
 
 from evalpipe.data import longctx as lc
-from evalpipe.models.builtin import default_path
 from evalpipe.paths import PROJECT_ROOT
 
-BUILTIN = default_path("tiny-gsm")  # where the built-in model is cached (built by the e2e tests or a run)
 TASKS = PROJECT_ROOT / "tasks" / "longctx"
 
 # Small but complete: round lengths, all edge kinds (511, 512, 513, 515, 527).
@@ -70,12 +68,10 @@ def _train(kind: str):
 
 
 @pytest.fixture(scope="module")
-def builtin_tok():
-    if not BUILTIN.is_dir():
-        pytest.skip(f"built-in model tokenizer not in the cache ({BUILTIN}); the in-test tokenizers still cover the generator")
+def builtin_tok(builtin_model_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(BUILTIN))
+    return AutoTokenizer.from_pretrained(str(builtin_model_dir))
 
 
 @pytest.fixture(scope="module", params=["bytelevel", "metaspace"])
@@ -332,10 +328,10 @@ def test_fingerprint_tracks_spec_probe_and_tokenizer(bpe_tok):
     assert lc.fingerprint("passkey", spec, bpe_tok) == fp
 
 
-def test_fingerprint_of_builtin_tokenizer_is_stable(builtin_tok):
+def test_fingerprint_of_builtin_tokenizer_is_stable(builtin_tok, builtin_model_dir):
     from transformers import AutoTokenizer
 
-    again = AutoTokenizer.from_pretrained(str(BUILTIN))
+    again = AutoTokenizer.from_pretrained(str(builtin_model_dir))
     assert lc.fingerprint("vartrack", lc.LongCtxSpec(), builtin_tok) == lc.fingerprint("vartrack", lc.LongCtxSpec(), again)
 
 

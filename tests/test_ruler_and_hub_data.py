@@ -19,18 +19,13 @@ from evalpipe.worker.hub_data import check_available
 from evalpipe.worker.ruler import RulerTooShort, generate_ruler_dataset, ruler_metadata, ruler_task_config
 from evalpipe.worker.task_families import OFFLINE_RULER, DataUnavailable
 
-TOKENIZER = Path("~/.cache/evalpipe/models/tiny-gsm-ead1c4b8775a").expanduser()
 LENGTH = 2048  # the smallest power of two at which all six fit with the tiny model's tokenizer
 N = 2
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir() -> Path:
-    if not TOKENIZER.is_dir():
-        from evalpipe.models import builtin  # noqa: F401 - creates the built-in tiny model
-
-        pytest.skip(f"built-in tiny model not at {TOKENIZER}")
-    return TOKENIZER
+def tokenizer_dir(builtin_model_dir) -> Path:
+    return builtin_model_dir
 
 
 @pytest.fixture(scope="module", autouse=True)

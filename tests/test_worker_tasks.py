@@ -115,13 +115,8 @@ def saved_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def builtin_tokenizer():
-    from evalpipe.models.builtin import default_path
-
-    path = default_path("tiny-gsm")
-    if not (path / "tokenizer.json").exists():
-        pytest.skip(f"built-in tiny model not built at {path}")
-    return path
+def builtin_tokenizer(builtin_model_dir):
+    return builtin_model_dir
 
 
 def _ruler_docs(tokenizer_dir, task, tmp_path, **longctx):

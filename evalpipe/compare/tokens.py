@@ -48,9 +48,10 @@ Terms used throughout:
   over), and is computed on a union ordered by token id, so swapping the variants
   gives bit-identical values.
 * decade histograms (``kl_hist``, ``abs_dlogprob_hist``) over the compared positions:
-  ``zero`` counts exact zeros, ``counts[i]`` the values x > 0 with
-  floor(log10 x), clipped to [-10, 2], equal to ``HIST_DECADES[i]`` (so the first
-  bin also holds everything below 1e-10 and the last everything from 100 up).
+  ``zero`` counts exact zeros, ``counts[i]`` the values x > 0 in
+  [1e{d}, 1e{d+1}) for d = ``HIST_DECADES[i]``, the edges being the doubles the decimal
+  literals parse to (so the first bin also holds everything below 1e-10 and the last
+  everything from 100 up).
 
 The aligned positions (:attr:`TokenComparison.positions`) and per-sample arrays
 (:attr:`TokenComparison.samples`) are kept so that later checks need not re-align.
@@ -89,6 +90,10 @@ _LOG_KL_FLOOR = float(np.log(KL_FLOOR))
 CONTEXT_TOKENS = 24
 # log10 decades of the plot histograms; values outside are clipped into the end bins.
 HIST_DECADES = tuple(range(-10, 3))
+# The powers of ten between those decades as the decimal literals parse: correctly
+# rounded, so the same doubles on every CPU. floor(log10 x) and 10.0**d go through libm,
+# whose last bit differs between machines right at the decade edges.
+_DECADE_EDGES = np.array([float(f"1e{d}") for d in HIST_DECADES[1:]])
 # Rows per chunk of the top-k passes: bounds the temporaries at a few MB each, which
 # also keeps them in cache.
 _ROW_CHUNK = 1 << 14
@@ -877,12 +882,10 @@ def _decade_hist(x: np.ndarray) -> tuple[int, tuple[int, ...]]:
     """(exact zeros, counts per HIST_DECADES decade) of the non-NaN values of ``x`` (all >= 0)."""
     x = x[~np.isnan(x)]
     pos = x[x > 0]
-    lo, hi = HIST_DECADES[0], HIST_DECADES[-1]
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        dec = np.clip(np.floor(np.log10(pos)), lo - 1, hi + 1)
-        # log10 can round across an integer right at a power of ten
-        dec = dec - (pos < 10.0**dec) + (pos >= 10.0 ** (dec + 1))
-    counts = np.bincount(np.clip(dec, lo, hi).astype(np.int64) - lo, minlength=len(HIST_DECADES))
+    # Bin i holds [edge[i-1], edge[i]); below the first edge clips into the first decade,
+    # from the last one (inf included) into the last.
+    bins = np.searchsorted(_DECADE_EDGES, pos, side="right")
+    counts = np.bincount(bins, minlength=len(HIST_DECADES))
     return int(np.count_nonzero(x == 0)), tuple(int(c) for c in counts)
 
 

@@ -1,4 +1,4 @@
-"""Built-in tiny models that evalpipe trains itself on first use.
+"""Built-in tiny models: trained by evalpipe from a recipe, shipped as trained files.
 
 ``tiny-gsm`` is a small Llama-architecture causal LM with a byte-level BPE tokenizer,
 trained for a few CPU minutes on :mod:`evalpipe.data.gsm_synth` problems laid out exactly
@@ -14,10 +14,16 @@ pass keys up to 2048 tokens and answers 59.5% of the GSM items. It exists to giv
 A/B pipeline a real model with real, non-trivial outputs on machines where nothing can
 be downloaded.
 
-A build is deterministic: a fixed seed, a fixed torch thread count and a fixed data
-stream give byte-identical ``model.safetensors`` and tokenizer files on the same CPU
-kind and torch version. The output directory is named after a hash of the spec, built
-in a temporary directory and renamed into place under a file lock.
+A build is deterministic on one machine: a fixed seed, a fixed torch thread count and a
+fixed data stream give byte-identical ``model.safetensors`` and tokenizer files on the
+same CPU kind and torch version. Across CPUs it is not (a build on another x86 CPU scored
+0.482 where this one scores 0.595 on the same recipe: the vectorised float kernels round
+differently and 600 training steps amplify it). So the trained files ship inside the
+package (``shipped/<name>/``, with the spec hash, per-file sha256 and the machine they
+were built on in ``evalpipe-model.json``), and runs serve those (:func:`ensure_builtin`);
+``python -m evalpipe.models.build NAME --ship`` regenerates them after a recipe change.
+:func:`build` trains into the cache (or a given directory): a spec-hashed directory,
+built in a temporary directory and renamed into place under a file lock.
 
 Heavy imports (torch, transformers, tokenizers) happen inside functions, so importing
 this module stays cheap.
@@ -46,7 +52,15 @@ BUILTIN_PREFIX = "builtin:"
 INFO_FILE = "evalpipe-model.json"
 WEIGHT_FILES = ("model.safetensors",)
 TOKENIZER_FILES = ("special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
-FINGERPRINT_FILES = tuple(sorted(WEIGHT_FILES + TOKENIZER_FILES))
+CONFIG_FILES = ("config.json", "generation_config.json")
+# Everything an engine reads from the directory: two directories with one fingerprint
+# give the same outputs on the same engine.
+FINGERPRINT_FILES = tuple(sorted(WEIGHT_FILES + TOKENIZER_FILES + CONFIG_FILES))
+# The trained files of each built-in model ship inside the package (shipped/<name>/):
+# training on another CPU gives other weights (float rounding in the kernels differs),
+# so a build on first use would give every machine its own model and its own figures.
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+REGENERATE = "python -m evalpipe.models.build {name} --ship"
 
 BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 SPECIAL_TOKENS = [BOS, EOS, UNK, PAD]  # ids 0..3, in this order
@@ -203,7 +217,7 @@ def default_path(name: str, overrides: dict[str, Any] | None = None) -> Path:
 
 
 def fingerprint_dir(path: Path) -> str:
-    """sha256 over the weight and tokenizer files (name + bytes), sorted by file name."""
+    """sha256 over the weight, tokenizer and config files (name + bytes), sorted by file name."""
     h = hashlib.sha256()
     for fname in FINGERPRINT_FILES:
         p = Path(path) / fname
@@ -228,9 +242,74 @@ def _load_existing(path: Path) -> BuiltModel | None:
 # ----------------------------------------------------------------------------- public entry points
 
 
+class ShippedModelError(RuntimeError):
+    """The shipped files of a built-in model are missing, altered or from another recipe."""
+
+
+def shipped_path(name: str) -> Path:
+    return SHIPPED_DIR / _check_name(name)
+
+
 def ensure_builtin(name: str, progress: Progress | None = None) -> BuiltModel:
-    """The built model for ``name`` (e.g. ``tiny-gsm`` or ``builtin:tiny-gsm``), built if absent."""
-    return build(name, progress=progress)
+    """The shipped model for ``name`` (e.g. ``tiny-gsm`` or ``builtin:tiny-gsm``), verified.
+
+    Checks that the shipped files were built from the recipe in this module (spec hash)
+    and that every file still has the sha256 recorded at build time, so a run never
+    serves a model other than the one its fingerprint names.
+    """
+    name = _check_name(name)
+    path = shipped_path(name)
+    model = _load_existing(path)
+    if model is None:
+        raise ShippedModelError(
+            f"the shipped files of built-in model {name!r} are missing ({path / INFO_FILE}); "
+            f"restore them from the repository (git checkout -- {path}) or rebuild them: {REGENERATE.format(name=name)}")
+    want = spec_hash(name, model_spec(name))
+    if model.info.get("spec_hash") != want:
+        raise ShippedModelError(
+            f"the shipped {name} in {path} was built from another recipe (spec hash "
+            f"{model.info.get('spec_hash')}, evalpipe/models/builtin.py now gives {want}); "
+            f"rebuild the shipped files: {REGENERATE.format(name=name)}")
+    for fname, digest in model.info.get("files", {}).items():
+        if _file_sha256(path / fname) != digest:
+            raise ShippedModelError(
+                f"shipped file {path / fname} does not match its recorded sha256 (altered or truncated); "
+                f"restore it from the repository: git checkout -- {path}")
+    if fingerprint_dir(path) != model.fingerprint:
+        raise ShippedModelError(f"the files in {path} do not give the recorded fingerprint {model.fingerprint}; "
+                                f"restore them from the repository: git checkout -- {path}")
+    if progress:
+        progress(f"shipped {name}, fingerprint {model.fingerprint[:12]}")
+    return model
+
+
+def _file_sha256(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ship(name: str, progress: Progress | None = None) -> BuiltModel:
+    """Train ``name`` from its recipe and replace its shipped files (the maintainers' step
+    after a recipe change: ``python -m evalpipe.models.build NAME --ship``)."""
+    name = _check_name(name)
+    target = shipped_path(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}.ship-"))
+    try:
+        model = build(name, out_dir=staging / name, progress=progress)
+        old = target.with_name(f".{name}.old")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(model.path, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return BuiltModel(path=target, fingerprint=model.fingerprint, info=model.info)
 
 
 def build(
@@ -552,6 +631,35 @@ def _train_step(model, opt, x, y, lr: float, grad_clip: float) -> float:
     return float(loss.detach())
 
 
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU and software a build ran on (training results depend on them)."""
+    import platform
+
+    cpu, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+            if cpu and flags:
+                break
+    # the vector extensions torch and oneDNN pick their float kernels by
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return {"cpu": cpu, "isa": isa, "machine": platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version()}
+
+
 def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> dict[str, Any]:
     t0 = time.monotonic()
     import itertools
@@ -627,9 +735,12 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> di
         "spec_hash": spec_hash(name, spec),
         "fingerprint": fingerprint_dir(out),
         "fingerprint_files": [f for f in FINGERPRINT_FILES if (out / f).exists()],
+        "files": {f: _file_sha256(out / f) for f in FINGERPRINT_FILES if (out / f).exists()},
+        "built_on": _machine(),
         "n_params": n_params,
         "build_seconds": round(time.monotonic() - t0, 2),
         "torch_version": torch.__version__,
+        "transformers_version": _version("transformers"),
         "final_loss": round(losses[-1], 6),
         "final_loss_mean_tail": round(sum(tail) / len(tail), 6),
         "longctx_final_loss": round(lc_losses[-1], 6) if lc_losses else None,
