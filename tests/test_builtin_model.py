@@ -258,3 +258,14 @@ def test_ship_flag_takes_no_overrides(tmp_path):
     out = subprocess.run([sys.executable, "-m", "evalpipe.models.build", "tiny-gsm", "--ship", "--set", "steps=3"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--ship" in out.stderr and out.stdout == ""
+
+
+def test_machine_description_names_the_cpu_and_its_vector_extensions():
+    from evalpipe.machine import describe, one_line
+
+    cpuinfo = ("processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: fpu sse2 avx2 fma avx512f avx512bw\n\n"
+               "processor\t: 1\nmodel name\t: Example CPU 9000\nflags\t\t: fpu\n")
+    hw = describe(cpuinfo)
+    assert hw["cpu"] == "Example CPU 9000" and hw["isa"] == ["avx2", "avx512f"]
+    assert one_line(hw).startswith("Example CPU 9000 (avx2, avx512f), ")
+    assert one_line({"cpus": 2, "machine": "x86_64", "system": "Linux"}) == "2 CPUs, x86_64 Linux"

@@ -647,19 +647,10 @@ def _machine() -> dict[str, Any]:
     """The CPU and software a build ran on (training results depend on them)."""
     import platform
 
-    cpu, flags = platform.processor() or platform.machine(), set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                cpu = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-            if cpu and flags:
-                break
-    # the vector extensions torch and oneDNN pick their float kernels by
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return {"cpu": cpu, "isa": isa, "machine": platform.machine(), "cores": os.cpu_count(),
+    from evalpipe.machine import describe
+
+    hw = describe()
+    return {"cpu": hw["cpu"], "isa": hw["isa"], "machine": hw["machine"], "cores": hw["cpus"],
             "python": platform.python_version()}
 
 

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from evalpipe.compare.calibration import CalibrationRow, summarize
 from evalpipe.compare.verdict import fmt_delta
+from evalpipe.machine import one_line
 from evalpipe.report.markdown import md_escape
 
 
@@ -40,7 +41,7 @@ def render_calibration(
         "must come out DIVERGENT, benign ones IDENTICAL or EQUIVALENT.",
         "",
         f"Regenerate: `{command}` ({seconds / 60:.0f} min on the machine below).",
-        f"Machine: {hw.get('cpus', '?')} CPUs, {hw.get('machine', '?')} {hw.get('system', '')}; "
+        f"Machine: {one_line(hw)}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())),
         f"Run: `{run_id(run_info, run_dir)}`; items per variant: {max((r.n_items for r in rows), default=0)}.",
         "",

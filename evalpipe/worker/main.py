@@ -65,7 +65,9 @@ def software_versions() -> dict[str, str | None]:
 
 
 def hardware() -> dict[str, Any]:
-    return {"machine": platform.machine(), "system": platform.system(), "cpus": os.cpu_count()}
+    from evalpipe.machine import describe
+
+    return describe()
 
 
 def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
