@@ -99,6 +99,12 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
         check_task_names([t.spec.task for t in plan.tasks])
     except TaskNotFound as err:
         raise ConfigError(str(err)) from None
+    from evalpipe.engine_args import EngineArgError, check_plan
+
+    try:
+        check_plan(plan.variants, say=lambda msg: console.print(f"[dim]{msg}[/]"))
+    except EngineArgError as err:
+        raise ConfigError(str(err)) from None
 
     rd = artifacts.RunDir(plan.run_dir)
     if rd.root.exists():

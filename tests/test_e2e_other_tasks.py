@@ -77,7 +77,9 @@ def test_likelihood_tasks_run_and_score(run):
 
 def test_engine_failure_exits_3_with_one_sentence_and_keeps_the_record(tmp_path):
     cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    cfg["engine"]["no_such_engine_arg"] = 1
+    # a valid argument the engine refuses when it starts (misspelt names are caught
+    # before any start: tests/test_engine_args.py)
+    cfg["engine"]["max_model_len"] = 99999
     cfg["output"] = str(tmp_path / "runs")
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -88,10 +90,10 @@ def test_engine_failure_exits_3_with_one_sentence_and_keeps_the_record(tmp_path)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     flat = " ".join(proc.stderr.split())
-    assert "engine failed to start" in flat and "no_such_engine_arg" in flat and "engine.log" in flat
+    assert "engine failed to start" in flat and "99999" in flat and "engine.log" in flat
     run_dir = tmp_path / "runs" / "bad"
     info = artifacts.read_json(run_dir / "run.json")
-    assert info["status"] == "failed" and "no_such_engine_arg" in info["error"]
+    assert info["status"] == "failed" and "99999" in info["error"]
     ref = cfg["reference"]
     assert "Traceback" in (run_dir / ref / "engine.log").read_text(), "the details are kept in engine.log"
     assert artifacts.read_json(run_dir / ref / "manifest.json")["status"] == "failed"

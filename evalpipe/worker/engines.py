@@ -117,7 +117,8 @@ def _topk_of(position: dict[int, Any] | None, k: int) -> tuple[list[int], list[f
 
 
 class OfflineEngine:
-    """`vllm.LLM` in this process (vLLM still spawns its own engine-core process)."""
+    """`vllm.LLM` in this process (its engine core runs in a process of its own unless
+    VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CPU configs set)."""
 
     def __init__(self, engine_args: dict[str, Any]):
         from vllm import LLM

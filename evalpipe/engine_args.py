@@ -1,0 +1,112 @@
+"""Check a run's vLLM engine arguments against the vLLM each variant will run, before
+any engine starts.
+
+vLLM's argument names pass through evalpipe unchanged, so a misspelt one used to surface
+only after an engine start, as lm-eval's or vLLM's ``unexpected keyword argument``. The
+valid names come from the variant interpreter's own vLLM (another build may know other
+arguments), read once per interpreter and vLLM install and cached under the cache dir.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import subprocess
+from typing import Callable, Iterable
+
+from evalpipe.artifacts import write_json
+from evalpipe.paths import cache_dir
+
+# What vllm.LLM(**kwargs) accepts: every EngineArgs field plus LLM's own parameters.
+# One marked JSON line, after whatever vLLM logs when it is imported.
+_NAMES_SCRIPT = r"""
+import dataclasses, inspect, json
+from vllm.engine.arg_utils import EngineArgs
+names = {f.name for f in dataclasses.fields(EngineArgs)}
+from vllm.entrypoints.llm import LLM
+names |= {p for p, v in inspect.signature(LLM.__init__).parameters.items()
+          if p != "self" and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)}
+print("EVALPIPE_ENGINE_ARGS " + json.dumps(sorted(names)))
+"""
+
+# Cheap (no vLLM import): which vLLM this interpreter would load, as the cache key.
+_STAMP_SCRIPT = r"""
+import importlib.util, json, os
+spec = importlib.util.find_spec("vllm")
+origin = spec.origin if spec else None
+print(json.dumps([origin, os.path.getmtime(origin) if origin else None]))
+"""
+_MARK = "EVALPIPE_ENGINE_ARGS "
+
+
+class EngineArgError(ValueError):
+    """A variant's engine argument its vLLM does not know, or no vLLM to ask."""
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name a typo most likely meant (None when nothing is close)."""
+    match = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def check_engine_args(variant: str, python: str, engine_args: dict, known: set[str]) -> None:
+    """Raise one sentence for the first argument ``known`` lacks."""
+    for key in sorted(engine_args):
+        if key in known:
+            continue
+        hint = closest(key, known)
+        did_you_mean = f"did you mean `{hint}`?" if hint else "see `vllm serve --help` for the names"
+        raise EngineArgError(
+            f"variant `{variant}`: `{key}` is not an engine argument of the vLLM under {python} "
+            f"({did_you_mean}); fix it under `engine:` in the config (top level or the variant's)."
+        )
+
+
+def check_plan(variants: Iterable, say: Callable[[str], None] | None = None) -> None:
+    """Check every planned variant's engine arguments (``PlannedVariant``: name, python,
+    engine_args, process_env) against its interpreter's vLLM; one sentence on the first
+    unknown one. Interpreters shared by several variants are asked once."""
+    known: dict[str, set[str]] = {}
+    for v in variants:
+        if v.python not in known:
+            known[v.python] = known_engine_args(v.python, env=v.process_env(), say=say)
+        check_engine_args(v.name, v.python, v.engine_args, known[v.python])
+
+
+def known_engine_args(python: str, env: dict[str, str] | None = None, timeout_s: float = 300,
+                      say: Callable[[str], None] | None = None) -> set[str]:
+    """The argument names ``vllm.LLM`` takes under ``python``, cached per vLLM install."""
+    env = dict(os.environ if env is None else env)
+    stamp = _run(python, _STAMP_SCRIPT, env, timeout_s=60).strip().splitlines()[-1]
+    origin, _mtime = json.loads(stamp)
+    if origin is None:
+        raise EngineArgError(f"{python} cannot import vllm; install vLLM into that environment "
+                             "or point the variant's `python:` at one that has it.")
+    key = hashlib.sha256(f"{os.path.realpath(python)}\0{stamp}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "engine-args" / f"{key}.json"
+    if cached.is_file():
+        return set(json.loads(cached.read_text(encoding="utf-8"))["names"])
+    if say:
+        say(f"reading the engine arguments of the vLLM under {python} (once per vLLM install)")
+    out = _run(python, _NAMES_SCRIPT, env, timeout_s=timeout_s)
+    line = next((l for l in reversed(out.splitlines()) if l.startswith(_MARK)), None)
+    if line is None:
+        raise EngineArgError(f"could not read vLLM's engine arguments under {python}")
+    names = json.loads(line[len(_MARK):])
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    write_json(cached, {"python": python, "vllm": origin, "names": names})
+    return set(names)
+
+
+def _run(python: str, script: str, env: dict[str, str], timeout_s: float) -> str:
+    try:
+        proc = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=timeout_s,
+                              env={**env, "VLLM_LOGGING_LEVEL": "ERROR"})
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EngineArgError(f"could not ask {python} for vLLM's engine arguments: {err}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineArgError(f"{python} could not load vLLM to check the engine arguments: {last}")
+    return proc.stdout

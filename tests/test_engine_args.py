@@ -1,0 +1,69 @@
+"""Engine arguments are checked against the variant interpreter's own vLLM before any
+engine starts (evalpipe/engine_args.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evalpipe import engine_args as ea
+from evalpipe.config import DEFAULT_CONFIG
+
+KNOWN = {"max_num_seqs", "max_model_len", "enforce_eager", "hf_overrides", "additional_config"}
+
+
+def test_closest_name():
+    assert ea.closest("max_num_seq", KNOWN) == "max_num_seqs"
+    assert ea.closest("enforce_eagre", KNOWN) == "enforce_eager"
+    assert ea.closest("additional_configs", KNOWN) == "additional_config"
+    assert ea.closest("completely_unrelated", KNOWN) is None
+
+
+def test_unknown_argument_is_one_sentence_with_the_variant_key_and_hint():
+    ea.check_engine_args("legacy", "/venv/bin/python", {"max_num_seqs": 4, "hf_overrides": {}}, KNOWN)
+    with pytest.raises(ea.EngineArgError) as err:
+        ea.check_engine_args("sp", "/venv/bin/python", {"max_num_seq": 4, "enforce_eager": True}, KNOWN)
+    msg = str(err.value)
+    assert msg.startswith("variant `sp`: `max_num_seq` is not an engine argument of the vLLM under /venv/bin/python")
+    assert "did you mean `max_num_seqs`?" in msg and "engine:" in msg and "\n" not in msg
+    with pytest.raises(ea.EngineArgError, match="vllm serve --help"):
+        ea.check_engine_args("sp", "/venv/bin/python", {"zzz_qqq": 1}, KNOWN)
+
+
+def test_names_come_from_the_interpreters_vllm_and_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALPIPE_CACHE", str(tmp_path))
+    names = ea.known_engine_args(sys.executable)
+    # EngineArgs fields, and LLM's own parameter
+    assert {"max_num_seqs", "hf_overrides", "distributed_executor_backend", "enforce_eager", "chat_template"} <= names
+    assert "max_num_seq" not in names and "self" not in names
+    (cached,) = (tmp_path / "engine-args").glob("*.json")
+    assert ea.known_engine_args(sys.executable) == names  # read back from the cache
+    cached.write_text('{"names": ["only_this"]}')  # the cache is what is read the second time
+    assert ea.known_engine_args(sys.executable) == {"only_this"}
+
+
+def test_interpreter_without_vllm_is_refused_in_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALPIPE_CACHE", str(tmp_path))
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    assert base.exists() and subprocess.run([str(base), "-c", "import vllm"], capture_output=True).returncode != 0
+    with pytest.raises(ea.EngineArgError, match="cannot import vllm"):
+        ea.known_engine_args(str(base))
+
+
+def test_run_with_a_misspelt_engine_argument_stops_before_any_engine_start(tmp_path):
+    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    cfg["variants"]["sp"]["engine"] = {"max_num_seq": 8}
+    cfg["output"] = str(tmp_path / "runs")
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--run-id", "t"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "variant `sp`: `max_num_seq` is not an engine argument" in out and "did you mean `max_num_seqs`?" in out
+    assert "Traceback" not in out
+    assert not (tmp_path / "runs" / "t").exists()  # nothing started, nothing written
