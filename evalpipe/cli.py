@@ -49,7 +49,7 @@ def run(
         None, "--noise-floor/--no-noise-floor",
         help="Run the reference a second time with another batch arrangement (A/A) to measure the engine's own noise (default: the config's `noise_floor`).",
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan and exit without starting anything."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan, check task names and engine arguments, and exit without starting anything."),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
     from evalpipe.config import ConfigError, load_config
@@ -70,11 +70,12 @@ def run(
     except ConfigError as err:
         _fail(str(err), EXIT_USER)
         return
+    from evalpipe.runner import execute, preflight
+
     if dry_run:
         _print_plan(plan)
+        _exit_with(lambda: preflight(plan, console))
         return
-
-    from evalpipe.runner import execute
 
     _exit_with(lambda: execute(plan, console, timeout_s=timeout))
 

@@ -92,19 +92,25 @@ def _record_environment(info: dict[str, Any], variant: str, vdir: Path) -> None:
     info.setdefault("hardware", manifest.get("hardware"))
 
 
-def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> int:
+def preflight(plan: RunPlan, console: Console) -> int:
+    """What can be checked before anything starts (task names, every variant's engine
+    arguments against its own vLLM); ConfigError on the first problem, 0 otherwise."""
+    from evalpipe.engine_args import EngineArgError, check_plan
     from evalpipe.worker.tasks import TaskNotFound, check_task_names
 
     try:
         check_task_names([t.spec.task for t in plan.tasks])
     except TaskNotFound as err:
         raise ConfigError(str(err)) from None
-    from evalpipe.engine_args import EngineArgError, check_plan
-
     try:
         check_plan(plan.variants, say=lambda msg: console.print(f"[dim]{msg}[/]"))
     except EngineArgError as err:
         raise ConfigError(str(err)) from None
+    return 0
+
+
+def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> int:
+    preflight(plan, console)
 
     rd = artifacts.RunDir(plan.run_dir)
     if rd.root.exists():

@@ -86,6 +86,17 @@ def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_dry_run_checks_task_names_and_engine_arguments(tmp_path):
+    cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs")})
+    assert_user_error(evalpipe("run", "gsm8k_synth_4shoot", "-c", str(cfg), "--dry-run", cwd=tmp_path),
+                      "gsm8k_synth_4shoot")
+    typo = write(tmp_path, {**GOOD, "variants": {"a": {}, "b": {"engine": {"max_num_seq": 1}}},
+                            "output": str(tmp_path / "runs")})
+    assert_user_error(evalpipe("run", "gsm8k", "-c", str(typo), "--dry-run", cwd=tmp_path),
+                      "variant `b`: `max_num_seq` is not an engine argument", "did you mean `max_num_seqs`?")
+    assert not (tmp_path / "runs").exists()
+
+
 def _fake_run(tmp_path: Path) -> Path:
     from fakes import make_samples, write_run
 
