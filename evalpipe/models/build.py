@@ -75,17 +75,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_against_shipped(fingerprint: str, shipped: Path, say) -> None:
-    from evalpipe.models.builtin import INFO_FILE
+    from evalpipe.models.builtin import load_built
 
-    info_path = shipped / INFO_FILE
-    if not info_path.is_file():
+    model = load_built(shipped)
+    if model is None:
         return
-    info = json.loads(info_path.read_text(encoding="utf-8"))
-    if info.get("fingerprint") == fingerprint:
+    if model.fingerprint == fingerprint:
         say(f"same fingerprint as the shipped files ({fingerprint[:12]})")
     else:
-        built_on = (info.get("built_on") or {}).get("cpu", "another machine")
-        say(f"fingerprint {fingerprint[:12]} differs from the shipped {str(info.get('fingerprint'))[:12]} "
+        built_on = (model.info.get("built_on") or {}).get("cpu", "another machine")
+        say(f"fingerprint {fingerprint[:12]} differs from the shipped {model.fingerprint[:12]} "
             f"(built on {built_on}); runs use the shipped files")
 
 

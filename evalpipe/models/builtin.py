@@ -227,14 +227,19 @@ def fingerprint_dir(path: Path) -> str:
         if not p.exists():
             continue
         h.update(fname.encode() + b"\0")
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        _hash_into(h, p)
         h.update(b"\0")
     return h.hexdigest()
 
 
-def _load_existing(path: Path) -> BuiltModel | None:
+def _hash_into(h, path: Path) -> None:
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+
+
+def load_built(path: Path) -> BuiltModel | None:
+    """The model built into ``path`` as its info file records it (None without one)."""
     info_path = path / INFO_FILE
     if not info_path.exists():
         return None
@@ -262,7 +267,7 @@ def ensure_builtin(name: str, progress: Progress | None = None) -> BuiltModel:
     """
     name = _check_name(name)
     path = shipped_path(name)
-    model = _load_existing(path)
+    model = load_built(path)
     if model is None:
         raise ShippedModelError(
             f"the shipped files of built-in model {name!r} are missing ({path / INFO_FILE}); "
@@ -273,14 +278,18 @@ def ensure_builtin(name: str, progress: Progress | None = None) -> BuiltModel:
             f"the shipped {name} in {path} was built from another recipe (spec hash "
             f"{model.info.get('spec_hash')}, evalpipe/models/builtin.py now gives {want}); "
             f"rebuild the shipped files: {REGENERATE.format(name=name)}")
-    for fname, digest in model.info.get("files", {}).items():
+    # The build recorded the fingerprint and these per-file digests from the same bytes,
+    # so every fingerprinted file matching its digest is the fingerprint check: each file
+    # is read once, and a mismatch names the file.
+    files = model.info.get("files", {})
+    if sorted(files) != sorted(f for f in FINGERPRINT_FILES if (path / f).exists()) or not files:
+        raise ShippedModelError(f"{path / INFO_FILE} does not list a sha256 for every model file; "
+                                f"restore the directory from the repository: git checkout -- {path}")
+    for fname, digest in files.items():
         if _file_sha256(path / fname) != digest:
             raise ShippedModelError(
                 f"shipped file {path / fname} does not match its recorded sha256 (altered or truncated); "
                 f"restore it from the repository: git checkout -- {path}")
-    if fingerprint_dir(path) != model.fingerprint:
-        raise ShippedModelError(f"the files in {path} do not give the recorded fingerprint {model.fingerprint}; "
-                                f"restore them from the repository: git checkout -- {path}")
     if progress:
         progress(f"shipped {name}, fingerprint {model.fingerprint[:12]}")
     return model
@@ -290,9 +299,7 @@ def _file_sha256(path: Path) -> str | None:
     if not path.is_file():
         return None
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
+    _hash_into(h, path)
     return h.hexdigest()
 
 
@@ -332,7 +339,7 @@ def build(
     target = Path(out_dir) if out_dir is not None else default_path(name, spec_overrides)
     say = progress or (lambda _msg: None)
 
-    existing = _load_existing(target)
+    existing = load_built(target)
     if existing is not None:
         return existing
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -342,7 +349,7 @@ def build(
             say(f"another process is building {target.name}; waiting for it")
         fcntl.flock(lock_fh.fileno(), fcntl.LOCK_EX)
         try:
-            existing = _load_existing(target)
+            existing = load_built(target)
             if existing is not None:
                 return existing
             if target.exists():
