@@ -34,6 +34,7 @@ SAMPLES_PARQUET = "samples.parquet"
 TOKENS_PARQUET = "tokens.parquet"
 TEACHER_PARQUET = "teacher.parquet"
 ENGINE_LOG = "engine.log"
+WORKER_LOG = "worker.log"  # the worker's own output when a server writes engine.log
 COMPARE_JSON = "compare.json"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -84,9 +85,11 @@ _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CRE
 REDACTED = "***"
 
 
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """Hide values of variables whose names look like credentials (HF_TOKEN, *_API_KEY ...)."""
-    return {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in sorted(env.items())}
+def redact_env(env: dict[str, str], also: Iterable[str | None] = ()) -> dict[str, str]:
+    """Hide values of variables whose names look like credentials (HF_TOKEN, *_API_KEY ...)
+    and of the variables named in ``also`` (e.g. a config's `api_key_env`, whatever its name)."""
+    named = {n for n in also if n}
+    return {k: (REDACTED if _SECRET_NAME.search(k) or k in named else v) for k, v in sorted(env.items())}
 
 
 def _umask() -> int:
@@ -255,3 +258,4 @@ class VariantDir:
     tokens = property(lambda self: self.root / TOKENS_PARQUET)
     teacher = property(lambda self: self.root / TEACHER_PARQUET)
     engine_log = property(lambda self: self.root / ENGINE_LOG)
+    worker_log = property(lambda self: self.root / WORKER_LOG)

@@ -66,6 +66,7 @@ def run(
             output=str(output) if output else None,
             run_id=run_id,
             noise_floor=noise_floor,
+            strict=not dry_run,
         )
     except ConfigError as err:
         _fail(str(err), EXIT_USER)
@@ -73,8 +74,10 @@ def run(
     from evalpipe.runner import execute, preflight
 
     if dry_run:
-        _print_plan(plan)
-        _exit_with(lambda: preflight(plan, console))
+        from evalpipe.plan import verify_here
+
+        _print_plan(plan)  # first: a profile for another machine still shows its commands
+        _exit_with(lambda: (verify_here(plan), preflight(plan, console))[1])
         return
 
     _exit_with(lambda: execute(plan, console, timeout_s=timeout))
@@ -108,6 +111,17 @@ def _print_plan(plan) -> None:
         args = " ".join(f"{k}={val}" for k, val in sorted(v.engine_args.items()))
         table.add_row(v.name + marker, v.python, env, args)
     console.print(table)
+    from evalpipe.serve import planned_commands
+
+    model_path = plan.model
+    if plan.builtin_model:
+        from evalpipe.models.builtin import shipped_path
+
+        model_path = str(shipped_path(plan.builtin_model))
+    for v in plan.variants:
+        console.print(f"[bold]{v.name}[/] ({v.launch.mode}) runs:")
+        for line in planned_commands(v, model_path, plan.run_dir / v.name):
+            console.print(f"  {line}", soft_wrap=True)
     tasks = Table("group", "task", "num_fewshot", "limit")
     for t in plan.tasks:
         tasks.add_row(t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))
@@ -202,16 +216,69 @@ def data_build(
 
 
 @app.command()
+def doctor(
+    tasks: str = typer.Argument("all", help="Task groups or tasks whose data to check (default: every group of the config)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Run config YAML (default: configs/default.yaml)."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to check (default: all of the config)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Output root whose free disk is checked (default: the config's `output`)."),
+) -> None:
+    """Check, without starting any engine, what a run needs: interpreters, vLLM (and the
+    NPU stack), devices, model files, task data, ports, endpoints, disk. Exit 0 when
+    everything passes, 2 otherwise."""
+    from evalpipe.config import ConfigError, load_config
+    from evalpipe.doctor import run_checks
+    from evalpipe.plan import make_plan
+
+    try:
+        plan = make_plan(load_config(config), str(config or "configs/default.yaml"), tasks, variants=variants,
+                         output=str(output) if output else None, strict=False)
+    except ConfigError as err:
+        _fail(str(err), EXIT_USER)
+        return
+
+    def say(check) -> None:
+        mark = "[green]PASS[/]" if check.ok else "[bold red]FAIL[/]"
+        console.print(f"{mark} {check.scope:<12} {check.name:<24} {check.detail}", soft_wrap=True)
+
+    checks = run_checks(plan, say)
+    failed = [c for c in checks if not c.ok]
+    console.print(f"{len(checks) - len(failed)}/{len(checks)} checks passed" + (f"; {len(failed)} failed" if failed else ""))
+    raise typer.Exit(EXIT_USER if failed else 0)
+
+
+@app.command()
 def version() -> None:
     """Print evalpipe's version."""
     console.print(__version__)
 
 
+_terminated: list[int] = []
+
+
+def _terminate_as_interrupt(signum: int, _frame) -> None:
+    """SIGTERM (a CI cancel, `timeout`) unwinds like Ctrl-C, so every worker and server
+    this process started is stopped on the way out instead of being orphaned. (Noted
+    aside: libraries on the way may re-raise a KeyboardInterrupt of their own.)"""
+    _terminated.append(signum)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         app()
+    except SystemExit:
+        if _terminated:  # click turned the interrupt into its own exit (130)
+            err_console.print("terminated; the workers and servers of this run were stopped")
+            sys.exit(143)
+        raise
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        if _terminated:
+            err_console.print("terminated; the workers and servers of this run were stopped")
+            sys.exit(143)
+        err_console.print("interrupted; the workers and servers of this run were stopped")
         sys.exit(130)
 
 

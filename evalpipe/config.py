@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,11 +45,60 @@ def _env_values_as_strings(value: Any) -> Any:
     return value
 
 
+class LaunchFields(_Strict):
+    """How a variant's engine comes up and how evalpipe talks to it.
+
+    offline   vllm.LLM inside the variant's worker process (one process, no HTTP).
+    serve     evalpipe starts vLLM's OpenAI server for the variant (engine args in a
+              YAML file passed with --config), waits for /health, talks HTTP, stops it.
+    endpoint  a server someone else started (e.g. a multi-node deployment): evalpipe
+              only talks to it and never stops it; engine args are not applied.
+    """
+
+    mode: Literal["offline", "serve", "endpoint"] = "offline"
+    command: list[str] | None = Field(
+        default=None,
+        description="serve: the server command the engine args follow; default [<variant python>, -m, vllm.entrypoints.openai.api_server] "
+        "(the server `vllm serve` runs; `[vllm, serve]` works where the vllm console command does).",
+    )
+    launcher: list[str] = Field(
+        default_factory=list,
+        description="serve: command prefix, e.g. [docker, exec, ctr-a] or [srun, -N1] or [ssh, node1] (then set `host` to an address this machine reaches).",
+    )
+    host: str = Field(default="127.0.0.1", description="serve: address the server binds and evalpipe connects to.")
+    port: int | None = Field(default=None, ge=1, le=65535, description="serve: server port; default a free port.")
+    ready_timeout_s: float = Field(default=900, gt=0, description="serve/endpoint: how long to wait for /health (large models start for many minutes).")
+    stop_grace_s: float = Field(default=30, ge=0, description="serve: seconds between SIGTERM and SIGKILL of the server's process group.")
+    url: str | None = Field(default=None, description="endpoint: base URL of the running server, e.g. http://head-node:8000.")
+    served_model_name: str | None = Field(default=None, description="endpoint: model name to request; default the server's only model.")
+    api_key_env: str | None = Field(default=None, description="serve/endpoint: environment variable holding the API key (the key itself is never written anywhere).")
+    concurrency: int = Field(default=64, ge=1, description="serve/endpoint: requests in flight at once.")
+    request_timeout_s: float = Field(default=3600, gt=0, description="serve/endpoint: time limit of one HTTP request.")
+    retries: int = Field(default=3, ge=0, description="serve/endpoint: retries (with backoff) of a request that met a transport error; any other failure fails the variant.")
+
+
+
+class Launch(LaunchFields):
+    """One variant's resolved launch (the top level's with its overrides): the fields
+    that go with a mode are checked here, since a variant may supply them."""
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> "Launch":
+        if self.mode == "endpoint" and not self.url:
+            raise ValueError("mode `endpoint` needs `url` (the running server's base URL, e.g. http://127.0.0.1:8000).")
+        if self.mode != "endpoint" and self.url:
+            raise ValueError(f"`url` is for mode `endpoint` (attach to a running server); mode `{self.mode}` starts its own engine. Remove `url` or set mode: endpoint.")
+        if self.mode == "endpoint" and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"`url: {self.url}` must start with http:// or https://.")
+        return self
+
+
 class Variant(_Strict):
     description: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides merged deeply into the top-level engine args.")
     python: str | None = Field(default=None, description="Interpreter of another environment (a different build); default: this one.")
+    launch: dict[str, Any] = Field(default_factory=dict, description="Overrides of the top-level `launch:` for this variant (e.g. another mode, url or launcher).")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
 
@@ -162,6 +211,11 @@ class NoiseFloor(_Strict):
 class RunConfig(_Strict):
     model: ModelSpec
     engine: dict[str, Any] = Field(default_factory=dict)
+    device: Literal["auto", "cpu", "npu", "cuda"] = Field(
+        default="auto",
+        description="What the engines run on; `npu` makes `evalpipe doctor` check vllm_ascend, torch_npu, CANN and the visible NPUs.",
+    )
+    launch: LaunchFields = Field(default_factory=LaunchFields, description="offline (default), serve or endpoint; a variant may override any field.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment shared by all variants.")
     variants: dict[str, Variant]
     reference: str | None = None
@@ -211,7 +265,21 @@ class RunConfig(_Strict):
         for name, variant in self.variants.items():
             if "model" in variant.engine:
                 raise ValueError(f"variant `{name}` sets engine.model; set the model once under `model:`.")
+            self.variant_launch(name)
         return self
+
+    def variant_launch(self, name: str) -> Launch:
+        """The top-level `launch:` with the variant's overrides merged in."""
+        merged = deep_merge(self.launch.model_dump(exclude_unset=True), self.variants[name].launch)
+        try:
+            return Launch.model_validate(merged)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            if first["type"] == "extra_forbidden":
+                raise ValueError(f"variant `{name}`: unknown key `launch.{where}`; remove it or fix its spelling.") from None
+            what = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"variant `{name}`: launch{'.' + where if where else ''}: {what}") from None
 
     @property
     def reference_name(self) -> str:
@@ -263,15 +331,34 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
 
 def load_config(path: str | Path | None = None) -> RunConfig:
     path = Path(path) if path is not None else DEFAULT_CONFIG
+    return parse_config(_load_mapping(path, []), str(path))
+
+
+def _load_mapping(path: Path, chain: list[Path]) -> Any:
+    """The YAML at ``path`` with its ``extends:`` chain resolved: the named config
+    (relative to this file) is the base, this file's keys merge into it (mappings key by
+    key, anything else replaces)."""
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file with -c/--config.")
+        where = f" (extended by {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file {path}{where} does not exist; pass an existing YAML file with -c/--config.")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: invalid YAML{where}: {getattr(err, 'problem', err)}; fix the syntax.") from None
-    return parse_config(data, str(path))
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    base_name = data.pop("extends")
+    if not isinstance(base_name, str):
+        raise ConfigError(f"{path}: `extends` must be the path of another config file; got {base_name!r}.")
+    base_path = (path.parent / base_name).resolve()
+    if base_path in chain or base_path == path.resolve():
+        raise ConfigError(f"{path}: `extends: {base_name}` makes a cycle; a config cannot extend itself.")
+    base = _load_mapping(base_path, [*chain, path.resolve()])
+    if not isinstance(base, dict):
+        raise ConfigError(f"{base_path} (extended by {path}): the top level must be a mapping.")
+    return deep_merge(base, data)
 
 
 def load_gates(path: str | Path | None = None, margin: float | None = None, base: Gates | None = None) -> Gates | None:

@@ -19,16 +19,23 @@ from typing import Callable, Iterable
 from evalpipe.artifacts import write_json
 from evalpipe.paths import cache_dir
 
-# What vllm.LLM(**kwargs) accepts: every EngineArgs field plus LLM's own parameters.
-# One marked JSON line, after whatever vLLM logs when it is imported.
+# offline: what vllm.LLM(**kwargs) accepts (every EngineArgs field plus LLM's own
+# parameters); serve: the destinations of the server's command-line flags (the module
+# moved between vLLM versions). One marked JSON line, after whatever vLLM logs on import.
 _NAMES_SCRIPT = r"""
 import dataclasses, inspect, json
 from vllm.engine.arg_utils import EngineArgs
-names = {f.name for f in dataclasses.fields(EngineArgs)}
+offline = {f.name for f in dataclasses.fields(EngineArgs)}
 from vllm.entrypoints.llm import LLM
-names |= {p for p, v in inspect.signature(LLM.__init__).parameters.items()
-          if p != "self" and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)}
-print("EVALPIPE_ENGINE_ARGS " + json.dumps(sorted(names)))
+offline |= {p for p, v in inspect.signature(LLM.__init__).parameters.items()
+            if p != "self" and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)}
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+serve = {a.dest for a in make_arg_parser(FlexibleArgumentParser())._actions if a.dest != "help"}
+print("EVALPIPE_ENGINE_ARGS " + json.dumps({"offline": sorted(offline), "serve": sorted(serve)}))
 """
 
 # Cheap (no vLLM import): which vLLM this interpreter would load, as the cache key.
@@ -66,18 +73,24 @@ def check_engine_args(variant: str, python: str, engine_args: dict, known: set[s
 
 def check_plan(variants: Iterable, say: Callable[[str], None] | None = None) -> None:
     """Check every planned variant's engine arguments (``PlannedVariant``: name, python,
-    engine_args, process_env) against its interpreter's vLLM; one sentence on the first
-    unknown one. Interpreters shared by several variants are asked once."""
-    known: dict[str, set[str]] = {}
+    engine_args, launch, process_env) against its interpreter's vLLM: vllm.LLM's
+    arguments offline, the server's flags in serve mode (endpoint mode applies none:
+    the server is already running). One sentence on the first unknown one.
+    Interpreters shared by several variants are asked once."""
+    known: dict[str, dict[str, set[str]]] = {}
     for v in variants:
+        mode = v.launch.mode
+        if mode == "endpoint":
+            continue
         if v.python not in known:
             known[v.python] = known_engine_args(v.python, env=v.process_env(), say=say)
-        check_engine_args(v.name, v.python, v.engine_args, known[v.python])
+        check_engine_args(v.name, v.python, v.engine_args, known[v.python][mode])
 
 
 def known_engine_args(python: str, env: dict[str, str] | None = None, timeout_s: float = 300,
-                      say: Callable[[str], None] | None = None) -> set[str]:
-    """The argument names ``vllm.LLM`` takes under ``python``, cached per vLLM install."""
+                      say: Callable[[str], None] | None = None) -> dict[str, set[str]]:
+    """The argument names under ``python``'s vLLM, per mode (``offline``: vllm.LLM's,
+    ``serve``: the server's flags), cached per vLLM install."""
     env = dict(os.environ if env is None else env)
     stamp = _run(python, _STAMP_SCRIPT, env, timeout_s=60).strip().splitlines()[-1]
     origin, _mtime = json.loads(stamp)
@@ -87,7 +100,9 @@ def known_engine_args(python: str, env: dict[str, str] | None = None, timeout_s:
     key = hashlib.sha256(f"{os.path.realpath(python)}\0{stamp}".encode()).hexdigest()[:16]
     cached = cache_dir() / "engine-args" / f"{key}.json"
     if cached.is_file():
-        return set(json.loads(cached.read_text(encoding="utf-8"))["names"])
+        names = json.loads(cached.read_text(encoding="utf-8"))["names"]
+        if isinstance(names, dict):  # caches written before serve mode hold a list
+            return {mode: set(n) for mode, n in names.items()}
     if say:
         say(f"reading the engine arguments of the vLLM under {python} (once per vLLM install)")
     out = _run(python, _NAMES_SCRIPT, env, timeout_s=timeout_s)
@@ -97,7 +112,7 @@ def known_engine_args(python: str, env: dict[str, str] | None = None, timeout_s:
     names = json.loads(line[len(_MARK):])
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_json(cached, {"python": python, "vllm": origin, "names": names})
-    return set(names)
+    return {mode: set(n) for mode, n in names.items()}
 
 
 def _run(python: str, script: str, env: dict[str, str], timeout_s: float) -> str:

@@ -2,7 +2,8 @@
 
 Each worker runs under the variant's interpreter and environment, in its own
 process group (vLLM spawns an engine-core child; stopping the group stops both).
-stdout carries JSON-line events; stderr is the variant's engine.log.
+stdout carries JSON-line events; stderr is the variant's engine.log, or worker.log
+when a server (serve mode) writes engine.log.
 """
 
 from __future__ import annotations
@@ -34,15 +35,15 @@ class VariantOutcome:
         return self.exit_code == 0
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the worker's whole process group (the engine-core child may outlive
-    a finished worker), then SIGKILL what is left after the grace period."""
+def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process's whole group (vLLM's engine-core child may outlive its
+    parent), wait up to ``grace_s``, then SIGKILL what is left."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.time() + grace_s
-    while time.time() < deadline:
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
@@ -69,7 +70,13 @@ def run_worker(
     variant_dir: Path,
     on_event: EventHandler,
     timeout_s: float | None = None,
+    log_path: Path | None = None,
+    stopped: Callable[[], str | None] | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> VariantOutcome:
+    """Run the variant's worker to its end. ``log_path``: where its stderr goes (default
+    engine.log). ``stopped``: asked when the worker ends; a message means something
+    outside it (its server died) ended it, and becomes the variant's error."""
     vdir = artifacts.VariantDir(variant_dir)
     vdir.root.mkdir(parents=True, exist_ok=True)
     job_path = vdir.root / "job.json"
@@ -77,7 +84,7 @@ def run_worker(
     started = time.time()
     outcome = VariantOutcome(name=variant.name, exit_code=-1, seconds=0.0)
     timed_out = False
-    with open(vdir.engine_log, "ab") as log:
+    with open(log_path or vdir.engine_log, "ab") as log:
         proc = subprocess.Popen(
             [variant.python, "-m", "evalpipe.worker.main", str(job_path)],
             stdout=subprocess.PIPE,
@@ -89,6 +96,8 @@ def run_worker(
             bufsize=1,
         )
         try:
+            if on_start is not None:
+                on_start(proc)
             assert proc.stdout is not None
             for line in proc.stdout:
                 try:
@@ -105,9 +114,12 @@ def run_worker(
             timed_out = True
             outcome.error = f"variant `{variant.name}` exceeded its time limit of {timeout_s:.0f}s and was stopped"
         finally:
-            _stop_group(proc)
+            stop_group(proc)
     outcome.exit_code = 3 if timed_out else proc.returncode
+    cause = stopped() if stopped is not None else None
+    if cause:
+        outcome.exit_code, outcome.error = 3, cause
     if outcome.exit_code != 0 and outcome.error is None:
-        outcome.error = f"worker of variant `{variant.name}` exited with code {proc.returncode}; see {vdir.engine_log}"
+        outcome.error = f"worker of variant `{variant.name}` exited with code {proc.returncode}; see {log_path or vdir.engine_log}"
     outcome.seconds = time.time() - started
     return outcome

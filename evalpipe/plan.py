@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalpipe.config import ConfigError, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
+from evalpipe.config import ConfigError, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.paths import PROJECT_ROOT
 
 BUILTIN_PREFIX = "builtin:"
+RUN_ID_ENV = "EVALPIPE_RUN_ID"
 
 # Engines must never wait on a model hub here; a config or the caller's environment
 # may still turn these off explicitly.
@@ -44,11 +45,16 @@ class PlannedVariant:
     python: str
     env_overrides: dict[str, str]  # what the config adds to the caller's environment
     engine_args: dict[str, Any]
+    launch: Launch = field(default_factory=Launch)
     reverse_order: bool = False  # the A/A run sends requests in reverse order
     aa_of: str | None = None  # set on the A/A noise-floor run: the variant it repeats
+    run_id: str = ""
 
     def process_env(self) -> dict[str, str]:
         env = {**DEFAULT_ENV, **os.environ, **self.env_overrides}
+        # Marks every process started for this run (inherited by servers' and engines'
+        # children), so what a run leaves behind can be found.
+        env[RUN_ID_ENV] = self.run_id
         # The worker imports evalpipe from this checkout, whatever interpreter runs it.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         return env
@@ -108,12 +114,14 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
     return unique
 
 
-def _resolve_python(python: str | None, variant: str) -> str:
+def _resolve_python(python: str | None, variant: str, strict: bool = True) -> str:
     if python is None:
         return sys.executable
     path = Path(python).expanduser()
     found = str(path) if path.is_file() else shutil.which(python)
     if not found or not os.access(found, os.X_OK):
+        if not strict:  # --dry-run and doctor describe a plan for another machine
+            return python
         raise ConfigError(
             f"variant `{variant}`: python interpreter `{python}` was not found or is not executable; "
             "give the full path of the other environment's python (e.g. /opt/venvs/pr/bin/python)."
@@ -166,9 +174,13 @@ def make_plan(
     output: str | None = None,
     run_id: str | None = None,
     noise_floor: bool | None = None,
+    strict: bool = True,
 ) -> RunPlan:
-    """``noise_floor`` (from the command line) overrides the config's ``noise_floor``."""
-    check_model(config.model.path, config_path)
+    """``noise_floor`` (from the command line) overrides the config's ``noise_floor``.
+    ``strict=False`` plans without requiring the model and interpreters to exist here
+    (--dry-run, doctor: a profile for a cluster); `verify_here` checks them after."""
+    if strict:
+        check_model(config.model.path, config_path)
     tasks = select_tasks(config, task_selector, limit)
 
     names = split_csv(variants) or list(config.variants)
@@ -195,9 +207,10 @@ def make_plan(
             PlannedVariant(
                 name=name,
                 description=v.description,
-                python=_resolve_python(v.python, name),
+                python=_resolve_python(v.python, name, strict),
                 env_overrides={**config.env, **v.env},
                 engine_args=deep_merge(base_args, v.engine),
+                launch=config.variant_launch(name),
             )
         )
 
@@ -213,6 +226,8 @@ def make_plan(
     canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
     digest = hashlib.sha256(canonical.encode()).hexdigest()
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+')[:24]}-{digest[:6]}"
+    for v in planned:
+        v.run_id = run_id
     root = Path(output or config.output)
     if not root.is_absolute():
         root = Path.cwd() / root
@@ -229,6 +244,14 @@ def make_plan(
         model=config.model.path,
         notes=notes,
     )
+
+
+def verify_here(plan: RunPlan) -> None:
+    """What make_plan(strict=False) let pass: the model and every interpreter exist on
+    this machine (ConfigError otherwise)."""
+    check_model(plan.config.model.path, plan.config_path)
+    for v in plan.variants:
+        _resolve_python(v.python, v.name)
 
 
 def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]) -> None:
@@ -299,6 +322,7 @@ def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
         python=reference.python,
         env_overrides=dict(reference.env_overrides),
         engine_args=deep_merge(reference.engine_args, overrides),
+        launch=reference.launch,
         reverse_order=nf.reverse_order,
         aa_of=reference.name,
     )
@@ -309,7 +333,8 @@ def _settings(plan: RunPlan, v: PlannedVariant) -> dict[str, Any]:
     engine = source.engine if v.aa_of is None else {
         k: val for k, val in v.engine_args.items() if plan.variant(v.aa_of).engine_args.get(k) != val
     }
-    return {"description": v.description, "python": v.python, "env": source.env, "engine": engine}
+    return {"description": v.description, "python": v.python, "env": source.env, "engine": engine,
+            "launch": v.launch.model_dump(exclude_defaults=True) or {"mode": "offline"}}
 
 
 def run_info(plan: RunPlan) -> dict[str, Any]:

@@ -6,6 +6,9 @@ after each), so a failure late in the run never loses what finished earlier.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,8 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
-from evalpipe.launch import run_worker
 from evalpipe.paths import data_dir
-from evalpipe.plan import RunPlan, run_info
+from evalpipe.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.progress import ProgressView
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
@@ -50,7 +52,23 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
     return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
 
 
-def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: Path) -> dict[str, Any]:
+def _server_settings(variant: PlannedVariant, url: str | None) -> dict[str, Any] | None:
+    """What the worker's HTTP engine needs (http_engine.ServerSettings); None offline."""
+    launch = variant.launch
+    if launch.mode == "offline":
+        return None
+    return {
+        "url": url if launch.mode == "serve" else launch.url,
+        "model": launch.served_model_name,
+        "api_key_env": launch.api_key_env,
+        "concurrency": launch.concurrency,
+        "request_timeout_s": launch.request_timeout_s,
+        "retries": launch.retries,
+        "ready_timeout_s": launch.ready_timeout_s,
+    }
+
+
+def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: Path, server_url: str | None = None) -> dict[str, Any]:
     variant = plan.variant(variant_name)
     engine_args = dict(variant.engine_args)
     engine_args["model"] = model["path"]
@@ -66,7 +84,11 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         "variant": variant_name,
         "run_id": plan.run_id,
         "output_dir": str(variant_dir),
-        "engine_kind": "offline",
+        "engine_kind": "offline" if variant.launch.mode == "offline" else "http",
+        "launch_mode": variant.launch.mode,
+        # every variant's manifest hides the keys any variant reads (they share one environment)
+        "secret_env": sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),
+        "server": _server_settings(variant, server_url),
         "engine_args": engine_args,
         "tasks": [t.spec.model_dump() for t in plan.tasks],
         "topk": plan.config.capture.topk,
@@ -146,8 +168,10 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
     for variant in plan.variants:
         vdir = rd.root / variant.name
         console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
-        outcome = run_worker(variant, _job(plan, variant.name, model, vdir), vdir, view.handle(variant.name), timeout_s)
-        view.close()
+        try:
+            outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), timeout_s)
+        finally:
+            view.close()
         info["variant_status"][variant.name] = {
             "exit_code": outcome.exit_code,
             "seconds": round(outcome.seconds, 3),
@@ -174,6 +198,53 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
         return EXIT_SAME
     code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
     return _fail_run(info, failures, save) if failures else code
+
+
+def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, timeout_s):
+    """One variant's worker, and in serve mode its server around it: started first (the
+    worker resolves its tasks while the engine loads), stopped after the worker in every
+    case. A server that dies stops the worker and fails the variant with its log's tail."""
+    from evalpipe.launch import run_worker
+
+    if variant.launch.mode != "serve":
+        return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, timeout_s)
+    from evalpipe import serve
+
+    vdir.mkdir(parents=True, exist_ok=True)
+    vd = artifacts.VariantDir(vdir)
+    launch = variant.launch
+    port = launch.port or serve.free_port(launch.host)
+    args_file = vdir / serve.SERVER_ARGS_FILE
+    serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
+    server = serve.ServerProcess(
+        command=serve.server_command(variant.python, launch, args_file),
+        url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
+    )
+    worker: dict[str, Any] = {}
+
+    def stop_worker(_server: Any = None) -> None:
+        proc = worker.get("proc")
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    def started(proc: Any) -> None:
+        worker["proc"] = proc
+        if server.died:
+            stop_worker()
+
+    env = variant.process_env()
+    if launch.api_key_env and env.get(launch.api_key_env):
+        env["VLLM_API_KEY"] = env[launch.api_key_env]
+    server.start(env, on_exit=stop_worker)
+    on_event({"event": "stage", "stage": "server", "message": f"server starting at {server.url} (log: {vd.engine_log})"})
+    try:
+        return run_worker(
+            variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, timeout_s,
+            log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=started,
+        )
+    finally:
+        server.stop()
 
 
 def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) -> int:

@@ -37,13 +37,17 @@ def test_unknown_argument_is_one_sentence_with_the_variant_key_and_hint():
 def test_names_come_from_the_interpreters_vllm_and_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("EVALPIPE_CACHE", str(tmp_path))
     names = ea.known_engine_args(sys.executable)
+    offline, serve = names["offline"], names["serve"]
     # EngineArgs fields, and LLM's own parameter
-    assert {"max_num_seqs", "hf_overrides", "distributed_executor_backend", "enforce_eager", "chat_template"} <= names
-    assert "max_num_seq" not in names and "self" not in names
+    assert {"max_num_seqs", "hf_overrides", "distributed_executor_backend", "enforce_eager", "chat_template"} <= offline
+    assert "max_num_seq" not in offline and "self" not in offline
+    # the server's flags: engine args and the server's own (host, port, api_key), not LLM's
+    assert {"max_num_seqs", "hf_overrides", "data_parallel_size", "host", "port", "api_key"} <= serve
+    assert "host" not in offline and "help" not in serve
     (cached,) = (tmp_path / "engine-args").glob("*.json")
     assert ea.known_engine_args(sys.executable) == names  # read back from the cache
-    cached.write_text('{"names": ["only_this"]}')  # the cache is what is read the second time
-    assert ea.known_engine_args(sys.executable) == {"only_this"}
+    cached.write_text('{"names": {"offline": ["only_this"], "serve": []}}')  # the cache is what is read the second time
+    assert ea.known_engine_args(sys.executable) == {"offline": {"only_this"}, "serve": set()}
 
 
 def test_interpreter_without_vllm_is_refused_in_one_sentence(tmp_path, monkeypatch):
@@ -67,3 +71,17 @@ def test_run_with_a_misspelt_engine_argument_stops_before_any_engine_start(tmp_p
     assert "variant `sp`: `max_num_seq` is not an engine argument" in out and "did you mean `max_num_seqs`?" in out
     assert "Traceback" not in out
     assert not (tmp_path / "runs" / "t").exists()  # nothing started, nothing written
+
+
+def test_serve_mode_checks_the_servers_flags_and_endpoint_mode_none(monkeypatch):
+    from types import SimpleNamespace
+
+    from evalpipe.config import Launch
+
+    monkeypatch.setattr(ea, "known_engine_args", lambda *a, **k: {"offline": {"max_num_seqs"}, "serve": {"max_num_seqs", "port"}})
+    v = lambda mode, args: SimpleNamespace(name="v", python="/p", engine_args=args, process_env=dict,
+                                          launch=Launch(mode=mode, url="http://h:1" if mode == "endpoint" else None))
+    ea.check_plan([v("serve", {"port": 1})])
+    with pytest.raises(ea.EngineArgError, match="`port` is not an engine argument"):
+        ea.check_plan([v("offline", {"port": 1})])
+    ea.check_plan([v("endpoint", {"anything": 1})])  # a running server: nothing is applied

@@ -1,9 +1,9 @@
 """The engine behind a variant, behind one small interface.
 
 Everything above this module speaks `GenRequest` / `GenResult` / `ScoreRequest`;
-only the classes here know whether tokens come from an in-process `vllm.LLM` or
-(later) from a `vllm serve` endpoint over HTTP. This is the only place that
-imports vllm.
+only the engine classes know whether tokens come from an in-process `vllm.LLM`
+(here, the only place that imports vllm) or from a vLLM server over HTTP
+(http_engine.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ class GenRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     stop: list[str] = field(default_factory=list)
+    label: str | None = None  # names the request in errors, e.g. "gsm8k doc 17"
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ScoreRequest:
     token_ids: list[int]
     start: int
     positions: list[int] | None = None
+    label: str | None = None
 
     def scored(self) -> Sequence[int]:
         return self.positions if self.positions is not None else range(max(self.start, 1), len(self.token_ids))
@@ -58,6 +60,10 @@ class Engine(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]: ...
 
     @property
     def max_model_len(self) -> int: ...
@@ -133,6 +139,12 @@ class OfflineEngine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids))
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(s) for s in sequences]
 
     @property
     def max_model_len(self) -> int:
@@ -257,11 +269,19 @@ def in_order(call: Callable[[list], list], requests: list, reverse: bool) -> lis
 
 def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
     """Each token's own text (for reports' context), decoding every distinct id once."""
-    texts = {tid: engine.decode([tid]) for tid in set(token_ids)}
+    distinct = sorted(set(token_ids))
+    texts = dict(zip(distinct, engine.decode_many([[tid] for tid in distinct])))
     return [texts[tid] for tid in token_ids]
 
 
-def build_engine(kind: str, engine_args: dict[str, Any]) -> Engine:
+def build_engine(kind: str, engine_args: dict[str, Any], server: dict[str, Any] | None = None,
+                 on_wait: Callable[[float], None] | None = None) -> Engine:
+    """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
+    (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready."""
     if kind == "offline":
         return OfflineEngine(engine_args)
-    raise ValueError(f"unknown engine kind {kind!r}; known: offline")
+    if kind == "http":
+        from evalpipe.worker.http_engine import HttpEngine, ServerSettings
+
+        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait)
+    raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")

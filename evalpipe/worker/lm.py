@@ -68,7 +68,8 @@ class CapturingLM(LM):
         keys: list[CaptureKey] = []
         gen_requests: list[GenRequest] = []
         truncated: list[bool] = []
-        for inst in requests:
+        encoded = self.engine.encode_many([inst.args[0] for inst in requests])
+        for inst, ids in zip(requests, encoded):
             context, gen_kwargs = inst.args
             gen_kwargs = dict(gen_kwargs or {})
             if gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature", 0.0) or 0.0) > 0:
@@ -77,14 +78,15 @@ class CapturingLM(LM):
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_tokens = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-            ids = self.engine.encode(context)
             budget = max(self.engine.max_model_len - max_tokens, 1)
             truncated.append(len(ids) > budget)
             ids = ids[-budget:]
             base = (inst.task_name, int(inst.doc_id), int(inst.idx))
             keys.append((*base, seen[base]))
             seen[base] += 1
-            gen_requests.append(GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until))
+            gen_requests.append(
+                GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until, label=f"{inst.task_name} doc {inst.doc_id}")
+            )
 
         t0 = time.perf_counter()
         results = self._ordered(
@@ -120,7 +122,9 @@ class CapturingLM(LM):
             else:
                 context_ids, cont_ids = [self._prefix_token()], self.engine.encode(continuation)
             ids = (context_ids + cont_ids)[-(self.engine.max_model_len) :]
-            score_requests.append(ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids)))
+            score_requests.append(
+                ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids), label=f"{inst.task_name} doc {inst.doc_id}")
+            )
         t0 = time.perf_counter()
         scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood")), score_requests)
         self.engine_seconds += time.perf_counter() - t0
@@ -141,7 +145,7 @@ class CapturingLM(LM):
                 ),
             ):
                 ids = list(context) + list(target)
-                windows.append(ScoreRequest(token_ids=ids, start=len(context)))
+                windows.append(ScoreRequest(token_ids=ids, start=len(context), label=f"{inst.task_name} doc {inst.doc_id}"))
                 owner.append(i)
         totals = [0.0] * len(requests)
         scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood_rolling")), windows)

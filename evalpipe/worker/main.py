@@ -171,8 +171,9 @@ def run(job: dict[str, Any], events: Events) -> int:
         "status": "running",
         "python": sys.executable,
         "argv": sys.argv,
-        "env": artifacts.redact_env(dict(os.environ)),
+        "env": artifacts.redact_env(dict(os.environ), also=job.get("secret_env") or ()),
         "engine_kind": job.get("engine_kind", "offline"),
+        "launch_mode": job.get("launch_mode", "offline"),
         "engine_args": job["engine_args"],
         "versions": software_versions(),
         "hardware": hardware(),
@@ -214,13 +215,19 @@ def run(job: dict[str, Any], events: Events) -> int:
     try:
         from evalpipe.worker.engines import build_engine
 
-        engine = build_engine(job.get("engine_kind", "offline"), job["engine_args"])
+        def waiting(seconds: float) -> None:
+            if int(seconds) % 10 == 0:
+                events.emit("stage", stage="engine", message=f"waiting for the server at {job['server']['url']} ({seconds:.0f}s)")
+
+        engine = build_engine(job.get("engine_kind", "offline"), job["engine_args"], job.get("server"), on_wait=waiting)
     except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
         traceback.print_exc()
         msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
         events.emit("error", kind="engine", message=msg)
         return finish("failed", EXIT_FAILED, error=msg)
     timings["engine_start_s"] = time.time() - t0
+    manifest["engine"] = engine.info()  # in server modes: what the server says about itself
+    artifacts.write_json(out.manifest, manifest)
     events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
 
     from lm_eval import simple_evaluate

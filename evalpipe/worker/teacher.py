@@ -121,6 +121,7 @@ def teacher_force(
                 token_ids=s.prompt_token_ids + s.continuation_ids,
                 start=n,
                 positions=kept + list(range(n, n + len(s.continuation_ids))) if kept else None,
+                label=f"teacher forcing {s.task} doc {s.doc_id}",
             )
         )
     # A continuation can only start at position >= 1 (position 0 has no logprob);

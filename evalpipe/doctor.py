@@ -1,0 +1,287 @@
+"""`evalpipe doctor`: everything that can be checked before an engine starts, one line per
+check per variant, without starting any engine.
+
+What a run would otherwise find out after minutes (or, for a large model on a cluster,
+an hour): an interpreter that cannot import vLLM, a build without its NPU plugin, too
+few devices for TP x DP, an incomplete model directory, task data not on this machine,
+a taken port, an endpoint that serves another model, a full disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from evalpipe.plan import PlannedVariant, RunPlan
+
+MIN_FREE_DISK_BYTES = 1 << 30  # a GLM-5 run of 1319 questions with top-k logprobs stays well below
+
+# Run under each variant's interpreter: what it imports, at which version and commit.
+_PROBE = r"""
+import importlib, importlib.util, json, os, platform, subprocess
+from importlib import metadata
+
+def commit(mod, path):
+    try:
+        c = getattr(importlib.import_module(mod + "._version"), "__commit_id__", None)
+        if c:
+            return c
+    except Exception:
+        pass
+    try:  # a source checkout: <repo>/<mod>/__init__.py (not any repo a venv happens to sit in)
+        top = subprocess.run(["git", "-C", path, "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=5)
+        lines = top.stdout.split()
+        if top.returncode == 0 and os.path.realpath(lines[0]) == os.path.realpath(os.path.dirname(path)):
+            return lines[1]
+    except Exception:
+        pass
+    for dist in metadata.distributions():
+        if (dist.metadata["Name"] or "").lower().replace("-", "_") in (mod, mod + "_cpu"):
+            url = dist.read_text("direct_url.json")
+            if url:
+                return (json.loads(url).get("vcs_info") or {}).get("commit_id")
+    return None
+
+def package(mod):
+    spec = importlib.util.find_spec(mod)
+    if spec is None:
+        return None
+    path = os.path.dirname(spec.origin or "")
+    try:
+        m = importlib.import_module(mod)
+    except Exception as err:
+        return {"path": path, "error": f"{type(err).__name__}: {err}".splitlines()[0]}
+    return {"path": path, "version": getattr(m, "__version__", None), "commit": commit(mod, path)}
+
+out = {"python": platform.python_version()}
+for mod in ("vllm", "vllm_ascend", "torch", "torch_npu"):
+    out[mod] = package(mod)
+if out["torch_npu"] and "error" not in out["torch_npu"]:
+    import torch
+    out["npu_count"] = torch.npu.device_count()
+print("EVALPIPE_DOCTOR " + json.dumps(out))
+"""
+_MARK = "EVALPIPE_DOCTOR "
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+@dataclass(frozen=True)
+class Check:
+    scope: str  # a variant name, or "run" for what all variants share
+    name: str
+    ok: bool
+    detail: str
+
+
+def probe_interpreter(v: PlannedVariant, timeout_s: float = 300) -> tuple[dict[str, Any] | None, str]:
+    """(what the interpreter imports, "") or (None, why it could not be asked)."""
+    try:
+        proc = subprocess.run([v.python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s,
+                              env={**v.process_env(), "VLLM_LOGGING_LEVEL": "ERROR"})
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"{v.python} did not run: {err}"
+    line = next((l for l in reversed(proc.stdout.splitlines()) if l.startswith(_MARK)), None)
+    if proc.returncode != 0 or line is None:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{v.python} failed: {last}"
+    return json.loads(line[len(_MARK):]), ""
+
+
+def _package_line(name: str, info: dict[str, Any] | None) -> tuple[bool, str]:
+    if info is None:
+        return False, f"{name} is not installed"
+    if "error" in info:
+        return False, f"{name} fails to import: {info['error']}"
+    commit = f", commit {info['commit'][:12]}" if info.get("commit") else ""
+    return True, f"{name} {info.get('version') or '?'}{commit} ({info['path']})"
+
+
+def cann_version() -> str | None:
+    """The CANN toolkit's version, from its install info (None when no toolkit is found)."""
+    homes = [os.environ.get("ASCEND_TOOLKIT_HOME"), os.environ.get("ASCEND_HOME_PATH"), "/usr/local/Ascend/ascend-toolkit/latest"]
+    for home in filter(None, homes):
+        for info in (Path(home) / "version.cfg", *Path(home).glob("*/ascend_toolkit_install.info")):
+            try:
+                text = info.read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() in ("version", "toolkit_installed_version", "Version"):
+                    return value.strip().strip('"[]').split(":")[-1]
+    return None
+
+
+def devices_needed(engine_args: dict[str, Any]) -> int:
+    """Devices one node of this variant needs: TP x PP x the data-parallel ranks it hosts."""
+    tp = int(engine_args.get("tensor_parallel_size") or 1)
+    pp = int(engine_args.get("pipeline_parallel_size") or 1)
+    dp = int(engine_args.get("data_parallel_size_local") or engine_args.get("data_parallel_size") or 1)
+    return tp * pp * dp
+
+
+def model_dir_problems(path: Path, engine_args: dict[str, Any]) -> list[str]:
+    if not path.is_dir():
+        return [f"{path} is not a directory"]
+    problems = []
+    config = path / "config.json"
+    if not config.is_file():
+        problems.append("config.json is missing")
+    if not any(next(path.glob(p), None) for p in WEIGHT_PATTERNS):
+        problems.append("no weights (*.safetensors, *.bin)")
+    tokenizer_dir = Path(str(engine_args.get("tokenizer") or path))
+    if not any((tokenizer_dir / f).is_file() for f in TOKENIZER_FILES):
+        problems.append(f"no tokenizer ({' / '.join(TOKENIZER_FILES)}) in {tokenizer_dir}")
+    if (engine_args.get("additional_config") or {}).get("enable_dsa_cp") and config.is_file():
+        try:
+            hf = json.loads(config.read_text())
+        except ValueError:
+            hf = {}
+        if "index_topk" not in hf and "index_topk" not in (hf.get("text_config") or {}):
+            problems.append("enable_dsa_cp is set but config.json has no index_topk (DSA-CP applies to DSA models only)")
+    return problems
+
+
+def _free_disk(path: Path) -> int:
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def check_endpoint(v: PlannedVariant, timeout_s: float = 10) -> tuple[bool, str]:
+    from evalpipe.worker.http_engine import ServerSettings, _headers
+
+    launch = v.launch
+    settings = ServerSettings(url=launch.url or "", api_key_env=launch.api_key_env)
+    try:
+        with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=_headers(settings)) as client:
+            health = client.get("/health")
+            models = client.get("/v1/models")
+    except httpx.HTTPError as err:
+        return False, f"{launch.url} is not reachable ({type(err).__name__}); start the server or fix launch.url"
+    if health.status_code != 200:
+        return False, f"{launch.url}/health answered {health.status_code} (engine not ready or dead)"
+    if models.status_code != 200:
+        return False, f"{launch.url}/v1/models answered {models.status_code}; set launch.api_key_env if it needs a key"
+    names = [m.get("id") for m in models.json().get("data", [])]
+    if launch.served_model_name and launch.served_model_name not in names:
+        return False, f"{launch.url} serves {', '.join(names)}, not `{launch.served_model_name}`"
+    if not launch.served_model_name and len(names) != 1:
+        return False, f"{launch.url} serves {len(names)} models; set launch.served_model_name"
+    return True, f"{launch.url} is up and serves {', '.join(names)}"
+
+
+def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> list[Check]:
+    """Every check, in order; ``say`` sees each one as soon as it is known."""
+    from evalpipe.plan import DEFAULT_ENV
+
+    for key, value in DEFAULT_ENV.items():  # never wait on a model hub (a tokenizer path that is not here)
+        os.environ.setdefault(key, value)
+    checks: list[Check] = []
+
+    def add(scope: str, name: str, ok: bool, detail: str) -> None:
+        check = Check(scope, name, ok, detail)
+        checks.append(check)
+        if say is not None:
+            say(check)
+
+    device = plan.config.device
+    model_path = _model_path(plan, add)
+    _check_tasks(plan, model_path, add)
+    free = _free_disk(plan.run_dir.parent)
+    add("run", "disk", free >= MIN_FREE_DISK_BYTES,
+        f"{free / 2**30:.1f} GiB free under {plan.run_dir.parent}" + ("" if free >= MIN_FREE_DISK_BYTES else "; need at least 1 GiB"))
+    if device == "npu":
+        cann = cann_version()
+        add("run", "CANN", cann is not None, f"CANN {cann}" if cann else
+            "no CANN toolkit found (ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest); source its set_env.sh")
+
+    probes: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    for v in plan.variants:
+        if v.launch.mode == "endpoint":
+            add(v.name, "endpoint", *check_endpoint(v))
+            continue
+        if v.python not in probes:
+            probes[v.python] = probe_interpreter(v)
+        info, why = probes[v.python]
+        add(v.name, "interpreter", info is not None, f"{v.python}: Python {info['python']}" if info else why)
+        if info is None:
+            continue
+        add(v.name, "vllm", *_package_line("vllm", info.get("vllm")))
+        if device == "npu":
+            add(v.name, "vllm_ascend", *_package_line("vllm_ascend", info.get("vllm_ascend")))
+            add(v.name, "torch_npu", *_package_line("torch_npu", info.get("torch_npu")))
+            needed, visible = devices_needed(v.engine_args), info.get("npu_count")
+            add(v.name, "devices", visible is not None and visible >= needed,
+                f"{visible if visible is not None else 'no'} NPUs visible, TP x PP x DP needs {needed} on this node")
+        else:
+            add(v.name, "torch", *_package_line("torch", info.get("torch")))
+        if model_path is not None:
+            problems = model_dir_problems(model_path, v.engine_args)
+            add(v.name, "model", not problems, f"{model_path}: " + ("; ".join(problems) if problems else "config.json, weights, tokenizer"))
+        if v.launch.mode == "serve":
+            if v.launch.port is None:
+                add(v.name, "port", True, f"a free port on {v.launch.host} is chosen at start")
+            else:
+                from evalpipe.serve import port_is_free
+
+                free_port = port_is_free(v.launch.host, v.launch.port)
+                add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))
+    return checks
+
+
+def _model_path(plan: RunPlan, add) -> Path | None:
+    if plan.builtin_model:
+        from evalpipe.models.builtin import ShippedModelError, ensure_builtin
+
+        try:
+            model = ensure_builtin(plan.builtin_model)
+        except ShippedModelError as err:
+            add("run", "model", False, str(err))
+            return None
+        add("run", "model", True, f"builtin:{plan.builtin_model} shipped files verified (fingerprint {model.fingerprint[:12]})")
+        return model.path
+    path = Path(plan.model).expanduser()
+    if not path.is_dir():
+        add("run", "model", False, f"model directory {path} does not exist on this machine; fix model.path")
+        return None
+    return path
+
+
+def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
+    """Resolve every task as the worker will (local data found or generated, RULER items
+    built with the model's tokenizer), in this process."""
+    from evalpipe.paths import data_dir
+    from evalpipe.worker import tasks as task_lookup
+
+    tokenizer = str(plan.config.model.tokenizer or model_path or plan.model)
+    generated = task_lookup.LongCtxData(tokenizer, plan.config.longctx.model_dump(mode="json"), seed=plan.config.seed)
+    for t in plan.tasks:
+        try:
+            # lm-eval and RULER's generators print progress bars; the check's line is the output
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                task_lookup.task_config(t.spec.model_dump(), data_dir(), generated=generated)
+        except (task_lookup.TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
+            detail = str(err)
+            if _needs_tokenizer(t.spec.task) and not Path(tokenizer).expanduser().exists():
+                detail = f"its items are built with the model's tokenizer, and {tokenizer} is not on this machine"
+            add("run", f"task {t.spec.task}", False, detail)
+        else:
+            add("run", f"task {t.spec.task}", True, "data present locally")
+
+
+def _needs_tokenizer(task: str) -> bool:
+    from evalpipe.data.longctx import TASK_PROBE
+    from evalpipe.worker.task_families import is_generated_ruler
+
+    return task in TASK_PROBE or is_generated_ruler(task)

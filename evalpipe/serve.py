@@ -1,0 +1,142 @@
+"""A variant's vLLM server in serve mode: the command, its --config file, start, watch, stop.
+
+The engine arguments go into a YAML file passed with ``--config`` (vLLM turns nested
+mappings such as ``additional_config`` into JSON itself, so nothing needs quoting). The
+server runs in a process group of its own, its output is the variant's engine.log, and
+stopping it is SIGTERM to the group, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from evalpipe.config import Launch
+from evalpipe.launch import stop_group
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVER_ARGS_FILE = "server-args.yaml"
+
+
+def server_command(python: str, launch: Launch, args_file: Path) -> list[str]:
+    """launcher + server command + --config FILE. The default command is the server
+    module `vllm serve` runs, under the variant's interpreter: the CPU build's `vllm`
+    console command cannot start (it asks for a distribution named `vllm`)."""
+    command = list(launch.command) if launch.command else [python, "-m", SERVER_MODULE]
+    return [*launch.launcher, *command, "--config", str(args_file)]
+
+
+def server_args(engine_args: dict[str, Any], launch: Launch, port: int) -> dict[str, Any]:
+    """The --config mapping: vLLM's flag names (dashes: vLLM adds `--no-<flag>` for a
+    false boolean only under the dashed name), engine args as given, host and port."""
+    args = {key.replace("_", "-"): value for key, value in engine_args.items()}
+    args.update(host=launch.host, port=port)
+    return args
+
+
+def planned_commands(variant: Any, model_path: str, variant_dir: Path) -> list[str]:
+    """What a variant will run, for --dry-run: the server command and its --config
+    content (serve), the server it attaches to (endpoint), or the worker (offline)."""
+    launch = variant.launch
+    worker = f"{variant.python} -m evalpipe.worker.main {variant_dir / 'job.json'}"
+    if launch.mode == "endpoint":
+        return [f"attach to {launch.url} (never started or stopped by evalpipe)", worker]
+    if launch.mode == "offline":
+        return [worker + "   (vllm.LLM in this process)"]
+    args_file = variant_dir / SERVER_ARGS_FILE
+    port = launch.port if launch.port is not None else "<free port>"
+    content = yaml.safe_dump(server_args({**variant.engine_args, "model": model_path}, launch, port), sort_keys=False)  # type: ignore[arg-type]
+    return [" ".join(server_command(variant.python, launch, args_file)),
+            *(f"    {line}" for line in content.rstrip().splitlines()),
+            worker + "   (client, talks to the server)"]
+
+
+def write_server_args(path: Path, args: dict[str, Any]) -> None:
+    from evalpipe.artifacts import write_text
+
+    write_text(path, yaml.safe_dump(args, sort_keys=False))
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now (the OS picks it; the server binds it moments later)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host if host not in ("0.0.0.0", "::") else "", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def url_of(launch: Launch, port: int) -> str:
+    host = launch.host if launch.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def log_tail(path: Path, lines: int = 12) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@dataclass
+class ServerProcess:
+    """One started server; ``on_exit`` is called (from a watcher thread) if it ends
+    before ``stop``, so the caller can stop whatever is waiting on it."""
+
+    command: list[str]
+    url: str
+    log_path: Path
+    grace_s: float
+    proc: subprocess.Popen | None = None
+    exit_code: int | None = None
+    _stopping: bool = False
+
+    def start(self, env: dict[str, str], on_exit: Callable[["ServerProcess"], None] | None = None) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(self.command) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+
+        def watch() -> None:
+            assert self.proc is not None
+            self.exit_code = self.proc.wait()
+            if not self._stopping and on_exit is not None:
+                on_exit(self)
+
+        threading.Thread(target=watch, name="server-watch", daemon=True).start()
+
+    @property
+    def died(self) -> bool:
+        return self.exit_code is not None and not self._stopping
+
+    def death_message(self) -> str:
+        tail = log_tail(self.log_path)
+        return (f"the server exited with code {self.exit_code} before the variant finished; "
+                f"last lines of {self.log_path}:\n{tail}")
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None:
+            stop_group(self.proc, self.grace_s)

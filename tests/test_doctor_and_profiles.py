@@ -1,0 +1,134 @@
+"""`evalpipe doctor`, --dry-run on the Ascend profiles, and the pieces serve mode is
+made of that need no engine (the server's --config file, the HTTP client's parsing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evalpipe import doctor, serve
+from evalpipe.config import DEFAULT_CONFIG, ConfigError, Launch, load_config
+
+PROFILES = DEFAULT_CONFIG.parent / "ascend"
+
+
+def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_doctor_passes_on_the_default_config(tmp_path):
+    proc = evalpipe("doctor", "gsm8k", "--output", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert all(l.startswith("PASS") for l in lines[:-1]) and "checks passed" in lines[-1]
+    for needed in ("interpreter", "vllm 0.", "torch", "model", "task gsm8k_synth_4shot", "disk"):
+        assert any(needed in l for l in lines), needed
+    assert not (tmp_path / "runs").exists()  # starts nothing, writes no run
+
+
+def test_doctor_on_the_ascend_profile_says_what_is_missing(tmp_path):
+    proc = evalpipe("doctor", "-c", str(PROFILES / "glm5-dsa-a3.yaml"), "--output", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = " ".join(proc.stdout.split())
+    assert "FAIL run model model directory /models/GLM-5.2-w4a8c8 does not exist on this machine" in out
+    assert "data file /data/gsm8k/train.parquet does not exist" in out
+    assert "no CANN toolkit found" in out
+    assert "FAIL legacy interpreter /opt/venvs/vllm-ascend-base/bin/python did not run" in out
+    assert "FAIL sp interpreter /opt/venvs/vllm-ascend-pr18671/bin/python did not run" in out
+    assert "is not on this machine" in out and "Traceback" not in proc.stderr
+
+    proc = evalpipe("doctor", "gsm8k", "-c", str(PROFILES / "glm5-dsa-two-nodes.yaml"), "--output", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "FAIL legacy endpoint http://node0-legacy:8000 is not reachable" in " ".join(proc.stdout.split())
+
+
+def test_dry_run_of_the_ascend_profile_prints_each_variants_commands(tmp_path):
+    proc = evalpipe("run", "gsm8k", "-c", str(PROFILES / "glm5-dsa-a3.yaml"), "--dry-run", "--output", str(tmp_path), cwd=tmp_path)
+    out = proc.stdout
+    assert "/opt/venvs/vllm-ascend-base/bin/python -m vllm.entrypoints.openai.api_server --config" in out
+    assert "/opt/venvs/vllm-ascend-pr18671/bin/python -m vllm.entrypoints.openai.api_server --config" in out
+    assert "data-parallel-size: 2" in out and "tensor-parallel-size: 8" in out and "enable_dsa_cp: true" in out
+    assert "max-num-seqs: 6" in out  # the A/A run: max_num_seqs halved
+    # then the plan is checked against this machine: one sentence, exit 2, nothing written
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_profiles_load_and_two_nodes_extends_one_node():
+    one = load_config(PROFILES / "glm5-dsa-a3.yaml")
+    two = load_config(PROFILES / "glm5-dsa-two-nodes.yaml")
+    assert one.engine["data_parallel_size"] == 2 and one.engine["additional_config"]["enable_dsa_cp"] is True
+    assert one.variant_launch("sp").mode == "serve" and two.variant_launch("sp").mode == "endpoint"
+    assert two.variant_launch("legacy").url == "http://node0-legacy:8000" and two.engine == one.engine
+    assert one.gates.scores.margin == 0.015 and max(one.longctx.lengths) == 131072
+
+
+def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"nowhere.yaml \(extended by .*c.yaml\) does not exist"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_variant_launch_errors_name_the_variant(tmp_path):
+    cfg = {"extends": str(DEFAULT_CONFIG), "variants": {"sp": {"launch": {"mode": "endpoint"}}}}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match="variant `sp`: launch: mode `endpoint` needs `url`"):
+        load_config(tmp_path / "x.yaml")
+    cfg["variants"]["sp"]["launch"] = {"urll": "http://x"}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match="variant `sp`: unknown key `launch.urll`"):
+        load_config(tmp_path / "x.yaml")
+
+
+def test_model_dir_checks(tmp_path):
+    assert doctor.model_dir_problems(tmp_path / "none", {}) == [f"{tmp_path / 'none'} is not a directory"]
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    problems = doctor.model_dir_problems(tmp_path, {"additional_config": {"enable_dsa_cp": True}})
+    assert any("no weights" in p for p in problems) and any("no tokenizer" in p for p in problems)
+    assert any("no index_topk" in p for p in problems)
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "config.json").write_text(json.dumps({"index_topk": 2048}))
+    assert doctor.model_dir_problems(tmp_path, {"additional_config": {"enable_dsa_cp": True}}) == []
+
+
+def test_devices_needed():
+    assert doctor.devices_needed({}) == 1
+    assert doctor.devices_needed({"data_parallel_size": 2, "tensor_parallel_size": 8}) == 16
+    assert doctor.devices_needed({"data_parallel_size": 2, "data_parallel_size_local": 1, "tensor_parallel_size": 16}) == 16
+
+
+def test_the_server_config_file_is_what_vllms_own_parser_reads(tmp_path):
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    engine = {"model": "/m", "max_num_seqs": 3, "enforce_eager": True, "enable_prefix_caching": False,
+              "hf_overrides": {"architectures": ["X"], "layout_tp": 4}, "additional_config": {"enable_dsa_cp": True}}
+    path = tmp_path / serve.SERVER_ARGS_FILE
+    serve.write_server_args(path, serve.server_args(engine, Launch(mode="serve"), 8123))
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(["--config", str(path)])
+    assert (ns.model, ns.max_num_seqs, ns.enforce_eager, ns.enable_prefix_caching) == ("/m", 3, True, False)
+    assert ns.hf_overrides == {"architectures": ["X"], "layout_tp": 4}
+    assert ns.additional_config == {"enable_dsa_cp": True}
+    assert (ns.host, ns.port) == ("127.0.0.1", 8123)
+
+
+def test_server_command_takes_the_launcher_and_command():
+    launch = Launch(mode="serve", launcher=["ssh", "node1"], command=["vllm", "serve"])
+    assert serve.server_command("/py", launch, Path("/r/a.yaml")) == ["ssh", "node1", "vllm", "serve", "--config", "/r/a.yaml"]
+    assert serve.server_command("/py", Launch(mode="serve"), Path("/a.yaml"))[:3] == ["/py", "-m", serve.SERVER_MODULE]
+    port = serve.free_port("127.0.0.1")
+    assert serve.port_is_free("127.0.0.1", port)

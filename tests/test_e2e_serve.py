@@ -1,0 +1,231 @@
+"""Serve and endpoint modes end to end on vLLM's real OpenAI server (CPU build): no mocks.
+
+- offline vs served, same variant: IDENTICAL (every token id, logprob and top-k entry
+  bitwise, generation and teacher forcing). Both sides run one request at a time
+  (max_num_seqs 1, concurrency 1): on this CPU build fp32 results depend on the batch
+  shape, and a server forms its batches by arrival time (see README, "Server modes").
+- a server that dies at start fails its variant with the tail of its log; the others
+  still run and are compared.
+- endpoint mode against a server the test started, with an API key that never reaches
+  an artifact.
+- Ctrl-C, SIGTERM and a server killed mid-run leave no process of the run behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evalpipe.config import DEFAULT_CONFIG
+from evalpipe.plan import RUN_ID_ENV
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 8
+SEQUENTIAL = {"max_num_seqs": 1}
+
+
+def write_config(tmp: Path, name: str, **overrides) -> Path:
+    """The default config with ``overrides`` merged in (the runs pick their variants with --variants)."""
+    cfg = {"extends": str(DEFAULT_CONFIG), "output": str(tmp / "runs"), "noise_floor": False, **overrides}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def evalpipe(*args: str, cwd: Path, env: dict | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def processes_of(run_id: str) -> list[int]:
+    """PIDs whose environment carries the run's marker (every worker, server and engine
+    process a run starts inherits it)."""
+    marker = f"{RUN_ID_ENV}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_gone(run_id: str, seconds: float = 30) -> list[int]:
+    deadline = time.time() + seconds
+    while (left := processes_of(run_id)) and time.time() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def comparison(run_dir: Path, variant: str) -> dict:
+    data = json.loads((run_dir / "compare.json").read_text())
+    return next(c for c in data["comparisons"] if c["variant"] == variant)
+
+
+@pytest.fixture(scope="module")
+def offline_vs_served(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("serve")
+    legacy = {"EVALPIPE_LAYOUT": "legacy"}
+    path = write_config(
+        tmp, "served", engine=SEQUENTIAL, reference="offline",
+        variants={
+            "offline": {"env": legacy},
+            "served": {"env": legacy, "launch": {"mode": "serve", "concurrency": 1}},
+            # The server refuses a window beyond the model's and exits while starting.
+            "dead": {"env": legacy, "launch": {"mode": "serve"}, "engine": {"max_model_len": 99999}},
+        },
+    )
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "srv",
+                    "--variants", "offline,served,dead", cwd=tmp)
+    return {"proc": proc, "dir": tmp / "runs" / "srv"}
+
+
+def test_offline_and_served_are_identical(offline_vs_served):
+    run_dir = offline_vs_served["dir"]
+    served = comparison(run_dir, "served")
+    assert served["status"] == "IDENTICAL", json.dumps(served, indent=1)[:3000]
+    text = (run_dir / "report.md").read_text()
+    assert "served" in text and "IDENTICAL" in text
+    # the served variant really went through a server: its log, its --config file, what it said about itself
+    vdir = run_dir / "served"
+    assert "Uvicorn running" in (vdir / "engine.log").read_text() or "Application startup complete" in (vdir / "engine.log").read_text()
+    args = yaml.safe_load((vdir / "server-args.yaml").read_text())
+    assert args["max-num-seqs"] == 1 and args["host"] == "127.0.0.1" and args["hf-overrides"]["layout_tp"] == 4
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    assert manifest["launch_mode"] == "serve" and manifest["engine"]["kind"] == "http"
+    assert manifest["engine"]["server"]["version"]["version"]
+    assert (vdir / "teacher.parquet").is_file() and (vdir / "tokens.parquet").is_file()
+
+
+def test_a_server_that_dies_fails_its_variant_and_the_others_are_compared(offline_vs_served):
+    proc, run_dir = offline_vs_served["proc"], offline_vs_served["dir"]
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    assert "variant dead failed" in err and "the server exited with code" in err and "engine.log" in err
+    assert "Traceback" not in proc.stderr
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed" and info["failed_variants"] == ["dead"]
+    assert info["verdict"] == "IDENTICAL"  # offline vs served, written before the run was marked failed
+    assert "99999" in (run_dir / "dead" / "engine.log").read_text()  # the server's own words, kept
+    assert wait_gone("srv") == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_artifacts(tmp_path, builtin_model_dir):
+    from evalpipe.config import load_config
+    from evalpipe.plan import make_plan
+
+    key = "sk-evalpipe-test-7f3a91"
+    port = free_port()
+    plan = make_plan(load_config(write_config(tmp_path, "base", engine=SEQUENTIAL)), "base", "gsm8k", variants="legacy",
+                     noise_floor=False)
+    legacy = plan.variants[0]
+    from evalpipe import serve
+
+    args_file = tmp_path / "server.yaml"
+    serve.write_server_args(args_file, serve.server_args({**legacy.engine_args, "model": str(builtin_model_dir)},
+                                                        legacy.launch, port))
+    env = {**legacy.process_env(), "VLLM_API_KEY": key, RUN_ID_ENV: "endpoint-server"}
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen(serve.server_command(sys.executable, legacy.launch, args_file), env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        path = write_config(
+            tmp_path, "endpoint", engine=SEQUENTIAL, reference="offline",
+            variants={
+                "offline": {"env": {"EVALPIPE_LAYOUT": "legacy"}},
+                "ep": {"launch": {"mode": "endpoint", "url": f"http://127.0.0.1:{port}", "api_key_env": "EP_KEY",
+                                  "concurrency": 1, "ready_timeout_s": 300}},
+            },
+        )
+        proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "ep", "--variants", "offline,ep", cwd=tmp_path,
+                        env={**os.environ, "EP_KEY": key})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        run_dir = tmp_path / "runs" / "ep"
+        assert comparison(run_dir, "ep")["status"] == "IDENTICAL"
+        manifest = json.loads((run_dir / "ep" / "manifest.json").read_text())
+        assert manifest["launch_mode"] == "endpoint"
+        assert [m["id"] for m in manifest["engine"]["server"]["models"]] == [str(builtin_model_dir)]
+        for f in run_dir.rglob("*"):
+            if f.is_file():
+                assert key.encode() not in f.read_bytes(), f"the API key leaked into {f}"
+        assert server.poll() is None, "evalpipe must never stop a server it did not start"
+    finally:
+        serve.stop_group(server, 30)
+        log.close()
+
+
+def start_served_run(tmp: Path, run_id: str) -> tuple[subprocess.Popen, Path]:
+    path = write_config(tmp, run_id, reference="offline", variants={
+        "offline": {"env": {"EVALPIPE_LAYOUT": "legacy"}},
+        "served": {"env": {"EVALPIPE_LAYOUT": "sp"}, "launch": {"mode": "serve"}},
+    })
+    proc = subprocess.Popen([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "64",
+                             "--run-id", run_id, "--variants", "offline,served"], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    return proc, tmp / "runs" / run_id
+
+
+def wait_for_served_generation(proc: subprocess.Popen, run_dir: Path, timeout: float = 600) -> None:
+    """Until the served variant's client reports generation progress."""
+    deadline = time.time() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "served · gsm8k_synth_4shot · generate" in line:
+            return
+        assert time.time() < deadline, "the served variant never started generating"
+    raise AssertionError(f"evalpipe ended before the served variant generated: {proc.wait()} {proc.stderr.read()[-2000:]}")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_stops_every_process_the_run_started(tmp_path, sig, code):
+    run_id = f"int{int(sig)}"
+    proc, run_dir = start_served_run(tmp_path, run_id)
+    try:
+        wait_for_served_generation(proc, run_dir)
+        assert len(processes_of(run_id)) >= 2, "expected the served variant's server and worker to be running"
+        proc.send_signal(sig)  # what Ctrl-C (SIGINT) or a CI cancel (SIGTERM) sends to evalpipe
+        assert proc.wait(timeout=120) == code
+        assert wait_gone(run_id, 5) == [], "processes of the run survived the interrupt"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_server_killed_mid_run_fails_its_variant_with_its_log(tmp_path):
+    run_id = "killed"
+    proc, run_dir = start_served_run(tmp_path, run_id)
+    try:
+        wait_for_served_generation(proc, run_dir)
+        servers = [p for p in processes_of(run_id)
+                   if b"api_server" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert servers, "the served variant's server process was not found"
+        os.killpg(os.getpgid(servers[0]), signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 3, out[-2000:] + err[-2000:]
+        flat = " ".join(err.split())
+        assert "variant served failed" in flat and "the server exited with code -9" in flat
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["failed_variants"] == ["served"]
+        assert wait_gone(run_id, 30) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,52 @@
+"""The HTTP engine's reading of vLLM's completion answers (pure; the real server is in
+test_e2e_serve.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalpipe.worker.engines import ScoreRequest
+from evalpipe.worker.http_engine import HttpEngine, ServerError, _topk_from_generated, _topk_from_prompt
+
+
+def test_generated_topk_best_first_and_ties_keep_the_servers_rank_order():
+    # the server lists the chosen token first, then the top k by rank
+    pos = {"token_id:7": -0.5, "token_id:3": -0.5, "token_id:9": -1.25, "token_id:1": -3.0}
+    assert _topk_from_generated(pos, 3) == ([7, 3, 9], [-0.5, -0.5, -1.25])
+    # a chosen token outside the top k is listed first but does not belong to it
+    pos = {"token_id:4": -6.0, "token_id:1": -0.1, "token_id:2": -2.0}
+    assert _topk_from_generated(pos, 2) == ([1, 2], [-0.1, -2.0])
+    assert _topk_from_generated(None, 2) == ([], [])
+    with pytest.raises(ServerError, match="return_tokens_as_token_ids"):
+        _topk_from_generated({"hello": -1.0}, 1)
+
+
+def test_prompt_topk_follows_rank_then_id():
+    pos = {"5": {"logprob": -2.0, "rank": 3}, "8": {"logprob": -0.2, "rank": 1}, "2": {"logprob": -1.0, "rank": 2},
+           "11": {"logprob": -9.0, "rank": 40}}
+    assert _topk_from_prompt(pos, 2) == ([8, 2], [-0.2, -1.0])
+    assert _topk_from_prompt(pos, 5) == ([8, 2, 5], [-0.2, -1.0, -2.0])
+
+
+def test_generated_answer_is_checked_against_its_token_ids():
+    answer = {"choices": [{"text": "ab", "token_ids": [4, 5], "finish_reason": "stop",
+                           "logprobs": {"tokens": ["token_id:4", "token_id:5"], "token_logprobs": [-0.1, -0.2],
+                                        "top_logprobs": [{"token_id:4": -0.1}, {"token_id:5": -0.2, "token_id:6": -3.0}]}}]}
+    res = HttpEngine._generated(answer, 2, "gsm8k doc 3")
+    assert (res.token_ids, res.logprobs, res.topk_ids) == ([4, 5], [-0.1, -0.2], [[4], [5, 6]])
+    answer["choices"][0]["logprobs"]["tokens"] = ["token_id:4", "token_id:9"]
+    with pytest.raises(ServerError, match="gsm8k doc 3: the server's logprobs do not follow its token ids"):
+        HttpEngine._generated(answer, 2, "gsm8k doc 3")
+    with pytest.raises(ServerError, match="gsm8k doc 3: malformed completion"):
+        HttpEngine._generated({"choices": []}, 2, "gsm8k doc 3")
+
+
+def test_scored_positions_and_greedy_flags():
+    req = ScoreRequest(token_ids=[1, 2, 3], start=1)
+    answer = {"choices": [{"prompt_logprobs": [
+        None,
+        {"2": {"logprob": -0.5, "rank": 1}},
+        {"3": {"logprob": -2.0, "rank": 2}, "7": {"logprob": -0.3, "rank": 1}},
+    ]}]}
+    res = HttpEngine._scored(req, answer, 1, "doc")
+    assert res.logprobs == [-0.5, -2.0] and res.is_greedy == [True, False] and res.topk_ids == [[2], [7]]
