@@ -206,6 +206,11 @@ class NoiseFloor(_Strict):
         default_factory=dict,
         description="Engine-arg overrides for the A/A run; default: max_num_seqs halved (from the reference's value, else 256).",
     )
+    reuse_server: bool = Field(
+        default=False,
+        description="serve/endpoint modes: the A/A run sends its requests to the reference's server (reversed, with half the "
+        "concurrency) instead of starting a second engine; saves one engine start (many minutes for a large model).",
+    )
 
 
 class RunConfig(_Strict):
@@ -337,7 +342,7 @@ def load_config(path: str | Path | None = None) -> RunConfig:
 def _load_mapping(path: Path, chain: list[Path]) -> Any:
     """The YAML at ``path`` with its ``extends:`` chain resolved: the named config
     (relative to this file) is the base, this file's keys merge into it (mappings key by
-    key, anything else replaces)."""
+    key, anything else replaces; a key set to null removes the base's, e.g. a variant)."""
     if not path.is_file():
         where = f" (extended by {chain[-1]})" if chain else ""
         raise ConfigError(f"config file {path}{where} does not exist; pass an existing YAML file with -c/--config.")
@@ -358,7 +363,17 @@ def _load_mapping(path: Path, chain: list[Path]) -> Any:
     base = _load_mapping(base_path, [*chain, path.resolve()])
     if not isinstance(base, dict):
         raise ConfigError(f"{base_path} (extended by {path}): the top level must be a mapping.")
-    return deep_merge(base, data)
+    return _drop_nulls(deep_merge(base, data), data)
+
+
+def _drop_nulls(merged: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Remove the keys ``override`` sets to null (at any depth) from ``merged``."""
+    for key, value in override.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            _drop_nulls(merged[key], value)
+    return merged
 
 
 def load_gates(path: str | Path | None = None, margin: float | None = None, base: Gates | None = None) -> Gates | None:

@@ -48,6 +48,7 @@ class PlannedVariant:
     launch: Launch = field(default_factory=Launch)
     reverse_order: bool = False  # the A/A run sends requests in reverse order
     aa_of: str | None = None  # set on the A/A noise-floor run: the variant it repeats
+    server_of: str | None = None  # serve mode: runs against this variant's server (the A/A reusing it)
     run_id: str = ""
 
     def process_env(self) -> dict[str, str]:
@@ -311,10 +312,33 @@ def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
     Same interpreter, environment and numerics; only the order of requests and the
     batch limits differ, so whatever the comparison sees here is run-to-run noise of
     this engine, not a change."""
+    parts = ["requests in reverse order"] if nf.reverse_order else []
+    # An endpoint cannot be restarted with other settings: its A/A run always reuses it.
+    if nf.reuse_server or reference.launch.mode == "endpoint":
+        if reference.launch.mode == "offline":
+            raise ConfigError(
+                "noise_floor.reuse_server needs a server: set launch.mode to serve or endpoint for the reference, "
+                "or drop reuse_server (offline, the A/A run starts an engine of its own)."
+            )
+        if nf.engine:
+            raise ConfigError("noise_floor.engine cannot apply with reuse_server (the reference's server is already running); drop one of them.")
+        # The batch arrangement changes through the client: half the requests in flight.
+        launch = reference.launch.model_copy(update={"concurrency": max(1, reference.launch.concurrency // 2)})
+        parts.append(f"the reference's server, concurrency {launch.concurrency}")
+        return PlannedVariant(
+            name=aa_variant_name(reference.name),
+            description=f"A/A noise floor: {reference.name} again ({', '.join(parts)})",
+            python=reference.python,
+            env_overrides=dict(reference.env_overrides),
+            engine_args=dict(reference.engine_args),
+            launch=launch,
+            reverse_order=nf.reverse_order,
+            aa_of=reference.name,
+            server_of=reference.name if reference.launch.mode == "serve" else None,
+        )
     overrides = nf.engine or {
         "max_num_seqs": max(1, int(reference.engine_args.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS) // 2)
     }
-    parts = ["requests in reverse order"] if nf.reverse_order else []
     parts += [f"{k}={v}" for k, v in sorted(overrides.items())]
     return PlannedVariant(
         name=aa_variant_name(reference.name),

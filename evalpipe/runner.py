@@ -6,9 +6,6 @@ after each), so a failure late in the run never loses what finished earlier.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -165,28 +162,33 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
     # are compared, so one broken build does not throw away an hour of the others.
     essential = {v.name for v in plan.variants[:1]} | {v.name for v in plan.variants if v.aa_of}
     failures: dict[str, tuple[str, int]] = {}
-    for variant in plan.variants:
-        vdir = rd.root / variant.name
-        console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
-        try:
-            outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), timeout_s)
-        finally:
-            view.close()
-        info["variant_status"][variant.name] = {
-            "exit_code": outcome.exit_code,
-            "seconds": round(outcome.seconds, 3),
-            "error": outcome.error,
-        }
-        _record_environment(info, variant.name, vdir)
-        save()
-        if not outcome.ok:
-            error = outcome.error or f"variant {variant.name} failed"
-            code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED
-            if variant.name in essential:
-                save(status="failed", error=error)
-                raise RunFailed(error, code)
-            failures[variant.name] = (error, code)
-            console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
+    servers: dict[str, Any] = {}
+    try:
+        for i, variant in enumerate(plan.variants):
+            vdir = rd.root / variant.name
+            console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
+            try:
+                outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), timeout_s, servers)
+            finally:
+                view.close()
+                _stop_unneeded(servers, plan.variants[i + 1:])
+            info["variant_status"][variant.name] = {
+                "exit_code": outcome.exit_code,
+                "seconds": round(outcome.seconds, 3),
+                "error": outcome.error,
+            }
+            _record_environment(info, variant.name, vdir)
+            save()
+            if not outcome.ok:
+                error = outcome.error or f"variant {variant.name} failed"
+                code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED
+                if variant.name in essential:
+                    save(status="failed", error=error)
+                    raise RunFailed(error, code)
+                failures[variant.name] = (error, code)
+                console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
+    finally:
+        _stop_unneeded(servers, [])
 
     info["timings"]["total_s"] = time.time() - t0
     compared = [v.name for v in plan.variants if v.name not in failures]
@@ -200,10 +202,13 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
     return _fail_run(info, failures, save) if failures else code
 
 
-def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, timeout_s):
+def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, timeout_s,
+                 servers: dict[str, Any]):
     """One variant's worker, and in serve mode its server around it: started first (the
-    worker resolves its tasks while the engine loads), stopped after the worker in every
-    case. A server that dies stops the worker and fails the variant with its log's tail."""
+    worker resolves its tasks while the engine loads) or, for an A/A run that reuses
+    the reference's, the running one. A server that dies stops the worker and fails the
+    variant with its log's tail. ``servers``: the started ones, by variant; the caller
+    stops them (`_stop_unneeded`)."""
     from evalpipe.launch import run_worker
 
     if variant.launch.mode != "serve":
@@ -213,38 +218,43 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     vdir.mkdir(parents=True, exist_ok=True)
     vd = artifacts.VariantDir(vdir)
     launch = variant.launch
-    port = launch.port or serve.free_port(launch.host)
-    args_file = vdir / serve.SERVER_ARGS_FILE
-    serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
-    server = serve.ServerProcess(
-        command=serve.server_command(variant.python, launch, args_file),
-        url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
-    )
-    worker: dict[str, Any] = {}
+    if variant.server_of:
+        server = servers[variant.server_of]
+        on_event({"event": "stage", "stage": "server", "message": f"reusing {variant.server_of}'s server at {server.url}"})
+    else:
+        port = launch.port or serve.free_port(launch.host)
+        args_file = vdir / serve.SERVER_ARGS_FILE
+        serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
+        server = serve.ServerProcess(
+            command=serve.server_command(variant.python, launch, args_file),
+            url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
+        )
+        env = variant.process_env()
+        if launch.api_key_env and env.get(launch.api_key_env):
+            env["VLLM_API_KEY"] = env[launch.api_key_env]
+        try:
+            server.start(env)
+        except OSError as err:  # the launcher or server command itself is missing
+            from evalpipe.launch import VariantOutcome
 
-    def stop_worker(_server: Any = None) -> None:
-        proc = worker.get("proc")
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-
-    def started(proc: Any) -> None:
-        worker["proc"] = proc
-        if server.died:
-            stop_worker()
-
-    env = variant.process_env()
-    if launch.api_key_env and env.get(launch.api_key_env):
-        env["VLLM_API_KEY"] = env[launch.api_key_env]
-    server.start(env, on_exit=stop_worker)
-    on_event({"event": "stage", "stage": "server", "message": f"server starting at {server.url} (log: {vd.engine_log})"})
+            return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
+                                  f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")
+        servers[variant.name] = server
+        on_event({"event": "stage", "stage": "server", "message": f"server starting at {server.url} (log: {vd.engine_log})"})
     try:
         return run_worker(
             variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, timeout_s,
-            log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=started,
+            log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=server.use,
         )
     finally:
-        server.stop()
+        server.client = None
+
+
+def _stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
+    """Stop every started server no later variant runs against."""
+    needed = {v.server_of for v in later if v.server_of}
+    for name in [n for n in servers if n not in needed]:
+        servers.pop(name).stop()
 
 
 def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) -> int:

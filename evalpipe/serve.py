@@ -8,14 +8,16 @@ stopping it is SIGTERM to the group, a grace period, then SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -51,6 +53,8 @@ def planned_commands(variant: Any, model_path: str, variant_dir: Path) -> list[s
         return [f"attach to {launch.url} (never started or stopped by evalpipe)", worker]
     if launch.mode == "offline":
         return [worker + "   (vllm.LLM in this process)"]
+    if variant.server_of:
+        return [f"no server of its own: {variant.server_of}'s server, still running", worker]
     args_file = variant_dir / SERVER_ARGS_FILE
     port = launch.port if launch.port is not None else "<free port>"
     content = yaml.safe_dump(server_args({**variant.engine_args, "model": model_path}, launch, port), sort_keys=False)  # type: ignore[arg-type]
@@ -99,8 +103,9 @@ def log_tail(path: Path, lines: int = 12) -> str:
 
 @dataclass
 class ServerProcess:
-    """One started server; ``on_exit`` is called (from a watcher thread) if it ends
-    before ``stop``, so the caller can stop whatever is waiting on it."""
+    """One started server. If it ends before ``stop``, the worker using it (``client``,
+    set by whoever runs one) is stopped at once: it would otherwise wait for a server
+    that will never answer."""
 
     command: list[str]
     url: str
@@ -108,9 +113,10 @@ class ServerProcess:
     grace_s: float
     proc: subprocess.Popen | None = None
     exit_code: int | None = None
+    client: subprocess.Popen | None = None
     _stopping: bool = False
 
-    def start(self, env: dict[str, str], on_exit: Callable[["ServerProcess"], None] | None = None) -> None:
+    def start(self, env: dict[str, str]) -> None:
         with open(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(self.command) + "\n").encode())
             log.flush()
@@ -122,10 +128,21 @@ class ServerProcess:
         def watch() -> None:
             assert self.proc is not None
             self.exit_code = self.proc.wait()
-            if not self._stopping and on_exit is not None:
-                on_exit(self)
+            if not self._stopping:
+                self.stop_client()
 
         threading.Thread(target=watch, name="server-watch", daemon=True).start()
+
+    def use(self, client: subprocess.Popen) -> None:
+        """``client`` now depends on this server (stopped at once if it is already dead)."""
+        self.client = client
+        if self.died:
+            self.stop_client()
+
+    def stop_client(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.client.pid, signal.SIGTERM)
 
     @property
     def died(self) -> bool:

@@ -78,6 +78,18 @@ def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
         load_config(tmp_path / "c.yaml")
 
 
+def test_extends_merges_mappings_and_null_removes_a_key(tmp_path):
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump({
+        "extends": str(DEFAULT_CONFIG), "engine": {"max_num_seqs": 2},
+        "variants": {"sp": None, "new": {"env": {"EVALPIPE_LAYOUT": "sp"}}},
+    }))
+    cfg = load_config(tmp_path / "x.yaml")
+    base = load_config(DEFAULT_CONFIG)
+    assert list(cfg.variants) == ["legacy", "new"] and cfg.engine["max_num_seqs"] == 2
+    assert cfg.engine["hf_overrides"] == base.engine["hf_overrides"]  # the rest of the mapping is kept
+    assert list(load_config(DEFAULT_CONFIG.parent / "data_parallel.yaml").variants) == ["dp1", "dp2"]
+
+
 def test_variant_launch_errors_name_the_variant(tmp_path):
     cfg = {"extends": str(DEFAULT_CONFIG), "variants": {"sp": {"launch": {"mode": "endpoint"}}}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
@@ -132,3 +144,14 @@ def test_server_command_takes_the_launcher_and_command():
     assert serve.server_command("/py", Launch(mode="serve"), Path("/a.yaml"))[:3] == ["/py", "-m", serve.SERVER_MODULE]
     port = serve.free_port("127.0.0.1")
     assert serve.port_is_free("127.0.0.1", port)
+
+
+def test_a_missing_launcher_fails_the_variant_in_one_sentence(tmp_path):
+    cfg = {"extends": str(DEFAULT_CONFIG), "output": str(tmp_path / "runs"), "noise_floor": False,
+           "variants": {"sp": {"launch": {"mode": "serve", "launcher": ["no-such-launcher-xyz"]}}}}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
+    proc = evalpipe("run", "gsm8k", "-c", str(tmp_path / "x.yaml"), "--variants", "sp", "--run-id", "l", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    flat = " ".join(proc.stderr.split())
+    assert "variant `sp`: could not start its server `no-such-launcher-xyz" in flat and "launch.launcher" in flat
+    assert "Traceback" not in proc.stderr

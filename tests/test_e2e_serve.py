@@ -27,6 +27,7 @@ import yaml
 
 from evalpipe.config import DEFAULT_CONFIG
 from evalpipe.plan import RUN_ID_ENV
+from processes import processes_of, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -47,29 +48,6 @@ def evalpipe(*args: str, cwd: Path, env: dict | None = None, timeout: float = 12
                           timeout=timeout, env=env)
 
 
-def processes_of(run_id: str) -> list[int]:
-    """PIDs whose environment carries the run's marker (every worker, server and engine
-    process a run starts inherits it)."""
-    marker = f"{RUN_ID_ENV}={run_id}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def wait_gone(run_id: str, seconds: float = 30) -> list[int]:
-    deadline = time.time() + seconds
-    while (left := processes_of(run_id)) and time.time() < deadline:
-        time.sleep(0.5)
-    return left
-
-
 def comparison(run_dir: Path, variant: str) -> dict:
     data = json.loads((run_dir / "compare.json").read_text())
     return next(c for c in data["comparisons"] if c["variant"] == variant)
@@ -86,10 +64,12 @@ def offline_vs_served(tmp_path_factory) -> dict:
             "served": {"env": legacy, "launch": {"mode": "serve", "concurrency": 1}},
             # The server refuses a window beyond the model's and exits while starting.
             "dead": {"env": legacy, "launch": {"mode": "serve"}, "engine": {"max_model_len": 99999}},
+            # The server refuses top-5 logprobs beyond its --max-logprobs: every request fails.
+            "refused": {"env": legacy, "launch": {"mode": "serve"}, "engine": {"max_logprobs": 2}},
         },
     )
     proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "srv",
-                    "--variants", "offline,served,dead", cwd=tmp)
+                    "--variants", "offline,served,dead,refused", cwd=tmp)
     return {"proc": proc, "dir": tmp / "runs" / "srv"}
 
 
@@ -117,10 +97,17 @@ def test_a_server_that_dies_fails_its_variant_and_the_others_are_compared(offlin
     assert "variant dead failed" in err and "the server exited with code" in err and "engine.log" in err
     assert "Traceback" not in proc.stderr
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "failed" and info["failed_variants"] == ["dead"]
+    assert info["status"] == "failed" and info["failed_variants"] == ["dead", "refused"]
     assert info["verdict"] == "IDENTICAL"  # offline vs served, written before the run was marked failed
     assert "99999" in (run_dir / "dead" / "engine.log").read_text()  # the server's own words, kept
     assert wait_gone("srv") == []
+
+
+def test_a_refused_request_fails_its_variant_naming_the_document(offline_vs_served):
+    info = json.loads((offline_vs_served["dir"] / "run.json").read_text())
+    error = info["variant_status"]["refused"]["error"]
+    assert "gsm8k_synth_4shot" in error and "doc " in error and "the server answered 400" in error, error
+    assert not (offline_vs_served["dir"] / "refused" / "samples.parquet").exists()  # no answers scored as wrong
 
 
 def free_port() -> int:

@@ -50,3 +50,66 @@ def test_scored_positions_and_greedy_flags():
     ]}]}
     res = HttpEngine._scored(req, answer, 1, "doc")
     assert res.logprobs == [-0.5, -2.0] and res.is_greedy == [True, False] and res.topk_ids == [[2], [7]]
+
+
+class _Counting:
+    """A loopback HTTP server that answers every POST with one fixed status, counting them."""
+
+    def __init__(self, status: int):
+        import http.server
+        import threading
+
+        self.count = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                outer.count += 1
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = b'{"error": "refused"}'
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+
+
+def _engine(url: str, retries: int) -> HttpEngine:
+    from evalpipe.worker.http_engine import ServerSettings
+
+    return HttpEngine(ServerSettings(url=url, retries=retries, concurrency=2), lazy=True)
+
+
+def test_an_http_error_fails_at_once_naming_the_request():
+    import asyncio
+
+    server = _Counting(400)
+    try:
+        with pytest.raises(ServerError, match=r"gsm8k doc 17: the server answered 400: .*refused"):
+            asyncio.run(_engine(server.url, retries=3)._post_all("/v1/completions", [{}], None, ["gsm8k doc 17"]))
+        assert server.count == 1  # not retried: the server said no
+    finally:
+        server.close()
+
+
+def test_transport_errors_are_retried_with_backoff_then_fail_naming_the_request():
+    import asyncio
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=r"gsm8k doc 3: no answer from .* after 3 attempts \(ConnectError"):
+        asyncio.run(_engine(f"http://127.0.0.1:{port}", retries=2)._post_all("/v1/completions", [{}], None, ["gsm8k doc 3"]))
+    assert time.monotonic() - t0 >= 3.0  # backoff 1 s + 2 s between the attempts

@@ -114,6 +114,22 @@ def test_noise_floor_from_config_with_own_overrides_and_cli_switch_off(tmp_path)
     assert run_info(off)["noise_floor"] is None
 
 
+def test_noise_floor_reusing_the_references_server(tmp_path):
+    serve = {**CONFIG, "launch": {"mode": "serve", "concurrency": 10}, "noise_floor": {"reuse_server": True}}
+    p = make_plan(parse_config(serve), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    ref, aa = p.variants[0], p.variants[1]
+    # no second engine: same engine args, the reference's server, half the requests in flight
+    assert aa.server_of == "legacy" and aa.engine_args == ref.engine_args and aa.reverse_order
+    assert (aa.launch.mode, aa.launch.concurrency, ref.launch.concurrency) == ("serve", 5, 10)
+    assert p.variant("sp").server_of is None
+    with pytest.raises(ConfigError, match="reuse_server needs a server"):
+        make_plan(parse_config({**CONFIG, "noise_floor": {"reuse_server": True}}), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    # an endpoint cannot restart with other settings: its A/A run always reuses it
+    endpoint = {**CONFIG, "launch": {"mode": "endpoint", "url": "http://h:1"}, "noise_floor": True}
+    aa = make_plan(parse_config(endpoint), "cfg.yaml", "gsm8k", output=str(tmp_path)).variant("legacy-aa")
+    assert aa.launch.url == "http://h:1" and aa.launch.concurrency == 32 and aa.server_of is None
+
+
 def test_noise_floor_name_collision_is_a_config_error():
     with pytest.raises(ConfigError, match="collides with the name of the A/A noise-floor run"):
         parse_config({**CONFIG, "variants": {**CONFIG["variants"], "legacy-aa": {}}, "noise_floor": True})

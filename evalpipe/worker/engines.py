@@ -283,5 +283,6 @@ def build_engine(kind: str, engine_args: dict[str, Any], server: dict[str, Any] 
     if kind == "http":
         from evalpipe.worker.http_engine import HttpEngine, ServerSettings
 
-        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait)
+        # lazy: lm-eval builds its requests while the server is still starting
+        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait, lazy=True)
     raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")

@@ -104,11 +104,27 @@ def _token_id(key: str) -> int:
 
 
 class HttpEngine:
-    """A running vLLM OpenAI server, used as an `Engine`."""
+    """A running vLLM OpenAI server, used as an `Engine`.
 
-    def __init__(self, settings: ServerSettings, on_wait: Callable[[float], None] | None = None):
+    With ``lazy``, nothing is asked of the server until the first request needs it, so
+    lm-eval builds its requests (documents, few-shot contexts) while the server is
+    still loading the model; ``ready_wait_s`` is the time then spent waiting for it."""
+
+    def __init__(self, settings: ServerSettings, on_wait: Callable[[float], None] | None = None, lazy: bool = False):
         self.settings = settings
-        wait_ready(settings, on_wait)
+        self._on_wait = on_wait
+        self._client: httpx.Client | None = None
+        self.ready_wait_s: float | None = None
+        if not lazy:
+            self._connect()
+
+    def _connect(self) -> None:
+        if self._client is not None:
+            return
+        settings = self.settings
+        t0 = time.monotonic()
+        wait_ready(settings, self._on_wait)
+        self.ready_wait_s = time.monotonic() - t0
         self._client = httpx.Client(base_url=settings.url, timeout=settings.request_timeout_s, headers=_headers(settings))
         models = self._get("/v1/models")["data"]
         names = [m["id"] for m in models]
@@ -127,6 +143,7 @@ class HttpEngine:
 
     # -- plumbing --------------------------------------------------------------------
     def _get(self, path: str) -> Any:
+        assert self._client is not None
         reply = self._client.get(path)
         if reply.status_code != 200:
             raise ServerError(f"GET {self.settings.url}{path} answered {reply.status_code}: {reply.text[:300]}")
@@ -188,21 +205,25 @@ class HttpEngine:
         return self.decode_many([token_ids])[0]
 
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        self._connect()
         bodies = [{"model": self.model, "prompt": t, "add_special_tokens": False} for t in texts]
         answers = asyncio.run(self._post_all("/tokenize", bodies, None, [f"tokenizing text {i}" for i in range(len(texts))]))
         return [list(a["tokens"]) for a in answers]
 
     def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        self._connect()
         bodies = [{"model": self.model, "tokens": list(s)} for s in sequences]
         answers = asyncio.run(self._post_all("/detokenize", bodies, None, [f"detokenizing sequence {i}" for i in range(len(sequences))]))
         return [a["prompt"] for a in answers]
 
     @property
     def max_model_len(self) -> int:
+        self._connect()
         return self._max_model_len
 
     @property
     def eos_token_id(self) -> int | None:
+        self._connect()
         if self._eos is False:
             info = self._try_get("/tokenizer_info")
             self._eos = (info or {}).get("eos_token_id")
@@ -214,6 +235,7 @@ class HttpEngine:
         return self._eos  # type: ignore[return-value]
 
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
+        self._connect()
         bodies = [
             {
                 "model": self.model,
@@ -253,6 +275,7 @@ class HttpEngine:
             raise ServerError(f"{label}: malformed completion from the server ({type(err).__name__}: {err})") from None
 
     def score(self, requests: list[ScoreRequest], progress: ProgressFn | None = None, topk: int = 1) -> list[ScoreResult]:
+        self._connect()
         k = max(1, topk)
         bodies = [
             {
@@ -287,8 +310,11 @@ class HttpEngine:
             raise ServerError(f"{label}: malformed prompt logprobs from the server ({type(err).__name__}: {err})") from None
 
     def info(self) -> dict[str, Any]:
-        return {"kind": "http", "max_model_len": self._max_model_len, "model": self.model, "server": self._server}
+        self._connect()
+        return {"kind": "http", "max_model_len": self._max_model_len, "model": self.model, "server": self._server,
+                "ready_wait_s": self.ready_wait_s}
 
     def close(self) -> None:
         """Only the connection: whoever started the server stops it."""
-        self._client.close()
+        if self._client is not None:
+            self._client.close()

@@ -1,0 +1,32 @@
+"""Data parallel 1 vs 2 behind vLLM's real server (configs/data_parallel.yaml): the
+configuration vLLM's offline engine refuses, run end to end on this CPU machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evalpipe.config import DEFAULT_CONFIG
+from processes import wait_gone
+
+pytestmark = pytest.mark.slow
+
+
+def test_dp1_vs_dp2_runs_and_passes(tmp_path):
+    config = DEFAULT_CONFIG.parent / "data_parallel.yaml"
+    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(config), "--limit", "8",
+                           "--no-noise-floor", "--output", str(tmp_path), "--run-id", "dp"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "dp"
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["verdict"] in ("IDENTICAL", "EQUIVALENT")
+    # two engine cores really served dp2, one served dp1
+    assert "EngineCore_DP1" in (run_dir / "dp2" / "engine.log").read_text()
+    assert "EngineCore_DP1" not in (run_dir / "dp1" / "engine.log").read_text()
+    args = (run_dir / "dp2" / "server-args.yaml").read_text()
+    assert "data-parallel-size: 2" in args
+    assert wait_gone("dp", 10) == [], "a finished run left processes behind"
