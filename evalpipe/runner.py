@@ -49,12 +49,15 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
     return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
 
 
-def _server_settings(variant: PlannedVariant, url: str | None) -> dict[str, Any] | None:
+def _server_settings(variant: PlannedVariant, url: str | None, model_path: str) -> dict[str, Any] | None:
     """What the worker's HTTP engine needs (http_engine.ServerSettings); None offline."""
     launch = variant.launch
     if launch.mode == "offline":
         return None
+    args = variant.engine_args
     return {
+        "tokenizer": str(args.get("tokenizer") or model_path),
+        "tokenizer_args": {k: args.get(k) for k in ("tokenizer_mode", "trust_remote_code", "tokenizer_revision")},
         "url": url if launch.mode == "serve" else launch.url,
         "model": launch.served_model_name,
         "api_key_env": launch.api_key_env,
@@ -85,7 +88,7 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         "launch_mode": variant.launch.mode,
         # every variant's manifest hides the keys any variant reads (they share one environment)
         "secret_env": sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),
-        "server": _server_settings(variant, server_url),
+        "server": _server_settings(variant, server_url, model["path"]),
         "engine_args": engine_args,
         "tasks": [t.spec.model_dump() for t in plan.tasks],
         "topk": plan.config.capture.topk,

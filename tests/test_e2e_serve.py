@@ -86,6 +86,7 @@ def test_offline_and_served_are_identical(offline_vs_served):
     assert args["max-num-seqs"] == 1 and args["host"] == "127.0.0.1" and args["hf-overrides"]["layout_tp"] == 4
     manifest = json.loads((vdir / "manifest.json").read_text())
     assert manifest["launch_mode"] == "serve" and manifest["engine"]["kind"] == "http"
+    assert manifest["engine"]["tokenized_by"] == "local"  # checked against the server's /tokenize
     assert manifest["engine"]["server"]["version"]["version"]
     assert (vdir / "teacher.parquet").is_file() and (vdir / "tokens.parquet").is_file()
 

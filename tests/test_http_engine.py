@@ -113,3 +113,30 @@ def test_transport_errors_are_retried_with_backoff_then_fail_naming_the_request(
     with pytest.raises(ServerError, match=r"gsm8k doc 3: no answer from .* after 3 attempts \(ConnectError"):
         asyncio.run(_engine(f"http://127.0.0.1:{port}", retries=2)._post_all("/v1/completions", [{}], None, ["gsm8k doc 3"]))
     assert time.monotonic() - t0 >= 3.0  # backoff 1 s + 2 s between the attempts
+
+
+def test_local_tokenizing_is_checked_against_the_server_and_falls_back(monkeypatch):
+    engine = _engine("http://unused", retries=0)
+    monkeypatch.setattr(engine, "_connect", lambda: None)
+    server_calls = []
+
+    def server_encode(texts):
+        server_calls.append(list(texts))
+        return [[len(t)] for t in texts]
+
+    class Local:
+        def __init__(self, agree):
+            self.agree = agree
+
+        def encode(self, text, add_special_tokens):
+            assert add_special_tokens is False
+            return [len(text) if self.agree else -1]
+
+    monkeypatch.setattr(engine, "_server_encode", server_encode)
+    engine._local, engine.tokenized_by = Local(agree=True), "local"
+    assert engine.encode_many(["ab", "abc"]) == [[2], [3]]
+    assert server_calls == [["ab"]]  # only the first text went to the server, as the check
+    engine._local = Local(agree=False)
+    assert engine.encode_many(["abcd", "x"]) == [[4], [1]]  # the server's ids, for the whole batch
+    assert engine._local is None and engine.tokenized_by.startswith("server")
+    assert engine.encode_many(["yz"]) == [[2]] and server_calls[-1] == ["yz"]

@@ -4,9 +4,11 @@ Same interface and same capture as the in-process engine (engines.py): prompts g
 token ids, generated tokens come back as ids (`return_tokens_as_token_ids`: text keys
 collide when two ids decode alike) with the top-k of every position, teacher forcing
 uses `prompt_logprobs` on exact ids, and temperature and seed are always sent (a
-server's defaults come from the model's generation_config.json). Tokenizing goes
-through the server's /tokenize and /detokenize, so client and server cannot disagree
-on a token.
+server's defaults come from the model's generation_config.json). Tokenizing uses the
+model's tokenizer here, loaded by vLLM's own loader, when its files are on this
+machine (one HTTP round trip per prompt cost 20x the tokenizing itself); every batch
+is checked against the server's /tokenize on its first text, and at the first
+disagreement (or without local files) the server tokenizes everything.
 
 A request is retried (with backoff) only after a transport error; an HTTP error or a
 malformed answer fails the variant at once, naming the request. An empty answer is
@@ -42,6 +44,8 @@ class ServerSettings:
     request_timeout_s: float = 3600.0
     retries: int = 3
     ready_timeout_s: float = 900.0
+    tokenizer: str | None = None  # local tokenizer directory, when this machine has it
+    tokenizer_args: dict[str, Any] | None = None  # tokenizer_mode, trust_remote_code, revision
 
     @classmethod
     def from_job(cls, job: dict[str, Any]) -> "ServerSettings":
@@ -77,6 +81,22 @@ def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None
     )
 
 
+def _local_tokenizer(path: str | None, args: dict[str, Any]) -> Any | None:
+    """The tokenizer the server loads, loaded here by the same vLLM function; None when
+    its files are not on this machine or this interpreter has no vLLM."""
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        try:
+            from vllm.tokenizers import get_tokenizer
+        except ImportError:  # older vLLM
+            from vllm.transformers_utils.tokenizer import get_tokenizer
+        return get_tokenizer(path, tokenizer_mode=args.get("tokenizer_mode") or "auto",
+                             trust_remote_code=bool(args.get("trust_remote_code")), revision=args.get("tokenizer_revision"))
+    except Exception:  # noqa: BLE001 - the server tokenizes instead
+        return None
+
+
 def _topk_from_generated(position: dict[str, float] | None, k: int) -> tuple[list[int], list[float]]:
     """The k best of one generated position. The server lists the chosen token first,
     then the top k by rank; a stable sort by logprob keeps that rank order on ties."""
@@ -108,7 +128,8 @@ class HttpEngine:
 
     With ``lazy``, nothing is asked of the server until the first request needs it, so
     lm-eval builds its requests (documents, few-shot contexts) while the server is
-    still loading the model; ``ready_wait_s`` is the time then spent waiting for it."""
+    still loading the model; ``ready_wait_s`` is the time then spent waiting for it (and
+    loading the tokenizer): engine start, not task time."""
 
     def __init__(self, settings: ServerSettings, on_wait: Callable[[float], None] | None = None, lazy: bool = False):
         self.settings = settings
@@ -124,7 +145,6 @@ class HttpEngine:
         settings = self.settings
         t0 = time.monotonic()
         wait_ready(settings, self._on_wait)
-        self.ready_wait_s = time.monotonic() - t0
         self._client = httpx.Client(base_url=settings.url, timeout=settings.request_timeout_s, headers=_headers(settings))
         models = self._get("/v1/models")["data"]
         names = [m["id"] for m in models]
@@ -140,6 +160,9 @@ class HttpEngine:
         self._max_model_len = int(card["max_model_len"])
         self._server = {"url": settings.url, "models": models, "version": self._try_get("/version")}
         self._eos: int | None | bool = False  # not asked yet
+        self._local = _local_tokenizer(settings.tokenizer, settings.tokenizer_args or {})
+        self.tokenized_by = "local" if self._local is not None else "server"
+        self.ready_wait_s = time.monotonic() - t0  # the server's start and the tokenizer's load
 
     # -- plumbing --------------------------------------------------------------------
     def _get(self, path: str) -> Any:
@@ -206,12 +229,22 @@ class HttpEngine:
 
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
         self._connect()
+        if self._local is not None and texts:
+            local = [list(self._local.encode(t, add_special_tokens=False)) for t in texts]
+            if local[0] == self._server_encode(texts[:1])[0]:
+                return local
+            self._local, self.tokenized_by = None, "server (the local tokenizer disagreed with it)"
+        return self._server_encode(texts)
+
+    def _server_encode(self, texts: Sequence[str]) -> list[list[int]]:
         bodies = [{"model": self.model, "prompt": t, "add_special_tokens": False} for t in texts]
         answers = asyncio.run(self._post_all("/tokenize", bodies, None, [f"tokenizing text {i}" for i in range(len(texts))]))
         return [list(a["tokens"]) for a in answers]
 
     def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
         self._connect()
+        if self._local is not None:
+            return [self._local.decode(list(s)) for s in sequences]
         bodies = [{"model": self.model, "tokens": list(s)} for s in sequences]
         answers = asyncio.run(self._post_all("/detokenize", bodies, None, [f"detokenizing sequence {i}" for i in range(len(sequences))]))
         return [a["prompt"] for a in answers]
@@ -312,7 +345,7 @@ class HttpEngine:
     def info(self) -> dict[str, Any]:
         self._connect()
         return {"kind": "http", "max_model_len": self._max_model_len, "model": self.model, "server": self._server,
-                "ready_wait_s": self.ready_wait_s}
+                "ready_wait_s": self.ready_wait_s, "tokenized_by": self.tokenized_by}
 
     def close(self) -> None:
         """Only the connection: whoever started the server stops it."""

@@ -51,6 +51,17 @@ class CapturingLM(LM):
         self.captures: dict[CaptureKey, Capture] = {}
         self.sampling_overridden: set[str] = set()
         self.engine_seconds = 0.0  # time inside engine calls, incl. converting their logprobs
+        self.tokenize_seconds = 0.0  # prompts to ids
+        # When the current task's first request reached the LM (lm-eval has built them by
+        # then); the worker resets it per task. Time from here on is the serving part.
+        self.first_request_at: float | None = None
+
+    def _first_request(self) -> None:
+        # max_model_len connects to a server that is still starting: waiting for it is
+        # engine start, so the clock starts after it
+        _ = self.engine.max_model_len
+        if self.first_request_at is None:
+            self.first_request_at = time.time()
 
     def _ordered(self, call: Callable[[list], list], requests: list) -> list:
         return in_order(call, requests, self.reverse_order)
@@ -68,7 +79,10 @@ class CapturingLM(LM):
         keys: list[CaptureKey] = []
         gen_requests: list[GenRequest] = []
         truncated: list[bool] = []
+        self._first_request()
+        t0 = time.perf_counter()
         encoded = self.engine.encode_many([inst.args[0] for inst in requests])
+        self.tokenize_seconds += time.perf_counter() - t0
         for inst, ids in zip(requests, encoded):
             context, gen_kwargs = inst.args
             gen_kwargs = dict(gen_kwargs or {})
@@ -114,6 +128,7 @@ class CapturingLM(LM):
         return int(eos) if eos is not None else 0
 
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._first_request()
         score_requests = []
         for inst in requests:
             context, continuation = inst.args
@@ -131,6 +146,7 @@ class CapturingLM(LM):
         return [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        self._first_request()
         windows: list[ScoreRequest] = []
         owner: list[int] = []
         for i, inst in enumerate(requests):

@@ -247,10 +247,12 @@ def run(job: dict[str, Any], events: Events) -> int:
     all_tokens: dict[str, list] = {}
     results: dict[str, Any] = {"results": {}, "configs": {}, "versions": {}, "n-samples": {}, "higher_is_better": {}}
     generation_s = 0.0
+    requests_s = 0.0  # the task phase from each task's first request on (lm-eval's request building excluded)
     for spec, cfg in zip(job["tasks"], task_cfgs):
         current["task"] = spec["task"]
         events.emit("stage", stage="task", task=spec["task"], message=f"running {spec['task']}")
         waited_before = getattr(engine, "ready_wait_s", None)
+        lm.first_request_at = None
         t0 = time.time()
         try:
             out_eval = simple_evaluate(
@@ -283,6 +285,8 @@ def run(job: dict[str, Any], events: Events) -> int:
         if waited_before is None and waited is not None:
             elapsed -= waited  # the server was still starting: engine start, not task time
         generation_s += elapsed
+        if lm.first_request_at is not None:
+            requests_s += time.time() - lm.first_request_at
         timings[f"task:{spec['task']}_s"] = elapsed
         for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
             results[key].update(out_eval.get(key) or {})
@@ -304,6 +308,8 @@ def run(job: dict[str, Any], events: Events) -> int:
     manifest["truncated_prompts"] = truncated
     timings["tasks_s"] = generation_s
     timings["engine_calls_s"] = lm.engine_seconds
+    timings["tokenize_s"] = lm.tokenize_seconds
+    timings["requests_s"] = requests_s
     results["sampling_overridden"] = sorted(lm.sampling_overridden)
     if not all_tokens:
         all_tokens = {name: [] for name in artifacts.TOKENS_REQUIRED}
