@@ -140,3 +140,14 @@ def test_local_tokenizing_is_checked_against_the_server_and_falls_back(monkeypat
     assert engine.encode_many(["abcd", "x"]) == [[4], [1]]  # the server's ids, for the whole batch
     assert engine._local is None and engine.tokenized_by.startswith("server")
     assert engine.encode_many(["yz"]) == [[2]] and server_calls[-1] == ["yz"]
+
+
+def test_end_of_sequence_id_comes_from_the_local_tokenizer_or_says_how_to_get_it(monkeypatch):
+    engine = _engine("http://unused", retries=0)
+    monkeypatch.setattr(engine, "_connect", lambda: None)
+    engine._local = type("Tok", (), {"eos_token_id": 7})()
+    assert engine.eos_token_id == 7
+    engine._local, engine._eos = None, False
+    monkeypatch.setattr(engine, "_try_get", lambda path: None)  # a server without /tokenizer_info
+    with pytest.raises(ServerError, match="--enable-tokenizer-info-endpoint"):
+        _ = engine.eos_token_id

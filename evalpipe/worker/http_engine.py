@@ -257,6 +257,8 @@ class HttpEngine:
     @property
     def eos_token_id(self) -> int | None:
         self._connect()
+        if self._local is not None:
+            return self._local.eos_token_id
         if self._eos is False:
             info = self._try_get("/tokenizer_info")
             self._eos = (info or {}).get("eos_token_id")
