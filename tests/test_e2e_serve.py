@@ -95,7 +95,7 @@ def test_a_server_that_dies_fails_its_variant_and_the_others_are_compared(offlin
     proc, run_dir = offline_vs_served["proc"], offline_vs_served["dir"]
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     err = " ".join(proc.stderr.split())
-    assert "variant dead failed" in err and "the server exited with code" in err and "engine.log" in err
+    assert "variants dead, refused failed" in err and "the server exited with code" in err and "engine.log" in err
     assert "Traceback" not in proc.stderr
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "failed" and info["failed_variants"] == ["dead", "refused"]
