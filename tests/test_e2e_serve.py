@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -111,18 +110,14 @@ def test_a_refused_request_fails_its_variant_naming_the_document(offline_vs_serv
     assert not (offline_vs_served["dir"] / "refused" / "samples.parquet").exists()  # no answers scored as wrong
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_artifacts(tmp_path, builtin_model_dir):
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
 
     key = "sk-evalpipe-test-7f3a91"
-    port = free_port()
+    from evalpipe.serve import free_port
+
+    port = free_port("127.0.0.1")
     plan = make_plan(load_config(write_config(tmp_path, "base", engine=SEQUENTIAL)), "base", "gsm8k", variants="legacy",
                      noise_floor=False)
     legacy = plan.variants[0]

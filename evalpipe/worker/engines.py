@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
 
@@ -110,16 +110,17 @@ def _progress_bar_factory(progress: ProgressFn | None):
     return _Forwarding if progress is not None else False
 
 
+def ranked_topk(entries: Iterable[tuple[int, int | None, float]], k: int) -> tuple[list[int], list[float]]:
+    """The k best of one position's (id, rank, logprob) entries, by vLLM's rank (ties:
+    by id); entries without a rank or ranked below k are not part of the top k."""
+    ranked = sorted(((tid, rank, lp) for tid, rank, lp in entries if rank is not None and rank <= k),
+                    key=lambda e: (e[1], e[0]))[:k]
+    return [tid for tid, _, _ in ranked], [float(lp) for _, _, lp in ranked]
+
+
 def _topk_of(position: dict[int, Any] | None, k: int) -> tuple[list[int], list[float]]:
-    """The k best (id, logprob) of one position, ordered by vLLM's rank (ties: by id)."""
-    if not position:
-        return [], []
-    ranked = sorted(
-        position.items(),
-        key=lambda item: (item[1].rank if item[1].rank is not None else math.inf, item[0]),
-    )
-    ranked = [(tid, lp) for tid, lp in ranked if lp.rank is not None and lp.rank <= k][:k]
-    return [tid for tid, _ in ranked], [float(lp.logprob) for _, lp in ranked]
+    """The k best (id, logprob) of one position of vLLM's Logprob objects."""
+    return ranked_topk(((tid, lp.rank, lp.logprob) for tid, lp in (position or {}).items()), k)
 
 
 class OfflineEngine:

@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
-from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult
+from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -109,12 +109,8 @@ def _topk_from_generated(position: dict[str, float] | None, k: int) -> tuple[lis
 
 
 def _topk_from_prompt(position: dict[str, Any], k: int) -> tuple[list[int], list[float]]:
-    """The k best of one prompt position, by the server's rank (ties: by id), as offline."""
-    ranked = sorted(
-        ((int(tid), entry) for tid, entry in position.items() if entry.get("rank") is not None and entry["rank"] <= k),
-        key=lambda item: (item[1]["rank"], item[0]),
-    )[:k]
-    return [tid for tid, _ in ranked], [float(entry["logprob"]) for _, entry in ranked]
+    """The k best of one prompt position, chosen as the offline engine chooses them."""
+    return ranked_topk(((int(tid), e.get("rank"), e["logprob"]) for tid, e in position.items()), k)
 
 
 def _token_id(key: str) -> int:
