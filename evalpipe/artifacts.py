@@ -124,6 +124,10 @@ def write_text(path: Path, text: str) -> None:
     _atomic_write_bytes(Path(path), text.encode("utf-8"))
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    _atomic_write_bytes(Path(path), data)
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Stable JSON (sorted keys, fixed indent) so equal content gives equal bytes."""
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")

@@ -2,11 +2,14 @@
 write the calibration table (what a PASS is worth).
 
 One evalpipe run holds every entry as a variant: the config's own variants (the
-reference `legacy` and the pass-through `sp`, expected to be benign) plus one variant
-per zoo fault (`sp` with ``EVALPIPE_LAYOUT_FAULT`` set, or `legacy` for faults of that
-layout). The run is compared as usual (compare.json, reports); then every variant gets
-a calibration row (:mod:`evalpipe.compare.calibration`) and the table goes to
-docs/calibration.md.
+reference `legacy` and the pass-through `sp`, expected to be benign), two benign
+controls of the engine itself (the reference again with another batch arrangement, the
+"A/A2", and with two compute threads) plus one variant per zoo fault (`sp` with
+``EVALPIPE_LAYOUT_FAULT`` set). The run is compared as usual (compare.json, reports);
+then every variant gets a calibration row (:mod:`evalpipe.compare.calibration`), the
+graded faults a sensitivity point at 100 items and at all items, every gate its firing
+rate over the A/A pairs and the benign entries, and the table goes to
+docs/calibration.md with the sensitivity plot beside it.
 """
 
 from __future__ import annotations
@@ -47,25 +50,63 @@ def fault_variant(fault: Fault) -> Variant:
     kind = "harmful" if fault.harmful else "benign"
     return Variant(
         description=f"{fault.layout} + fault {fault.name} ({kind})",
-        env={LAYOUT_ENV: fault.layout, FAULT_ENV: fault.name},
+        env={LAYOUT_ENV: "sp" if fault.layout == "any" else fault.layout, FAULT_ENV: fault.name},
         engine=engine,
     )
 
 
+AA2_SUFFIX = "-aa2"
+THREADS_SUFFIX = "-threads2"
+SENSITIVITY_ITEMS = 100  # the smoke-test size the sensitivity curve is also read at
+
+
+def control_variants(config: RunConfig) -> dict[str, tuple[Variant, str]]:
+    """Benign controls of the engine itself, made from the reference: the A/A2 (another
+    batch arrangement than the A/A run's: max_num_seqs quartered, requests in order) and
+    two compute threads (another split of every matmul's reduction)."""
+    ref_name = config.reference_name
+    ref = config.variants[ref_name]
+    seqs = int(ref.engine.get("max_num_seqs", config.engine.get("max_num_seqs", 256)))
+    aa2 = Variant(
+        description=f"A/A2: {ref_name} again with max_num_seqs {max(1, seqs // 4)} (the A/A run halves it and reverses the order)",
+        env=dict(ref.env),
+        engine={**ref.engine, "max_num_seqs": max(1, seqs // 4)},
+        python=ref.python,
+        launch=dict(ref.launch),
+    )
+    threads = Variant(
+        description=f"{ref_name} on two compute threads (OMP_NUM_THREADS=2): every matmul's reduction split differently",
+        env={**ref.env, "OMP_NUM_THREADS": "2"},
+        engine=dict(ref.engine),
+        python=ref.python,
+        launch=dict(ref.launch),
+    )
+    return {
+        ref_name + AA2_SUFFIX: (aa2, "The reference's run-to-run noise under a third batch arrangement: a second A/A pair."),
+        ref_name + THREADS_SUFFIX: (threads, "Two compute threads instead of one: same arithmetic, another reduction split."),
+    }
+
+
 def calibration_config(config: RunConfig, faults: list[Fault]) -> tuple[RunConfig, dict[str, tuple[str, str]]]:
-    """The config with one variant per fault; and per variant (expected, doc)."""
+    """The config with the engine controls and one variant per fault; and per variant (expected, doc)."""
     variants = dict(config.variants)
     expected: dict[str, tuple[str, str]] = {
         name: ("benign", v.description or "layout variant without a fault")
         for name, v in config.variants.items()
         if name != config.reference_name
     }
+    for name, (variant, doc) in control_variants(config).items():
+        if name in variants:
+            raise ConfigError(f"the config already has a variant `{name}`; rename it (calibration adds it).")
+        variants[name] = variant
+        expected[name] = ("benign", doc)
     for fault in faults:
         name = f"fault-{fault.name}"
         if name in variants:
             raise ConfigError(f"the config already has a variant `{name}`; rename it (calibration adds it).")
         variants[name] = fault_variant(fault)
-        expected[name] = ("harmful" if fault.harmful else "benign", fault.doc)
+        kind = "graded" if fault.magnitude is not None else "harmful" if fault.harmful else "benign"
+        expected[name] = (kind, fault.doc)
     data = config.model_dump(mode="json")
     data["variants"] = {k: v.model_dump(mode="json") for k, v in variants.items()}
     return RunConfig.model_validate(data), expected
@@ -80,15 +121,25 @@ def run_calibration(
     run_id: str | None = None,
     output: Path | None = None,
 ) -> int:
-    from evalpipe.compare.calibration import calibration_row, detection_cost, failed_row, summarize
-    from evalpipe.compare.run import VariantArtifacts, compare_run, read_run_info
+    from evalpipe.compare.calibration import (
+        calibration_row,
+        compare_first,
+        detection_cost,
+        failed_row,
+        gate_firing,
+        sensitivity_point,
+        summarize,
+    )
+    from evalpipe.compare.run import VariantArtifacts, compare_artifacts, compare_run, read_run_info
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
     from evalpipe.runner import RunFailed, execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
     base = load_config(path)
-    config, expected = calibration_config(base, zoo(fault_names))
+    faults = zoo(fault_names)
+    config, expected = calibration_config(base, faults)
+    graded = {f"fault-{f.name}": f.magnitude for f in faults if f.magnitude is not None}
     task_group = next(iter(config.tasks))
     plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
     started = time.time()
@@ -106,30 +157,64 @@ def run_calibration(
     essential = {info["reference"], (info.get("noise_floor") or {}).get("variant")}
     comparisons = ()
     rd = artifacts.RunDir(plan.run_dir)
+    sensitivity, aa_pairs = [], []
     if set(survivors) - essential:
         comparison = compare_run(plan.run_dir, variants=survivors)
         comparisons = comparison.comparisons
+        gates = comparison.gates
         ref = VariantArtifacts.load(rd.variant(comparison.reference))
         aa = VariantArtifacts.load(rd.variant(comparison.noise_floor.variant)) if comparison.noise_floor else None
+        numerics = comparisons[0].numerics if comparisons else None
     rows = []
     for c in comparisons:
         kind, doc = expected.get(c.variant, ("benign", ""))
+        side = VariantArtifacts.load(rd.variant(c.variant))
         cost = None
         if c.status.value == "DIVERGENT":
             console.print(f"detection cost of {c.variant} ...")
-            cost = detection_cost(ref, VariantArtifacts.load(rd.variant(c.variant)), comparison.gates, aa=aa)
+            cost = detection_cost(ref, side, gates, aa=aa, numerics=numerics)
         rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))
+        magnitude = graded.get(c.variant)
+        if magnitude is not None:
+            n_all = len(set(zip(*side.samples.select(["task", "doc_id"]).to_pydict().values())))
+            for n in sorted({min(SENSITIVITY_ITEMS, n_all), n_all}):
+                at_n = c if n == n_all else compare_first(ref, side, gates, n, aa=aa, numerics=numerics)
+                sensitivity.append(sensitivity_point(at_n, magnitude, n, gates))
+        if c.variant.endswith(AA2_SUFFIX) and aa is not None:
+            # the two A/A pairs: reference vs A/A2 (A/A as its floor) is the row above;
+            # reference vs A/A with A/A2 as its floor is the other
+            aa_pairs.append(c)
+            aa_side = VariantArtifacts.load(rd.variant(comparison.noise_floor.variant))
+            floor2 = compare_artifacts(ref, side, worst_k=0, gates=gates, numerics=numerics)
+            aa_pairs.append(compare_artifacts(ref, aa_side, worst_k=0, gates=gates, aa=floor2, numerics=numerics))
     for name in failed:
         kind, doc = expected.get(name, ("benign", ""))
         rows.append(failed_row(name, kind, str(info["variant_status"][name].get("error")), doc=doc))
 
-    from evalpipe.report.calibration import render_calibration
+    from evalpipe.report.calibration import render_calibration, sensitivity_plot
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
-    text = render_calibration(rows, info, command=command, seconds=time.time() - started, run_dir=plan.run_dir)
+    benign = [c for c in comparisons if expected.get(c.variant, ("benign", ""))[0] == "benign"]
+    firing = {"aa_pairs": gate_firing(aa_pairs), "benign": gate_firing(benign)}
+    plot_path = table_path.with_name(table_path.stem + "-sensitivity.png")
+    if sensitivity:
+        artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
+    text = render_calibration(
+        rows, info, command=command, seconds=time.time() - started, run_dir=plan.run_dir,
+        sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,
+        numerics=comparisons[0].numerics if comparisons else None,
+    )
     artifacts.write_text(table_path, text)
-    artifacts.write_json(rd.root / "calibration.json", {"rows": [r.to_dict() for r in rows], "summary": summarize(rows)})
+    artifacts.write_json(
+        rd.root / "calibration.json",
+        {
+            "rows": [r.to_dict() for r in rows],
+            "summary": summarize(rows),
+            "sensitivity": [p.to_dict() for p in sensitivity],
+            "gate_firing": {k: {g: list(v) for g, v in f.items()} for k, f in firing.items()},
+        },
+    )
     _print_rows(rows, console)
     console.print(f"table: {table_path}")
     counts = summarize(rows)
@@ -139,7 +224,7 @@ def run_calibration(
 def _print_rows(rows, console: Console) -> None:
     table = Table("variant", "expected", "verdict", "outcome", "detectors", "detection cost")
     for r in rows:
-        style = "green" if r.outcome in ("caught", "clean") else "bold red"
+        style = "green" if r.outcome in ("caught", "clean") else "yellow" if r.outcome == "not caught" else "bold red"
         table.add_row(
             r.variant, r.expected, r.status, f"[{style}]{r.outcome}[/]", ", ".join(r.detectors) or "—",
             "—" if r.detection_cost is None else str(r.detection_cost),

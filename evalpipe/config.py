@@ -145,19 +145,37 @@ class Capture(_Strict):
     prompt_positions: PromptPositions = PromptPositions()
 
 
+AUTO = "auto"
+
+
 class Tolerance(_Strict):
     """A gate on one token metric: fail when measured > max(abs, rel_aa x the A/A value).
 
-    Without an A/A run (``noise_floor: false``) the bound is ``abs``.
+    ``abs: auto`` (the default) takes the floor for the reference's precision from
+    :data:`evalpipe.compare.numerics.FLOORS`; a number overrides it. Without an A/A run
+    (``noise_floor: false``) the bound is the floor alone.
     """
 
-    abs: float = Field(ge=0, description="Absolute bound; the gate never fails at or below it.")
+    abs: float | Literal["auto"] = Field(
+        default=AUTO, description="Absolute floor; the gate never fails at or below it. `auto`: the floor for the reference's precision (docs/numerics.md)."
+    )
     rel_aa: float | None = Field(default=3.0, ge=0, description="Multiple of the same metric in the A/A noise-floor run; null ignores the A/A run.")
 
-    def bound(self, aa_value: float | None) -> float:
+    @field_validator("abs")
+    @classmethod
+    def _non_negative(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and v < 0:
+            raise ValueError("must be >= 0 or `auto`")
+        return v
+
+    def floor(self, auto_floor: float) -> float:
+        return auto_floor if self.abs == AUTO else float(self.abs)
+
+    def bound(self, aa_value: float | None, auto_floor: float = 0.0) -> float:
+        floor = self.floor(auto_floor)
         if self.rel_aa is None or aa_value is None:
-            return self.abs
-        return max(self.abs, self.rel_aa * aa_value)
+            return floor
+        return max(floor, self.rel_aa * aa_value)
 
 
 class ScoreGates(_Strict):
@@ -169,25 +187,45 @@ class ScoreGates(_Strict):
 
 class TokenGates(_Strict):
     free_hard_divergences: Tolerance = Field(
-        default=Tolerance(abs=0),
+        default=Tolerance(),
         description="Free-running samples whose first divergence is hard (not a near tie), per task.",
     )
     free_kl_max: Tolerance = Field(
-        default=Tolerance(abs=0.1),
+        default=Tolerance(),
         description="Largest free-running per-position KL before the first divergence, nats (batch-layout faults that only decoding meets).",
     )
     teacher_kl_p99: Tolerance = Field(
-        default=Tolerance(abs=1e-3),
+        default=Tolerance(),
         description="p99 over teacher-forced positions of the symmetric top-k KL, max(KL(ref||variant), KL(variant||ref)), nats.",
     )
     teacher_kl_max: Tolerance = Field(
-        default=Tolerance(abs=0.1),
+        default=Tolerance(),
         description="Largest teacher-forced per-position KL, nats (catches faults that touch few positions).",
     )
     teacher_hard_top1_flips: Tolerance = Field(
-        default=Tolerance(abs=0),
+        default=Tolerance(),
         description="Teacher-forced positions whose top-1 token differs and the reference's gap between the two is not a near tie.",
     )
+
+
+class DistributionGates(_Strict):
+    """Tests of the A/B distribution against the A/A one over all teacher-forced positions
+    (:mod:`evalpipe.compare.distribution`): a gate fails when the difference is
+    significant (p < alpha) and larger than its floor. They need an A/A run."""
+
+    enabled: bool = True
+    alpha: float = Field(default=1e-3, gt=0, lt=0.5, description="Level of the sign-flip permutation tests (per task and test).")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence of the reported effect interval.")
+    dlogprob_shift: float | Literal["auto"] = Field(
+        default=AUTO, description="Floor on |mean signed shift| of the forced token's logprob, nats; `auto`: by precision (docs/numerics.md)."
+    )
+    kl_shift: float | Literal["auto"] = Field(
+        default=AUTO, description="Floor on the mean per-position KL above A/A, nats; `auto`: by precision (docs/numerics.md)."
+    )
+
+    def floor(self, test: str, auto_floor: float) -> float:
+        value = getattr(self, test)
+        return auto_floor if value == AUTO else float(value)
 
 
 class Gates(_Strict):
@@ -195,6 +233,7 @@ class Gates(_Strict):
 
     scores: ScoreGates = ScoreGates()
     tokens: TokenGates = TokenGates()
+    distribution: DistributionGates = DistributionGates()
 
 
 class NoiseFloor(_Strict):

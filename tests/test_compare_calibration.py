@@ -27,6 +27,28 @@ def side(name, samples):
 def test_outcome_against_expectation():
     assert outcome("harmful", "DIVERGENT") == CAUGHT and outcome("harmful", "EQUIVALENT") == MISSED
     assert outcome("benign", "IDENTICAL") == CLEAN and outcome("benign", "DIVERGENT") == FALSE_ALARM
+    assert outcome("graded", "DIVERGENT") == CAUGHT and outcome("graded", "EQUIVALENT") == "not caught"
+
+
+def test_graded_rows_are_not_counted_as_misses_and_gates_firing_is_counted_per_comparison():
+    from evalpipe.compare.calibration import CalibrationRow, gate_firing, summarize
+
+    def row(expected, out):
+        return CalibrationRow("v", expected, "EQUIVALENT", out, (), (), None, None, None, None, None, None, 0, None)
+
+    assert summarize([row("graded", "not caught"), row("harmful", CAUGHT), row("benign", CLEAN)]) == {
+        CAUGHT: 1, MISSED: 0, CLEAN: 1, FALSE_ALARM: 0
+    }
+    a = make_samples(6)
+    b = mutate(a, 2, set_token(1, 7))
+    sa, ta = tables(a)
+    sb, tb = tables(b)
+    same = compare_artifacts(VariantArtifacts("a", sa, ta, None), VariantArtifacts("b", sa, ta, None), worst_k=0, gates=Gates())
+    moved = compare_artifacts(VariantArtifacts("a", sa, ta, None), VariantArtifacts("b", sb, tb, None), worst_k=0, gates=Gates())
+    firing = gate_firing([same, moved])
+    assert firing["free_hard_divergences"] == (1, 2)
+    assert firing["score_equivalence"][1] == 2
+    assert firing["teacher_kl_max"] == (0, 0), "skipped gates are not evaluated"
 
 
 def test_detection_cost_is_the_first_prefix_that_diverges():

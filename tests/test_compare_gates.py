@@ -178,7 +178,7 @@ def test_teacher_kl_gates_relative_to_aa():
     results = evaluate_gates([], [_summary()], [t], Gates(), aa)
     p99, mx = _by_name(results, "teacher_kl_p99"), _by_name(results, "teacher_kl_max")
     assert p99.detail == (
-        f"{TASK} teacher_kl_p99: 0.15 > 0.001 (max(abs 0.001, 3 x A/A 0)); worst at doc 3 repeat 0 pos 12, doc 5 repeat 1 pos 2"
+        f"{TASK} teacher_kl_p99: 0.15 > 0.001 (max(half floor 0.001, 3 x A/A 0)); worst at doc 3 repeat 0 pos 12, doc 5 repeat 1 pos 2"
     )
     assert p99.evidence == ("doc 3 repeat 0 pos 12", "doc 5 repeat 1 pos 2")
     # max: bound max(0.1, 3 x 0.2) = 0.6 (up to rounding), 0.4 passes
@@ -245,7 +245,9 @@ def test_gate_order_and_json():
         ("aaa", "teacher_kl_p99", None),
         ("aaa", "teacher_kl_max", None),
         ("aaa", "teacher_hard_top1_flips", None),
-    ] + [(TASK,) + k[1:] for k in keys[:7]]
+        ("aaa", "teacher_dlogprob_shift", None),
+        ("aaa", "teacher_kl_shift", None),
+    ] + [(TASK,) + k[1:] for k in keys[:9]]
     d = vc.verdict.gates[0].to_dict()
     assert set(d) == {"gate", "task", "metric", "status", "measured", "threshold", "aa_value", "detail", "evidence"}
     json.dumps(vc.to_dict()["gates"], allow_nan=False)
@@ -271,7 +273,8 @@ def test_teacher_difference_alone_keeps_it_from_identical():
     s = make_samples(3)
     vc = _vc(s, s, s, mutate(s, 1, lambda x: x.copy(logprobs=[v - 1e-3 for v in x.logprobs])))
     assert vc.status is Status.EQUIVALENT
-    assert vc.verdict.reasons[-1] == "all 7 gates passed (0 skipped)"
+    # the distributional gates skip: no A/A run
+    assert vc.verdict.reasons[-1] == "all 7 gates passed (2 skipped)"
 
 
 def test_divergent_lists_failing_gates_first_then_structure():

@@ -13,7 +13,7 @@ from fakes import TASK, make_samples, mutate, perturb_topk, set_token, write_run
 RUN_KEYS = {"schema_version", "run_id", "reference", "variants", "status", "gates", "noise_floor", "comparisons"}
 COMPARISON_KEYS = {
     "a", "b", "reference", "variant", "status", "reasons", "samples", "scores",
-    "metrics_only_a", "metrics_only_b", "tokens", "teacher", "gates",
+    "metrics_only_a", "metrics_only_b", "tokens", "teacher", "gates", "numerics", "distribution",
 }
 
 
@@ -55,7 +55,7 @@ def test_without_noise_floor_the_same_data_diverges(tmp_path):
     rc = compare_run(_noise_run(tmp_path, noise_floor=None))
     assert rc.noise_floor is None and rc.variants == ["legacy-aa", "sp"]
     assert rc.comparisons[1].status is Status.DIVERGENT
-    assert rc.comparisons[1].verdict.reasons[0].startswith(f"{TASK} free_hard_divergences: 2 > 0 (abs 0; no A/A value)")
+    assert rc.comparisons[1].verdict.reasons[0].startswith(f"{TASK} free_hard_divergences: 2 > 0 (half floor 0; no A/A value)")
 
 
 def test_noise_floor_of_another_reference_is_an_ordinary_variant(tmp_path):
@@ -106,9 +106,11 @@ def test_compare_json_v2_shape_and_bytes(tmp_path):
     assert set(c) == COMPARISON_KEYS
     assert [g["gate"] for g in c["gates"]] == [
         "score_equivalence", "score_mcnemar", "free_hard_divergences", "free_kl_max",
-        "teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips",
+        "teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips", "teacher_dlogprob_shift", "teacher_kl_shift",
     ]
-    assert c["teacher"][0]["task"] == TASK and c["reasons"][-1] == "all 7 gates passed (0 skipped)"
+    assert c["teacher"][0]["task"] == TASK and c["reasons"][-1] == "all 9 gates passed (0 skipped)"
+    assert c["numerics"]["precision"] == "half" and c["numerics"]["aa_identical"] is not None
+    assert [t["test"] for t in c["distribution"]] == ["dlogprob_shift", "kl_shift"]
     assert "NaN" not in first.decode() and str(tmp_path) not in first.decode()
     # the same artifacts with their rows in another order: the same bytes
     s = make_samples(8)

@@ -92,8 +92,13 @@ def test_gates_have_documented_defaults_and_reject_unknown_keys():
     cfg = parse_config(MINIMAL)
     assert cfg.gates.scores.margin == 0.01 and cfg.gates.scores.alpha == 0.05
     kl = cfg.gates.tokens.teacher_kl_p99
-    assert kl.bound(None) == 1e-3, "without an A/A run the absolute bound applies"
-    assert kl.bound(1e-4) == 1e-3 and kl.bound(0.01) == pytest.approx(0.03), "max(abs, 3 x A/A)"
+    assert kl.abs == "auto", "the floor follows the reference's precision by default"
+    assert kl.bound(None, 1e-3) == 1e-3, "without an A/A run the floor applies"
+    assert kl.bound(1e-4, 1e-3) == 1e-3 and kl.bound(0.01, 1e-3) == pytest.approx(0.03), "max(floor, 3 x A/A)"
+    fixed = parse_config({**MINIMAL, "gates": {"tokens": {"teacher_kl_p99": {"abs": 2e-3}}}}).gates.tokens.teacher_kl_p99
+    assert fixed.bound(None, 1e-8) == 2e-3, "a number in the config overrides the table"
+    with pytest.raises(ConfigError, match="gates.tokens.teacher_kl_p99.abs"):
+        parse_config({**MINIMAL, "gates": {"tokens": {"teacher_kl_p99": {"abs": -1}}}})
     with pytest.raises(ConfigError, match="unknown key `gates.tokens.kl`"):
         parse_config({**MINIMAL, "gates": {"tokens": {"kl": {"abs": 1}}}})
     strict = parse_config({**MINIMAL, "gates": {"tokens": {"teacher_kl_max": {"abs": 0.5, "rel_aa": None}}}})

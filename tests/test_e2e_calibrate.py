@@ -1,6 +1,8 @@
 """`evalpipe calibrate` end to end on the real engine, on a small slice of the zoo:
-one harmful fault, one benign one, and one whose input check stops the engine (the run
-goes on without it, and the table still says what happened)."""
+one harmful fault, one benign one, one whose input check stops the engine (the run
+goes on without it, and the table still says what happened), the engine controls
+(A/A2, two threads), and one graded systematic error on each side of the default
+gates' detection limit (1e-3 in one layer: caught; 1e-5: below the fp32 floors)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from evalpipe.config import DEFAULT_CONFIG
 pytestmark = pytest.mark.slow
 
 LIMIT = 4
-FAULTS = ["heads_permuted", "tree_reduce", "shard_offset_checked"]
+FAULTS = ["heads_permuted", "tree_reduce", "shard_offset_checked", "attn_out_error_1e-3", "attn_out_error_1e-5"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def test_calibrate_succeeds_with_every_entry_as_expected(calibrated):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     summary = json.loads((calibrated["dir"] / "calibration.json").read_text())["summary"]
-    assert summary == {"caught": 2, "missed": 0, "clean": 1, "false alarm": 0}
+    # harmful: heads_permuted + the engine stop; benign: tree_reduce + the two engine controls
+    assert summary == {"caught": 2, "missed": 0, "clean": 3, "false alarm": 0}
 
 
 def test_harmful_fault_is_divergent_with_cost_and_detectors(calibrated):
@@ -76,7 +79,32 @@ def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
     assert "fault-shard_offset_checked" in info["error"]
     # the variants that did run were compared and reported all the same
     compared = json.loads((calibrated["dir"] / "compare.json").read_text())
-    assert {c["variant"] for c in compared["comparisons"]} == {"fault-heads_permuted", "fault-tree_reduce"}
+    assert {c["variant"] for c in compared["comparisons"]} == {
+        "fault-heads_permuted", "fault-tree_reduce", "fault-attn_out_error_1e-3", "fault-attn_out_error_1e-5",
+        f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2",
+    }
+
+
+def test_engine_controls_stay_clean(calibrated):
+    for name in (f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
+        r = rows(calibrated)[name]
+        assert (r["expected"], r["outcome"]) == ("benign", "clean"), r
+
+
+def test_graded_errors_on_each_side_of_the_detection_limit(calibrated):
+    above, below = rows(calibrated)["fault-attn_out_error_1e-3"], rows(calibrated)["fault-attn_out_error_1e-5"]
+    assert (above["expected"], above["status"], above["outcome"]) == ("graded", "DIVERGENT", "caught")
+    assert "teacher-forced" in above["detectors"] and above["delta"] == 0, "no score moves: the logits show it"
+    assert (below["expected"], below["status"], below["outcome"]) == ("graded", "EQUIVALENT", "not caught")
+    data = json.loads((calibrated["dir"] / "calibration.json").read_text())
+    points = {p["magnitude"]: p for p in data["sensitivity"]}
+    assert set(points) == {1e-3, 1e-5} and {p["n_items"] for p in points.values()} == {LIMIT}
+    # the same gate measures ~100x less for a 100x smaller error (KL grows with the square)
+    assert points[1e-3]["ratios"]["teacher_kl_max"] > 1 > points[1e-5]["ratios"]["teacher_kl_max"]
+    assert points[1e-3]["ratios"]["teacher_kl_max"] > 1000 * points[1e-5]["ratios"]["teacher_kl_max"]
+    text = calibrated["table"].read_text()
+    assert "## Sensitivity: graded systematic errors" in text and "## False alarms, measured" in text
+    assert (calibrated["table"].parent / "calibration-sensitivity.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_table_states_the_command_and_every_entry(calibrated):

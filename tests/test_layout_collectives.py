@@ -207,7 +207,7 @@ def test_fault_registry_names_harm_and_layout():
     }
     assert {n for n, f in FAULTS.items() if not f.harmful} >= {"tree_reduce", "reduce_fp64"}
     for fault in FAULTS.values():
-        assert fault.layout in LAYOUTS and len(fault.doc) > 100
+        assert (fault.layout in LAYOUTS or fault.layout == "any") and len(fault.doc) > 100
         assert (fault.out_scale is not None) == fault.needs_scale
 
 
@@ -258,3 +258,31 @@ def test_probe_setting_syntax_is_validated_like_the_environment():
     assert s.describe() == "layout=sp tp=4 out_scale=16384 faults=residual_not_rescaled,tree_reduce"
     with pytest.raises(ValueError, match="only exists with an output scale"):
         parse_setting("sp:scale_after_reduce", num_heads=6, tp=4)
+
+
+def test_a_fault_of_any_layout_resolves_under_both_and_graded_faults_carry_their_magnitude():
+    from evalpipe.layout.faults import GRADED_MAGNITUDES, GRADED_PREFIX, graded_magnitude
+
+    for layout in ("legacy", "sp"):
+        s = resolve(hf(), {"EVALPIPE_LAYOUT": layout, "EVALPIPE_LAYOUT_FAULT": "nondeterministic_reduce"})
+        assert s.has("nondeterministic_reduce") and s.layout == layout
+    names = [GRADED_PREFIX + m for m in GRADED_MAGNITUDES]
+    assert [FAULTS[n].magnitude for n in names] == [1e-1, 1e-2, 1e-3, 1e-4, 1e-5]
+    assert all(FAULTS[n].harmful and FAULTS[n].layout == "sp" for n in names)
+    assert graded_magnitude(frozenset({"attn_out_error_1e-3", "tree_reduce"})) == 1e-3
+    assert graded_magnitude(frozenset({"tree_reduce"})) == 0.0
+    with pytest.raises(ValueError, match="acts on the sp layout"):
+        resolve(hf(), {"EVALPIPE_LAYOUT": "legacy", "EVALPIPE_LAYOUT_FAULT": "attn_out_error_1e-3"})
+
+
+def test_random_order_reduction_sums_every_rank_in_an_order_drawn_per_row():
+    torch.manual_seed(0)
+    partials = [torch.randn(64, 8, dtype=torch.bfloat16) for _ in range(4)]
+    exact = torch.stack([p.double() for p in partials]).sum(0)
+    a = C.reduce_random_order(partials, torch.Generator().manual_seed(1))
+    b = C.reduce_random_order(partials, torch.Generator().manual_seed(2))
+    assert a.dtype == torch.bfloat16 and a.shape == (64, 8)
+    assert torch.allclose(a.double(), exact, rtol=0.05, atol=0.05)
+    assert torch.equal(a, C.reduce_random_order(partials, torch.Generator().manual_seed(1))), "the generator decides"
+    differs = (a != b).any(dim=1)
+    assert 0 < int(differs.sum()) < 64, "some rows summed in another order, not all in the same one"

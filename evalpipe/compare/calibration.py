@@ -20,21 +20,29 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from evalpipe.compare.gates import FAIL, FREE_GATES, SCORE_GATES, TEACHER_GATES
+from evalpipe.compare.gates import DISTRIBUTION_GATES, FAIL, FREE_GATES, GATE_ORDER, SCORE_GATES, SKIP, TEACHER_GATES
+from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
 from evalpipe.compare.scores import to_jsonable
 from evalpipe.compare.verdict import Status
 from evalpipe.config import Gates
 
-DETECTORS = {"free-running": FREE_GATES, "teacher-forced": TEACHER_GATES, "scores": SCORE_GATES}
-# Outcomes against the expectation.
-CAUGHT, MISSED, CLEAN, FALSE_ALARM = "caught", "missed", "clean", "false alarm"
+DETECTORS = {
+    "free-running": FREE_GATES,
+    "teacher-forced": TEACHER_GATES,
+    "distributional": DISTRIBUTION_GATES,
+    "scores": SCORE_GATES,
+}
+# Outcomes against the expectation. Graded faults (the sensitivity curve) are harmful by
+# construction but expected to go unseen below the detection limit: "not caught" is
+# their other outcome, and it counts neither as a miss nor as clean.
+CAUGHT, MISSED, CLEAN, FALSE_ALARM, NOT_CAUGHT = "caught", "missed", "clean", "false alarm", "not caught"
 
 
 @dataclass(frozen=True)
 class CalibrationRow:
     variant: str
-    expected: str  # "benign" | "harmful"
+    expected: str  # "benign" | "harmful" | "graded"
     status: str
     outcome: str  # CAUGHT / MISSED for harmful, CLEAN / FALSE_ALARM for benign
     detectors: tuple[str, ...]  # families with a failing gate
@@ -57,6 +65,8 @@ def outcome(expected: str, status: str) -> str:
     divergent = status == Status.DIVERGENT.value
     if expected == "harmful":
         return CAUGHT if divergent else MISSED
+    if expected == "graded":
+        return CAUGHT if divergent else NOT_CAUGHT
     return FALSE_ALARM if divergent else CLEAN
 
 
@@ -127,6 +137,7 @@ def detection_cost(
     gates: Gates,
     aa: VariantArtifacts | None = None,
     max_items: int | None = None,
+    numerics: Numerics | None = None,
 ) -> int | None:
     """Smallest n such that the first n items alone give DIVERGENT; None if no n does.
 
@@ -140,10 +151,110 @@ def detection_cost(
     limit = min(len(order), max_items or len(order))
     for n in range(1, limit + 1):
         ref_n, var_n = (v.first(n) for v in views)
-        aa_cmp = compare_artifacts(ref_n, aa_view.first(n), worst_k=0, gates=gates) if aa_view else None
-        if compare_artifacts(ref_n, var_n, worst_k=0, gates=gates, aa=aa_cmp).status is Status.DIVERGENT:
+        aa_cmp = compare_artifacts(ref_n, aa_view.first(n), worst_k=0, gates=gates, numerics=numerics) if aa_view else None
+        if compare_artifacts(ref_n, var_n, worst_k=0, gates=gates, aa=aa_cmp, numerics=numerics).status is Status.DIVERGENT:
             return n
     return None
+
+
+def compare_first(
+    reference: VariantArtifacts,
+    variant: VariantArtifacts,
+    gates: Gates,
+    n: int,
+    aa: VariantArtifacts | None = None,
+    numerics: Numerics | None = None,
+) -> VariantComparison:
+    """The comparison (A/A floor included) on the first ``n`` items of the fixed order."""
+    order = item_order(reference.samples)
+    ref_n, var_n = (PrefixView(s, order).first(n) for s in (reference, variant))
+    aa_cmp = None
+    if aa is not None:
+        aa_cmp = compare_artifacts(ref_n, PrefixView(aa, order).first(n), worst_k=0, gates=gates, numerics=numerics)
+    return compare_artifacts(ref_n, var_n, worst_k=0, gates=gates, aa=aa_cmp, numerics=numerics)
+
+
+# ---------------------------------------------------------------------------
+# sensitivity and false alarms
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SensitivityPoint:
+    """What the gates make of one graded fault on the first ``n_items`` items.
+
+    ``ratios``: per token / distributional gate, measured / threshold (> 1 fails a
+    token gate; a distributional gate also needs its p-value below alpha, in
+    ``significant``)."""
+
+    variant: str
+    magnitude: float
+    n_items: int
+    status: str
+    families: tuple[str, ...]
+    failed_gates: tuple[str, ...]
+    ratios: dict[str, float | None]
+    significant: dict[str, bool]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+
+def _ratio(measured: float | None, threshold: float | None) -> float | None:
+    if measured is None or threshold is None:
+        return None
+    if threshold == 0:
+        return None if measured == 0 else float("inf")
+    return abs(measured) / threshold
+
+
+def sensitivity_point(comparison: VariantComparison, magnitude: float, n_items: int, gates: Gates) -> SensitivityPoint:
+    families, gate_names = detectors_fired(comparison)
+    ratios: dict[str, list[float]] = {}
+    for g in comparison.verdict.gates:
+        if g.gate in SCORE_GATES or g.status == SKIP:
+            continue
+        r = _ratio(g.measured, g.threshold)
+        if r is not None:
+            ratios.setdefault(g.gate, []).append(r)
+    significant = {}
+    for t in comparison.shifts or ():
+        gate = "teacher_" + t.test
+        significant[gate] = significant.get(gate, False) or t.p_value < gates.distribution.alpha
+    return SensitivityPoint(
+        variant=comparison.variant,
+        magnitude=magnitude,
+        n_items=n_items,
+        status=comparison.status.value,
+        families=families,
+        failed_gates=gate_names,
+        ratios={k: max(v) for k, v in ratios.items()},
+        significant=significant,
+    )
+
+
+def smallest_caught(points: Sequence[SensitivityPoint], n_items: int) -> dict[str, float | None]:
+    """Per detector family, the smallest magnitude it catches on ``n_items`` items (None: none)."""
+    out: dict[str, float | None] = {}
+    for family in DETECTORS:
+        caught = [p.magnitude for p in points if p.n_items == n_items and family in p.families]
+        out[family] = min(caught) if caught else None
+    return out
+
+
+def gate_firing(comparisons: Sequence[VariantComparison]) -> dict[str, tuple[int, int]]:
+    """Per gate: (comparisons in which it failed, comparisons in which it was evaluated)."""
+    out: dict[str, list[int]] = {g: [0, 0] for g in GATE_ORDER}
+    for c in comparisons:
+        seen: dict[str, bool] = {}
+        for g in c.verdict.gates:
+            if g.status == SKIP:
+                continue
+            seen[g.gate] = seen.get(g.gate, False) or g.status == FAIL
+        for gate, fired in seen.items():
+            out[gate][0] += int(fired)
+            out[gate][1] += 1
+    return {g: (f, n) for g, (f, n) in out.items()}
 
 
 def calibration_row(
@@ -201,8 +312,10 @@ def failed_row(variant: str, expected: str, error: str, doc: str = "") -> Calibr
 
 
 def summarize(rows: Sequence[CalibrationRow]) -> dict[str, int]:
-    """Counts per outcome: how many harmful variants were caught, benign ones kept clean."""
+    """Counts per outcome: how many harmful variants were caught, benign ones kept clean
+    (graded faults are the sensitivity curve's, not counted here)."""
     out = {CAUGHT: 0, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
     for r in rows:
-        out[r.outcome] += 1
+        if r.expected != "graded":
+            out[r.outcome] += 1
     return out

@@ -22,11 +22,14 @@ consistent direction; neither alone says "same".
 
 Token gates (per task, each a :class:`evalpipe.config.Tolerance`)
 
-The bound is ``max(abs, rel_aa x A/A value)``: the A/A comparison (the reference
+The bound is ``max(floor, rel_aa x A/A value)``: the A/A comparison (the reference
 against its own re-run with another batch arrangement) measures how much the
 engine differs from itself. A variant is held to a multiple of that noise, never
-to less than ``abs``; without an A/A run the bound is ``abs``. Fail iff
-measured > bound.
+to less than the floor; without an A/A run the bound is the floor. Fail iff
+measured > bound. The floor is the tolerance's ``abs``, or with ``abs: auto`` (the
+default) the floor for the reference's precision (:mod:`evalpipe.compare.numerics`):
+a deterministic fp32 engine's A/A is bitwise identical, and then only the floor
+stands between a systematic error and a PASS.
 
 * ``free_hard_divergences``: free-running samples whose first divergence is hard.
 * ``free_kl_max``: the largest top-k KL at a free-running position before the
@@ -39,6 +42,19 @@ measured > bound.
   position is comparable).
 * ``teacher_hard_top1_flips``: teacher-forced positions whose top-1 token differs
   and is not a near tie.
+
+Distributional gates (per task, :mod:`evalpipe.compare.distribution`; need an A/A run)
+
+* ``teacher_dlogprob_shift``: the mean signed shift of the forced token's logprob,
+  A/B minus A/A, over all teacher-forced positions (a bug tends to push it one way,
+  noise does not);
+* ``teacher_kl_shift``: the mean per-position KL of A/B above that of A/A.
+
+Each fails when the sign-flip permutation test over samples is significant
+(p < ``distribution.alpha``) and the effect is beyond its floor (precision-dependent
+like the token floors). Measured: the effect (nats per position) with its interval.
+They see a systematic error far below the noise of one position, which a
+per-position bound at 3 x A/A cannot.
 
 Swap symmetry: a verdict must not depend on which variant is called the reference.
 The score gates are symmetric in A and B (TOST's interval is symmetric around the
@@ -55,15 +71,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from evalpipe.compare.distribution import ShiftTest
+from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow, to_jsonable
 from evalpipe.compare.tokens import TaskTokenSummary
-from evalpipe.config import Gates, Tolerance
+from evalpipe.config import AUTO, DistributionGates, Gates, Tolerance
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SCORE_GATES = ("score_equivalence", "score_mcnemar")
 FREE_GATES = ("free_hard_divergences", "free_kl_max")
 TEACHER_GATES = ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips")
-GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES
+DISTRIBUTION_GATES = ("teacher_dlogprob_shift", "teacher_kl_shift")
+GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES + DISTRIBUTION_GATES
 # Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
 POINTERS_IN_DETAIL = 3
 NO_TEACHER = "no teacher-forced data (teacher.parquet missing on one side)"
@@ -145,12 +164,18 @@ def _pointer(label: str, evidence: Sequence[str], total: int | None = None) -> s
     return f"; {label} " + ", ".join(evidence[:POINTERS_IN_DETAIL]) + (", \u2026" if more else "")
 
 
-def _bound_text(tol: Tolerance, aa_value: float | None) -> str:
+def _floor_text(setting: float | str, floor: float, numerics: Numerics) -> str:
+    """'fp32 floor 1e-09' for a floor from the table, 'abs 0.5' for one the config sets."""
+    return f"{numerics.precision} floor {_num(floor)}" if setting == AUTO else f"abs {_num(floor)}"
+
+
+def _bound_text(tol: Tolerance, aa_value: float | None, floor: float, numerics: Numerics) -> str:
+    floor_text = _floor_text(tol.abs, floor, numerics)
     if tol.rel_aa is None:
-        return f"abs {_num(tol.abs)}; A/A not used"
+        return f"{floor_text}; A/A not used"
     if aa_value is None:
-        return f"abs {_num(tol.abs)}; no A/A value"
-    return f"max(abs {_num(tol.abs)}, {_num(tol.rel_aa)} x A/A {_num(aa_value)})"
+        return f"{floor_text}; no A/A value"
+    return f"max({floor_text}, {_num(tol.rel_aa)} x A/A {_num(aa_value)})"
 
 
 # ---------------------------------------------------------------------------
@@ -324,9 +349,11 @@ def token_gate(
     tol: Tolerance,
     aa_value: float | None,
     missing: str,
+    numerics: Numerics = Numerics(),
 ) -> GateResult:
-    """One tolerance gate: fail iff measured > max(abs, rel_aa x A/A value)."""
-    bound = tol.bound(aa_value)
+    """One tolerance gate: fail iff measured > max(floor, rel_aa x A/A value)."""
+    floor = tol.floor(numerics.floor(m.gate))
+    bound = tol.bound(aa_value, floor)
     head = f"{task} {m.gate}:"
     if t is None:
         return GateResult(m.gate, task, None, SKIP, None, bound, aa_value, f"{head} skipped, {missing}")
@@ -335,10 +362,74 @@ def token_gate(
         return GateResult(m.gate, task, None, SKIP, None, bound, aa_value, f"{head} skipped, {why}")
     evidence = m.evidence(t) if measured > 0 else ()
     failed = measured > bound
-    text = f"{head} {_num(measured)} {'>' if failed else '<='} {_num(bound)} ({_bound_text(tol, aa_value)})"
+    text = f"{head} {_num(measured)} {'>' if failed else '<='} {_num(bound)} ({_bound_text(tol, aa_value, floor, numerics)})"
     if failed:
         text += _pointer(m.label, evidence, int(measured) if m.is_count else None)
     return GateResult(m.gate, task, None, FAIL if failed else PASS, measured, bound, aa_value, text, evidence)
+
+
+# ---------------------------------------------------------------------------
+# distributional gates
+# ---------------------------------------------------------------------------
+
+_SHIFT_WHAT = {
+    "teacher_dlogprob_shift": "mean shift of the forced token's logprob, A/B minus A/A",
+    "teacher_kl_shift": "mean per-position KL above A/A",
+}
+
+
+def distribution_gate(
+    gate: str, task: str, test: ShiftTest | None, cfg: DistributionGates, numerics: Numerics, missing: str
+) -> GateResult:
+    """Fail iff the permutation test is significant (p < alpha) and |effect| > floor.
+
+    measured = the effect (signed for the logprob shift), threshold = the floor; the
+    detail gives the interval, the p-value and the effect in units of one position's
+    A/A spread (how far below a per-position gate's reach it is)."""
+    name = gate.removeprefix("teacher_")
+    floor = cfg.floor(name, numerics.floor(gate))
+    floor_text = _floor_text(getattr(cfg, name), floor, numerics)
+    head = f"{task} {gate}:"
+    if test is None:
+        return GateResult(gate, task, None, SKIP, None, floor, None, f"{head} skipped, {missing}")
+    if test.n_samples < 2:
+        why = f"{test.n_samples} sample(s) with teacher-forced positions paired with the A/A run; the test needs 2"
+        return GateResult(gate, task, None, SKIP, None, floor, None, f"{head} skipped, {why}")
+    effect = test.estimate
+    significant = test.p_value < cfg.alpha
+    relevant = abs(effect) > floor
+    failed = significant and relevant
+    conf = f"{100 * test.confidence:g}%"
+    high = _signed(test.ci_high) if test.alternative == "two-sided" else "\u221e)"
+    interval = f"[{_signed(test.ci_low)}, {high}" + ("]" if test.alternative == "two-sided" else "")
+    text = (
+        f"{head} {_SHIFT_WHAT[gate]} {_signed(effect)} nats, {conf} CI {interval}, "
+        f"sign-flip p {_num(test.p_value)} {'<' if significant else '>='} {_num(cfg.alpha)}, "
+        f"|effect| {'>' if relevant else '<='} {floor_text} ({test.n_positions} positions in {test.n_samples} samples"
+    )
+    if test.aa_position_sd:
+        text += f"; {_num(abs(effect) / test.aa_position_sd)} x one position's A/A spread"
+    text += ")"
+    return GateResult(gate, task, None, FAIL if failed else PASS, effect, floor, test.aa_position_sd, text)
+
+
+def distribution_gates(
+    tasks: Sequence[str],
+    tests: Sequence[ShiftTest] | None,
+    gates: Gates,
+    numerics: Numerics,
+    missing: str,
+) -> list[GateResult]:
+    """Both distributional gates of every task; ``tests`` None: skipped, ``missing`` says why."""
+    cfg = gates.distribution
+    if not cfg.enabled:
+        return []
+    by_key = {(t.task, "teacher_" + t.test): t for t in tests or ()}
+    return [
+        distribution_gate(gate, task, by_key.get((task, gate)), cfg, numerics, missing if tests is None else NO_TEACHER_TASK)
+        for task in tasks
+        for gate in DISTRIBUTION_GATES
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -356,11 +447,17 @@ def evaluate_gates(
     teacher_summaries: Sequence[TaskTokenSummary] | None,
     gates: Gates,
     aa: AASummaries | None = None,
+    *,
+    numerics: Numerics = Numerics(),
+    shift_tests: Sequence[ShiftTest] | None = None,
+    shift_missing: str = "no A/A run: these gates compare the A/B distribution with the A/A one (noise_floor: true)",
 ) -> list[GateResult]:
     """Every gate of every task, ordered by (task, gate, metric).
 
     ``teacher_summaries`` None means the comparison has no teacher-forced data (the
-    teacher gates skip); ``aa`` the A/A comparison whose values set the relative bounds.
+    teacher gates skip); ``aa`` the A/A comparison whose values set the relative bounds;
+    ``numerics`` the reference's precision (the ``auto`` floors); ``shift_tests`` the
+    distributional tests (None: those gates skip, ``shift_missing`` says why).
     A task appears when any input mentions it.
     """
     free = {t.task: t for t in free_summaries}
@@ -371,11 +468,12 @@ def evaluate_gates(
         for m in FREE_MEASURES:
             tol = getattr(gates.tokens, m.gate)
             aa_value = _aa_value(m, None if aa is None else aa.free, task)
-            out.append(token_gate(m, task, free.get(task), tol, aa_value, "no token-level comparison for this task"))
+            out.append(token_gate(m, task, free.get(task), tol, aa_value, "no token-level comparison for this task", numerics))
         for m in TEACHER_MEASURES:
             tol = getattr(gates.tokens, m.gate)
             summary = None if teacher is None else teacher.get(task)
             missing = NO_TEACHER if teacher is None else NO_TEACHER_TASK
             aa_value = _aa_value(m, None if aa is None else aa.teacher, task)
-            out.append(token_gate(m, task, summary, tol, aa_value, missing))
+            out.append(token_gate(m, task, summary, tol, aa_value, missing, numerics))
+    out.extend(distribution_gates(tasks, shift_tests, gates, numerics, shift_missing))
     return sorted(out, key=_order)

@@ -35,7 +35,9 @@ from pydantic import ValidationError
 from evalpipe import artifacts
 from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.compare.bylength import LengthBreakdown, length_breakdown
+from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
+from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
 from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
@@ -62,6 +64,8 @@ class VariantComparison:
     teacher: TokenComparison | None = None  # None: teacher.parquet missing on a side
     # per task, length and needle depth; None unless the samples carry target_length
     by_length: LengthBreakdown | None = None
+    numerics: Numerics = Numerics()
+    shifts: tuple[ShiftTest, ...] | None = None  # distributional tests; None without A/A or teacher data
 
     @property
     def status(self) -> Status:
@@ -91,6 +95,8 @@ class VariantComparison:
                 "tokens": [t.to_dict() for t in self.tokens.summaries],
                 "teacher": None if self.teacher is None else [t.to_dict() for t in self.teacher.summaries],
                 "gates": [g.to_dict() for g in self.verdict.gates],
+                "numerics": self.numerics.to_dict(),
+                "distribution": None if self.shifts is None else [t.to_dict() for t in self.shifts],
             }
         )
 
@@ -208,6 +214,7 @@ def compare_tables(
     teacher_b: pa.Table | None = None,
     gates: Gates | None = None,
     aa: VariantComparison | None = None,
+    numerics: Numerics | None = None,
 ) -> VariantComparison:
     """Score + token comparison, gates and verdict of two in-memory variants (A = reference).
 
@@ -215,9 +222,12 @@ def compare_tables(
     them straight off the rows; ``margin`` overrides ``gates.scores.margin``. The
     teacher-forced tables are compared only when both are given, without the samples
     tables: their sample set is the samples that have teacher-forced positions.
-    ``aa`` is the A/A comparison whose values set the gates' relative bounds.
+    ``aa`` is the A/A comparison whose values set the gates' relative bounds and
+    against which the distributional tests run; ``numerics`` the reference's precision
+    (None: unknown, the half-precision floors apply).
     """
     gates = with_margin(gates, margin)
+    numerics = (numerics or Numerics()).with_aa(_aa_identical(aa))
     scores = compare_scores(samples_a, samples_b, margin=gates.scores.margin, alpha=gates.scores.alpha)
     tokens = compare_tokens(tokens_a, tokens_b, samples_a, samples_b, worst_k=worst_k)
     teacher = None
@@ -227,6 +237,7 @@ def compare_tables(
     by_length = length_breakdown(
         samples_a, samples_b, scores, tokens, teacher, margin=gates.scores.margin, alpha=gates.scores.alpha
     )
+    shifts, shift_missing = _shift_tests(teacher, aa, gates)
     verdict = decide(
         scores.rows,
         tokens.summaries,
@@ -237,6 +248,9 @@ def compare_tables(
         metrics_only_b=scores.metrics_only_b,
         label_a=repr(label_a),
         label_b=repr(label_b),
+        numerics=numerics,
+        shift_tests=shifts,
+        shift_missing=shift_missing,
     )
     return VariantComparison(
         reference=label_a,
@@ -248,11 +262,44 @@ def compare_tables(
         verdict=verdict,
         teacher=teacher,
         by_length=by_length,
+        numerics=numerics,
+        shifts=None if shifts is None else tuple(shifts),
     )
 
 
+def _aa_identical(aa: VariantComparison | None) -> bool | None:
+    """Whether the A/A run reproduced the reference bitwise where the distributional gates
+    look: at the teacher-forced positions (the whole A/A when it has none). A deterministic
+    prefill with noisy decoding (batch shapes) counts as identical here."""
+    if aa is None:
+        return None
+    if aa.teacher is not None:
+        return all(t.identical for t in aa.teacher.summaries)
+    return aa.status is Status.IDENTICAL
+
+
+def _shift_tests(
+    teacher: TokenComparison | None, aa: VariantComparison | None, gates: Gates
+) -> tuple[list[ShiftTest] | None, str | None]:
+    """The distributional tests of a comparison against its A/A one, or (None, why not)."""
+    if aa is None:
+        return None, "no A/A run: these gates compare the A/B distribution with the A/A one (noise_floor: true)"
+    if teacher is None or aa.teacher is None:
+        return None, "no teacher-forced data on both sides and in the A/A run (capture.teacher_forcing: true)"
+    ab_values, aa_values = PositionValues.of(teacher), PositionValues.of(aa.teacher)
+    if ab_values is None or aa_values is None:
+        return None, "the teacher-forced comparison kept no per-position values"
+    return shift_tests(ab_values, aa_values, gates.distribution.confidence), None
+
+
 def compare_artifacts(
-    a: VariantArtifacts, b: VariantArtifacts, *, worst_k: int, gates: Gates, aa: VariantComparison | None = None
+    a: VariantArtifacts,
+    b: VariantArtifacts,
+    *,
+    worst_k: int,
+    gates: Gates,
+    aa: VariantComparison | None = None,
+    numerics: Numerics | None = None,
 ) -> VariantComparison:
     return compare_tables(
         a.samples,
@@ -266,6 +313,7 @@ def compare_artifacts(
         teacher_b=b.teacher,
         gates=gates,
         aa=aa,
+        numerics=numerics,
     )
 
 
@@ -288,6 +336,17 @@ def compare_variants(
     return compare_artifacts(
         VariantArtifacts.load(a, label_a), VariantArtifacts.load(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
     )
+
+
+def variant_numerics(vdir: VariantDir) -> Numerics:
+    """The precision a variant ran in, from the engine arguments its manifest records."""
+    where = f"{vdir.name}/manifest.json"
+    try:
+        manifest = artifacts.read_json(vdir.manifest) if vdir.manifest.is_file() else {}
+    except (OSError, ValueError):
+        manifest = {}
+    args = manifest.get("engine_args") if isinstance(manifest, dict) else None
+    return numerics_from_engine_args(args if isinstance(args, dict) else None, where)
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -376,11 +435,14 @@ def compare_run(
     if not others:
         raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
     ref_side = VariantArtifacts.load(rd.variant(ref))
+    numerics = variant_numerics(rd.variant(ref))
     aa = None
     if aa_name is not None:
-        aa = compare_artifacts(ref_side, VariantArtifacts.load(rd.variant(aa_name)), worst_k=worst_k, gates=gates)
+        aa_side = VariantArtifacts.load(rd.variant(aa_name))
+        aa = compare_artifacts(ref_side, aa_side, worst_k=worst_k, gates=gates, numerics=numerics)
     comparisons = tuple(
-        compare_artifacts(ref_side, VariantArtifacts.load(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa) for name in others
+        compare_artifacts(ref_side, VariantArtifacts.load(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
+        for name in others
     )
     run_id = str(info.get("run_id") or run_dir.name)
     return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
@@ -460,5 +522,5 @@ def compare_across_runs(
     gates = with_margin(gates, margin)
     side_a, side_b = VariantArtifacts.load(va, label_a), VariantArtifacts.load(vb, label_b)
     check_same_items(side_a.samples, side_b.samples, label_a, label_b)
-    vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates)
+    vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates, numerics=variant_numerics(va))
     return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)

@@ -266,6 +266,7 @@ class SampleTokenDiffs:
     prefix_rows: np.ndarray | None = None
     prefix_sample: np.ndarray | None = None
     prefix_abs_dlogprob: np.ndarray | None = None
+    prefix_dlogprob: np.ndarray | None = None  # signed lp_B - lp_A (0 where bit-equal; NaN/inf when non-finite)
     prefix_kl: np.ndarray | None = None  # symmetric: max(KL(A||B), KL(B||A))
     prefix_topk_equal: np.ndarray | None = None
     prefix_kl_ab: np.ndarray | None = None  # KL(A||B) alone
@@ -723,8 +724,8 @@ def sample_token_diffs(
         fd_row_seg = np.minimum.reduceat(np.where(mismatch, rows, _BIG), starts)
         prefix = pos < fd_seg[seg]  # positions before the first divergence (same ids there)
         bits_eq = lp_a.view(np.uint32) == lp_b.view(np.uint32)
-        dlp = np.abs(lp_a.astype(np.float64) - lp_b.astype(np.float64))
-        dlp = np.where(bits_eq, 0.0, dlp)
+        signed = np.where(bits_eq, 0.0, lp_b.astype(np.float64) - lp_a.astype(np.float64))
+        dlp = np.abs(signed)
         dlp = np.where(np.isnan(dlp), np.inf, dlp)  # NaN on one side only: flag as maximal
         dlp = np.where(prefix, dlp, 0.0)
         cnt_seg = np.add.reduceat(prefix.astype(np.int64), starts)
@@ -749,7 +750,7 @@ def sample_token_diffs(
         seg_keys = _empty_keys()
         seg = z
         prefix = np.zeros(0, dtype=bool)
-        dlp = np.zeros(0, dtype=np.float64)
+        dlp = signed = np.zeros(0, dtype=np.float64)
         pr = z
         pm = _prefix_metrics(topk_a, topk_b, z, z, near_tie_gap)
 
@@ -844,6 +845,7 @@ def sample_token_diffs(
         prefix_rows=pr,
         prefix_sample=seg_to_uni[seg[pr]] if len(pr) else np.zeros(0, dtype=np.int64),
         prefix_abs_dlogprob=np.asarray(dlp[pr], dtype=np.float64),
+        prefix_dlogprob=np.asarray(signed[pr], dtype=np.float64),
         prefix_kl=np.maximum(pm.kl_ab, pm.kl_ba),
         prefix_topk_equal=pm.topk_equal,
         prefix_kl_ab=pm.kl_ab,

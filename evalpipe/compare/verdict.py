@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Sequence
 
+from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
+from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.tokens import TaskTokenSummary
 from evalpipe.config import Gates
@@ -245,18 +247,28 @@ def decide(
     metrics_only_b: Sequence[str] = (),
     label_a: str = "A",
     label_b: str = "B",
+    numerics: Numerics = Numerics(),
+    shift_tests: Sequence[ShiftTest] | None = None,
+    shift_missing: str | None = None,
 ) -> Verdict:
     """IDENTICAL, EQUIVALENT or DIVERGENT, with reasons that point at the evidence.
 
     ``teacher_summaries`` None: no teacher-forced data (its gates skip, and it does not
     keep a comparison from being IDENTICAL). ``aa``: the A/A comparison's summaries,
-    for the gates' relative bounds.
+    for the gates' relative bounds; ``numerics``: the reference's precision (the gates'
+    ``auto`` floors); ``shift_tests``: the distributional tests (None: skipped, for the
+    reason ``shift_missing``).
 
     Reasons: DIVERGENT lists the failing gates' details first, then the structural
     problems and the other observed differences; EQUIVALENT the observed differences
     and how many gates passed; IDENTICAL what was checked.
     """
-    results = tuple(evaluate_gates(score_rows, token_summaries, teacher_summaries, gates, aa))
+    extra = {} if shift_missing is None else {"shift_missing": shift_missing}
+    results = tuple(
+        evaluate_gates(
+            score_rows, token_summaries, teacher_summaries, gates, aa, numerics=numerics, shift_tests=shift_tests, **extra
+        )
+    )
     f = _findings(score_rows, token_summaries, teacher_summaries, ((label_a, metrics_only_a), (label_b, metrics_only_b)))
     failing = [g.detail for g in results if g.failed]
     if failing or f.structural:

@@ -181,6 +181,18 @@ def reduce_rank_order(partials: Sequence[Tensor], acc_dtype: torch.dtype | None 
     return _accumulate(partials, acc_dtype)
 
 
+def reduce_random_order(partials: Sequence[Tensor], generator: torch.Generator) -> Tensor:
+    """Sum over ranks in a random order drawn per row (per token): what a collective whose
+    summation order depends on arrival times does, with no order shared by the tokens of
+    a batch (an order shared by a whole forward would tie the noise of every sequence in
+    it together)."""
+    stacked = torch.stack(list(partials))  # [ranks, rows, cols]
+    ranks, rows = stacked.shape[:2]
+    order = torch.argsort(torch.rand(ranks, rows, generator=generator), dim=0)
+    gathered = stacked.gather(0, order.to(stacked.device)[..., None].expand_as(stacked))
+    return _accumulate(list(gathered.unbind(0)), None)
+
+
 def reduce_scatter_ring(partials: Sequence[Tensor], acc_dtype: torch.dtype | None = None) -> list[Tensor]:
     """Ring reduce_scatter: rank j's shard is accumulated as it travels the ring, starting at
     rank j+1 and ending at rank j: ``((p[j+1] + p[j+2]) + ...) + p[j]``, restricted to

@@ -6,8 +6,8 @@ is known in advance: a harmful fault must be reported DIVERGENT, a benign one mu
 Step numbers ①..⑥ are those of the layout change the model reproduces (see
 :mod:`evalpipe.layout.model`).
 
-``layout`` says which layout a fault acts on; asking for it under the other layout is an
-error rather than a silent no-op. ``needs_scale`` faults only exist when an output scale
+``layout`` says which layout a fault acts on (``any``: both); asking for it under the
+other layout is an error rather than a silent no-op. ``needs_scale`` faults only exist when an output scale
 is in use (``layout_out_scale`` != 1 in the engine's ``hf_overrides``); ``out_scale`` is
 the scale to demonstrate them with on the built-in model.
 
@@ -37,6 +37,33 @@ class Fault:
     needs_scale: bool = False
     out_scale: float | None = None  # layout_out_scale to run a needs_scale fault with
     raises: bool = False  # the fault is caught by the model itself: the engine fails loudly
+    magnitude: float | None = None  # graded faults: the relative error they inject
+
+
+# Graded systematic errors for the sensitivity curve: the attention output of one decoder
+# layer (GRADED_LAYER, the middle one of the built-in model's three) multiplied by
+# (1 + magnitude) on the sp path. A wrong scaling factor in one layer (a mis-set
+# routed_scaling_factor, a scale applied to one layer twice, a quantisation scale off
+# by a rounding) is this kind of bug: small, systematic, invisible in any one position.
+GRADED_LAYER = 1
+GRADED_MAGNITUDES = ("1e-1", "1e-2", "1e-3", "1e-4", "1e-5")
+GRADED_PREFIX = "attn_out_error_"
+
+
+def _graded(text: str) -> Fault:
+    return Fault(
+        f"{GRADED_PREFIX}{text}",
+        harmful=True,
+        layout="sp",
+        magnitude=float(text),
+        doc=(
+            f"Graded systematic error: layer {GRADED_LAYER}'s attention output is multiplied by "
+            f"(1 + {text}) after the reduce_scatter (⑥), every token, every batch. Harmful by "
+            "construction (a relative error that a correct layout change never makes); the "
+            "sensitivity curve in docs/calibration.md says from which magnitude each gate family "
+            "sees it."
+        ),
+    )
 
 
 FAULTS: dict[str, Fault] = {
@@ -167,20 +194,34 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "reduce_bf16",
-            harmful=False,
+            harmful=True,
             layout="sp",
             doc=(
                 "The reduce_scatter (⑥) communicates and accumulates in bfloat16 (8-bit mantissa) "
-                "and casts back, as a bandwidth-saving reduction would. Counted as benign under the "
-                "default gates, and on purpose on the line: it perturbs every attention output by up "
-                "to 2^-8 relative on every layer, the same order as running the model in bfloat16, "
-                "which the default gates accept (an fp32 engine's reduction on a bf16 deployment is "
-                "bf16 anyway). Measured (100 items): teacher-forced KL p99 5.4e-6 and max 4.0e-5 "
-                "nats, free-running KL max 7.8e-5, max |dlogprob| 0.0125, against 7e-13 / 3e-12 / "
-                "2.4e-6 for the correct layout; no token, answer or score changes. A user who claims "
-                "fp32 reproducibility uses fp32 gates (teacher KL <= 1e-6, configs/dtype_control.yaml), "
-                "under which it is DIVERGENT. Contrast `scale_after_reduce`: a half-precision "
-                "accumulator that overflows is harmful under any gates."
+                "and casts back, as a bandwidth-saving reduction would. On an fp32 deployment this is "
+                "a precision loss, harmful: it perturbs every attention output by up to 2^-8 relative "
+                "on every layer, the error of running the model in bfloat16, which an fp32 claim rules "
+                "out (the fp32 vs bf16 positive control, configs/dtype_control.yaml, is DIVERGENT "
+                "too). Measured (200 items): teacher-forced KL p99 5.3e-6 and max 5.1e-5 nats, "
+                "free-running KL max 6.9e-5, max |dlogprob| 0.011, against 8e-13 / 5e-12 / 4e-6 for "
+                "the correct layout; no token, answer or score changes. The fp32 floors "
+                "(docs/numerics.md) catch it; under half-precision floors, which a bf16 deployment "
+                "gets (where this reduction is what the model computes in anyway), it passes. "
+                "Contrast `scale_after_reduce`: a half-precision accumulator that overflows is "
+                "harmful under any gates."
+            ),
+        ),
+        Fault(
+            "nondeterministic_reduce",
+            harmful=False,
+            layout="any",
+            doc=(
+                "The O projection's partial products are summed in a random rank order on every "
+                "forward (drawn from the operating system, so no seed repeats it): a collective "
+                "whose summation order depends on arrival times, as non-deterministic all-reduce / "
+                "reduce_scatter implementations on accelerators do. Benign: the same sum, other "
+                "last bits. On a reference it makes the A/A run noisy, the regime of a bf16 "
+                "accelerator deployment (configs/numerics_bf16_noisy.yaml)."
             ),
         ),
         Fault(
@@ -194,13 +235,17 @@ FAULTS: dict[str, Fault] = {
                 "boundary in the receive layout). One head of one layer at a few tokens per batch: "
                 "accuracy barely moves, per-token logits do. Measured: no token or score changes, "
                 "but free-running logprobs move by up to 0.63 (KL 0.82 nats) at positions where both "
-                "sides still agree; teacher forcing (large prefill shards) sees only 1.5e-4. The "
-                "default gates call it EQUIVALENT (they gate free-running output on divergences "
-                "only); fp32 teacher gates catch it (KL max 1.1e-5 > 1e-6)."
+                "sides still agree; teacher forcing (large prefill shards) sees only 1.5e-4, which "
+                "the fp32 floors catch (teacher-forced KL max 1.1e-5)."
             ),
         ),
     )
-}
+} | {f.name: f for f in map(_graded, GRADED_MAGNITUDES)}
+
+
+def graded_magnitude(faults: frozenset[str]) -> float:
+    """The relative error of the graded fault among ``faults`` (0.0 when there is none)."""
+    return sum(FAULTS[n].magnitude or 0.0 for n in faults)
 
 
 def parse_faults(value: str | None) -> frozenset[str]:

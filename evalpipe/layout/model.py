@@ -50,6 +50,8 @@ Deviations from real tensor parallelism, on purpose:
 
 from __future__ import annotations
 
+import random
+
 import torch
 import torch.nn.functional as F
 from vllm.compilation.decorators import ignore_torch_compile
@@ -65,11 +67,16 @@ from vllm.model_executor.models.llama import (
 from vllm.model_executor.models.utils import extract_layer_index
 
 from evalpipe.layout import collectives as C
+from evalpipe.layout.faults import GRADED_LAYER, graded_magnitude
 from evalpipe.layout.plugin import ARCHITECTURE
 from evalpipe.layout.settings import LayoutSettings, resolve
 
 # Under the vllm logger namespace so the line lands in the engine log with vLLM's own.
 logger = init_logger(f"vllm.{__name__}")
+
+# Arrival order of a non-deterministic collective: from the operating system, so that no
+# seed (vLLM seeds torch and random) makes two runs sum in the same orders.
+_SYSTEM_RANDOM = random.SystemRandom()
 
 # Reductions of the sp layout's reduce_scatter (⑥) by fault; the default is the ring.
 _REDUCE_SCATTER = {
@@ -93,6 +100,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
 
     def use_settings(self, settings: LayoutSettings) -> None:
         self.settings = settings
+        self.graded_error = graded_magnitude(settings.faults)
         scaled = settings.out_scale**2 * self.eps
         # Layer 0's input norm sees the embedding before the rescale; every other norm sees
         # the scaled stream.
@@ -164,6 +172,15 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         bias = self.self_attn.o_proj.bias if rank == 0 else None
         return F.linear(x, self.o_weight_slices[rank], bias)
 
+    def _nondeterministic(self) -> bool:
+        return self.settings.has("nondeterministic_reduce")
+
+    def _random_reduce(self, partials: list[torch.Tensor]) -> torch.Tensor:
+        """The partial products summed in a random order per token, from a generator seeded
+        by the operating system on every call (no seed makes two runs sum alike)."""
+        generator = torch.Generator().manual_seed(_SYSTEM_RANDOM.getrandbits(63))
+        return C.reduce_random_order(partials, generator)
+
     # ------------------------------------------------------------------ legacy: ① ... ④
 
     def _legacy_attention(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -175,7 +192,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         full = C.unpad(C.all_gather(shards), n)  # ①
         attn_out = self._attend(positions, self._qkv(full))
         partials = [self._o_partial(attn_out.index_select(1, self.columns[r]), r) for r in range(world)]
-        reduced = C.reduce_rank_order(partials)
+        reduced = self._random_reduce(partials) if self._nondeterministic() else C.reduce_rank_order(partials)
         if self.settings.out_scale != 1.0:
             reduced = reduced * self.settings.out_scale
         out_shards = C.scatter(C.pad_rows(reduced, padded), world)  # ④
@@ -225,14 +242,23 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
                 partials = [p * s.out_scale for p in partials]
             if s.has("double_reduce"):
                 partials = C.all_reduce(partials)
-            reduce, acc_dtype = next(
-                (_REDUCE_SCATTER[f] for f in _REDUCE_SCATTER if s.has(f)), (C.reduce_scatter_ring, None)
-            )
-            out_shards = [shard.to(x.dtype) for shard in reduce(partials, acc_dtype=acc_dtype)]  # ⑥
+            if self._nondeterministic():
+                out_shards = C.split_shards(self._random_reduce(partials), world)  # ⑥, arrival order
+            else:
+                reduce, acc_dtype = next(
+                    (_REDUCE_SCATTER[f] for f in _REDUCE_SCATTER if s.has(f)), (C.reduce_scatter_ring, None)
+                )
+                out_shards = [shard.to(x.dtype) for shard in reduce(partials, acc_dtype=acc_dtype)]  # ⑥
 
         if not s.has("padding_not_zeroed"):
             out_shards = [C.zero_padding(sh, C.valid_rows(n, j * size, size)) for j, sh in enumerate(out_shards)]
-        return C.unpad(C.all_gather(out_shards), n)
+        out = C.unpad(C.all_gather(out_shards), n)
+        if self.graded_error and self.layer_idx == GRADED_LAYER:
+            # in fp32: a half-precision multiplier would round 1 + 1e-3 to 1.0 and the
+            # fault would vanish; this way a bf16 model gets the error as what it is there,
+            # an upward rounding of the elements it pushes across a rounding boundary
+            out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
+        return out
 
 
 @ignore_torch_compile

@@ -59,7 +59,7 @@ def resolve(hf_config: Any, environ: Mapping[str, str] | None = None) -> LayoutS
 
     for name in sorted(faults):
         fault = FAULTS[name]
-        if fault.layout != layout:
+        if fault.layout not in (layout, "any"):
             raise ValueError(
                 f"{FAULT_ENV}: fault {name!r} acts on the {fault.layout} layout; set {LAYOUT_ENV}={fault.layout} "
                 f"(it is {layout})."

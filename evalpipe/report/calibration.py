@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from evalpipe.compare.calibration import CalibrationRow, summarize
+from evalpipe.compare.calibration import DETECTORS, CalibrationRow, SensitivityPoint, smallest_caught, summarize
+from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, GATE_ORDER, TEACHER_GATES
+from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.verdict import fmt_delta
 from evalpipe.machine import one_line
 from evalpipe.report.markdown import md_escape
@@ -26,6 +29,10 @@ def render_calibration(
     command: str,
     seconds: float,
     run_dir: Path,
+    sensitivity: Sequence[SensitivityPoint] = (),
+    firing: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
+    plot: str | None = None,
+    numerics: Numerics | None = None,
 ) -> str:
     counts = summarize(rows)
     harmful = [r for r in rows if r.expected == "harmful"]
@@ -47,6 +54,11 @@ def render_calibration(
         "",
         f"**Harmful caught: {counts['caught']}/{len(harmful)}. Benign kept clean: {counts['clean']}/{len(benign)}.**",
         "",
+        *(
+            [f"Numerics: {numerics.describe()}; the `auto` floors of that precision apply (docs/numerics.md).", ""]
+            if numerics is not None
+            else []
+        ),
         f"Score columns are for `{md_escape(metric)}` (paired difference variant − legacy, 95% CI, McNemar exact p);",
         "detectors are the gate families that failed; detection cost is the smallest number of",
         "items, in doc order, after which the verdict on those items alone is already DIVERGENT",
@@ -64,10 +76,112 @@ def render_calibration(
             f"{fmt_delta(r.delta)} {_ci(r.ci_low, r.ci_high)} | {_p(r.mcnemar_p)} | {md_escape(detectors)} | "
             f"{'—' if r.detection_cost is None else r.detection_cost} |"
         )
+    lines += _sensitivity_section(sensitivity, plot) + _firing_section(firing)
     lines += ["", "## The entries", ""]
     for r in rows:
         lines.append(f"- **{md_escape(r.variant)}** ({r.expected}): {md_escape(r.doc)}")
     return "\n".join(lines) + "\n"
+
+
+def _magnitude(m: float) -> str:
+    return f"{m:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def _sensitivity_section(points: Sequence[SensitivityPoint], plot: str | None) -> list[str]:
+    if not points:
+        return []
+    sizes = sorted({p.n_items for p in points})
+    lines = [
+        "",
+        "## Sensitivity: graded systematic errors",
+        "",
+        "The `attn_out_error_*` entries multiply one layer's attention output by (1 + ε). Per",
+        f"magnitude, the verdict and the gate families that catch it on the first {' and on all '.join(str(n) for n in sizes)} items.",
+        "",
+        "| ε | " + " | ".join(f"verdict ({n} items) | caught by ({n} items)" for n in sizes) + " |",
+        "|---|" + "---|---|" * len(sizes),
+    ]
+    by = {(p.magnitude, p.n_items): p for p in points}
+    for m in sorted({p.magnitude for p in points}, reverse=True):
+        cells = []
+        for n in sizes:
+            p = by.get((m, n))
+            cells += ["—", "—"] if p is None else [p.status, ", ".join(p.families) or "—"]
+        lines.append(f"| {_magnitude(m)} | " + " | ".join(cells) + " |")
+    lines += ["", "Smallest ε each gate family catches:", "", "| family | " + " | ".join(f"{n} items" for n in sizes) + " |",
+              "|---|" + "---:|" * len(sizes)]
+    smallest = {n: smallest_caught(points, n) for n in sizes}
+    for family in DETECTORS:
+        cells = [("—" if smallest[n][family] is None else _magnitude(smallest[n][family])) for n in sizes]
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    if plot:
+        lines += [
+            "",
+            f"![measured / threshold per gate against ε]({plot})",
+            "",
+            "The plot shows, per gate, measured / threshold on all items (a token gate fails above 1; a",
+            "distributional gate needs its p-value below alpha as well: hollow markers are not significant).",
+        ]
+    return lines
+
+
+def _firing_section(firing: Mapping[str, Mapping[str, tuple[int, int]]] | None) -> list[str]:
+    if not firing:
+        return []
+    lines = [
+        "",
+        "## False alarms, measured",
+        "",
+        "How often each gate failed where nothing is wrong: the two A/A pairs (reference vs A/A2 with",
+        "the A/A run as noise floor, reference vs A/A with the A/A2 as noise floor) and every benign",
+        "entry above. Fired / evaluated.",
+        "",
+        "| gate | A/A pairs | benign entries |",
+        "|---|---:|---:|",
+    ]
+    for gate in GATE_ORDER:
+        cells = []
+        for key in ("aa_pairs", "benign"):
+            fired, total = (firing.get(key) or {}).get(gate, (0, 0))
+            cells.append(f"{fired}/{total}" if total else "—")
+        lines.append(f"| {md_escape(gate)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+PLOTTED = FREE_GATES[1:] + TEACHER_GATES[:2] + DISTRIBUTION_GATES
+
+
+def sensitivity_plot(points: Sequence[SensitivityPoint]) -> bytes:
+    """measured / threshold against ε (log-log) for the continuous gates, on all items."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n_all = max(p.n_items for p in points)
+    pts = sorted((p for p in points if p.n_items == n_all), key=lambda p: p.magnitude)
+    fig = Figure(figsize=(6.4, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    markers = "osD^v<>"
+    for gate, marker in zip(PLOTTED, markers):
+        xs = [p.magnitude for p in pts if p.ratios.get(gate) is not None]
+        ys = [max(p.ratios[gate], 1e-6) for p in pts if p.ratios.get(gate) is not None]
+        if not xs:
+            continue
+        line = ax.plot(xs, ys, "-", label=gate, linewidth=1)[0]
+        for p, x, y in zip([p for p in pts if p.ratios.get(gate) is not None], xs, ys):
+            hollow = gate in DISTRIBUTION_GATES and not p.significant.get(gate, False)
+            ax.plot([x], [y], marker, color=line.get_color(), markerfacecolor="none" if hollow else line.get_color())
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("relative error ε in one layer's attention output")
+    ax.set_ylabel("measured / threshold")
+    ax.set_title(f"Sensitivity of the default gates ({n_all} items)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+    return buf.getvalue()
 
 
 def run_id(run_info: dict[str, Any], run_dir: Path) -> str:

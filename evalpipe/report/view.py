@@ -744,5 +744,23 @@ def build_view(compare: Any, run_info: dict[str, Any] | None, esc: Esc) -> dict[
             else None
         ),
         "gates": {"rows": _gate_rows(compare, esc), "counts": counts, "summary": _gates_summary(counts)},
+        "numerics": esc(_numerics_line(compare)),
         "header": _run_header(compare, run_info, esc),
     }
+
+
+def _numerics_line(compare: Mapping[str, Any]) -> str:
+    """Which precision's floors the token gates used (the reference's; the same for every comparison)."""
+    n = next((c.get("numerics") for c in compare.get("comparisons") or () if isinstance(c.get("numerics"), Mapping)), None)
+    if not n:
+        return ""
+    dtype = n.get("dtype") or "unknown"
+    aa = {
+        None: "no A/A run",
+        True: "A/A bitwise identical at the teacher-forced positions",
+        False: "A/A noisy at the teacher-forced positions",
+    }.get(n.get("aa_identical"), "")
+    return (
+        f"Numerics: reference in {dtype} (from {n.get('source', 'unknown')}), {n.get('precision')} floors "
+        f"(docs/numerics.md); {aa}."
+    )

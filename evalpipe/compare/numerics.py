@@ -1,0 +1,141 @@
+"""What the compared engines compute in, and the absolute floors of the gates that follow from it.
+
+A token gate's bound is max(floor, rel_aa x the A/A value). The A/A run measures the
+engine's own run-to-run noise; the floor is what a *correct* change of the code may
+still move on an engine of this precision, where the A/A run cannot say (a
+deterministic engine's A/A is bitwise identical, so 3 x A/A = 0). A floor sized for
+bf16 noise on an fp32 engine hides every systematic error smaller than bf16 rounding;
+a floor sized for fp32 on a bf16 engine calls every reordered reduction a regression.
+So the floors are a table by precision, and a gate whose ``abs`` is ``auto`` (the
+default) reads its floor there. A number in the config overrides the table.
+
+The precision is the reference's: the claim under test is "the variant reproduces the
+reference's numerics", so an fp32 reference against a bf16 variant is judged with fp32
+floors (and fails, configs/dtype_control.yaml). It comes from the reference's resolved
+engine arguments (``dtype``), ``auto`` resolved through the model's config.json; when
+it cannot be found the half-precision floors apply (the lenient side) and the report
+says so.
+
+Every number in FLOORS is justified by a measurement in docs/numerics.md (which
+configs, which figures); the tests check that the document lists every floor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+FP32, HALF = "fp32", "half"
+# dtype names as vLLM / transformers spell them -> precision class
+_CLASSES = {
+    "float32": FP32, "fp32": FP32, "float": FP32, "float64": FP32, "double": FP32,
+    "bfloat16": HALF, "bf16": HALF, "float16": HALF, "fp16": HALF, "half": HALF,
+}
+
+# gate -> floor, per precision class, for a deterministic engine (A/A bitwise identical at
+# the teacher-forced positions) or no A/A run. Rationale and measurements: docs/numerics.md.
+FLOORS: dict[str, dict[str, float]] = {
+    FP32: {
+        "free_hard_divergences": 0,
+        "free_kl_max": 1e-8,
+        "teacher_kl_p99": 1e-9,
+        "teacher_kl_max": 1e-8,
+        "teacher_hard_top1_flips": 0,
+        "teacher_dlogprob_shift": 1e-6,
+        "teacher_kl_shift": 1e-10,
+    },
+    HALF: {
+        "free_hard_divergences": 0,
+        "free_kl_max": 0.1,
+        "teacher_kl_p99": 1e-3,
+        "teacher_kl_max": 0.1,
+        "teacher_hard_top1_flips": 0,
+        "teacher_dlogprob_shift": 1e-3,
+        "teacher_kl_shift": 1e-4,
+    },
+}
+
+# Where the A/A run is noisy at the teacher-forced positions, the distributional gates
+# compare A/B with noise of the same kind (run-to-run reordering of the same reductions),
+# so they need no room for reordering noise and their floors drop; the per-position
+# floors stay (3 x A/A covers the noise there). fp32 needs no change: its floors are
+# already far below any error that matters.
+NOISY_AA_FLOORS: dict[str, dict[str, float]] = {
+    FP32: {},
+    HALF: {"teacher_dlogprob_shift": 1e-4, "teacher_kl_shift": 1e-6},
+}
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The reference's precision and what the A/A run showed.
+
+    ``aa_identical`` None: no A/A run (the relative bounds and the distributional gates
+    have nothing to work with)."""
+
+    dtype: str | None = None
+    source: str = "unknown"
+    aa_identical: bool | None = None
+
+    @property
+    def precision(self) -> str:
+        return _CLASSES.get((self.dtype or "").lower(), HALF)
+
+    @property
+    def known(self) -> bool:
+        return (self.dtype or "").lower() in _CLASSES
+
+    def floors(self) -> dict[str, float]:
+        noisy = NOISY_AA_FLOORS[self.precision] if self.aa_identical is False else {}
+        return {**FLOORS[self.precision], **noisy}
+
+    def floor(self, gate: str) -> float:
+        return float(self.floors()[gate])
+
+    def describe(self) -> str:
+        what = f"{self.dtype} ({self.source})" if self.known else f"precision unknown ({self.source}): half-precision floors"
+        aa = {
+            None: "no A/A run",
+            True: "A/A bitwise identical at the teacher-forced positions",
+            False: "A/A noisy at the teacher-forced positions",
+        }[self.aa_identical]
+        return f"{what}; {aa}"
+
+    def with_aa(self, aa_identical: bool | None) -> "Numerics":
+        return Numerics(self.dtype, self.source, aa_identical)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "source": self.source,
+            "precision": self.precision,
+            "aa_identical": self.aa_identical,
+            "floors": self.floors(),
+        }
+
+
+def _model_config_dtype(model: str) -> str | None:
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("torch_dtype") or cfg.get("dtype")
+    return str(value) if value else None
+
+
+def numerics_from_engine_args(engine_args: Mapping[str, Any] | None, where: str) -> Numerics:
+    """The precision a variant ran in, from its resolved engine arguments (its manifest)."""
+    args = engine_args or {}
+    dtype = args.get("dtype")
+    if dtype and str(dtype).lower() != "auto":
+        return Numerics(str(dtype), f"dtype in {where}")
+    model = args.get("model")
+    found = _model_config_dtype(str(model)) if model else None
+    if found:
+        return Numerics(found, "the model's config.json (dtype auto)")
+    return Numerics(None, f"no dtype in {where}")
