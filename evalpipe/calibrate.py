@@ -47,7 +47,7 @@ def fault_variant(fault: Fault) -> Variant:
     if fault.needs_scale:
         # the scale the fault is documented with (the one at which it really bites)
         engine = {"hf_overrides": {"layout_out_scale": fault.out_scale}}
-    kind = "harmful" if fault.harmful else "benign"
+    kind = "graded" if fault.magnitude is not None else "harmful" if fault.harmful else "benign"
     return Variant(
         description=f"{fault.layout} + fault {fault.name} ({kind})",
         env={LAYOUT_ENV: "sp" if fault.layout == "any" else fault.layout, FAULT_ENV: fault.name},
@@ -120,7 +120,11 @@ def run_calibration(
     console: Console,
     run_id: str | None = None,
     output: Path | None = None,
+    from_run: Path | None = None,
 ) -> int:
+    """Run the zoo and write the table; with ``from_run``, judge that finished calibration
+    run again (same config and faults) without starting an engine: new gates, or a table
+    whose writing failed after hours of engine time."""
     from evalpipe.compare.calibration import (
         calibration_row,
         compare_first,
@@ -141,25 +145,37 @@ def run_calibration(
     config, expected = calibration_config(base, faults)
     graded = {f"fault-{f.name}": f.magnitude for f in faults if f.magnitude is not None}
     task_group = next(iter(config.tasks))
-    plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
     started = time.time()
-    try:
-        execute(plan, console)  # exit code ignored: DIVERGENT is the expected outcome for harmful entries
-    except RunFailed as err:
-        # A fault that brings the engine down fails its variant only; the others were compared.
-        if not read_run_info(plan.run_dir).get("failed_variants"):
-            raise
-        console.print(f"[yellow]{err}[/]")
-
-    info = read_run_info(plan.run_dir)
+    if from_run is not None:
+        run_dir = Path(from_run)
+        info = read_run_info(run_dir)
+        missing = [v for v in config.variants if v not in (info.get("variants") or [])]
+        if not info or missing:
+            what = "has no run.json" if not info else f"lacks the variants {', '.join(missing[:3])}"
+            raise ConfigError(
+                f"{run_dir} {what}; --from-run needs a finished `evalpipe calibrate` run with the same -c and --faults."
+            )
+        seconds = float((info.get("timings") or {}).get("total_s") or 0.0)
+    else:
+        plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
+        run_dir = plan.run_dir
+        try:
+            execute(plan, console)  # exit code ignored: DIVERGENT is the expected outcome for harmful entries
+        except RunFailed as err:
+            # A fault that brings the engine down fails its variant only; the others were compared.
+            if not read_run_info(plan.run_dir).get("failed_variants"):
+                raise
+            console.print(f"[yellow]{err}[/]")
+        seconds = None
+        info = read_run_info(run_dir)
     failed = [v for v in info["variants"] if v in set(info.get("failed_variants") or ())]
     survivors = [v for v in info["variants"] if v not in failed]
     essential = {info["reference"], (info.get("noise_floor") or {}).get("variant")}
     comparisons = ()
-    rd = artifacts.RunDir(plan.run_dir)
+    rd = artifacts.RunDir(run_dir)
     sensitivity, aa_pairs = [], []
     if set(survivors) - essential:
-        comparison = compare_run(plan.run_dir, variants=survivors)
+        comparison = compare_run(run_dir, variants=survivors)
         comparisons = comparison.comparisons
         gates = comparison.gates
         ref = VariantArtifacts.load(rd.variant(comparison.reference))
@@ -200,8 +216,12 @@ def run_calibration(
     plot_path = table_path.with_name(table_path.stem + "-sensitivity.png")
     if sensitivity:
         artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
+    if from_run is not None and comparisons:
+        from evalpipe.compare.run import write_outputs
+
+        write_outputs(run_dir, comparison, info)  # compare.json and the reports under today's gates
     text = render_calibration(
-        rows, info, command=command, seconds=time.time() - started, run_dir=plan.run_dir,
+        rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,
         numerics=comparisons[0].numerics if comparisons else None,
     )

@@ -180,13 +180,16 @@ def calibrate(
     table: Path = typer.Option(Path("docs/calibration.md"), "--table", help="Where to write the calibration table."),
     output: Optional[Path] = typer.Option(None, "--output", help="Output root of the run (default: the config's `output`)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory."),
+    from_run: Optional[Path] = typer.Option(
+        None, "--from-run", help="Judge a finished calibration run (same -c and --faults) again without starting engines."
+    ),
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
     from evalpipe.calibrate import run_calibration
     from evalpipe.plan import split_csv
 
     names = split_csv(faults) or None
-    _exit_with(lambda: run_calibration(config, limit, names, table, console, run_id=run_id, output=output))
+    _exit_with(lambda: run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run))
 
 
 def _run_gates(target: Path):

@@ -81,6 +81,7 @@ def test_sign_flip_pvalue_of_a_large_shift_is_the_smallest_possible_and_zero_tot
     assert sign_flip_pvalue(np.full(100, -2.0), "greater") == 1.0
     assert sign_flip_pvalue(np.zeros(30)) == 1.0
     assert sign_flip_pvalue(np.zeros(0)) == 1.0
+    assert sign_flip_pvalue(np.array([3.0])) == 1.0, "one sample: nothing to permute"
 
 
 def test_false_alarm_rate_of_the_sign_flip_test_under_symmetric_noise_is_at_most_alpha():

@@ -103,8 +103,8 @@ def sign_flip_pvalue(totals: np.ndarray, alternative: str = "two-sided") -> floa
     flips and the observed arrangement counted in, p = (1 + #{|null| >= |obs|}) / (1 + R),
     which is how scipy counts it too."""
     totals = np.asarray(totals, dtype=np.float64)
-    if len(totals) == 0 or not np.any(totals):
-        return 1.0
+    if len(totals) < 2 or not np.any(totals):
+        return 1.0  # one sample has no arrangement to compare with (and scipy refuses it)
     if len(totals) <= EXACT_MAX_SAMPLES:
         res = stats.permutation_test(
             (totals,), lambda x, axis: np.sum(x, axis=axis), permutation_type="samples",

@@ -254,9 +254,9 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             out_shards = [C.zero_padding(sh, C.valid_rows(n, j * size, size)) for j, sh in enumerate(out_shards)]
         out = C.unpad(C.all_gather(out_shards), n)
         if self.graded_error and self.layer_idx == GRADED_LAYER:
-            # in fp32: a half-precision multiplier would round 1 + 1e-3 to 1.0 and the
-            # fault would vanish; this way a bf16 model gets the error as what it is there,
-            # an upward rounding of the elements it pushes across a rounding boundary
+            # multiplied in fp32 (a bf16 multiplier would round 1 + 1e-2 to 1.0078); in a bf16
+            # model a relative error below half an ulp (2^-9, ~2e-3) still rounds away on
+            # every element: there the graded faults from 1e-3 down compute exactly what sp does
             out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
         return out
 
