@@ -110,6 +110,6 @@ def test_graded_errors_on_each_side_of_the_detection_limit(calibrated):
 def test_table_states_the_command_and_every_entry(calibrated):
     text = calibrated["table"].read_text()
     assert f"--limit {LIMIT}" in text and "--faults heads_permuted,tree_reduce,shard_offset_checked" in text
-    assert "**Harmful caught: 2/2. Benign kept clean: 1/1.**" in text
+    assert "**Harmful caught: 2/2. Benign kept clean: 3/3.**" in text
     for name in FAULTS:
         assert f"fault-{name.replace('_', chr(92) + '_')}" in text, name
