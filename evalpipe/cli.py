@@ -262,13 +262,26 @@ def _terminate_as_interrupt(signum: int, _frame) -> None:
     """SIGTERM (a CI cancel, `timeout`) unwinds like Ctrl-C, so every worker and server
     this process started is stopped on the way out instead of being orphaned. (Noted
     aside: libraries on the way may re-raise a KeyboardInterrupt of their own.)"""
+    from evalpipe.launch import interrupts
+
     _terminated.append(signum)
+    interrupts.append(signum)
+    raise KeyboardInterrupt
+
+
+def _interrupt(signum: int, _frame) -> None:
+    """Ctrl-C: Python's own behaviour (KeyboardInterrupt), remembered so that the run
+    loops stop even when the exception is raised where Python swallows it."""
+    from evalpipe.launch import interrupts
+
+    interrupts.append(signum)
     raise KeyboardInterrupt
 
 
 def main() -> None:
     import signal
 
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         app()

@@ -22,6 +22,17 @@ from evalpipe.plan import PlannedVariant
 
 EventHandler = Callable[[dict[str, Any]], None]
 
+# Signals the user sent to stop the run (SIGINT, SIGTERM), recorded by the handler that
+# raises KeyboardInterrupt. A KeyboardInterrupt raised where Python swallows exceptions
+# (a finalizer, a callback) is lost; the run loops check this list too, so a Ctrl-C
+# stops the run even then.
+interrupts: list[int] = []
+
+
+def stop_if_interrupted() -> None:
+    if interrupts:
+        raise KeyboardInterrupt
+
 
 @dataclass
 class VariantOutcome:
@@ -107,6 +118,7 @@ def run_worker(
                 if event.get("event") == "error":
                     outcome.error = event.get("message")
                 on_event(event)
+                stop_if_interrupted()
                 if timeout_s is not None and time.time() - started > timeout_s:
                     raise TimeoutError
             proc.wait(timeout=timeout_s and max(timeout_s - (time.time() - started), 1))

@@ -159,6 +159,8 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
     info["timings"]["model_s"] = time.time() - t0
     save()
 
+    from evalpipe.launch import stop_if_interrupted
+
     view = ProgressView(console)
     # Without the reference (or its A/A twin) nothing can be compared, so their failure
     # ends the run; any other variant's failure is recorded and the rest still run and
@@ -182,6 +184,7 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> 
             }
             _record_environment(info, variant.name, vdir)
             save()
+            stop_if_interrupted()
             if not outcome.ok:
                 error = outcome.error or f"variant {variant.name} failed"
                 code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED

@@ -1,0 +1,32 @@
+"""A Ctrl-C is remembered, not only raised: the run loops stop on it even when the
+KeyboardInterrupt itself was raised where Python swallows exceptions (a finalizer)."""
+
+import signal
+
+import pytest
+
+from evalpipe import cli, launch
+
+
+def test_the_handlers_record_the_signal_and_raise(monkeypatch):
+    monkeypatch.setattr(launch, "interrupts", [])
+    monkeypatch.setattr(cli, "_terminated", [])
+    launch.stop_if_interrupted()  # nothing requested: nothing happens
+    with pytest.raises(KeyboardInterrupt):
+        cli._interrupt(signal.SIGINT, None)
+    assert launch.interrupts == [signal.SIGINT]
+    with pytest.raises(KeyboardInterrupt):
+        cli._terminate_as_interrupt(signal.SIGTERM, None)
+    assert launch.interrupts == [signal.SIGINT, signal.SIGTERM] and cli._terminated == [signal.SIGTERM]
+
+
+def test_a_swallowed_interrupt_still_stops_the_next_check(monkeypatch):
+    monkeypatch.setattr(launch, "interrupts", [])
+
+    class Finalizer:
+        def __del__(self):
+            cli._interrupt(signal.SIGINT, None)  # Python prints "Exception ignored" and goes on
+
+    Finalizer()
+    with pytest.raises(KeyboardInterrupt):
+        launch.stop_if_interrupted()
