@@ -131,6 +131,7 @@ def run_calibration(
         detection_cost,
         failed_row,
         gate_firing,
+        item_order,
         sensitivity_point,
         summarize,
     )
@@ -192,7 +193,7 @@ def run_calibration(
         rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))
         magnitude = graded.get(c.variant)
         if magnitude is not None:
-            n_all = len(set(zip(*side.samples.select(["task", "doc_id"]).to_pydict().values())))
+            n_all = len(item_order(side.samples))
             for n in sorted({min(SENSITIVITY_ITEMS, n_all), n_all}):
                 at_n = c if n == n_all else compare_first(ref, side, gates, n, aa=aa, numerics=numerics)
                 sensitivity.append(sensitivity_point(at_n, magnitude, n, gates))
@@ -200,9 +201,8 @@ def run_calibration(
             # the two A/A pairs: reference vs A/A2 (A/A as its floor) is the row above;
             # reference vs A/A with A/A2 as its floor is the other
             aa_pairs.append(c)
-            aa_side = VariantArtifacts.load(rd.variant(comparison.noise_floor.variant))
             floor2 = compare_artifacts(ref, side, worst_k=0, gates=gates, numerics=numerics)
-            aa_pairs.append(compare_artifacts(ref, aa_side, worst_k=0, gates=gates, aa=floor2, numerics=numerics))
+            aa_pairs.append(compare_artifacts(ref, aa, worst_k=0, gates=gates, aa=floor2, numerics=numerics))
     for name in failed:
         kind, doc = expected.get(name, ("benign", ""))
         rows.append(failed_row(name, kind, str(info["variant_status"][name].get("error")), doc=doc))
