@@ -135,9 +135,10 @@ def run_calibration(
         sensitivity_point,
         summarize,
     )
-    from evalpipe.compare.run import VariantArtifacts, compare_artifacts, compare_run, read_run_info
+    from evalpipe.compare.run import compare_artifacts
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
+    from evalpipe.rundirs import compare_run, load_artifacts, read_run_info, write_outputs
     from evalpipe.runner import RunFailed, execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
@@ -179,13 +180,13 @@ def run_calibration(
         comparison = compare_run(run_dir, variants=survivors)
         comparisons = comparison.comparisons
         gates = comparison.gates
-        ref = VariantArtifacts.load(rd.variant(comparison.reference))
-        aa = VariantArtifacts.load(rd.variant(comparison.noise_floor.variant)) if comparison.noise_floor else None
+        ref = load_artifacts(rd.variant(comparison.reference))
+        aa = load_artifacts(rd.variant(comparison.noise_floor.variant)) if comparison.noise_floor else None
         numerics = comparisons[0].numerics if comparisons else None
     rows = []
     for c in comparisons:
         kind, doc = expected.get(c.variant, ("benign", ""))
-        side = VariantArtifacts.load(rd.variant(c.variant))
+        side = load_artifacts(rd.variant(c.variant))
         cost = None
         if c.status.value == "DIVERGENT":
             console.print(f"detection cost of {c.variant} ...")
@@ -217,8 +218,6 @@ def run_calibration(
     if sensitivity:
         artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
     if from_run is not None and comparisons:
-        from evalpipe.compare.run import write_outputs
-
         write_outputs(run_dir, comparison, info)  # compare.json and the reports under today's gates
     text = render_calibration(
         rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,

@@ -194,7 +194,7 @@ def calibrate(
 
 def _run_gates(target: Path):
     """The gates a run was made with (so --margin alone changes only the margin)."""
-    from evalpipe.compare.run import gates_from_info, read_run_info
+    from evalpipe.rundirs import gates_from_info, read_run_info
 
     run_dir = target if (target / "run.json").is_file() else target.parent
     try:

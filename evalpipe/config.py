@@ -252,6 +252,18 @@ class NoiseFloor(_Strict):
     )
 
 
+class Nightly(_Strict):
+    """`evalpipe nightly`: what runs every night and how the history judges it."""
+
+    tasks: str = Field(default="gsm8k", description="Task selector run each night (as `evalpipe run TASKS`): a group of `tasks:`, `all`, or a comma-separated list.")
+    variants: list[str] | None = Field(default=None, description="Variants run each night (default: all).")
+    limit: int | None = Field(default=None, gt=0, description="Evaluate only the first N documents of every task each night.")
+    history: str | None = Field(default=None, description="SQLAlchemy URL of the history database (default: sqlite file history.sqlite under the output root); e.g. postgresql+psycopg://user@host/db.")
+    dashboard: str | None = Field(default=None, description="Where the dashboard is written (default: reports/nightly/index.html).")
+    alpha: float = Field(default=1e-3, gt=0, lt=0.5, description="Level of the paired test that confirms a change in a score series.")
+    min_nights: int = Field(default=2, ge=1, description="Nights a new level must last before the series flags it (a shorter one is pending, or a transient when it went away).")
+
+
 class RunConfig(_Strict):
     model: ModelSpec
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -273,6 +285,7 @@ class RunConfig(_Strict):
     noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")
     output: str = "reports/runs"
     seed: int = 1234
+    nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
 

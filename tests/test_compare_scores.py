@@ -7,7 +7,7 @@ import pytest
 from scipy import stats as sst
 
 from evalpipe import artifacts
-from evalpipe.compare import compare_run, compare_tables, stats
+from evalpipe.compare import compare_tables, stats
 from evalpipe.compare.scores import (
     DEFAULT_MARGIN,
     FLIPPED_SHOWN,
@@ -17,6 +17,7 @@ from evalpipe.compare.scores import (
     paired_scores,
     to_jsonable,
 )
+from evalpipe.rundirs import compare_run
 from fakes import METRIC, TASK, make_samples, mutate, set_column, tables, write_run
 
 

@@ -3,8 +3,9 @@ import json
 import pytest
 
 from evalpipe import artifacts
-from evalpipe.compare import Status, compare_run, compare_tables, compare_variants, decide, write_outputs
+from evalpipe.compare import Status, compare_tables, decide
 from evalpipe.compare.verdict import fmt_delta, worst_status
+from evalpipe.rundirs import compare_run, compare_variants, write_outputs
 from fakes import METRIC, TASK, make_samples, mutate, set_token, tables, write_run, write_variant
 
 

@@ -25,10 +25,10 @@ from test_compare_bylength import (
 from test_report import HOSTILE, NASTY
 from test_report_html import PNG_MAGIC, _parse
 
-from evalpipe.compare import compare_run
 from evalpipe.report import print_summary, render_html, render_markdown
 from evalpipe.report.plots import depth_plot, length_plot
 from evalpipe.report.terminal import length_lines
+from evalpipe.rundirs import compare_run
 
 
 def _long_compare(tmp_path, name="run", **kw) -> dict:

@@ -1,11 +1,18 @@
-"""The suite's own rules (tests/conftest.py): a skipped test fails the run."""
+"""The suite's own rules (tests/conftest.py): a skipped test fails the run; and the
+package's layering: compare/ is pure comparison, report/ renders, and only
+evalpipe.rundirs (and the runner and CLI above it) joins them to run directories."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import evalpipe
+
+PACKAGE = Path(evalpipe.__file__).parent
 
 
 def test_a_skip_fails_the_run_with_its_reason(tmp_path):
@@ -32,3 +39,46 @@ def test_a_skip_fails_the_run_with_its_reason(tmp_path):
     assert "skipped" not in last, last
     assert "model not at ~/.cache/somewhere" in out.stdout and "no data here" in out.stdout
     assert "allows no skips" in out.stdout
+
+
+def _imports(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, dotted names) of every import statement in ``path``, at any depth (function-level
+    imports too); ``from a import b`` names both ``a`` and ``a.b``, relative imports resolved."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.append((node.lineno, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")
+                parent = parent[: len(parent) - (node.level - 1)]
+                base = ".".join([*parent, *([base] if base else [])])
+            found.append((node.lineno, [base, *(f"{base}.{alias.name}" for alias in node.names)]))
+    return sorted(found)
+
+
+def _forbidden(sub: str, banned: tuple[str, ...]) -> list[str]:
+    """"<file>:<line> imports <module>" for each import statement of package ``sub`` that reaches a banned module."""
+    bad = []
+    for path in sorted((PACKAGE / sub).rglob("*.py")):
+        for line, names in _imports(path):
+            hit = next((n for n in names if any(n == b or n.startswith(b + ".") for b in banned)), None)
+            if hit is not None:
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {hit}")
+    return bad
+
+
+def test_compare_is_pure_comparison():
+    """compare/ reads and writes no run directory and knows nothing of reports or runs."""
+    bad = _forbidden("compare", ("evalpipe.report", "evalpipe.rundirs", "evalpipe.runner", "evalpipe.cli"))
+    assert not bad, "compare/ must stay pure comparison (move file and report work to evalpipe/rundirs.py): " + "; ".join(bad)
+
+
+def test_report_does_not_import_the_run_layer():
+    """report/ renders dicts; it may use pure helpers of compare/ (e.g. verdict formatting)
+    but not the run comparison module nor the modules that read and write run directories."""
+    bad = _forbidden("report", ("evalpipe.rundirs", "evalpipe.runner", "evalpipe.compare.run"))
+    assert not bad, "report/ must not import the run layer (that would close an import circle): " + "; ".join(bad)

@@ -1,19 +1,10 @@
-"""Compare variants from their stored artifacts (pure functions; no engine imports)."""
+"""Compare variants from their artifacts as in-memory tables (pure functions; no engine imports).
+
+Reading a run directory into these functions and writing compare.json and the
+reports back is :mod:`evalpipe.rundirs`."""
 
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
-from evalpipe.compare.run import (
-    COMPARE_SCHEMA_VERSION,
-    RunComparison,
-    VariantComparison,
-    compare_across_runs,
-    compare_run,
-    compare_tables,
-    compare_variants,
-    load_teacher,
-    load_variant,
-    read_run_info,
-    write_outputs,
-)
+from evalpipe.compare.run import COMPARE_SCHEMA_VERSION, RunComparison, VariantComparison, compare_tables
 from evalpipe.compare.scores import PairedScores, ScoreComparison, ScoreRow, compare_scores, paired_scores
 from evalpipe.compare.tokens import (
     SampleTokenDiffs,
@@ -39,18 +30,11 @@ __all__ = [
     "Verdict",
     "VariantComparison",
     "WorstExample",
-    "compare_across_runs",
-    "compare_run",
     "compare_scores",
     "compare_tables",
     "compare_tokens",
-    "compare_variants",
     "decide",
     "evaluate_gates",
-    "load_teacher",
-    "load_variant",
     "paired_scores",
-    "read_run_info",
     "worst_status",
-    "write_outputs",
 ]

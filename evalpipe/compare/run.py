@@ -1,20 +1,25 @@
-"""Compare the variants of a run directory and write compare.json / report.md.
+"""The comparison of a run's variants, over in-memory tables: no file is read or written here.
+
+:func:`compare_tables` / :func:`compare_artifacts` compare a variant with the
+reference (A) into a :class:`VariantComparison`; a :class:`RunComparison` holds the
+reference against every variant and serializes to compare.json. Reading a run
+directory's artifacts and run.json and writing compare.json and the reports is
+:mod:`evalpipe.rundirs`; the reports themselves are :mod:`evalpipe.report`.
 
 ``compare.json`` is a pure function of the artifacts (and the gates): no timestamps,
 no absolute paths, sorted keys, NaN as null; recomputing it from the same run
 directory gives the same bytes.
 
-Noise floor: when run.json names an A/A run (``"noise_floor": {"variant":
-"<reference>-aa"}``), the reference is compared with it first. That comparison is
-information, not a verdict: it is left out of the run status and of the variant
-list, and its token measures set the relative bounds of every other comparison's
-gates (see :mod:`evalpipe.compare.gates`).
+Noise floor: a comparison given ``aa`` (the reference against its A/A run) uses it
+as information, not a verdict: the A/A comparison is left out of the run status and
+of the variant list, and its token measures set the relative bounds of every other
+comparison's gates (see :mod:`evalpipe.compare.gates`).
 
-Teacher forcing: ``<variant>/teacher.parquet`` holds the reference's continuations
-scored by that variant. When both sides have one, it is compared with the same
-token comparison as the free-running tokens; the ids agree by construction, so
-every position is on the shared prefix and the per-position measures (KL, top-1)
-cover the whole continuation.
+Teacher forcing: the teacher tables (``<variant>/teacher.parquet``) hold the
+reference's continuations scored by that variant. When both sides have one, they are
+compared with the same token comparison as the free-running tokens; the ids agree by
+construction, so every position is on the shared prefix and the per-position measures
+(KL, top-1) cover the whole continuation.
 
 Long-context tasks: when the samples carry ``target_length`` (tasks/longctx), each
 comparison (the A/A one included) also gets ``by_length``, its scores and token
@@ -26,28 +31,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
-from pydantic import ValidationError
 
-from evalpipe import artifacts
-from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.compare.bylength import LengthBreakdown, length_breakdown
 from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
-from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
+from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
-from evalpipe.config import Gates, aa_variant_name
+from evalpipe.config import Gates
 
 # Bump when the layout of compare.json changes incompatibly.
 COMPARE_SCHEMA_VERSION = 2
-
-_SAMPLES_REQUIRED = SAMPLE_KEY
-_TOKENS_REQUIRED = TOKENS_REQUIRED
 
 
 @dataclass(frozen=True)
@@ -136,55 +134,14 @@ class RunComparison:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
 
 
-# ---------------------------------------------------------------------------
-# loading
-# ---------------------------------------------------------------------------
-
-
-def _where(vdir: VariantDir) -> str:
-    return str(vdir.root.parent)
-
-
-def _read(vdir: VariantDir, path: Path, required: Sequence[str]) -> pa.Table:
-    if not vdir.root.is_dir():
-        raise ValueError(f"variant {vdir.name!r} has no directory in {_where(vdir)}; was it part of this run?")
-    if not path.is_file():
-        raise ValueError(f"variant {vdir.name!r} in {_where(vdir)} has no {path.name}; did its run finish?")
-    try:
-        table = artifacts.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for damaged files
-        raise ValueError(f"{path} cannot be read as Parquet ({exc}); re-run variant {vdir.name!r}.") from exc
-    missing = [c for c in required if c not in table.column_names]
-    if missing:
-        raise ValueError(f"{path} lacks the columns {missing}; it was written by an incompatible evalpipe version.")
-    return table
-
-
-def load_variant(vdir: VariantDir) -> tuple[pa.Table, pa.Table]:
-    """(samples, tokens) of a variant directory, with a one-sentence ValueError if absent."""
-    samples = _read(vdir, vdir.samples, _SAMPLES_REQUIRED)
-    tokens = _read(vdir, vdir.tokens, _TOKENS_REQUIRED)
-    return samples, tokens
-
-
-def load_teacher(vdir: VariantDir) -> pa.Table | None:
-    """teacher.parquet of a variant, or None when it has none (teacher forcing is optional)."""
-    return _read(vdir, vdir.teacher, _TOKENS_REQUIRED) if vdir.teacher.is_file() else None
-
-
 @dataclass(frozen=True, eq=False)
 class VariantArtifacts:
-    """The artifacts of one variant, loaded once per run comparison."""
+    """The artifacts of one variant, loaded once per run comparison (:func:`evalpipe.rundirs.load_artifacts`)."""
 
     name: str
     samples: pa.Table
     tokens: pa.Table
     teacher: pa.Table | None
-
-    @classmethod
-    def load(cls, vdir: VariantDir, name: str | None = None) -> "VariantArtifacts":
-        samples, tokens = load_variant(vdir)
-        return cls(name or vdir.name, samples, tokens, load_teacher(vdir))
 
 
 # ---------------------------------------------------------------------------
@@ -317,157 +274,6 @@ def compare_artifacts(
     )
 
 
-def compare_variants(
-    a: VariantDir,
-    b: VariantDir,
-    *,
-    label_a: str | None = None,
-    label_b: str | None = None,
-    worst_k: int = 5,
-    margin: float | None = None,
-    gates: Gates | None = None,
-    aa: VariantComparison | None = None,
-) -> VariantComparison:
-    """Compare variant ``b`` against reference ``a`` from their artifacts (teacher.parquet included).
-
-    Labels default to the directory names; pass e.g. "runA/legacy" when comparing
-    across runs where both directories have the same name.
-    """
-    return compare_artifacts(
-        VariantArtifacts.load(a, label_a), VariantArtifacts.load(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
-    )
-
-
-def variant_numerics(vdir: VariantDir) -> Numerics:
-    """The precision a variant ran in, from the engine arguments its manifest records."""
-    where = f"{vdir.name}/manifest.json"
-    try:
-        manifest = artifacts.read_json(vdir.manifest) if vdir.manifest.is_file() else {}
-    except (OSError, ValueError):
-        manifest = {}
-    args = manifest.get("engine_args") if isinstance(manifest, dict) else None
-    return numerics_from_engine_args(args if isinstance(args, dict) else None, where)
-
-
-def read_run_info(run_dir: Path) -> dict[str, Any]:
-    """Parsed run.json, or {} when the run directory has none."""
-    path = RunDir(run_dir).run_json
-    if not path.is_file():
-        return {}
-    try:
-        info = artifacts.read_json(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); restore or delete it.") from exc
-    if not isinstance(info, dict):
-        raise ValueError(f"{path} should hold a JSON object; restore or delete it.")
-    return info
-
-
-def variant_names_from_info(run_info: dict[str, Any]) -> list[str] | None:
-    """Variant names from run.json's "variants": a list of names, of {"name": ...} objects, or a mapping."""
-    v = run_info.get("variants")
-    if isinstance(v, dict):
-        return [str(k) for k in v]
-    if isinstance(v, list):
-        names = []
-        for item in v:
-            if isinstance(item, str):
-                names.append(item)
-            elif isinstance(item, dict) and item.get("name"):
-                names.append(str(item["name"]))
-        return names or None
-    return None
-
-
-def gates_from_info(run_info: dict[str, Any], where: str = "run.json") -> Gates:
-    """The gates of run.json's "config"."gates", else the defaults; ``where`` names the file in errors."""
-    config = run_info.get("config")
-    data = config.get("gates") if isinstance(config, dict) else None
-    if data is None:
-        return Gates()
-    try:
-        return Gates.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{where}: config.gates.{key}: {first['msg']}; fix or remove it.") from None
-
-
-def noise_floor_from_info(run_info: dict[str, Any], reference: str) -> str | None:
-    """The A/A variant of ``reference`` that run.json names, else None.
-
-    An A/A run of another variant (the reference was overridden) is no noise floor
-    for this reference; it is then compared like any variant.
-    """
-    nf = run_info.get("noise_floor")
-    name = nf.get("variant") if isinstance(nf, dict) else None
-    return str(name) if name and str(name) == aa_variant_name(reference) else None
-
-
-def compare_run(
-    run_dir: Path,
-    reference: str | None = None,
-    variants: list[str] | None = None,
-    *,
-    worst_k: int = 5,
-    margin: float | None = None,
-    gates: Gates | None = None,
-) -> RunComparison:
-    """Compare every non-reference variant of ``run_dir`` with the reference.
-
-    Defaults: reference = run.json "reference" (else the first variant); variants =
-    run.json "variants" (else every sub-directory with a manifest.json); gates =
-    run.json "config"."gates" (else the defaults). With a noise floor in run.json the
-    A/A comparison runs first and bounds the others (module docstring).
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} does not exist.")
-    rd = RunDir(run_dir)
-    info = read_run_info(run_dir)
-    gates = with_margin(gates if gates is not None else gates_from_info(info, str(rd.run_json)), margin)
-    names = list(variants) if variants else (variant_names_from_info(info) or rd.variant_names())
-    if not names:
-        raise ValueError(f"{run_dir} has no variants (no run.json \"variants\" and no <variant>/manifest.json).")
-    ref = str(reference or info.get("reference") or names[0])
-    aa_name = noise_floor_from_info(info, ref)
-    others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
-    if not others:
-        raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
-    ref_side = VariantArtifacts.load(rd.variant(ref))
-    numerics = variant_numerics(rd.variant(ref))
-    aa = None
-    if aa_name is not None:
-        aa_side = VariantArtifacts.load(rd.variant(aa_name))
-        aa = compare_artifacts(ref_side, aa_side, worst_k=worst_k, gates=gates, numerics=numerics)
-    comparisons = tuple(
-        compare_artifacts(ref_side, VariantArtifacts.load(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
-        for name in others
-    )
-    run_id = str(info.get("run_id") or run_dir.name)
-    return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
-
-
-def write_outputs(
-    run_dir: Path, run_comparison: RunComparison, run_info: dict[str, Any] | None = None
-) -> dict[str, Path]:
-    """Write compare.json, report.md, report.html and junit.xml atomically.
-
-    compare.json is written first: the reports are renderings of it, so a failure
-    while drawing a plot never loses the comparison itself."""
-    from evalpipe.report import render_html, render_junit, render_markdown  # report depends on compare
-
-    rd = RunDir(Path(run_dir))
-    if run_info is None:
-        run_info = read_run_info(rd.root)
-    data = run_comparison.to_dict()
-    artifacts.write_json(rd.compare_json, data)
-    artifacts.write_text(rd.junit_xml, render_junit(data))
-    artifacts.write_text(rd.report_md, render_markdown(data, run_info))
-    artifacts.write_text(rd.report_html, render_html(data, run_info))
-    return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}
-
-
 # ---------------------------------------------------------------------------
 # across runs
 # ---------------------------------------------------------------------------
@@ -502,25 +308,3 @@ def check_same_items(samples_a: pa.Table, samples_b: pa.Table, label_a: str, lab
                 f"task {task}: {len(differing)} items have different prompts in {label_a} and {label_b} "
                 f"(first: doc {doc}, repeat {rep}); the task definition or its data changed between the runs."
             )
-
-
-def compare_across_runs(
-    a: Path, b: Path, *, worst_k: int = 5, margin: float | None = None, gates: Gates | None = None
-) -> RunComparison:
-    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: B against A as reference.
-
-    Gates default to those of run A's run.json. There is no noise floor: an A/A run
-    belongs to one run, and two runs need not share their engine settings.
-    """
-    va, vb = VariantDir(Path(a)), VariantDir(Path(b))
-    label_a, label_b = f"{va.root.parent.name}/{va.name}", f"{vb.root.parent.name}/{vb.name}"
-    if label_a == label_b:
-        label_a, label_b = str(va.root), str(vb.root)
-    if gates is None:
-        run_a = RunDir(va.root.parent)
-        gates = gates_from_info(read_run_info(run_a.root), str(run_a.run_json))
-    gates = with_margin(gates, margin)
-    side_a, side_b = VariantArtifacts.load(va, label_a), VariantArtifacts.load(vb, label_b)
-    check_same_items(side_a.samples, side_b.samples, label_a, label_b)
-    vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates, numerics=variant_numerics(va))
-    return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)

@@ -18,7 +18,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from evalpipe.compare.run import variant_names_from_info
+from evalpipe.artifacts import variant_names_from_info
 from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text

@@ -61,7 +61,26 @@ def software_versions() -> dict[str, str | None]:
         "torch_npu": _version("torch-npu", "torch_npu"),
         "transformers": _version("transformers"),
         "lm_eval": _version("lm_eval", "lm-eval"),
+        "cann": cann_version(),
     }
+
+
+def cann_version() -> str | None:
+    """The CANN toolkit's version on an Ascend machine (its install info file), else None."""
+    import glob
+    import os
+
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
+    for path in sorted(glob.glob(os.path.join(home, "*", "ascend_toolkit_install.info"))) + [os.path.join(home, "version.cfg")]:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    key, _, value = line.strip().partition("=")
+                    if key.strip().lower() in ("version", "toolkit_installed_version") and value.strip():
+                        return value.strip().strip('"[]').split(":")[-1]
+        except OSError:
+            continue
+    return None
 
 
 def hardware() -> dict[str, Any]:

@@ -1,0 +1,633 @@
+"""The history database: every run and night, with what night-over-night judging needs.
+
+The run directories are the source of truth; the database is an index of them that
+`evalpipe history import RUN_DIR...` can rebuild at any time. SQLite by default (one
+file under the output root), any SQLAlchemy URL otherwise (PostgreSQL for CI machines
+that are thrown away after each night).
+
+What one recorded run keeps, per variant:
+- the components it ran on (versions and commits of vllm, vllm-ascend, torch,
+  torch_npu, CANN, evalpipe, plus the labels CI passes with ``--component``) and its
+  settings (env, engine args), so a change can be traced to what changed with it;
+- its comparison with the reference (status, every gate's result, token summaries);
+- per task x metric the mean, standard error and n, and the per-item correctness,
+  packed (one bit per item for 0/1 metrics) against the task's item set, which is
+  stored once. The per-item values are what makes night-over-night tests paired.
+
+Migrations are numbered; a database written by a newer evalpipe is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from evalpipe import artifacts
+from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
+
+DEFAULT_FILE = "history.sqlite"
+TOKEN_MEASURES = ("kl_p99", "kl_max", "n_hard_divergences", "n_near_tie_divergences", "n_divergent")
+
+
+class HistoryError(ValueError):
+    """A history problem the user can fix, in one sentence."""
+
+
+# ---------------------------------------------------------------------------
+# schema and migrations
+# ---------------------------------------------------------------------------
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "schema_version", metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("description", sa.String(200), nullable=False),
+    sa.Column("applied_at", sa.Float, nullable=False),
+)
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(200), nullable=False, unique=True),
+    sa.Column("kind", sa.String(20), nullable=False),  # run | nightly
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("recorded_at", sa.Float, nullable=False),
+    sa.Column("config_path", sa.String(500)),
+    sa.Column("config_hash", sa.String(64)),
+    sa.Column("code_version", sa.String(100)),
+    sa.Column("model", sa.String(500)),
+    sa.Column("model_fingerprint", sa.String(64)),
+    sa.Column("task_selector", sa.String(200)),
+    sa.Column("status", sa.String(20)),
+    sa.Column("verdict", sa.String(20)),
+    sa.Column("reference", sa.String(200)),
+    sa.Column("aa_variant", sa.String(200)),
+    sa.Column("hardware", sa.JSON),
+    sa.Column("run_dir", sa.String(1000)),
+    # filled by `nightly` after judging: PASS | REGRESSION | FAILED, and the evidence
+    sa.Column("nightly_status", sa.String(20)),
+    sa.Column("baseline_run_id", sa.String(200)),
+    sa.Column("judgement", sa.JSON),
+)
+variants = sa.Table(
+    "variants", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_pk", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("role", sa.String(20), nullable=False),  # reference | aa | variant
+    sa.Column("status", sa.String(20)),  # its comparison with the reference (None: reference)
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("components", sa.JSON),
+    sa.Column("settings", sa.JSON),
+)
+gate_results = sa.Table(
+    "gate_results", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("variant_pk", sa.Integer, sa.ForeignKey("variants.id", ondelete="CASCADE"), nullable=False, index=True),
+    sa.Column("gate", sa.String(100), nullable=False),
+    sa.Column("task", sa.String(200)),
+    sa.Column("metric", sa.String(200)),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("measured", sa.Float),
+    sa.Column("threshold", sa.Float),
+)
+item_sets = sa.Table(
+    "item_sets", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("digest", sa.String(64), nullable=False, unique=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("n", sa.Integer, nullable=False),
+    sa.Column("item_keys", sa.LargeBinary, nullable=False),  # zlib(JSON [[doc_id, repeat, prompt_hash], ...])
+)
+scores = sa.Table(
+    "scores", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("variant_pk", sa.Integer, sa.ForeignKey("variants.id", ondelete="CASCADE"), nullable=False, index=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("metric", sa.String(200), nullable=False),
+    sa.Column("mean", sa.Float),
+    sa.Column("se", sa.Float),
+    sa.Column("n", sa.Integer, nullable=False),
+    sa.Column("item_set_pk", sa.Integer, sa.ForeignKey("item_sets.id"), nullable=False),
+    sa.Column("encoding", sa.String(8), nullable=False),  # bits | f32
+    sa.Column("item_values", sa.LargeBinary, nullable=False),
+)
+token_summaries = sa.Table(
+    "token_summaries", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("variant_pk", sa.Integer, sa.ForeignKey("variants.id", ondelete="CASCADE"), nullable=False, index=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("source", sa.String(10), nullable=False),  # free | teacher
+    *(sa.Column(m, sa.Float) for m in TOKEN_MEASURES),
+    sa.Column("n_samples", sa.Integer),
+)
+baselines = sa.Table(
+    "baselines", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("variant", sa.String(200)),  # NULL: every variant
+    sa.Column("run_id", sa.String(200), nullable=False),
+    sa.Column("pinned_at", sa.Float, nullable=False),
+)
+
+V1_TABLES = (runs, variants, gate_results, item_sets, scores, token_summaries, baselines)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+
+    def apply(self, conn: Connection) -> None:
+        if self.version == 1:
+            metadata.create_all(conn, tables=list(V1_TABLES))
+
+
+# A later schema change appends Migration(2, ...) with its DDL in `apply`; an existing
+# database is brought forward one step at a time, each step in its own transaction.
+MIGRATIONS = (Migration(1, "runs, variants, gates, scores with per-item values, token summaries, baselines"),)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def current_version(conn: Connection) -> int:
+    if not sa.inspect(conn).has_table("schema_version"):
+        return 0
+    return int(conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0)
+
+
+def migrate(engine: Engine, where: str) -> int:
+    with engine.begin() as conn:
+        schema_version.create(conn, checkfirst=True)
+        found = current_version(conn)
+    if found > SCHEMA_VERSION:
+        raise HistoryError(
+            f"history database {where} has schema version {found}, newer than this evalpipe's {SCHEMA_VERSION}; "
+            "upgrade evalpipe or use another --history."
+        )
+    for step in MIGRATIONS:
+        if step.version <= found:
+            continue
+        with engine.begin() as conn:
+            step.apply(conn)
+            conn.execute(schema_version.insert().values(version=step.version, description=step.description, applied_at=time.time()))
+    return SCHEMA_VERSION
+
+
+# ---------------------------------------------------------------------------
+# reading a run directory
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ItemScores:
+    """One variant's per-item values of one task x metric, in the item set's order."""
+
+    task: str
+    metric: str
+    keys: tuple[tuple[int, int, str], ...]  # (doc_id, repeat, prompt_hash), sorted
+    values: np.ndarray  # float64, NaN where missing
+
+    @property
+    def digest(self) -> str:
+        text = "\n".join(f"{d}|{r}|{h}" for d, r, h in self.keys)
+        return hashlib.sha256(f"{self.task}\n{text}".encode()).hexdigest()
+
+    @property
+    def mean(self) -> float | None:
+        finite = self.values[~np.isnan(self.values)]
+        return float(finite.mean()) if finite.size else None
+
+    @property
+    def se(self) -> float | None:
+        finite = self.values[~np.isnan(self.values)]
+        return float(finite.std(ddof=1) / np.sqrt(finite.size)) if finite.size > 1 else None
+
+
+def encode_items(values: np.ndarray) -> tuple[str, bytes]:
+    """0/1 values as a bit string (1 319 GSM8K items: 165 bytes), anything else as float32."""
+    if values.size and np.all(np.isin(values, (0.0, 1.0))):
+        return "bits", np.packbits(values.astype(np.uint8)).tobytes()
+    return "f32", zlib.compress(values.astype("<f4").tobytes())
+
+
+def decode_items(encoding: str, data: bytes, n: int) -> np.ndarray:
+    if encoding == "bits":
+        return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n).astype(np.float64)
+    return np.frombuffer(zlib.decompress(data), dtype="<f4").astype(np.float64)
+
+
+def item_scores_of(vdir: VariantDir) -> list[ItemScores]:
+    """Every task x metric of a variant's samples.parquet, items sorted by (doc_id, repeat)."""
+    if not vdir.samples.is_file():
+        return []
+    table = artifacts.read_table(vdir.samples)
+    cols = table.to_pydict()
+    metrics = [c for c in table.column_names if c.startswith(SCORE_PREFIX)]
+    out = []
+    for task in sorted(set(cols["task"])):
+        rows = sorted(
+            (int(d), int(r), str(h), i)
+            for i, (t, d, r, h) in enumerate(zip(cols["task"], cols["doc_id"], cols["repeat"], cols["prompt_hash"]))
+            if t == task
+        )
+        keys = tuple((d, r, h) for d, r, h, _ in rows)
+        for col in metrics:
+            raw = [cols[col][i] for *_, i in rows]
+            if all(v is None for v in raw):
+                continue
+            values = np.array([np.nan if v is None else float(v) for v in raw], dtype=np.float64)
+            out.append(ItemScores(task, col[len(SCORE_PREFIX):], keys, values))
+    return out
+
+
+def _commit_of(version: str | None) -> str | None:
+    """The git commit in a PEP 440 local version (0.7.3.dev12+g1a2b3c4), if any."""
+    if not version or "+g" not in version:
+        return None
+    return version.split("+g", 1)[1].split(".", 1)[0] or None
+
+
+def components_of(manifest: dict[str, Any], run_info: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+    """What a variant ran on: measured versions (and the commits their versions carry),
+    evalpipe's code version, and the labels CI passes (``--component vllm_ascend=<sha>``),
+    which win over measured values of the same name."""
+    out: dict[str, str] = {}
+    for name, version in (manifest.get("versions") or {}).items():
+        if version is None:
+            continue
+        out[name] = str(version)
+        commit = _commit_of(str(version))
+        if commit:
+            out[f"{name}_commit"] = commit
+    code = (run_info.get("fingerprints") or {}).get("code")
+    if code:
+        out["evalpipe"] = str(code)
+    out.update({str(k): str(v) for k, v in labels.items()})
+    return out
+
+
+def _token_rows(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not comparison:
+        return []
+    rows = []
+    for source in ("tokens", "teacher"):
+        for t in comparison.get(source) or []:
+            rows.append({
+                "task": t.get("task"), "source": "free" if source == "tokens" else "teacher",
+                **{m: (None if t.get(m) is None else float(t[m])) for m in TOKEN_MEASURES},
+                "n_samples": t.get("n_samples"),
+            })
+    return rows
+
+
+def _gate_rows(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
+    rows = []
+    for g in (comparison or {}).get("gates") or []:
+        def num(x: Any) -> float | None:
+            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) else None
+        rows.append({
+            "gate": str(g.get("gate")), "task": g.get("task"), "metric": g.get("metric"),
+            "status": str(g.get("status")), "measured": num(g.get("measured")), "threshold": num(g.get("threshold")),
+        })
+    return rows
+
+
+@dataclass
+class RunRecord:
+    """Everything of one run directory that goes into the database."""
+
+    run: dict[str, Any]
+    variants: list[dict[str, Any]]  # each with "scores", "tokens", "gates" lists
+
+
+def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] | None = None) -> RunRecord:
+    rd = RunDir(Path(run_dir))
+    if not rd.run_json.is_file():
+        raise HistoryError(f"{rd.root} is not a run directory (it has no run.json); pass the directory `evalpipe run` wrote.")
+    info = artifacts.read_json(rd.run_json)
+    compare = artifacts.read_json(rd.compare_json) if rd.compare_json.is_file() else {}
+    labels = {**(info.get("components") or {}), **(labels or {})}
+    kind = kind or str(info.get("kind") or "run")
+    model = info.get("model") or {}
+    names = [str(v) for v in info.get("variants") or rd.variant_names()]
+    reference = str(info.get("reference") or (names[0] if names else ""))
+    aa = (info.get("noise_floor") or {}).get("variant")
+    by_variant = {c.get("variant"): c for c in compare.get("comparisons") or []}
+    settings = info.get("variant_settings") or {}
+    vstatus = info.get("variant_status") or {}
+    out_variants = []
+    for name in names:
+        vdir = rd.variant(name)
+        if not vdir.manifest.is_file():
+            continue
+        manifest = artifacts.read_json(vdir.manifest)
+        role = "reference" if name == reference else "aa" if name == aa else "variant"
+        comparison = compare.get("noise_floor") if role == "aa" else by_variant.get(name)
+        setting = dict(settings.get(name) or {})
+        setting.pop("versions", None)
+        setting.pop("python", None)  # a path, differs between machines without meaning anything
+        out_variants.append({
+            "name": name, "role": role,
+            "status": None if role == "reference" else (comparison or {}).get("status"),
+            "exit_code": (vstatus.get(name) or {}).get("exit_code"),
+            "components": components_of(manifest, info, labels),
+            "settings": setting,
+            "scores": item_scores_of(vdir),
+            "tokens": _token_rows(comparison),
+            "gates": _gate_rows(comparison) if role == "variant" else [],
+        })
+    run = {
+        "run_id": str(info.get("run_id") or rd.root.name),
+        "kind": kind,
+        "started_at": float(info.get("started_at") or rd.run_json.stat().st_mtime),
+        "config_path": info.get("config_path"),
+        "config_hash": (info.get("fingerprints") or {}).get("config_sha256"),
+        "code_version": (info.get("fingerprints") or {}).get("code"),
+        "model": model.get("name") or model.get("path"),
+        "model_fingerprint": model.get("fingerprint"),
+        "task_selector": info.get("task_selector"),
+        "status": info.get("status"),
+        "verdict": info.get("verdict"),
+        "reference": reference,
+        "aa_variant": aa,
+        "hardware": info.get("hardware"),
+        "run_dir": str(rd.root.resolve()),
+    }
+    return RunRecord(run, out_variants)
+
+
+# ---------------------------------------------------------------------------
+# the store
+# ---------------------------------------------------------------------------
+
+
+def default_url(output_root: Path) -> str:
+    return f"sqlite:///{Path(output_root).resolve() / DEFAULT_FILE}"
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages, reports and the dashboard."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparseable URL>"
+
+
+class History:
+    """One history database. Open with :func:`open_history`."""
+
+    def __init__(self, engine: Engine, url: str):
+        self.engine = engine
+        self.url = url
+        self.where = shown_url(url)
+
+    # -- writing ------------------------------------------------------------
+
+    def record(self, run_dir: Path, *, kind: str | None = None, labels: dict[str, str] | None = None) -> str:
+        """Record (or record again, replacing) one run directory; returns its run id."""
+        rec = read_run(run_dir, kind=kind, labels=labels)
+        self.write(rec)
+        return rec.run["run_id"]
+
+    def write(self, rec: RunRecord) -> None:
+        with self.engine.begin() as conn:
+            old = conn.execute(sa.select(runs.c.id, runs.c.nightly_status, runs.c.baseline_run_id, runs.c.judgement)
+                               .where(runs.c.run_id == rec.run["run_id"])).first()
+            keep = {}
+            if old is not None:
+                # A re-import keeps the night's judgement (it is not in the run directory's
+                # artifacts unless nightly.json is; see _judgement_of).
+                keep = {"nightly_status": old.nightly_status, "baseline_run_id": old.baseline_run_id, "judgement": old.judgement}
+                self._delete(conn, old.id)
+            judged = _judgement_of(Path(rec.run["run_dir"]))
+            if judged:
+                keep = judged
+            run_pk = conn.execute(runs.insert().values(**rec.run, **keep, recorded_at=time.time())).inserted_primary_key[0]
+            for v in rec.variants:
+                vpk = conn.execute(variants.insert().values(
+                    run_pk=run_pk, name=v["name"], role=v["role"], status=v["status"], exit_code=v["exit_code"],
+                    components=v["components"], settings=v["settings"],
+                )).inserted_primary_key[0]
+                score_rows = []
+                for s in v["scores"]:
+                    encoding, data = encode_items(s.values)
+                    score_rows.append({
+                        "variant_pk": vpk, "task": s.task, "metric": s.metric, "mean": s.mean, "se": s.se,
+                        "n": int(s.values.size), "item_set_pk": self._item_set(conn, s), "encoding": encoding, "item_values": data,
+                    })
+                if score_rows:
+                    conn.execute(scores.insert(), score_rows)
+                if v["tokens"]:
+                    conn.execute(token_summaries.insert(), [{"variant_pk": vpk, **t} for t in v["tokens"]])
+                if v["gates"]:
+                    conn.execute(gate_results.insert(), [{"variant_pk": vpk, **g} for g in v["gates"]])
+
+    def write_many(self, records: Iterable[RunRecord]) -> int:
+        n = 0
+        for rec in records:
+            self.write(rec)
+            n += 1
+        return n
+
+    def _item_set(self, conn: Connection, s: ItemScores) -> int:
+        digest = s.digest
+        pk = conn.execute(sa.select(item_sets.c.id).where(item_sets.c.digest == digest)).scalar()
+        if pk is None:
+            keys = zlib.compress(json.dumps([list(k) for k in s.keys]).encode())
+            pk = conn.execute(item_sets.insert().values(digest=digest, task=s.task, n=len(s.keys), item_keys=keys)).inserted_primary_key[0]
+        return int(pk)
+
+    def _delete(self, conn: Connection, run_pk: int) -> None:
+        vpks = [r.id for r in conn.execute(sa.select(variants.c.id).where(variants.c.run_pk == run_pk))]
+        if vpks:
+            for table in (scores, token_summaries, gate_results):
+                conn.execute(table.delete().where(table.c.variant_pk.in_(vpks)))
+            conn.execute(variants.delete().where(variants.c.run_pk == run_pk))
+        conn.execute(runs.delete().where(runs.c.id == run_pk))
+
+    def set_judgement(self, run_id: str, status: str, baseline_run_id: str | None, judgement: dict[str, Any]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(
+                nightly_status=status, baseline_run_id=baseline_run_id, judgement=judgement,
+            ))
+
+    def pin_baseline(self, run_id: str, variant: str | None = None) -> None:
+        row = self.run(run_id)
+        if variant is not None and variant not in {v["name"] for v in self.variants_of(run_id)}:
+            names = ", ".join(v["name"] for v in self.variants_of(run_id))
+            raise HistoryError(f"run {run_id} has no variant {variant!r} (it has {names}); pass one of them to --variant.")
+        del row
+        with self.engine.begin() as conn:
+            conn.execute(baselines.insert().values(variant=variant, run_id=run_id, pinned_at=time.time()))
+
+    # -- reading ------------------------------------------------------------
+
+    def runs(self, kind: str | None = None, config_hash: str | None = None) -> list[dict[str, Any]]:
+        """Recorded runs, oldest first."""
+        q = sa.select(runs).order_by(runs.c.started_at, runs.c.id)
+        if kind:
+            q = q.where(runs.c.kind == kind)
+        if config_hash:
+            q = q.where(runs.c.config_hash == config_hash)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
+        if row is None:
+            raise HistoryError(f"no run {run_id!r} in the history {self.where}; `evalpipe history list` shows the recorded ones.")
+        return dict(row._mapping)
+
+    def variants_of(self, run_id: str) -> list[dict[str, Any]]:
+        q = sa.select(variants).join(runs, variants.c.run_pk == runs.c.id).where(runs.c.run_id == run_id).order_by(variants.c.id)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    def score_rows(self, run_ids: Sequence[str] | None = None, *, with_items: bool = False) -> list[dict[str, Any]]:
+        """One row per run x variant x task x metric (with the decoded per-item values on request)."""
+        cols = [runs.c.run_id, runs.c.started_at, variants.c.name.label("variant"), variants.c.role,
+                scores.c.task, scores.c.metric, scores.c.mean, scores.c.se, scores.c.n, scores.c.item_set_pk]
+        if with_items:
+            cols += [scores.c.encoding, scores.c.item_values]
+        q = (sa.select(*cols).select_from(scores.join(variants, scores.c.variant_pk == variants.c.id)
+                                          .join(runs, variants.c.run_pk == runs.c.id))
+             .order_by(runs.c.started_at, runs.c.id))
+        if run_ids is not None:
+            q = q.where(runs.c.run_id.in_(list(run_ids)))
+        with self.engine.connect() as conn:
+            out = []
+            for r in conn.execute(q):
+                row = dict(r._mapping)
+                if with_items:
+                    row["values"] = decode_items(row.pop("encoding"), row.pop("item_values"), row["n"])
+                out.append(row)
+            return out
+
+    def token_rows(self, run_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        q = (sa.select(runs.c.run_id, runs.c.started_at, variants.c.name.label("variant"), variants.c.role,
+                       token_summaries.c.task, token_summaries.c.source, *(token_summaries.c[m] for m in TOKEN_MEASURES))
+             .select_from(token_summaries.join(variants, token_summaries.c.variant_pk == variants.c.id)
+                          .join(runs, variants.c.run_pk == runs.c.id))
+             .order_by(runs.c.started_at, runs.c.id))
+        if run_ids is not None:
+            q = q.where(runs.c.run_id.in_(list(run_ids)))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    def gate_rows(self, run_id: str) -> list[dict[str, Any]]:
+        q = (sa.select(variants.c.name.label("variant"), gate_results.c.gate, gate_results.c.task, gate_results.c.metric,
+                       gate_results.c.status, gate_results.c.measured, gate_results.c.threshold)
+             .select_from(gate_results.join(variants, gate_results.c.variant_pk == variants.c.id)
+                          .join(runs, variants.c.run_pk == runs.c.id))
+             .where(runs.c.run_id == run_id).order_by(gate_results.c.id))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    def item_keys(self, item_set_pk: int) -> list[tuple[int, int, str]]:
+        with self.engine.connect() as conn:
+            data = conn.execute(sa.select(item_sets.c.item_keys).where(item_sets.c.id == item_set_pk)).scalar()
+        return [tuple(k) for k in json.loads(zlib.decompress(data))] if data is not None else []
+
+    def pinned_baseline(self, variant: str) -> str | None:
+        """The latest pin for this variant (or for every variant), else None."""
+        q = (sa.select(baselines.c.run_id).where(sa.or_(baselines.c.variant == variant, baselines.c.variant.is_(None)))
+             .order_by(baselines.c.pinned_at.desc(), baselines.c.id.desc()).limit(1))
+        with self.engine.connect() as conn:
+            return conn.execute(q).scalar()
+
+    def export_rows(self) -> list[dict[str, Any]]:
+        """A flat table for people and other tools: run x variant x task x metric, with the
+        run's verdicts and the variant's components as JSON text."""
+        meta = {r["run_id"]: r for r in self.runs()}
+        comps: dict[tuple[str, str], dict[str, Any]] = {}
+        for run_id in meta:
+            for v in self.variants_of(run_id):
+                comps[(run_id, v["name"])] = v
+        rows = []
+        for s in self.score_rows():
+            r, v = meta[s["run_id"]], comps.get((s["run_id"], s["variant"]), {})
+            rows.append({
+                "run_id": s["run_id"], "kind": r["kind"], "started_at": r["started_at"], "config_hash": r["config_hash"],
+                "model_fingerprint": r["model_fingerprint"], "run_verdict": r["verdict"], "nightly_status": r["nightly_status"],
+                "variant": s["variant"], "role": s["role"], "variant_status": v.get("status"),
+                "task": s["task"], "metric": s["metric"], "mean": s["mean"], "se": s["se"], "n": s["n"],
+                "components": json.dumps(v.get("components") or {}, sort_keys=True),
+            })
+        return rows
+
+    def size_bytes(self) -> int | None:
+        url = sa.engine.make_url(self.url)
+        if url.get_backend_name() == "sqlite" and url.database:
+            return Path(url.database).stat().st_size
+        return None
+
+
+def _judgement_of(run_dir: Path) -> dict[str, Any] | None:
+    """A night's judgement as its run directory keeps it (nightly.json), so an import
+    rebuilds the night's status too."""
+    path = run_dir / NIGHTLY_JSON
+    if not path.is_file():
+        return None
+    try:
+        j = artifacts.read_json(path)
+    except (OSError, ValueError):
+        return None
+    return {"nightly_status": j.get("status"), "baseline_run_id": j.get("baseline"), "judgement": j}
+
+
+NIGHTLY_JSON = "nightly.json"
+
+
+def open_history(url: str | None, output_root: Path) -> History:
+    """Open (creating and migrating as needed) the history at ``url``, default
+    ``<output_root>/history.sqlite``; one-sentence HistoryError when it cannot."""
+    url = url or default_url(output_root)
+    where = shown_url(url)
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise HistoryError(f"history URL {url!r} is not an SQLAlchemy URL; use e.g. sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db.") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = sa.create_engine(url, future=True)
+        migrate(engine, where)
+    except HistoryError:
+        raise
+    except ModuleNotFoundError as err:
+        raise HistoryError(f"history {where} needs the Python package {err.name!r}; install it (PostgreSQL: pip install 'psycopg[binary]').") from None
+    except sa.exc.SQLAlchemyError as err:
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise HistoryError(f"cannot open the history database {where} ({reason}); check --history / the config's nightly.history.") from None
+    return History(engine, url)
+
+
+EXPORT_FORMATS = ("csv", "parquet")
+
+
+def export(history: History, path: Path, fmt: str) -> int:
+    """Write :meth:`History.export_rows` as CSV or Parquet (atomically); returns the row count."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if fmt not in EXPORT_FORMATS:
+        raise HistoryError(f"export format {fmt!r} is not one of {', '.join(EXPORT_FORMATS)}; pass --format csv or --format parquet.")
+    rows = history.export_rows()
+    table = pa.Table.from_pylist(rows) if rows else pa.table({"run_id": pa.array([], pa.string())})
+    sink = pa.BufferOutputStream()
+    if fmt == "csv":
+        pacsv.write_csv(table, sink)
+    else:
+        pq.write_table(table, sink)
+    artifacts.write_bytes(Path(path), sink.getvalue().to_pybytes())
+    return len(rows)

@@ -1,0 +1,473 @@
+"""`evalpipe nightly`: run tonight's matrix, record it, and judge three things.
+
+1. Tonight's variants against each other: the run's own verdict.
+2. Tonight against the baseline night, per variant, on the same items: the paired
+   comparison of `evalpipe compare` (flips, McNemar, TOST at the margin, token drift),
+   with tonight's A/A run as the noise floor of the token gates.
+3. The series: every task x metric x variant over the nightly history
+   (:mod:`evalpipe.compare.changepoint`), and the token measures of every variant.
+
+The night is a REGRESSION when (1) fails, when a variant drifted from its baseline
+(2), or when a series has a flagged change that lasts until tonight (a score going
+down, a token measure going up). Its evidence goes to nightly.json / nightly.md /
+nightly-junit.xml in the run directory, the history database and the dashboard; a
+flagged change names the components that changed between the last good night and
+the first bad one (the bisect hint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evalpipe import artifacts
+from evalpipe.compare.changepoint import Change, score_changes, token_changes
+from evalpipe.history import NIGHTLY_JSON, History, HistoryError
+
+NIGHTLY_MD = "nightly.md"
+NIGHTLY_JUNIT = "nightly-junit.xml"
+PASSING = ("IDENTICAL", "EQUIVALENT")
+# token measures followed per task: (source, measure)
+TOKEN_SERIES = (("teacher", "kl_p99"), ("teacher", "kl_max"), ("free", "kl_max"), ("free", "n_hard_divergences"))
+
+
+@dataclass
+class Judgement:
+    run_id: str
+    status: str = "PASS"  # PASS | REGRESSION | FAILED
+    verdict: str | None = None
+    baseline: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    vs_baseline: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)
+
+    def fail(self, reason: str, status: str = "REGRESSION") -> None:
+        if self.status != "FAILED":
+            self.status = status
+        self.reasons.append(reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "status": self.status, "verdict": self.verdict, "baseline": self.baseline,
+            "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes,
+        }
+
+
+# ---------------------------------------------------------------------------
+# baselines and the bisect hint
+# ---------------------------------------------------------------------------
+
+
+def baseline_for(history: History, run_id: str, nights: list[dict[str, Any]]) -> str | None:
+    """The last earlier night that passed (a pinned baseline wins over it: see judge)."""
+    earlier = [n for n in nights if n["run_id"] != run_id and n["started_at"] <= history.run(run_id)["started_at"]]
+    passing = [n for n in earlier if n.get("nightly_status") == "PASS"]
+    return passing[-1]["run_id"] if passing else None
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(d, dict):
+        out: dict[str, str] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): json.dumps(d, sort_keys=True) if not isinstance(d, str) else d}
+
+
+def bisect_hint(history: History, last_good: str | None, first_bad: str, variant: str) -> list[dict[str, Any]]:
+    """What changed for ``variant`` between two nights: components, then settings."""
+    if last_good is None:
+        return []
+    def of(run_id: str) -> dict[str, Any]:
+        return next((v for v in history.variants_of(run_id) if v["name"] == variant), {})
+    a, b = of(last_good), of(first_bad)
+    out = []
+    for kind, key in (("", "components"), ("settings.", "settings")):
+        fa, fb = _flat(a.get(key) or {}), _flat(b.get(key) or {})
+        for name in sorted(set(fa) | set(fb)):
+            if fa.get(name) != fb.get(name):
+                out.append({"component": f"{kind}{name}", "before": fa.get(name), "after": fb.get(name)})
+    return out
+
+
+# ---------------------------------------------------------------------------
+# tonight against the baseline
+# ---------------------------------------------------------------------------
+
+
+def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str) -> dict[str, Any]:
+    """One variant tonight against itself on the baseline night, as compare.json's
+    comparison entry (plus "error" when the two cannot be compared)."""
+    from evalpipe.compare.run import check_same_items, compare_artifacts
+    from evalpipe.rundirs import gates_from_info, load_artifacts, read_run_info, variant_numerics
+
+    info = read_run_info(tonight_dir)
+    gates = gates_from_info(info, str(tonight_dir / "run.json"))
+    base_v, night_v = base_dir / variant, tonight_dir / variant
+    label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
+    try:
+        a = load_artifacts(artifacts.VariantDir(base_v), label_a)
+        b = load_artifacts(artifacts.VariantDir(night_v), label_b)
+        check_same_items(a.samples, b.samples, label_a, label_b)
+    except ValueError as err:
+        return {"variant": variant, "error": str(err)}
+    aa = None
+    aa_name = (info.get("noise_floor") or {}).get("variant")
+    ref = info.get("reference")
+    if aa_name and ref and (tonight_dir / aa_name).is_dir():
+        # Tonight's own A/A is the engine's noise between two runs: the floor for the drift.
+        ref_side = load_artifacts(artifacts.VariantDir(tonight_dir / ref))
+        aa_side = load_artifacts(artifacts.VariantDir(tonight_dir / aa_name))
+        aa = compare_artifacts(ref_side, aa_side, worst_k=3, gates=gates, numerics=variant_numerics(artifacts.VariantDir(tonight_dir / ref)))
+    vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
+    d = vc.to_dict()
+    return {"variant": variant, "status": d["status"], "reasons": d.get("reasons") or [], "scores": d.get("scores") or [],
+            "tokens": [_token_brief(t) for t in d.get("tokens") or []],
+            "teacher": [_token_brief(t) for t in d.get("teacher") or []]}
+
+
+def _token_brief(t: dict[str, Any]) -> dict[str, Any]:
+    keys = ("task", "n_samples", "n_divergent", "n_hard_divergences", "n_near_tie_divergences", "kl_p99", "kl_max", "identical")
+    return {k: t.get(k) for k in keys}
+
+
+# ---------------------------------------------------------------------------
+# the series
+# ---------------------------------------------------------------------------
+
+
+def _night_label(started_at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at))
+
+
+def series_changes(history: History, nights: list[dict[str, Any]], *, alpha: float, min_nights: int) -> list[dict[str, Any]]:
+    """Every change the detector finds over ``nights`` (oldest first), scores and tokens."""
+    ids = [n["run_id"] for n in nights]
+    pos = {r: i for i, r in enumerate(ids)}
+    rows = history.score_rows(ids, with_items=True)
+    by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    aa_items: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in rows:
+        if r["role"] == "aa":
+            aa_items[(r["run_id"], r["task"], r["metric"])] = r
+            continue
+        by_key.setdefault((r["task"], r["metric"], r["variant"]), []).append(r)
+    ref_items = {(r["run_id"], r["task"], r["metric"]): r for r in rows if r["role"] == "reference"}
+    out = []
+    for (task, metric, variant), series in sorted(by_key.items()):
+        latest = series[-1]["item_set_pk"]
+        same = [r for r in series if r["item_set_pk"] == latest]  # the paired stretch
+        if len(same) < 2:
+            continue
+        matrix = np.vstack([r["values"] for r in same])
+        discordant = [
+            float(np.sum(ref_items[k]["values"] != aa_items[k]["values"]))
+            for r in same
+            if (k := (r["run_id"], task, metric)) in aa_items and k in ref_items
+            and aa_items[k]["item_set_pk"] == ref_items[k]["item_set_pk"] == latest
+        ]
+        aa_disc = float(np.median(discordant)) if discordant else None
+        for c in score_changes(matrix, aa_disc, alpha=alpha, min_nights=min_nights):
+            first, last = same[c.index], same[c.last_good]
+            keys = history.item_keys(latest)
+            out.append(_change_dict(history, c, "score", task, metric, variant, first["run_id"], last["run_id"], nights[pos[first["run_id"]]],
+                                    flipped=[{"doc_id": keys[i][0], "repeat": keys[i][1], "before": b, "after": a} for i, b, a in c.flipped]))
+    tok = history.token_rows(ids)
+    tseries: dict[tuple[str, str, str, str], dict[str, dict[str, Any]]] = {}
+    for r in tok:
+        for source, measure in TOKEN_SERIES:
+            if r["source"] != source:
+                continue
+            role = "aa" if r["role"] == "aa" else r["variant"]
+            tseries.setdefault((r["task"], source, measure, role), {})[r["run_id"]] = r[measure]
+    for (task, source, measure, role), values in sorted(tseries.items()):
+        if role == "aa":
+            continue
+        aa = tseries.get((task, source, measure, "aa"), {})
+        v = np.array([np.nan if values.get(i) is None else values[i] for i in ids], dtype=np.float64)
+        a = np.array([np.nan if aa.get(i) is None else aa[i] for i in ids], dtype=np.float64)
+        for c in token_changes(v, a, min_nights=min_nights):
+            out.append(_change_dict(history, c, "token", task, f"{source}_{measure}", role, ids[c.index], ids[c.last_good], nights[c.index], flipped=[]))
+    return out
+
+
+def _change_dict(history: History, c: Change, kind: str, task: str, metric: str, variant: str, first_bad: str,
+                 last_good: str, night: dict[str, Any], flipped: list[dict[str, Any]]) -> dict[str, Any]:
+    regression = (c.direction == "down") if kind == "score" else (c.direction == "up")
+    scale = 100 if kind == "score" else 1
+    unit = " points" if kind == "score" else ""
+    word = {"flagged": "changed", "pending": "moved (pending: not yet lasting)", "not significant": "moved (not significant)"}[c.state]
+    summary = (f"{task} {metric} of {variant} {word} at {first_bad}: {c.before:.4g} → {c.after:.4g} "
+               f"({(c.delta) * scale:+.3g}{unit}"
+               + (f", paired p {c.p_value:.2g}" if c.p_value is not None else "")
+               + f", {c.nights_after} night{'s' if c.nights_after != 1 else ''} so far" * c.open
+               + (f", lasted {c.nights_after} night{'s' if c.nights_after != 1 else ''}" if not c.open else "") + ")")
+    return {
+        "kind": kind, "task": task, "metric": metric, "variant": variant, "run_id": first_bad, "night": _night_label(night["started_at"]),
+        "direction": c.direction, "before": c.before, "after": c.after, "delta": c.delta, "p_value": c.p_value,
+        "nights_after": c.nights_after, "open": c.open, "state": c.state, "regression": regression,
+        "summary": summary, "flipped": flipped, "bisect": bisect_hint(history, last_good, first_bad, variant),
+        "last_good": last_good, "first_bad": first_bad, "report": None,
+    }
+
+
+# ---------------------------------------------------------------------------
+# judging a recorded night
+# ---------------------------------------------------------------------------
+
+
+def series_nights(history: History, run_id: str) -> list[dict[str, Any]]:
+    """The nights of the same config up to and including ``run_id``, oldest first."""
+    tonight = history.run(run_id)
+    return [n for n in history.runs(kind="nightly", config_hash=tonight["config_hash"]) if n["started_at"] <= tonight["started_at"]]
+
+
+def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int = 2) -> Judgement:
+    """Judge a night already in the history; stores the result and returns it."""
+    tonight = history.run(run_id)
+    j = Judgement(run_id=run_id, verdict=tonight.get("verdict"))
+    if tonight.get("status") != "ok":
+        j.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", "FAILED")
+    elif tonight.get("verdict") is not None and tonight["verdict"] not in PASSING:
+        j.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
+    nights = series_nights(history, run_id)
+    tonight_dir = Path(tonight["run_dir"])
+    for v in history.variants_of(run_id):
+        if v["role"] == "aa":
+            continue
+        base = history.pinned_baseline(v["name"]) or baseline_for(history, run_id, nights)
+        if base is None or base == run_id:
+            continue
+        j.baseline = j.baseline or base
+        base_dir = Path(history.run(base)["run_dir"])
+        if not (base_dir / v["name"]).is_dir():
+            j.vs_baseline.append({"variant": v["name"], "baseline": base, "error": f"the baseline's run directory {base_dir} has no {v['name']} (moved or deleted)"})
+            continue
+        entry = {**vs_baseline(base_dir, tonight_dir, v["name"]), "baseline": base}
+        j.vs_baseline.append(entry)
+        if entry.get("error"):
+            j.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
+        elif entry["status"] not in PASSING:
+            first = entry["reasons"][0] if entry["reasons"] else ""
+            j.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
+    j.changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
+    for c in j.changes:
+        if c["state"] == "flagged" and c["open"] and c["regression"]:
+            hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"][:3]) or "no component changed"
+            j.fail(f"{c['summary']}; changed between {c['last_good']} and {c['first_bad']}: {hint}")
+    history.set_judgement(run_id, j.status, j.baseline, j.to_dict())
+    return j
+
+
+# ---------------------------------------------------------------------------
+# outputs
+# ---------------------------------------------------------------------------
+
+
+def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
+    """Markdown fit for a CI step summary."""
+    from evalpipe.report.markdown import md_escape
+
+    icon = {"PASS": "✅", "REGRESSION": "❌", "FAILED": "💥"}[j.status]
+    lines = [f"## evalpipe nightly {md_escape(j.run_id)}: {icon} {j.status}", ""]
+    lines.append(f"- tonight's verdict (variants vs reference): **{md_escape(str(j.verdict))}**")
+    lines.append(f"- baseline night: {md_escape(j.baseline) if j.baseline else 'none yet (first passing night becomes it)'}")
+    if dashboard:
+        lines.append(f"- dashboard: `{md_escape(str(dashboard))}`")
+    if j.reasons:
+        lines += ["", "### Why", ""] + [f"- {md_escape(r)}" for r in j.reasons]
+    if j.vs_baseline:
+        lines += ["", "### Against the baseline night", "", "| variant | baseline | status | flips (task metric: right→wrong / wrong→right, McNemar p) |", "|---|---|---|---|"]
+        for e in j.vs_baseline:
+            if e.get("error"):
+                lines.append(f"| {md_escape(e['variant'])} | {md_escape(str(e.get('baseline')))} | error | {md_escape(e['error'])} |")
+                continue
+            flips = "; ".join(
+                f"{md_escape(s['task'])} {md_escape(s['metric'])}: {s.get('a_right_b_wrong', 0)}/{s.get('a_wrong_b_right', 0)}, p {s.get('mcnemar_p', 1):.2g}"
+                for s in e["scores"]
+            )
+            lines.append(f"| {md_escape(e['variant'])} | {md_escape(e['baseline'])} | {e['status']} | {flips} |")
+    shown = [c for c in j.changes if c["state"] in ("flagged", "pending")]
+    if shown:
+        lines += ["", "### Changes in the series", ""]
+        for c in shown:
+            lines.append(f"- **{c['state']}** {md_escape(c['summary'])}")
+            if c["bisect"]:
+                lines.append("  - changed between " + md_escape(f"{c['last_good']} and {c['first_bad']}") + ": "
+                             + "; ".join(md_escape(f"{b['component']}: {b['before']} → {b['after']}") for b in c["bisect"][:8]))
+            if c["flipped"]:
+                lines.append(f"  - {len(c['flipped'])} items changed, first: " + ", ".join(
+                    f"doc {f['doc_id']} ({f['before']:g}→{f['after']:g})" for f in c["flipped"][:10]))
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(j: Judgement) -> str:
+    import xml.etree.ElementTree as ET
+
+    from evalpipe.report.junit import xml_text
+
+    cases: list[tuple[str, str, str | None]] = [("tonight", "variants_vs_reference",
+                                                 None if j.verdict in PASSING or j.verdict is None else f"verdict {j.verdict}")]
+    for e in j.vs_baseline:
+        bad = e.get("error") or (None if e.get("status") in PASSING else f"{e.get('status')}: " + "; ".join(e.get("reasons") or [])[:2000])
+        cases.append(("vs_baseline", str(e["variant"]), bad))
+    for c in j.changes:
+        if c["state"] == "flagged" and c["regression"]:
+            cases.append(("series", f"{c['task']}[{c['metric']}].{c['variant']}", c["summary"] if c["open"] else None))
+    suite = ET.Element("testsuite", name=xml_text(f"evalpipe.nightly.{j.run_id}"), tests=str(len(cases)),
+                       failures=str(sum(1 for *_, bad in cases if bad)))
+    for classname, name, bad in cases:
+        case = ET.SubElement(suite, "testcase", classname=xml_text(classname), name=xml_text(name))
+        if bad:
+            ET.SubElement(case, "failure", message=xml_text(str(bad).splitlines()[0][:500])).text = xml_text(bad)
+    root = ET.Element("testsuites", name="evalpipe.nightly")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_night(run_dir: Path, j: Judgement, dashboard: Path | None = None) -> dict[str, Path]:
+    paths = {"json": run_dir / NIGHTLY_JSON, "markdown": run_dir / NIGHTLY_MD, "junit": run_dir / NIGHTLY_JUNIT}
+    artifacts.write_json(paths["json"], j.to_dict())
+    artifacts.write_text(paths["markdown"], render_summary(j, dashboard))
+    artifacts.write_text(paths["junit"], render_junit(j))
+    return paths
+
+
+def dashboard_data(history: History, config_hash: str | None, title: str, dashboard_path: Path) -> dict[str, Any]:
+    """The dashboard's input (evalpipe.report.dashboard), from the history."""
+    import os
+
+    nights = history.runs(kind="nightly", config_hash=config_hash)
+    ids = [n["run_id"] for n in nights]
+
+    def href(n: dict[str, Any]) -> str | None:
+        report = Path(n["run_dir"]) / "report.html"
+        if not report.is_file():
+            return None
+        return os.path.relpath(report, dashboard_path.parent)
+
+    timeline = []
+    for n in nights:
+        j = n.get("judgement") or {}
+        timeline.append({"run_id": n["run_id"], "night": _night_label(n["started_at"]), "status": n.get("nightly_status") or "PASS",
+                         "verdict": n.get("verdict"), "report": href(n), "baseline": n.get("baseline_run_id"),
+                         "reasons": list(j.get("reasons") or [])})
+    latest_changes = (nights[-1].get("judgement") or {}).get("changes") if nights else None
+    changes = [c for c in latest_changes or [] if c["state"] == "flagged"]
+    by_id = {n["run_id"]: n for n in nights}
+    for c in changes:
+        c["report"] = href(by_id[c["run_id"]]) if c["run_id"] in by_id else None
+    series: dict[tuple[str, str, str], dict[str, Any]] = {}
+    same_night: dict[tuple[str, str, str], dict[str, float]] = {}  # (task, metric, run) -> role -> mean
+    for r in history.score_rows(ids):
+        if r["role"] in ("aa", "reference") and r["mean"] is not None:
+            same_night.setdefault((r["task"], r["metric"], r["run_id"]), {})[r["role"]] = r["mean"]
+        if r["role"] == "aa":
+            continue
+        s = series.setdefault((r["task"], r["metric"], r["variant"]), {"task": r["task"], "metric": r["metric"], "variant": r["variant"], "points": [], "changes": []})
+        se = r["se"] or 0.0
+        s["points"].append({"run_id": r["run_id"], "night": _night_label(r["started_at"]), "value": r["mean"],
+                            "ci_low": None if r["mean"] is None else r["mean"] - 1.96 * se,
+                            "ci_high": None if r["mean"] is None else r["mean"] + 1.96 * se, "n": r["n"]})
+    for (task, metric, _variant), s in series.items():
+        # The A/A band: how far two runs of the same engine on the same night lie apart
+        # (the largest such gap in the history), drawn around the series' median level.
+        gaps = [abs(m["reference"] - m["aa"]) for (t, mt, _), m in same_night.items() if (t, mt) == (task, metric) and len(m) == 2]
+        values = [p["value"] for p in s["points"] if p["value"] is not None]
+        if gaps and values:
+            level, half = float(np.median(values)), max(gaps)
+            s["aa_band"] = {"low": level - half, "high": level + half}
+        else:
+            s["aa_band"] = None
+        idx = {p["run_id"]: i for i, p in enumerate(s["points"])}
+        s["changes"] = [idx[c["run_id"]] for c in changes if c["kind"] == "score" and (c["task"], c["metric"], c["variant"]) == (task, metric, _variant) and c["run_id"] in idx]
+    token_series: dict[tuple[str, str, str], dict[str, Any]] = {}
+    aa_tok: dict[tuple[str, str, str], float | None] = {}
+    for r in history.token_rows(ids):
+        for source, measure in TOKEN_SERIES:
+            if r["source"] != source:
+                continue
+            name = f"{source}_{measure}"
+            if r["role"] == "aa":
+                aa_tok[(r["task"], name, r["run_id"])] = r[measure]
+                continue
+            t = token_series.setdefault((r["task"], r["variant"], name), {"task": r["task"], "variant": r["variant"], "measure": name,
+                                                                           "log": "kl" in measure, "points": [], "changes": []})
+            t["points"].append({"run_id": r["run_id"], "night": _night_label(r["started_at"]), "value": r[measure], "aa_value": None})
+    for (task, _variant, name), t in token_series.items():
+        for p in t["points"]:
+            p["aa_value"] = aa_tok.get((task, name, p["run_id"]))
+        idx = {p["run_id"]: i for i, p in enumerate(t["points"])}
+        t["changes"] = [idx[c["run_id"]] for c in changes if c["kind"] == "token" and (c["task"], c["metric"], c["variant"]) == (task, name, _variant) and c["run_id"] in idx]
+    return {
+        "title": title, "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "database": history.where,
+        "nights": timeline, "series": list(series.values()), "token_series": list(token_series.values()),
+        "changes": sorted(changes, key=lambda c: c["night"], reverse=True),
+    }
+
+
+def build_dashboard(history: History, config_hash: str | None, title: str, path: Path) -> Path:
+    from evalpipe.report.dashboard import write_dashboard
+
+    write_dashboard(dashboard_data(history, config_hash, title, path), path)
+    return path
+
+
+__all__ = ["Judgement", "HistoryError", "judge", "write_night", "build_dashboard", "dashboard_data", "render_summary", "render_junit"]
+
+
+# ---------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------
+
+
+def parse_components(pairs: list[str] | None) -> dict[str, str]:
+    """``--component vllm_ascend=1a2b3c`` (repeatable) as a mapping; ValueError in one sentence."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ValueError(f"--component {pair!r} is not NAME=VERSION; pass e.g. --component vllm_ascend=1a2b3c4.")
+        out[name.strip()] = value.strip()
+    return out
+
+
+@dataclass
+class NightResult:
+    run_dir: Path
+    judgement: Judgement
+    outputs: dict[str, Path]
+    dashboard: Path
+
+    @property
+    def exit_code(self) -> int:
+        return {"PASS": 0, "REGRESSION": 1, "FAILED": 3}[self.judgement.status]
+
+
+def record_and_judge(history: History, run_dir: Path, *, labels: dict[str, str], alpha: float, min_nights: int,
+                     dashboard: Path, title: str) -> NightResult:
+    """Record a finished (or failed) night, judge it, write its outputs and the dashboard."""
+    run_id = history.record(run_dir, kind="nightly", labels=labels)
+    j = judge(history, run_id, alpha=alpha, min_nights=min_nights)
+    outputs = write_night(run_dir, j, dashboard)
+    build_dashboard(history, history.run(run_id)["config_hash"], title, dashboard)
+    return NightResult(run_dir, j, outputs, dashboard)
+
+
+def print_night(result: NightResult, console: Any) -> None:
+    j = result.judgement
+    colour = {"PASS": "green", "REGRESSION": "red", "FAILED": "red"}[j.status]
+    console.print(f"[bold]nightly {j.run_id}[/]: [bold {colour}]{j.status}[/]"
+                  + (f" (baseline {j.baseline})" if j.baseline else " (no baseline yet)"))
+    for reason in j.reasons:
+        console.print(f"  - {reason}", soft_wrap=True, markup=False)
+    for c in j.changes:
+        if c["state"] in ("flagged", "pending") and c["open"]:
+            console.print(f"  {c['state']}: {c['summary']}", soft_wrap=True, markup=False)
+    console.print(f"summary: {result.outputs['markdown']}  junit: {result.outputs['junit']}  dashboard: {result.dashboard}")

@@ -1,0 +1,255 @@
+"""Read a run directory's artifacts into the pure comparison (compare/) and write the comparison and its reports (report/) back.
+
+:mod:`evalpipe.compare` compares in-memory tables and knows no files;
+:mod:`evalpipe.report` renders compare.json / run.json dicts and writes nothing.
+This module is the one place that joins them to a run directory: it reads
+samples.parquet, tokens.parquet, teacher.parquet, manifest.json and run.json
+(layout: :mod:`evalpipe.artifacts`), runs the comparison, and writes compare.json,
+report.md, report.html and junit.xml.
+
+Defaults from run.json: the reference ("reference", else the first variant), the
+variants ("variants", else every sub-directory with a manifest.json) and the gates
+("config"."gates", else the defaults).
+
+Noise floor: when run.json names an A/A run (``"noise_floor": {"variant":
+"<reference>-aa"}``), the reference is compared with it first. That comparison is
+information, not a verdict: it is left out of the run status and of the variant
+list, and its token measures set the relative bounds of every other comparison's
+gates (see :mod:`evalpipe.compare.gates`).
+
+Teacher forcing: ``<variant>/teacher.parquet`` holds the reference's continuations
+scored by that variant; it is optional, and compared when both sides have one
+(:func:`evalpipe.compare.run.compare_tables`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+from pydantic import ValidationError
+
+from evalpipe import artifacts
+from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir, variant_names_from_info
+from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
+from evalpipe.compare.run import (
+    RunComparison,
+    VariantArtifacts,
+    VariantComparison,
+    check_same_items,
+    compare_artifacts,
+    with_margin,
+)
+from evalpipe.config import Gates, aa_variant_name
+from evalpipe.report import render_html, render_junit, render_markdown
+
+_SAMPLES_REQUIRED = SAMPLE_KEY
+_TOKENS_REQUIRED = TOKENS_REQUIRED
+
+
+# ---------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------
+
+
+def _where(vdir: VariantDir) -> str:
+    return str(vdir.root.parent)
+
+
+def _read(vdir: VariantDir, path: Path, required: Sequence[str]) -> pa.Table:
+    if not vdir.root.is_dir():
+        raise ValueError(f"variant {vdir.name!r} has no directory in {_where(vdir)}; was it part of this run?")
+    if not path.is_file():
+        raise ValueError(f"variant {vdir.name!r} in {_where(vdir)} has no {path.name}; did its run finish?")
+    try:
+        table = artifacts.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise ValueError(f"{path} cannot be read as Parquet ({exc}); re-run variant {vdir.name!r}.") from exc
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path} lacks the columns {missing}; it was written by an incompatible evalpipe version.")
+    return table
+
+
+def load_variant(vdir: VariantDir) -> tuple[pa.Table, pa.Table]:
+    """(samples, tokens) of a variant directory, with a one-sentence ValueError if absent."""
+    samples = _read(vdir, vdir.samples, _SAMPLES_REQUIRED)
+    tokens = _read(vdir, vdir.tokens, _TOKENS_REQUIRED)
+    return samples, tokens
+
+
+def load_teacher(vdir: VariantDir) -> pa.Table | None:
+    """teacher.parquet of a variant, or None when it has none (teacher forcing is optional)."""
+    return _read(vdir, vdir.teacher, _TOKENS_REQUIRED) if vdir.teacher.is_file() else None
+
+
+def load_artifacts(vdir: VariantDir, name: str | None = None) -> VariantArtifacts:
+    """The artifacts of one variant directory (named ``name``, default the directory name)."""
+    samples, tokens = load_variant(vdir)
+    return VariantArtifacts(name or vdir.name, samples, tokens, load_teacher(vdir))
+
+
+def variant_numerics(vdir: VariantDir) -> Numerics:
+    """The precision a variant ran in, from the engine arguments its manifest records."""
+    where = f"{vdir.name}/manifest.json"
+    try:
+        manifest = artifacts.read_json(vdir.manifest) if vdir.manifest.is_file() else {}
+    except (OSError, ValueError):
+        manifest = {}
+    args = manifest.get("engine_args") if isinstance(manifest, dict) else None
+    return numerics_from_engine_args(args if isinstance(args, dict) else None, where)
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """Parsed run.json, or {} when the run directory has none."""
+    path = RunDir(run_dir).run_json
+    if not path.is_file():
+        return {}
+    try:
+        info = artifacts.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); restore or delete it.") from exc
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} should hold a JSON object; restore or delete it.")
+    return info
+
+
+def gates_from_info(run_info: dict[str, Any], where: str = "run.json") -> Gates:
+    """The gates of run.json's "config"."gates", else the defaults; ``where`` names the file in errors."""
+    config = run_info.get("config")
+    data = config.get("gates") if isinstance(config, dict) else None
+    if data is None:
+        return Gates()
+    try:
+        return Gates.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: config.gates.{key}: {first['msg']}; fix or remove it.") from None
+
+
+def noise_floor_from_info(run_info: dict[str, Any], reference: str) -> str | None:
+    """The A/A variant of ``reference`` that run.json names, else None.
+
+    An A/A run of another variant (the reference was overridden) is no noise floor
+    for this reference; it is then compared like any variant.
+    """
+    nf = run_info.get("noise_floor")
+    name = nf.get("variant") if isinstance(nf, dict) else None
+    return str(name) if name and str(name) == aa_variant_name(reference) else None
+
+
+# ---------------------------------------------------------------------------
+# comparing
+# ---------------------------------------------------------------------------
+
+
+def compare_variants(
+    a: VariantDir,
+    b: VariantDir,
+    *,
+    label_a: str | None = None,
+    label_b: str | None = None,
+    worst_k: int = 5,
+    margin: float | None = None,
+    gates: Gates | None = None,
+    aa: VariantComparison | None = None,
+) -> VariantComparison:
+    """Compare variant ``b`` against reference ``a`` from their artifacts (teacher.parquet included).
+
+    Labels default to the directory names; pass e.g. "runA/legacy" when comparing
+    across runs where both directories have the same name.
+    """
+    return compare_artifacts(
+        load_artifacts(a, label_a), load_artifacts(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
+    )
+
+
+def compare_run(
+    run_dir: Path,
+    reference: str | None = None,
+    variants: list[str] | None = None,
+    *,
+    worst_k: int = 5,
+    margin: float | None = None,
+    gates: Gates | None = None,
+) -> RunComparison:
+    """Compare every non-reference variant of ``run_dir`` with the reference.
+
+    Defaults: reference = run.json "reference" (else the first variant); variants =
+    run.json "variants" (else every sub-directory with a manifest.json); gates =
+    run.json "config"."gates" (else the defaults). With a noise floor in run.json the
+    A/A comparison runs first and bounds the others (module docstring).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} does not exist.")
+    rd = RunDir(run_dir)
+    info = read_run_info(run_dir)
+    gates = with_margin(gates if gates is not None else gates_from_info(info, str(rd.run_json)), margin)
+    names = list(variants) if variants else (variant_names_from_info(info) or rd.variant_names())
+    if not names:
+        raise ValueError(f"{run_dir} has no variants (no run.json \"variants\" and no <variant>/manifest.json).")
+    ref = str(reference or info.get("reference") or names[0])
+    aa_name = noise_floor_from_info(info, ref)
+    others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
+    if not others:
+        raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
+    ref_side = load_artifacts(rd.variant(ref))
+    numerics = variant_numerics(rd.variant(ref))
+    aa = None
+    if aa_name is not None:
+        aa_side = load_artifacts(rd.variant(aa_name))
+        aa = compare_artifacts(ref_side, aa_side, worst_k=worst_k, gates=gates, numerics=numerics)
+    comparisons = tuple(
+        compare_artifacts(ref_side, load_artifacts(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
+        for name in others
+    )
+    run_id = str(info.get("run_id") or run_dir.name)
+    return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
+
+
+def compare_across_runs(
+    a: Path, b: Path, *, worst_k: int = 5, margin: float | None = None, gates: Gates | None = None
+) -> RunComparison:
+    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: B against A as reference.
+
+    Gates default to those of run A's run.json. There is no noise floor: an A/A run
+    belongs to one run, and two runs need not share their engine settings.
+    """
+    va, vb = VariantDir(Path(a)), VariantDir(Path(b))
+    label_a, label_b = f"{va.root.parent.name}/{va.name}", f"{vb.root.parent.name}/{vb.name}"
+    if label_a == label_b:
+        label_a, label_b = str(va.root), str(vb.root)
+    if gates is None:
+        run_a = RunDir(va.root.parent)
+        gates = gates_from_info(read_run_info(run_a.root), str(run_a.run_json))
+    gates = with_margin(gates, margin)
+    side_a, side_b = load_artifacts(va, label_a), load_artifacts(vb, label_b)
+    check_same_items(side_a.samples, side_b.samples, label_a, label_b)
+    vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates, numerics=variant_numerics(va))
+    return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)
+
+
+# ---------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------
+
+
+def write_outputs(
+    run_dir: Path, run_comparison: RunComparison, run_info: dict[str, Any] | None = None
+) -> dict[str, Path]:
+    """Write compare.json, report.md, report.html and junit.xml atomically.
+
+    compare.json is written first: the reports are renderings of it, so a failure
+    while drawing a plot never loses the comparison itself."""
+    rd = RunDir(Path(run_dir))
+    if run_info is None:
+        run_info = read_run_info(rd.root)
+    data = run_comparison.to_dict()
+    artifacts.write_json(rd.compare_json, data)
+    artifacts.write_text(rd.junit_xml, render_junit(data))
+    artifacts.write_text(rd.report_md, render_markdown(data, run_info))
+    artifacts.write_text(rd.report_html, render_html(data, run_info))
+    return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}

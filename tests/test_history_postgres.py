@@ -1,0 +1,50 @@
+"""The history on a real PostgreSQL server (started by the test, 127.0.0.1 only): the
+same records, judgements and exports as on SQLite."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from evalpipe import history as h
+from evalpipe import nightly
+from evalpipe.history import open_history
+
+from tests.nightly_fakes import write_night
+from tests.postgres_server import postgres_server
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    with postgres_server() as url:
+        yield url
+
+
+def test_postgres_records_judges_and_matches_sqlite(tmp_path, pg_url):
+    pg = open_history(pg_url, tmp_path)
+    lite = open_history(None, tmp_path / "lite")
+    with pg.engine.connect() as conn:
+        assert conn.dialect.name == "postgresql"
+        assert h.current_version(conn) == h.SCHEMA_VERSION
+    statuses = {}
+    for i, fault in enumerate([False, False, True, True]):
+        run_dir = write_night(tmp_path / "runs", i, fault=fault, components={"vllm_ascend": "bad" if fault else "good"})
+        for name, db in (("pg", pg), ("lite", lite)):
+            r = nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2,
+                                         dashboard=tmp_path / name / "index.html", title="t")
+            statuses.setdefault(name, []).append(r.judgement.status)
+    assert statuses["pg"] == statuses["lite"] == ["PASS", "PASS", "REGRESSION", "REGRESSION"]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "recorded_at"} for r in rows]  # noqa: E731
+    assert strip(pg.export_rows()) == strip(lite.export_rows())
+    last = pg.run("night-03")["judgement"]
+    assert any(c["state"] == "flagged" and c["first_bad"] == "night-02" for c in last["changes"])
+    # import again into PostgreSQL: replaced, not duplicated, judgement kept
+    pg.record(tmp_path / "runs" / "night-03")
+    assert len(pg.runs()) == 4 and pg.run("night-03")["nightly_status"] == "REGRESSION"
+    with pg.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(h.item_sets)).scalar() == 1
+
+
+def test_postgres_url_shown_without_password(tmp_path, pg_url):
+    db = open_history(pg_url.replace("evalpipe@", "evalpipe:s3cret@"), tmp_path)
+    assert "s3cret" not in db.where and "127.0.0.1" in db.where
