@@ -23,6 +23,10 @@ app = typer.Typer(
 )
 data_app = typer.Typer(no_args_is_help=True, help="Generated data sets (synthetic GSM8K-format set, ...).")
 app.add_typer(data_app, name="data")
+history_app = typer.Typer(no_args_is_help=True, help="The history database of runs and nights: list, show, export, import, simulate.")
+app.add_typer(history_app, name="history")
+baseline_app = typer.Typer(no_args_is_help=True, help="The baseline night tonight is compared with (default: the last passing night).")
+app.add_typer(baseline_app, name="baseline")
 
 # Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -247,6 +251,192 @@ def doctor(
     failed = [c for c in checks if not c.ok]
     console.print(f"{len(checks) - len(failed)}/{len(checks)} checks passed" + (f"; {len(failed)} failed" if failed else ""))
     raise typer.Exit(EXIT_USER if failed else 0)
+
+
+@app.command()
+def nightly(
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Run config YAML with a `nightly:` section (default: configs/default.yaml)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task (default: the config's nightly.limit)."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants (default: the config's nightly.variants, else all)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Output root of tonight's run (default: the config's `output`)."),
+    history: Optional[str] = typer.Option(None, "--history", help="SQLAlchemy URL of the history (default: the config's nightly.history, else history.sqlite under the output root)."),
+    dashboard: Optional[Path] = typer.Option(None, "--dashboard", help="Where to write the dashboard (default: the config's nightly.dashboard, else reports/nightly/index.html)."),
+    component: Optional[list[str]] = typer.Option(None, "--component", help="NAME=VERSION of a component tonight's build used (repeatable), e.g. vllm_ascend=<commit>; named in the bisect hint."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of tonight's run directory (default: nightly-<UTC time>)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds."),
+    from_run: Optional[Path] = typer.Option(None, "--from-run", help="Judge a finished run directory as tonight's night instead of running one."),
+) -> None:
+    """Run tonight's matrix, record it, judge it against the variants, the baseline night and
+    the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression."""
+    from evalpipe.config import ConfigError
+    from evalpipe.history import HistoryError
+    from evalpipe.nightly import parse_components, print_night, run_night
+    from evalpipe.runner import RunFailed
+
+    try:
+        labels = parse_components(component)
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"--timeout {timeout:g} must be a positive number of seconds.")
+        result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
+                           dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout, from_run=from_run)
+    except (ConfigError, HistoryError, ValueError) as err:
+        _fail(str(err), EXIT_USER)
+        return
+    except RunFailed as err:
+        _fail(str(err), err.exit_code)
+        return
+    print_night(result, console)
+    raise typer.Exit(result.exit_code)
+
+
+def _history(history: Optional[str], config: Optional[Path], output: Optional[Path]):
+    """The history the options name: --history, else the config's nightly.history, else
+    history.sqlite under the output root (--output, else the config's `output`)."""
+    from evalpipe.config import ConfigError, load_config
+    from evalpipe.history import HistoryError, open_history
+
+    try:
+        cfg = load_config(config) if (config or history is None) else None
+        url = history or (cfg.nightly.history if cfg else None)
+        root = Path(output) if output else Path(cfg.output if cfg else "reports/runs")
+        return open_history(url, root)
+    except (ConfigError, HistoryError) as err:
+        _fail(str(err), EXIT_USER)
+
+
+_HISTORY_OPT = typer.Option(None, "--history", help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
+_CONFIG_OPT = typer.Option(None, "-c", "--config", help="Config whose nightly.history / output to use (default: configs/default.yaml).")
+_OUTPUT_OPT = typer.Option(None, "--output", help="Output root holding history.sqlite (default: the config's `output`).")
+
+
+@history_app.command("list")
+def history_list(
+    kind: Optional[str] = typer.Option(None, "--kind", help="Only `run` or `nightly` entries."),
+    last: int = typer.Option(30, "-n", "--last", min=1, help="Show the last N entries."),
+    history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
+) -> None:
+    """Recorded runs and nights, oldest first."""
+    import time as _time
+
+    from rich.table import Table
+
+    hist = _history(history, config, output)
+    rows = hist.runs(kind=kind)[-last:]
+    table = Table("run id", "kind", "started (UTC)", "status", "verdict", "nightly", "baseline", "config", title=f"history {hist.where}")
+    for r in rows:
+        table.add_row(r["run_id"], r["kind"], _time.strftime("%Y-%m-%d %H:%M", _time.gmtime(r["started_at"])), str(r["status"]),
+                      str(r["verdict"] or "-"), str(r["nightly_status"] or "-"), str(r["baseline_run_id"] or "-"), str(r["config_hash"] or "-")[:12])
+    console.print(table)
+    if not rows:
+        console.print("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; `evalpipe history import RUN_DIR...` adds existing ones.")
+
+
+@history_app.command("show")
+def history_show(
+    run_id: str = typer.Argument(..., help="A recorded run id (see `evalpipe history list`)."),
+    history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
+) -> None:
+    """One run: its variants, components, scores and, for a night, its judgement."""
+    from evalpipe.history import HistoryError
+
+    hist = _history(history, config, output)
+    try:
+        run = hist.run(run_id)
+    except HistoryError as err:
+        _fail(str(err), EXIT_USER)
+        return
+    console.print(f"[bold]{run['run_id']}[/] ({run['kind']}) status {run['status']}, verdict {run['verdict']}, nightly {run['nightly_status'] or '-'}"
+                  f", baseline {run['baseline_run_id'] or '-'}\nrun directory {run['run_dir']}", soft_wrap=True)
+    for v in hist.variants_of(run_id):
+        comps = ", ".join(f"{k} {val}" for k, val in sorted((v["components"] or {}).items()))
+        console.print(f"  [bold]{v['name']}[/] ({v['role']}) {v['status'] or ''}  {comps}", soft_wrap=True, markup=False)
+    for s in hist.score_rows([run_id]):
+        se = f" ± {s['se']:.4f}" if s["se"] is not None else ""
+        console.print(f"    {s['variant']:<20} {s['task']} {s['metric']}: {s['mean']:.4f}{se} (n {s['n']})", markup=False)
+    for reason in (run.get("judgement") or {}).get("reasons") or []:
+        console.print(f"  - {reason}", soft_wrap=True, markup=False)
+
+
+@history_app.command("export")
+def history_export(
+    path: Path = typer.Option(..., "-o", "--out", help="File to write."),
+    fmt: str = typer.Option("csv", "--format", help="csv or parquet."),
+    history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
+) -> None:
+    """One row per run x variant x task x metric (mean, SE, n, verdicts, components) for other tools."""
+    from evalpipe.history import HistoryError, export
+
+    hist = _history(history, config, output)
+    try:
+        n = export(hist, path, fmt)
+    except (HistoryError, OSError) as err:
+        _fail(str(err), EXIT_USER)
+        return
+    console.print(f"wrote {n} rows to {path}")
+
+
+@history_app.command("import")
+def history_import(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories to (re)record; the database is rebuilt from them."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="Record them as `run` or `nightly` (default: what their run.json says)."),
+    history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
+) -> None:
+    """Record run directories in the history (again): the run directories are the source of truth."""
+    from evalpipe.history import HistoryError
+
+    hist = _history(history, config, output)
+    for d in run_dirs:
+        try:
+            run_id = hist.record(d, kind=kind)
+        except (HistoryError, OSError, ValueError) as err:
+            _fail(str(err), EXIT_USER)
+            return
+        console.print(f"recorded {run_id} ({d})")
+
+
+@history_app.command("simulate")
+def history_simulate(
+    nights: int = typer.Option(30, "--nights", min=4, help="Simulated nights in all."),
+    fault_night: int = typer.Option(20, "--fault-night", help="First night with the fault (0-based)."),
+    fix_night: int = typer.Option(24, "--fix-night", help="First night after the fix."),
+    limit: int = typer.Option(40, "--limit", help="Items per night (two real runs of this size are made)."),
+    output: Path = typer.Option(Path("reports/simulated"), "--output", help="Where the nights, their history and dashboard go."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Config of the real runs (default: configs/default.yaml)."),
+) -> None:
+    """A documented demo: nights in which nothing changes, a layout fault switching on
+    (recorded as a new vllm_ascend build), then the fix; prints what the detector flagged."""
+    from evalpipe.config import ConfigError
+    from evalpipe.history import HistoryError
+    from evalpipe.nightly_sim import simulate
+    from evalpipe.runner import RunFailed
+
+    try:
+        summary = simulate(console, nights=nights, fault_night=fault_night, fix_night=fix_night, limit=limit, output=output, config=config)
+    except (ConfigError, HistoryError, ValueError) as err:
+        _fail(str(err), EXIT_USER)
+        return
+    except RunFailed as err:
+        _fail(str(err), err.exit_code)
+        return
+    raise typer.Exit(0 if summary.as_expected else 1)
+
+
+@baseline_app.command("set")
+def baseline_set(
+    run_id: str = typer.Argument(..., help="The night to compare later nights with."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="Only for this variant (default: every variant)."),
+    history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
+) -> None:
+    """Pin a baseline night (instead of the last passing one)."""
+    from evalpipe.history import HistoryError
+
+    hist = _history(history, config, output)
+    try:
+        hist.pin_baseline(run_id, variant)
+    except HistoryError as err:
+        _fail(str(err), EXIT_USER)
+        return
+    console.print(f"baseline for {variant or 'every variant'}: {run_id}")
 
 
 @app.command()

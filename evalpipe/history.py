@@ -523,12 +523,14 @@ class History:
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(q)]
 
-    def gate_rows(self, run_id: str) -> list[dict[str, Any]]:
-        q = (sa.select(variants.c.name.label("variant"), gate_results.c.gate, gate_results.c.task, gate_results.c.metric,
+    def gate_rows(self, run_id: str | Sequence[str]) -> list[dict[str, Any]]:
+        """Gate results of one run (or of several), in the order they were recorded."""
+        ids = [run_id] if isinstance(run_id, str) else list(run_id)
+        q = (sa.select(runs.c.run_id, variants.c.name.label("variant"), gate_results.c.gate, gate_results.c.task, gate_results.c.metric,
                        gate_results.c.status, gate_results.c.measured, gate_results.c.threshold)
              .select_from(gate_results.join(variants, gate_results.c.variant_pk == variants.c.id)
                           .join(runs, variants.c.run_pk == runs.c.id))
-             .where(runs.c.run_id == run_id).order_by(gate_results.c.id))
+             .where(runs.c.run_id.in_(ids)).order_by(gate_results.c.id))
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(q)]
 

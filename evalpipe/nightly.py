@@ -34,6 +34,9 @@ NIGHTLY_JUNIT = "nightly-junit.xml"
 PASSING = ("IDENTICAL", "EQUIVALENT")
 # token measures followed per task: (source, measure)
 TOKEN_SERIES = (("teacher", "kl_p99"), ("teacher", "kl_max"), ("free", "kl_max"), ("free", "n_hard_divergences"))
+# the gate that judges each of them within a night: its threshold is the series' floor
+TOKEN_GATES = {"teacher_kl_p99": "teacher_kl_p99", "teacher_kl_max": "teacher_kl_max", "free_kl_max": "free_kl_max",
+               "free_n_hard_divergences": "free_hard_divergences"}
 
 
 @dataclass
@@ -185,13 +188,16 @@ def series_changes(history: History, nights: list[dict[str, Any]], *, alpha: flo
                 continue
             role = "aa" if r["role"] == "aa" else r["variant"]
             tseries.setdefault((r["task"], source, measure, role), {})[r["run_id"]] = r[measure]
+    thresholds = {(g["run_id"], g["variant"], g["task"], g["gate"]): g["threshold"] for g in history.gate_rows(ids)}
     for (task, source, measure, role), values in sorted(tseries.items()):
         if role == "aa":
             continue
         aa = tseries.get((task, source, measure, "aa"), {})
+        gate = TOKEN_GATES[f"{source}_{measure}"]
         v = np.array([np.nan if values.get(i) is None else values[i] for i in ids], dtype=np.float64)
         a = np.array([np.nan if aa.get(i) is None else aa[i] for i in ids], dtype=np.float64)
-        for c in token_changes(v, a, min_nights=min_nights):
+        floor = np.array([np.nan if thresholds.get((i, role, task, gate)) is None else thresholds[(i, role, task, gate)] for i in ids])
+        for c in token_changes(v, a, floor, min_nights=min_nights):
             out.append(_change_dict(history, c, "token", task, f"{source}_{measure}", role, ids[c.index], ids[c.last_good], nights[c.index], flipped=[]))
     return out
 
@@ -471,3 +477,56 @@ def print_night(result: NightResult, console: Any) -> None:
         if c["state"] in ("flagged", "pending") and c["open"]:
             console.print(f"  {c['state']}: {c['summary']}", soft_wrap=True, markup=False)
     console.print(f"summary: {result.outputs['markdown']}  junit: {result.outputs['junit']}  dashboard: {result.dashboard}")
+
+
+DEFAULT_DASHBOARD = Path("reports/nightly/index.html")
+
+
+def run_night(config_path: Path | None, console: Any, *, limit: int | None = None, variants: str | None = None,
+              output: Path | None = None, history_url: str | None = None, dashboard: Path | None = None,
+              labels: dict[str, str] | None = None, run_id: str | None = None, timeout_s: float | None = None,
+              from_run: Path | None = None) -> NightResult:
+    """`evalpipe nightly`: run the config's nightly matrix (or take a finished run with
+    ``from_run``), record it, judge it, write its summary and the dashboard."""
+    from evalpipe.config import load_config
+    from evalpipe.history import open_history
+    from evalpipe.plan import make_plan
+    from evalpipe.runner import RunFailed, execute
+
+    cfg = load_config(config_path)
+    spec = cfg.nightly
+    labels = labels or {}
+    if from_run is not None:
+        run_dir = Path(from_run)
+        if not (run_dir / "run.json").is_file():
+            raise HistoryError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
+        output_root = run_dir.parent
+    else:
+        chosen = variants or (",".join(spec.variants) if spec.variants else None)
+        plan = make_plan(cfg, str(config_path or "configs/default.yaml"), spec.tasks, limit=limit or spec.limit,
+                         variants=chosen, output=str(output) if output else None,
+                         run_id=run_id or time.strftime("nightly-%Y%m%d-%H%M%S", time.gmtime()))
+        run_dir, output_root = plan.run_dir, plan.run_dir.parent
+        history = open_history(history_url or spec.history, output_root)  # fail before hours of work, not after
+        try:
+            execute(plan, console, timeout_s, extra_info={"kind": "nightly", "components": labels}, record=False)
+        except RunFailed as err:
+            console.print(f"[bold red]tonight's run failed:[/] {err}", soft_wrap=True)
+            if not (run_dir / "run.json").is_file():
+                raise
+    history = open_history(history_url or spec.history, output_root)
+    title = f"evalpipe nightly: {config_path or 'configs/default.yaml'}"
+    result = record_and_judge(history, run_dir, labels=labels, alpha=spec.alpha, min_nights=spec.min_nights,
+                              dashboard=Path(dashboard or spec.dashboard or DEFAULT_DASHBOARD), title=title)
+    _append_ci_summary(result)
+    return result
+
+
+def _append_ci_summary(result: NightResult) -> None:
+    """CI systems that show a Markdown step summary name its file in $GITHUB_STEP_SUMMARY."""
+    import os
+
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if target:
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(result.outputs["markdown"].read_text(encoding="utf-8"))

@@ -131,14 +131,45 @@ def preflight(plan: RunPlan, console: Console) -> int:
     return 0
 
 
-def execute(plan: RunPlan, console: Console, timeout_s: float | None = None) -> int:
+def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
+            extra_info: dict[str, Any] | None = None, record: bool = True) -> int:
+    """Run the plan; the run (finished or failed) is then recorded in the history
+    database unless ``record`` is false (`nightly` records and judges it itself).
+    ``extra_info``: more run.json fields (nightly: its kind and the components CI named)."""
     preflight(plan, console)
+    if not record:
+        return _execute(plan, console, timeout_s, extra_info)
+    try:
+        return _execute(plan, console, timeout_s, extra_info)
+    finally:
+        if plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
+            record_in_history(plan, console)
+
+
+def history_url(plan: RunPlan) -> str | None:
+    return plan.config.nightly.history
+
+
+def record_in_history(plan: RunPlan, console: Console) -> None:
+    """Best effort: a history that cannot be written costs a warning, never the run."""
+    from evalpipe.history import HistoryError, open_history
+
+    try:
+        hist = open_history(history_url(plan), plan.run_dir.parent)
+        hist.record(plan.run_dir)
+        console.print(f"[dim]recorded in the history {hist.where}[/]")
+    except (HistoryError, OSError, ValueError) as err:
+        console.print(f"[yellow]warning:[/] the run was not recorded in the history: {err}", soft_wrap=True)
+
+
+def _execute(plan: RunPlan, console: Console, timeout_s: float | None, extra_info: dict[str, Any] | None) -> int:
 
     rd = artifacts.RunDir(plan.run_dir)
     if rd.root.exists():
         raise ConfigError(f"run directory {rd.root} already exists; choose another --output or run id.")
     rd.root.mkdir(parents=True)
     info = run_info(plan)
+    info.update(extra_info or {})
     info.update(status="running", started_at=time.time(), variant_status={}, timings={})
     artifacts.write_json(rd.run_json, info)
     for note in plan.notes:

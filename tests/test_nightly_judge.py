@@ -140,3 +140,12 @@ def test_token_measure_rise_is_flagged_in_decades_and_a_fall_is_not():
     assert [(c.index, c.state, c.direction) for c in changes] == [(6, "flagged", "up"), (9, "not significant", "down")]
     wobble = np.array([1e-12, 3e-12, 1e-12, 5e-12, 2e-12, 1e-12])
     assert token_changes(wobble, wobble) == []
+
+
+def test_token_values_below_the_gate_floor_are_not_a_change():
+    # fp32: 0, then 1e-12 (rounding) -- both below the 1e-8 floor of the KL gate
+    v = np.array([0.0] * 4 + [1.8e-12] * 6)
+    assert token_changes(v, np.zeros(10)) != []  # without the floor it looks like 18 decades
+    assert token_changes(v, np.zeros(10), np.full(10, 1e-8)) == []
+    bad = np.array([0.0] * 4 + [0.79] * 3)
+    assert [c.index for c in token_changes(bad, np.zeros(7), np.full(7, 1e-8)) if c.flagged] == [4]

@@ -21,9 +21,11 @@ stay wrong) is p ~ 3e-4 while one flipped item, or noise that flips items both w
 is not.
 
 Token measures (KL p99/max of reference vs variant, hard divergences) have no items to
-pair; they are compared in decades: a flagged rise is a persistent segment whose median
-is more than ``TOKEN_DECADES`` decades above the largest value before it and above the
-A/A run's. A fall is reported, never flagged.
+pair; they are compared in decades, each night's value first raised to the threshold
+of the gate that judges it within the night (below it, differences are rounding): a
+flagged rise is a persistent segment whose median is more than ``TOKEN_DECADES``
+decades above the largest value before it and above the A/A run's. A fall is
+reported, never flagged.
 """
 
 from __future__ import annotations
@@ -137,10 +139,18 @@ def score_changes(
 
 
 def token_changes(
-    values: np.ndarray, aa_values: np.ndarray | None = None, *, min_nights: int = 2, decades: float = TOKEN_DECADES
+    values: np.ndarray, aa_values: np.ndarray | None = None, floors: np.ndarray | None = None, *,
+    min_nights: int = 2, decades: float = TOKEN_DECADES,
 ) -> list[Change]:
-    """Steps in a token measure's nightly series (NaN: missing), judged in decades."""
+    """Steps in a token measure's nightly series (NaN: missing), judged in decades.
+
+    ``floors``: per night, the threshold of the gate that judges this measure within the
+    night (the numerics floor or the A/A multiple). Below it a value is the engine's own
+    rounding, so every value is raised to it first: 1e-12 after 0 in fp32 is no change."""
     v = np.asarray(values, dtype=np.float64)
+    if floors is not None:
+        f = np.asarray(floors, dtype=np.float64)
+        v = np.where(np.isnan(v) | np.isnan(f), v, np.maximum(v, f))
     keep = ~np.isnan(v)
     if keep.sum() < 2:
         return []
