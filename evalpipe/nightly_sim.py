@@ -1,8 +1,9 @@
 """`evalpipe history simulate`: a nightly history on one machine, in minutes.
 
 Two real runs of the config's nightly tasks are made first (the sources): one as the
-config says, one with a layout fault switched on in `sp` (``padding_not_zeroed``, via
-``EVALPIPE_LAYOUT_FAULT``: what a broken vllm-ascend build would do). The nights are
+config says (with the reference's A/A run), and one of `sp` alone with a layout fault
+switched on (``padding_not_zeroed``, via ``EVALPIPE_LAYOUT_FAULT``: what a broken
+vllm-ascend build would do). The nights are
 then built from their stored artifacts, one day apart, and each is recorded and
 judged exactly as `evalpipe nightly` judges a night:
 
@@ -69,7 +70,7 @@ def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tu
     out = []
     for name in ("good", "fault"):
         run_dir = root / f"source-{name}"
-        if (run_dir / "compare.json").is_file():
+        if (run_dir / "run.json").is_file() and artifacts.read_json(run_dir / "run.json").get("status") == "ok":
             out.append(run_dir)
             continue
         if run_dir.exists():
@@ -78,8 +79,9 @@ def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tu
         if name == "fault":
             sp = cfg.variants[FAULT_VARIANT]
             this = cfg.model_copy(update={"variants": {**cfg.variants, FAULT_VARIANT: sp.model_copy(update={"env": {**sp.env, "EVALPIPE_LAYOUT_FAULT": FAULT}})}})
+        # the fault run needs only the variant the fault is in: the nights take the others from the good run
         plan = make_plan(this, str(config or "configs/default.yaml"), cfg.nightly.tasks, limit=limit, output=str(root),
-                         run_id=run_dir.name, noise_floor=True)
+                         run_id=run_dir.name, noise_floor=name == "good", variants=None if name == "good" else FAULT_VARIANT)
         console.print(f"[bold]simulation source[/] {name}: a real run of {cfg.nightly.tasks} (--limit {limit})")
         execute(plan, console, record=False)
         out.append(run_dir)

@@ -89,6 +89,22 @@ def test_run_finishes_and_the_bf16_control_makes_it_divergent(run):
     assert f"gsm8k_synth_4shot · generate: {LIMIT}/{LIMIT}" in proc.stdout
 
 
+def test_the_run_is_recorded_in_the_history(run):
+    from evalpipe.history import open_history
+
+    db_file = run["tmp"] / "runs" / "history.sqlite"
+    assert db_file.is_file(), "evalpipe run records into history.sqlite under the output root"
+    hist = open_history(None, run["tmp"] / "runs")
+    rec = hist.run("e2e")
+    assert rec["kind"] == "run" and rec["verdict"] == "DIVERGENT" and rec["model_fingerprint"]
+    variants = {v["name"]: v for v in hist.variants_of("e2e")}
+    assert sorted(variants) == sorted(variant_names(run))
+    assert variants["bf16"]["status"] == "DIVERGENT" and variants[f"{run['ref']}-aa"]["role"] == "aa"
+    assert variants[run["ref"]]["components"]["vllm"] == artifacts.read_json(run["dir"] / run["ref"] / "manifest.json")["versions"]["vllm"]
+    rows = [r for r in hist.score_rows(["e2e"], with_items=True) if r["variant"] == run["ref"]]
+    assert rows and all(r["n"] == LIMIT and len(r["values"]) == LIMIT for r in rows)
+
+
 def test_every_variant_has_all_artifacts(run):
     for name in variant_names(run):
         vdir = artifacts.VariantDir(run["dir"] / name)
