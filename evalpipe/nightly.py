@@ -73,13 +73,10 @@ def baseline_for(history: History, run_id: str, nights: list[dict[str, Any]]) ->
     return passing[-1]["run_id"] if passing else None
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, str]:
-    if isinstance(d, dict):
-        out: dict[str, str] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): json.dumps(d, sort_keys=True) if not isinstance(d, str) else d}
+def _flat(d: Any) -> dict[str, str]:
+    from evalpipe.report.view import flatten
+
+    return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in flatten(d).items()}
 
 
 def bisect_hint(history: History, last_good: str | None, first_bad: str, variant: str) -> list[dict[str, Any]]:

@@ -17,17 +17,15 @@ because autoescape does not stop a ``javascript:`` URL.
 from __future__ import annotations
 
 import math
-import re
 import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
-import jinja2
-
 from evalpipe.artifacts import write_text
+from evalpipe.report.markdown import template_environment
+from evalpipe.report.view import show_controls
 
-TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE_NAME = "dashboard.html.j2"
 
 KNOWN_STATUSES = {"PASS", "REGRESSION", "FAILED"}
@@ -44,23 +42,15 @@ Y0, Y1 = TOP, HEIGHT - BOTTOM  # Y0 is the top of the plot area
 
 # --- text and numbers -------------------------------------------------------------
 
-# Unicode categories Cc (bar tab and newline), Cs, Zl and Zp: the characters HTML cannot carry.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
-
-
 def _text(value: Any, max_len: int | None = None) -> str:
-    """Plain text for the autoescaping template: truncated, control characters shown as \\uXXXX.
-
-    Model output can hold any character; controls are invalid in HTML and lone
-    surrogates cannot be encoded. (Not shared with report/view.py on purpose: the
-    dashboard must not depend on the compare.json view.)
-    """
+    """Plain text for the autoescaping template: truncated, control characters shown as \\uXXXX
+    (model output can hold any character; controls are invalid in HTML)."""
     if value is None:
         return ""
     s = str(value).replace("\r\n", "\n").replace("\r", "\n")
     if max_len is not None and len(s) > max_len:
         s = s[:max_len] + "\u2026"
-    return _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", s)
+    return show_controls(s, keep="\t\n")
 
 
 def _num(value: Any) -> float | None:
@@ -497,22 +487,9 @@ def build_view(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _environment() -> jinja2.Environment:
-    # Own environment rather than report.markdown's: same settings, without importing the
-    # compare.json view. Autoescape is what keeps untrusted text inert.
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        autoescape=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-    )
-
-
 def render_dashboard(data: dict[str, Any]) -> str:
     """The dashboard page from the history dict (nights, series, token_series, changes)."""
-    return _environment().get_template(TEMPLATE_NAME).render(**build_view(data))
+    return template_environment(autoescape=True).get_template(TEMPLATE_NAME).render(**build_view(data))
 
 
 def write_dashboard(data: dict[str, Any], path: Path | str) -> Path:

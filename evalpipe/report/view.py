@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -43,15 +44,16 @@ WORST_LISTS = (
 )
 
 
+# Unicode categories Cc, Cs, Zl and Zp
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
+
+
 def show_controls(s: str, keep: str = "") -> str:
     """Control, lone-surrogate and line-separator characters (model output can hold any) as \\uXXXX.
 
     They break table rows, are invalid in HTML and cannot be encoded as UTF-8.
     """
-    return "".join(
-        f"\\u{ord(ch):04x}" if ch not in keep and unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") else ch
-        for ch in s
-    )
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else f"\\u{ord(m.group()):04x}", s)
 
 
 def as_dict(compare: Any) -> dict[str, Any]:
@@ -619,11 +621,11 @@ def _scalar(v: Any) -> str:
     return str(v)
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(d, dict):
         out: dict[str, Any] = {}
         for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: d} if prefix else {"": d}
 
@@ -659,7 +661,7 @@ def _variant_settings(run_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _distinguishing(settings: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Per variant, the flattened settings whose values differ between variants (all if only one)."""
-    flat = {n: _flatten(s) for n, s in settings.items()}
+    flat = {n: flatten(s) for n, s in settings.items()}
     keys = sorted({k for f in flat.values() for k in f})
     if len(flat) > 1:
         keys = [k for k in keys if len({_scalar(f.get(k)) for f in flat.values()}) > 1]
@@ -678,7 +680,7 @@ def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) 
         rows.append(("model", model))
     fp = run_info.get("fingerprints", run_info.get("fingerprint"))
     if isinstance(fp, dict):
-        rows.extend((f"fingerprint {k}", _scalar(v)) for k, v in sorted(_flatten(fp).items()))
+        rows.extend((f"fingerprint {k}", _scalar(v)) for k, v in sorted(flatten(fp).items()))
     elif fp:
         rows.append(("fingerprint", _scalar(fp)))
     for key in ("status", "hardware"):
@@ -691,7 +693,7 @@ def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) 
     if isinstance(gates, dict):
         for group in sorted(gates):
             if isinstance(gates[group], dict):
-                flat = _flatten(gates[group])
+                flat = flatten(gates[group])
                 rows.append((f"{group} gates", ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(flat.items()))))
     rows.append(("A/A noise floor", f"{aa} vs {reference}: {nf.get('status', '?')}" if nf else "not run"))
 
@@ -711,7 +713,7 @@ def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) 
     timings = run_info.get("timings")
     timing_rows = []
     if isinstance(timings, dict):
-        timing_rows = [(esc(k), esc(_scalar(v))) for k, v in sorted(_flatten(timings).items())]
+        timing_rows = [(esc(k), esc(_scalar(v))) for k, v in sorted(flatten(timings).items())]
     return {
         "rows": [(esc(k), esc(v)) for k, v in rows],
         "variants": [{"name": esc(n), "role": role(n), "settings": esc(dist.get(n, ""))} for n in names],
