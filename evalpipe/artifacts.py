@@ -33,6 +33,8 @@ RESULTS_JSON = "results.json"
 SAMPLES_PARQUET = "samples.parquet"
 TOKENS_PARQUET = "tokens.parquet"
 TEACHER_PARQUET = "teacher.parquet"
+# nightly: the baseline night's reference sequences scored by tonight's variant
+TEACHER_BASELINE_PARQUET = "teacher_baseline.parquet"
 ENGINE_LOG = "engine.log"
 WORKER_LOG = "worker.log"  # the worker's own output when a server writes engine.log
 COMPARE_JSON = "compare.json"
@@ -277,5 +279,6 @@ class VariantDir:
     samples = property(lambda self: self.root / SAMPLES_PARQUET)
     tokens = property(lambda self: self.root / TOKENS_PARQUET)
     teacher = property(lambda self: self.root / TEACHER_PARQUET)
+    teacher_baseline = property(lambda self: self.root / TEACHER_BASELINE_PARQUET)
     engine_log = property(lambda self: self.root / ENGINE_LOG)
     worker_log = property(lambda self: self.root / WORKER_LOG)

@@ -349,7 +349,7 @@ def history_show(
                   f", baseline {run['baseline_run_id'] or '-'}\nrun directory {run['run_dir']}", soft_wrap=True)
     for v in hist.variants_of(run_id):
         comps = ", ".join(f"{k} {val}" for k, val in sorted((v["components"] or {}).items()))
-        console.print(f"  [bold]{v['name']}[/] ({v['role']}) {v['status'] or ''}  {comps}", soft_wrap=True, markup=False)
+        console.print(f"  {v['name']} ({v['role']}) {v['status'] or ''}  {comps}", soft_wrap=True, markup=False)
     for s in hist.score_rows([run_id]):
         se = f" ± {s['se']:.4f}" if s["se"] is not None else ""
         console.print(f"    {s['variant']:<20} {s['task']} {s['metric']}: {s['mean']:.4f}{se} (n {s['n']})", markup=False)

@@ -17,6 +17,7 @@ the first bad one (the bisect hint).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -68,7 +69,8 @@ class Judgement:
 
 def baseline_for(history: History, run_id: str, nights: list[dict[str, Any]]) -> str | None:
     """The last earlier night that passed (a pinned baseline wins over it: see judge)."""
-    earlier = [n for n in nights if n["run_id"] != run_id and n["started_at"] <= history.run(run_id)["started_at"]]
+    tonight = history.run(run_id)["started_at"]
+    earlier = [n for n in nights if n["run_id"] != run_id and n["started_at"] <= tonight]
     passing = [n for n in earlier if n.get("nightly_status") == "PASS"]
     return passing[-1]["run_id"] if passing else None
 
@@ -116,6 +118,11 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str) -> dict[str, An
         check_same_items(a.samples, b.samples, label_a, label_b)
     except ValueError as err:
         return {"variant": variant, "error": str(err)}
+    # Teacher forcing across nights is clean only on the same forced tokens: the baseline
+    # scored its reference's sequences (teacher.parquet), tonight scored the same ones
+    # (teacher_baseline.parquet). Without that pair the comparison is free-running only.
+    forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / str(read_run_info(base_dir).get("reference") or ""))
+    a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
     aa = None
     aa_name = (info.get("noise_floor") or {}).get("variant")
     ref = info.get("reference")
@@ -126,9 +133,22 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str) -> dict[str, An
         aa = compare_artifacts(ref_side, aa_side, worst_k=3, gates=gates, numerics=variant_numerics(artifacts.VariantDir(tonight_dir / ref)))
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
     d = vc.to_dict()
-    return {"variant": variant, "status": d["status"], "reasons": d.get("reasons") or [], "scores": d.get("scores") or [],
+    return {"variant": variant, "status": d["status"], "teacher_forced": forced is not None, "reasons": d.get("reasons") or [], "scores": d.get("scores") or [],
             "tokens": [_token_brief(t) for t in d.get("tokens") or []],
             "teacher": [_token_brief(t) for t in d.get("teacher") or []]}
+
+
+def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> Any:
+    """Tonight's teacher_baseline.parquet when it holds ``baseline_reference``'s sequences, else None."""
+    from evalpipe.rundirs import load_teacher
+
+    job_path = vdir.root / "job.json"
+    if not vdir.teacher_baseline.is_file() or not job_path.is_file():
+        return None
+    source = ((artifacts.read_json(job_path).get("teacher") or {}).get("baseline_dir")) or ""
+    if not source or Path(source).resolve() != baseline_reference.resolve():
+        return None
+    return load_teacher(vdir, vdir.teacher_baseline)
 
 
 def _token_brief(t: dict[str, Any]) -> dict[str, Any]:
@@ -295,6 +315,14 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
                 for s in e["scores"]
             )
             lines.append(f"| {md_escape(e['variant'])} | {md_escape(e['baseline'])} | {e['status']} | {flips} |")
+        for e in j.vs_baseline:
+            for sc in e.get("scores") or []:
+                if sc.get("flipped"):
+                    items = ", ".join(f"doc {f.get('doc_id')}" + (f" repeat {f['repeat']}" if f.get("repeat") else "")
+                                      for f in sc["flipped"][:20])
+                    more = f" (+{len(sc['flipped']) - 20} more)" if len(sc["flipped"]) > 20 else ""
+                    lines.append(f"\n{md_escape(e['variant'])}, {md_escape(sc['task'])} {md_escape(sc['metric'])}: "
+                                 f"flipped {md_escape(items)}{more}")
     shown = [c for c in j.changes if c["state"] in ("flagged", "pending")]
     if shown:
         lines += ["", "### Changes in the series", ""]
@@ -505,6 +533,9 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
                          run_id=run_id or time.strftime("nightly-%Y%m%d-%H%M%S", time.gmtime()))
         run_dir, output_root = plan.run_dir, plan.run_dir.parent
         history = open_history(history_url or spec.history, output_root)  # fail before hours of work, not after
+        plan.teacher_baseline_dir = baseline_reference_dir(history, plan.config_sha256, plan.reference)
+        if plan.teacher_baseline_dir is not None:
+            console.print(f"[dim]baseline night: {plan.teacher_baseline_dir.parent.name} (its sequences are teacher-forced too)[/]")
         try:
             execute(plan, console, timeout_s, extra_info={"kind": "nightly", "components": labels}, record=False)
         except RunFailed as err:
@@ -517,6 +548,21 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
                               dashboard=Path(dashboard or spec.dashboard or DEFAULT_DASHBOARD), title=title)
     _append_ci_summary(result)
     return result
+
+
+def baseline_reference_dir(history: History, config_hash: str, reference: str) -> Path | None:
+    """The reference directory of the night tonight will be judged against, when its
+    artifacts are still there (pinned, else the last passing night of this config)."""
+    nights = history.runs(kind="nightly", config_hash=config_hash)
+    base = history.pinned_baseline(reference)
+    if base is None:
+        passing = [n for n in nights if n.get("nightly_status") == "PASS"]
+        base = passing[-1]["run_id"] if passing else None
+    if base is None:
+        return None
+    ref_dir = Path(history.run(base)["run_dir"]) / reference
+    vd = artifacts.VariantDir(ref_dir)
+    return ref_dir if vd.samples.is_file() and vd.tokens.is_file() else None
 
 
 def _append_ci_summary(result: NightResult) -> None:

@@ -74,6 +74,9 @@ class RunPlan:
     reference: str
     model: str  # as written in the config (a path or builtin:NAME)
     notes: list[str] = field(default_factory=list)
+    # nightly: the baseline night's reference directory, whose sequences every variant
+    # also teacher-forces (teacher_baseline.parquet)
+    teacher_baseline_dir: Path | None = None
 
     @property
     def builtin_model(self) -> str | None:

@@ -79,9 +79,11 @@ def load_variant(vdir: VariantDir) -> tuple[pa.Table, pa.Table]:
     return samples, tokens
 
 
-def load_teacher(vdir: VariantDir) -> pa.Table | None:
-    """teacher.parquet of a variant, or None when it has none (teacher forcing is optional)."""
-    return _read(vdir, vdir.teacher, _TOKENS_REQUIRED) if vdir.teacher.is_file() else None
+def load_teacher(vdir: VariantDir, path: Path | None = None) -> pa.Table | None:
+    """teacher.parquet of a variant (or another teacher-forcing file of it, e.g.
+    teacher_baseline.parquet), or None when it has none (teacher forcing is optional)."""
+    path = vdir.teacher if path is None else path
+    return _read(vdir, path, _TOKENS_REQUIRED) if path.is_file() else None
 
 
 def load_artifacts(vdir: VariantDir, name: str | None = None) -> VariantArtifacts:

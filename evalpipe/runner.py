@@ -79,6 +79,7 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         # variant reads them from the reference's directory.
         "reference_dir": None if variant is reference else str(variant_dir.parent / reference.name),
         "prompt_positions": plan.config.capture.prompt_positions.model_dump(),
+        "baseline_dir": None if plan.teacher_baseline_dir is None or variant.aa_of else str(plan.teacher_baseline_dir),
     }
     return {
         "variant": variant_name,

@@ -78,6 +78,14 @@ def test_a_real_nightly_run_is_judged_against_the_history(sim):
     by_variant = {e["variant"]: e["status"] for e in verdict["vs_baseline"]}
     # the last night's sp may be the real sp run or the reference's A/A run (the simulation's draw)
     assert by_variant["legacy"] == "IDENTICAL" and by_variant["sp"] in ("IDENTICAL", "EQUIVALENT"), verdict["vs_baseline"]
+    # tonight also teacher-forced the baseline night's reference sequences: the night-over-night
+    # comparison includes the teacher-forced positions, on the same forced tokens
+    assert all(e["teacher_forced"] and e["teacher"] for e in verdict["vs_baseline"]), verdict["vs_baseline"]
+    legacy = next(e for e in verdict["vs_baseline"] if e["variant"] == "legacy")
+    assert all(t["identical"] for t in legacy["teacher"])
+    for name in ("legacy", "sp"):
+        assert (run_dir / name / "teacher_baseline.parquet").is_file()
+    assert not (run_dir / "legacy-aa" / "teacher_baseline.parquet").exists()
     suite = ET.parse(run_dir / "nightly-junit.xml").getroot().find("testsuite")
     assert suite.get("failures") == "0" and int(suite.get("tests")) >= 3
     assert "PASS" in (run_dir / "nightly.md").read_text()

@@ -149,3 +149,27 @@ def test_token_values_below_the_gate_floor_are_not_a_change():
     assert token_changes(v, np.zeros(10), np.full(10, 1e-8)) == []
     bad = np.array([0.0] * 4 + [0.79] * 3)
     assert [c.index for c in token_changes(bad, np.zeros(7), np.full(7, 1e-8)) if c.flagged] == [4]
+
+
+def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(tmp_path):
+    from evalpipe import artifacts
+    from tests.fakes import token_table
+    from tests.nightly_fakes import base_samples
+
+    base = write_night(tmp_path, 0)
+    tonight = write_night(tmp_path, 1)
+    good = base_samples()
+    for night in (base, tonight):
+        for name in ("legacy", "sp"):
+            artifacts.write_table(artifacts.VariantDir(night / name).teacher, token_table(good))
+    # without tonight's scoring of the baseline's sequences: free-running only
+    plain = nightly.vs_baseline(base, tonight, "sp")
+    assert plain["teacher_forced"] is False and plain["teacher"] == [] and plain["status"] == "IDENTICAL"
+    vd = artifacts.VariantDir(tonight / "sp")
+    artifacts.write_table(vd.teacher_baseline, token_table(good))
+    artifacts.write_json(vd.root / "job.json", {"teacher": {"baseline_dir": str(base / "legacy")}})
+    forced = nightly.vs_baseline(base, tonight, "sp")
+    assert forced["teacher_forced"] is True and forced["teacher"][0]["identical"]
+    # scored against another night's sequences: not comparable, left out
+    artifacts.write_json(vd.root / "job.json", {"teacher": {"baseline_dir": str(tonight / "legacy")}})
+    assert nightly.vs_baseline(base, tonight, "sp")["teacher_forced"] is False

@@ -342,7 +342,17 @@ def run(job: dict[str, Any], events: Events) -> int:
 
     teacher = job.get("teacher") or {}
     if teacher.get("enabled"):
-        code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings)
+        code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
+                                     source_dir=teacher.get("reference_dir"), target=out.teacher, timing="teacher_s")
+        if code == EXIT_OK and teacher.get("baseline_dir"):
+            # nightly: the baseline night's reference sequences too, so that tonight and the
+            # baseline night are compared on the same forced tokens
+            # (optional evidence: when it cannot be made the night is still judged, without it)
+            extra, why = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
+                                        source_dir=teacher["baseline_dir"], target=out.teacher_baseline,
+                                        timing="teacher_baseline_s")
+            if extra != EXIT_OK:
+                events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
         if code != EXIT_OK:
             return finish("failed", code, error=error, n_samples=len(all_rows))
     engine.close()
@@ -352,17 +362,20 @@ def run(job: dict[str, Any], events: Events) -> int:
     return code
 
 
-def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events: Events, timings) -> tuple[int, str | None]:
-    """Score the reference's sequences (ours when we are the reference) -> teacher.parquet."""
+def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events: Events, timings, *,
+                   source_dir: str | None, target: Path, timing: str) -> tuple[int, str | None]:
+    """Score the sequences of the variant in ``source_dir`` (ours when None) -> ``target``
+    (teacher.parquet: the reference's; teacher_baseline.parquet: the baseline night's)."""
     from evalpipe import artifacts
     from evalpipe.worker import teacher as tf
     from evalpipe.worker.engines import decode_each
 
-    events.emit("stage", stage="teacher", message="teacher forcing: scoring the reference's sequences")
+    whose = "the baseline night's reference" if target.name == artifacts.TEACHER_BASELINE_PARQUET else "the reference's"
+    events.emit("stage", stage="teacher", message=f"teacher forcing: scoring {whose} sequences")
     t0 = time.time()
     try:
-        if teacher.get("reference_dir"):
-            sequences = tf.read_reference_sequences(Path(teacher["reference_dir"]))
+        if source_dir:
+            sequences = tf.read_reference_sequences(Path(source_dir))
         else:
             sequences = tf.reference_sequences(samples_table, tokens_table)
     except ValueError as err:
@@ -383,11 +396,11 @@ def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, event
         msg = f"teacher forcing failed: {type(err).__name__}: {err} (see {out.engine_log})"
         events.emit("error", kind="run", message=msg)
         return EXIT_FAILED, msg
-    artifacts.write_table(out.teacher, table)
-    timings["teacher_s"] = time.time() - t0
+    artifacts.write_table(target, table)
+    timings[timing] = time.time() - t0
     events.emit(
         "stage", stage="teacher_done",
-        message=f"teacher forcing: {len(sequences)} sequences, {table.num_rows} positions in {timings['teacher_s']:.1f}s",
+        message=f"teacher forcing ({target.name}): {len(sequences)} sequences, {table.num_rows} positions in {timings[timing]:.1f}s",
     )
     return EXIT_OK, None
 
