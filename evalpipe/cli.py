@@ -396,9 +396,9 @@ def history_import(
 
 @history_app.command("simulate")
 def history_simulate(
-    nights: int = typer.Option(30, "--nights", min=4, help="Simulated nights in all."),
-    fault_night: int = typer.Option(20, "--fault-night", help="First night with the fault (0-based)."),
-    fix_night: int = typer.Option(24, "--fix-night", help="First night after the fix."),
+    nights: int = typer.Option(36, "--nights", min=4, help="Simulated nights in all."),
+    fault_night: int = typer.Option(30, "--fault-night", help="First night with the fault (0-based; the nights before it are A/A nights)."),
+    fix_night: int = typer.Option(33, "--fix-night", help="First night after the fix."),
     limit: int = typer.Option(40, "--limit", help="Items per night (two real runs of this size are made)."),
     output: Path = typer.Option(Path("reports/simulated"), "--output", help="Where the nights, their history and dashboard go."),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="Config of the real runs (default: configs/default.yaml)."),

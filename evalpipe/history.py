@@ -601,7 +601,9 @@ def open_history(url: str | None, output_root: Path) -> History:
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     try:
-        engine = sa.create_engine(url, future=True)
+        # a database server that does not answer must not hold a finished run for minutes
+        connect_args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
+        engine = sa.create_engine(url, future=True, connect_args=connect_args)
         migrate(engine, where)
     except HistoryError:
         raise

@@ -244,6 +244,19 @@ def _change_dict(history: History, c: Change, kind: str, task: str, metric: str,
 # ---------------------------------------------------------------------------
 
 
+def _add_prompts(change: dict[str, Any], vdir: Path, keep: int = 300) -> None:
+    """The end of each flipped item's prompt (where the question is), from the first bad
+    night's samples, when its run directory is still there."""
+    path = artifacts.VariantDir(vdir).samples
+    if not path.is_file():
+        return
+    cols = artifacts.read_table(path).select(["task", "doc_id", "repeat", "prompt"]).to_pydict()
+    prompts = {(t, int(d), int(r)): p for t, d, r, p in zip(cols["task"], cols["doc_id"], cols["repeat"], cols["prompt"])}
+    for f in change["flipped"]:
+        text = prompts.get((change["task"], f["doc_id"], f["repeat"]))
+        f["prompt"] = None if text is None else ("…" + text[-keep:] if len(text) > keep else text)
+
+
 def series_nights(history: History, run_id: str) -> list[dict[str, Any]]:
     """The nights of the same config up to and including ``run_id``, oldest first."""
     tonight = history.run(run_id)
@@ -279,6 +292,9 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
             first = entry["reasons"][0] if entry["reasons"] else ""
             j.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
     j.changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
+    for c in j.changes:
+        if c["state"] == "flagged" and c["flipped"]:
+            _add_prompts(c, Path(history.run(c["first_bad"])["run_dir"]) / c["variant"])
     for c in j.changes:
         if c["state"] == "flagged" and c["open"] and c["regression"]:
             hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"][:3]) or "no component changed"

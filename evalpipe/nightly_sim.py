@@ -120,7 +120,7 @@ def build_night(good: Path, fault: Path, night_dir: Path, *, index: int, started
     return night_dir
 
 
-def simulate(console: Any, *, nights: int = 30, fault_night: int | None = 20, fix_night: int | None = 24, limit: int = 40,
+def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
              output: Path = Path("reports/simulated"), config: Path | None = None, seed: int = 0,
              history_url: str | None = None) -> SimulationSummary:
     from evalpipe.config import load_config

@@ -48,6 +48,7 @@ def test_a_fault_night_is_flagged_with_its_component_and_clears_after_the_fix(tm
     assert {c["first_bad"] for c in flagged} == {"night-06"}
     score = next(c for c in flagged if c["kind"] == "score")
     assert score["last_good"] == "night-05" and len(score["flipped"]) == 12
+    assert score["flipped"][0] == {"doc_id": 0, "repeat": 0, "before": 1.0, "after": 0.0, "prompt": "Question 0?"}
     assert {"component": "vllm_ascend", "before": GOOD, "after": BAD} in score["bisect"]
     assert score["delta"] == pytest.approx(-12 / 200)
     # baselines stay on the last passing night while the fault lasts

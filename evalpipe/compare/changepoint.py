@@ -147,7 +147,7 @@ def token_changes(
     ``floors``: per night, the threshold of the gate that judges this measure within the
     night (the numerics floor or the A/A multiple). Below it a value is the engine's own
     rounding, so every value is raised to it first: 1e-12 after 0 in fp32 is no change."""
-    v = np.asarray(values, dtype=np.float64)
+    v = raw = np.asarray(values, dtype=np.float64)
     if floors is not None:
         f = np.asarray(floors, dtype=np.float64)
         v = np.where(np.isnan(v) | np.isnan(f), v, np.maximum(v, f))
@@ -173,8 +173,9 @@ def token_changes(
             state = "pending"
         else:
             state = "flagged"
-        changes.append(Change(
-            index=int(idx[b0]), last_good=int(idx[a1 - 1]), before=float(np.median(v[idx[a0:a1]])), after=after_med,
+        changes.append(Change(  # levels as measured (not raised to the floor)
+            index=int(idx[b0]), last_good=int(idx[a1 - 1]), before=float(np.median(raw[idx[a0:a1]])),
+            after=float(np.median(raw[idx[b0:b1]])),
             p_value=None, nights_after=b1 - b0, open=b1 == logs.size, state=state,
         ))
     return changes
