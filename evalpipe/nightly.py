@@ -102,14 +102,30 @@ def bisect_hint(history: History, last_good: str | None, first_bad: str, variant
 # ---------------------------------------------------------------------------
 
 
-def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str) -> dict[str, Any]:
-    """One variant tonight against itself on the baseline night, as compare.json's
-    comparison entry (plus "error" when the two cannot be compared)."""
-    from evalpipe.compare.run import check_same_items, compare_artifacts
+def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
+    """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
+    the engine's noise between two runs, the floor of every drift from the baseline."""
+    from evalpipe.compare.run import compare_artifacts
     from evalpipe.rundirs import gates_from_info, load_artifacts, read_run_info, variant_numerics
 
     info = read_run_info(tonight_dir)
     gates = gates_from_info(info, str(tonight_dir / "run.json"))
+    aa_name, ref = (info.get("noise_floor") or {}).get("variant"), info.get("reference")
+    if not (aa_name and ref and (tonight_dir / aa_name).is_dir()):
+        return gates, None
+    ref_dir = artifacts.VariantDir(tonight_dir / ref)
+    aa = compare_artifacts(load_artifacts(ref_dir), load_artifacts(artifacts.VariantDir(tonight_dir / aa_name)),
+                           worst_k=3, gates=gates, numerics=variant_numerics(ref_dir))
+    return gates, aa
+
+
+def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One variant tonight against itself on the baseline night, as compare.json's
+    comparison entry (plus "error" when the two cannot be compared). ``floor``:
+    :func:`tonight_floor`, computed once per night by the caller."""
+    from evalpipe.compare.run import check_same_items, compare_artifacts
+    from evalpipe.rundirs import load_artifacts, read_run_info, variant_numerics
+
     base_v, night_v = base_dir / variant, tonight_dir / variant
     label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
     try:
@@ -123,18 +139,11 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str) -> dict[str, An
     # (teacher_baseline.parquet). Without that pair the comparison is free-running only.
     forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / str(read_run_info(base_dir).get("reference") or ""))
     a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
-    aa = None
-    aa_name = (info.get("noise_floor") or {}).get("variant")
-    ref = info.get("reference")
-    if aa_name and ref and (tonight_dir / aa_name).is_dir():
-        # Tonight's own A/A is the engine's noise between two runs: the floor for the drift.
-        ref_side = load_artifacts(artifacts.VariantDir(tonight_dir / ref))
-        aa_side = load_artifacts(artifacts.VariantDir(tonight_dir / aa_name))
-        aa = compare_artifacts(ref_side, aa_side, worst_k=3, gates=gates, numerics=variant_numerics(artifacts.VariantDir(tonight_dir / ref)))
+    gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
     d = vc.to_dict()
-    return {"variant": variant, "status": d["status"], "teacher_forced": forced is not None, "reasons": d.get("reasons") or [], "scores": d.get("scores") or [],
-            "tokens": [_token_brief(t) for t in d.get("tokens") or []],
+    return {"variant": variant, "status": d["status"], "teacher_forced": forced is not None, "reasons": d.get("reasons") or [],
+            "scores": d.get("scores") or [], "tokens": [_token_brief(t) for t in d.get("tokens") or []],
             "teacher": [_token_brief(t) for t in d.get("teacher") or []]}
 
 
@@ -273,6 +282,7 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
         j.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
     nights = series_nights(history, run_id)
     tonight_dir = Path(tonight["run_dir"])
+    floor = None
     for v in history.variants_of(run_id):
         if v["role"] == "aa":
             continue
@@ -284,7 +294,9 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
         if not (base_dir / v["name"]).is_dir():
             j.vs_baseline.append({"variant": v["name"], "baseline": base, "error": f"the baseline's run directory {base_dir} has no {v['name']} (moved or deleted)"})
             continue
-        entry = {**vs_baseline(base_dir, tonight_dir, v["name"]), "baseline": base}
+        if floor is None:
+            floor = tonight_floor(tonight_dir)
+        entry = {**vs_baseline(base_dir, tonight_dir, v["name"], floor), "baseline": base}
         j.vs_baseline.append(entry)
         if entry.get("error"):
             j.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
