@@ -77,6 +77,8 @@ def run(
         return
     from evalpipe.runner import execute, preflight
 
+    if timeout is not None and timeout <= 0:
+        _fail(f"--timeout {timeout:g} must be a positive number of seconds.", EXIT_USER)
     if dry_run:
         from evalpipe.plan import verify_here
 

@@ -38,6 +38,9 @@ class ModelSpec(_Strict):
 def _env_values_as_strings(value: Any) -> Any:
     # YAML turns `VLLM_X: 1` into an int and `true` into a bool; an environment holds strings.
     if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, (list, dict)):
+                raise ValueError(f"`{k}` is a {type(v).__name__}; an environment variable holds one string (quote it, e.g. \"a,b\")")
         return {
             str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
             for k, v in value.items()
@@ -293,6 +296,11 @@ class RunConfig(_Strict):
     @classmethod
     def _single_task_is_a_list(cls, value: Any) -> Any:
         if isinstance(value, dict):
+            if not value:
+                raise ValueError("no task groups; add one, e.g. `gsm8k: [{task: gsm8k_synth_4shot, num_fewshot: 4}]`")
+            empty = [k for k, v in value.items() if v is None or v == []]
+            if empty:
+                raise ValueError(f"task group `{empty[0]}` is empty; list at least one task under it or remove the group")
             return {k: (v if isinstance(v, list) else [v]) for k, v in value.items()}
         return value
 
@@ -374,6 +382,11 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     if first["type"] == "missing":
         return f"{source}: required key `{where}` is missing; add it."
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] != "value_error" and not isinstance(first.get("input"), (dict, list)):
+        msg = f"{msg}, got {first.get('input')!r}; fix it"  # pydantic says what is wanted, not what was found
+    elif first["type"] != "value_error":
+        msg = f"{msg}; fix it"
+    msg = msg if msg.endswith(".") else msg + "."
     return f"{source}: `{where}`: {msg}" if where != "(top level)" else f"{source}: {msg}"
 
 
@@ -395,11 +408,15 @@ def _load_mapping(path: Path, chain: list[Path]) -> Any:
     """The YAML at ``path`` with its ``extends:`` chain resolved: the named config
     (relative to this file) is the base, this file's keys merge into it (mappings key by
     key, anything else replaces; a key set to null removes the base's, e.g. a variant)."""
+    where = f" (extended by {chain[-1]})" if chain else ""
+    if path.is_dir():
+        raise ConfigError(f"config {path}{where} is a directory; pass a YAML file with -c/--config (e.g. {path / 'default.yaml'}).")
     if not path.is_file():
-        where = f" (extended by {chain[-1]})" if chain else ""
         raise ConfigError(f"config file {path}{where} does not exist; pass an existing YAML file with -c/--config.")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}{where} is not UTF-8 text (byte {err.start} cannot be decoded); pass a YAML file.") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -58,8 +58,28 @@ def closest(name: str, known: Iterable[str]) -> str | None:
     return match[0] if match else None
 
 
+# Sizes that vLLM takes as positive integers; a wrong one otherwise surfaces only after an
+# engine has started (or deep inside it).
+POSITIVE_INT_ARGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                     "pipeline_parallel_size", "data_parallel_size", "block_size", "max_logprobs")
+
+
+def check_values(variant: str, engine_args: dict) -> None:
+    """One sentence for the first size argument that is not a positive integer."""
+    for key in POSITIVE_INT_ARGS:
+        value = engine_args.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_logprobs" else 1):
+            raise EngineArgError(
+                f"variant `{variant}`: engine argument `{key}` is {value!r}; it must be a "
+                f"{'non-negative' if key == 'max_logprobs' else 'positive'} integer (fix it under `engine:` in the config)."
+            )
+
+
 def check_engine_args(variant: str, python: str, engine_args: dict, known: set[str]) -> None:
-    """Raise one sentence for the first argument ``known`` lacks."""
+    """Raise one sentence for the first argument ``known`` lacks, or a size that is not a positive integer."""
+    check_values(variant, engine_args)
     for key in sorted(engine_args):
         if key in known:
             continue
@@ -77,6 +97,10 @@ def check_plan(variants: Iterable, say: Callable[[str], None] | None = None) -> 
     arguments offline, the server's flags in serve mode (endpoint mode applies none:
     the server is already running). One sentence on the first unknown one.
     Interpreters shared by several variants are asked once."""
+    variants = list(variants)
+    for v in variants:  # values first: no interpreter needs asking for them
+        if v.launch.mode != "endpoint":
+            check_values(v.name, v.engine_args)
     known: dict[str, dict[str, set[str]]] = {}
     for v in variants:
         mode = v.launch.mode

@@ -169,6 +169,29 @@ def _code_version() -> str:
         return "unknown"
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id names one directory under the output root: no separators, no `..`."""
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(
+            f"--run-id {run_id!r} is not a plain directory name; use letters, digits, `.`, `_`, `+` and `-` "
+            "(no `/` or `..`), starting with a letter or digit."
+        )
+
+
+def check_output_root(root: Path, what: str) -> None:
+    """The output root must be (or become) a writable directory."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{what} {root} is a file, not a directory; pass a directory for the run directories.")
+    parent = root
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {root} cannot be written ({parent} is not a writable directory); pass another --output.")
+
+
 def make_plan(
     config: RunConfig,
     config_path: str,
@@ -229,12 +252,15 @@ def make_plan(
 
     canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
     digest = hashlib.sha256(canonical.encode()).hexdigest()
-    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+')[:24]}-{digest[:6]}"
+    if run_id is not None:
+        check_run_id(run_id)
+    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+').replace('/', '_')[:24]}-{digest[:6]}"
     for v in planned:
         v.run_id = run_id
     root = Path(output or config.output)
     if not root.is_absolute():
         root = Path.cwd() / root
+    check_output_root(root, "--output" if output else f"`output` of {config_path}")
     return RunPlan(
         run_id=run_id,
         run_dir=root / run_id,
