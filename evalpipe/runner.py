@@ -115,6 +115,21 @@ def _record_environment(info: dict[str, Any], variant: str, vdir: Path) -> None:
     info.setdefault("hardware", manifest.get("hardware"))
 
 
+def check_user_data(plan: RunPlan) -> None:
+    """The data files a config names (`data_files:` of a task entry), read here before any
+    engine starts: a broken line or a missing column is one sentence, not lm-eval's
+    words minutes later."""
+    from evalpipe.worker.tasks import task_config
+
+    for t in plan.tasks:
+        if not t.spec.data_files:
+            continue
+        try:
+            task_config(t.spec.model_dump(), data_dir())
+        except (ValueError, FileNotFoundError) as err:
+            raise ConfigError(str(err)) from None
+
+
 def preflight(plan: RunPlan, console: Console) -> int:
     """What can be checked before anything starts (task names, every variant's engine
     arguments against its own vLLM); ConfigError on the first problem, 0 otherwise."""
@@ -125,6 +140,7 @@ def preflight(plan: RunPlan, console: Console) -> int:
         check_task_names([t.spec.task for t in plan.tasks])
     except TaskNotFound as err:
         raise ConfigError(str(err)) from None
+    check_user_data(plan)
     try:
         check_plan(plan.variants, say=lambda msg: console.print(f"[dim]{msg}[/]"))
     except EngineArgError as err:

@@ -30,6 +30,20 @@ def with_(**changes):
     return out
 
 
+def data_task(name: str) -> dict:
+    """A task group reading the data file DATA/<name> (written by _write_data_files)."""
+    return {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 0, "data_files": {"test": f"DATA/{name}"}}]}
+
+
+def _write_data_files(root: Path) -> None:
+    root.mkdir(exist_ok=True)
+    (root / "bad.jsonl").write_text('{"question": "q1", "answer": "#### 1"}\n{"question": "q2", "answer": broken}\n')
+    (root / "cols.jsonl").write_text('{"q": "q1", "a": "#### 1"}\n')
+    (root / "empty.jsonl").write_text("")
+    (root / "data.txt").write_text("What is 1 + 1?\n")
+    (root / "list.jsonl").write_text('["question", "answer"]\n')
+
+
 # (case id, config file content: dict | str | bytes | "DIR" | None (no -c), extra args, fragments of the error)
 CASES = [
     ("yaml-malformed", "model: {path: [unclosed\n", [], ["invalid YAML at line"]),
@@ -79,6 +93,12 @@ CASES = [
     ("output-file", GOOD, ["--output", "FILE"], ["is a file, not a directory"]),
     ("model-missing", with_(model={"path": "/nonexistent/model"}), [], ["/nonexistent/model", "does not exist"]),
     ("variants-unknown", GOOD, ["--variants", "a,c"], ["variant `c` is not defined"]),
+    ("data-broken-line", with_(tasks=data_task("bad.jsonl")), [], ["bad.jsonl, line 2: not valid JSON"]),
+    ("data-missing-column", with_(tasks=data_task("cols.jsonl")), [], ["cols.jsonl", "lacks the column question", "doc_to_text"]),
+    ("data-empty", with_(tasks=data_task("empty.jsonl")), [], ["empty.jsonl", "has no items"]),
+    ("data-unsupported", with_(tasks=data_task("data.txt")), [], ["data.txt has the unsupported type .txt"]),
+    ("data-missing", with_(tasks=data_task("missing.jsonl")), [], ["missing.jsonl does not exist"]),
+    ("data-not-objects", with_(tasks=data_task("list.jsonl")), [], ["list.jsonl, line 1: a list, not an object"]),
     ("python-missing", with_(variants={"a": {}, "b": {"python": "/nonexistent/bin/python"}}), [], ["/nonexistent/bin/python"]),
 ]
 
@@ -101,7 +121,9 @@ def _invoke(tmp_path: Path, config, extra: list[str]):
         elif isinstance(config, str):
             path.write_text(config)
         else:
-            path.write_text(yaml.safe_dump({"output": str(tmp_path / "runs"), **config}))
+            _write_data_files(tmp_path / "data")
+            text = yaml.safe_dump({"output": str(tmp_path / "runs"), **config})
+            path.write_text(text.replace("DATA/", f"{tmp_path / 'data'}/"))
         args += ["-c", str(path)]
     extra = [str(tmp_path / "a-file") if a == "FILE" else a for a in extra]
     (tmp_path / "a-file").write_text("x")

@@ -24,8 +24,11 @@ def test_synthetic_task_resolves_its_data_under_the_data_dir(tmp_path):
 
 def test_gsm8k_4shot_can_point_at_local_files(tmp_path):
     (tmp_path / "gsm").mkdir()
-    for split in ("train", "test"):
-        (tmp_path / "gsm" / f"{split}.parquet").write_bytes(b"")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split in ("train", "test"):  # the task's templates read question and answer
+        pq.write_table(pa.table({"question": ["1 + 1?"], "answer": ["#### 2"]}), tmp_path / "gsm" / f"{split}.parquet")
     spec = {"task": "gsm8k_4shot", "data_files": {"train": "gsm/train.parquet", "test": str(tmp_path / "gsm" / "test.parquet")}}
     cfg = task_config(spec, tmp_path)
     assert cfg["dataset_path"] == "parquet" and cfg["dataset_name"] is None

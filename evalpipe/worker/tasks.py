@@ -191,7 +191,10 @@ def task_config(
     cfg.pop("group", None)
     data_files = spec.get("data_files") or (cfg.get("dataset_kwargs") or {}).get("data_files")
     if data_files:
+        from evalpipe.data.check import check_data_files
+
         resolved = _resolve_data_files(data_files, data_dir, generated)
+        check_data_files(name, resolved, cfg)
         cfg["dataset_kwargs"] = {**(cfg.get("dataset_kwargs") or {}), "data_files": resolved}
         if spec.get("data_files"):
             cfg["dataset_path"] = _builder_for(resolved)
