@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import httpx
 
-from evalpipe.plan import PlannedVariant, RunPlan
+from evalpipe.plan import PlannedVariant, RunPlan, model_file_problems
 
 MIN_FREE_DISK_BYTES = 1 << 30  # a GLM-5 run of 1319 questions with top-k logprobs stays well below
 
@@ -71,7 +71,6 @@ print("EVALPIPE_DOCTOR " + json.dumps(out))
 """
 _MARK = "EVALPIPE_DOCTOR "
 
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
@@ -133,12 +132,8 @@ def devices_needed(engine_args: dict[str, Any]) -> int:
 def model_dir_problems(path: Path, engine_args: dict[str, Any]) -> list[str]:
     if not path.is_dir():
         return [f"{path} is not a directory"]
-    problems = []
+    problems = model_file_problems(path)
     config = path / "config.json"
-    if not config.is_file():
-        problems.append("config.json is missing")
-    if not any(next(path.glob(p), None) for p in WEIGHT_PATTERNS):
-        problems.append("no weights (*.safetensors, *.bin)")
     tokenizer_dir = Path(str(engine_args.get("tokenizer") or path))
     if not any((tokenizer_dir / f).is_file() for f in TOKENIZER_FILES):
         problems.append(f"no tokenizer ({' / '.join(TOKENIZER_FILES)}) in {tokenizer_dir}")

@@ -133,6 +133,28 @@ def _resolve_python(python: str | None, variant: str, strict: bool = True) -> st
     return str(Path(found).absolute())
 
 
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def model_file_problems(path: Path) -> list[str]:
+    """What a local model directory lacks of config.json and weights (doctor adds more)."""
+    problems = []
+    if not (path / "config.json").is_file():
+        problems.append("config.json is missing")
+    if not any(next(path.glob(p), None) for p in WEIGHT_PATTERNS):
+        problems.append("no weights (" + ", ".join(WEIGHT_PATTERNS) + ")")
+    return problems
+
+
+def check_model_files(path: Path, config_path: str) -> None:
+    """A local model directory needs its config.json and weights (vLLM would otherwise
+    fail minutes later, inside the engine, in its own words)."""
+    problems = model_file_problems(path)
+    if problems:
+        raise ConfigError(f"{config_path}: model directory `{path}` is not a complete model: {' and '.join(problems)}; "
+                          "point `model.path` at the directory holding the model's config.json and weights.")
+
+
 def check_model(model: str, config_path: str) -> None:
     if model.startswith(BUILTIN_PREFIX):
         from evalpipe.models.builtin import BUILTIN_MODELS
@@ -147,6 +169,7 @@ def check_model(model: str, config_path: str) -> None:
         return
     path = Path(model).expanduser()
     if path.is_dir():
+        check_model_files(path, config_path)
         return
     hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", model)
     hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))

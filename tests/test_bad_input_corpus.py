@@ -92,6 +92,8 @@ CASES = [
     ("run-id-dots", GOOD, ["--run-id", ".."], ["is not a plain directory name"]),
     ("output-file", GOOD, ["--output", "FILE"], ["is a file, not a directory"]),
     ("model-missing", with_(model={"path": "/nonexistent/model"}), [], ["/nonexistent/model", "does not exist"]),
+    ("model-empty-dir", with_(model={"path": "EMPTYMODEL"}), [], ["is not a complete model: config.json is missing and no weights"]),
+    ("model-no-weights", with_(model={"path": "NOWEIGHTS"}), [], ["is not a complete model: no weights"]),
     ("variants-unknown", GOOD, ["--variants", "a,c"], ["variant `c` is not defined"]),
     ("data-broken-line", with_(tasks=data_task("bad.jsonl")), [], ["bad.jsonl, line 2: not valid JSON"]),
     ("data-missing-column", with_(tasks=data_task("cols.jsonl")), [], ["cols.jsonl", "lacks the column question", "doc_to_text"]),
@@ -122,7 +124,11 @@ def _invoke(tmp_path: Path, config, extra: list[str]):
             path.write_text(config)
         else:
             _write_data_files(tmp_path / "data")
+            (tmp_path / "empty-model").mkdir()
+            (tmp_path / "no-weights").mkdir()
+            (tmp_path / "no-weights" / "config.json").write_text('{"model_type": "llama"}')
             text = yaml.safe_dump({"output": str(tmp_path / "runs"), **config})
+            text = text.replace("EMPTYMODEL", str(tmp_path / "empty-model")).replace("NOWEIGHTS", str(tmp_path / "no-weights"))
             path.write_text(text.replace("DATA/", f"{tmp_path / 'data'}/"))
         args += ["-c", str(path)]
     extra = [str(tmp_path / "a-file") if a == "FILE" else a for a in extra]

@@ -56,6 +56,8 @@ def test_unknown_variant(tmp_path):
 def test_unknown_task_name_fails_before_any_engine_starts(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    (model_dir / "model.safetensors").write_bytes(b"")
     cfg = write(tmp_path, {**GOOD, "model": {"path": str(model_dir)}, "output": str(tmp_path / "runs")})
     proc = evalpipe("run", "gsm8k_sinth_4shot", "-c", str(cfg), cwd=tmp_path)
     assert_user_error(proc, "unknown task `gsm8k_sinth_4shot`", "Did you mean: gsm8k_synth_4shot")
