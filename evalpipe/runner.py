@@ -154,13 +154,34 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
     database unless ``record`` is false (`nightly` records and judges it itself).
     ``extra_info``: more run.json fields (nightly: its kind and the components CI named)."""
     preflight(plan, console)
-    if not record:
-        return _execute(plan, console, timeout_s, extra_info)
     try:
         return _execute(plan, console, timeout_s, extra_info)
+    except KeyboardInterrupt:
+        mark_interrupted(plan.run_dir)
+        raise
     finally:
-        if plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
+        if record and plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
             record_in_history(plan, console)
+
+
+def mark_interrupted(run_dir: Path) -> None:
+    """run.json of a run stopped by Ctrl-C or SIGTERM says so, with what had finished
+    (instead of `running` forever)."""
+    import signal
+
+    from evalpipe.launch import interrupts
+
+    path = artifacts.RunDir(run_dir).run_json
+    if not path.is_file():
+        return
+    info = artifacts.read_json(path)
+    if info.get("status") != "running":
+        return
+    finished = [name for name, v in (info.get("variant_status") or {}).items() if v.get("exit_code") == 0]
+    by = "SIGTERM" if signal.SIGTERM in interrupts else "SIGINT"
+    info.update(status="interrupted", interrupted_by=by, interrupted_at=time.time(), finished_variants=finished,
+                error=f"interrupted by {by}; finished variants: {', '.join(finished) or 'none'}")
+    artifacts.write_json(path, info)
 
 
 def history_url(plan: RunPlan) -> str | None:

@@ -188,6 +188,9 @@ def test_interrupt_stops_every_process_the_run_started(tmp_path, sig, code):
         proc.send_signal(sig)  # what Ctrl-C (SIGINT) or a CI cancel (SIGTERM) sends to evalpipe
         assert proc.wait(timeout=120) == code
         assert wait_gone(run_id, 5) == [], "processes of the run survived the interrupt"
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["status"] == "interrupted", info.get("status")
+        assert info["interrupted_by"] == ("SIGINT" if sig == signal.SIGINT else "SIGTERM")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -30,3 +30,21 @@ def test_a_swallowed_interrupt_still_stops_the_next_check(monkeypatch):
     Finalizer()
     with pytest.raises(KeyboardInterrupt):
         launch.stop_if_interrupted()
+
+
+def test_an_interrupted_run_says_so_in_run_json(tmp_path, monkeypatch):
+    import json
+    import signal
+
+    from evalpipe import artifacts, launch
+    from evalpipe.runner import mark_interrupted
+
+    run_json = tmp_path / "run.json"
+    artifacts.write_json(run_json, {"status": "running", "variant_status": {"a": {"exit_code": 0}, "b": {"exit_code": 3}}})
+    monkeypatch.setattr(launch, "interrupts", [signal.SIGTERM])
+    mark_interrupted(tmp_path)
+    info = json.loads(run_json.read_text())
+    assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGTERM" and info["finished_variants"] == ["a"]
+    artifacts.write_json(run_json, {"status": "failed"})
+    mark_interrupted(tmp_path)  # a run that had already ended keeps its status
+    assert json.loads(run_json.read_text())["status"] == "failed"
