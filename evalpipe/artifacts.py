@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from evalpipe.redact import REDACTED, redact_env as _redact_env  # noqa: F401 (REDACTED: the marker, for readers of manifests)
 
 RUN_JSON = "run.json"
 MANIFEST_JSON = "manifest.json"
@@ -83,15 +84,11 @@ TOKENS_REQUIRED = tuple(f.name for f in TOKENS_SCHEMA if f.name != "token_text")
 # reference's exact sequences from them); optional on read.
 PROMPT_IDS_COLUMN = "prompt_token_ids"
 
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL|AUTH)", re.I)
-REDACTED = "***"
-
-
 def redact_env(env: dict[str, str], also: Iterable[str | None] = ()) -> dict[str, str]:
-    """Hide values of variables whose names look like credentials (HF_TOKEN, *_API_KEY ...)
-    and of the variables named in ``also`` (e.g. a config's `api_key_env`, whatever its name)."""
-    named = {n for n in also if n}
-    return {k: (REDACTED if _SECRET_NAME.search(k) or k in named else v) for k, v in sorted(env.items())}
+    """Hide values of variables whose names look like credentials (HF_TOKEN, *_API_KEY ...),
+    of the variables named in ``also`` (e.g. a config's `api_key_env`, whatever its name)
+    and passwords in URL values; the rules live in evalpipe.redact, shared by every output."""
+    return _redact_env(env, also)
 
 
 def _umask() -> int:

@@ -39,7 +39,7 @@ def zoo(names: list[str] | None = None) -> list[Fault]:
         if unknown:
             raise ConfigError(f"unknown fault `{unknown[0]}`; known: {', '.join(FAULTS)}.")
         return [FAULTS[n] for n in names]
-    return [f for f in FAULTS.values() if not f.raises]
+    return [f for f in FAULTS.values() if not (f.raises or f.hangs)]
 
 
 def fault_variant(fault: Fault) -> Variant:

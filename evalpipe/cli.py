@@ -40,6 +40,31 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+_TIMEOUT_OPT = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds.")
+_STALL_OPT = typer.Option(
+    None, "--stall-timeout",
+    help="Stop a variant whose engine, once up, finishes no request for this many seconds (a hang); "
+         "default: the config's launch.stall_timeout_s (1800).",
+)
+
+
+def _resume_problem(run_dir: Path, run_id: str | None, output: Path | None) -> str | None:
+    if not (run_dir / "run.json").is_file():
+        return f"--resume {run_dir}: not a run directory (no run.json there); give the directory of the interrupted run."
+    if run_id is not None and run_id != run_dir.name:
+        return f"--resume {run_dir} and --run-id {run_id} name different runs; give one of them."
+    if output is not None and output.resolve() != run_dir.parent.resolve():
+        return f"--resume {run_dir} lies outside --output {output}; give one of them."
+    return None
+
+
+def _time_limit_problem(timeout: float | None, stall_timeout: float | None) -> str | None:
+    for option, value in (("--timeout", timeout), ("--stall-timeout", stall_timeout)):
+        if value is not None and not value > 0:
+            return f"{option} {value:g} must be a positive number of seconds."
+    return None
+
+
 @app.command()
 def run(
     tasks: str = typer.Argument(..., help="Task group of the config (gsm8k, ...), `all`, or an lm-eval task name; comma-separated for several."),
@@ -48,17 +73,28 @@ def run(
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to run (default: all of the config)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Output root (default: the config's `output`, reports/runs)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: time-task-confighash)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds."),
+    timeout: Optional[float] = _TIMEOUT_OPT,
+    stall_timeout: Optional[float] = _STALL_OPT,
     noise_floor: Optional[bool] = typer.Option(
         None, "--noise-floor/--no-noise-floor",
         help="Run the reference a second time with another batch arrangement (A/A) to measure the engine's own noise (default: the config's `noise_floor`).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan, check task names and engine arguments, and exit without starting anything."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume",
+        help="Continue the interrupted run in this run directory (the same as giving its --run-id again): "
+             "finished variants are kept after their artifacts are verified, the others run again.",
+    ),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
     from evalpipe.config import ConfigError, load_config
     from evalpipe.plan import make_plan
 
+    if resume is not None:
+        problem = _resume_problem(resume, run_id, output)
+        if problem:
+            _fail(problem, EXIT_USER)
+        output, run_id = resume.parent, resume.name
     try:
         cfg = load_config(config)
         plan = make_plan(
@@ -77,8 +113,9 @@ def run(
         return
     from evalpipe.runner import execute, preflight
 
-    if timeout is not None and timeout <= 0:
-        _fail(f"--timeout {timeout:g} must be a positive number of seconds.", EXIT_USER)
+    problem = _time_limit_problem(timeout, stall_timeout)
+    if problem:
+        _fail(problem, EXIT_USER)
     if dry_run:
         from evalpipe.plan import verify_here
 
@@ -86,7 +123,7 @@ def run(
         _exit_with(lambda: (verify_here(plan), preflight(plan, console))[1])
         return
 
-    _exit_with(lambda: execute(plan, console, timeout_s=timeout))
+    _exit_with(lambda: execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout))
 
 
 def _exit_with(job) -> None:
@@ -110,11 +147,15 @@ def _print_plan(plan) -> None:
 
     console.print(f"[bold]run[/] {plan.run_id} -> {plan.run_dir}")
     console.print(f"[bold]model[/] {plan.model}")
+    from evalpipe.redact import api_key_names, redact, redact_env
+
+    keys = api_key_names(v.launch for v in plan.variants)
     table = Table("variant", "python", "env", "engine args")
     for v in plan.variants:
         marker = " (reference)" if v.name == plan.reference else " (A/A, requests reversed)" if v.reverse_order else ""
-        env = " ".join(f"{k}={val}" for k, val in sorted(v.env_overrides.items()))
-        args = " ".join(f"{k}={val}" for k, val in sorted(v.engine_args.items()))
+        # CI logs keep what a dry run prints: credentials redacted as in run.json
+        env = " ".join(f"{k}={val}" for k, val in redact_env(v.env_overrides, keys).items())
+        args = " ".join(f"{k}={val}" for k, val in sorted(redact(v.engine_args).items()))
         table.add_row(v.name + marker, v.python, env, args)
     console.print(table)
     from evalpipe.serve import planned_commands
@@ -155,13 +196,21 @@ def compare(
     except ConfigError as err:
         _fail(str(err), EXIT_USER)
         return
+    if output is not None and output.exists() and not output.is_dir():
+        _fail(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.", EXIT_USER)
     try:
         if len(targets) == 1:
             run_dir = targets[0]
             if not (run_dir / "run.json").is_file():
                 _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
             chosen = split_csv(variants) or None
-            code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
+            from contextlib import nullcontext
+
+            from evalpipe.rundir_lock import holding_run_dir
+
+            # it rewrites run.json and the reports there: not while a run or another compare writes them
+            with holding_run_dir(run_dir) if output is None else nullcontext():
+                code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
         elif len(targets) == 2:
             if reference or variants:
                 _fail("--reference and --variants apply to one run directory; across runs the first argument is the reference.", EXIT_USER)
@@ -265,7 +314,8 @@ def nightly(
     dashboard: Optional[Path] = typer.Option(None, "--dashboard", help="Where to write the dashboard (default: the config's nightly.dashboard, else reports/nightly/index.html)."),
     component: Optional[list[str]] = typer.Option(None, "--component", help="NAME=VERSION of a component tonight's build used (repeatable), e.g. vllm_ascend=<commit>; named in the bisect hint."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of tonight's run directory (default: nightly-<UTC time>)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds."),
+    timeout: Optional[float] = _TIMEOUT_OPT,
+    stall_timeout: Optional[float] = _STALL_OPT,
     from_run: Optional[Path] = typer.Option(None, "--from-run", help="Judge a finished run directory as tonight's night instead of running one."),
 ) -> None:
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
@@ -277,10 +327,12 @@ def nightly(
 
     try:
         labels = parse_components(component)
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"--timeout {timeout:g} must be a positive number of seconds.")
+        problem = _time_limit_problem(timeout, stall_timeout)
+        if problem:
+            raise ValueError(problem)
         result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
-                           dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout, from_run=from_run)
+                           dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
+                           stall_timeout_s=stall_timeout, from_run=from_run)
     except (ConfigError, HistoryError, ValueError) as err:
         _fail(str(err), EXIT_USER)
         return
@@ -454,19 +506,24 @@ def _terminate_as_interrupt(signum: int, _frame) -> None:
     """SIGTERM (a CI cancel, `timeout`) unwinds like Ctrl-C, so every worker and server
     this process started is stopped on the way out instead of being orphaned. (Noted
     aside: libraries on the way may re-raise a KeyboardInterrupt of their own.)"""
-    from evalpipe.launch import interrupts
-
     _terminated.append(signum)
-    interrupts.append(signum)
-    raise KeyboardInterrupt
+    _record_interrupt(signum)
 
 
 def _interrupt(signum: int, _frame) -> None:
     """Ctrl-C: Python's own behaviour (KeyboardInterrupt), remembered so that the run
     loops stop even when the exception is raised where Python swallows it."""
-    from evalpipe.launch import interrupts
+    _record_interrupt(signum)
+
+
+def _record_interrupt(signum: int) -> None:
+    """The first interrupt stops the run in order (SIGTERM, grace, SIGKILL for every
+    worker and server); a second one kills them all at once."""
+    from evalpipe.launch import interrupts, kill_live_groups
 
     interrupts.append(signum)
+    if len(interrupts) > 1:
+        kill_live_groups()
     raise KeyboardInterrupt
 
 

@@ -9,6 +9,7 @@ different Python interpreter), the tasks, what to capture, and where to write.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,6 +78,12 @@ class LaunchFields(_Strict):
     api_key_env: str | None = Field(default=None, description="serve/endpoint: environment variable holding the API key (the key itself is never written anywhere).")
     concurrency: int = Field(default=64, ge=1, description="serve/endpoint: requests in flight at once.")
     request_timeout_s: float = Field(default=3600, gt=0, description="serve/endpoint: time limit of one HTTP request.")
+    stall_timeout_s: float | None = Field(
+        default=1800, gt=0,
+        description="The watchdog: once the engine is up, a variant with no finished request for this many seconds "
+                    "is stopped and fails (a hung collective produces no error, only silence); null: no limit. "
+                    "`--stall-timeout` overrides it for every variant.",
+    )
     retries: int = Field(default=3, ge=0, description="serve/endpoint: retries (with backoff) of a request that met a transport error; any other failure fails the variant.")
 
 
@@ -375,7 +382,7 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
+    first = _union_error(err.errors()) or err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown key `{where}`; remove it or fix its spelling (see configs/default.yaml for the known keys)."
@@ -388,6 +395,24 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         msg = f"{msg}; fix it"
     msg = msg if msg.endswith(".") else msg + "."
     return f"{source}: `{where}`: {msg}" if where != "(top level)" else f"{source}: {msg}"
+
+
+# pydantic's names of union members in an error's location (`float`, `literal['auto']`,
+# a model's class name); the config's own keys are lower-case words
+_UNION_MEMBER = re.compile(r"float|int|str|bool|none|[a-z-]+\[.*\]|[A-Z]\w*")
+
+
+def _union_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A value that fits no member of a union (``abs: float | "auto"``): pydantic reports one
+    error per member, each under the key plus the member's name (`abs.float`); one error
+    under the key itself, naming every accepted form, says it better."""
+    first = errors[0]
+    members = [e for e in errors if e["loc"][:-1] == first["loc"][:-1] and len(e["loc"]) == len(first["loc"])]
+    if (len(first["loc"]) < 2 or len(members) < 2 or any(e.get("input") != first.get("input") for e in members)
+            or not all(_UNION_MEMBER.fullmatch(str(e["loc"][-1])) for e in members)):
+        return None
+    wanted = " or ".join(e["msg"].removeprefix("Input should be ").split(",")[0] for e in members)
+    return {**first, "loc": first["loc"][:-1], "msg": f"Input should be {wanted}"}
 
 
 def parse_config(data: Any, source: str = "<config>") -> RunConfig:
@@ -454,15 +479,22 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
     gates = base or Gates()
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"gates file {path} is a directory; pass a YAML file with a `gates:` mapping to --gates.")
         if not path.is_file():
             raise ConfigError(f"gates file {path} does not exist; pass a YAML file with a `gates:` mapping.")
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"gates file {path} is not UTF-8 text (byte {err.start} cannot be decoded); pass a YAML file to --gates.") from None
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: invalid YAML ({getattr(err, 'problem', err)}); fix the syntax.") from None
+            mark = getattr(err, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}: invalid YAML{at} ({getattr(err, 'problem', err)}); fix the syntax.") from None
         data = data.get("gates", data) if isinstance(data, dict) else data
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping with `scores:` and/or `tokens:` (or a `gates:` key).")
+            found = "an empty file" if data is None else f"a {type(data).__name__}"
+            raise ConfigError(f"{path}: expected a mapping with `scores:` and/or `tokens:` (or a `gates:` key), found {found}; fix the file.")
         try:
             gates = Gates.model_validate(data)
         except ValidationError as err:

@@ -158,22 +158,23 @@ def check_endpoint(v: PlannedVariant, timeout_s: float = 10) -> tuple[bool, str]
 
     launch = v.launch
     settings = ServerSettings(url=launch.url or "", api_key_env=launch.api_key_env)
+    url = settings.shown_url  # for the messages: without a password
     try:
         with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=_headers(settings)) as client:
             health = client.get("/health")
             models = client.get("/v1/models")
     except httpx.HTTPError as err:
-        return False, f"{launch.url} is not reachable ({type(err).__name__}); start the server or fix launch.url"
+        return False, f"{url} is not reachable ({type(err).__name__}); start the server or fix launch.url"
     if health.status_code != 200:
-        return False, f"{launch.url}/health answered {health.status_code} (engine not ready or dead)"
+        return False, f"{url}/health answered {health.status_code} (engine not ready or dead)"
     if models.status_code != 200:
-        return False, f"{launch.url}/v1/models answered {models.status_code}; set launch.api_key_env if it needs a key"
+        return False, f"{url}/v1/models answered {models.status_code}; set launch.api_key_env if it needs a key"
     names = [m.get("id") for m in models.json().get("data", [])]
     if launch.served_model_name and launch.served_model_name not in names:
-        return False, f"{launch.url} serves {', '.join(names)}, not `{launch.served_model_name}`"
+        return False, f"{url} serves {', '.join(names)}, not `{launch.served_model_name}`"
     if not launch.served_model_name and len(names) != 1:
-        return False, f"{launch.url} serves {len(names)} models; set launch.served_model_name"
-    return True, f"{launch.url} is up and serves {', '.join(names)}"
+        return False, f"{url} serves {len(names)} models; set launch.served_model_name"
+    return True, f"{url} is up and serves {', '.join(names)}"
 
 
 def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> list[Check]:

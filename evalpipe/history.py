@@ -33,6 +33,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
+from evalpipe.integrity import ArtifactMismatch, verify_variant
+from evalpipe.redact import redact, redact_text
 
 DEFAULT_FILE = "history.sqlite"
 TOKEN_MEASURES = ("kl_p99", "kl_max", "n_hard_divergences", "n_near_tie_divergences", "n_divergent")
@@ -328,17 +330,22 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
         vdir = rd.variant(name)
         if not vdir.manifest.is_file():
             continue
+        try:
+            verify_variant(vdir)  # a run whose files changed after it finished is not recorded as if it had produced them
+        except ArtifactMismatch as err:
+            raise HistoryError(str(err)) from None
         manifest = artifacts.read_json(vdir.manifest)
         role = "reference" if name == reference else "aa" if name == aa else "variant"
         comparison = compare.get("noise_floor") if role == "aa" else by_variant.get(name)
-        setting = dict(settings.get(name) or {})
+        # run.json is redacted when written; a run directory from before that is not
+        setting = redact(dict(settings.get(name) or {}))
         setting.pop("versions", None)
         setting.pop("python", None)  # a path, differs between machines without meaning anything
         out_variants.append({
             "name": name, "role": role,
             "status": None if role == "reference" else (comparison or {}).get("status"),
             "exit_code": (vstatus.get(name) or {}).get("exit_code"),
-            "components": components_of(manifest, info, labels),
+            "components": redact(components_of(manifest, info, labels)),
             "settings": setting,
             "scores": item_scores_of(vdir),
             "tokens": _token_rows(comparison),
@@ -374,11 +381,13 @@ def default_url(output_root: Path) -> str:
 
 
 def shown_url(url: str) -> str:
-    """The URL without its password, for messages, reports and the dashboard."""
+    """The URL without its password (evalpipe.redact's rule, the one every output uses),
+    for messages, reports and the dashboard."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        sa.engine.make_url(url)
     except sa.exc.ArgumentError:
         return "<unparseable URL>"
+    return redact_text(url)
 
 
 class History:
@@ -597,7 +606,7 @@ def open_history(url: str | None, output_root: Path) -> History:
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError:
-        raise HistoryError(f"history URL {url!r} is not an SQLAlchemy URL; use e.g. sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db.") from None
+        raise HistoryError(f"history URL {redact_text(url)!r} is not an SQLAlchemy URL; use e.g. sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db.") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -610,7 +619,7 @@ def open_history(url: str | None, output_root: Path) -> History:
     except ModuleNotFoundError as err:
         raise HistoryError(f"history {where} needs the Python package {err.name!r}; install it (PostgreSQL: pip install 'psycopg[binary]').") from None
     except sa.exc.SQLAlchemyError as err:
-        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        reason = redact_text(str(getattr(err, "orig", None) or err).strip().splitlines()[0])
         raise HistoryError(f"cannot open the history database {where} ({reason}); check --history / the config's nightly.history.") from None
     return History(engine, url)
 

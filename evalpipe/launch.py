@@ -8,10 +8,16 @@ when a server (serve mode) writes engine.log.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import queue
+import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +25,12 @@ from typing import Any, Callable
 
 from evalpipe import artifacts
 from evalpipe.plan import PlannedVariant
+from evalpipe.watchdog import Watchdog
 
 EventHandler = Callable[[dict[str, Any]], None]
+
+# Between SIGTERM and SIGKILL for a worker's group (its engine shuts down in seconds).
+WORKER_GRACE_S = 15.0
 
 # Signals the user sent to stop the run (SIGINT, SIGTERM), recorded by the handler that
 # raises KeyboardInterrupt. A KeyboardInterrupt raised where Python swallows exceptions
@@ -40,21 +50,54 @@ class VariantOutcome:
     exit_code: int
     seconds: float
     error: str | None = None
+    stalled: bool = False  # stopped by the no-progress watchdog
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
 
+# Process groups started by this run and not yet stopped: a second Ctrl-C kills them at
+# once instead of waiting out their grace periods.
+live_groups: set[int] = set()
+
+GUARD_SCRIPT = Path(__file__).with_name("guard.py")
+
+
+def guarded_popen(command: list[str], grace_s: float, **kwargs: Any) -> subprocess.Popen:
+    """Start ``command`` in a new process group under the guard (evalpipe/guard.py): when
+    this process dies, even by SIGKILL, the guard's stdin pipe closes and it stops the
+    group. The pipe's write end stays open here, unused, for the child's whole life.
+    A command that cannot be found raises FileNotFoundError here, as Popen would."""
+    env = kwargs.get("env")
+    if shutil.which(command[0], path=(env if env is not None else os.environ).get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (or not executable)", command[0])
+    proc = subprocess.Popen(
+        [sys.executable, "-I", str(GUARD_SCRIPT), f"{grace_s:g}", "--", *command],
+        stdin=subprocess.PIPE, start_new_session=True, **kwargs,
+    )
+    live_groups.add(proc.pid)
+    return proc
+
+
+def kill_live_groups() -> None:
+    """The second Ctrl-C: SIGKILL everything this run started, now."""
+    for pgid in list(live_groups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     """SIGTERM the process's whole group (vLLM's engine-core child may outlive its
-    parent), wait up to ``grace_s``, then SIGKILL what is left."""
+    parent), wait up to ``grace_s``, then SIGKILL what is left. A second Ctrl-C while
+    waiting (more than one interrupt recorded) cuts the wait short."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
+        _forget(proc)
         return
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and len(interrupts) < 2:
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
@@ -67,12 +110,39 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         else:
             time.sleep(0.2)
     else:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     if proc.poll() is None:
         proc.wait()
+    _forget(proc)
+
+
+def _forget(proc: subprocess.Popen) -> None:
+    live_groups.discard(proc.pid)
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+
+def log_tail(path: Path, lines: int = 12) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    """Reader thread: the worker's events, so the loop below can wake up on its own
+    (a hung worker writes nothing, and a blocking read would wait with it)."""
+    try:
+        for line in stream:
+            lines.put(line)
+    finally:
+        lines.put(None)
 
 
 def run_worker(
@@ -84,50 +154,65 @@ def run_worker(
     log_path: Path | None = None,
     stopped: Callable[[], str | None] | None = None,
     on_start: Callable[[subprocess.Popen], None] | None = None,
+    stall_timeout_s: float | None = None,
+    stall_log: Path | None = None,
 ) -> VariantOutcome:
     """Run the variant's worker to its end. ``log_path``: where its stderr goes (default
     engine.log). ``stopped``: asked when the worker ends; a message means something
-    outside it (its server died) ended it, and becomes the variant's error."""
+    outside it (its server died) ended it, and becomes the variant's error.
+    ``stall_timeout_s``: the watchdog's limit on time without a finished request once the
+    engine is up (evalpipe/watchdog.py); the variant then fails with its last progress
+    and the tail of ``stall_log`` (default its own log; a server's log in serve mode)."""
     vdir = artifacts.VariantDir(variant_dir)
     vdir.root.mkdir(parents=True, exist_ok=True)
     job_path = vdir.root / "job.json"
     artifacts.write_json(job_path, job)
     started = time.time()
     outcome = VariantOutcome(name=variant.name, exit_code=-1, seconds=0.0)
-    timed_out = False
+    watchdog = Watchdog(stall_timeout_s)
+    failure: str | None = None
     with open(log_path or vdir.engine_log, "ab") as log:
-        proc = subprocess.Popen(
+        proc = guarded_popen(
             [variant.python, "-m", "evalpipe.worker.main", str(job_path)],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            env=variant.process_env(),
-            start_new_session=True,
-            text=True,
-            bufsize=1,
+            WORKER_GRACE_S, stdout=subprocess.PIPE, stderr=log, env=variant.process_env(), text=True, bufsize=1,
         )
         try:
             if on_start is not None:
                 on_start(proc)
             assert proc.stdout is not None
-            for line in proc.stdout:
+            lines: queue.Queue = queue.Queue()
+            threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+            while True:
                 try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a stray print that escaped the redirection; engine.log has the rest
-                if event.get("event") == "error":
-                    outcome.error = event.get("message")
-                on_event(event)
+                    line = lines.get(timeout=0.5)
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                event = _parse(line)
+                if event is not None:
+                    if event.get("event") == "error":
+                        outcome.error = event.get("message")
+                    watchdog.see(event, time.monotonic())
+                    on_event(event)
                 stop_if_interrupted()
                 if timeout_s is not None and time.time() - started > timeout_s:
-                    raise TimeoutError
-            proc.wait(timeout=timeout_s and max(timeout_s - (time.time() - started), 1))
-        except (TimeoutError, subprocess.TimeoutExpired):
-            timed_out = True
-            outcome.error = f"variant `{variant.name}` exceeded its time limit of {timeout_s:.0f}s and was stopped"
+                    failure = f"variant `{variant.name}` exceeded its time limit of {timeout_s:g}s and was stopped"
+                    break
+                if watchdog.stalled(time.monotonic()):
+                    outcome.stalled = True
+                    log_file = stall_log or log_path or vdir.engine_log
+                    failure = (f"variant `{variant.name}` made no progress for {stall_timeout_s:g}s (the stall "
+                               f"limit; {watchdog.describe(time.monotonic())}) and was stopped.\n"
+                               f"last lines of {log_file}:\n{log_tail(log_file)}")
+                    break
+            if failure is None:
+                proc.wait()
         finally:
             stop_group(proc)
-    outcome.exit_code = 3 if timed_out else proc.returncode
+    outcome.exit_code = 3 if failure else proc.returncode
+    if failure:
+        outcome.error = failure
     cause = stopped() if stopped is not None else None
     if cause:
         outcome.exit_code, outcome.error = 3, cause
@@ -135,3 +220,13 @@ def run_worker(
         outcome.error = f"worker of variant `{variant.name}` exited with code {proc.returncode}; see {log_path or vdir.engine_log}"
     outcome.seconds = time.time() - started
     return outcome
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    if not line:
+        return None
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a stray print that escaped the redirection; engine.log has the rest
+    return event if isinstance(event, dict) else None

@@ -329,7 +329,8 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
     lines.append(f"- tonight's verdict (variants vs reference): **{md_escape(str(j.verdict))}**")
     lines.append(f"- baseline night: {md_escape(j.baseline) if j.baseline else 'none yet (first passing night becomes it)'}")
     if dashboard:
-        lines.append(f"- dashboard: `{md_escape(str(dashboard))}`")
+        # not a code span: md_escape's backslashes would show inside one
+        lines.append(f"- dashboard: {md_escape(str(dashboard))}")
     if j.reasons:
         lines += ["", "### Why", ""] + [f"- {md_escape(r)}" for r in j.reasons]
     if j.vs_baseline:
@@ -342,7 +343,7 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
                 f"{md_escape(s['task'])} {md_escape(s['metric'])}: {s.get('a_right_b_wrong', 0)}/{s.get('a_wrong_b_right', 0)}, p {s.get('mcnemar_p', 1):.2g}"
                 for s in e["scores"]
             )
-            lines.append(f"| {md_escape(e['variant'])} | {md_escape(e['baseline'])} | {e['status']} | {flips} |")
+            lines.append(f"| {md_escape(e['variant'])} | {md_escape(e['baseline'])} | {md_escape(e['status'])} | {flips} |")
         for e in j.vs_baseline:
             for sc in e.get("scores") or []:
                 if sc.get("flipped"):
@@ -360,8 +361,8 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
                 lines.append("  - changed between " + md_escape(f"{c['last_good']} and {c['first_bad']}") + ": "
                              + "; ".join(md_escape(f"{b['component']}: {b['before']} → {b['after']}") for b in c["bisect"][:8]))
             if c["flipped"]:
-                lines.append(f"  - {len(c['flipped'])} items changed, first: " + ", ".join(
-                    f"doc {f['doc_id']} ({f['before']:g}→{f['after']:g})" for f in c["flipped"][:10]))
+                lines.append(f"  - {len(c['flipped'])} items changed, first: " + md_escape(", ".join(
+                    f"doc {f['doc_id']} ({f['before']:g}→{f['after']:g})" for f in c["flipped"][:10])))
     return "\n".join(lines) + "\n"
 
 
@@ -538,6 +539,7 @@ DEFAULT_DASHBOARD = Path("reports/nightly/index.html")
 def run_night(config_path: Path | None, console: Any, *, limit: int | None = None, variants: str | None = None,
               output: Path | None = None, history_url: str | None = None, dashboard: Path | None = None,
               labels: dict[str, str] | None = None, run_id: str | None = None, timeout_s: float | None = None,
+              stall_timeout_s: float | None = None,
               from_run: Path | None = None) -> NightResult:
     """`evalpipe nightly`: run the config's nightly matrix (or take a finished run with
     ``from_run``), record it, judge it, write its summary and the dashboard."""
@@ -565,7 +567,8 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
         if plan.teacher_baseline_dir is not None:
             console.print(f"[dim]baseline night: {plan.teacher_baseline_dir.parent.name} (its sequences are teacher-forced too)[/]")
         try:
-            execute(plan, console, timeout_s, extra_info={"kind": "nightly", "components": labels}, record=False)
+            execute(plan, console, timeout_s, extra_info={"kind": "nightly", "components": labels}, record=False,
+                    stall_timeout_s=stall_timeout_s)
         except RunFailed as err:
             console.print(f"[bold red]tonight's run failed:[/] {err}", soft_wrap=True)
             if not (run_dir / "run.json").is_file():

@@ -414,8 +414,14 @@ def _settings(plan: RunPlan, v: PlannedVariant) -> dict[str, Any]:
 
 
 def run_info(plan: RunPlan) -> dict[str, Any]:
-    """The resolved, reproducible description of a run (the static part of run.json)."""
-    return {
+    """The resolved, reproducible description of a run (the static part of run.json),
+    credentials redacted (env values, URL passwords, the api_key_env variables): run.json
+    feeds the reports and the history."""
+    from evalpipe.redact import api_key_names, redact
+
+    keys = api_key_names([plan.config.launch, *(v.launch for v in plan.config.variants.values()),
+                          *(v.launch for v in plan.variants)])
+    return redact({
         "run_id": plan.run_id,
         "config_path": plan.config_path,
         "config": plan.config.model_dump(mode="json"),
@@ -431,4 +437,4 @@ def run_info(plan: RunPlan) -> dict[str, Any]:
         ),
         "model": {"path": plan.model},
         "notes": plan.notes,
-    }
+    }, keys)

@@ -42,6 +42,7 @@ from evalpipe.compare.run import (
     with_margin,
 )
 from evalpipe.config import Gates, aa_variant_name
+from evalpipe.integrity import verify_variant
 from evalpipe.report import render_html, render_junit, render_markdown
 
 _SAMPLES_REQUIRED = SAMPLE_KEY
@@ -87,7 +88,9 @@ def load_teacher(vdir: VariantDir, path: Path | None = None) -> pa.Table | None:
 
 
 def load_artifacts(vdir: VariantDir, name: str | None = None) -> VariantArtifacts:
-    """The artifacts of one variant directory (named ``name``, default the directory name)."""
+    """The artifacts of one variant directory (named ``name``, default the directory name),
+    checked against its manifest first (a file changed since the variant finished is refused)."""
+    verify_variant(vdir)
     samples, tokens = load_variant(vdir)
     return VariantArtifacts(name or vdir.name, samples, tokens, load_teacher(vdir))
 

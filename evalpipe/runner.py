@@ -7,6 +7,7 @@ after each), so a failure late in the run never loses what finished earlier.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from evalpipe.config import ConfigError
 from evalpipe.paths import data_dir
 from evalpipe.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.progress import ProgressView
+from evalpipe.redact import redact
+from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
 PASSING_STATUSES = ("IDENTICAL", "EQUIVALENT")
@@ -115,6 +118,37 @@ def _record_environment(info: dict[str, Any], variant: str, vdir: Path) -> None:
     info.setdefault("hardware", manifest.get("hardware"))
 
 
+def _open_run_dir(rd: artifacts.RunDir, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A new run directory, or the interrupted run's own one (same --run-id again, or
+    --resume): run.json's content and the variants kept from before. The directory's
+    lock is held from here until execute() returns."""
+    try:
+        rd.root.mkdir(parents=True)  # not exist_ok: of two runs started with one --run-id, one creates it
+    except FileExistsError:
+        if not rd.run_json.is_file():
+            raise ConfigError(f"run directory {rd.root} already exists and holds no run; choose another --output or run id.") from None
+        from evalpipe.resume import reopen
+
+        lock_run_dir(rd.root)  # a run still being written is refused here, before anything is read
+        return reopen(rd.root, fresh)
+    lock_run_dir(rd.root)
+    fresh.update(status="running", started_at=time.time(), variant_status={}, timings={})
+    return fresh, []
+
+
+def _close_manifest(vdir: Path, outcome: Any) -> None:
+    """A worker that was stopped (watchdog, time limit, its server's death, a signal) could
+    not say so in its manifest: it is marked failed here, so no reader takes a variant
+    that stopped half-way for a running or finished one."""
+    path = artifacts.VariantDir(vdir).manifest
+    if outcome.ok or not path.is_file():
+        return
+    manifest = artifacts.read_json(path)
+    if manifest.get("status") == "running":
+        manifest.update(status="failed", error=outcome.error, finished_at=time.time())
+        artifacts.write_json(path, manifest)
+
+
 def check_user_data(plan: RunPlan) -> None:
     """The data files a config names (`data_files:` of a task entry), read here before any
     engine starts: a broken line or a missing column is one sentence, not lm-eval's
@@ -149,19 +183,23 @@ def preflight(plan: RunPlan, console: Console) -> int:
 
 
 def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
-            extra_info: dict[str, Any] | None = None, record: bool = True) -> int:
+            extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None) -> int:
     """Run the plan; the run (finished or failed) is then recorded in the history
     database unless ``record`` is false (`nightly` records and judges it itself).
-    ``extra_info``: more run.json fields (nightly: its kind and the components CI named)."""
+    ``extra_info``: more run.json fields (nightly: its kind and the components CI named).
+    ``stall_timeout_s``: the watchdog's limit for every variant (default: each variant's
+    launch.stall_timeout_s)."""
     preflight(plan, console)
+    limits = Limits(timeout_s, stall_timeout_s)
     try:
-        return _execute(plan, console, timeout_s, extra_info)
+        return _execute(plan, console, limits, extra_info)
     except KeyboardInterrupt:
         mark_interrupted(plan.run_dir)
         raise
     finally:
         if record and plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
             record_in_history(plan, console)
+        unlock_run_dir(plan.run_dir)  # taken by _execute once it had created the directory
 
 
 def mark_interrupted(run_dir: Path) -> None:
@@ -200,23 +238,37 @@ def record_in_history(plan: RunPlan, console: Console) -> None:
         console.print(f"[yellow]warning:[/] the run was not recorded in the history: {err}", soft_wrap=True)
 
 
-def _execute(plan: RunPlan, console: Console, timeout_s: float | None, extra_info: dict[str, Any] | None) -> int:
+@dataclass(frozen=True)
+class Limits:
+    """The CLI's time limits of one variant: overall (--timeout) and without progress
+    (--stall-timeout; None: the variant's launch.stall_timeout_s)."""
+
+    timeout_s: float | None = None
+    stall_timeout_s: float | None = None
+
+    def stall_of(self, variant: PlannedVariant) -> float | None:
+        return self.stall_timeout_s if self.stall_timeout_s is not None else variant.launch.stall_timeout_s
+
+
+def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None) -> int:
 
     rd = artifacts.RunDir(plan.run_dir)
-    if rd.root.exists():
-        raise ConfigError(f"run directory {rd.root} already exists; choose another --output or run id.")
-    rd.root.mkdir(parents=True)
-    info = run_info(plan)
-    info.update(extra_info or {})
-    info.update(status="running", started_at=time.time(), variant_status={}, timings={})
-    artifacts.write_json(rd.run_json, info)
+    fresh = run_info(plan)
+    fresh.update(extra_info or {})
+    info, kept = _open_run_dir(rd, fresh)
+    artifacts.write_json(rd.run_json, redact(info))
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[bold]run[/] {plan.run_id} -> {rd.root}")
+    if kept:
+        console.print(f"[bold]continuing[/] the interrupted run; kept (finished, artifacts verified): {', '.join(kept)}")
+    elif info.get("attempts"):
+        console.print("[bold]continuing[/] the interrupted run; no variant had finished: all run again")
 
     def save(**updates: Any) -> None:
         info.update(updates)
-        artifacts.write_json(rd.run_json, info)
+        # errors quote server commands, log tails and messages: redacted like run_info
+        artifacts.write_json(rd.run_json, redact(info))
 
     t0 = time.time()
     try:
@@ -224,6 +276,12 @@ def _execute(plan: RunPlan, console: Console, timeout_s: float | None, extra_inf
     except RunFailed as err:
         save(status="failed", error=str(err))
         raise
+    previous = info["model"].get("fingerprint")
+    if previous and model["fingerprint"] and previous != model["fingerprint"]:
+        from evalpipe.resume import ResumeRefused
+
+        raise ResumeRefused(f"cannot continue {rd.root}: its model's files changed since it started "
+                            f"(fingerprint {previous[:12]}, now {model['fingerprint'][:12]}); choose another --run-id.")
     info["model"].update(model)
     info["timings"]["model_s"] = time.time() - t0
     save()
@@ -240,9 +298,13 @@ def _execute(plan: RunPlan, console: Console, timeout_s: float | None, extra_inf
     try:
         for i, variant in enumerate(plan.variants):
             vdir = rd.root / variant.name
+            if variant.name in kept:
+                console.print(f"[bold cyan]variant {variant.name}[/] kept from before the interruption")
+                _record_environment(info, variant.name, vdir)
+                continue
             console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
             try:
-                outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), timeout_s, servers)
+                outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers)
             finally:
                 view.close()
                 _stop_unneeded(servers, plan.variants[i + 1:])
@@ -250,7 +312,9 @@ def _execute(plan: RunPlan, console: Console, timeout_s: float | None, extra_inf
                 "exit_code": outcome.exit_code,
                 "seconds": round(outcome.seconds, 3),
                 "error": outcome.error,
+                **({"stalled": True} if outcome.stalled else {}),
             }
+            _close_manifest(vdir, outcome)
             _record_environment(info, variant.name, vdir)
             save()
             stop_if_interrupted()
@@ -277,7 +341,7 @@ def _execute(plan: RunPlan, console: Console, timeout_s: float | None, extra_inf
     return _fail_run(info, failures, save) if failures else code
 
 
-def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, timeout_s,
+def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
                  servers: dict[str, Any]):
     """One variant's worker, and in serve mode its server around it: started first (the
     worker resolves its tasks while the engine loads) or, for an A/A run that reuses
@@ -287,7 +351,8 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     from evalpipe.launch import run_worker
 
     if variant.launch.mode != "serve":
-        return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, timeout_s)
+        return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
+                          stall_timeout_s=limits.stall_of(variant))
     from evalpipe import serve
 
     vdir.mkdir(parents=True, exist_ok=True)
@@ -317,12 +382,17 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
         servers[variant.name] = server
         on_event({"event": "stage", "stage": "server", "message": f"server starting at {server.url} (log: {vd.engine_log})"})
     try:
-        return run_worker(
-            variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, timeout_s,
+        outcome = run_worker(
+            variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, limits.timeout_s,
             log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=server.use,
+            stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path,
         )
     finally:
         server.client = None
+    if outcome.stalled:  # the hang is the server's: no later variant may use it
+        for name in [n for n, s in servers.items() if s is server]:
+            servers.pop(name).stop()
+    return outcome
 
 
 def _stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
@@ -336,9 +406,13 @@ def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) 
     """Mark the run failed (after whatever could be compared was written) and raise."""
     names = ", ".join(failures)
     first_error, _ = next(iter(failures.values()))
-    message = f"variant{'s' if len(failures) > 1 else ''} {names} failed ({first_error})"
+    # an error's first line is its sentence; what follows (a log's tail) goes after ours
+    sentence, _, details = first_error.partition("\n")
+    message = f"variant{'s' if len(failures) > 1 else ''} {names} failed ({sentence.rstrip('.')})"
     if info.get("verdict"):
         message += f"; the other variants were compared: {info['verdict']}"
+    if details:
+        message += f"\n{details}"
     save(status="failed", error=message, failed_variants=list(failures))
     codes = {code for _, code in failures.values()}
     raise RunFailed(message, EXIT_USER if codes == {EXIT_USER} else EXIT_FAILED)
@@ -356,16 +430,16 @@ def compare_and_report(
 ) -> int:
     """Compare stored artifacts and write compare.json + report.md (into `output`,
     default the run directory). Needs no engine: this is `evalpipe compare`."""
-    from evalpipe.rundirs import compare_run, write_outputs
+    from evalpipe.rundirs import compare_run, read_run_info, write_outputs
     from evalpipe.report.terminal import print_summary
 
     rd = artifacts.RunDir(run_dir)
-    info = info if info is not None else artifacts.read_json(rd.run_json)
+    info = info if info is not None else read_run_info(rd.root)  # a broken run.json: one sentence naming it
     comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates)
     verdict = comparison.status.value
     if output is None:
         info.update(status="ok", verdict=verdict)
-        artifacts.write_json(rd.run_json, info)
+        artifacts.write_json(rd.run_json, redact(info))
     out_dir = Path(output) if output is not None else rd.root
     written = write_outputs(out_dir, comparison, info)
     print_summary(comparison.to_dict(), console)

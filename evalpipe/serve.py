@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from evalpipe.config import Launch
-from evalpipe.launch import stop_group
+from evalpipe.launch import guarded_popen, log_tail, stop_group
+from evalpipe.redact import redact, redact_text
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SERVER_ARGS_FILE = "server-args.yaml"
@@ -50,15 +51,15 @@ def planned_commands(variant: Any, model_path: str, variant_dir: Path) -> list[s
     launch = variant.launch
     worker = f"{variant.python} -m evalpipe.worker.main {variant_dir / 'job.json'}"
     if launch.mode == "endpoint":
-        return [f"attach to {launch.url} (never started or stopped by evalpipe)", worker]
+        return [f"attach to {redact_text(launch.url)} (never started or stopped by evalpipe)", worker]
     if launch.mode == "offline":
         return [worker + "   (vllm.LLM in this process)"]
     if variant.server_of:
         return [f"no server of its own: {variant.server_of}'s server, still running", worker]
     args_file = variant_dir / SERVER_ARGS_FILE
     port = launch.port if launch.port is not None else "<free port>"
-    content = yaml.safe_dump(server_args({**variant.engine_args, "model": model_path}, launch, port), sort_keys=False)  # type: ignore[arg-type]
-    return [" ".join(server_command(variant.python, launch, args_file)),
+    content = yaml.safe_dump(redact(server_args({**variant.engine_args, "model": model_path}, launch, port)), sort_keys=False)  # type: ignore[arg-type]
+    return [" ".join(redact(server_command(variant.python, launch, args_file))),
             *(f"    {line}" for line in content.rstrip().splitlines()),
             worker + "   (client, talks to the server)"]
 
@@ -90,17 +91,6 @@ def url_of(launch: Launch, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def log_tail(path: Path, lines: int = 12) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 64 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 @dataclass
 class ServerProcess:
     """One started server. If it ends before ``stop``, the worker using it (``client``,
@@ -118,12 +108,9 @@ class ServerProcess:
 
     def start(self, env: dict[str, str]) -> None:
         with open(self.log_path, "ab") as log:
-            log.write(("$ " + " ".join(self.command) + "\n").encode())
+            log.write(("$ " + " ".join(redact(self.command)) + "\n").encode())  # a launcher may carry a key
             log.flush()
-            self.proc = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )
+            self.proc = guarded_popen(self.command, self.grace_s, stdout=log, stderr=subprocess.STDOUT, env=env)
 
         def watch() -> None:
             assert self.proc is not None
@@ -150,7 +137,7 @@ class ServerProcess:
 
     def death_message(self) -> str:
         tail = log_tail(self.log_path)
-        return (f"the server exited with code {self.exit_code} before the variant finished; "
+        return (f"the server exited with code {self.exit_code} before the variant finished.\n"
                 f"last lines of {self.log_path}:\n{tail}")
 
     def stop(self) -> None:

@@ -87,6 +87,9 @@ CASES = [
     ("timeout-zero", GOOD, ["--timeout", "0"], ["--timeout 0 must be a positive number"]),
     ("timeout-negative", GOOD, ["--timeout", "-1"], ["--timeout -1 must be a positive number"]),
     ("timeout-text", GOOD, ["--timeout", "soon"], ["--timeout"]),
+    ("stall-timeout-zero", GOOD, ["--stall-timeout", "0"], ["--stall-timeout 0 must be a positive number"]),
+    ("stall-timeout-nan", GOOD, ["--stall-timeout", "nan"], ["--stall-timeout nan must be a positive number"]),
+    ("launch-stall-timeout", with_(launch={"stall_timeout_s": -5}), [], ["launch.stall_timeout_s"]),
     ("run-id-escape", GOOD, ["--run-id", "../../escape"], ["--run-id '../../escape' is not a plain directory name"]),
     ("run-id-slash", GOOD, ["--run-id", "a/b"], ["is not a plain directory name"]),
     ("run-id-dots", GOOD, ["--run-id", ".."], ["is not a plain directory name"]),
@@ -138,10 +141,8 @@ def _invoke(tmp_path: Path, config, extra: list[str]):
     return CliRunner().invoke(app, [*args, *extra])
 
 
-@pytest.mark.parametrize("case,config,extra,fragments", CASES, ids=[c[0] for c in CASES])
-def test_bad_input(tmp_path, monkeypatch, case, config, extra, fragments):
-    monkeypatch.chdir(tmp_path)
-    res = _invoke(tmp_path, config, list(extra))
+def assert_one_sentence(res, fragments) -> str:
+    """Exit 2, no traceback, exactly one error line, holding every fragment; the message, flattened."""
     out = res.stdout + (res.stderr or "")
     assert res.exit_code == 2, out
     assert "Traceback" not in out, out
@@ -152,9 +153,128 @@ def test_bad_input(tmp_path, monkeypatch, case, config, extra, fragments):
     flat = " ".join(" ".join(lines).split())
     for fragment in fragments:
         assert fragment in flat, flat
+    return flat
+
+
+@pytest.mark.parametrize("case,config,extra,fragments", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path, monkeypatch, case, config, extra, fragments):
+    monkeypatch.chdir(tmp_path)
+    flat = assert_one_sentence(_invoke(tmp_path, config, list(extra)), fragments)
     print(f"{case}: {flat}")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "nothing is written for a run that never started"
 
 
 def test_the_corpus_is_large_enough():
     assert len(CASES) >= 40
+
+
+# ---------------------------------------------------------------------------
+# `evalpipe compare` on bad input: stored run directories (built without an engine,
+# tests/fakes.py) and gates files; the same rules, and nothing written anywhere.
+# ---------------------------------------------------------------------------
+
+
+def _compare_fixture(root: Path) -> None:
+    """run/ (legacy vs sp, with the manifest's artifacts record), r1/legacy and r2/legacy
+    (6 vs 4 items), r3/legacy (another task), r4/legacy (other prompts), and gates files."""
+    from fakes import make_samples, set_column, write_run, write_variant
+
+    from evalpipe import artifacts, integrity
+
+    s = make_samples(6)
+    run = write_run(root / "run", {"legacy": s, "sp": s}, reference="legacy")
+    for name in ("legacy", "sp"):
+        vdir = artifacts.VariantDir(run / name)
+        manifest = artifacts.read_json(vdir.manifest)
+        manifest[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(vdir)
+        artifacts.write_json(vdir.manifest, manifest)
+    write_variant(root / "r1", "legacy", s)
+    write_variant(root / "r2", "legacy", make_samples(4))
+    write_variant(root / "r3", "legacy", make_samples(6, task="other_task"))
+    r4 = write_variant(root / "r4", "legacy", s)
+    table = artifacts.read_table(r4.samples)
+    artifacts.write_table(r4.samples, set_column(table, "prompt_hash", ["changed"] * table.num_rows))
+    (root / "notrun").mkdir()
+    (root / "brokenrun").mkdir()
+    (root / "brokenrun" / "run.json").write_text("{broken")
+    write_run(root / "badgates", {"legacy": s, "sp": s}, run_info={"config": {"gates": {"scores": {"margin": -1}}}})
+    gates = {
+        "bad.yaml": "scores: {margin: [unclosed\n",
+        "unknown.yaml": yaml.safe_dump({"gates": {"scores": {"margni": 0.02}}}),
+        "unknown-top.yaml": yaml.safe_dump({"tokenz": {}}),
+        "type.yaml": yaml.safe_dump({"scores": {"margin": "wide"}}),
+        "union.yaml": yaml.safe_dump({"tokens": {"teacher_kl_max": {"abs": "big"}}}),
+        "range.yaml": yaml.safe_dump({"scores": {"alpha": 0.7}}),
+        "list.yaml": "- scores\n- tokens\n",
+        "empty.yaml": "",
+    }
+    for name, text in gates.items():
+        (root / name).write_text(text)
+    (root / "binary.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    (root / "gatesdir").mkdir()
+    (root / "a-file").write_text("x")
+
+
+def _truncate(root: Path, name: str) -> None:
+    path = root / "run" / "sp" / name
+    path.write_bytes(path.read_bytes()[:100])
+
+
+# (case id, compare arguments (relative to the fixture root), tampering or None, fragments of the error)
+COMPARE_CASES = [
+    ("not-a-run", ["notrun"], None, ["notrun is not a run directory (no run.json)"]),
+    ("missing-run", ["nowhere"], None, ["nowhere is not a run directory"]),
+    ("variant-as-run", ["r1/legacy"], None, ["r1/legacy is not a run directory"]),
+    ("run-as-variant", ["run", "r1/legacy"], None, ["run is not a variant directory (no manifest.json)"]),
+    ("three-targets", ["run", "run", "run"], None, ["exactly two variant directories"]),
+    ("items-differ", ["r1/legacy", "r2/legacy"], None, ["r1/legacy has 6 items and r2/legacy has 4", "re-run with the same tasks and --limit"]),
+    ("tasks-differ", ["r1/legacy", "r3/legacy"], None, ["ran tasks"]),
+    ("prompts-differ", ["r1/legacy", "r4/legacy"], None, ["6 items have different prompts", "first: doc 0"]),
+    ("across-with-reference", ["r1/legacy", "r1/legacy", "--reference", "legacy"], None, ["--reference and --variants apply to one run directory"]),
+    ("reference-unknown", ["run", "--reference", "nope"], None, ["variant 'nope' has no directory in run"]),
+    ("variants-unknown", ["run", "--variants", "sp,zz"], None, ["variant 'zz' has no directory in run"]),
+    ("run-json-broken", ["brokenrun"], None, ["brokenrun/run.json is not valid JSON"]),
+    ("run-gates-invalid", ["badgates"], None, ["badgates/run.json: config.gates.scores.margin"]),
+    ("gates-bad-yaml", ["run", "--gates", "bad.yaml"], None, ["bad.yaml: invalid YAML at line 2", "fix the syntax"]),
+    ("gates-unknown-key", ["run", "--gates", "unknown.yaml"], None, ["unknown key `scores.margni`", "gates section of configs/default.yaml"]),
+    ("gates-unknown-top-key", ["run", "--gates", "unknown-top.yaml"], None, ["unknown key `tokenz`"]),
+    ("gates-wrong-type", ["run", "--gates", "type.yaml"], None, ["`scores.margin`", "valid number", "got 'wide'"]),
+    ("gates-wrong-type-union", ["run", "--gates", "union.yaml"], None, ["`tokens.teacher_kl_max.abs`: Input should be a valid number or 'auto', got 'big'"]),
+    ("gates-out-of-range", ["run", "--gates", "range.yaml"], None, ["`scores.alpha`", "got 0.7"]),
+    ("gates-list", ["run", "--gates", "list.yaml"], None, ["list.yaml: expected a mapping", "found a list"]),
+    ("gates-empty", ["run", "--gates", "empty.yaml"], None, ["empty.yaml: expected a mapping", "found an empty file"]),
+    ("gates-binary", ["run", "--gates", "binary.yaml"], None, ["binary.yaml is not UTF-8 text"]),
+    ("gates-directory", ["run", "--gates", "gatesdir"], None, ["gatesdir is a directory"]),
+    ("gates-missing", ["run", "--gates", "nope.yaml"], None, ["nope.yaml does not exist"]),
+    ("margin-negative", ["run", "--margin", "-0.5"], None, ["--margin must be positive"]),
+    ("margin-text", ["run", "--margin", "wide"], None, ["--margin"]),
+    ("output-is-a-file", ["run", "--output", "a-file"], None, ["--output a-file is a file, not a directory"]),
+    ("artifact-truncated", ["run"], "tokens.parquet", ["run/sp/tokens.parquet does not match its manifest", "re-run the variant or restore the file"]),
+    ("artifact-deleted", ["run"], "samples.parquet:delete", ["run/sp/samples.parquet does not match its manifest (the file is missing"]),
+]
+
+
+def _snapshot(root: Path) -> dict[str, int]:
+    # the run directory's lock file is not output (a compare that writes into a run takes it first)
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize("case,args,tamper,fragments", COMPARE_CASES, ids=[c[0] for c in COMPARE_CASES])
+def test_bad_compare_input(tmp_path, monkeypatch, case, args, tamper, fragments):
+    _compare_fixture(tmp_path)
+    if tamper is not None:
+        name, _, how = tamper.partition(":")
+        if how == "delete":
+            (tmp_path / "run" / "sp" / name).unlink()
+        else:
+            _truncate(tmp_path, name)
+    monkeypatch.chdir(tmp_path)  # relative arguments, and the default across-run output reports/compare/ under it
+    before = _snapshot(tmp_path)
+    flat = assert_one_sentence(CliRunner().invoke(app, ["compare", *args]), fragments)
+    print(f"compare {case}: {flat}")
+    assert _snapshot(tmp_path) == before, "nothing is written when compare refuses"
+
+
+def test_the_compare_corpus_covers_items_gates_and_artifacts():
+    ids = {c[0] for c in COMPARE_CASES}
+    assert {"not-a-run", "items-differ", "gates-bad-yaml", "gates-unknown-key", "gates-wrong-type", "artifact-truncated"} <= ids

@@ -116,6 +116,12 @@ def test_every_variant_has_all_artifacts(run):
         assert manifest["timings"]["engine_start_s"] > 0 and manifest["timings"]["teacher_s"] > 0
         assert manifest["truncated_prompts"] == 0
         assert manifest["data_files"]["gsm8k_synth_4shot"]["test"]["sha256"]
+        # verified artifacts: what compare and the history read is recorded, and still matches
+        assert {"job.json", "results.json", "samples.parquet", "tokens.parquet", "teacher.parquet"} <= set(manifest["artifacts"])
+        assert manifest["artifacts"]["samples.parquet"]["rows"] == LIMIT
+        from evalpipe.integrity import verify_variant
+
+        verify_variant(vdir)
         results = artifacts.read_json(vdir.results)
         task = results["results"]["gsm8k_synth_4shot"]
         assert 0.0 <= task["exact_match,strict-match"] <= 1.0
@@ -243,3 +249,72 @@ def test_margin_flag_is_applied_and_recorded(run, tmp_path):
     data = json.loads((out / "compare.json").read_text())
     assert data["gates"]["scores"]["margin"] == 0.05
     assert {r["margin"] for c in data["comparisons"] for r in c["scores"]} == {0.05}
+
+
+# ---------------------------------------------------------------- kill -9 and resume
+
+KILL_POINTS = [
+    # (what is happening, the variant whose line it is (None: any), the line that marks it, kept at the next start)
+    ("run directory written, model not yet resolved", None, "run resumed -> ", []),
+    ("the reference's engine starting", "legacy", "starting engine", []),
+    ("the second variant generating", "sp", "· gsm8k_synth_4shot · generate", ["legacy"]),
+    ("the second variant teacher-forcing", "sp", "teacher forcing: scoring", ["legacy"]),
+    ("the comparison (both variants done)", "sp", "done in", ["legacy", "sp"]),
+]
+
+
+def run_and_kill_at(args: list[str], cwd: Path, run_id: str, variant: str | None, marker: str) -> str:
+    """Start `evalpipe run`, SIGKILL it when ``variant``'s output shows ``marker``, wait
+    until every process of the run is gone (the guards stop its workers and servers)
+    and return what it printed."""
+    import os
+    import signal
+
+    from processes import wait_gone
+
+    proc = subprocess.Popen([sys.executable, "-m", "evalpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    seen, current = [], None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("variant "):
+            current = line.split()[1]
+        if marker in line and (variant is None or current == variant):
+            os.kill(proc.pid, signal.SIGKILL)  # evalpipe only: nothing of it gets to clean up
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before `{marker}` of {variant}:\n{''.join(seen)[-3000:]}"
+    assert wait_gone(run_id, 60) == [], "processes outlived evalpipe's SIGKILL"
+    return "".join(seen)
+
+
+def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(run):
+    """kill -9 at five points of a two-variant run, each time continued with the same
+    command (or --resume): the finished variants are kept, the rest run again, and the
+    end result's Parquet files are byte for byte those of the module's uninterrupted run
+    (same config, same items). results.json may differ in its timing fields only."""
+    tmp, run_id = run["tmp"], "resumed"
+    run_dir = tmp / "runs" / run_id
+    base = ["run", "gsm8k", "-c", str(tmp / "e2e.yaml"), "--limit", str(LIMIT),
+            "--variants", f"{run['ref']},{run['other']}", "--no-noise-floor"]
+    args = [*base, "--run-id", run_id]
+    for i, (what, variant, marker, _kept) in enumerate(KILL_POINTS):
+        again = args if i % 2 == 0 else [*base, "--resume", str(run_dir)]  # both ways of continuing
+        out = run_and_kill_at(again, tmp, run_id, variant, marker)
+        if i > 0:
+            expected = KILL_POINTS[i - 1][3]
+            said = f"kept (finished, artifacts verified): {', '.join(expected)}" if expected else "no variant had finished"
+            assert said in out, f"restart {i} (after a kill during {KILL_POINTS[i - 1][0]}):\n{out[-2000:]}"
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "running", what  # nobody could say otherwise
+    done = evalpipe(*args, cwd=tmp)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "kept (finished, artifacts verified): legacy, sp" in done.stdout
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "ok" and len(info["attempts"]) == len(KILL_POINTS)  # every start after the first
+    for name in (run["ref"], run["other"]):
+        for table in ("samples.parquet", "tokens.parquet", "teacher.parquet"):
+            a, b = run["dir"] / name / table, run_dir / name / table
+            assert a.read_bytes() == b.read_bytes(), f"{name}/{table} differs from the uninterrupted run's"
+        results = [artifacts.read_json(d / name / "results.json")["results"] for d in (run["dir"], run_dir)]
+        assert results[0] == results[1]

@@ -8,7 +8,10 @@
   still run and are compared.
 - endpoint mode against a server the test started, with an API key that never reaches
   an artifact.
-- Ctrl-C, SIGTERM and a server killed mid-run leave no process of the run behind.
+- Ctrl-C, SIGTERM, evalpipe's own SIGKILL and a server killed mid-run leave no process
+  of the run behind; a second Ctrl-C stops at once what the first stops politely.
+- the watchdog stops a hung engine (the `hang` fault), served and offline, with its last
+  progress and its log's tail; the other variants are still compared.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ pytestmark = pytest.mark.slow
 
 LIMIT = 8
 SEQUENTIAL = {"max_num_seqs": 1}
+HANG = {"EVALPIPE_LAYOUT": "legacy", "EVALPIPE_LAYOUT_FAULT": "hang"}
+STALL = 30
 
 
 def write_config(tmp: Path, name: str, **overrides) -> Path:
@@ -65,10 +70,14 @@ def offline_vs_served(tmp_path_factory) -> dict:
             "dead": {"env": legacy, "launch": {"mode": "serve"}, "engine": {"max_model_len": 99999}},
             # The server refuses top-5 logprobs beyond its --max-logprobs: every request fails.
             "refused": {"env": legacy, "launch": {"mode": "serve"}, "engine": {"max_logprobs": 2}},
+            # A collective that never returns, behind a server and in the worker's own engine:
+            # the watchdog stops each after STALL seconds without a finished request.
+            "hung": {"env": HANG, "launch": {"mode": "serve", "stall_timeout_s": STALL, "stop_grace_s": 5}},
+            "hung_offline": {"env": HANG, "launch": {"stall_timeout_s": STALL}},
         },
     )
     proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "srv",
-                    "--variants", "offline,served,dead,refused", cwd=tmp)
+                    "--variants", "offline,served,dead,refused,hung,hung_offline", cwd=tmp)
     return {"proc": proc, "dir": tmp / "runs" / "srv"}
 
 
@@ -94,13 +103,30 @@ def test_a_server_that_dies_fails_its_variant_and_the_others_are_compared(offlin
     proc, run_dir = offline_vs_served["proc"], offline_vs_served["dir"]
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     err = " ".join(proc.stderr.split())
-    assert "variants dead, refused failed" in err and "the server exited with code" in err and "engine.log" in err
+    assert "variants dead, refused, hung, hung_offline failed" in err
+    assert "the server exited with code" in err and "engine.log" in err
     assert "Traceback" not in proc.stderr
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "failed" and info["failed_variants"] == ["dead", "refused"]
+    assert info["status"] == "failed" and info["failed_variants"] == ["dead", "refused", "hung", "hung_offline"]
     assert info["verdict"] == "IDENTICAL"  # offline vs served, written before the run was marked failed
     assert "99999" in (run_dir / "dead" / "engine.log").read_text()  # the server's own words, kept
     assert wait_gone("srv") == []
+
+
+@pytest.mark.parametrize("name", ["hung", "hung_offline"])
+def test_the_watchdog_stops_a_hung_engine_with_its_last_progress_and_log(offline_vs_served, name):
+    run_dir = offline_vs_served["dir"]
+    status = json.loads((run_dir / "run.json").read_text())["variant_status"][name]
+    error = status["error"]
+    assert status["stalled"] and status["exit_code"] == 3, status
+    assert error.startswith(f"variant `{name}` made no progress for {STALL}s (the stall limit; its last progress: "), error
+    # the engine's log names the hang; in serve mode that is the server's log, not the client's
+    log = "engine.log"
+    assert f"last lines of {run_dir / name / log}" in error and "waits forever in a collective" in error, error
+    # stopped after the limit, not after an overall time-out: engine start + STALL + a little
+    assert status["seconds"] < 240, status
+    manifest = json.loads((run_dir / name / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "made no progress" in manifest["error"]
 
 
 def test_a_refused_request_fails_its_variant_naming_the_document(offline_vs_served):
@@ -156,14 +182,20 @@ def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_art
         log.close()
 
 
-def start_served_run(tmp: Path, run_id: str) -> tuple[subprocess.Popen, Path]:
-    path = write_config(tmp, run_id, reference="offline", variants={
+def start_served_run(tmp: Path, run_id: str, *, served_first: bool = False, variants: dict | None = None,
+                     extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
+    """An offline and a served variant (by default); ``served_first``: the served one is
+    the reference and runs first, so its server and worker are up within a minute."""
+    variants = variants or {
         "offline": {"env": {"EVALPIPE_LAYOUT": "legacy"}},
         "served": {"env": {"EVALPIPE_LAYOUT": "sp"}, "launch": {"mode": "serve"}},
-    })
+    }
+    served = {n for n, v in variants.items() if v.get("launch", {}).get("mode") == "serve"}
+    order = sorted(variants, key=lambda n: (n in served) != served_first)
+    path = write_config(tmp, run_id, reference=order[0], variants=variants)
     proc = subprocess.Popen([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "64",
-                             "--run-id", run_id, "--variants", "offline,served"], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                             "--run-id", run_id, "--variants", ",".join(order), *extra], cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     return proc, tmp / "runs" / run_id
 
 
@@ -181,7 +213,7 @@ def wait_for_served_generation(proc: subprocess.Popen, run_dir: Path, timeout: f
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_stops_every_process_the_run_started(tmp_path, sig, code):
     run_id = f"int{int(sig)}"
-    proc, run_dir = start_served_run(tmp_path, run_id)
+    proc, run_dir = start_served_run(tmp_path, run_id, served_first=True)
     try:
         wait_for_served_generation(proc, run_dir)
         assert len(processes_of(run_id)) >= 2, "expected the served variant's server and worker to be running"
@@ -191,6 +223,49 @@ def test_interrupt_stops_every_process_the_run_started(tmp_path, sig, code):
         info = json.loads((run_dir / "run.json").read_text())
         assert info["status"] == "interrupted", info.get("status")
         assert info["interrupted_by"] == ("SIGINT" if sig == signal.SIGINT else "SIGTERM")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_evalpipe_killed_with_sigkill_takes_its_workers_and_servers_along(tmp_path):
+    """kill -9 leaves evalpipe no chance to clean up: the guards notice its end (their
+    stdin pipe closes) and stop the server's and the worker's process groups."""
+    run_id = "kill9"
+    proc, _ = start_served_run(tmp_path, run_id, served_first=True)
+    try:
+        wait_for_served_generation(proc, tmp_path)
+        assert len(processes_of(run_id)) >= 4, "expected evalpipe, the server (and its engine core) and the worker"
+        os.kill(proc.pid, signal.SIGKILL)  # evalpipe alone, not its group
+        proc.wait()
+        started = time.monotonic()
+        assert wait_gone(run_id, 60) == [], "processes outlived evalpipe's SIGKILL"
+        print(f"all processes of the run gone {time.monotonic() - started:.1f}s after evalpipe's SIGKILL")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_second_ctrl_c_stops_at_once_what_the_first_stops_politely(tmp_path):
+    """A server behind a launcher that takes no SIGTERM (as `docker exec` or an ssh
+    without -tt forwards none) and a long stop_grace_s: the first Ctrl-C waits for it,
+    the second kills every group at once."""
+    run_id = "twice"
+    stubborn = ["bash", "-c", "trap '' TERM; \"$@\"; sleep 600", "stubborn-launcher"]
+    served = {"served": {"env": {"EVALPIPE_LAYOUT": "sp"},
+                         "launch": {"mode": "serve", "launcher": stubborn, "stop_grace_s": 600}}}
+    proc, run_dir = start_served_run(tmp_path, run_id, variants=served)
+    try:
+        wait_for_served_generation(proc, run_dir)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(5)
+        assert proc.poll() is None, "the first Ctrl-C should still be waiting for the stubborn launcher (stop_grace_s 600)"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert wait_gone(run_id, 5) == [], "processes of the run survived the second Ctrl-C"
+        assert time.monotonic() - started < 15
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

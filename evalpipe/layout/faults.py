@@ -38,6 +38,7 @@ class Fault:
     out_scale: float | None = None  # layout_out_scale to run a needs_scale fault with
     raises: bool = False  # the fault is caught by the model itself: the engine fails loudly
     magnitude: float | None = None  # graded faults: the relative error they inject
+    hangs: bool = False  # tests of the watchdog only: the engine stops making progress
 
 
 # Graded systematic errors for the sensitivity curve: the attention output of one decoder
@@ -46,6 +47,10 @@ class Fault:
 # routed_scaling_factor, a scale applied to one layer twice, a quantisation scale off
 # by a rounding) is this kind of bug: small, systematic, invisible in any one position.
 GRADED_LAYER = 1
+
+# The `hang` fault's trigger: past the engine's start-up forwards (profiling and warm-up
+# runs take a handful), so the engine comes up and finishes some requests first.
+HANG_AFTER_FORWARDS = 60
 GRADED_MAGNITUDES = ("1e-1", "1e-2", "1e-3", "1e-4", "1e-5")
 GRADED_PREFIX = "attn_out_error_"
 
@@ -222,6 +227,20 @@ FAULTS: dict[str, Fault] = {
                 "reduce_scatter implementations on accelerators do. Benign: the same sum, other "
                 "last bits. On a reference it makes the A/A run noisy, the regime of a bf16 "
                 "accelerator deployment (configs/numerics_bf16_noisy.yaml)."
+            ),
+        ),
+        Fault(
+            "hang",
+            harmful=False,
+            layout="any",
+            hangs=True,
+            doc=(
+                "For the watchdog's tests only: from the "
+                f"{HANG_AFTER_FORWARDS}th forward of the engine on, layer 0's first collective "
+                "never returns, as an HCCL collective whose peer died and whose time-out never "
+                "fires; the hung thread takes no SIGTERM (only SIGKILL ends it), like a thread "
+                "stuck in a device call. Looks benign (the numerics are untouched) and produces "
+                "no error: the engine simply stops making progress. Not part of the calibration zoo."
             ),
         ),
         Fault(

@@ -51,6 +51,8 @@ Deviations from real tensor parallelism, on purpose:
 from __future__ import annotations
 
 import random
+import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +69,7 @@ from vllm.model_executor.models.llama import (
 from vllm.model_executor.models.utils import extract_layer_index
 
 from evalpipe.layout import collectives as C
-from evalpipe.layout.faults import GRADED_LAYER, graded_magnitude
+from evalpipe.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, graded_magnitude
 from evalpipe.layout.plugin import ARCHITECTURE
 from evalpipe.layout.settings import LayoutSettings, resolve
 
@@ -95,6 +97,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         self.num_heads = self.self_attn.total_num_heads
         self.head_dim = self.self_attn.head_dim
         self.o_weight: torch.Tensor | None = None
+        self.forwards = 0
         self.eps = self.input_layernorm.variance_epsilon
         self.use_settings(resolve(hf_config))
 
@@ -139,8 +142,10 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         if hidden_states.shape[0] == 0:
             hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         elif s.layout == "sp":
+            self._hang_when_due()
             hidden_states = self._sp_attention(positions, hidden_states)
         else:
+            self._hang_when_due()
             hidden_states = self._legacy_attention(positions, hidden_states)
 
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
@@ -171,6 +176,19 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             )
         bias = self.self_attn.o_proj.bias if rank == 0 else None
         return F.linear(x, self.o_weight_slices[rank], bias)
+
+    def _hang_when_due(self) -> None:
+        """The `hang` fault: layer 0's collective never returns once the engine is past its
+        start-up forwards. Like a thread stuck inside a device call, the hung thread takes
+        no SIGTERM or SIGINT (they stay pending for it): only SIGKILL ends it."""
+        if self.layer_idx != 0 or not self.settings.has("hang"):
+            return
+        self.forwards += 1
+        if self.forwards > HANG_AFTER_FORWARDS:
+            logger.warning("layout fault `hang`: forward %d waits forever in a collective", self.forwards)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+            while True:
+                time.sleep(3600)
 
     def _nondeterministic(self) -> bool:
         return self.settings.has("nondeterministic_reduce")

@@ -21,6 +21,7 @@ from typing import Any
 
 from evalpipe.artifacts import variant_names_from_info
 from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
+from evalpipe.redact import redact
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
 
@@ -164,7 +165,7 @@ def _token(w: Mapping[str, Any], side: str, esc: Esc) -> dict[str, Any]:
     text = w.get(f"token_text_{side}")
     return {
         "ended": None,
-        "id": str(tok),
+        "id": esc(str(tok)),
         "text": esc(_quoted(text)) if text is not None else None,
         "lp": fmt_lp(w.get(f"logprob_{side}")),
     }
@@ -179,7 +180,7 @@ def _topk(w: Mapping[str, Any], side: str, other: str, esc: Esc) -> dict[str, An
     for i, tid in enumerate(ids[:TOPK_SHOWN]):
         items.append(
             {
-                "id": str(tid),
+                "id": esc(str(tid)),
                 "text": esc(_quoted(texts[i])) if i < len(texts) and texts[i] is not None else None,
                 "lp": fmt_lp(lps[i]) if i < len(lps) else "?",
                 "mark": mark is not None and tid == mark,
@@ -201,7 +202,7 @@ def _example_view(w: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
         context = ELLIPSIS + context[-CONTEXT_CHARS:]
     pos = w.get("pos")
     return {
-        "where": fmt_where(w.get("doc_id"), w.get("repeat"), None) + f", position {pos}",
+        "where": esc(fmt_where(w.get("doc_id"), w.get("repeat"), None) + f", position {pos}"),
         "measures": esc(", ".join(measures)),
         "token_a": _token(w, "a", esc),
         "token_b": _token(w, "b", esc),
@@ -218,8 +219,8 @@ def _flipped_view(f: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
     ex_a, ex_b = excerpts(f.get("response_a"), f.get("response_b"))
     score_a, score_b = f.get("score_a"), f.get("score_b")
     return {
-        "where": f"{f.get('doc_id')}" + (f" repeat {f['repeat']}" if f.get("repeat") else ""),
-        "scores": f"{fmt_num(score_a)} \u2192 {fmt_num(score_b)}",
+        "where": esc(f"{f.get('doc_id')}" + (f" repeat {f['repeat']}" if f.get("repeat") else "")),
+        "scores": esc(f"{fmt_num(score_a)} \u2192 {fmt_num(score_b)}"),
         "question": esc(f.get("question"), EXCERPT_CHARS),
         "target": esc(f.get("target"), EXCERPT_CHARS),
         "answer_a": esc(f.get("answer_a"), EXCERPT_CHARS),
@@ -315,7 +316,7 @@ def _token_table(columns: list[tuple[str, Mapping[str, Any]]], esc: Esc) -> dict
         return None
     return {
         "columns": [esc(label) for label, _ in columns],
-        "rows": [(esc(label), [cell(t) for _, t in columns]) for label, cell in TOKEN_ROWS],
+        "rows": [(esc(label), [esc(cell(t)) for _, t in columns]) for label, cell in TOKEN_ROWS],
     }
 
 
@@ -363,7 +364,7 @@ def _task_view(task: str, c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc)
                 "a": fmt_score(r.get("mean_a")),
                 "b": fmt_score(r.get("mean_b")),
                 "delta": fmt_delta(r.get("delta")),
-                "changed": _changed(r),
+                "changed": esc(_changed(r)),
             }
             for r in rows
         ],
@@ -575,10 +576,12 @@ def _gate_rows(compare: Mapping[str, Any], esc: Esc) -> list[dict[str, Any]]:
                     "gate": esc(g.get("gate")),
                     "task": esc(g.get("task")),
                     "metric": esc(g.get("metric")) if g.get("metric") else "",
-                    "measured": fmt_num(g.get("measured")),
-                    "threshold": fmt_num(g.get("threshold")),
-                    "aa": fmt_num(g.get("aa_value")),
-                    "status": status,
+                    # fmt_num passes a non-number through as text
+                    "measured": esc(fmt_num(g.get("measured"))),
+                    "threshold": esc(fmt_num(g.get("threshold"))),
+                    "aa": esc(fmt_num(g.get("aa_value"))),
+                    # the templates test it; any other value is shown as text
+                    "status": status if status in GATE_ORDER else esc(status),
                     "detail": esc(g.get("detail")),
                     "evidence": [esc(e) for e in evidence[:EVIDENCE_SHOWN]]
                     + ([esc(f"… {more} more in compare.json")] if more > 0 else []),
@@ -729,7 +732,8 @@ def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) 
 def build_view(compare: Any, run_info: dict[str, Any] | None, esc: Esc) -> dict[str, Any]:
     """Everything a report shows, in the order it shows it."""
     compare = as_dict(compare)
-    run_info = run_info or {}
+    # run.json is redacted when written; one from before that (or handed in) is redacted here
+    run_info = redact(run_info or {})
     nf = compare.get("noise_floor") or {}
     counts = gate_counts(compare)
     return {

@@ -47,6 +47,13 @@ class ServerSettings:
     tokenizer: str | None = None  # local tokenizer directory, when this machine has it
     tokenizer_args: dict[str, Any] | None = None  # tokenizer_mode, trust_remote_code, revision
 
+    @property
+    def shown_url(self) -> str:
+        """The URL for messages, logs and the manifest: without its password."""
+        from evalpipe.redact import redact_text
+
+        return redact_text(self.url)
+
     @classmethod
     def from_job(cls, job: dict[str, Any]) -> "ServerSettings":
         return cls(**{k: v for k, v in job.items() if k in cls.__dataclass_fields__})
@@ -76,7 +83,7 @@ def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None
                 on_wait(time.monotonic() - started)
             time.sleep(poll_s)
     raise ServerError(
-        f"the server at {settings.url} was not ready within {settings.ready_timeout_s:.0f}s ({last_error}); "
+        f"the server at {settings.shown_url} was not ready within {settings.ready_timeout_s:.0f}s ({last_error}); "
         "raise launch.ready_timeout_s if the model needs longer to start, or check the server's log."
     )
 
@@ -146,15 +153,15 @@ class HttpEngine:
         names = [m["id"] for m in models]
         if settings.model is None:
             if len(names) != 1:
-                raise ServerError(f"the server at {settings.url} serves {len(names)} models ({', '.join(names)}); set launch.served_model_name to one of them.")
+                raise ServerError(f"the server at {settings.shown_url} serves {len(names)} models ({', '.join(names)}); set launch.served_model_name to one of them.")
             self.model = names[0]
         elif settings.model not in names:
-            raise ServerError(f"the server at {settings.url} does not serve `{settings.model}` (it serves: {', '.join(names)}); fix launch.served_model_name.")
+            raise ServerError(f"the server at {settings.shown_url} does not serve `{settings.model}` (it serves: {', '.join(names)}); fix launch.served_model_name.")
         else:
             self.model = settings.model
         card = next(m for m in models if m["id"] == self.model)
         self._max_model_len = int(card["max_model_len"])
-        self._server = {"url": settings.url, "models": models, "version": self._try_get("/version")}
+        self._server = {"url": settings.shown_url, "models": models, "version": self._try_get("/version")}
         self._eos: int | None | bool = False  # not asked yet
         self._local = _local_tokenizer(settings.tokenizer, settings.tokenizer_args or {})
         self.tokenized_by = "local" if self._local is not None else "server"
@@ -165,7 +172,7 @@ class HttpEngine:
         assert self._client is not None
         reply = self._client.get(path)
         if reply.status_code != 200:
-            raise ServerError(f"GET {self.settings.url}{path} answered {reply.status_code}: {reply.text[:300]}")
+            raise ServerError(f"GET {self.settings.shown_url}{path} answered {reply.status_code}: {reply.text[:300]}")
         return reply.json()
 
     def _try_get(self, path: str) -> Any:
@@ -206,7 +213,7 @@ class HttpEngine:
             except httpx.TransportError as err:
                 if attempt == self.settings.retries:
                     raise ServerError(
-                        f"{label}: no answer from {self.settings.url} after {attempt + 1} attempts "
+                        f"{label}: no answer from {self.settings.shown_url} after {attempt + 1} attempts "
                         f"({type(err).__name__}: {err}); the server may have died, see its log"
                     ) from None
                 await asyncio.sleep(min(2.0 ** attempt, 30.0))

@@ -33,6 +33,10 @@ class Events:
         self._last_progress = 0.0
 
     def emit(self, event: str, **fields: Any) -> None:
+        from evalpipe.redact import redact_text
+
+        # messages become run.json errors and console (CI log) lines: no URL passwords
+        fields = {k: redact_text(v) for k, v in fields.items()}
         self._out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
 
     def progress(self, task: str, phase: str, done: int, total: int) -> None:
@@ -179,7 +183,8 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
 
 
 def run(job: dict[str, Any], events: Events) -> int:
-    from evalpipe import artifacts
+    from evalpipe import artifacts, integrity
+    from evalpipe.redact import redact
     from evalpipe.worker import tasks as task_lookup
 
     out = artifacts.VariantDir(Path(job["output_dir"]))
@@ -198,11 +203,23 @@ def run(job: dict[str, Any], events: Events) -> int:
         "hardware": hardware(),
         "started_at": started,
     }
-    artifacts.write_json(out.manifest, manifest)
+
+    def save_manifest() -> None:
+        # engine args, the server's URL and error messages come from the config: the same
+        # redaction as run.json (job.json alone keeps the real values)
+        artifacts.write_json(out.manifest, redact(manifest, job.get("secret_env") or ()))
+
+    save_manifest()
 
     def finish(status: str, code: int, **extra: Any) -> int:
+        if status == "ok":
+            # size, sha256 and rows of every file compare, the history and a resume will
+            # read, so they can tell a file altered after this point (evalpipe.integrity)
+            t0 = time.time()
+            manifest[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(out)
+            timings["checksums_s"] = time.time() - t0
         manifest.update(status=status, timings=timings, finished_at=time.time(), **extra)
-        artifacts.write_json(out.manifest, manifest)
+        save_manifest()
         return code
 
     # 1. Resolve tasks before the (slow) engine start so bad names fail fast: hub-only
@@ -226,7 +243,7 @@ def run(job: dict[str, Any], events: Events) -> int:
         return finish("failed", EXIT_USER, error=str(err))
 
     manifest["data_files"] = data_file_hashes(task_cfgs)
-    artifacts.write_json(out.manifest, manifest)
+    save_manifest()
 
     # 2. One engine for every task of this variant.
     events.emit("stage", stage="engine", message="starting engine")
@@ -247,7 +264,7 @@ def run(job: dict[str, Any], events: Events) -> int:
     timings["engine_start_s"] = time.time() - t0
     if job.get("engine_kind", "offline") == "offline":
         manifest["engine"] = engine.info()
-        artifacts.write_json(out.manifest, manifest)
+        save_manifest()
         events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
 
     from lm_eval import simple_evaluate

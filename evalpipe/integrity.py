@@ -1,0 +1,133 @@
+"""Verified artifacts: what a finished variant wrote is recorded in its manifest and
+checked before anything reads it again.
+
+The worker's last step (`finish` in :mod:`evalpipe.worker.main`) records, for every
+file of :data:`VERIFIED_FILES` the variant has, its size, sha256 and (for a Parquet
+table) its row count under manifest.json's ``"artifacts"``::
+
+    "artifacts": {"samples.parquet": {"bytes": 51234, "rows": 600, "sha256": "9f2c..."}, ...}
+
+:func:`verify_variant` checks a variant directory against that record. `compare`
+(:func:`evalpipe.rundirs.load_artifacts`) and the history (:func:`evalpipe.history.read_run`)
+call it first, so a file truncated, edited or replaced after the run is refused in one
+sentence instead of being compared or recorded as if the engine had produced it; a
+resumed run calls it on the variants it keeps. Variant directories written before this
+record existed have no ``"artifacts"`` entry and are accepted as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from evalpipe.artifacts import (
+    MANIFEST_JSON,
+    RESULTS_JSON,
+    SAMPLES_PARQUET,
+    TEACHER_BASELINE_PARQUET,
+    TEACHER_PARQUET,
+    TOKENS_PARQUET,
+    VariantDir,
+)
+
+JOB_JSON = "job.json"  # the worker's job, written by evalpipe.launch; nightly reads which baseline it forced
+# What compare, the history and nightly read of a variant. Not manifest.json (it holds
+# the record) and not the logs (appended to by servers that may outlive the worker).
+VERIFIED_FILES = (RESULTS_JSON, SAMPLES_PARQUET, TOKENS_PARQUET, TEACHER_PARQUET, TEACHER_BASELINE_PARQUET, JOB_JSON)
+ARTIFACTS_KEY = "artifacts"
+_CHUNK = 1 << 20  # streaming: a 128k-token trace is never held in memory to be hashed
+
+
+class ArtifactMismatch(ValueError):
+    """A variant directory that does not match its manifest, in one sentence (a user error, exit code 2)."""
+
+
+def sha256_of(path: Path) -> tuple[str, int]:
+    """(hex sha256, bytes read) of a file, read in 1 MiB chunks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def parquet_rows(path: Path) -> int:
+    """Row count from the Parquet footer (no column is read)."""
+    import pyarrow.parquet as pq
+
+    return int(pq.read_metadata(path).num_rows)
+
+
+def describe_artifacts(vdir: VariantDir) -> dict[str, dict[str, Any]]:
+    """The manifest's ``"artifacts"`` record of the files the variant has now."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in VERIFIED_FILES:
+        path = vdir.root / name
+        if not path.is_file():
+            continue
+        sha, size = sha256_of(path)
+        entry: dict[str, Any] = {"bytes": size, "sha256": sha}
+        if name.endswith(".parquet"):
+            entry["rows"] = parquet_rows(path)
+        out[name] = entry
+    return out
+
+
+def _mismatch(path: Path, what: str) -> ArtifactMismatch:
+    return ArtifactMismatch(f"{path} does not match its manifest ({what}); re-run the variant or restore the file.")
+
+
+def _rows_or_none(path: Path) -> int | None:
+    try:
+        return parquet_rows(path)
+    except Exception:  # noqa: BLE001 - a damaged footer is reported as the size/sha256 difference it is
+        return None
+
+
+def verify_variant(vdir: VariantDir | Path) -> None:
+    """Check every file the variant's manifest records (present, same size, rows and
+    sha256) and that no file of :data:`VERIFIED_FILES` was added after it finished;
+    :class:`ArtifactMismatch` naming the first file that differs. A directory without a
+    manifest, or whose manifest has no ``"artifacts"`` record (older runs, failed
+    variants), passes: there is nothing to check it against."""
+    vdir = vdir if isinstance(vdir, VariantDir) else VariantDir(Path(vdir))
+    if not vdir.manifest.is_file():
+        return
+    try:
+        manifest = json.loads(vdir.manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ArtifactMismatch(f"{vdir.manifest} cannot be read ({err}); restore it or re-run the variant.") from None
+    record = manifest.get(ARTIFACTS_KEY) if isinstance(manifest, dict) else None
+    if record is None:
+        return
+    if not isinstance(record, dict) or not all(isinstance(e, dict) for e in record.values()):
+        raise ArtifactMismatch(f"{vdir.manifest} has a malformed {ARTIFACTS_KEY!r} record; restore it or re-run the variant.")
+    for name, entry in sorted(record.items()):
+        if Path(name).name != name or name == MANIFEST_JSON:
+            raise ArtifactMismatch(f"{vdir.manifest} records the artifact {name!r}, which is not a file of the variant; restore it or re-run the variant.")
+        _verify_file(vdir.root / name, entry)
+    for name in VERIFIED_FILES:
+        path = vdir.root / name
+        if name not in record and path.is_file():
+            raise ArtifactMismatch(
+                f"{path} is not in its manifest (the variant finished without it, so it was added afterwards); "
+                "delete it or re-run the variant."
+            )
+
+
+def _verify_file(path: Path, entry: dict[str, Any]) -> None:
+    if not path.is_file():
+        raise _mismatch(path, "the file is missing; the variant finished with it")
+    size, rows = path.stat().st_size, entry.get("rows")
+    if rows is not None:
+        found = _rows_or_none(path)
+        if found is not None and found != rows:
+            raise _mismatch(path, f"it has {found} rows, the manifest records {rows}: the table was rewritten after the variant finished")
+    if entry.get("bytes") is not None and size != entry["bytes"]:
+        raise _mismatch(path, f"it has {size} bytes, the manifest records {entry['bytes']}: "
+                              "the file was truncated or altered after the variant finished")
+    if entry.get("sha256") is not None and sha256_of(path)[0] != entry["sha256"]:
+        raise _mismatch(path, "sha256 differs: the file was altered after the variant finished")

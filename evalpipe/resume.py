@@ -1,0 +1,139 @@
+"""Continuing an interrupted run in its own directory: what it keeps, and when it refuses.
+
+A run stopped by Ctrl-C, SIGTERM, kill -9, a crash or a failed variant is continued by
+running the same command again with the same `--run-id` (or `--resume RUN_DIR`). The
+variants that had finished are kept as they are, after their artifacts are checked
+against their manifests (evalpipe/integrity.py); a variant that had not finished starts
+again from its beginning, in a clean directory. The invocation must describe the same
+run: the same config, tasks and limits, variants and reference, and model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from evalpipe import artifacts
+from evalpipe.config import ConfigError
+from evalpipe.integrity import ArtifactMismatch, verify_variant
+
+# run.json fields that must be the same for a run to be continued, and how to name them.
+SAME = (
+    ("config", "config"),
+    ("tasks", "tasks and --limit"),
+    ("variants", "variants (--variants, --noise-floor)"),
+    ("reference", "reference"),
+    ("model", "model"),
+)
+# Outputs of a comparison, rewritten when the resumed run ends (a stale one must not
+# stand beside a run that has changed since).
+COMPARISON_OUTPUTS = ("compare.json", "report.md", "report.html", "junit.xml")
+
+
+class ResumeRefused(ConfigError):
+    """The directory holds another run, a finished one, or damaged artifacts (exit code 2)."""
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> str | None:
+    """The dotted path of the first place where two JSON values differ (None: equal)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in old or key not in new:
+                return where
+            found = first_difference(old[key], new[key], where)
+            if found:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return None if old == new else (path or "the whole value")
+
+
+def _comparable(info: dict[str, Any], key: str) -> Any:
+    value = _plain(info.get(key))
+    if key == "config" and isinstance(value, dict):
+        value.pop("output", None)  # where the run lives, not what it is (--resume names it directly)
+    if key == "model" and isinstance(value, dict):
+        value = {"path": value.get("path")}  # the rest is filled in when the model is resolved
+    return value
+
+
+def check_same_run(run_dir: Path, stored: dict[str, Any], fresh: dict[str, Any]) -> None:
+    for key, label in SAME:
+        where = first_difference(_comparable(stored, key), _comparable(fresh, key), key)
+        if where is not None:
+            raise ResumeRefused(
+                f"cannot continue {run_dir}: the {label} of this command and of the interrupted run are not the same "
+                f"(first difference at `{where}`); run the interrupted command again unchanged, or choose another --run-id."
+            )
+
+
+def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """run.json's content for the continued run and the variants it keeps. The caller
+    holds the run directory's lock."""
+    from evalpipe.rundirs import read_run_info
+
+    try:
+        stored = read_run_info(run_dir)
+    except ValueError as err:
+        raise ResumeRefused(str(err)) from None
+    if not stored:
+        raise ResumeRefused(f"{run_dir} exists and is not a run directory (no run.json); choose another --run-id or --output.")
+    if stored.get("status") == "ok":
+        raise ResumeRefused(
+            f"run {run_dir} has already finished (verdict {stored.get('verdict')}); compare it again with "
+            f"`evalpipe compare {run_dir}`, or choose another --run-id for a new run."
+        )
+    check_same_run(run_dir, stored, fresh)
+    kept = []
+    statuses = stored.get("variant_status") or {}
+    for name in fresh["variants"]:
+        vdir = artifacts.VariantDir(run_dir / name)
+        if _finished(vdir):
+            try:
+                verify_variant(vdir)
+            except ArtifactMismatch as err:
+                raise ResumeRefused(str(err)) from None
+            kept.append(name)
+        elif vdir.root.exists():
+            shutil.rmtree(vdir.root)  # half a variant is not kept: it starts again, as if new
+    for name in COMPARISON_OUTPUTS:
+        (run_dir / name).unlink(missing_ok=True)
+    attempt = {"at": time.time(), "kept": kept, "previous_status": stored.get("status")}
+    stored.update(
+        status="running",
+        variant_status={n: statuses.get(n) or _status_from_manifest(run_dir / n) for n in kept},
+        attempts=[*stored.get("attempts", []), attempt],
+    )
+    for key in ("verdict", "error", "failed_variants", "interrupted_by", "interrupted_at", "finished_variants"):
+        stored.pop(key, None)
+    return stored, kept
+
+
+def _finished(vdir: artifacts.VariantDir) -> bool:
+    """The worker said so in its manifest, with the record of what it wrote (a variant
+    that finished as evalpipe was killed counts, though run.json never heard of it)."""
+    if not vdir.manifest.is_file():
+        return False
+    try:
+        manifest = artifacts.read_json(vdir.manifest)
+    except (OSError, ValueError):
+        return False
+    return manifest.get("status") == "ok" and bool(manifest.get("artifacts"))
+
+
+def _status_from_manifest(vdir: Path) -> dict[str, Any]:
+    manifest = artifacts.read_json(artifacts.VariantDir(vdir).manifest)
+    return {"exit_code": 0, "seconds": (manifest.get("timings") or {}).get("total_s"), "error": None}

@@ -1,0 +1,83 @@
+"""One writer per run directory: an flock on ``<run_dir>/.lock``.
+
+`evalpipe run` takes it as soon as it has created the run directory and keeps it until
+it returns; `evalpipe compare` takes it while it writes into a run directory (and a
+resumed run would take it before writing again). A second process is refused in one
+sentence instead of both writing. The kernel drops an flock when the holder's file
+descriptor closes, so a process killed with SIGKILL leaves no stale lock; the file
+itself stays (deleting it would race with a process that has just opened it).
+
+Within one process the lock is re-entrant, counted per directory: a run compares and
+reports its own directory while holding it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+from typing import Iterator
+
+from evalpipe.config import ConfigError
+
+LOCK_FILE = ".lock"
+_held: dict[str, list[int]] = {}  # real path -> [fd, holds]
+
+
+class RunDirBusy(ConfigError):
+    """Another process holds the run directory (a user error, exit code 2)."""
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Take (or take again, in this process) the lock of ``run_dir``; RunDirBusy if another process holds it."""
+    key = os.path.realpath(run_dir)
+    if key in _held:
+        _held[key][1] += 1
+        return
+    try:
+        # O_CLOEXEC: workers and servers this process starts must not inherit (and so keep) the lock
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return  # a read-only directory: whatever writes there fails on its own, with its own error
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        who = f"evalpipe process {pid}" if pid.isdigit() else "another evalpipe process"
+        raise RunDirBusy(
+            f"run directory {run_dir} is being written by {who}; wait until it has finished, "
+            "or write elsewhere (another --run-id or --output)."
+        ) from None
+    except OSError:
+        os.close(fd)
+        return  # a file system without flock (some network mounts): the lock is a safety net, not a reason to fail the run
+    except BaseException:
+        os.close(fd)
+        raise
+    # the holder's pid, for the message another process gets (written only once locked)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[key] = [fd, 1]
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Give back one hold; the lock is released with the last. Nothing when this process holds none."""
+    key = os.path.realpath(run_dir)
+    entry = _held.get(key)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _held[key]
+        os.close(entry[0])
+
+
+@contextlib.contextmanager
+def holding_run_dir(run_dir: Path) -> Iterator[None]:
+    lock_run_dir(run_dir)
+    try:
+        yield
+    finally:
+        unlock_run_dir(run_dir)

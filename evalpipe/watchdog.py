@@ -1,0 +1,43 @@
+"""The no-progress watchdog of one variant: pure bookkeeping over the worker's events.
+
+A hung collective (an HCCL time-out that never fires) produces no error, only silence:
+the engine is up and no request finishes. The watchdog is armed once the engine is
+ready (a slow start is the start-up limits' business, not this one's) and measures the
+time since the last finished request; a new task or phase counts as progress too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Stages that mean the engine is up and requests are being (or about to be) sent.
+ARMING_STAGES = frozenset({"engine_ready", "task", "teacher"})
+
+
+@dataclass
+class Watchdog:
+    limit_s: float | None
+    last_at: float | None = None  # when progress was last seen; None: not armed yet
+    last: str | None = None  # the last progress (a request count or a stage), for the message
+    _position: tuple[tuple[Any, ...], int] | None = None  # ((task, phase, total), done)
+
+    def see(self, event: dict[str, Any], now: float) -> None:
+        kind = event.get("event")
+        if kind == "stage" and (event.get("stage") in ARMING_STAGES or self.last_at is not None):
+            self.last_at, self._position = now, None
+            self.last = f"the stage `{event.get('message') or event.get('stage')}`"
+        elif kind == "progress":
+            key, done = (event.get("task"), event.get("phase"), event.get("total")), int(event.get("done") or 0)
+            if self._position is None or self._position[0] != key or done > self._position[1]:
+                self.last_at, self._position = now, (key, done)
+                self.last = f"{event.get('task') or 'task'} {event.get('phase')} {done}/{event.get('total')} requests"
+
+    def stalled(self, now: float) -> bool:
+        return self.limit_s is not None and self.last_at is not None and now - self.last_at > self.limit_s
+
+    def describe(self, now: float) -> str:
+        """The last progress, for the variant's error."""
+        if self.last is None:
+            return "it was never seen to start"
+        return f"its last progress: {self.last}"

@@ -1,0 +1,215 @@
+"""Every renderer against hostile text in every field it shows.
+
+The compare dict of test_report.py gets the payloads of tests/payloads.py appended to
+every string (task and metric names, variant names, questions, targets, responses,
+token texts, reasons, gate details and evidence, run.json values), and the id-like
+numbers (doc ids, token ids, gate values) become text with payloads too, as a
+hand-edited or foreign compare.json could hold. Then, per format, what the payloads
+must not do: become markup, links or extra table cells (report.md, nightly.md),
+elements, attributes or script (report.html, the dashboard), or break the XML
+(junit.xml, nightly-junit.xml).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+from dashboard_samples import sample_history
+from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
+from test_report import RUN_INFO, make_compare
+
+from evalpipe.nightly import Judgement, render_junit as nightly_junit, render_summary
+from evalpipe.report import md_escape, render_html, render_junit, render_markdown
+from evalpipe.report.dashboard import render_dashboard
+
+# Numbers a renderer formats as text (ids, positions, gate values): poisoned as strings.
+ID_LIKE = {"doc_id", "repeat", "pos", "token_a", "token_b", "score_a", "score_b", "measured", "threshold", "aa_value"}
+ID_LISTS = {"topk_ids_a", "topk_ids_b", "hard_divergences", "top1_hard_positions", "kl_max_at"}
+
+
+def poison_all(value: Any, key: str | None = None) -> Any:
+    if isinstance(value, dict):
+        return {k: poison_all(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [poison_all(v, "doc_id" if key in ID_LISTS else key) for v in value]
+    if isinstance(value, str):
+        return value + TEXT
+    if key in ID_LIKE and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value}{TEXT}"
+    return value
+
+
+@pytest.fixture(scope="module")
+def hostile() -> dict:
+    return poison_all(make_compare())
+
+
+# ---------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _unescaped_pipes(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line))
+
+
+def assert_inert_markdown(md: str) -> None:
+    """No HTML but <br>, no link, no control character, every table row as wide as its header,
+    no line started by untrusted text (a heading, a list item, a table row)."""
+    assert "<" not in md.replace("<br>", ""), "raw HTML in Markdown"
+    assert not re.search(r"(?<!\\)\]\(", md), "a Markdown link"
+    assert not _CONTROL.search(md), "a control character"
+    for line in md.splitlines():
+        assert not line.startswith(("# not", "| --- |", "{{", "```")), f"untrusted text starts a line: {line[:80]!r}"
+    block: list[str] = []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            widths = {_unescaped_pipes(row) for row in block}
+            assert len(widths) == 1, f"table rows of different widths {widths}: {block[0][:80]!r}"
+        block = []
+
+
+def test_report_md_keeps_hostile_text_inert(hostile):
+    md = render_markdown(hostile, poison_all(RUN_INFO))
+    assert_inert_markdown(md)
+    # shown, escaped: the reader sees the text
+    for payload in (SCRIPT, CDATA_END, TEMPLATE):
+        assert md_escape(payload) in md
+    assert "{{ 7\\*7 }}" in md and "\\u0000\\u0008\\u000b\\u001b" in md
+
+
+def test_gate_status_and_ids_are_escaped_in_markdown(hostile):
+    # the fields that used to reach report.md raw: a gate's status, token and top-k ids,
+    # doc ids of flipped items and examples, gate values that are not numbers
+    md = render_markdown(hostile, RUN_INFO)
+    for raw in ("pass" + TEXT, "13881" + TEXT, "doc 5" + TEXT, "0.004" + TEXT):
+        assert md_escape(raw) in md, raw[:12]
+
+
+def test_nightly_md_keeps_hostile_text_inert():
+    md = render_summary(_hostile_judgement(), dashboard=TEXT)  # type: ignore[arg-type]
+    assert_inert_markdown(md)
+    assert md_escape(SCRIPT) in md
+
+
+# ---------------------------------------------------------------------------
+# HTML (report.html, dashboard)
+# ---------------------------------------------------------------------------
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    handle_startendtag = handle_starttag
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse_page(html: str) -> _Page:
+    page = _Page()
+    page.feed(html)
+    page.close()
+    return page
+
+
+def assert_inert_html(html: str, allowed_tags: set[str]) -> _Page:
+    page = parse_page(html)
+    tags = {t for t, _ in page.tags}
+    assert tags <= allowed_tags, f"elements from the data: {tags - allowed_tags}"
+    for tag, attrs in page.tags:
+        assert not [a for a in attrs if a.startswith("on")], f"event handler on <{tag}>"
+        assert attrs.get("id") not in ("pwned", "pwned-link")
+        for url_attr in ("href", "src"):
+            url = (attrs.get(url_attr) or "").strip().lower()
+            assert not url.startswith(("javascript:", "data:text", "vbscript:")), f"<{tag} {url_attr}={url[:40]!r}>"
+    assert not _CONTROL.search(html)
+    return page
+
+
+REPORT_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "h4", "section", "p", "b", "i",
+               "ul", "li", "span", "div", "table", "tr", "th", "td", "code", "img"}
+
+
+def test_report_html_keeps_hostile_text_inert(hostile):
+    html = render_html(hostile, poison_all(RUN_INFO))
+    page = assert_inert_html(html, REPORT_TAGS)
+    assert all(a["src"].startswith("data:image/png;base64,") for t, a in page.tags if t == "img")
+    text = "".join(page.text)
+    for payload in VISIBLE:
+        assert payload in text, f"not shown literally: {payload!r}"
+    assert "\\u0000\\u0008\\u000b\\u001b[31m" in text
+
+
+DASHBOARD_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "h3", "h4", "section", "p",
+                  "b", "i", "ul", "li", "span", "div", "table", "tr", "th", "td", "code", "a", "article", "figure",
+                  "figcaption", "br", "svg", "rect", "line", "text", "path", "circle", "g", "title"}
+
+
+def test_dashboard_keeps_hostile_text_inert():
+    data = poison(sample_history(n_nights=6, change_at=3))
+    page = assert_inert_html(render_dashboard(data), DASHBOARD_TAGS)
+    # every link kept is the page's own: relative report paths (poisoned ones are dropped) and chart anchors
+    hrefs = [a.get("href") for t, a in page.tags if t == "a"]
+    assert all(h and (h.startswith("#chart-") or not re.match(r"^[a-z]+:", h)) for h in hrefs)
+    text = "".join(page.text)
+    for payload in VISIBLE:
+        assert payload in text, f"not shown literally: {payload!r}"
+
+
+# ---------------------------------------------------------------------------
+# JUnit XML
+# ---------------------------------------------------------------------------
+
+
+def _parse_xml(xml: str) -> ET.Element:
+    assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f]", xml), "a character XML 1.0 forbids"
+    return ET.fromstring(xml.encode("utf-8"))  # raises on anything not well-formed
+
+
+def test_junit_stays_well_formed_with_hostile_text(hostile):
+    root = _parse_xml(render_junit(hostile))
+    failures = root.findall(".//failure")
+    assert failures
+    # the text survives as text: a reader of the CI result sees what the model wrote
+    assert any(SCRIPT in (f.get("message") or "") and CDATA_END in (f.get("message") or "") for f in failures)
+    assert any("\\u0000\\u0008\\u000b\\u001b[31m" in (f.text or "") for f in failures)
+    names = [c.get("name") for c in root.iter("testcase")]
+    assert all(SCRIPT in n for n in names)
+
+
+def test_nightly_junit_stays_well_formed_with_hostile_text():
+    root = _parse_xml(nightly_junit(_hostile_judgement()))
+    texts = [f.text or "" for f in root.iter("failure")]
+    assert texts and any(SCRIPT in t and CDATA_END in t for t in texts)
+    assert all(CONTROLS not in t for t in texts)
+
+
+def _hostile_judgement() -> Judgement:
+    change = {
+        "state": "flagged", "regression": True, "open": True, "kind": "score", "task": "gsm8k", "metric": "acc",
+        "variant": "sp", "summary": "acc fell", "last_good": "run-1", "first_bad": "run-2",
+        "bisect": [{"component": "vllm", "before": "0.1", "after": "0.2"}],
+        "flipped": [{"doc_id": "7", "before": 1.0, "after": 0.0}],
+    }
+    vs = {"variant": "sp", "baseline": "run-1", "status": "DIVERGENT", "reasons": ["acc fell"],
+          "scores": [{"task": "gsm8k", "metric": "acc", "a_right_b_wrong": 3, "a_wrong_b_right": 0, "mcnemar_p": 0.01,
+                      "flipped": [{"doc_id": "7", "repeat": 1}]}]}
+    err = {"variant": "tp", "baseline": "run-1", "error": "cannot compare"}
+    return Judgement(run_id="night-1" + TEXT, status="REGRESSION", verdict="DIVERGENT" + TEXT, baseline="run-1" + TEXT,
+                     reasons=["strict-match fell"], vs_baseline=[poison(vs), poison(err)], changes=[poison(change)])

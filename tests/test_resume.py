@@ -1,0 +1,119 @@
+"""Continuing an interrupted run (evalpipe/resume.py): finished variants are kept after
+their artifacts are verified, a half-done variant starts again in a clean directory, and
+a different command, a finished run or damaged artifacts are refused in one sentence.
+Run directories built from fakes; the kill -9 / resume test with real engines is in
+tests/test_e2e_resume.py."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from fakes import make_samples, write_run
+from typer.testing import CliRunner
+
+from evalpipe import artifacts, integrity
+from evalpipe.artifacts import RunDir
+from evalpipe.cli import app
+from evalpipe.resume import ResumeRefused, first_difference, reopen
+
+RUN_FIELDS = {
+    "config": {"engine": {"max_num_seqs": 64}, "output": "reports/runs", "seed": 0},
+    "tasks": [{"task": "gsm8k_synth_4shot", "limit": 8}],
+    "variants": ["legacy", "sp", "bf16"],
+    "reference": "legacy",
+    "model": {"path": "builtin:tiny-gsm"},
+}
+
+
+def interrupted_run(root: Path) -> Path:
+    """legacy finished (manifest ok + artifacts record), sp stopped half-way (manifest
+    `running`), bf16 never started; a stale report from an earlier comparison."""
+    s = make_samples(6)
+    run_dir = write_run(root / "cut", {"legacy": s, "sp": s}, reference="legacy",
+                        run_info={**copy.deepcopy(RUN_FIELDS), "status": "interrupted", "interrupted_by": "SIGTERM",
+                                  "variant_status": {"legacy": {"exit_code": 0, "seconds": 9.0, "error": None}}})
+    legacy = RunDir(run_dir).variant("legacy")
+    manifest = artifacts.read_json(legacy.manifest)
+    manifest.update(status="ok", **{integrity.ARTIFACTS_KEY: integrity.describe_artifacts(legacy)})
+    artifacts.write_json(legacy.manifest, manifest)
+    sp = RunDir(run_dir).variant("sp")
+    artifacts.write_json(sp.manifest, {**artifacts.read_json(sp.manifest), "status": "running"})
+    (run_dir / "report.md").write_text("stale")
+    return run_dir
+
+
+def test_finished_variants_are_kept_and_the_rest_start_clean(tmp_path):
+    run_dir = interrupted_run(tmp_path)
+    info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+    assert kept == ["legacy"]
+    assert not (run_dir / "sp").exists(), "a half-done variant must start again from nothing"
+    assert (run_dir / "legacy" / "samples.parquet").is_file()
+    assert not (run_dir / "report.md").exists(), "a report of the earlier attempt must not stand beside the new run"
+    assert info["status"] == "running" and "interrupted_by" not in info
+    assert info["variant_status"] == {"legacy": {"exit_code": 0, "seconds": 9.0, "error": None}}
+    assert info["attempts"][-1]["kept"] == ["legacy"] and info["attempts"][-1]["previous_status"] == "interrupted"
+
+
+def test_a_variant_that_finished_as_evalpipe_died_is_kept_from_its_manifest(tmp_path):
+    run_dir = interrupted_run(tmp_path)
+    info = artifacts.read_json(RunDir(run_dir).run_json)
+    info["variant_status"] = {}  # killed before it could write the variant's status
+    artifacts.write_json(RunDir(run_dir).run_json, info)
+    info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+    assert kept == ["legacy"] and info["variant_status"]["legacy"]["exit_code"] == 0
+
+
+@pytest.mark.parametrize("change, where", [
+    (lambda f: f["config"]["engine"].update(max_num_seqs=1), "`config.engine.max_num_seqs`"),
+    (lambda f: f["tasks"][0].update(limit=9), "the tasks and --limit of this command"),
+    (lambda f: f["variants"].pop(), "the variants (--variants, --noise-floor) of this command"),
+    (lambda f: f["model"].update(path="/models/other"), "`model.path`"),
+])
+def test_another_command_is_refused_naming_the_difference(tmp_path, change, where):
+    run_dir = interrupted_run(tmp_path)
+    fresh = copy.deepcopy(RUN_FIELDS)
+    change(fresh)
+    with pytest.raises(ResumeRefused, match="cannot continue") as err:
+        reopen(run_dir, fresh)
+    assert where in str(err.value) and "unchanged" in str(err.value)
+    assert (run_dir / "sp").exists(), "a refused resume must change nothing"
+
+
+def test_the_output_root_alone_may_differ(tmp_path):
+    fresh = copy.deepcopy(RUN_FIELDS)
+    fresh["config"]["output"] = str(tmp_path)
+    assert reopen(interrupted_run(tmp_path), fresh)[1] == ["legacy"]
+
+
+def test_a_finished_run_is_not_continued(tmp_path):
+    run_dir = interrupted_run(tmp_path)
+    info = artifacts.read_json(RunDir(run_dir).run_json)
+    artifacts.write_json(RunDir(run_dir).run_json, {**info, "status": "ok", "verdict": "EQUIVALENT"})
+    with pytest.raises(ResumeRefused, match="has already finished \\(verdict EQUIVALENT\\)"):
+        reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+
+
+def test_a_kept_variant_with_altered_artifacts_is_refused(tmp_path):
+    run_dir = interrupted_run(tmp_path)
+    samples = run_dir / "legacy" / "samples.parquet"
+    samples.write_bytes(samples.read_bytes()[:-10])
+    with pytest.raises(ResumeRefused, match="samples.parquet does not match its manifest"):
+        reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+
+
+def test_first_difference_names_the_path():
+    assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 3]}}) == "a.b[1]"
+    assert first_difference({"a": 1}, {"a": 1, "c": 2}) == "c"
+    assert first_difference([1], [1, 2]) == "the whole value"
+    assert first_difference({"x": [1]}, {"x": [1]}) is None
+
+
+def test_resume_on_the_command_line_needs_a_run_directory(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["run", "gsm8k", "--resume", str(tmp_path / "nothing")])
+    assert out.exit_code == 2 and "not a run directory (no run.json there)" in out.output
+    run_dir = interrupted_run(tmp_path)
+    out = runner.invoke(app, ["run", "gsm8k", "--resume", str(run_dir), "--run-id", "other"])
+    assert out.exit_code == 2 and "name different runs" in out.output

@@ -1,0 +1,89 @@
+"""The no-progress watchdog's bookkeeping (pure) and run_worker enforcing it on a real
+child process that stops talking (a stand-in interpreter: no engine is needed to be silent)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from pathlib import Path
+
+from evalpipe.launch import run_worker
+from evalpipe.plan import PlannedVariant
+from evalpipe.watchdog import Watchdog
+from processes import wait_gone
+
+
+def progress(done: int, total: int = 8, phase: str = "generate") -> dict:
+    return {"event": "progress", "task": "gsm8k", "phase": phase, "done": done, "total": total}
+
+
+def test_not_armed_until_the_engine_is_up():
+    dog = Watchdog(10)
+    dog.see({"event": "stage", "stage": "engine", "message": "starting engine"}, 0)
+    assert not dog.stalled(1000), "a slow engine start is not the watchdog's business"
+    dog.see({"event": "stage", "stage": "engine_ready", "message": "engine ready"}, 100)
+    assert not dog.stalled(110) and dog.stalled(110.5)
+
+
+def test_only_a_finished_request_or_a_new_stage_counts_as_progress():
+    dog = Watchdog(10)
+    dog.see(progress(1), 0)
+    dog.see(progress(1), 8)  # the same count again: no request finished
+    assert dog.stalled(10.5)
+    dog.see(progress(2), 10.5)
+    assert not dog.stalled(20) and dog.stalled(21)
+    assert "gsm8k generate 2/8 requests" in dog.describe(21)
+    dog.see(progress(0, 4, phase="loglikelihood"), 21)  # another phase starts from zero
+    assert not dog.stalled(30)
+    dog.see({"event": "stage", "stage": "teacher", "message": "teacher forcing"}, 30)
+    assert not dog.stalled(39) and "teacher forcing" in dog.describe(41)
+
+
+def test_no_limit_never_stalls():
+    dog = Watchdog(None)
+    dog.see(progress(1), 0)
+    assert not dog.stalled(1e9)
+
+
+def fake_interpreter(tmp_path: Path, events: list[dict], then: str) -> str:
+    """An executable standing in for the variant's Python: prints ``events`` as the worker
+    would, then runs ``then`` (e.g. `sleep 600`, a hang)."""
+    script = tmp_path / "fake-python"
+    lines = "\n".join(f"echo '{json.dumps(e)}'" for e in events)
+    script.write_text(f"#!/bin/bash\n{lines}\n{then}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def variant(tmp_path: Path, python: str, run_id: str) -> PlannedVariant:
+    return PlannedVariant(name="v", description="", python=python, env_overrides={}, engine_args={}, run_id=run_id)
+
+
+def test_a_silent_worker_is_stopped_by_the_stall_limit(tmp_path):
+    python = fake_interpreter(tmp_path, [{"event": "stage", "stage": "engine_ready"}, progress(3)],
+                              "echo 'engine: waiting in a collective' >&2; sleep 600")
+    started = time.monotonic()
+    outcome = run_worker(variant(tmp_path, python, "stall-unit"), {}, tmp_path / "v", lambda e: None,
+                         stall_timeout_s=2)
+    assert time.monotonic() - started < 10
+    assert outcome.stalled and outcome.exit_code == 3
+    assert "made no progress for 2s" in outcome.error and "gsm8k generate 3/8 requests" in outcome.error
+    assert "engine: waiting in a collective" in outcome.error, "the engine log's tail belongs in the error"
+    assert wait_gone("stall-unit", 5) == []
+
+
+def test_the_overall_time_limit_fires_on_a_worker_that_says_nothing(tmp_path):
+    # Before the reader thread, a worker that printed nothing blocked the loop that checks --timeout.
+    python = fake_interpreter(tmp_path, [], "sleep 600")
+    started = time.monotonic()
+    outcome = run_worker(variant(tmp_path, python, "timeout-unit"), {}, tmp_path / "v", lambda e: None, timeout_s=1.5)
+    assert time.monotonic() - started < 10
+    assert not outcome.stalled and outcome.exit_code == 3 and "exceeded its time limit of 1.5s" in outcome.error
+    assert wait_gone("timeout-unit", 5) == []
+
+
+def test_a_worker_that_finishes_keeps_its_exit_code(tmp_path):
+    python = fake_interpreter(tmp_path, [{"event": "error", "message": "task `x` failed: boom"}], "exit 2")
+    outcome = run_worker(variant(tmp_path, python, "exit-unit"), {}, tmp_path / "v", lambda e: None, stall_timeout_s=60)
+    assert outcome.exit_code == 2 and outcome.error == "task `x` failed: boom" and not outcome.stalled
