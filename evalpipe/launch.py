@@ -217,9 +217,23 @@ def run_worker(
     if cause:
         outcome.exit_code, outcome.error = 3, cause
     if outcome.exit_code != 0 and outcome.error is None:
-        outcome.error = f"worker of variant `{variant.name}` exited with code {proc.returncode}; see {log_path or vdir.engine_log}"
+        outcome.error = silent_exit_message(variant.name, proc.returncode, log_path or vdir.engine_log)
     outcome.seconds = time.time() - started
     return outcome
+
+
+def silent_exit_message(name: str, code: int, log: Path) -> str:
+    """The cause of a worker's end when it could not say it itself (killed, or died in
+    native code): the signal by name, what usually sends it, and the log's last lines."""
+    number = -code if code < 0 else code - 128 if code > 128 else None
+    try:
+        how = f"was killed by {signal.Signals(number).name}" if number else f"exited with code {code}"
+    except ValueError:
+        how = f"exited with code {code}"
+    why = {signal.SIGKILL: " (the kernel's out-of-memory killer sends it when memory runs out: see `dmesg`)",
+           signal.SIGSEGV: " (a crash in native code: vLLM, torch or a device library)",
+           signal.SIGABRT: " (an abort in native code: vLLM, torch or a device library)"}.get(number, "")
+    return f"the worker of variant `{name}` {how}{why} without saying why.\nlast lines of {log}:\n{log_tail(log)}"
 
 
 def _parse(line: str) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ running the same command again with the same `--run-id` (or `--resume RUN_DIR`).
 variants that had finished are kept as they are, after their artifacts are checked
 against their manifests (evalpipe/integrity.py); a variant that had not finished starts
 again from its beginning, in a clean directory. The invocation must describe the same
-run: the same config, tasks and limits, variants and reference, and model.
+run: the same config, tasks and limits, variants and reference, and model files.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ SAME = (
     ("tasks", "tasks and --limit"),
     ("variants", "variants (--variants, --noise-floor)"),
     ("reference", "reference"),
-    ("model", "model"),
-)
+)  # the model is the config's model.path; that its files are the same is checked once it is resolved (fingerprint)
 # Outputs of a comparison, rewritten when the resumed run ends (a stale one must not
 # stand beside a run that has changed since).
 COMPARISON_OUTPUTS = ("compare.json", "report.md", "report.html", "junit.xml")
@@ -65,8 +64,6 @@ def _comparable(info: dict[str, Any], key: str) -> Any:
     value = _plain(info.get(key))
     if key == "config" and isinstance(value, dict):
         value.pop("output", None)  # where the run lives, not what it is (--resume names it directly)
-    if key == "model" and isinstance(value, dict):
-        value = {"path": value.get("path")}  # the rest is filled in when the model is resolved
     return value
 
 

@@ -243,7 +243,7 @@ def compare_across_runs(
 
 
 def write_outputs(
-    run_dir: Path, run_comparison: RunComparison, run_info: dict[str, Any] | None = None
+    run_dir: Path, run_comparison: RunComparison, run_info: dict[str, Any] | None = None, *, plots: bool = True
 ) -> dict[str, Path]:
     """Write compare.json, report.md, report.html and junit.xml atomically.
 
@@ -256,5 +256,5 @@ def write_outputs(
     artifacts.write_json(rd.compare_json, data)
     artifacts.write_text(rd.junit_xml, render_junit(data))
     artifacts.write_text(rd.report_md, render_markdown(data, run_info))
-    artifacts.write_text(rd.report_html, render_html(data, run_info))
+    artifacts.write_text(rd.report_html, render_html(data, run_info, plots=plots))
     return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}

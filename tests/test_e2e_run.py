@@ -272,8 +272,9 @@ def run_and_kill_at(args: list[str], cwd: Path, run_id: str, variant: str | None
 
     from processes import wait_gone
 
+    err = open(cwd / f"{run_id}.stderr", "w+")  # noqa: SIM115 - read back on failure
     proc = subprocess.Popen([sys.executable, "-m", "evalpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stderr=err, text=True, start_new_session=True)
     seen, current = [], None
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -284,7 +285,8 @@ def run_and_kill_at(args: list[str], cwd: Path, run_id: str, variant: str | None
             os.kill(proc.pid, signal.SIGKILL)  # evalpipe only: nothing of it gets to clean up
             break
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before `{marker}` of {variant}:\n{''.join(seen)[-3000:]}"
+    err.seek(0)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before `{marker}` of {variant}:\n{''.join(seen)[-3000:]}{err.read()[-3000:]}"
     assert wait_gone(run_id, 60) == [], "processes outlived evalpipe's SIGKILL"
     return "".join(seen)
 

@@ -210,9 +210,10 @@ def wait_for_served_generation(proc: subprocess.Popen, run_dir: Path, timeout: f
     raise AssertionError(f"evalpipe ended before the served variant generated: {proc.wait()} {proc.stderr.read()[-2000:]}")
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupt_stops_every_process_the_run_started(tmp_path, sig, code):
-    run_id = f"int{int(sig)}"
+def test_ctrl_c_stops_every_process_the_run_started(tmp_path):
+    # SIGTERM, the polite stop a CI cancel sends, is the first signal of the next test
+    sig, code = signal.SIGINT, 130
+    run_id = "ctrl-c"
     proc, run_dir = start_served_run(tmp_path, run_id, served_first=True)
     try:
         wait_for_served_generation(proc, run_dir)
@@ -246,10 +247,10 @@ def test_evalpipe_killed_with_sigkill_takes_its_workers_and_servers_along(tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_a_second_ctrl_c_stops_at_once_what_the_first_stops_politely(tmp_path):
+def test_sigterm_stops_politely_and_a_second_signal_at_once(tmp_path):
     """A server behind a launcher that takes no SIGTERM (as `docker exec` or an ssh
-    without -tt forwards none) and a long stop_grace_s: the first Ctrl-C waits for it,
-    the second kills every group at once."""
+    without -tt forwards none) and a long stop_grace_s: SIGTERM (a CI cancel) stops the
+    run in order and waits for it; a Ctrl-C after that kills every group at once."""
     run_id = "twice"
     stubborn = ["bash", "-c", "trap '' TERM; \"$@\"; sleep 600", "stubborn-launcher"]
     served = {"served": {"env": {"EVALPIPE_LAYOUT": "sp"},
@@ -257,15 +258,16 @@ def test_a_second_ctrl_c_stops_at_once_what_the_first_stops_politely(tmp_path):
     proc, run_dir = start_served_run(tmp_path, run_id, variants=served)
     try:
         wait_for_served_generation(proc, run_dir)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         time.sleep(5)
-        assert proc.poll() is None, "the first Ctrl-C should still be waiting for the stubborn launcher (stop_grace_s 600)"
+        assert proc.poll() is None, "SIGTERM should still be waiting for the stubborn launcher (stop_grace_s 600)"
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
-        assert wait_gone(run_id, 5) == [], "processes of the run survived the second Ctrl-C"
+        assert proc.wait(timeout=30) == 143  # the run ends as the first signal asked
+        assert wait_gone(run_id, 5) == [], "processes of the run survived the second signal"
         assert time.monotonic() - started < 15
-        assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGTERM"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -153,3 +153,11 @@ def test_html_text_shows_control_characters():
     assert html_text("a\x00b\x1bc\nd\te\u2028") == "a\\u0000b\\u001bc\nd\te\\u2028"
     assert html_text("abcdef", 3) == "abc\u2026"
     assert html_text(None) == ""
+
+
+def test_a_page_without_plots_says_so_and_keeps_everything_else(html):
+    bare = render_html(make_compare(), RUN_INFO, plots=False)
+    assert "data:image/png" in html and "data:image/png" not in bare
+    assert "Plots were not drawn for this page" in bare
+    strip = lambda page: re.sub(r"<figure.*?</figure>|<img[^>]*>|<p class=\"muted\">[^<]*</p>", "", page, flags=re.S)  # noqa: E731
+    assert len(bare) < len(html) and strip(bare).count("<table") == strip(html).count("<table")

@@ -69,7 +69,7 @@ def test_a_variant_that_finished_as_evalpipe_died_is_kept_from_its_manifest(tmp_
     (lambda f: f["config"]["engine"].update(max_num_seqs=1), "`config.engine.max_num_seqs`"),
     (lambda f: f["tasks"][0].update(limit=9), "the tasks and --limit of this command"),
     (lambda f: f["variants"].pop(), "the variants (--variants, --noise-floor) of this command"),
-    (lambda f: f["model"].update(path="/models/other"), "`model.path`"),
+    (lambda f: f["config"].update(model={"path": "/models/other"}), "`config.model`"),
 ])
 def test_another_command_is_refused_naming_the_difference(tmp_path, change, where):
     run_dir = interrupted_run(tmp_path)

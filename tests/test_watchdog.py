@@ -87,3 +87,12 @@ def test_a_worker_that_finishes_keeps_its_exit_code(tmp_path):
     python = fake_interpreter(tmp_path, [{"event": "error", "message": "task `x` failed: boom"}], "exit 2")
     outcome = run_worker(variant(tmp_path, python, "exit-unit"), {}, tmp_path / "v", lambda e: None, stall_timeout_s=60)
     assert outcome.exit_code == 2 and outcome.error == "task `x` failed: boom" and not outcome.stalled
+
+
+def test_a_worker_killed_without_a_word_is_named_by_its_signal(tmp_path):
+    python = fake_interpreter(tmp_path, [{"event": "stage", "stage": "engine_ready"}],
+                              "echo 'loading 40 GiB of weights' >&2; kill -KILL $$")
+    outcome = run_worker(variant(tmp_path, python, "killed-unit"), {}, tmp_path / "v", lambda e: None)
+    assert outcome.exit_code == 128 + 9
+    assert outcome.error.startswith("the worker of variant `v` was killed by SIGKILL (the kernel's out-of-memory killer")
+    assert "loading 40 GiB of weights" in outcome.error

@@ -32,6 +32,9 @@ def status_class(status: Any) -> str:
     return s.lower() if s in KNOWN_STATUSES else "unknown"
 
 
+_NOT_DRAWN = {"png": None, "alt": "", "note": "Plots were not drawn for this page (a simulated night); compare.json holds the figures."}
+
+
 def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The task's two plots, or for each a line saying why there is none."""
     # matplotlib is slow to import and only report.html needs it
@@ -83,15 +86,17 @@ def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def render_html(compare: Any, run_info: dict[str, Any] | None = None) -> str:
-    """report.html from the compare.json dict and run.json."""
+def render_html(compare: Any, run_info: dict[str, Any] | None = None, *, plots: bool = True) -> str:
+    """report.html from the compare.json dict and run.json. ``plots=False`` leaves the
+    plots out (a line says so): drawing them is most of the page's cost, which a
+    simulated history of many nights need not pay for every night."""
     compare = as_dict(compare)
     view = build_view(compare, run_info, html_text)
     for c in view["comparisons"]:
         for t in c["tasks"]:
-            t["plots"] = _plots(t["data"])
+            t["plots"] = _plots(t["data"]) if plots else [_NOT_DRAWN]
             if t.get("by_length"):
-                t["by_length"]["plots"] = _length_plots(t["by_length"]["data"])
+                t["by_length"]["plots"] = _length_plots(t["by_length"]["data"]) if plots else [_NOT_DRAWN]
     env = template_environment(autoescape=True)
     env.filters["status_class"] = status_class
     return env.get_template(TEMPLATE_NAME).render(**view)
