@@ -469,11 +469,10 @@ class History:
             ))
 
     def pin_baseline(self, run_id: str, variant: str | None = None) -> None:
-        row = self.run(run_id)
+        self.run(run_id)  # HistoryError for a run the history does not hold
         if variant is not None and variant not in {v["name"] for v in self.variants_of(run_id)}:
             names = ", ".join(v["name"] for v in self.variants_of(run_id))
             raise HistoryError(f"run {run_id} has no variant {variant!r} (it has {names}); pass one of them to --variant.")
-        del row
         with self.engine.begin() as conn:
             conn.execute(baselines.insert().values(variant=variant, run_id=run_id, pinned_at=time.time()))
 

@@ -67,11 +67,17 @@ class Judgement:
 # ---------------------------------------------------------------------------
 
 
-def baseline_for(history: History, run_id: str, nights: list[dict[str, Any]]) -> str | None:
-    """The last earlier night that passed (a pinned baseline wins over it: see judge)."""
-    tonight = history.run(run_id)["started_at"]
-    earlier = [n for n in nights if n["run_id"] != run_id and n["started_at"] <= tonight]
-    passing = [n for n in earlier if n.get("nightly_status") == "PASS"]
+def baseline_of(history: History, variant: str, nights: list[dict[str, Any]], tonight: str | None = None) -> str | None:
+    """The night ``variant`` is judged against: the pinned baseline, else the last night
+    of the series that passed (before ``tonight``, when tonight is already recorded).
+    One rule for both uses: the teacher pass before the run, the judgement after it."""
+    pinned = history.pinned_baseline(variant)
+    if pinned is not None:
+        return pinned
+    if tonight is not None:
+        started = history.run(tonight)["started_at"]
+        nights = [n for n in nights if n["run_id"] != tonight and n["started_at"] <= started]
+    passing = [n for n in nights if n.get("nightly_status") == "PASS"]
     return passing[-1]["run_id"] if passing else None
 
 
@@ -286,7 +292,7 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
     for v in history.variants_of(run_id):
         if v["role"] == "aa":
             continue
-        base = history.pinned_baseline(v["name"]) or baseline_for(history, run_id, nights)
+        base = baseline_of(history, v["name"], nights, tonight=run_id)
         if base is None or base == run_id:
             continue
         j.baseline = j.baseline or base
@@ -584,11 +590,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
 def baseline_reference_dir(history: History, config_hash: str, reference: str) -> Path | None:
     """The reference directory of the night tonight will be judged against, when its
     artifacts are still there (pinned, else the last passing night of this config)."""
-    nights = history.runs(kind="nightly", config_hash=config_hash)
-    base = history.pinned_baseline(reference)
-    if base is None:
-        passing = [n for n in nights if n.get("nightly_status") == "PASS"]
-        base = passing[-1]["run_id"] if passing else None
+    base = baseline_of(history, reference, history.runs(kind="nightly", config_hash=config_hash))
     if base is None:
         return None
     ref_dir = Path(history.run(base)["run_dir"]) / reference
