@@ -4,7 +4,8 @@ A run stopped by Ctrl-C, SIGTERM, kill -9, a crash or a failed variant is contin
 running the same command again with the same `--run-id` (or `--resume RUN_DIR`). The
 variants that had finished are kept as they are, after their artifacts are checked
 against their manifests (evalpipe/integrity.py); a variant that had not finished starts
-again from its beginning, in a clean directory. The invocation must describe the same
+again from its beginning in a clean directory, except that a variant talking to a server
+keeps its request journal (evalpipe/worker/journal.py) and asks only what it lacks. The invocation must describe the same
 run: the same config, tasks and limits, variants and reference, and model files.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
+from evalpipe.worker.journal import JOURNAL_FILE
 
 # run.json fields that must be the same for a run to be continued, and how to name them.
 SAME = (
@@ -105,7 +107,7 @@ def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[s
                 raise ResumeRefused(str(err)) from None
             kept.append(name)
         elif vdir.root.exists():
-            shutil.rmtree(vdir.root)  # half a variant is not kept: it starts again, as if new
+            _clear_but_journal(vdir.root)
     for name in COMPARISON_OUTPUTS:
         (run_dir / name).unlink(missing_ok=True)
     attempt = {"at": time.time(), "kept": kept, "previous_status": stored.get("status")}
@@ -117,6 +119,18 @@ def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[s
     for key in ("verdict", "error", "failed_variants", "interrupted_by", "interrupted_at", "finished_variants"):
         stored.pop(key, None)
     return stored, kept
+
+
+def _clear_but_journal(vdir: Path) -> None:
+    """Half a variant starts again as if new, except for its request journal (a variant
+    that talks to a server): the answers it had received are not asked for again."""
+    for entry in vdir.iterdir():
+        if entry.name == JOURNAL_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _finished(vdir: artifacts.VariantDir) -> bool:

@@ -20,6 +20,7 @@ from evalpipe.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.progress import ProgressView
 from evalpipe.redact import redact
 from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
+from evalpipe.worker.journal import JOURNAL_FILE
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
 PASSING_STATUSES = ("IDENTICAL", "EQUIVALENT")
@@ -89,6 +90,7 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         "run_id": plan.run_id,
         "output_dir": str(variant_dir),
         "engine_kind": "offline" if variant.launch.mode == "offline" else "http",
+        "journal": None if variant.launch.mode == "offline" else JOURNAL_FILE,  # a file of the variant directory
         "launch_mode": variant.launch.mode,
         # every variant's manifest hides the keys any variant reads (they share one environment)
         "secret_env": sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),

@@ -4,6 +4,7 @@ In-process (typer's runner): every case fails before anything starts."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from evalpipe.cli import app
+
+# The interpreter the project's venv was made from: Python without vLLM (the venv has it).
+BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / "python3")
 
 GOOD = {
     "model": {"path": "builtin:tiny-gsm"},
@@ -105,6 +109,8 @@ CASES = [
     ("data-missing", with_(tasks=data_task("missing.jsonl")), [], ["missing.jsonl does not exist"]),
     ("data-not-objects", with_(tasks=data_task("list.jsonl")), [], ["list.jsonl, line 1: a list, not an object"]),
     ("python-missing", with_(variants={"a": {}, "b": {"python": "/nonexistent/bin/python"}}), [], ["/nonexistent/bin/python"]),
+    ("python-without-vllm", with_(variants={"a": {}, "b": {"python": BASE_PYTHON}}), [],
+     [f"{BASE_PYTHON} cannot import vllm", "point the variant's `python:` at one that has it"]),
 ]
 
 

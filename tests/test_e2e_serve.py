@@ -229,13 +229,18 @@ def test_ctrl_c_stops_every_process_the_run_started(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_evalpipe_killed_with_sigkill_takes_its_workers_and_servers_along(tmp_path):
+def test_evalpipe_killed_with_sigkill_takes_its_workers_and_servers_along_and_the_run_resumes(tmp_path):
     """kill -9 leaves evalpipe no chance to clean up: the guards notice its end (their
-    stdin pipe closes) and stop the server's and the worker's process groups."""
+    stdin pipe closes) and stop the server's and the worker's process groups. The same
+    command again continues the run: the answers the server had given (the variant's
+    request journal) are not asked again."""
+    from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+
     run_id = "kill9"
-    proc, _ = start_served_run(tmp_path, run_id, served_first=True)
+    served = {"served": {"env": {"EVALPIPE_LAYOUT": "sp"}, "launch": {"mode": "serve"}}}
+    proc, run_dir = start_served_run(tmp_path, run_id, variants=served)
     try:
-        wait_for_served_generation(proc, tmp_path)
+        wait_for_served_generation(proc, run_dir)
         assert len(processes_of(run_id)) >= 4, "expected evalpipe, the server (and its engine core) and the worker"
         os.kill(proc.pid, signal.SIGKILL)  # evalpipe alone, not its group
         proc.wait()
@@ -245,6 +250,17 @@ def test_evalpipe_killed_with_sigkill_takes_its_workers_and_servers_along(tmp_pa
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    answered = RequestJournal(run_dir / "served" / JOURNAL_FILE).loaded
+    assert answered >= 1, "the journal should hold the answers that had arrived"
+    again, _ = start_served_run(tmp_path, run_id, variants=served)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, out[-2000:] + err[-2000:]
+    assert "continuing the interrupted run; no variant had finished" in " ".join(out.split())
+    manifest = json.loads((run_dir / "served" / "manifest.json").read_text())
+    journal = manifest["engine"]["journal"]
+    assert journal["answers_found"] == answered and journal["answers_reused"] == answered, journal
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+    print(f"continued: {answered} of the served variant's answers came from its journal")
 
 
 def test_sigterm_stops_politely_and_a_second_signal_at_once(tmp_path):

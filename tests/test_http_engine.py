@@ -151,3 +151,38 @@ def test_end_of_sequence_id_comes_from_the_local_tokenizer_or_says_how_to_get_it
     monkeypatch.setattr(engine, "_try_get", lambda path: None)  # a server without /tokenizer_info
     with pytest.raises(ServerError, match="--enable-tokenizer-info-endpoint"):
         _ = engine.eos_token_id
+
+
+def test_the_journal_answers_what_an_earlier_attempt_already_asked(tmp_path):
+    """A worker killed mid-task, started again: the completions it had received come from
+    its journal, only the rest go to the server. Tokenizing is always asked again."""
+    import asyncio
+
+    from evalpipe.worker.http_engine import ServerSettings
+    from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+
+    server = _Counting(200)
+    path = tmp_path / JOURNAL_FILE
+    bodies = [{"prompt": [1, 2, i]} for i in range(4)]
+    labels = [f"doc {i}" for i in range(4)]
+    try:
+        def engine() -> HttpEngine:
+            return HttpEngine(ServerSettings(url=server.url, concurrency=2), lazy=True, journal=RequestJournal(path))
+
+        first = engine()
+        asyncio.run(first._post_all("/v1/completions", bodies[:3], None, labels[:3]))  # killed after three
+        first.journal.close()
+        with open(path, "a") as fh:
+            fh.write('{"key": "cut sho')  # the line the kill cut short
+        assert server.count == 3
+        again = engine()
+        answers = asyncio.run(again._post_all("/v1/completions", bodies, None, labels))
+        assert server.count == 4, "only the request the first attempt never got an answer to is sent"
+        assert answers == [{"error": "refused"}] * 4
+        assert again.journal.summary() == {"file": JOURNAL_FILE, "answers_found": 3, "answers_reused": 3}
+        asyncio.run(again._post_all("/tokenize", bodies[:1], None, labels[:1]))
+        assert server.count == 5
+        again.journal.close()
+        assert RequestJournal(path).loaded == 4, "the cut line is skipped and does not spoil the next one"
+    finally:
+        server.close()

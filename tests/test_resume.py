@@ -17,6 +17,7 @@ from evalpipe import artifacts, integrity
 from evalpipe.artifacts import RunDir
 from evalpipe.cli import app
 from evalpipe.resume import ResumeRefused, first_difference, reopen
+from evalpipe.worker.journal import JOURNAL_FILE
 
 RUN_FIELDS = {
     "config": {"engine": {"max_num_seqs": 64}, "output": "reports/runs", "seed": 0},
@@ -40,6 +41,7 @@ def interrupted_run(root: Path) -> Path:
     artifacts.write_json(legacy.manifest, manifest)
     sp = RunDir(run_dir).variant("sp")
     artifacts.write_json(sp.manifest, {**artifacts.read_json(sp.manifest), "status": "running"})
+    (sp.root / JOURNAL_FILE).write_text('{"key": "k", "answer": {}}\n')
     (run_dir / "report.md").write_text("stale")
     return run_dir
 
@@ -48,7 +50,8 @@ def test_finished_variants_are_kept_and_the_rest_start_clean(tmp_path):
     run_dir = interrupted_run(tmp_path)
     info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
     assert kept == ["legacy"]
-    assert not (run_dir / "sp").exists(), "a half-done variant must start again from nothing"
+    assert [p.name for p in (run_dir / "sp").iterdir()] == [JOURNAL_FILE], \
+        "a half-done variant starts again from nothing but the answers its server already gave"
     assert (run_dir / "legacy" / "samples.parquet").is_file()
     assert not (run_dir / "report.md").exists(), "a report of the earlier attempt must not stand beside the new run"
     assert info["status"] == "running" and "interrupted_by" not in info

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
@@ -276,14 +277,18 @@ def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
 
 
 def build_engine(kind: str, engine_args: dict[str, Any], server: dict[str, Any] | None = None,
-                 on_wait: Callable[[float], None] | None = None) -> Engine:
+                 on_wait: Callable[[float], None] | None = None, journal: Path | None = None) -> Engine:
     """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
-    (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready."""
+    (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready,
+    answering from ``journal`` (worker/journal.py) what an earlier attempt already asked.
+    The offline engine keeps no journal: vLLM's LLM.generate returns all answers at once."""
     if kind == "offline":
         return OfflineEngine(engine_args)
     if kind == "http":
         from evalpipe.worker.http_engine import HttpEngine, ServerSettings
+        from evalpipe.worker.journal import RequestJournal
 
         # lazy: lm-eval builds its requests while the server is still starting
-        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait, lazy=True)
+        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait, lazy=True,
+                          journal=RequestJournal(journal) if journal is not None else None)
     raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")

@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import httpx
 
 from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
+from evalpipe.worker.journal import RequestJournal, request_key
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -134,9 +135,11 @@ class HttpEngine:
     still loading the model; ``ready_wait_s`` is the time then spent waiting for it (and
     loading the tokenizer): engine start, not task time."""
 
-    def __init__(self, settings: ServerSettings, on_wait: Callable[[float], None] | None = None, lazy: bool = False):
+    def __init__(self, settings: ServerSettings, on_wait: Callable[[float], None] | None = None, lazy: bool = False,
+                 journal: RequestJournal | None = None):
         self.settings = settings
         self._on_wait = on_wait
+        self.journal = journal  # completions answered before a kill are not asked again
         self._client: httpx.Client | None = None
         self.ready_wait_s: float | None = None
         if not lazy:
@@ -183,8 +186,10 @@ class HttpEngine:
 
     async def _post_all(self, path: str, bodies: list[dict[str, Any]], progress: ProgressFn | None,
                         labels: Sequence[str]) -> list[Any]:
-        """POST every body with at most `concurrency` in flight; answers in input order."""
+        """POST every body with at most `concurrency` in flight; answers in input order.
+        Completions go through the journal; tokenizing is cheap and is asked again."""
         limit = asyncio.Semaphore(self.settings.concurrency)
+        journal = self.journal if path == "/v1/completions" else None
         done = 0
         limits = httpx.Limits(max_connections=self.settings.concurrency, max_keepalive_connections=self.settings.concurrency)
         async with httpx.AsyncClient(base_url=self.settings.url, timeout=self.settings.request_timeout_s,
@@ -192,8 +197,13 @@ class HttpEngine:
 
             async def one(body: dict[str, Any], label: str) -> Any:
                 nonlocal done
-                async with limit:
-                    answer = await self._with_retries(lambda: client.post(path, json=body), label)
+                key = request_key(path, body) if journal is not None else None
+                answer = journal.get(key) if journal is not None and key is not None else None
+                if answer is None:
+                    async with limit:
+                        answer = await self._with_retries(lambda: client.post(path, json=body), label)
+                    if journal is not None and key is not None:
+                        journal.put(key, answer)
                 done += 1
                 if progress is not None:
                     progress(done, len(bodies))
@@ -350,9 +360,12 @@ class HttpEngine:
     def info(self) -> dict[str, Any]:
         self._connect()
         return {"kind": "http", "max_model_len": self._max_model_len, "model": self.model, "server": self._server,
-                "ready_wait_s": self.ready_wait_s, "tokenized_by": self.tokenized_by}
+                "ready_wait_s": self.ready_wait_s, "tokenized_by": self.tokenized_by,
+                "journal": self.journal.summary() if self.journal is not None else None}
 
     def close(self) -> None:
         """Only the connection: whoever started the server stops it."""
         if self._client is not None:
             self._client.close()
+        if self.journal is not None:
+            self.journal.close()

@@ -255,7 +255,8 @@ def run(job: dict[str, Any], events: Events) -> int:
             if int(seconds) % 10 == 0:
                 events.emit("stage", stage="engine", message=f"waiting for the server at {job['server']['url']} ({seconds:.0f}s)")
 
-        engine = build_engine(job.get("engine_kind", "offline"), job["engine_args"], job.get("server"), on_wait=waiting)
+        engine = build_engine(job.get("engine_kind", "offline"), job["engine_args"], job.get("server"), on_wait=waiting,
+                              journal=out.root / job["journal"] if job.get("journal") else None)
     except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
         traceback.print_exc()
         msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
@@ -372,6 +373,9 @@ def run(job: dict[str, Any], events: Events) -> int:
                 events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
         if code != EXIT_OK:
             return finish("failed", code, error=error, n_samples=len(all_rows))
+    journal = getattr(engine, "journal", None)
+    if journal is not None:  # teacher forcing's requests included
+        manifest["engine"]["journal"] = journal.summary()
     engine.close()
     timings["total_s"] = time.time() - started
     code = finish("ok", EXIT_OK, n_samples=len(all_rows))

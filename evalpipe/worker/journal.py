@@ -1,0 +1,62 @@
+"""The per-request journal of a variant that talks to a server: every finished request's
+answer, one JSON line each, appended and flushed as it arrives.
+
+A run continued after a kill (evalpipe/resume.py keeps this file of an unfinished
+variant) answers the requests it finds here from the journal and sends only the rest:
+a kill -9 loses at most the requests that were in flight. The key is the request
+itself (path and body, which carry the prompt's token ids and every sampling setting),
+so an answer is only ever reused for the very same request. A line cut short by the
+kill is ignored. Flushing hands each line to the kernel, which keeps it through the
+death of the process; only the machine's own crash could lose the last lines.
+
+Standard library only (the worker runs under any variant's interpreter).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+JOURNAL_FILE = "requests.journal.jsonl"
+
+
+def request_key(path: str, body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps([path, body], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class RequestJournal:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._answers: dict[str, Any] = {}
+        if self.path.is_file():
+            with open(self.path, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        entry = json.loads(line)
+                        self._answers[entry["key"]] = entry["answer"]
+                    except (ValueError, KeyError, TypeError):
+                        continue  # the line the kill cut short
+        self.loaded = len(self._answers)
+        self.reused = 0
+        self._out = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the engine's life
+        if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+            self._out.write("\n")  # end the cut line, or the next answer would be glued to it
+
+    def get(self, key: str) -> Any | None:
+        answer = self._answers.get(key)
+        if answer is not None:
+            self.reused += 1
+        return answer
+
+    def put(self, key: str, answer: Any) -> None:
+        self._answers[key] = answer
+        self._out.write(json.dumps({"key": key, "answer": answer}, separators=(",", ":")) + "\n")
+        self._out.flush()
+
+    def summary(self) -> dict[str, Any]:
+        return {"file": self.path.name, "answers_found": self.loaded, "answers_reused": self.reused}
+
+    def close(self) -> None:
+        self._out.close()
