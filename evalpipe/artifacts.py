@@ -97,17 +97,19 @@ def _umask() -> int:
     return current
 
 
-def _temp_beside(path: Path) -> tuple[int, str]:
+def _temp_beside(path: Path, private: bool = False) -> tuple[int, str]:
     """A temp file next to `path` (same file system, so the final rename is atomic),
-    with the permissions a plain open() would have given (mkstemp makes it 0600)."""
+    with the permissions a plain open() would have given (mkstemp makes it 0600);
+    ``private``: left 0600, for a file that keeps credentials unredacted."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o666 & ~_umask())
+    if not private:
+        os.fchmod(fd, 0o666 & ~_umask())
     return fd, tmp
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = _temp_beside(path)
+def _atomic_write_bytes(path: Path, data: bytes, private: bool = False) -> None:
+    fd, tmp = _temp_beside(path, private)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -119,17 +121,18 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(Path(path), text.encode("utf-8"))
+def write_text(path: Path, text: str, *, private: bool = False) -> None:
+    """``private``: owner-only (0600), for a file with credentials (job.json, server-args.yaml)."""
+    _atomic_write_bytes(Path(path), text.encode("utf-8"), private)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
     _atomic_write_bytes(Path(path), data)
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any, *, private: bool = False) -> None:
     """Stable JSON (sorted keys, fixed indent) so equal content gives equal bytes."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n", private=private)
 
 
 def read_json(path: Path) -> Any:

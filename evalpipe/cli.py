@@ -244,7 +244,24 @@ def calibrate(
     from evalpipe.plan import split_csv
 
     names = split_csv(faults) or None
-    _exit_with(lambda: run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run))
+
+    def job() -> int:
+        with _writing_into(from_run):
+            return run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run)
+
+    _exit_with(job)
+
+
+def _writing_into(from_run: Optional[Path]):
+    """--from-run rewrites files of a finished run (nightly.*, compare.json, the reports):
+    like `evalpipe compare`, not while another process writes that run."""
+    from contextlib import nullcontext
+
+    from evalpipe.rundir_lock import holding_run_dir
+
+    if from_run is None or not (from_run / "run.json").is_file():
+        return nullcontext()  # no run there to protect (and no .lock to leave in a stray directory): the command says what is wrong
+    return holding_run_dir(from_run, elsewhere=None)  # the run is given: waiting is the only way out
 
 
 def _run_gates(target: Path):
@@ -330,9 +347,10 @@ def nightly(
         problem = _time_limit_problem(timeout, stall_timeout)
         if problem:
             raise ValueError(problem)
-        result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
-                           dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
-                           stall_timeout_s=stall_timeout, from_run=from_run)
+        with _writing_into(from_run):
+            result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
+                               dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
+                               stall_timeout_s=stall_timeout, from_run=from_run)
     except (ConfigError, HistoryError, ValueError) as err:
         _fail(str(err), EXIT_USER)
         return

@@ -87,19 +87,21 @@ def _rows_or_none(path: Path) -> int | None:
         return None
 
 
-def verify_variant(vdir: VariantDir | Path) -> None:
+def verify_variant(vdir: VariantDir | Path, manifest: dict[str, Any] | None = None) -> None:
     """Check every file the variant's manifest records (present, same size, rows and
     sha256) and that no file of :data:`VERIFIED_FILES` was added after it finished;
     :class:`ArtifactMismatch` naming the first file that differs. A directory without a
     manifest, or whose manifest has no ``"artifacts"`` record (older runs, failed
-    variants), passes: there is nothing to check it against."""
+    variants), passes: there is nothing to check it against. ``manifest``: its content,
+    when the caller has read it already (resume keeps what it verified)."""
     vdir = vdir if isinstance(vdir, VariantDir) else VariantDir(Path(vdir))
-    if not vdir.manifest.is_file():
-        return
-    try:
-        manifest = json.loads(vdir.manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ArtifactMismatch(f"{vdir.manifest} cannot be read ({err}); restore it or re-run the variant.") from None
+    if manifest is None:
+        if not vdir.manifest.is_file():
+            return
+        try:
+            manifest = json.loads(vdir.manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ArtifactMismatch(f"{vdir.manifest} cannot be read ({err}); restore it or re-run the variant.") from None
     record = manifest.get(ARTIFACTS_KEY) if isinstance(manifest, dict) else None
     if record is None:
         return

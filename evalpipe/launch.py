@@ -166,7 +166,7 @@ def run_worker(
     vdir = artifacts.VariantDir(variant_dir)
     vdir.root.mkdir(parents=True, exist_ok=True)
     job_path = vdir.root / "job.json"
-    artifacts.write_json(job_path, job)
+    artifacts.write_json(job_path, job, private=True)  # the real endpoint URL and engine args: the owner's eyes only
     started = time.time()
     outcome = VariantOutcome(name=variant.name, exit_code=-1, seconds=0.0)
     watchdog = Watchdog(stall_timeout_s)

@@ -4,8 +4,8 @@ A run stopped by Ctrl-C, SIGTERM, kill -9, a crash or a failed variant is contin
 running the same command again with the same `--run-id` (or `--resume RUN_DIR`). The
 variants that had finished are kept as they are, after their artifacts are checked
 against their manifests (evalpipe/integrity.py); a variant that had not finished starts
-again from its beginning in a clean directory, except that a variant talking to a server
-keeps its request journal (evalpipe/worker/journal.py) and asks only what it lacks. The invocation must describe the same
+again in a clean directory except for its request journal (evalpipe/worker/journal.py),
+so it asks its engine only what it lacks. The invocation must describe the same
 run: the same config, tasks and limits, variants and reference, and model files.
 """
 
@@ -96,34 +96,35 @@ def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[s
             f"`evalpipe compare {run_dir}`, or choose another --run-id for a new run."
         )
     check_same_run(run_dir, stored, fresh)
-    kept = []
+    kept: dict[str, dict[str, Any]] = {}  # name -> its manifest, read once: what is verified is what the status is taken from
     statuses = stored.get("variant_status") or {}
     for name in fresh["variants"]:
         vdir = artifacts.VariantDir(run_dir / name)
-        if _finished(vdir):
+        manifest = _finished(vdir)
+        if manifest is not None:
             try:
-                verify_variant(vdir)
+                verify_variant(vdir, manifest)
             except ArtifactMismatch as err:
                 raise ResumeRefused(str(err)) from None
-            kept.append(name)
+            kept[name] = manifest
         elif vdir.root.exists():
             _clear_but_journal(vdir.root)
     for name in COMPARISON_OUTPUTS:
         (run_dir / name).unlink(missing_ok=True)
-    attempt = {"at": time.time(), "kept": kept, "previous_status": stored.get("status")}
+    attempt = {"at": time.time(), "kept": list(kept), "previous_status": stored.get("status")}
     stored.update(
         status="running",
-        variant_status={n: statuses.get(n) or _status_from_manifest(run_dir / n) for n in kept},
+        variant_status={n: statuses.get(n) or _status_from_manifest(m) for n, m in kept.items()},
         attempts=[*stored.get("attempts", []), attempt],
     )
     for key in ("verdict", "error", "failed_variants", "interrupted_by", "interrupted_at", "finished_variants"):
         stored.pop(key, None)
-    return stored, kept
+    return stored, list(kept)
 
 
 def _clear_but_journal(vdir: Path) -> None:
-    """Half a variant starts again as if new, except for its request journal (a variant
-    that talks to a server): the answers it had received are not asked for again."""
+    """Half a variant starts again as if new, except for its request journal: the
+    answers it had received are not asked for again."""
     for entry in vdir.iterdir():
         if entry.name == JOURNAL_FILE:
             continue
@@ -133,18 +134,19 @@ def _clear_but_journal(vdir: Path) -> None:
             entry.unlink()
 
 
-def _finished(vdir: artifacts.VariantDir) -> bool:
-    """The worker said so in its manifest, with the record of what it wrote (a variant
-    that finished as evalpipe was killed counts, though run.json never heard of it)."""
+def _finished(vdir: artifacts.VariantDir) -> dict[str, Any] | None:
+    """The manifest of a variant whose worker said it finished, with the record of what it
+    wrote (a variant that finished as evalpipe was killed counts, though run.json never
+    heard of it); None for any other."""
     if not vdir.manifest.is_file():
-        return False
+        return None
     try:
         manifest = artifacts.read_json(vdir.manifest)
     except (OSError, ValueError):
-        return False
-    return manifest.get("status") == "ok" and bool(manifest.get("artifacts"))
+        return None
+    finished = isinstance(manifest, dict) and manifest.get("status") == "ok" and bool(manifest.get("artifacts"))
+    return manifest if finished else None
 
 
-def _status_from_manifest(vdir: Path) -> dict[str, Any]:
-    manifest = artifacts.read_json(artifacts.VariantDir(vdir).manifest)
+def _status_from_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"exit_code": 0, "seconds": (manifest.get("timings") or {}).get("total_s"), "error": None}

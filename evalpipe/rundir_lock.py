@@ -1,11 +1,12 @@
 """One writer per run directory: an flock on ``<run_dir>/.lock``.
 
 `evalpipe run` takes it as soon as it has created the run directory and keeps it until
-it returns; `evalpipe compare` takes it while it writes into a run directory (and a
-resumed run would take it before writing again). A second process is refused in one
-sentence instead of both writing. The kernel drops an flock when the holder's file
-descriptor closes, so a process killed with SIGKILL leaves no stale lock; the file
-itself stays (deleting it would race with a process that has just opened it).
+it returns; `evalpipe compare`, `nightly --from-run` and `calibrate --from-run` take it
+while they write into a run directory (and a resumed run takes it before writing
+again). A second process is refused in one sentence instead of both writing. The
+kernel drops an flock when the holder's file descriptor closes, so a process killed
+with SIGKILL leaves no stale lock; the file itself stays (deleting it would race with
+a process that has just opened it).
 
 Within one process the lock is re-entrant, counted per directory: a run compares and
 reports its own directory while holding it.
@@ -23,14 +24,16 @@ from evalpipe.config import ConfigError
 
 LOCK_FILE = ".lock"
 _held: dict[str, list[int]] = {}  # real path -> [fd, holds]
+ELSEWHERE = "or write elsewhere (another --run-id or --output)"  # the way out for `run` and `compare`
 
 
 class RunDirBusy(ConfigError):
     """Another process holds the run directory (a user error, exit code 2)."""
 
 
-def lock_run_dir(run_dir: Path) -> None:
-    """Take (or take again, in this process) the lock of ``run_dir``; RunDirBusy if another process holds it."""
+def lock_run_dir(run_dir: Path, elsewhere: str | None = ELSEWHERE) -> None:
+    """Take (or take again, in this process) the lock of ``run_dir``; RunDirBusy if another process holds it.
+    ``elsewhere``: the refusal's other way out (None: a command that can only write there)."""
     key = os.path.realpath(run_dir)
     if key in _held:
         _held[key][1] += 1
@@ -47,8 +50,8 @@ def lock_run_dir(run_dir: Path) -> None:
         os.close(fd)
         who = f"evalpipe process {pid}" if pid.isdigit() else "another evalpipe process"
         raise RunDirBusy(
-            f"run directory {run_dir} is being written by {who}; wait until it has finished, "
-            "or write elsewhere (another --run-id or --output)."
+            f"run directory {run_dir} is being written by {who}; wait until it has finished"
+            + (f", {elsewhere}." if elsewhere else ".")
         ) from None
     except OSError:
         os.close(fd)
@@ -75,8 +78,8 @@ def unlock_run_dir(run_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def holding_run_dir(run_dir: Path) -> Iterator[None]:
-    lock_run_dir(run_dir)
+def holding_run_dir(run_dir: Path, elsewhere: str | None = ELSEWHERE) -> Iterator[None]:
+    lock_run_dir(run_dir, elsewhere)
     try:
         yield
     finally:

@@ -90,7 +90,7 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
         "run_id": plan.run_id,
         "output_dir": str(variant_dir),
         "engine_kind": "offline" if variant.launch.mode == "offline" else "http",
-        "journal": None if variant.launch.mode == "offline" else JOURNAL_FILE,  # a file of the variant directory
+        "journal": JOURNAL_FILE,  # a file of the variant directory
         "launch_mode": variant.launch.mode,
         # every variant's manifest hides the keys any variant reads (they share one environment)
         "secret_env": sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),
@@ -339,7 +339,16 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         save(status="ok", verdict=None)
         console.print("one variant only: nothing to compare.")
         return EXIT_SAME
-    code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
+    try:
+        code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
+    except Exception as err:  # any kind: the variants' hours of work are on disk, say so instead of a traceback
+        # a ValueError is compare's own sentence; anything else is named by its type (`evalpipe compare` shows its traceback)
+        reason = str(err).rstrip(".") if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        also = f" ({', '.join(failures)} failed)" if failures else ""
+        message = (f"variants {', '.join(compared)} finished{also} and their artifacts are kept in {rd.root}, but comparing "
+                   f"them failed ({reason}); once that is fixed, retry with `evalpipe compare {rd.root}`.")
+        save(status="failed", verdict=None, error=message, **({"failed_variants": list(failures)} if failures else {}))
+        raise RunFailed(message, EXIT_FAILED) from None  # a run that ended without its verdict: exit 3
     return _fail_run(info, failures, save) if failures else code
 
 

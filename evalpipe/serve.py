@@ -67,7 +67,7 @@ def planned_commands(variant: Any, model_path: str, variant_dir: Path) -> list[s
 def write_server_args(path: Path, args: dict[str, Any]) -> None:
     from evalpipe.artifacts import write_text
 
-    write_text(path, yaml.safe_dump(args, sort_keys=False))
+    write_text(path, yaml.safe_dump(args, sort_keys=False), private=True)  # engine args as given, an --api-key among them
 
 
 def free_port(host: str) -> int:

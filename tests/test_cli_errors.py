@@ -132,3 +132,42 @@ def test_compare_gates_file_drives_the_verdict(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((run / "compare.json").read_text())
     assert data["status"] == "EQUIVALENT" and data["gates"]["scores"]["margin"] == 0.5
+
+
+def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp_path, monkeypatch):
+    """Both variants finished (kept, verified), then compare/ raises: one sentence that
+    keeps the work and says how to retry, exit 3 (the run, not the input, failed), and
+    run.json says `failed`, not `running`."""
+    import json
+
+    from fakes import make_samples, token_table, write_run
+    from typer.testing import CliRunner
+
+    from evalpipe import artifacts, integrity, runner
+    from evalpipe.cli import app
+    from evalpipe.config import load_config
+    from evalpipe.plan import make_plan, run_info
+
+    cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs")})
+    plan = make_plan(load_config(cfg), str(cfg), "gsm8k", run_id="r", noise_floor=False)
+    s = make_samples(4)
+    write_run(plan.run_dir, {"a": s, "b": s}, run_info={**run_info(plan), "status": "interrupted", "timings": {}})
+    rd = artifacts.RunDir(plan.run_dir)
+    artifacts.write_table(rd.variant("b").tokens, token_table(make_samples(5)))  # a doc samples.parquet lacks
+    for name in ("a", "b"):  # finished as far as the worker could tell: kept, not run again
+        vdir = rd.variant(name)
+        artifacts.write_json(vdir.manifest, {**artifacts.read_json(vdir.manifest),
+                                             integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)})
+    # no engine starts (both variants are kept): only the vLLM and model checks are skipped
+    monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
+    monkeypatch.setattr(runner, "ensure_model", lambda plan, console: {"path": "m", "fingerprint": None, "builtin": True})
+    res = CliRunner().invoke(app, ["run", "gsm8k", "-c", str(cfg), "--resume", str(plan.run_dir), "--no-noise-floor"])
+    flat = " ".join((res.stderr or res.output).split())
+    assert res.exit_code == 3, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), "no traceback"
+    assert (f"error: variants a, b finished and their artifacts are kept in {plan.run_dir}, but comparing them failed "
+            "(tokens.parquet has rows for task 'gsm8k_synth_4shot' doc 4 repeat 0 that samples.parquet does not list; "
+            f"the artifacts are inconsistent); once that is fixed, retry with `evalpipe compare {plan.run_dir}`.") in flat
+    info = json.loads(rd.run_json.read_text())
+    assert info["status"] == "failed" and info["verdict"] is None and "comparing them failed" in info["error"]
+    assert (rd.root / "b" / "samples.parquet").is_file(), "the variants' artifacts are kept"

@@ -225,3 +225,55 @@ def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     md = render_markdown({"run_id": "old-run", "reference": "legacy", "variants": ["sp"], "comparisons": []},
                          artifacts.read_json(run / "run.json"))
     assert MARK not in md and "http://a:\\*\\*\\*@h/v1" in md
+
+
+def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
+    """job.json (the endpoint's real URL, engine args as given) and server-args.yaml (an
+    --api-key among them) are 0600 whatever the umask, also over an older 0644 file;
+    every other output keeps the umask's mode."""
+    import os
+    import stat
+
+    from evalpipe import serve
+    from evalpipe.config import Launch
+    from evalpipe.launch import run_worker
+    from evalpipe.plan import PlannedVariant
+
+    python = tmp_path / "fake-python"  # stands in for the worker: nothing to run, only job.json to write
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    variant = PlannedVariant(name="v", description="", python=str(python), env_overrides={}, engine_args={}, run_id="mode-unit")
+    vdir = tmp_path / "v"
+    vdir.mkdir()
+    (vdir / "job.json").write_text("{}")  # a resumed variant's, from before
+    old = os.umask(0o022)
+    try:
+        (vdir / "job.json").chmod(0o644)
+        run_worker(variant, {"url": f"http://bob:{URL_PASSWORD}@127.0.0.1:9/v1"}, vdir, lambda e: None)
+        serve.write_server_args(vdir / serve.SERVER_ARGS_FILE,
+                                serve.server_args({"api_key": f"k_{MARK}"}, Launch(mode="serve"), 8123))
+        artifacts.write_json(vdir / "manifest.json", {})
+    finally:
+        os.umask(old)
+    mode = {name: stat.S_IMODE((vdir / name).stat().st_mode) for name in ("job.json", serve.SERVER_ARGS_FILE, "manifest.json")}
+    assert mode == {"job.json": 0o600, serve.SERVER_ARGS_FILE: 0o600, "manifest.json": 0o644}
+    assert URL_PASSWORD in (vdir / "job.json").read_text(), "the worker still gets the real URL"
+
+
+def test_worker_events_redact_their_free_text_only(monkeypatch):
+    """A message (an exception, a server URL) can quote a credential; the task and phase
+    names and counts of a progress event cannot, and are sent as they are."""
+    import evalpipe.redact
+    from evalpipe.worker.main import Events
+
+    scanned = []
+    real = evalpipe.redact.redact_text
+    monkeypatch.setattr(evalpipe.redact, "redact_text", lambda text: scanned.append(text) or real(text))
+    events = Events.__new__(Events)  # not __init__: it would take over this process's stdout
+    events._out, events._last_progress = io.StringIO(), 0.0
+    events.progress("gsm8k_synth_4shot", "generate", 8, 8)
+    events.emit("error", kind="engine", message=f"no server at http://bob:{URL_PASSWORD}@127.0.0.1:9/v1")
+    progress, error = (json.loads(line) for line in events._out.getvalue().splitlines())
+    assert progress == {"event": "progress", "task": "gsm8k_synth_4shot", "phase": "generate", "done": 8, "total": 8}
+    assert error["message"] == "no server at http://bob:***@127.0.0.1:9/v1" and error["kind"] == "engine"
+    assert scanned == [error["message"].replace("***", URL_PASSWORD)], "only the message is scanned"

@@ -13,6 +13,7 @@ import re
 
 import pytest
 from fakes import make_samples, perturb_topk, set_token, write_run
+from html_page import parse_page
 from rich.console import Console
 from test_compare_bylength import (
     LTASK,
@@ -23,7 +24,7 @@ from test_compare_bylength import (
     write_long_run,
 )
 from test_report import HOSTILE, NASTY
-from test_report_html import PNG_MAGIC, _parse
+from test_report_html import PNG_MAGIC
 
 from evalpipe.report import print_summary, render_html, render_markdown
 from evalpipe.report.plots import depth_plot, length_plot
@@ -132,7 +133,7 @@ def test_markdown_and_html_escape_length_tags(tmp_path):
     assert len({len(r) for r in rows}) == 1
     html = render_html(compare, {})
     assert "<script" not in html and "alert(1)</script>" not in html
-    page = _parse(html)
+    page = parse_page(html)
     tags = [t for t, _ in page.starts]
     assert tags.count("td") == page.ends.count("td") and tags.count("tr") == page.ends.count("tr")
     assert any(HOSTILE.split("\n")[0] in t for t in page.texts)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
 from dashboard_samples import sample_history
+from html_page import Page, parse_page
 from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
 from test_report import RUN_INFO, make_compare
 
@@ -106,33 +106,11 @@ def test_nightly_md_keeps_hostile_text_inert():
 # ---------------------------------------------------------------------------
 
 
-class _Page(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    handle_startendtag = handle_starttag
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-
-def parse_page(html: str) -> _Page:
-    page = _Page()
-    page.feed(html)
-    page.close()
-    return page
-
-
-def assert_inert_html(html: str, allowed_tags: set[str]) -> _Page:
+def assert_inert_html(html: str, allowed_tags: set[str]) -> Page:
     page = parse_page(html)
-    tags = {t for t, _ in page.tags}
+    tags = {t for t, _ in page.starts}
     assert tags <= allowed_tags, f"elements from the data: {tags - allowed_tags}"
-    for tag, attrs in page.tags:
+    for tag, attrs in page.starts:
         assert not [a for a in attrs if a.startswith("on")], f"event handler on <{tag}>"
         assert attrs.get("id") not in ("pwned", "pwned-link")
         for url_attr in ("href", "src"):
@@ -149,8 +127,8 @@ REPORT_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3
 def test_report_html_keeps_hostile_text_inert(hostile):
     html = render_html(hostile, poison_all(RUN_INFO))
     page = assert_inert_html(html, REPORT_TAGS)
-    assert all(a["src"].startswith("data:image/png;base64,") for t, a in page.tags if t == "img")
-    text = "".join(page.text)
+    assert all(a["src"].startswith("data:image/png;base64,") for t, a in page.starts if t == "img")
+    text = "".join(page.texts)
     for payload in VISIBLE:
         assert payload in text, f"not shown literally: {payload!r}"
     assert "\\u0000\\u0008\\u000b\\u001b[31m" in text
@@ -165,9 +143,9 @@ def test_dashboard_keeps_hostile_text_inert():
     data = poison(sample_history(n_nights=6, change_at=3))
     page = assert_inert_html(render_dashboard(data), DASHBOARD_TAGS)
     # every link kept is the page's own: relative report paths (poisoned ones are dropped) and chart anchors
-    hrefs = [a.get("href") for t, a in page.tags if t == "a"]
+    hrefs = [a.get("href") for t, a in page.starts if t == "a"]
     assert all(h and (h.startswith("#chart-") or not re.match(r"^[a-z]+:", h)) for h in hrefs)
-    text = "".join(page.text)
+    text = "".join(page.texts)
     for payload in VISIBLE:
         assert payload in text, f"not shown literally: {payload!r}"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import copy
 import re
-from html.parser import HTMLParser
 
 import pytest
+from html_page import parse_page
 from test_report import (
     HOSTILE,
     RUN_INFO,
@@ -27,32 +27,6 @@ from evalpipe.report.html import html_text
 from evalpipe.report.plots import distribution_plot, divergence_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-class _Page(HTMLParser):
-    """Start tags with their attributes, end tags, and the text of each run between tags."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.starts: list[tuple[str, dict[str, str | None]]] = []
-        self.ends: list[str] = []
-        self.texts: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.starts.append((tag, dict(attrs)))
-
-    def handle_endtag(self, tag):
-        self.ends.append(tag)
-
-    def handle_data(self, data):
-        self.texts.append(data)
-
-
-def _parse(html: str) -> _Page:
-    page = _Page()
-    page.feed(html)
-    page.close()
-    return page
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +56,7 @@ def test_html_escapes_all_model_and_dataset_text():
     assert "</td> &" not in html and '"dq"' not in html and "'sq'" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &lt;/td&gt; &amp; &#34;dq&#34; &#39;sq&#39;\nnext line" in html
     assert "\x00" not in html and "\x1b" not in html and "\\u0000\\u001b" in html
-    page = _parse(html)
+    page = parse_page(html)
     tags = [t for t, _ in page.starts]
     assert "script" not in tags
     # the hostile text reads back as text, whole, in every place it was put
@@ -93,7 +67,7 @@ def test_html_escapes_all_model_and_dataset_text():
 
 def test_html_is_self_contained(html):
     assert "http://" not in html and "https://" not in html and "url(" not in html and "@import" not in html
-    page = _parse(html)
+    page = parse_page(html)
     assert not {"script", "link", "iframe", "object"} & {t for t, _ in page.starts}
     srcs = [a.get("src") or "" for t, a in page.starts if t == "img"]
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)

@@ -120,3 +120,23 @@ def test_resume_on_the_command_line_needs_a_run_directory(tmp_path):
     run_dir = interrupted_run(tmp_path)
     out = runner.invoke(app, ["run", "gsm8k", "--resume", str(run_dir), "--run-id", "other"])
     assert out.exit_code == 2 and "name different runs" in out.output
+
+
+def test_a_kept_variant_s_manifest_is_read_once(tmp_path, monkeypatch):
+    """Deciding it finished, verifying it and taking its status read one manifest: what
+    was verified is what the status comes from (and a large run reads each once)."""
+    run_dir = interrupted_run(tmp_path)
+    info = artifacts.read_json(RunDir(run_dir).run_json)
+    artifacts.write_json(RunDir(run_dir).run_json, {**info, "variant_status": {}})  # status from the manifest too
+    reads = []
+    read_text = Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name == "manifest.json":
+            reads.append(self.parent.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+    assert kept == ["legacy"] and info["variant_status"]["legacy"]["exit_code"] == 0
+    assert reads.count("legacy") == 1, reads

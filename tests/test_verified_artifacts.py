@@ -304,3 +304,31 @@ def test_a_run_holds_its_directory_until_it_returns(tmp_path, monkeypatch):
         runner.execute(plan, Console(file=io.StringIO()), record=False)
     assert seen == {"other process could lock": False}
     assert another_process_locks(plan.run_dir), "released when execute() returned"
+
+
+def test_nightly_and_calibrate_from_a_run_take_its_lock(tmp_path, monkeypatch):
+    """`nightly --from-run` and `calibrate --from-run` write into the run they are given
+    (nightly.*, compare.json, calibration.json): refused while another process writes it."""
+    from tests.nightly_fakes import write_night
+
+    run_dir = write_night(tmp_path / "runs", 0)
+    monkeypatch.chdir(tmp_path)
+    dash = str(tmp_path / "dash" / "index.html")
+    nightly = ["nightly", "--from-run", str(run_dir), "--dashboard", dash, "--history", f"sqlite:///{tmp_path / 'h.sqlite'}"]
+    calibrate = ["calibrate", "--from-run", str(run_dir), "--table", str(tmp_path / "calibration.md")]
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = f"run directory {run_dir} is being written by evalpipe process {holder.pid}; wait until it has finished."
+        for args in (nightly, calibrate):
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 2 and one_error_line(res.stderr or res.output) == busy, res.output
+        assert not (run_dir / "nightly.md").exists() and not (run_dir / "calibration.json").exists()
+        assert not (tmp_path / "calibration.md").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    res = CliRunner().invoke(app, nightly)
+    assert res.exit_code == 0 and (run_dir / "nightly.md").is_file(), res.output
+    assert another_process_locks(run_dir), "given back when the command ended"

@@ -9,9 +9,11 @@ only the engine classes know whether tokens come from an in-process `vllm.LLM`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from evalpipe.worker.journal import RequestJournal, request_key
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
 
@@ -126,15 +128,20 @@ def _topk_of(position: dict[int, Any] | None, k: int) -> tuple[list[int], list[f
 
 class OfflineEngine:
     """`vllm.LLM` in this process (its engine core runs in a process of its own unless
-    VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CPU configs set)."""
+    VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CPU configs set).
 
-    def __init__(self, engine_args: dict[str, Any]):
+    With a ``journal`` (worker/journal.py) every finished request's result is appended
+    as it finishes, and a request the journal already answers is not sent again: an
+    offline variant killed mid-task continues where it was, like a served one."""
+
+    def __init__(self, engine_args: dict[str, Any], journal: RequestJournal | None = None):
         from vllm import LLM
 
         self._args = dict(engine_args)
         self._llm = LLM(**self._args)
         self._tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+        self.journal = journal
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -159,41 +166,29 @@ class OfflineEngine:
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
         from vllm import SamplingParams
 
-        params = [
-            SamplingParams(
-                temperature=0.0,
-                max_tokens=r.max_tokens,
-                stop=list(r.stop) or None,
-                logprobs=topk,
-                seed=0,
-            )
-            for r in requests
-        ]
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-        outputs = self._llm.generate(prompts, params, use_tqdm=_progress_bar_factory(progress))
-        results = []
-        for out in outputs:
-            comp = out.outputs[0]
-            ids = list(comp.token_ids)
-            logprobs, top_ids, top_lps = [], [], []
-            for pos, tid in enumerate(ids):
-                position = comp.logprobs[pos] if comp.logprobs is not None else None
-                chosen = position.get(tid) if position else None
-                logprobs.append(float(chosen.logprob) if chosen is not None else math.nan)
-                t_ids, t_lps = _topk_of(position, topk)
-                top_ids.append(t_ids)
-                top_lps.append(t_lps)
-            results.append(
-                GenResult(
-                    text=comp.text,
-                    token_ids=ids,
-                    logprobs=logprobs,
-                    topk_ids=top_ids,
-                    topk_logprobs=top_lps,
-                    finish_reason=str(comp.finish_reason),
-                )
-            )
-        return results
+        settings = [dict(temperature=0.0, max_tokens=r.max_tokens, stop=list(r.stop) or None, logprobs=topk, seed=0)
+                    for r in requests]
+        calls = _Calls(requests, [request_key("offline:generate", {"prompt_token_ids": r.prompt_token_ids, **s})
+                                  for r, s in zip(requests, settings)], self.journal, GenResult, progress)
+        params = [SamplingParams(**s) for s in settings]
+        self._stream(calls, calls.todo(), lambda i: {"prompt_token_ids": requests[i].prompt_token_ids},
+                     lambda i: params[i], lambda i, out: self._generated(out, topk))
+        return calls.results()
+
+    @staticmethod
+    def _generated(out: Any, topk: int) -> GenResult:
+        comp = out.outputs[0]
+        ids = list(comp.token_ids)
+        logprobs, top_ids, top_lps = [], [], []
+        for pos, tid in enumerate(ids):
+            position = comp.logprobs[pos] if comp.logprobs is not None else None
+            chosen = position.get(tid) if position else None
+            logprobs.append(float(chosen.logprob) if chosen is not None else math.nan)
+            t_ids, t_lps = _topk_of(position, topk)
+            top_ids.append(t_ids)
+            top_lps.append(t_lps)
+        return GenResult(text=comp.text, token_ids=ids, logprobs=logprobs, topk_ids=top_ids,
+                         topk_logprobs=top_lps, finish_reason=str(comp.finish_reason))
 
     def score(
         self, requests: list[ScoreRequest], progress: ProgressFn | None = None, topk: int = 1
@@ -204,17 +199,42 @@ class OfflineEngine:
         # position's argmax beside the actual token, enough for lm-eval's is_greedy.
         # Teacher forcing asks for the variant's own top-k at every forced position.
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=max(1, topk))
-        results = []
+        keys = [request_key("offline:score", {"token_ids": r.token_ids, "scored": list(r.scored()), "topk": topk})
+                for r in requests]
+        calls = _Calls(requests, keys, self.journal, ScoreResult, progress)
+        todo = calls.todo()
         # vLLM returns every prompt position's top-k as Python objects; sending the work
         # in slices of a bounded token count keeps that transient memory bounded too,
-        # and only the asked-for positions are kept from each slice.
-        for lo, hi in token_budget_slices([len(r.token_ids) for r in requests], SCORE_TOKENS_PER_CALL):
-            prompts = [{"prompt_token_ids": r.token_ids} for r in requests[lo:hi]]
-            bar = _progress_bar_factory(_offset_progress(progress, lo, len(requests)))
-            outputs = self._llm.generate(prompts, params, use_tqdm=bar)
-            results += [self._scored(req, out, topk) for req, out in zip(requests[lo:hi], outputs)]
-            del outputs
-        return results
+        # and only the asked-for positions are kept of each answer.
+        for lo, hi in token_budget_slices([len(requests[i].token_ids) for i in todo], SCORE_TOKENS_PER_CALL):
+            self._stream(calls, todo[lo:hi], lambda i: {"prompt_token_ids": requests[i].token_ids},
+                         lambda i: params, lambda i, out: self._scored(requests[i], out, topk))
+        return calls.results()
+
+    def _stream(self, calls: _Calls, todo: list[int], prompt: Callable[[int], Any], params: Callable[[int], Any],
+                convert: Callable[[int, Any], Any]) -> None:
+        """Requests ``todo`` (indices into ``calls``) through the engine, each result handed
+        to ``calls`` as its request finishes. The same queue and step loop as
+        ``LLM.generate``, so the engine forms the same batches as it would there."""
+        if not todo:
+            return
+        if not hasattr(self._llm, "enqueue"):  # an older vLLM: the answers arrive all at once
+            outputs = self._llm.generate([prompt(i) for i in todo], [params(i) for i in todo],
+                                         use_tqdm=_progress_bar_factory(calls.progress_within(len(todo))))
+            for i, out in zip(todo, outputs):
+                calls.finished(i, convert(i, out))
+            return
+        ids = self._llm.enqueue([prompt(i) for i in todo], [params(i) for i in todo], use_tqdm=False)
+        index = dict(zip(ids, todo))
+        # enqueue returns the engine's own ids, "<request id>-<8 random characters>" in
+        # recent vLLM, while outputs carry the request id itself
+        index.update({rid.rsplit("-", 1)[0]: i for rid, i in zip(ids, todo)})
+        engine = self._llm.llm_engine
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    i = index[out.request_id]
+                    calls.finished(i, convert(i, out))
 
     @staticmethod
     def _scored(req: ScoreRequest, out: Any, topk: int) -> ScoreResult:
@@ -230,13 +250,52 @@ class OfflineEngine:
         return result
 
     def info(self) -> dict[str, Any]:
-        return {"kind": "offline", "max_model_len": self._max_model_len}
+        return {"kind": "offline", "max_model_len": self._max_model_len,
+                "journal": self.journal.summary() if self.journal is not None else None}
 
     def close(self) -> None:
         """Stop vLLM's engine-core process now, not during interpreter teardown."""
+        if self.journal is not None:
+            self.journal.close()
         core = getattr(getattr(self._llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+
+
+class _Calls:
+    """One engine call's results, in request order: those the journal already holds,
+    then each one as it finishes (appended to the journal, counted as progress)."""
+
+    def __init__(self, requests: Sequence[Any], keys: list[str], journal: RequestJournal | None,
+                 result_type: type, progress: ProgressFn | None):
+        self._keys, self._journal, self._progress = keys, journal, progress
+        answers = [journal.get(k) if journal is not None else None for k in keys]
+        self._results: list[Any] = [result_type(**a) if a is not None else None for a in answers]
+        self._done = sum(r is not None for r in self._results)
+        if progress is not None and self._done:
+            progress(self._done, len(keys))
+
+    def todo(self) -> list[int]:
+        return [i for i, r in enumerate(self._results) if r is None]
+
+    def finished(self, i: int, result: Any) -> None:
+        self._results[i] = result
+        if self._journal is not None:
+            self._journal.put(self._keys[i], asdict(result))
+        self._done += 1
+        if self._progress is not None:
+            self._progress(self._done, len(self._keys))
+
+    def progress_within(self, n: int) -> ProgressFn | None:
+        """Progress of a sub-call of ``n`` requests, counted on top of what is done."""
+        if self._progress is None:
+            return None
+        base, total, progress = self._done, len(self._keys), self._progress
+        return lambda done, _n: progress(base + done, total)
+
+    def results(self) -> list[Any]:
+        assert all(r is not None for r in self._results), "the engine left requests unanswered"
+        return self._results
 
 
 # Tokens per engine call when scoring (see OfflineEngine.score).
@@ -257,12 +316,6 @@ def token_budget_slices(lengths: Sequence[int], budget: int) -> list[tuple[int, 
     return slices
 
 
-def _offset_progress(progress: ProgressFn | None, offset: int, total: int) -> ProgressFn | None:
-    if progress is None:
-        return None
-    return lambda done, _slice_total: progress(offset + done, total)
-
-
 def in_order(call: Callable[[list], list], requests: list, reverse: bool) -> list:
     """``call(requests)``, sending the requests in reverse order when asked (the A/A
     run: the engine forms other batches from the same work); results in input order."""
@@ -279,16 +332,14 @@ def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
 def build_engine(kind: str, engine_args: dict[str, Any], server: dict[str, Any] | None = None,
                  on_wait: Callable[[float], None] | None = None, journal: Path | None = None) -> Engine:
     """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
-    (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready,
-    answering from ``journal`` (worker/journal.py) what an earlier attempt already asked.
-    The offline engine keeps no journal: vLLM's LLM.generate returns all answers at once."""
+    (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready.
+    Both answer from ``journal`` (worker/journal.py) what an earlier attempt already asked."""
+    kept = RequestJournal(journal) if journal is not None else None
     if kind == "offline":
-        return OfflineEngine(engine_args)
+        return OfflineEngine(engine_args, journal=kept)
     if kind == "http":
         from evalpipe.worker.http_engine import HttpEngine, ServerSettings
-        from evalpipe.worker.journal import RequestJournal
 
         # lazy: lm-eval builds its requests while the server is still starting
-        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait, lazy=True,
-                          journal=RequestJournal(journal) if journal is not None else None)
+        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait, lazy=True, journal=kept)
     raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")

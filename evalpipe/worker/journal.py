@@ -1,13 +1,14 @@
-"""The per-request journal of a variant that talks to a server: every finished request's
-answer, one JSON line each, appended and flushed as it arrives.
+"""The per-request journal of a variant: every finished request's answer, one JSON line
+each, appended and flushed as it arrives (served variants: each completion's response;
+offline ones: each GenResult / ScoreResult as vLLM finishes its request).
 
 A run continued after a kill (evalpipe/resume.py keeps this file of an unfinished
 variant) answers the requests it finds here from the journal and sends only the rest:
 a kill -9 loses at most the requests that were in flight. The key is the request
-itself (path and body, which carry the prompt's token ids and every sampling setting),
-so an answer is only ever reused for the very same request. A line cut short by the
-kill is ignored. Flushing hands each line to the kernel, which keeps it through the
-death of the process; only the machine's own crash could lose the last lines.
+itself (prompt token ids and every sampling setting), so an answer is only ever reused
+for the very same request. A line cut short by the kill is ignored. Flushing hands each
+line to the kernel, which keeps it through the death of the process; only the
+machine's own crash could lose the last lines.
 
 Standard library only (the worker runs under any variant's interpreter).
 """

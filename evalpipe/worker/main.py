@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_USER, EXIT_FAILED = 0, 2, 3
+FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
 
 
 class Events:
@@ -35,8 +36,10 @@ class Events:
     def emit(self, event: str, **fields: Any) -> None:
         from evalpipe.redact import redact_text
 
-        # messages become run.json errors and console (CI log) lines: no URL passwords
-        fields = {k: redact_text(v) for k, v in fields.items()}
+        # messages become run.json errors and console (CI log) lines: no URL passwords. Only
+        # free text can quote one (an exception, a URL); the other fields are task and phase
+        # names, kinds, counts and metrics the worker makes itself
+        fields = {k: redact_text(v) if k in FREE_TEXT else v for k, v in fields.items()}
         self._out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
 
     def progress(self, task: str, phase: str, done: int, total: int) -> None:
@@ -263,6 +266,9 @@ def run(job: dict[str, Any], events: Events) -> int:
         events.emit("error", kind="engine", message=msg)
         return finish("failed", EXIT_FAILED, error=msg)
     timings["engine_start_s"] = time.time() - t0
+    journal = getattr(engine, "journal", None)
+    if journal is not None and journal.loaded:
+        events.emit("stage", stage="engine", message=f"request journal: {journal.loaded} answers kept from an earlier attempt")
     if job.get("engine_kind", "offline") == "offline":
         manifest["engine"] = engine.info()
         save_manifest()
@@ -296,7 +302,7 @@ def run(job: dict[str, Any], events: Events) -> int:
                 model=lm,
                 tasks=[cfg],
                 limit=spec.get("limit"),
-                task_manager=task_lookup.task_manager(),
+                task_manager=task_lookup.task_manager(names=[spec["task"]]),
                 log_samples=True,
                 bootstrap_iters=1000,
                 random_seed=job["seed"],
@@ -373,7 +379,6 @@ def run(job: dict[str, Any], events: Events) -> int:
                 events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
         if code != EXIT_OK:
             return finish("failed", code, error=error, n_samples=len(all_rows))
-    journal = getattr(engine, "journal", None)
     if journal is not None:  # teacher forcing's requests included
         manifest["engine"]["journal"] = journal.summary()
     engine.close()
