@@ -92,6 +92,20 @@ def test_old_reference_without_prompt_ids_gives_one_clear_sentence(tmp_path):
         read_reference_sequences(tmp_path / "missing")
 
 
+def test_a_reference_altered_since_it_finished_is_refused_naming_the_file(tmp_path):
+    from evalpipe import integrity
+
+    samples, tokens = _reference_tables()
+    vdir = artifacts.VariantDir(tmp_path / "ref")
+    artifacts.write_table(vdir.samples, samples)
+    artifacts.write_table(vdir.tokens, tokens)
+    artifacts.write_json(vdir.manifest, {"status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)})
+    assert len(read_reference_sequences(vdir.root)) == 2
+    artifacts.write_table(vdir.tokens, tokens.slice(0, 3))  # rewritten with fewer rows
+    with pytest.raises(integrity.ArtifactMismatch, match="tokens.parquet"):
+        read_reference_sequences(vdir.root)
+
+
 def test_nothing_generated_means_an_empty_teacher_table_and_no_engine_call():
     engine = RecordingEngine()
     table = teacher_force(engine, [], topk=5)

@@ -60,10 +60,15 @@ def reference_sequences(samples: pa.Table, tokens: pa.Table) -> list[ReferenceSe
 
 
 def read_reference_sequences(reference_dir: Path) -> list[ReferenceSequence]:
+    """The reference's generated sequences, from files that match its manifest (an
+    ArtifactMismatch, a ValueError naming the file, for one altered since it finished)."""
+    from evalpipe.integrity import verify_variant
+
     vdir = artifacts.VariantDir(reference_dir)
     for path in (vdir.samples, vdir.tokens):
         if not path.is_file():
             raise ValueError(f"teacher forcing needs the reference's {path.name}, but {path} does not exist.")
+    verify_variant(vdir)
     return reference_sequences(artifacts.read_table(vdir.samples), artifacts.read_table(vdir.tokens))
 
 
