@@ -56,6 +56,11 @@ class _Batch:
 
     def generate(self, prompts, params, use_tqdm=False):
         self.sent += [p["prompt_token_ids"] for p in prompts]
+        if use_tqdm:  # vLLM's bar: one update per finished request
+            bar = use_tqdm(total=len(prompts))
+            for _ in prompts:
+                bar.update(1)
+            bar.close()
         return [_generated(p["prompt_token_ids"]) for p in prompts]
 
 
@@ -119,5 +124,7 @@ def test_an_older_vllm_without_enqueue_journals_each_call(tmp_path):
     results = _engine(llm, path).generate(_requests(3), topk=1)
     assert math.isclose(results[2].logprobs[1], -1.0) and len(path.read_text().splitlines()) == 3
     llm.sent.clear()
-    assert _engine(llm, path).generate(_requests(4), topk=1)[:3] == results
-    assert llm.sent == [[30, 31]]
+    progress = []
+    assert _engine(llm, path).generate(_requests(6), topk=1, progress=lambda d, t: progress.append(d))[:3] == results
+    assert llm.sent == [[30, 31], [40, 41], [50, 51]]
+    assert progress == [3, 4, 5, 6]  # the journal's answers, then each finished request once

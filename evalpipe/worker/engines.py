@@ -222,7 +222,7 @@ class OfflineEngine:
             outputs = self._llm.generate([prompt(i) for i in todo], [params(i) for i in todo],
                                          use_tqdm=_progress_bar_factory(calls.progress_within(len(todo))))
             for i, out in zip(todo, outputs):
-                calls.finished(i, convert(i, out))
+                calls.finished(i, convert(i, out), counted=True)  # the bar counted them as they finished
             return
         ids = self._llm.enqueue([prompt(i) for i in todo], [params(i) for i in todo], use_tqdm=False)
         index = dict(zip(ids, todo))
@@ -278,12 +278,13 @@ class _Calls:
     def todo(self) -> list[int]:
         return [i for i, r in enumerate(self._results) if r is None]
 
-    def finished(self, i: int, result: Any) -> None:
+    def finished(self, i: int, result: Any, counted: bool = False) -> None:
+        """``counted``: its progress was reported already (progress_within)."""
         self._results[i] = result
         if self._journal is not None:
             self._journal.put(self._keys[i], asdict(result))
         self._done += 1
-        if self._progress is not None:
+        if self._progress is not None and not counted:
             self._progress(self._done, len(self._keys))
 
     def progress_within(self, n: int) -> ProgressFn | None:
