@@ -267,14 +267,17 @@ KILL_POINTS = [
 ]
 
 
-def run_and_kill_at(args: list[str], cwd: Path, run_id: str, variant: str | None, marker: str) -> str:
-    """Start `evalpipe run`, SIGKILL it when ``variant``'s output shows ``marker``, wait
-    until every process of the run is gone (the guards stop its workers and servers)
-    and return what it printed."""
+def run_and_kill_at(args: list[str], cwd: Path, run_id: str, variant: str | None, marker: str,
+                    whole_tree: bool = False) -> str:
+    """Start `evalpipe run`, SIGKILL it when a line of ``variant``'s output matches
+    ``marker`` (with ``whole_tree``, every process of the run at once, as the OOM killer
+    of a job's cgroup or a lost node would; else evalpipe alone, and the guards stop its
+    workers and servers), wait until every process of the run is gone and return what it
+    printed."""
     import os
     import signal
 
-    from processes import wait_gone
+    from processes import processes_of, wait_gone
 
     err = open(cwd / f"{run_id}.stderr", "w+")  # noqa: SIM115 - read back on failure
     proc = subprocess.Popen([sys.executable, "-m", "evalpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
@@ -286,7 +289,11 @@ def run_and_kill_at(args: list[str], cwd: Path, run_id: str, variant: str | None
         if line.startswith("variant "):
             current = line.split()[1]
         if re.search(marker, line) and (variant is None or current == variant):
-            os.kill(proc.pid, signal.SIGKILL)  # evalpipe only: nothing of it gets to clean up
+            for pid in [proc.pid, *(processes_of(run_id) if whole_tree else [])]:
+                try:
+                    os.kill(pid, signal.SIGKILL)  # nothing of it gets to clean up
+                except ProcessLookupError:
+                    pass
             break
     proc.wait()
     err.seek(0)
@@ -332,8 +339,8 @@ def assert_same_but_last_bits(a: Path, b: Path) -> tuple[int, int, float]:
 
 
 def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(run):
-    """kill -9 at five points of a two-variant run, each time continued with the same
-    command (or --resume): the finished variants are kept, the unfinished one continues
+    """kill -9 at five points of a two-variant run (evalpipe alone, or its whole process
+    tree at once), each time continued with the same command (or --resume): the finished variants are kept, the unfinished one continues
     from its request journal, and the end result is the module's uninterrupted run (same
     config, same items): the kept variant's Parquet files byte for byte, the continued
     one's up to the last bits of the logprobs its engine computed again in other batches.
@@ -346,7 +353,8 @@ def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(run
     journaled = 0
     for i, (what, variant, marker, _kept) in enumerate(KILL_POINTS):
         again = args if i % 2 == 0 else [*base, "--resume", str(run_dir)]  # both ways of continuing
-        out = run_and_kill_at(again, tmp, run_id, variant, marker)
+        # evalpipe alone (its guards stop the rest) or, every other time, its whole process tree
+        out = run_and_kill_at(again, tmp, run_id, variant, marker, whole_tree=i % 2 == 1)
         if i > 0:
             expected = KILL_POINTS[i - 1][3]
             said = f"kept (finished, artifacts verified): {', '.join(expected)}" if expected else "no variant had finished"
