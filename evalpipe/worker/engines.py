@@ -9,7 +9,7 @@ only the engine classes know whether tokens come from an in-process `vllm.LLM`
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -168,8 +168,9 @@ class OfflineEngine:
 
         settings = [dict(temperature=0.0, max_tokens=r.max_tokens, stop=list(r.stop) or None, logprobs=topk, seed=0)
                     for r in requests]
-        calls = _Calls(requests, [request_key("offline:generate", {"prompt_token_ids": r.prompt_token_ids, **s})
-                                  for r, s in zip(requests, settings)], self.journal, GenResult, progress)
+        keys = [request_key("offline:generate", {"prompt_token_ids": r.prompt_token_ids, **s})
+                for r, s in zip(requests, settings)]
+        calls = _Calls(keys, self.journal, GenResult, progress)
         params = [SamplingParams(**s) for s in settings]
         self._stream(calls, calls.todo(), lambda i: {"prompt_token_ids": requests[i].prompt_token_ids},
                      lambda i: params[i], lambda i, out: self._generated(out, topk))
@@ -201,7 +202,7 @@ class OfflineEngine:
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=max(1, topk))
         keys = [request_key("offline:score", {"token_ids": r.token_ids, "scored": list(r.scored()), "topk": topk})
                 for r in requests]
-        calls = _Calls(requests, keys, self.journal, ScoreResult, progress)
+        calls = _Calls(keys, self.journal, ScoreResult, progress)
         todo = calls.todo()
         # vLLM returns every prompt position's top-k as Python objects; sending the work
         # in slices of a bounded token count keeps that transient memory bounded too,
@@ -220,7 +221,7 @@ class OfflineEngine:
             return
         if not hasattr(self._llm, "enqueue"):  # an older vLLM: the answers arrive all at once
             outputs = self._llm.generate([prompt(i) for i in todo], [params(i) for i in todo],
-                                         use_tqdm=_progress_bar_factory(calls.progress_within(len(todo))))
+                                         use_tqdm=_progress_bar_factory(calls.progress_within()))
             for i, out in zip(todo, outputs):
                 calls.finished(i, convert(i, out), counted=True)  # the bar counted them as they finished
             return
@@ -266,8 +267,8 @@ class _Calls:
     """One engine call's results, in request order: those the journal already holds,
     then each one as it finishes (appended to the journal, counted as progress)."""
 
-    def __init__(self, requests: Sequence[Any], keys: list[str], journal: RequestJournal | None,
-                 result_type: type, progress: ProgressFn | None):
+    def __init__(self, keys: list[str], journal: RequestJournal | None, result_type: type,
+                 progress: ProgressFn | None):
         self._keys, self._journal, self._progress = keys, journal, progress
         answers = [journal.get(k) if journal is not None else None for k in keys]
         self._results: list[Any] = [result_type(**a) if a is not None else None for a in answers]
@@ -282,13 +283,13 @@ class _Calls:
         """``counted``: its progress was reported already (progress_within)."""
         self._results[i] = result
         if self._journal is not None:
-            self._journal.put(self._keys[i], asdict(result))
+            self._journal.put(self._keys[i], vars(result))  # its fields; json writes the nested lists as they are
         self._done += 1
         if self._progress is not None and not counted:
             self._progress(self._done, len(self._keys))
 
-    def progress_within(self, n: int) -> ProgressFn | None:
-        """Progress of a sub-call of ``n`` requests, counted on top of what is done."""
+    def progress_within(self) -> ProgressFn | None:
+        """Progress of a sub-call, counted on top of what is done."""
         if self._progress is None:
             return None
         base, total, progress = self._done, len(self._keys), self._progress
