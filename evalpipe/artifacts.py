@@ -36,6 +36,7 @@ TOKENS_PARQUET = "tokens.parquet"
 TEACHER_PARQUET = "teacher.parquet"
 # nightly: the baseline night's reference sequences scored by tonight's variant
 TEACHER_BASELINE_PARQUET = "teacher_baseline.parquet"
+PROBES_JSON = "probes.json"  # what ran: every engine process's path-probe record (evalpipe.probe_records)
 ENGINE_LOG = "engine.log"
 WORKER_LOG = "worker.log"  # the worker's own output when a server writes engine.log
 COMPARE_JSON = "compare.json"
@@ -280,5 +281,6 @@ class VariantDir:
     tokens = property(lambda self: self.root / TOKENS_PARQUET)
     teacher = property(lambda self: self.root / TEACHER_PARQUET)
     teacher_baseline = property(lambda self: self.root / TEACHER_BASELINE_PARQUET)
+    probes = property(lambda self: self.root / PROBES_JSON)
     engine_log = property(lambda self: self.root / ENGINE_LOG)
     worker_log = property(lambda self: self.root / WORKER_LOG)

@@ -120,7 +120,13 @@ def run(
         from evalpipe.plan import verify_here
 
         _print_plan(plan)  # first: a profile for another machine still shows its commands
-        _exit_with(lambda: (verify_here(plan), preflight(plan, console))[1])
+
+        def check() -> int:
+            verify_here(plan)
+            _print_path_checks(plan, preflight(plan, console))
+            return 0
+
+        _exit_with(check)
         return
 
     _exit_with(lambda: execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout))
@@ -175,6 +181,16 @@ def _print_plan(plan) -> None:
     console.print(tasks)
     for note in plan.notes:
         console.print(f"note: {note}")
+
+
+def _print_path_checks(plan, names) -> None:
+    from evalpipe.probe_names import checks_lines
+
+    console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
+    for v in plan.variants:
+        console.print(f"  [bold]{v.name}[/]")
+        for line in checks_lines(v, names.get(v.name)):
+            console.print(f"    {line}", soft_wrap=True, markup=False)
 
 
 @app.command()

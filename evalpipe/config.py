@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.paths import PROJECT_ROOT
+from evalpipe.probes import COLLECTIVE_KINDS
+from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
 
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 
@@ -103,12 +105,133 @@ class Launch(LaunchFields):
         return self
 
 
+class CountRange(_Strict):
+    """Calls per forward pass between ``min`` and ``max`` (either may be left out)."""
+
+    min: int | None = Field(default=None, ge=0)
+    max: int | None = Field(default=None, ge=0)
+
+    def holds(self, n: int) -> bool:
+        return (self.min is None or n >= self.min) and (self.max is None or n <= self.max)
+
+    def describe(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"{self.min}..{self.max}" if self.min != self.max else str(self.min)
+        return f">= {self.min}" if self.min is not None else f"<= {self.max}"
+
+
+# Switch names every probe record holds (besides vllm_config paths and predicates).
+STANDARD_SWITCH_NAMES = (*STANDARD_SWITCHES, *MODEL_SWITCHES, *RANKS)
+
+
+def _dotted(name: str) -> bool:
+    parts = name.removesuffix("()").split(".")
+    return len(parts) >= 2 and all(p.isidentifier() for p in parts)
+
+
+def collective_key(name: str) -> bool:
+    """``all_gather`` or ``all_gather@tp``: a collective kind, optionally on one group."""
+    kind, _, group = name.partition("@")
+    return kind in COLLECTIVE_KINDS and (not group or group.isidentifier())
+
+
+class Expectations(_Strict):
+    """What the path probes must (and must not) find in a variant's engine processes.
+
+    A failed expectation makes the variant's comparison INCONCLUSIVE: the outputs were
+    compared, but not of the path the variant declares. Function and class names are
+    dotted paths in the variant's interpreter (``module.Class.method``); a name that does
+    not exist there stops the run before any engine starts.
+    """
+
+    same_path: bool = Field(
+        default=False,
+        description="The variant is meant to run the reference's code (an A/A pair): identical outputs with the same "
+        "probe profile then pass instead of being INCONCLUSIVE.",
+    )
+    model: str | None = Field(default=None, description="Class vLLM must instantiate in every process that builds a model (module.Class).")
+    layers: list[str] = Field(default_factory=list, description="Every decoder layer is one of these classes (module.Class).")
+    called: list[str] = Field(default_factory=list, description="Functions or methods called at least once (all processes together).")
+    not_called: list[str] = Field(default_factory=list, description="Functions or methods never called in any process.")
+    per_forward: dict[str, int | CountRange] = Field(
+        default_factory=dict,
+        description="Calls in every forward pass of every process: a collective kind (all_gather, reduce_scatter, "
+        "all_to_all, all_reduce, gather, dispatch, combine; `kind@group` for one group: tp, dp, ep, virtual ...) or "
+        "a function name, with an exact count or {min, max}.",
+    )
+    switches: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values the engine resolved, read in every process that builds a model: a standard name "
+        "(tensor_parallel_size, use_sequence_parallel_moe, dtype, attention_backends ...), a vllm_config path "
+        "(parallel_config.all2all_backend) or a zero-argument predicate (vllm_ascend.ascend_config.enable_dsa_cp()).",
+    )
+
+    @field_validator("layers", "called", "not_called", mode="before")
+    @classmethod
+    def _one_name_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("model", "layers", "called", "not_called")
+    @classmethod
+    def _dotted_names(cls, value: Any) -> Any:
+        for name in [value] if isinstance(value, str) else value or ():
+            if not _dotted(name) or name.endswith("()"):
+                raise ValueError(f"`{name}` is not a dotted name such as package.module.Class.method")
+        return value
+
+    @field_validator("per_forward")
+    @classmethod
+    def _counted_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not collective_key(name) and not (_dotted(name) and not name.endswith("()")):
+                raise ValueError(
+                    f"`{name}` is neither a collective kind ({', '.join(COLLECTIVE_KINDS)}, optionally `@group`) "
+                    "nor a dotted function name"
+                )
+        return value
+
+    @field_validator("switches")
+    @classmethod
+    def _switch_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if name not in STANDARD_SWITCH_NAMES and not _dotted(name):
+                raise ValueError(
+                    f"`{name}` is not a switch the probes read: use a standard name ({', '.join(STANDARD_SWITCH_NAMES)}), "
+                    "a vllm_config path (parallel_config.all2all_backend) or a predicate (package.module.function())"
+                )
+        return value
+
+    def names(self) -> list[str]:
+        """Every name the probes must resolve in a variant's interpreter for these expectations."""
+        out = [*([self.model] if self.model else []), *self.layers, *self.called, *self.not_called]
+        out += [n for n in self.per_forward if not collective_key(n)]
+        out += [n for n in self.switches if n not in STANDARD_SWITCH_NAMES]
+        return list(dict.fromkeys(out))
+
+    def probed_names(self) -> list[str]:
+        """The names the probes count or read (classes are compared, not counted)."""
+        classes = {self.model, *self.layers}
+        return [n for n in self.names() if n not in classes]
+
+    def declares(self) -> bool:
+        return bool(self.model or self.layers or self.called or self.not_called or self.per_forward or self.switches)
+
+    def claims(self) -> dict[str, Any]:
+        """What these expectations say about the path (same_path aside): equal claims on
+        both sides of a comparison cannot tell their paths apart."""
+        return self.model_dump(mode="json", exclude={"same_path"})
+
+
 class Variant(_Strict):
     description: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides merged deeply into the top-level engine args.")
     python: str | None = Field(default=None, description="Interpreter of another environment (a different build); default: this one.")
     launch: dict[str, Any] = Field(default_factory=dict, description="Overrides of the top-level `launch:` for this variant (e.g. another mode, url or launcher).")
+    expect: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the path probes must find in this variant's engine (Expectations), merged over the top-level `expect:`.",
+    )
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
 
@@ -282,6 +405,10 @@ class RunConfig(_Strict):
         description="What the engines run on; `npu` makes `evalpipe doctor` check vllm_ascend, torch_npu, CANN and the visible NPUs.",
     )
     launch: LaunchFields = Field(default_factory=LaunchFields, description="offline (default), serve or endpoint; a variant may override any field.")
+    expect: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Expectations every variant shares (e.g. the model class); a variant's own `expect:` merges over it.",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Environment shared by all variants.")
     variants: dict[str, Variant]
     reference: str | None = None
@@ -338,7 +465,12 @@ class RunConfig(_Strict):
             if "model" in variant.engine:
                 raise ValueError(f"variant `{name}` sets engine.model; set the model once under `model:`.")
             self.variant_launch(name)
+            self.variant_expect(name)
         return self
+
+    def variant_expect(self, name: str) -> Expectations:
+        """The top-level `expect:` with the variant's merged in (mappings key by key, lists replaced)."""
+        return merged_expectations(self.expect, self.variants[name].expect, f"variant `{name}`: ")
 
     def variant_launch(self, name: str) -> Launch:
         """The top-level `launch:` with the variant's overrides merged in."""
@@ -360,6 +492,18 @@ class RunConfig(_Strict):
     @property
     def aa_name(self) -> str:
         return aa_variant_name(self.reference_name)
+
+
+def merged_expectations(shared: dict[str, Any], own: dict[str, Any], where: str = "") -> Expectations:
+    try:
+        return Expectations.model_validate(deep_merge(shared, own))
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise ValueError(f"{where}unknown key `expect.{key}`; the keys are {', '.join(Expectations.model_fields)}.") from None
+        what = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}`expect.{key}`: {what}.") from None
 
 
 AA_SUFFIX = "-aa"

@@ -24,6 +24,7 @@ from typing import Any
 
 from evalpipe.artifacts import (
     MANIFEST_JSON,
+    PROBES_JSON,
     RESULTS_JSON,
     SAMPLES_PARQUET,
     TEACHER_BASELINE_PARQUET,
@@ -35,7 +36,10 @@ from evalpipe.artifacts import (
 JOB_JSON = "job.json"  # the worker's job, written by evalpipe.launch; nightly reads which baseline it forced
 # What compare, the history and nightly read of a variant. Not manifest.json (it holds
 # the record) and not the logs (appended to by servers that may outlive the worker).
-VERIFIED_FILES = (RESULTS_JSON, SAMPLES_PARQUET, TOKENS_PARQUET, TEACHER_PARQUET, TEACHER_BASELINE_PARQUET, JOB_JSON)
+# probes.json is gathered by the parent once the variant's processes are done, and joins
+# the record then (evalpipe.probe_records).
+VERIFIED_FILES = (RESULTS_JSON, SAMPLES_PARQUET, TOKENS_PARQUET, TEACHER_PARQUET, TEACHER_BASELINE_PARQUET, JOB_JSON,
+                  PROBES_JSON)
 ARTIFACTS_KEY = "artifacts"
 _CHUNK = 1 << 20  # streaming: a 128k-token trace is never held in memory to be hashed
 
@@ -61,19 +65,18 @@ def parquet_rows(path: Path) -> int:
     return int(pq.read_metadata(path).num_rows)
 
 
+def describe_file(path: Path) -> dict[str, Any]:
+    """One file's entry of the record: bytes, sha256 and (a Parquet table) rows."""
+    sha, size = sha256_of(path)
+    entry: dict[str, Any] = {"bytes": size, "sha256": sha}
+    if path.name.endswith(".parquet"):
+        entry["rows"] = parquet_rows(path)
+    return entry
+
+
 def describe_artifacts(vdir: VariantDir) -> dict[str, dict[str, Any]]:
     """The manifest's ``"artifacts"`` record of the files the variant has now."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in VERIFIED_FILES:
-        path = vdir.root / name
-        if not path.is_file():
-            continue
-        sha, size = sha256_of(path)
-        entry: dict[str, Any] = {"bytes": size, "sha256": sha}
-        if name.endswith(".parquet"):
-            entry["rows"] = parquet_rows(path)
-        out[name] = entry
-    return out
+    return {name: describe_file(vdir.root / name) for name in VERIFIED_FILES if (vdir.root / name).is_file()}
 
 
 def _mismatch(path: Path, what: str) -> ArtifactMismatch:

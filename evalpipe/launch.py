@@ -156,13 +156,15 @@ def run_worker(
     on_start: Callable[[subprocess.Popen], None] | None = None,
     stall_timeout_s: float | None = None,
     stall_log: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> VariantOutcome:
     """Run the variant's worker to its end. ``log_path``: where its stderr goes (default
     engine.log). ``stopped``: asked when the worker ends; a message means something
     outside it (its server died) ended it, and becomes the variant's error.
     ``stall_timeout_s``: the watchdog's limit on time without a finished request once the
     engine is up (evalpipe/watchdog.py); the variant then fails with its last progress
-    and the tail of ``stall_log`` (default its own log; a server's log in serve mode)."""
+    and the tail of ``stall_log`` (default its own log; a server's log in serve mode).
+    ``env``: the worker's environment (default the variant's process environment)."""
     vdir = artifacts.VariantDir(variant_dir)
     vdir.root.mkdir(parents=True, exist_ok=True)
     job_path = vdir.root / "job.json"
@@ -174,7 +176,7 @@ def run_worker(
     with open(log_path or vdir.engine_log, "ab") as log:
         proc = guarded_popen(
             [variant.python, "-m", "evalpipe.worker.main", str(job_path)],
-            WORKER_GRACE_S, stdout=subprocess.PIPE, stderr=log, env=variant.process_env(), text=True, bufsize=1,
+            WORKER_GRACE_S, stdout=subprocess.PIPE, stderr=log, env=env or variant.process_env(), text=True, bufsize=1,
         )
         try:
             if on_start is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalpipe.config import ConfigError, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
+from evalpipe.config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.paths import PROJECT_ROOT
 
 BUILTIN_PREFIX = "builtin:"
@@ -46,6 +46,7 @@ class PlannedVariant:
     env_overrides: dict[str, str]  # what the config adds to the caller's environment
     engine_args: dict[str, Any]
     launch: Launch = field(default_factory=Launch)
+    expect: Expectations = field(default_factory=Expectations)  # what the path probes must find
     reverse_order: bool = False  # the A/A run sends requests in reverse order
     aa_of: str | None = None  # set on the A/A noise-floor run: the variant it repeats
     server_of: str | None = None  # serve mode: runs against this variant's server (the A/A reusing it)
@@ -261,6 +262,7 @@ def make_plan(
                 env_overrides={**config.env, **v.env},
                 engine_args=deep_merge(base_args, v.engine),
                 launch=config.variant_launch(name),
+                expect=config.variant_expect(name),
             )
         )
 
@@ -384,6 +386,7 @@ def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
             env_overrides=dict(reference.env_overrides),
             engine_args=dict(reference.engine_args),
             launch=launch,
+            expect=_same_path(reference.expect),
             reverse_order=nf.reverse_order,
             aa_of=reference.name,
             server_of=reference.name if reference.launch.mode == "serve" else None,
@@ -399,9 +402,15 @@ def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
         env_overrides=dict(reference.env_overrides),
         engine_args=deep_merge(reference.engine_args, overrides),
         launch=reference.launch,
+        expect=_same_path(reference.expect),
         reverse_order=nf.reverse_order,
         aa_of=reference.name,
     )
+
+
+def _same_path(expect: Expectations) -> Expectations:
+    """The A/A run claims the reference's path, and is meant to run the same code."""
+    return expect.model_copy(update={"same_path": True})
 
 
 def _settings(plan: RunPlan, v: PlannedVariant) -> dict[str, Any]:
@@ -410,7 +419,9 @@ def _settings(plan: RunPlan, v: PlannedVariant) -> dict[str, Any]:
         k: val for k, val in v.engine_args.items() if plan.variant(v.aa_of).engine_args.get(k) != val
     }
     return {"description": v.description, "python": v.python, "env": source.env, "engine": engine,
-            "launch": v.launch.model_dump(exclude_defaults=True) or {"mode": "offline"}}
+            "launch": v.launch.model_dump(exclude_defaults=True) or {"mode": "offline"},
+            # the variant's effective expectations: what `evalpipe compare` judges its probe records by
+            "expect": v.expect.model_dump(mode="json", exclude_defaults=True)}
 
 
 def run_info(plan: RunPlan) -> dict[str, Any]:

@@ -41,8 +41,9 @@ from evalpipe.compare.run import (
     compare_artifacts,
     with_margin,
 )
-from evalpipe.config import Gates, aa_variant_name
+from evalpipe.config import Expectations, Gates, aa_variant_name
 from evalpipe.integrity import verify_variant
+from evalpipe.probe_records import read_probes
 from evalpipe.report import render_html, render_junit, render_markdown
 
 _SAMPLES_REQUIRED = SAMPLE_KEY
@@ -87,12 +88,30 @@ def load_teacher(vdir: VariantDir, path: Path | None = None) -> pa.Table | None:
     return _read(vdir, path, _TOKENS_REQUIRED) if path.is_file() else None
 
 
-def load_artifacts(vdir: VariantDir, name: str | None = None) -> VariantArtifacts:
+def load_artifacts(vdir: VariantDir, name: str | None = None, expect: Expectations | None = None) -> VariantArtifacts:
     """The artifacts of one variant directory (named ``name``, default the directory name),
-    checked against its manifest first (a file changed since the variant finished is refused)."""
+    checked against its manifest first (a file changed since the variant finished is refused),
+    with its path probes' records (probes.json) and the expectations they are judged by."""
     verify_variant(vdir)
     samples, tokens = load_variant(vdir)
-    return VariantArtifacts(name or vdir.name, samples, tokens, load_teacher(vdir))
+    return VariantArtifacts(name or vdir.name, samples, tokens, load_teacher(vdir), probes=read_probes(vdir.root),
+                            expect=expect)
+
+
+def expectations_from_info(run_info: dict[str, Any], variant: str, where: str = "run.json") -> Expectations | None:
+    """The variant's effective expectations as its run recorded them ("variant_settings"."expect"),
+    None for a run from before expectations existed."""
+    settings = run_info.get("variant_settings")
+    entry = settings.get(variant) if isinstance(settings, dict) else None
+    data = entry.get("expect") if isinstance(entry, dict) else None
+    if data is None:
+        return None
+    try:
+        return Expectations.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: variant_settings.{variant}.expect.{key}: {first['msg']}; fix or remove it.") from None
 
 
 def variant_numerics(vdir: VariantDir) -> Numerics:
@@ -201,14 +220,18 @@ def compare_run(
     others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
     if not others:
         raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
-    ref_side = load_artifacts(rd.variant(ref))
+    where = str(rd.run_json)
+
+    def side(name: str) -> VariantArtifacts:
+        return load_artifacts(rd.variant(name), expect=expectations_from_info(info, name, where))
+
+    ref_side = side(ref)
     numerics = variant_numerics(rd.variant(ref))
     aa = None
     if aa_name is not None:
-        aa_side = load_artifacts(rd.variant(aa_name))
-        aa = compare_artifacts(ref_side, aa_side, worst_k=worst_k, gates=gates, numerics=numerics)
+        aa = compare_artifacts(ref_side, side(aa_name), worst_k=worst_k, gates=gates, numerics=numerics)
     comparisons = tuple(
-        compare_artifacts(ref_side, load_artifacts(rd.variant(name)), worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
+        compare_artifacts(ref_side, side(name), worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
         for name in others
     )
     run_id = str(info.get("run_id") or run_dir.name)
@@ -227,11 +250,12 @@ def compare_across_runs(
     label_a, label_b = f"{va.root.parent.name}/{va.name}", f"{vb.root.parent.name}/{vb.name}"
     if label_a == label_b:
         label_a, label_b = str(va.root), str(vb.root)
+    info_a, info_b = read_run_info(va.root.parent), read_run_info(vb.root.parent)
     if gates is None:
-        run_a = RunDir(va.root.parent)
-        gates = gates_from_info(read_run_info(run_a.root), str(run_a.run_json))
+        gates = gates_from_info(info_a, str(RunDir(va.root.parent).run_json))
     gates = with_margin(gates, margin)
-    side_a, side_b = load_artifacts(va, label_a), load_artifacts(vb, label_b)
+    side_a = load_artifacts(va, label_a, expectations_from_info(info_a, va.name, str(RunDir(va.root.parent).run_json)))
+    side_b = load_artifacts(vb, label_b, expectations_from_info(info_b, vb.name, str(RunDir(vb.root.parent).run_json)))
     check_same_items(side_a.samples, side_b.samples, label_a, label_b)
     vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates, numerics=variant_numerics(va))
     return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)

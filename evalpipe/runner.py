@@ -23,12 +23,13 @@ from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
 from evalpipe.worker.journal import JOURNAL_FILE
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
-PASSING_STATUSES = ("IDENTICAL", "EQUIVALENT")
 
 
 def verdict_exit_code(status: str) -> int:
-    """0 when the outputs are the same or equivalent within the gates, 1 when they diverge."""
-    return EXIT_SAME if status in PASSING_STATUSES else EXIT_DIFFERENT
+    """0 identical or equivalent within the gates, 1 divergent, 4 inconclusive (nothing proven about the paths)."""
+    from evalpipe.compare.verdict import Status
+
+    return Status(status).exit_code
 
 
 class RunFailed(RuntimeError):
@@ -166,10 +167,12 @@ def check_user_data(plan: RunPlan) -> None:
             raise ConfigError(str(err)) from None
 
 
-def preflight(plan: RunPlan, console: Console) -> int:
+def preflight(plan: RunPlan, console: Console) -> dict[str, Any]:
     """What can be checked before anything starts (task names, every variant's engine
-    arguments against its own vLLM); ConfigError on the first problem, 0 otherwise."""
+    arguments against its own vLLM, every probed name in its own interpreter); ConfigError
+    on the first problem, else the probed names as each variant's interpreter knows them."""
     from evalpipe.engine_args import EngineArgError, check_plan
+    from evalpipe.probe_names import resolve_plan
     from evalpipe.worker.tasks import TaskNotFound, check_task_names
 
     try:
@@ -177,11 +180,12 @@ def preflight(plan: RunPlan, console: Console) -> int:
     except TaskNotFound as err:
         raise ConfigError(str(err)) from None
     check_user_data(plan)
+    say = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
     try:
-        check_plan(plan.variants, say=lambda msg: console.print(f"[dim]{msg}[/]"))
+        check_plan(plan.variants, say=say)
     except EngineArgError as err:
         raise ConfigError(str(err)) from None
-    return 0
+    return resolve_plan(plan.variants, say=say)
 
 
 def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
@@ -191,10 +195,10 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
     ``extra_info``: more run.json fields (nightly: its kind and the components CI named).
     ``stall_timeout_s``: the watchdog's limit for every variant (default: each variant's
     launch.stall_timeout_s)."""
-    preflight(plan, console)
+    names = preflight(plan, console)
     limits = Limits(timeout_s, stall_timeout_s)
     try:
-        return _execute(plan, console, limits, extra_info)
+        return _execute(plan, console, limits, extra_info, names)
     except KeyboardInterrupt:
         mark_interrupted(plan.run_dir)
         raise
@@ -252,7 +256,8 @@ class Limits:
         return self.stall_timeout_s if self.stall_timeout_s is not None else variant.launch.stall_timeout_s
 
 
-def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None) -> int:
+def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None,
+             names: dict[str, Any]) -> int:
 
     rd = artifacts.RunDir(plan.run_dir)
     fresh = run_info(plan)
@@ -306,7 +311,8 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 continue
             console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
             try:
-                outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers)
+                outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers,
+                                       names[variant.name])
             finally:
                 view.close()
                 _stop_unneeded(servers, plan.variants[i + 1:])
@@ -317,6 +323,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 **({"stalled": True} if outcome.stalled else {}),
             }
             _close_manifest(vdir, outcome)
+            _gather_probes(variant, vdir, names[variant.name], servers)
             _record_environment(info, variant.name, vdir)
             save()
             stop_if_interrupted()
@@ -352,18 +359,38 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     return _fail_run(info, failures, save) if failures else code
 
 
+def _gather_probes(variant: PlannedVariant, vdir: Path, names: Any, servers: dict[str, Any]) -> None:
+    """probes.json: the variant's processes' records, once they are done writing (an A/A run
+    that reused a server reads that server's records; a server still needed is live)."""
+    from evalpipe import probe_records
+
+    exposed = None
+    if variant.launch.mode == "endpoint":
+        manifest = artifacts.VariantDir(vdir).manifest
+        exposed = (artifacts.read_json(manifest).get("engine") or {}) if manifest.is_file() else {}
+    server = variant.server_of or variant.name
+    probe_records.gather(
+        vdir, variant.name, variant.launch.mode, names,
+        source=probe_records.records_dir(vdir.parent / variant.server_of) if variant.server_of else None,
+        server_of=variant.server_of, live=server in servers, exposed=exposed,
+    )
+
+
 def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
-                 servers: dict[str, Any]):
+                 servers: dict[str, Any], names: Any):
     """One variant's worker, and in serve mode its server around it: started first (the
     worker resolves its tasks while the engine loads) or, for an A/A run that reuses
     the reference's, the running one. A server that dies stops the worker and fails the
     variant with its log's tail. ``servers``: the started ones, by variant; the caller
     stops them (`_stop_unneeded`)."""
     from evalpipe.launch import run_worker
+    from evalpipe.probe_records import probe_env, write_spec
 
+    # every process the variant starts (worker, server, engine cores, workers) records what it ran
+    env = probe_env(variant.process_env(), write_spec(vdir, variant.name, names))
     if variant.launch.mode != "serve":
         return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
-                          stall_timeout_s=limits.stall_of(variant))
+                          stall_timeout_s=limits.stall_of(variant), env=env)
     from evalpipe import serve
 
     vdir.mkdir(parents=True, exist_ok=True)
@@ -380,11 +407,11 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
             command=serve.server_command(variant.python, launch, args_file),
             url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
         )
-        env = variant.process_env()
-        if launch.api_key_env and env.get(launch.api_key_env):
-            env["VLLM_API_KEY"] = env[launch.api_key_env]
+        server_env = dict(env)
+        if launch.api_key_env and server_env.get(launch.api_key_env):
+            server_env["VLLM_API_KEY"] = server_env[launch.api_key_env]
         try:
-            server.start(env)
+            server.start(server_env)
         except OSError as err:  # the launcher or server command itself is missing
             from evalpipe.launch import VariantOutcome
 
@@ -396,7 +423,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
         outcome = run_worker(
             variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, limits.timeout_s,
             log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=server.use,
-            stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path,
+            stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path, env=env,
         )
     finally:
         server.client = None

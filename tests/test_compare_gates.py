@@ -290,7 +290,7 @@ def test_divergent_lists_failing_gates_first_then_structure():
 def test_empty_comparison_is_divergent_with_no_gates():
     v = decide([], [])
     assert v.status is Status.DIVERGENT and v.gates == () and "no samples" in v.reasons[0]
-    assert v.to_dict() == {"status": "DIVERGENT", "reasons": list(v.reasons), "gates": []}
+    assert v.to_dict() == {"status": "DIVERGENT", "reasons": list(v.reasons), "gates": [], "outputs": None}
 
 
 # --- properties ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ RUN_KEYS = {"schema_version", "run_id", "reference", "variants", "status", "gate
 COMPARISON_KEYS = {
     "a", "b", "reference", "variant", "status", "reasons", "samples", "scores",
     "metrics_only_a", "metrics_only_b", "tokens", "teacher", "gates", "numerics", "distribution",
+    "outputs_status", "paths",
 }
 
 
@@ -99,7 +100,7 @@ def test_compare_json_v2_shape_and_bytes(tmp_path):
     write_outputs(root, compare_run(root))
     first = (root / artifacts.COMPARE_JSON).read_bytes()
     d = json.loads(first)
-    assert set(d) == RUN_KEYS and d["schema_version"] == 2
+    assert set(d) == RUN_KEYS and d["schema_version"] == 3
     assert d["variants"] == ["sp"] and d["status"] == "EQUIVALENT"
     assert d["gates"] == Gates().model_dump(mode="json")
     assert set(d["noise_floor"]) == COMPARISON_KEYS and d["noise_floor"]["b"] == "legacy-aa"

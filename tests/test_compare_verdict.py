@@ -95,8 +95,12 @@ def test_status_helpers():
     assert worst_status([Status.IDENTICAL, Status.DIVERGENT]) is Status.DIVERGENT
     assert worst_status([Status.EQUIVALENT, Status.IDENTICAL]) is Status.EQUIVALENT
     assert worst_status([]) is Status.IDENTICAL
-    assert [s.severity for s in Status] == [0, 1, 2]
-    assert [s.passed for s in Status] == [True, True, False]
+    # a divergence found outranks a comparison that proved nothing: the run is then DIVERGENT
+    assert [s.value for s in sorted(Status, key=lambda s: s.severity)] == ["IDENTICAL", "EQUIVALENT", "INCONCLUSIVE", "DIVERGENT"]
+    assert worst_status([Status.INCONCLUSIVE, Status.DIVERGENT]) is Status.DIVERGENT
+    assert worst_status([Status.EQUIVALENT, Status.INCONCLUSIVE]) is Status.INCONCLUSIVE
+    assert {s.value: s.passed for s in Status} == {"IDENTICAL": True, "EQUIVALENT": True, "INCONCLUSIVE": False, "DIVERGENT": False}
+    assert {s.value: s.exit_code for s in Status} == {"IDENTICAL": 0, "EQUIVALENT": 0, "INCONCLUSIVE": 4, "DIVERGENT": 1}
     assert fmt_delta(-0.02) == "\u22120.020" and fmt_delta(2e-5) == "+2e-05" and fmt_delta(0.0) == "0"
 
 
@@ -134,7 +138,7 @@ def test_compare_json_byte_identical(tmp_path):
     assert (root / artifacts.COMPARE_JSON).read_bytes() == first
     assert (root / artifacts.REPORT_MD).read_bytes() == first_md
     parsed = json.loads(first)
-    assert parsed["schema_version"] == 2 and parsed["reference"] == "legacy"
+    assert parsed["schema_version"] == 3 and parsed["reference"] == "legacy"
     assert "NaN" not in first.decode()
 
 

@@ -36,16 +36,17 @@ from typing import Any
 import pyarrow as pa
 
 from evalpipe.compare.bylength import LengthBreakdown, length_breakdown
+from evalpipe.compare.code_paths import PathJudgement, PathSide, VariantProbes, judge_paths, profile_names, summarize
 from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
-from evalpipe.config import Gates
+from evalpipe.config import Expectations, Gates
 
-# Bump when the layout of compare.json changes incompatibly.
-COMPARE_SCHEMA_VERSION = 2
+# Bump when the layout of compare.json changes incompatibly (3: "paths", INCONCLUSIVE).
+COMPARE_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class VariantComparison:
     by_length: LengthBreakdown | None = None
     numerics: Numerics = Numerics()
     shifts: tuple[ShiftTest, ...] | None = None  # distributional tests; None without A/A or teacher data
+    paths: PathJudgement | None = None  # what ran on each side, judged (None: not asked, a bare table comparison)
+    what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)  # reference, variant
 
     @property
     def status(self) -> Status:
@@ -95,6 +98,10 @@ class VariantComparison:
                 "gates": [g.to_dict() for g in self.verdict.gates],
                 "numerics": self.numerics.to_dict(),
                 "distribution": None if self.shifts is None else [t.to_dict() for t in self.shifts],
+                "outputs_status": None if self.verdict.outputs is None else self.verdict.outputs.value,
+                "paths": None if self.paths is None else {
+                    **self.paths.to_dict(), "what_ran": {"a": self.what_ran[0], "b": self.what_ran[1]},
+                },
             }
         )
 
@@ -142,6 +149,12 @@ class VariantArtifacts:
     samples: pa.Table
     tokens: pa.Table
     teacher: pa.Table | None
+    probes: VariantProbes | None = None  # None: the run predates path probes
+    expect: Expectations | None = None
+
+    @property
+    def path_side(self) -> PathSide:
+        return PathSide(self.name, self.expect, self.probes)
 
 
 # ---------------------------------------------------------------------------
@@ -172,6 +185,7 @@ def compare_tables(
     gates: Gates | None = None,
     aa: VariantComparison | None = None,
     numerics: Numerics | None = None,
+    paths: tuple[PathSide, PathSide] | None = None,
 ) -> VariantComparison:
     """Score + token comparison, gates and verdict of two in-memory variants (A = reference).
 
@@ -181,7 +195,8 @@ def compare_tables(
     tables: their sample set is the samples that have teacher-forced positions.
     ``aa`` is the A/A comparison whose values set the gates' relative bounds and
     against which the distributional tests run; ``numerics`` the reference's precision
-    (None: unknown, the half-precision floors apply).
+    (None: unknown, the half-precision floors apply); ``paths`` what each side's probes
+    recorded and its expectations (None: not judged), which may make the verdict INCONCLUSIVE.
     """
     gates = with_margin(gates, margin)
     numerics = (numerics or Numerics()).with_aa(_aa_identical(aa))
@@ -209,6 +224,12 @@ def compare_tables(
         shift_tests=shifts,
         shift_missing=shift_missing,
     )
+    judged, what_ran = None, (None, None)
+    if paths is not None:
+        judged = judge_paths(paths[0], paths[1], outputs_identical=verdict.status is Status.IDENTICAL)
+        verdict = verdict.with_paths(judged.inconclusive, judged.reasons)
+        names = profile_names(paths)
+        what_ran = (summarize(paths[0].probes, names), summarize(paths[1].probes, names))
     return VariantComparison(
         reference=label_a,
         variant=label_b,
@@ -221,6 +242,8 @@ def compare_tables(
         by_length=by_length,
         numerics=numerics,
         shifts=None if shifts is None else tuple(shifts),
+        paths=judged,
+        what_ran=what_ran,
     )
 
 
@@ -271,6 +294,7 @@ def compare_artifacts(
         gates=gates,
         aa=aa,
         numerics=numerics,
+        paths=(a.path_side, b.path_side),
     )
 
 

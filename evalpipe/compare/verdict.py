@@ -5,6 +5,9 @@ IDENTICAL: the same samples, every token id, logprob and top-k entry bitwise equ
 DIVERGENT: a structural problem (samples or metrics on one side only, nothing to
 compare) or a failing gate (:mod:`evalpipe.compare.gates`).
 EQUIVALENT: not identical, but every gate passes.
+INCONCLUSIVE: whatever the outputs say, nothing was proven about the declared paths: a
+side did not run the path its expectations declare, cannot be verified, or both sides
+ran the same code (:mod:`evalpipe.compare.code_paths`, applied by :func:`with_paths`).
 
 The gates are evaluated for every verdict, IDENTICAL included, so that a CI report
 can show one test case per task x gate whatever the outcome.
@@ -31,6 +34,7 @@ ARROW = "\u2192"
 class Status(str, Enum):
     IDENTICAL = "IDENTICAL"
     EQUIVALENT = "EQUIVALENT"
+    INCONCLUSIVE = "INCONCLUSIVE"
     DIVERGENT = "DIVERGENT"
 
     @property
@@ -40,14 +44,23 @@ class Status(str, Enum):
     @property
     def passed(self) -> bool:
         """True for the statuses a CI run accepts (exit code 0)."""
-        return self is not Status.DIVERGENT
+        return self in PASSING
+
+    @property
+    def exit_code(self) -> int:
+        """0 identical or equivalent, 1 divergent, 4 inconclusive (2 and 3: user error, failed run)."""
+        return EXIT_CODES[self]
 
     def __str__(self) -> str:  # plain "IDENTICAL" in f-strings
         return self.value
 
 
-# Higher is worse; the overall status of several comparisons is the worst one.
-STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1, Status.DIVERGENT: 2}
+PASSING = (Status.IDENTICAL, Status.EQUIVALENT)
+EXIT_CODES = {Status.IDENTICAL: 0, Status.EQUIVALENT: 0, Status.DIVERGENT: 1, Status.INCONCLUSIVE: 4}
+# Higher is worse; the overall status of several comparisons is the worst one. A divergence
+# found is a finding; an inconclusive comparison proves nothing either way, so one
+# DIVERGENT comparison beside an INCONCLUSIVE one makes the run DIVERGENT.
+STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1, Status.INCONCLUSIVE: 2, Status.DIVERGENT: 3}
 
 
 def worst_status(statuses: Iterable[Status]) -> Status:
@@ -60,12 +73,22 @@ class Verdict:
     status: Status
     reasons: tuple[str, ...]
     gates: tuple[GateResult, ...] = ()
+    outputs: Status | None = None  # INCONCLUSIVE: what the outputs alone said
+
+    def with_paths(self, inconclusive: bool, reasons: Sequence[str]) -> "Verdict":
+        """INCONCLUSIVE, the path reasons first, when the paths prove nothing; else unchanged.
+        The gates stay: CI still sees what the outputs did."""
+        if not inconclusive:
+            return self
+        said = f"the outputs alone would be {self.status.value}" + (f": {self.reasons[0]}" if self.reasons else "")
+        return Verdict(Status.INCONCLUSIVE, (*reasons, said, *self.reasons[1:]), self.gates, outputs=self.status)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status.value,
             "reasons": list(self.reasons),
             "gates": [g.to_dict() for g in self.gates],
+            "outputs": None if self.outputs is None else self.outputs.value,
         }
 
 

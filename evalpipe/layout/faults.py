@@ -39,6 +39,7 @@ class Fault:
     raises: bool = False  # the fault is caught by the model itself: the engine fails loudly
     magnitude: float | None = None  # graded faults: the relative error they inject
     hangs: bool = False  # tests of the watchdog only: the engine stops making progress
+    falls_back: bool = False  # the variant silently runs another path: only the path probes can tell
 
 
 # Graded systematic errors for the sensitivity curve: the attention output of one decoder
@@ -241,6 +242,21 @@ FAULTS: dict[str, Fault] = {
                 "fires; the hung thread takes no SIGTERM (only SIGKILL ends it), like a thread "
                 "stuck in a device call. Looks benign (the numerics are untouched) and produces "
                 "no error: the engine simply stops making progress. Not part of the calibration zoo."
+            ),
+        ),
+        Fault(
+            "sp_fallback",
+            harmful=False,
+            layout="sp",
+            falls_back=True,
+            doc=(
+                "The sp variant silently takes the legacy path, as PR #18671's decoder layer does when "
+                "one of its conditions fails (the input is not a shard, V1 runner, PP = 1, sequence-"
+                "parallel MoE, enable_dsa_cp, the MLA wrapper's capability check): every layer "
+                "gathers (①), attends, reduces and scatters (④) as `legacy` does, and nothing "
+                "says so. The outputs are `legacy`'s exactly, so no output comparison can tell: "
+                "the path probes must (no all_to_all, every all_gather back). Must come out "
+                "INCONCLUSIVE, never EQUIVALENT or IDENTICAL."
             ),
         ),
         Fault(

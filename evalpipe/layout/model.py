@@ -72,6 +72,10 @@ from evalpipe.layout import collectives as C
 from evalpipe.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, graded_magnitude
 from evalpipe.layout.plugin import ARCHITECTURE
 from evalpipe.layout.settings import LayoutSettings, resolve
+from evalpipe.probes import runtime as probes
+
+# The group name under which the virtual ranks' collectives reach the path probes.
+VIRTUAL_GROUP = "virtual"
 
 # Under the vllm logger namespace so the line lands in the engine log with vLLM's own.
 logger = init_logger(f"vllm.{__name__}")
@@ -141,7 +145,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
 
         if hidden_states.shape[0] == 0:
             hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-        elif s.layout == "sp":
+        elif s.layout == "sp" and not s.has("sp_fallback"):
             self._hang_when_due()
             hidden_states = self._sp_attention(positions, hidden_states)
         else:
@@ -208,12 +212,14 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         shards = C.split_shards(C.pad_rows(x, padded), world)
 
         full = C.unpad(C.all_gather(shards), n)  # ①
+        probes.collective("all_gather", VIRTUAL_GROUP, *shards)
         attn_out = self._attend(positions, self._qkv(full))
         partials = [self._o_partial(attn_out.index_select(1, self.columns[r]), r) for r in range(world)]
         reduced = self._random_reduce(partials) if self._nondeterministic() else C.reduce_rank_order(partials)
         if self.settings.out_scale != 1.0:
             reduced = reduced * self.settings.out_scale
         out_shards = C.scatter(C.pad_rows(reduced, padded), world)  # ④
+        probes.collective("reduce_scatter", VIRTUAL_GROUP, *partials)
 
         return C.unpad(C.all_gather(out_shards), n)
 
@@ -245,6 +251,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
 
         columns = self.strided_columns if s.has("heads_permuted") else self.columns
         received = C.all_to_all(attn_shards, columns)  # ⑥ [all tokens, own heads]
+        probes.collective("all_to_all", VIRTUAL_GROUP, *attn_shards)
         if s.has("subtle_last_layer_boundary") and self.is_last_layer and world > 1:
             firsts = torch.arange(1, world) * size
             received[-1][firsts] = received[-1][firsts - 1]
@@ -260,6 +267,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
                 partials = [p * s.out_scale for p in partials]
             if s.has("double_reduce"):
                 partials = C.all_reduce(partials)
+                probes.collective("all_reduce", VIRTUAL_GROUP, *partials)
             if self._nondeterministic():
                 out_shards = C.split_shards(self._random_reduce(partials), world)  # ⑥, arrival order
             else:
@@ -268,6 +276,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
                 )
                 out_shards = [shard.to(x.dtype) for shard in reduce(partials, acc_dtype=acc_dtype)]  # ⑥
 
+        probes.collective("reduce_scatter", VIRTUAL_GROUP, *partials)
         if not s.has("padding_not_zeroed"):
             out_shards = [C.zero_padding(sh, C.valid_rows(n, j * size, size)) for j, sh in enumerate(out_shards)]
         out = C.unpad(C.all_gather(out_shards), n)

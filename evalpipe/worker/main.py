@@ -450,7 +450,11 @@ def _exit_now(code: int) -> None:
     """Leave without interpreter teardown. Every artifact is on disk (fsynced) and the
     engine is shut down; native threads left behind by vLLM/torch can abort during
     teardown ("terminate called without an active exception"), which would turn a
-    finished variant into a failure."""
+    finished variant into a failure. The path probes' record of this process is written
+    first (os._exit runs no atexit hook)."""
+    from evalpipe.probes import runtime
+
+    runtime.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,0 +1,414 @@
+"""What ran: the path probes' records as typed documents, the expectations judged against
+them, and whether two variants ran different code at all.
+
+A comparison of outputs proves something about a change only when each side ran the path
+it claims. The probes (:mod:`evalpipe.probes`) write one record per engine process; the
+parent gathers a variant's records into ``<variant>/probes.json`` (:class:`VariantProbes`,
+versioned). Here, with no file read or written:
+
+- :func:`check_side`: a variant's records against its expectations
+  (:class:`evalpipe.config.Expectations`): failures, or the evidence that holds;
+- :func:`profile`: what code a variant ran, as far as the probes see it (model and layer
+  classes, functions called, collectives per forward pass);
+- :func:`judge_paths`: both sides of a comparison -> ``verified`` (each side's evidence
+  holds), ``failed`` (an expectation failed, or a side cannot be verified: endpoint mode,
+  no records), ``same_code`` (no expectation tells the sides apart, the profiles are the
+  same and the outputs IDENTICAL: nothing was compared), or ``not_recorded`` (a run
+  from before the probes existed: said, not judged);
+- :func:`apply_paths`: the verdict made INCONCLUSIVE when the paths say so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalpipe.config import CountRange, Expectations, collective_key
+from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
+
+PROBES_SCHEMA_VERSION = 1
+VERIFIED, FAILED, SAME_CODE, NOT_RECORDED = "verified", "failed", "same_code", "not_recorded"
+NOT_VERIFIABLE_ENDPOINT = (
+    "path not verifiable in endpoint mode: the server runs outside evalpipe and exposes no record of the code it ran"
+)
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelProbe(_Doc):
+    model_class: str
+    layers: dict[str, int]
+    attention_backends: list[str]
+    forwards: int
+    forward_tokens: list[int]
+    per_forward: dict[str, dict[str, int]]  # name -> {calls in one forward: forward passes}; "other": the rest
+
+
+class ProcessProbe(_Doc):
+    """One engine process's record (written by :mod:`evalpipe.probes.record`)."""
+
+    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    variant: str
+    pid: int
+    ppid: int
+    process_name: str
+    role: str  # evalpipe_worker | api_server | engine_core | worker | other
+    argv: list[str]
+    started_at: float
+    updated_at: float
+    models: list[ModelProbe]
+    switches: dict[str, Any]
+    switch_errors: dict[str, str]
+    calls: dict[str, int]
+    collectives: dict[str, int]
+    shapes: dict[str, list[Any]]
+    absent: dict[str, str]
+    errors: list[str]
+
+    @property
+    def label(self) -> str:
+        rank = self.switches.get("tp_rank")
+        dp = self.switches.get("dp_rank")
+        where = "".join(f" {k}{v}" for k, v in (("DP", dp), ("TP", rank)) if v is not None)
+        return f"{self.role} pid {self.pid}{where}"
+
+
+class VariantProbes(_Doc):
+    """``<variant>/probes.json``: every engine process's record of one variant."""
+
+    schema_version: Literal[1] = PROBES_SCHEMA_VERSION
+    variant: str
+    mode: Literal["offline", "serve", "endpoint"]
+    verifiable: bool = Field(description="False: an endpoint whose server runs outside evalpipe (no records can exist).")
+    names: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="Each probed name as the config writes it -> the name the records count it under (None: absent here).",
+    )
+    server_of: str | None = Field(default=None, description="The A/A run that reused this variant's server: its records are that server's.")
+    exposed: dict[str, Any] = Field(default_factory=dict, description="Endpoint mode: what the server says about itself.")
+    unreadable: list[str] = Field(default_factory=list, description="Record files that could not be read, with why.")
+    processes: list[ProcessProbe] = Field(default_factory=list)
+
+    @property
+    def builders(self) -> list[ProcessProbe]:
+        """The processes that built a model (engine cores, workers, an in-process engine)."""
+        return [p for p in self.processes if p.models]
+
+    def canonical(self, name: str) -> str | None:
+        return self.names.get(name, name)
+
+    def total_calls(self, name: str) -> int:
+        canonical = self.canonical(name)
+        return sum(p.calls.get(canonical or "", 0) for p in self.processes)
+
+
+# ---------------------------------------------------------------------------
+# one side
+# ---------------------------------------------------------------------------
+
+
+def short(name: str) -> str:
+    """`package.module.Class.method` -> `Class.method` (a class: `Class`)."""
+    parts = name.removesuffix("()").split(".")
+    cut = next((i for i, p in enumerate(parts) if p[:1].isupper()), len(parts) - 1)
+    return ".".join(parts[cut:]) + ("()" if name.endswith("()") else "")
+
+
+def _n(count: int, noun: str) -> str:
+    plural = noun + ("es" if noun.endswith("s") else "s")
+    return f"{count:,} {noun if count == 1 else plural}".replace(",", "\u202f")
+
+
+def per_forward_counts(probes: VariantProbes, key: str) -> tuple[dict[str, int], int]:
+    """Over the main model of every process that built one: {calls in a forward pass: forward
+    passes} (zero included) and the number of forward passes."""
+    canonical = key if collective_key(key) else (probes.canonical(key) or key)
+    merged: dict[str, int] = {}
+    forwards = 0
+    for p in probes.builders:
+        model = p.models[0]
+        forwards += model.forwards
+        hist = model.per_forward.get(canonical, {})
+        for value, n in hist.items():
+            merged[value] = merged.get(value, 0) + n
+        zeros = model.forwards - sum(hist.values())
+        if zeros:
+            merged["0"] = merged.get("0", 0) + zeros
+    return merged, forwards
+
+
+def _counts_text(hist: dict[str, int], forwards: int) -> str:
+    ordered = sorted(hist.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{value} in {n} of {forwards}" for value, n in ordered[:4]) + (", \u2026" if len(ordered) > 4 else "")
+
+
+def _holds(expected: int | CountRange, value: str) -> bool:
+    if value == "other":
+        return False  # more distinct counts than a record keeps: not every forward pass matched
+    n = int(value)
+    return n == expected if isinstance(expected, int) else expected.holds(n)
+
+
+def same_value(expected: Any, actual: Any) -> bool:
+    """A switch's expected value against the recorded one: strings without case or a
+    ``torch.`` prefix, mappings as a subset (``additional_config: {enable_dsa_cp: true}``)."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and same_value(v, actual[k]) for k, v in expected.items())
+    if isinstance(expected, list):
+        return isinstance(actual, list) and len(expected) == len(actual) and all(map(same_value, expected, actual))
+    if isinstance(expected, str) and isinstance(actual, str):
+        return expected.lower().removeprefix("torch.") == actual.lower().removeprefix("torch.")
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return expected is actual
+    return bool(expected == actual)
+
+
+@dataclass(frozen=True)
+class SideCheck:
+    """One variant's records against its expectations."""
+
+    variant: str
+    failures: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    verifiable: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.verifiable and not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "ok": self.ok, "verifiable": self.verifiable,
+                "failures": list(self.failures), "evidence": list(self.evidence)}
+
+
+def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> SideCheck:
+    """Failures (each one sentence naming what was expected and what was seen) or the evidence."""
+    who = f"variant `{variant}`"
+    if not probes.verifiable:
+        return SideCheck(variant, (f"{who}: {NOT_VERIFIABLE_ENDPOINT} (say so, or start it with evalpipe's probes)",), (), False)
+    if not probes.processes:
+        unreadable = f"; unreadable: {'; '.join(probes.unreadable)}" if probes.unreadable else ""
+        return SideCheck(variant, (
+            f"{who}: the path probes recorded no engine process, so nothing shows which code ran (they load through "
+            f"PYTHONPATH and EVALPIPE_PROBES: a launcher that drops the environment, or python -S/-E/-I, keeps them out){unreadable}",
+        ), (), False)
+    builders = probes.builders
+    if not builders:
+        roles = ", ".join(sorted({p.role for p in probes.processes}))
+        return SideCheck(variant, (
+            f"{who}: none of its {len(probes.processes)} recorded processes ({roles}) built a model the probes saw",
+        ), (), False)
+    failures: list[str] = []
+    evidence: list[str] = []
+    where = _n(len(builders), "process")
+
+    mains = [p.models[0] for p in builders]
+    classes = sorted({m.model_class for m in mains})
+    if expect.model:
+        if classes != [expect.model]:
+            failures.append(f"{who} was expected to build `{expect.model}`; vLLM instantiated "
+                            f"{', '.join(f'`{c}`' for c in classes)} ({where})")
+        else:
+            evidence.append(f"model `{short(expect.model)}` in {where}")
+    layer_counts: dict[str, int] = {}
+    for m in mains:
+        for cls, n in m.layers.items():
+            layer_counts[cls] = layer_counts.get(cls, 0) + n
+    if expect.layers:
+        other = {c: n for c, n in layer_counts.items() if c not in expect.layers}
+        if other or not layer_counts:
+            seen = ", ".join(f"{n} `{c}`" for c, n in sorted(other.items())) or "no decoder layers"
+            failures.append(f"{who}'s decoder layers were expected to be {' or '.join(f'`{c}`' for c in expect.layers)}; "
+                            f"found {seen}")
+        else:
+            evidence.append(", ".join(f"{n} `{short(c)}` layers" for c, n in sorted(layer_counts.items())))
+
+    for name in expect.called:
+        total = probes.total_calls(name)
+        if probes.canonical(name) is None:
+            failures.append(f"{who} cannot have called `{name}`: it does not exist in that variant's interpreter")
+        elif total == 0:
+            failures.append(f"{who} never called `{name}` (0 calls in {_n(len(probes.processes), 'process')})")
+        else:
+            evidence.append(f"called `{short(name)}` {_n(total, 'time')}")
+    for name in expect.not_called:
+        total = probes.total_calls(name)
+        if total:
+            failures.append(f"{who} called `{name}` {_n(total, 'time')}; it was expected not to")
+        else:
+            evidence.append(f"never called `{short(name)}`")
+
+    for key, expected in expect.per_forward.items():
+        hist, forwards = per_forward_counts(probes, key)
+        wanted = expected if isinstance(expected, int) else expected.describe()
+        label = key if collective_key(key) else f"`{key}`"
+        if forwards == 0:
+            failures.append(f"{who}: no forward pass was recorded, so {label} per forward pass ({wanted}) cannot be checked")
+        elif not all(_holds(expected, v) for v in hist):
+            failures.append(f"{who} was expected to make {wanted} {label} call(s) in every forward pass; "
+                            f"seen {_counts_text(hist, forwards)} forward passes")
+        else:
+            evidence.append(f"{wanted} {label if collective_key(key) else short(key)} in each of {_n(forwards, 'forward pass')}")
+
+    for key, expected in expect.switches.items():
+        canonical = probes.canonical(key) or key
+        values = [(p, p.switches.get(canonical, _MISSING)) for p in builders]
+        wrong = [(p, v) for p, v in values if v is _MISSING or not same_value(expected, v)]
+        if wrong:
+            p, v = wrong[0]
+            seen = (f"not read ({p.switch_errors.get(canonical, 'not recorded')})" if v is _MISSING else f"{v!r}")
+            failures.append(f"{who}: the engine resolved `{key}` to {seen} in {p.label}; expected {expected!r}")
+        else:
+            evidence.append(f"{key} = {expected!r}")
+    return SideCheck(variant, tuple(failures), tuple(evidence))
+
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------------------
+# what code ran
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathProfile:
+    """What code a variant ran, as far as its probes see: two variants with the same
+    profile and IDENTICAL outputs compared a path with itself."""
+
+    model_classes: frozenset[str]
+    layer_classes: frozenset[str]
+    called: frozenset[str]
+    collectives: frozenset[tuple[str, tuple[str, ...]]]  # (kind, counts per forward seen)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_classes": sorted(self.model_classes), "layer_classes": sorted(self.layer_classes),
+                "called": sorted(self.called), "collectives": {k: list(v) for k, v in sorted(self.collectives)}}
+
+
+def profile(probes: VariantProbes) -> PathProfile:
+    mains = [p.models[0] for p in probes.builders]
+    kinds = sorted({k for m in mains for k in m.per_forward if collective_key(k)})
+    return PathProfile(
+        model_classes=frozenset(m.model_class for m in mains),
+        layer_classes=frozenset(c for m in mains for c in m.layers),
+        called=frozenset(n for p in probes.processes for n, c in p.calls.items() if c),
+        collectives=frozenset((k, tuple(sorted(per_forward_counts(probes, k)[0]))) for k in kinds),
+    )
+
+
+# ---------------------------------------------------------------------------
+# a comparison's two sides
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathSide:
+    """A side as judged: its expectations, records and check (None: the run predates probes)."""
+
+    variant: str
+    expect: Expectations | None
+    probes: VariantProbes | None
+
+
+@dataclass(frozen=True)
+class PathJudgement:
+    status: str  # VERIFIED | FAILED | SAME_CODE | NOT_RECORDED
+    reasons: tuple[str, ...]
+    checks: tuple[SideCheck, ...] = ()
+    same_profile: bool | None = None
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.status in (FAILED, SAME_CODE)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reasons": list(self.reasons), "checks": [c.to_dict() for c in self.checks],
+                "same_profile": self.same_profile}
+
+
+SAME_CODE_REASON = ("the variants ran the same code: nothing was compared (same model and layer classes, functions "
+                    "called and collectives per forward pass, IDENTICAL outputs, and no expectation tells `{a}` and "
+                    "`{b}` apart); declare what each path must show under `expect:`, or `expect: {{same_path: true}}` "
+                    "for a pair meant to be an A/A")
+
+
+def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool) -> PathJudgement:
+    sides = (reference, variant)
+    if any(s.probes is None for s in sides):
+        missing = [s.variant for s in sides if s.probes is None]
+        return PathJudgement(NOT_RECORDED, (f"path not verified: {', '.join(f'`{m}`' for m in missing)} ran before "
+                                            "evalpipe recorded path probes",))
+    checks = tuple(check_side(s.variant, s.expect or Expectations(), s.probes) for s in sides)  # type: ignore[arg-type]
+    failures = tuple(f for c in checks for f in c.failures)
+    if failures:
+        return PathJudgement(FAILED, failures, checks)
+    same = profile(reference.probes) == profile(variant.probes)  # type: ignore[arg-type]
+    claims_differ = (reference.expect or Expectations()).claims() != (variant.expect or Expectations()).claims()
+    meant_same = variant.expect is not None and variant.expect.same_path
+    if same and outputs_identical and not claims_differ and not meant_same:
+        return PathJudgement(SAME_CODE, (SAME_CODE_REASON.format(a=reference.variant, b=variant.variant),), checks, same)
+    evidence = tuple(f"{c.variant}: {'; '.join(c.evidence)}" for c in checks if c.evidence)
+    return PathJudgement(VERIFIED, evidence, checks, same)
+
+
+def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The "what ran" of one variant for reports and the history: processes by role, model
+    and layer classes, the main switches, calls of the probed ``names``, collectives per
+    forward pass (the most frequent count of each kind)."""
+    if probes is None:
+        return None
+    roles: dict[str, int] = {}
+    for p in probes.processes:
+        roles[p.role] = roles.get(p.role, 0) + 1
+    builders = probes.builders
+    seen: dict[str, dict[str, Any]] = {}  # name -> {JSON text: value}: the distinct values over processes
+    for p in builders:
+        for key, value in p.switches.items():
+            seen.setdefault(key, {})[json.dumps(value, sort_keys=True)] = value
+    layer_counts: dict[str, int] = {}
+    for p in builders:
+        for cls, n in p.models[0].layers.items():
+            layer_counts[cls] = layer_counts.get(cls, 0) + n
+    kinds = sorted({k for p in builders for k in p.models[0].per_forward if collective_key(k) and "@" not in k})
+    per_forward = {}
+    for kind in kinds:
+        hist, forwards = per_forward_counts(probes, kind)
+        per_forward[kind] = {"counts": hist, "forwards": forwards}
+    return {
+        "mode": probes.mode,
+        "verifiable": probes.verifiable,
+        "processes": roles,
+        "models": sorted({p.models[0].model_class for p in builders}),
+        "layers": layer_counts,
+        # one value when every process resolved the same, else each process's (ranks differ by rank)
+        "switches": {k: next(iter(v.values())) if len(v) == 1 else {"per_process": [v[t] for t in sorted(v)]}
+                     for k, v in sorted(seen.items())},
+        "calls": {n: probes.total_calls(n) for n in names},
+        "absent": sorted(n for n in names if probes.canonical(n) is None),
+        "collectives_per_forward": per_forward,
+        "forwards": sum(p.models[0].forwards for p in builders),
+        "server_of": probes.server_of,
+    }
+
+
+def profile_names(sides: Iterable[PathSide]) -> list[str]:
+    """The probed names worth a row in the what-ran table: those any side's expectations name."""
+    out: list[str] = []
+    for s in sides:
+        if s.expect is not None:
+            out += s.expect.probed_names()
+    return [n for n in dict.fromkeys(out) if "(" not in n and "_config" not in n.split(".", 1)[0]]
+
+
+__all__ = [
+    "FAILED", "NOT_RECORDED", "SAME_CODE", "VERIFIED", "ModelProbe", "PathJudgement", "PathProfile", "PathSide",
+    "ProcessProbe", "SideCheck", "VariantProbes", "check_side", "judge_paths", "profile", "profile_names", "same_value",
+    "short", "summarize",
+]

@@ -1,0 +1,296 @@
+"""Where the probes attach to vLLM and torch: model creation, forward passes, collectives.
+
+- ``vllm.model_executor.model_loader.utils.initialize_model``: every model vLLM builds
+  (the main model, a drafter), through whichever loader. The outermost call's model is
+  recorded (class, decoder layers, attention backends), the switches are read from the
+  ``vllm_config`` it was built with and from ``vllm.distributed`` (ranks), and its
+  ``forward`` is wrapped to delimit forward passes.
+- Collectives, each counted once at its outermost call (:mod:`evalpipe.probes.record`):
+  torch.distributed's, vLLM's ``GroupCoordinator`` methods (named by their group: tp,
+  dp, ep, pp, world; a group of one rank communicates nothing and counts as a call only)
+  and the ``tensor_model_parallel_*`` wrappers.
+
+Calls inside a compiled graph are not seen (a graph replay runs no Python); the configs
+that shipped with evalpipe run eagerly. Standard library only: torch and vLLM are
+reached through the modules they pass in.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+from evalpipe.probes.patching import PostImportHooks, counting, resolve, wrap
+from evalpipe.probes.record import ModelRecord, ProcessRecord, class_name, jsonable
+
+# Switches every record holds: name -> attribute path in vllm_config.
+STANDARD_SWITCHES = {
+    "tensor_parallel_size": "parallel_config.tensor_parallel_size",
+    "pipeline_parallel_size": "parallel_config.pipeline_parallel_size",
+    "data_parallel_size": "parallel_config.data_parallel_size",
+    "enable_expert_parallel": "parallel_config.enable_expert_parallel",
+    "all2all_backend": "parallel_config.all2all_backend",
+    "use_sequence_parallel_moe": "parallel_config.use_sequence_parallel_moe",
+    "distributed_executor_backend": "parallel_config.distributed_executor_backend",
+    "dtype": "model_config.dtype",
+    "architectures": "model_config.hf_config.architectures",
+    "quantization": "model_config.quantization",
+    "enforce_eager": "model_config.enforce_eager",
+    "max_num_seqs": "scheduler_config.max_num_seqs",
+    "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "enable_chunked_prefill": "scheduler_config.enable_chunked_prefill",
+    "enable_prefix_caching": "cache_config.enable_prefix_caching",
+    "compilation_mode": "compilation_config.mode",
+    "cudagraph_mode": "compilation_config.cudagraph_mode",
+    "additional_config": "additional_config",
+}
+# Read from the built model rather than the config.
+MODEL_SWITCHES = ("attention_backends",)
+# Ranks as vLLM's parallel state knows them: name -> (group getter, attribute).
+RANKS = {
+    "tp_rank": ("get_tp_group", "rank_in_group"),
+    "pp_rank": ("get_pp_group", "rank_in_group"),
+    "dp_rank": ("get_dp_group", "rank_in_group"),
+    "ep_rank": ("get_ep_group", "rank_in_group"),
+    "ep_size": ("get_ep_group", "world_size"),
+    "world_rank": ("get_world_group", "rank_in_group"),
+}
+
+TORCH_COLLECTIVES = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_all",
+}
+GROUP_COLLECTIVES = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "all_gatherv": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatterv": "reduce_scatter",
+    "gather": "gather",
+    "dispatch": "dispatch",
+    "combine": "combine",
+}
+TP_WRAPPERS = {
+    "tensor_model_parallel_all_reduce": "all_reduce",
+    "tensor_model_parallel_all_gather": "all_gather",
+    "tensor_model_parallel_reduce_scatter": "reduce_scatter",
+    "tensor_model_parallel_gather": "gather",
+}
+INIT_MODULE = "vllm.model_executor.model_loader.utils"
+GROUP_MODULE = "vllm.distributed.parallel_state"
+TP_MODULE = "vllm.distributed.communication_op"
+TORCH_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed")
+
+
+def attribute_path(root: Any, path: str) -> Any:
+    value = root
+    for part in path.split("."):
+        value = value[part] if isinstance(value, dict) else getattr(value, part)
+    return value
+
+
+class EngineHooks:
+    def __init__(self, record: ProcessRecord, hooks: PostImportHooks, functions: list[dict[str, str]],
+                 predicates: list[dict[str, str]], config_paths: list[str]):
+        self.record = record
+        self.hooks = hooks
+        self.functions = functions
+        self.predicates = predicates
+        self.config_paths = config_paths
+        self._building = 0
+
+    def install(self) -> None:
+        self.hooks.when_loaded("vllm", self._vllm_loaded)
+        self.hooks.when_loaded(INIT_MODULE, self._hook_model_creation)
+        self.hooks.when_loaded(GROUP_MODULE, self._hook_groups)
+        self.hooks.when_loaded(TP_MODULE, self._hook_tp_wrappers)
+        for module in TORCH_MODULES:
+            self.hooks.when_loaded(module, self._hook_torch)
+        for entry in self.functions:
+            self.hooks.when_loaded(entry["module"], lambda m, e=entry: self._hook_function(m, e))
+
+    # ------------------------------------------------------------------ plumbing
+
+    @staticmethod
+    def compiling() -> bool:
+        torch = sys.modules.get("torch")
+        compiler = getattr(torch, "compiler", None)
+        check = getattr(compiler, "is_compiling", None)
+        return bool(check()) if check is not None else False
+
+    def _counted(self, owner: Any, attr: str, name: str, collective: Callable[[tuple], str | None] | None) -> None:
+        record = self.record
+
+        def enter(args: tuple, kwargs: dict) -> bool:
+            return record.enter(name, collective(args) if collective else None, args, kwargs)
+
+        try:
+            wrap(owner, attr, lambda fn: counting(fn, enter, record.leave, self.compiling))
+        except (AttributeError, TypeError) as err:
+            record.absent[name] = str(err)
+
+    def _vllm_loaded(self, _module: Any) -> None:
+        self.record.vllm_loaded = True
+        self.record.dirty = True
+
+    # ------------------------------------------------------------------ configured functions
+
+    def _hook_function(self, module: Any, entry: dict[str, str]) -> None:
+        try:
+            owner, attr = resolve(module, entry["attr"])
+        except AttributeError as err:
+            self.record.absent[entry["canonical"]] = f"{entry['module']} has no {entry['attr']} ({err})"
+            return
+        self._counted(owner, attr, entry["canonical"], None)
+
+    # ------------------------------------------------------------------ collectives
+
+    def _hook_torch(self, module: Any) -> None:
+        for fn, kind in TORCH_COLLECTIVES.items():
+            if hasattr(module, fn):
+                self._counted(module, fn, f"{TORCH_MODULES[0]}.{fn}", lambda _args, k=kind: f"{k}@torch")
+
+    def _hook_groups(self, module: Any) -> None:
+        coordinator = getattr(module, "GroupCoordinator", None)
+        if coordinator is None:
+            self.record.errors.append(f"{GROUP_MODULE} has no GroupCoordinator: vLLM's group collectives are not counted")
+            return
+        for method, kind in GROUP_COLLECTIVES.items():
+            if hasattr(coordinator, method):
+                self._counted(coordinator, method, f"{GROUP_MODULE}.GroupCoordinator.{method}",
+                              lambda args, k=kind: _group_collective(k, args))
+
+    def _hook_tp_wrappers(self, module: Any) -> None:
+        for fn in TP_WRAPPERS:
+            if hasattr(module, fn):
+                self._counted(module, fn, f"{TP_MODULE}.{fn}", None)
+
+    # ------------------------------------------------------------------ models
+
+    def _hook_model_creation(self, module: Any) -> None:
+        def make(initialize: Callable[..., Any]) -> Callable[..., Any]:
+            import functools
+
+            @functools.wraps(initialize)
+            def initialize_model(*args: Any, **kwargs: Any) -> Any:
+                self._building += 1
+                try:
+                    model = initialize(*args, **kwargs)
+                finally:
+                    self._building -= 1
+                if self._building == 0:  # a sub-model (a multimodal model's language model) is part of its parent
+                    config = kwargs.get("vllm_config", args[0] if args else None)
+                    try:
+                        self.model_built(model, config)
+                    except Exception as err:  # noqa: BLE001 - the engine goes on; the record says what failed
+                        self.record.errors.append(f"recording the model failed: {type(err).__name__}: {err}")
+                return model
+
+            return initialize_model
+
+        try:
+            wrap(module, "initialize_model", make)
+        except (AttributeError, TypeError) as err:
+            self.record.errors.append(f"{INIT_MODULE}.initialize_model cannot be watched ({err}): no model recorded")
+
+    def model_built(self, model: Any, vllm_config: Any) -> None:
+        layers = decoder_layers(model)
+        backends = sorted({_backend_name(m) for m in model.modules() if getattr(m, "attn_backend", None) is not None})
+        entry = ModelRecord(class_name(type(model)), layers, backends)
+        with self.record.lock:
+            self.record.models.append(entry)
+            self.record.switches["attention_backends"] = backends
+        self._read_switches(vllm_config)
+        self._watch_forward(model, entry)
+        self.record.write()
+
+    def _read_switches(self, vllm_config: Any) -> None:
+        found: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        paths = {**STANDARD_SWITCHES, **{p: p for p in self.config_paths}}
+        for name, path in paths.items():
+            try:
+                found[name] = jsonable(attribute_path(vllm_config, path))
+            except Exception as err:  # noqa: BLE001 - a field this vLLM does not have
+                errors[name] = f"{type(err).__name__}: {err}"
+        state = sys.modules.get(GROUP_MODULE)
+        for name, (getter, attr) in RANKS.items():
+            try:
+                found[name] = int(getattr(getattr(state, getter)(), attr))
+            except Exception:  # noqa: BLE001 - a group this deployment has not set up (EP without experts)
+                pass
+        for entry in self.predicates:
+            key = entry["canonical"]
+            try:
+                owner, attr = resolve(importlib.import_module(entry["module"]), entry["attr"])
+                found[key] = jsonable(getattr(owner, attr)())
+            except Exception as err:  # noqa: BLE001 - recorded, judged by the expectation that names it
+                errors[key] = f"{type(err).__name__}: {err}"
+        with self.record.lock:
+            self.record.switches.update(found)
+            for name, why in errors.items():
+                if name not in self.record.switches:
+                    self.record.switch_errors[name] = why
+            self.record.dirty = True
+
+    def _watch_forward(self, model: Any, entry: ModelRecord) -> None:
+        record = self.record
+        forward = model.forward
+
+        def probed_forward(*args: Any, **kwargs: Any) -> Any:
+            if self.compiling():
+                return forward(*args, **kwargs)
+            snapshot = record.forward_started(entry, _tokens(args, kwargs))
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                record.forward_finished(entry, snapshot)
+
+        model.forward = probed_forward  # nn.Module.__call__ looks the instance attribute up first
+
+
+def _group_collective(kind: str, args: tuple) -> str | None:
+    group = args[0] if args else None
+    if getattr(group, "world_size", 2) <= 1:
+        return None  # vLLM returns the input unchanged: no communication
+    name = str(getattr(group, "unique_name", "group")).partition(":")[0]
+    return f"{kind}@{name}"
+
+
+def _tokens(args: tuple, kwargs: dict) -> int | None:
+    """Tokens in this forward pass (the positions' length; input_ids when no positions)."""
+    for key, index in (("positions", 1), ("input_ids", 0)):
+        value = kwargs.get(key, args[index] if len(args) > index else None)
+        shape = getattr(value, "shape", None)
+        if shape:
+            return int(shape[-1])
+    return None
+
+
+def decoder_layers(model: Any) -> dict[str, int]:
+    """Class -> count of the decoder layers: the children of the first ModuleList named
+    ``layers`` (vLLM's convention), pipeline-parallel placeholders left out."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "layers" and type(module).__name__ == "ModuleList":
+            counts: dict[str, int] = {}
+            for layer in module:
+                if type(layer).__name__ != "PPMissingLayer":
+                    key = class_name(type(layer))
+                    counts[key] = counts.get(key, 0) + 1
+            return counts
+    return {}
+
+
+def _backend_name(module: Any) -> str:
+    backend = module.attn_backend
+    get_name = getattr(backend, "get_name", None)
+    try:
+        return str(get_name()) if callable(get_name) else str(backend)
+    except Exception:  # noqa: BLE001
+        return getattr(backend, "__name__", str(backend))

@@ -1,0 +1,240 @@
+"""One process's record: what it built, how the engine resolved its switches, what it called.
+
+Counts are kept per name in total and, inside each forward pass of a model, as a
+histogram "this many calls in that many forward passes", so an expectation such as
+"one all_to_all per layer, in every forward" can be checked and a partial fallback (the
+new path taken for some batches only) shows. A collective counts once, at its outermost
+call: ``tensor_model_parallel_all_reduce`` -> ``GroupCoordinator.all_reduce`` -> the
+device communicator is one all_reduce, while each of the three functions keeps its own
+count.
+
+Bounded: the first :data:`SHAPES_KEPT` calls of a name keep their argument shapes, a
+histogram keeps :data:`HISTOGRAM_VALUES` distinct counts (the rest are summed under
+"other"), and only names that were configured or are collectives are counted.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from evalpipe.probes import SCHEMA_VERSION
+
+SHAPES_KEPT = 3
+HISTOGRAM_VALUES = 16
+FORWARD_TOKENS_KEPT = 8
+TEXT_LIMIT = 2000
+OTHER = "other"
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """A JSON value for whatever a switch holds (dtypes, enums, config objects), bounded."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value[:TEXT_LIMIT] if isinstance(value, str) else value
+    if depth < 3 and isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in list(value.items())[:64]}
+    if depth < 3 and isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [jsonable(v, depth + 1) for v in list(items)[:64]]
+    name = getattr(value, "name", None)
+    if type(value).__name__ != "dtype" and isinstance(name, str) and type(value).__module__ != "builtins":
+        return name  # an enum member
+    return str(value).removeprefix("torch.")[:TEXT_LIMIT]
+
+
+def shapes_of(args: tuple, kwargs: dict) -> list[Any]:
+    """Shapes of the tensor arguments (lists of tensors: the first four), in call order."""
+    out: list[Any] = []
+    for value in (*args, *kwargs.values()):
+        shape = getattr(value, "shape", None)
+        if shape is not None and not isinstance(value, type):
+            out.append([int(n) for n in shape])
+        elif isinstance(value, (list, tuple)) and value and getattr(value[0], "shape", None) is not None:
+            out.append([[int(n) for n in getattr(v, "shape", ())] for v in value[:4]])
+    return out[:6]
+
+
+def class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _bump(histogram: dict[str, int], value: int) -> None:
+    key = str(value)
+    if key not in histogram and len(histogram) >= HISTOGRAM_VALUES:
+        key = OTHER
+    histogram[key] = histogram.get(key, 0) + 1
+
+
+class ModelRecord:
+    def __init__(self, model_class: str, layers: dict[str, int], attention_backends: list[str]):
+        self.model_class = model_class
+        self.layers = layers
+        self.attention_backends = attention_backends
+        self.forwards = 0
+        self.forward_tokens: list[int] = []
+        self.per_forward: dict[str, dict[str, int]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model_class": self.model_class,
+            "layers": self.layers,
+            "attention_backends": self.attention_backends,
+            "forwards": self.forwards,
+            "forward_tokens": self.forward_tokens,
+            "per_forward": self.per_forward,
+        }
+
+
+class ProcessRecord:
+    """Counters and findings of this process, written to ``<out_dir>/<pid>.json``."""
+
+    def __init__(self, out_dir: str, variant: str):
+        self.out_dir = out_dir
+        self.variant = variant
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh record (a forked child starts its own)."""
+        self.pid = os.getpid()
+        self.lock = threading.Lock()  # a fork may have copied it held by another thread
+        self.started_at = time.time()
+        self.calls: dict[str, int] = {}
+        self.collectives: dict[str, int] = {}
+        self.shapes: dict[str, list[Any]] = {}
+        self.models: list[ModelRecord] = []
+        self.switches: dict[str, Any] = {}
+        self.switch_errors: dict[str, str] = {}
+        self.absent: dict[str, str] = {}
+        self.errors: list[str] = []
+        self.vllm_loaded = "vllm" in sys.modules
+        self.dirty = True
+        self.local = threading.local()
+
+    # ------------------------------------------------------------------ calls
+
+    def enter(self, name: str, collective: str | None, args: tuple, kwargs: dict) -> bool:
+        """Count one call of ``name``; ``collective`` ("all_gather@tp") counts when no other
+        collective is running in this thread. Returns whether this call holds the
+        collective depth (pass it to :meth:`leave`)."""
+        outermost = False
+        if collective is not None:
+            depth = getattr(self.local, "depth", 0)
+            self.local.depth = depth + 1
+            outermost = depth == 0
+        with self.lock:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if outermost:
+                self.collectives[collective] = self.collectives.get(collective, 0) + 1  # type: ignore[index]
+            kept = self.shapes.setdefault(name, [])
+            if len(kept) < SHAPES_KEPT:
+                kept.append(shapes_of(args, kwargs))
+            self.dirty = True
+        return collective is not None
+
+    def leave(self, held_depth: bool) -> None:
+        if held_depth:
+            self.local.depth -= 1
+
+    def note(self, kind: str, group: str, tensors: tuple) -> None:
+        """A collective that has no function of its own to wrap (the layout model's virtual ones)."""
+        name = f"{group}:{kind}"
+        self.leave(self.enter(name, f"{kind}@{group}", tensors, {}))
+
+    # ------------------------------------------------------------------ forward passes
+
+    def forward_started(self, model: ModelRecord, tokens: int | None) -> Any:
+        """A snapshot of the counters, or None inside another forward (counted once, by the outer one)."""
+        if getattr(self.local, "forward", False):
+            return None
+        self.local.forward = True
+        with self.lock:
+            model.forwards += 1
+            if tokens is not None and len(model.forward_tokens) < FORWARD_TOKENS_KEPT:
+                model.forward_tokens.append(tokens)
+            return dict(self.calls), dict(self.collectives)
+
+    def forward_finished(self, model: ModelRecord, snapshot: Any) -> None:
+        if snapshot is None:
+            return
+        self.local.forward = False
+        calls, collectives = snapshot
+        with self.lock:
+            for name, n in self.calls.items():
+                if n > calls.get(name, 0):
+                    _bump(model.per_forward.setdefault(name, {}), n - calls.get(name, 0))
+            kinds: dict[str, int] = {}
+            for key, n in self.collectives.items():
+                delta = n - collectives.get(key, 0)
+                if delta:
+                    _bump(model.per_forward.setdefault(key, {}), delta)
+                    kind = key.partition("@")[0]
+                    kinds[kind] = kinds.get(kind, 0) + delta
+            for kind, n in kinds.items():
+                _bump(model.per_forward.setdefault(kind, {}), n)
+            self.dirty = True
+
+    # ------------------------------------------------------------------ writing
+
+    def role(self) -> str:
+        """What this process is in a vLLM deployment (from its process name and command line)."""
+        import multiprocessing
+
+        name = multiprocessing.current_process().name
+        main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") or ""
+        argv = " ".join(sys.argv)
+        if name.startswith("EngineCore"):
+            return "engine_core"
+        if "Worker" in name:
+            return "worker"
+        if main == "evalpipe.worker.main":
+            return "evalpipe_worker"
+        if main.startswith("vllm.entrypoints") or "vllm serve" in argv or os.path.basename(sys.argv[0] or "") == "vllm":
+            return "api_server"
+        return "other"
+
+    def to_json(self) -> dict[str, Any]:
+        import multiprocessing
+
+        with self.lock:
+            return {
+                "schema_version": SCHEMA_VERSION,
+                "variant": self.variant,
+                "pid": self.pid,
+                "ppid": os.getppid(),
+                "process_name": multiprocessing.current_process().name,
+                "role": self.role(),
+                "argv": [a[:200] for a in sys.argv[:8]],
+                "started_at": self.started_at,
+                "updated_at": time.time(),
+                "models": [m.to_json() for m in self.models],
+                "switches": dict(self.switches),
+                "switch_errors": dict(self.switch_errors),
+                "calls": dict(self.calls),
+                "collectives": dict(self.collectives),
+                "shapes": {k: list(v) for k, v in self.shapes.items()},
+                "absent": dict(self.absent),
+                "errors": list(self.errors[:20]),
+            }
+
+    def worth_writing(self) -> bool:
+        """Processes that touched vLLM in a known role or built a model; not every helper
+        interpreter that inherits the environment (compile workers, tools)."""
+        return bool(self.models) or (self.vllm_loaded and self.role() != "other")
+
+    def write(self) -> None:
+        if not self.worth_writing():
+            return
+        doc = self.to_json()
+        self.dirty = False
+        os.makedirs(self.out_dir, exist_ok=True)
+        path = os.path.join(self.out_dir, f"{self.pid}.json")
+        tmp = f"{path}.{threading.get_ident()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, sort_keys=True)
+        os.replace(tmp, path)
