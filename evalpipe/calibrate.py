@@ -42,16 +42,27 @@ def zoo(names: list[str] | None = None) -> list[Fault]:
     return [f for f in FAULTS.values() if not (f.raises or f.hangs)]
 
 
-def fault_variant(fault: Fault) -> Variant:
+def fault_kind(fault: Fault) -> str:
+    if fault.falls_back:
+        return "fallback"
+    return "graded" if fault.magnitude is not None else "harmful" if fault.harmful else "benign"
+
+
+def fault_variant(fault: Fault, config: RunConfig) -> Variant:
+    """``sp`` (or the layout the fault acts on) with the fault switched on. It declares the
+    expectations of the config's variant of that layout: a fault is a bug on that path,
+    and `sp_fallback`, which leaves the path, must come out INCONCLUSIVE by them."""
     engine: dict[str, Any] = {}
     if fault.needs_scale:
         # the scale the fault is documented with (the one at which it really bites)
         engine = {"hf_overrides": {"layout_out_scale": fault.out_scale}}
-    kind = "graded" if fault.magnitude is not None else "harmful" if fault.harmful else "benign"
+    layout = "sp" if fault.layout == "any" else fault.layout
+    same_layout = next((v for v in config.variants.values() if v.env.get(LAYOUT_ENV) == layout), None)
     return Variant(
-        description=f"{fault.layout} + fault {fault.name} ({kind})",
-        env={LAYOUT_ENV: "sp" if fault.layout == "any" else fault.layout, FAULT_ENV: fault.name},
+        description=f"{fault.layout} + fault {fault.name} ({fault_kind(fault)})",
+        env={LAYOUT_ENV: layout, FAULT_ENV: fault.name},
         engine=engine,
+        expect=dict(same_layout.expect) if same_layout is not None else {},
     )
 
 
@@ -67,12 +78,15 @@ def control_variants(config: RunConfig) -> dict[str, tuple[Variant, str]]:
     ref_name = config.reference_name
     ref = config.variants[ref_name]
     seqs = int(ref.engine.get("max_num_seqs", config.engine.get("max_num_seqs", 256)))
+    # the reference's path again: meant to run the same code (A/A pairs)
+    same_path = {**ref.expect, "same_path": True}
     aa2 = Variant(
         description=f"A/A2: {ref_name} again with max_num_seqs {max(1, seqs // 4)} (the A/A run halves it and reverses the order)",
         env=dict(ref.env),
         engine={**ref.engine, "max_num_seqs": max(1, seqs // 4)},
         python=ref.python,
         launch=dict(ref.launch),
+        expect=same_path,
     )
     threads = Variant(
         description=f"{ref_name} on two compute threads (OMP_NUM_THREADS=2): every matmul's reduction split differently",
@@ -80,6 +94,7 @@ def control_variants(config: RunConfig) -> dict[str, tuple[Variant, str]]:
         engine=dict(ref.engine),
         python=ref.python,
         launch=dict(ref.launch),
+        expect=same_path,
     )
     return {
         ref_name + AA2_SUFFIX: (aa2, "The reference's run-to-run noise under a third batch arrangement: a second A/A pair."),
@@ -104,9 +119,8 @@ def calibration_config(config: RunConfig, faults: list[Fault]) -> tuple[RunConfi
         name = f"fault-{fault.name}"
         if name in variants:
             raise ConfigError(f"the config already has a variant `{name}`; rename it (calibration adds it).")
-        variants[name] = fault_variant(fault)
-        kind = "graded" if fault.magnitude is not None else "harmful" if fault.harmful else "benign"
-        expected[name] = (kind, fault.doc)
+        variants[name] = fault_variant(fault, config)
+        expected[name] = (fault_kind(fault), fault.doc)
     data = config.model_dump(mode="json")
     data["variants"] = {k: v.model_dump(mode="json") for k, v in variants.items()}
     return RunConfig.model_validate(data), expected
@@ -138,7 +152,7 @@ def run_calibration(
     from evalpipe.compare.run import compare_artifacts
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
-    from evalpipe.rundirs import compare_run, load_artifacts, read_run_info, write_outputs
+    from evalpipe.rundirs import compare_run, expectations_from_info, load_artifacts, read_run_info, write_outputs
     from evalpipe.runner import RunFailed, execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
@@ -180,13 +194,17 @@ def run_calibration(
         comparison = compare_run(run_dir, variants=survivors)
         comparisons = comparison.comparisons
         gates = comparison.gates
-        ref = load_artifacts(rd.variant(comparison.reference))
-        aa = load_artifacts(rd.variant(comparison.noise_floor.variant)) if comparison.noise_floor else None
+
+        def side_of(name: str):  # with the expectations it ran under: the A/A pairs below are judged on their paths too
+            return load_artifacts(rd.variant(name), expect=expectations_from_info(info, name))
+
+        ref = side_of(comparison.reference)
+        aa = side_of(comparison.noise_floor.variant) if comparison.noise_floor else None
         numerics = comparisons[0].numerics if comparisons else None
     rows = []
     for c in comparisons:
         kind, doc = expected.get(c.variant, ("benign", ""))
-        side = load_artifacts(rd.variant(c.variant))
+        side = side_of(c.variant)
         cost = None
         if c.status.value == "DIVERGENT":
             console.print(f"detection cost of {c.variant} ...")

@@ -119,11 +119,18 @@ def run(
     if dry_run:
         from evalpipe.plan import verify_here
 
-        _print_plan(plan)  # first: a profile for another machine still shows its commands
+        _print_plan(plan)  # first: a profile for another machine still shows its commands and checks
+        _print_path_checks(plan)
 
         def check() -> int:
             verify_here(plan)
-            _print_path_checks(plan, preflight(plan, console))
+            names = preflight(plan, console)  # every probed name looked up in its variant's interpreter
+            absent = {v: [n for n, e in found.names.items() if not e.found] for v, found in names.items()}
+            for variant, missing in absent.items():
+                if missing:
+                    console.print(f"note: {variant}'s interpreter lacks {', '.join(missing)} (other variants' names: "
+                                  "counted as never called there)", soft_wrap=True, markup=False)
+            console.print("every probed name exists where its variant runs")
             return 0
 
         _exit_with(check)
@@ -183,13 +190,13 @@ def _print_plan(plan) -> None:
         console.print(f"note: {note}")
 
 
-def _print_path_checks(plan, names) -> None:
+def _print_path_checks(plan) -> None:
     from evalpipe.probe_names import checks_lines
 
     console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
     for v in plan.variants:
         console.print(f"  [bold]{v.name}[/]")
-        for line in checks_lines(v, names.get(v.name)):
+        for line in checks_lines(v):
             console.print(f"    {line}", soft_wrap=True, markup=False)
 
 
@@ -352,7 +359,8 @@ def nightly(
     from_run: Optional[Path] = typer.Option(None, "--from-run", help="Judge a finished run directory as tonight's night instead of running one."),
 ) -> None:
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
-    the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression."""
+    the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
+    tonight's run failed, 4 when it proves nothing about the code paths (INCONCLUSIVE)."""
     from evalpipe.config import ConfigError
     from evalpipe.history import HistoryError
     from evalpipe.nightly import parse_components, print_night, run_night
@@ -424,8 +432,8 @@ def history_show(
     run_id: str = typer.Argument(..., help="A recorded run id (see `evalpipe history list`)."),
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
-    """One run: its variants, components, scores and, for a night, its judgement."""
-    from evalpipe.history import HistoryError
+    """One run: its variants, components, what ran, scores and, for a night, its judgement."""
+    from evalpipe.history import HistoryError, describe_what_ran
 
     hist = _history(history, config, output)
     try:
@@ -438,6 +446,8 @@ def history_show(
     for v in hist.variants_of(run_id):
         comps = ", ".join(f"{k} {val}" for k, val in sorted((v["components"] or {}).items()))
         console.print(f"  {v['name']} ({v['role']}) {v['status'] or ''}  {comps}", soft_wrap=True, markup=False)
+        paths = f"; paths {v['path_status']}" if v["path_status"] else ""
+        console.print(f"    ran: {describe_what_ran(v['probes'])}{paths}", soft_wrap=True, markup=False)
     for s in hist.score_rows([run_id]):
         se = f" ± {s['se']:.4f}" if s["se"] is not None else ""
         console.print(f"    {s['variant']:<20} {s['task']} {s['metric']}: {s['mean']:.4f}{se} (n {s['n']})", markup=False)

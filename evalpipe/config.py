@@ -150,6 +150,11 @@ class Expectations(_Strict):
         "probe profile then pass instead of being INCONCLUSIVE.",
     )
     model: str | None = Field(default=None, description="Class vLLM must instantiate in every process that builds a model (module.Class).")
+    engine_processes: int | None = Field(
+        default=None, ge=1,
+        description="How many processes build the model: one per engine (data-parallel rank) times its tensor- and "
+        "pipeline-parallel workers.",
+    )
     layers: list[str] = Field(default_factory=list, description="Every decoder layer is one of these classes (module.Class).")
     called: list[str] = Field(default_factory=list, description="Functions or methods called at least once (all processes together).")
     not_called: list[str] = Field(default_factory=list, description="Functions or methods never called in any process.")
@@ -214,7 +219,8 @@ class Expectations(_Strict):
         return [n for n in self.names() if n not in classes]
 
     def declares(self) -> bool:
-        return bool(self.model or self.layers or self.called or self.not_called or self.per_forward or self.switches)
+        return bool(self.model or self.engine_processes or self.layers or self.called or self.not_called
+                    or self.per_forward or self.switches)
 
     def claims(self) -> dict[str, Any]:
         """What these expectations say about the path (same_path aside): equal claims on

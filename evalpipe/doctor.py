@@ -206,6 +206,8 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
     for v in plan.variants:
         if v.launch.mode == "endpoint":
             add(v.name, "endpoint", *check_endpoint(v))
+            add(v.name, "path probes", False, "path not verifiable in endpoint mode (the server runs outside evalpipe, "
+                "its code cannot be probed): every comparison with this variant will be INCONCLUSIVE")
             continue
         if v.python not in probes:
             probes[v.python] = probe_interpreter(v)
@@ -214,6 +216,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
         if info is None:
             continue
         add(v.name, "vllm", *_package_line("vllm", info.get("vllm")))
+        add(v.name, "path probes", *check_probe_names(v, plan))
         if device == "npu":
             add(v.name, "vllm_ascend", *_package_line("vllm_ascend", info.get("vllm_ascend")))
             add(v.name, "torch_npu", *_package_line("torch_npu", info.get("torch_npu")))
@@ -234,6 +237,19 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
                 free_port = port_is_free(v.launch.host, v.launch.port)
                 add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))
     return checks
+
+
+def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:
+    """Every name the run probes, looked up in the variant's interpreter; what will be checked."""
+    from evalpipe.config import ConfigError
+    from evalpipe.probe_names import check_variant, checks_lines, probed_names, resolve
+
+    try:
+        found = resolve(v.python, v.process_env(), probed_names(p.expect for p in plan.variants))
+        check_variant(v.name, v.python, v.expect, found)
+    except ConfigError as err:
+        return False, str(err)
+    return True, "; ".join(checks_lines(v))
 
 
 def _model_path(plan: RunPlan, add) -> Path | None:

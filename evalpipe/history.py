@@ -10,6 +10,9 @@ What one recorded run keeps, per variant:
   torch_npu, CANN, evalpipe, plus the labels CI passes with ``--component``) and its
   settings (env, engine args), so a change can be traced to what changed with it;
 - its comparison with the reference (status, every gate's result, token summaries);
+- what ran: the path probes' summary of its engine processes (model and layer classes,
+  switches, calls, collectives per forward pass) and whether its comparison verified
+  the paths (``path_status``), so a night that silently ran another path shows;
 - per task x metric the mean, standard error and n, and the per-item correctness,
   packed (one bit per item for 0/1 metrics) against the task's item set, which is
   stored once. The per-item values are what makes night-over-night tests paired.
@@ -49,6 +52,10 @@ class HistoryError(ValueError):
 # ---------------------------------------------------------------------------
 
 metadata = sa.MetaData()
+# A column added by a later migration says which one in its ``info``: the migration that
+# creates a table creates it as it was then, so every database, new or upgraded, takes
+# the same steps and ends with the same schema.
+SINCE = "since_schema"
 
 schema_version = sa.Table(
     "schema_version", metadata,
@@ -90,6 +97,10 @@ variants = sa.Table(
     sa.Column("exit_code", sa.Integer),
     sa.Column("components", sa.JSON),
     sa.Column("settings", sa.JSON),
+    # what ran: the manifest's path-probe summary (None: a run from before the probes) and
+    # the path status of its comparison ("verified", "failed", "same_code", "not_recorded")
+    sa.Column("probes", sa.JSON, info={SINCE: 2}),
+    sa.Column("path_status", sa.String(20), info={SINCE: 2}),
 )
 gate_results = sa.Table(
     "gate_results", metadata,
@@ -141,6 +152,36 @@ baselines = sa.Table(
 )
 
 V1_TABLES = (runs, variants, gate_results, item_sets, scores, token_summaries, baselines)
+TABLES = V1_TABLES
+
+
+def _since(column: sa.Column) -> int:
+    return int(column.info.get(SINCE, 1))
+
+
+def create_tables_as_of(conn: Connection, tables: Sequence[sa.Table], version: int) -> None:
+    """CREATE TABLE (and its indexes) of each table that does not exist yet, with only the
+    columns schema ``version`` had."""
+    inspector = sa.inspect(conn)
+    for table in tables:
+        if inspector.has_table(table.name):
+            continue
+        ddl = sa.schema.CreateTable(table)
+        ddl.columns = [c for c in ddl.columns if _since(c.element) <= version]
+        conn.execute(ddl)
+        for index in table.indexes:
+            if all(_since(c) <= version for c in index.columns):
+                conn.execute(sa.schema.CreateIndex(index))
+
+
+def add_columns_of(conn: Connection, version: int) -> None:
+    """ALTER TABLE ... ADD COLUMN for every column migration ``version`` adds (nullable,
+    no constraint: SQLite and PostgreSQL add such a column in place, without a rewrite)."""
+    for table in TABLES:
+        for column in table.columns:
+            if _since(column) == version:
+                spec = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+                conn.execute(sa.text(f"ALTER TABLE {conn.dialect.identifier_preparer.format_table(table)} ADD COLUMN {spec}"))
 
 
 @dataclass(frozen=True)
@@ -150,12 +191,18 @@ class Migration:
 
     def apply(self, conn: Connection) -> None:
         if self.version == 1:
-            metadata.create_all(conn, tables=list(V1_TABLES))
+            create_tables_as_of(conn, V1_TABLES, 1)
+        else:
+            add_columns_of(conn, self.version)
 
 
-# A later schema change appends Migration(2, ...) with its DDL in `apply`; an existing
-# database is brought forward one step at a time, each step in its own transaction.
-MIGRATIONS = (Migration(1, "runs, variants, gates, scores with per-item values, token summaries, baselines"),)
+# A schema change appends a Migration: new columns name it in their info (SINCE), new
+# tables get their own step in `apply`. An existing database is brought forward one step
+# at a time, each step in its own transaction.
+MIGRATIONS = (
+    Migration(1, "runs, variants, gates, scores with per-item values, token summaries, baselines"),
+    Migration(2, "variants: what ran (the manifest's path-probe summary) and the path status of the comparison"),
+)
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
@@ -302,6 +349,45 @@ def _gate_rows(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
+def _probes_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What the variant ran (the manifest's "probes" summary), None for a run from before
+    the probes; redacted like everything the history keeps (switch values come from the
+    engine's configuration)."""
+    summary = manifest.get("probes")
+    return redact(summary) if isinstance(summary, dict) else None
+
+
+def _path_status(comparison: dict[str, Any] | None) -> str | None:
+    """The path status of a comparison in compare.json, None for one from before the probes."""
+    paths = (comparison or {}).get("paths")
+    status = paths.get("status") if isinstance(paths, dict) else None
+    return str(status) if status is not None else None
+
+
+def describe_what_ran(probes: dict[str, Any] | None) -> str:
+    """One line for people: model class, decoder layers and collectives per forward pass
+    (the most frequent count of each kind, with how often when it varies)."""
+    from evalpipe.compare.code_paths import short
+
+    if not probes:
+        return "not recorded (the run predates path probes)"
+    if probes.get("verifiable") is False:
+        return f"not verifiable ({probes.get('mode')} mode: the server runs outside evalpipe)"
+    models = ", ".join(short(str(m)) for m in probes.get("models") or []) or "no model seen"
+    layers = ", ".join(f"{n} {short(str(c))}" for c, n in sorted((probes.get("layers") or {}).items())) or "no decoder layers"
+    per_forward = "; ".join(_collective_text(kind, entry)
+                            for kind, entry in sorted((probes.get("collectives_per_forward") or {}).items()))
+    return f"{models}; layers {layers}; per forward: {per_forward or 'no collectives'}"
+
+
+def _collective_text(kind: str, entry: dict[str, Any]) -> str:
+    counts = sorted((entry.get("counts") or {}).items(), key=lambda kv: -kv[1])
+    forwards = entry.get("forwards")
+    if len(counts) == 1:
+        return f"{kind} {counts[0][0]}"
+    return f"{kind} " + ", ".join(f"{value} in {n} of {forwards}" for value, n in counts[:3]) + (", …" if len(counts) > 3 else "")
+
+
 @dataclass
 class RunRecord:
     """Everything of one run directory that goes into the database."""
@@ -347,6 +433,8 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             "exit_code": (vstatus.get(name) or {}).get("exit_code"),
             "components": redact(components_of(manifest, info, labels)),
             "settings": setting,
+            "probes": _probes_summary(manifest),
+            "path_status": None if role == "reference" else _path_status(comparison),
             "scores": item_scores_of(vdir),
             "tokens": _token_rows(comparison),
             "gates": _gate_rows(comparison) if role == "variant" else [],
@@ -423,7 +511,7 @@ class History:
             for v in rec.variants:
                 vpk = conn.execute(variants.insert().values(
                     run_pk=run_pk, name=v["name"], role=v["role"], status=v["status"], exit_code=v["exit_code"],
-                    components=v["components"], settings=v["settings"],
+                    components=v["components"], settings=v["settings"], probes=v["probes"], path_status=v["path_status"],
                 )).inserted_primary_key[0]
                 score_rows = []
                 for s in v["scores"]:
@@ -568,7 +656,7 @@ class History:
             rows.append({
                 "run_id": s["run_id"], "kind": r["kind"], "started_at": r["started_at"], "config_hash": r["config_hash"],
                 "model_fingerprint": r["model_fingerprint"], "run_verdict": r["verdict"], "nightly_status": r["nightly_status"],
-                "variant": s["variant"], "role": s["role"], "variant_status": v.get("status"),
+                "variant": s["variant"], "role": s["role"], "variant_status": v.get("status"), "path_status": v.get("path_status"),
                 "task": s["task"], "metric": s["metric"], "mean": s["mean"], "se": s["se"], "n": s["n"],
                 "components": json.dumps(v.get("components") or {}, sort_keys=True),
             })

@@ -9,7 +9,10 @@
 
 The night is a REGRESSION when (1) fails, when a variant drifted from its baseline
 (2), or when a series has a flagged change that lasts until tonight (a score going
-down, a token measure going up). Its evidence goes to nightly.json / nightly.md /
+down, a token measure going up). It is INCONCLUSIVE when nothing else failed but (1) or
+a variant's (2) proves nothing about the code paths (a variant did not run the path its
+config declares, or cannot be verified): a night that silently ran another path must
+not pass. Its evidence goes to nightly.json / nightly.md /
 nightly-junit.xml in the run directory, the history database and the dashboard; a
 flagged change names the components that changed between the last good night and
 the first bad one (the bisect hint).
@@ -33,6 +36,13 @@ from evalpipe.history import NIGHTLY_JSON, History, HistoryError
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
 PASSING = ("IDENTICAL", "EQUIVALENT")
+INCONCLUSIVE = "INCONCLUSIVE"
+# A night's statuses, least severe first: a finding (REGRESSION) outranks a night that
+# proved nothing about its paths, and a run that did not finish outranks both.
+NIGHT_STATUSES = ("PASS", INCONCLUSIVE, "REGRESSION", "FAILED")
+EXIT_CODES = {"PASS": 0, "REGRESSION": 1, "FAILED": 3, INCONCLUSIVE: 4}
+NIGHT_ICONS = {"PASS": "✅", INCONCLUSIVE: "⚠️", "REGRESSION": "❌", "FAILED": "💥"}
+NIGHT_COLOURS = {"PASS": "green", INCONCLUSIVE: "yellow", "REGRESSION": "red", "FAILED": "red"}
 # token measures followed per task: (source, measure)
 TOKEN_SERIES = (("teacher", "kl_p99"), ("teacher", "kl_max"), ("free", "kl_max"), ("free", "n_hard_divergences"))
 # the gate that judges each of them within a night: its threshold is the series' floor
@@ -43,22 +53,23 @@ TOKEN_GATES = {"teacher_kl_p99": "teacher_kl_p99", "teacher_kl_max": "teacher_kl
 @dataclass
 class Judgement:
     run_id: str
-    status: str = "PASS"  # PASS | REGRESSION | FAILED
+    status: str = "PASS"  # one of NIGHT_STATUSES
     verdict: str | None = None
     baseline: str | None = None
     reasons: list[str] = field(default_factory=list)
     vs_baseline: list[dict[str, Any]] = field(default_factory=list)
     changes: list[dict[str, Any]] = field(default_factory=list)
+    paths: str | None = None  # why tonight's own comparison proves nothing about the paths
 
     def fail(self, reason: str, status: str = "REGRESSION") -> None:
-        if self.status != "FAILED":
+        if NIGHT_STATUSES.index(status) > NIGHT_STATUSES.index(self.status):
             self.status = status
         self.reasons.append(reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "status": self.status, "verdict": self.verdict, "baseline": self.baseline,
-            "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes,
+            "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes, "paths": self.paths,
         }
 
 
@@ -108,20 +119,33 @@ def bisect_hint(history: History, last_good: str | None, first_bad: str, variant
 # ---------------------------------------------------------------------------
 
 
+def meant_same(expect: Any) -> Any:
+    """Side B of a comparison meant to run the same code as side A (the same variant on two
+    nights, a reference against its own A/A run): its recorded expectations with
+    ``same_path``, so IDENTICAL outputs of the same path pass instead of being judged
+    "same_code". Each side is still checked against its own expectations."""
+    from evalpipe.config import Expectations
+
+    return (expect or Expectations()).model_copy(update={"same_path": True})
+
+
 def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
     """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
     the engine's noise between two runs, the floor of every drift from the baseline."""
     from evalpipe.compare.run import compare_artifacts
-    from evalpipe.rundirs import gates_from_info, load_artifacts, read_run_info, variant_numerics
+    from evalpipe.rundirs import expectations_from_info, gates_from_info, load_artifacts, read_run_info, variant_numerics
 
     info = read_run_info(tonight_dir)
-    gates = gates_from_info(info, str(tonight_dir / "run.json"))
+    where = str(tonight_dir / "run.json")
+    gates = gates_from_info(info, where)
     aa_name, ref = (info.get("noise_floor") or {}).get("variant"), info.get("reference")
     if not (aa_name and ref and (tonight_dir / aa_name).is_dir()):
         return gates, None
     ref_dir = artifacts.VariantDir(tonight_dir / ref)
-    aa = compare_artifacts(load_artifacts(ref_dir), load_artifacts(artifacts.VariantDir(tonight_dir / aa_name)),
-                           worst_k=3, gates=gates, numerics=variant_numerics(ref_dir))
+    ref_side = load_artifacts(ref_dir, expect=expectations_from_info(info, ref, where))
+    aa_side = load_artifacts(artifacts.VariantDir(tonight_dir / aa_name),
+                             expect=meant_same(expectations_from_info(info, aa_name, where)))
+    aa = compare_artifacts(ref_side, aa_side, worst_k=3, gates=gates, numerics=variant_numerics(ref_dir))
     return gates, aa
 
 
@@ -130,27 +154,62 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     comparison entry (plus "error" when the two cannot be compared). ``floor``:
     :func:`tonight_floor`, computed once per night by the caller."""
     from evalpipe.compare.run import check_same_items, compare_artifacts
-    from evalpipe.rundirs import load_artifacts, read_run_info, variant_numerics
+    from evalpipe.rundirs import expectations_from_info, load_artifacts, read_run_info, variant_numerics
 
     base_v, night_v = base_dir / variant, tonight_dir / variant
     label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
     try:
-        a = load_artifacts(artifacts.VariantDir(base_v), label_a)
-        b = load_artifacts(artifacts.VariantDir(night_v), label_b)
+        base_info = read_run_info(base_dir)
+        # each night judged by the expectations its own run recorded; tonight meant to run
+        # the baseline's path (see meant_same)
+        a = load_artifacts(artifacts.VariantDir(base_v), label_a,
+                           expectations_from_info(base_info, variant, str(base_dir / "run.json")))
+        b = load_artifacts(artifacts.VariantDir(night_v), label_b,
+                           meant_same(expectations_from_info(read_run_info(tonight_dir), variant, str(tonight_dir / "run.json"))))
         check_same_items(a.samples, b.samples, label_a, label_b)
     except ValueError as err:
         return {"variant": variant, "error": str(err)}
     # Teacher forcing across nights is clean only on the same forced tokens: the baseline
     # scored its reference's sequences (teacher.parquet), tonight scored the same ones
     # (teacher_baseline.parquet). Without that pair the comparison is free-running only.
-    forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / str(read_run_info(base_dir).get("reference") or ""))
+    forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / str(base_info.get("reference") or ""))
     a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
     gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
     d = vc.to_dict()
     return {"variant": variant, "status": d["status"], "teacher_forced": forced is not None, "reasons": d.get("reasons") or [],
+            "outputs_status": d.get("outputs_status"), "paths": _paths_brief(d.get("paths")),
             "scores": d.get("scores") or [], "tokens": [_token_brief(t) for t in d.get("tokens") or []],
             "teacher": [_token_brief(t) for t in d.get("teacher") or []]}
+
+
+def _paths_brief(paths: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not paths:
+        return None
+    return {"status": paths.get("status"), "reasons": list(paths.get("reasons") or [])}
+
+
+def first_path_reason(comparison: dict[str, Any]) -> str:
+    """The first reason a comparison's paths give (a compare.json comparison or a
+    vs_baseline entry); its verdict's first reason when it recorded no path reasons."""
+    reasons = (comparison.get("paths") or {}).get("reasons") or comparison.get("reasons") or []
+    return str(reasons[0]) if reasons else "no reason was recorded"
+
+
+def tonight_inconclusive(run_dir: Path, verdict: str | None) -> str | None:
+    """Why tonight's own comparison proves nothing about the paths (from its compare.json),
+    None when every comparison proves something."""
+    path = artifacts.RunDir(run_dir).compare_json
+    compare = artifacts.read_json(path) if path.is_file() else {}
+    inconclusive = [c for c in compare.get("comparisons") or [] if c.get("status") == INCONCLUSIVE]
+    if not inconclusive:
+        if verdict != INCONCLUSIVE:
+            return None
+        return (f"tonight's comparison proves nothing about the paths, and {path} is missing to say why; "
+                f"`evalpipe compare {run_dir}` writes it again")
+    text = f"tonight's comparison proves nothing about the paths: {first_path_reason(inconclusive[0])}"
+    others = [f"`{c.get('variant')}`" for c in inconclusive[1:]]
+    return text + (f" (also inconclusive: {', '.join(others)})" if others else "")
 
 
 def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> Any:
@@ -282,12 +341,16 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
     """Judge a night already in the history; stores the result and returns it."""
     tonight = history.run(run_id)
     j = Judgement(run_id=run_id, verdict=tonight.get("verdict"))
+    tonight_dir = Path(tonight["run_dir"])
     if tonight.get("status") != "ok":
         j.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", "FAILED")
-    elif tonight.get("verdict") is not None and tonight["verdict"] not in PASSING:
-        j.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
+    else:
+        if tonight.get("verdict") is not None and tonight["verdict"] not in (*PASSING, INCONCLUSIVE):
+            j.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
+        j.paths = tonight_inconclusive(tonight_dir, tonight.get("verdict"))
+        if j.paths:
+            j.fail(j.paths, INCONCLUSIVE)
     nights = series_nights(history, run_id)
-    tonight_dir = Path(tonight["run_dir"])
     floor = None
     for v in history.variants_of(run_id):
         if v["role"] == "aa":
@@ -306,6 +369,9 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
         j.vs_baseline.append(entry)
         if entry.get("error"):
             j.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
+        elif entry["status"] == INCONCLUSIVE:
+            j.fail(f"{v['name']}'s comparison with baseline {base} proves nothing about the paths: {first_path_reason(entry)}",
+                   INCONCLUSIVE)
         elif entry["status"] not in PASSING:
             first = entry["reasons"][0] if entry["reasons"] else ""
             j.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
@@ -330,7 +396,7 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
     """Markdown fit for a CI step summary."""
     from evalpipe.report.markdown import md_escape
 
-    icon = {"PASS": "✅", "REGRESSION": "❌", "FAILED": "💥"}[j.status]
+    icon = NIGHT_ICONS[j.status]
     lines = [f"## evalpipe nightly {md_escape(j.run_id)}: {icon} {j.status}", ""]
     lines.append(f"- tonight's verdict (variants vs reference): **{md_escape(str(j.verdict))}**")
     lines.append(f"- baseline night: {md_escape(j.baseline) if j.baseline else 'none yet (first passing night becomes it)'}")
@@ -377,24 +443,42 @@ def render_junit(j: Judgement) -> str:
 
     from evalpipe.report.junit import xml_text
 
-    cases: list[tuple[str, str, str | None]] = [("tonight", "variants_vs_reference",
-                                                 None if j.verdict in PASSING or j.verdict is None else f"verdict {j.verdict}")]
+    cases: list[tuple[str, str, tuple[str, str] | None]] = [("tonight", "variants_vs_reference", _tonight_failure(j))]
     for e in j.vs_baseline:
-        bad = e.get("error") or (None if e.get("status") in PASSING else f"{e.get('status')}: " + "; ".join(e.get("reasons") or [])[:2000])
-        cases.append(("vs_baseline", str(e["variant"]), bad))
+        cases.append(("vs_baseline", str(e["variant"]), _baseline_failure(e)))
     for c in j.changes:
         if c["state"] == "flagged" and c["regression"]:
-            cases.append(("series", f"{c['task']}[{c['metric']}].{c['variant']}", c["summary"] if c["open"] else None))
+            cases.append(("series", f"{c['task']}[{c['metric']}].{c['variant']}", ("regression", c["summary"]) if c["open"] else None))
     suite = ET.Element("testsuite", name=xml_text(f"evalpipe.nightly.{j.run_id}"), tests=str(len(cases)),
                        failures=str(sum(1 for *_, bad in cases if bad)))
     for classname, name, bad in cases:
         case = ET.SubElement(suite, "testcase", classname=xml_text(classname), name=xml_text(name))
         if bad:
-            ET.SubElement(case, "failure", message=xml_text(str(bad).splitlines()[0][:500])).text = xml_text(bad)
+            kind, text = bad
+            ET.SubElement(case, "failure", message=xml_text(text.splitlines()[0][:500]), type=kind).text = xml_text(text)
     root = ET.Element("testsuites", name="evalpipe.nightly")
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _tonight_failure(j: Judgement) -> tuple[str, str] | None:
+    """(failure type, text) of tonight's own verdict, None when it passed."""
+    if j.verdict is None or j.verdict in PASSING:
+        return None
+    if j.verdict == INCONCLUSIVE:
+        return "inconclusive", j.paths or "tonight's comparison proves nothing about the paths"
+    return "regression", f"verdict {j.verdict}" + (f"\n{j.paths}" if j.paths else "")
+
+
+def _baseline_failure(e: dict[str, Any]) -> tuple[str, str] | None:
+    """(failure type, text) of one variant against the baseline night, None when it passed."""
+    if e.get("error"):
+        return "error", str(e["error"])
+    if e.get("status") in PASSING:
+        return None
+    text = f"{e.get('status')}: " + "; ".join(e.get("reasons") or [])[:2000]
+    return ("inconclusive" if e.get("status") == INCONCLUSIVE else "regression"), text
 
 
 def write_night(run_dir: Path, j: Judgement, dashboard: Path | None = None) -> dict[str, Path]:
@@ -513,7 +597,7 @@ class NightResult:
 
     @property
     def exit_code(self) -> int:
-        return {"PASS": 0, "REGRESSION": 1, "FAILED": 3}[self.judgement.status]
+        return EXIT_CODES[self.judgement.status]
 
 
 def record_and_judge(history: History, run_dir: Path, *, labels: dict[str, str], alpha: float, min_nights: int,
@@ -528,7 +612,7 @@ def record_and_judge(history: History, run_dir: Path, *, labels: dict[str, str],
 
 def print_night(result: NightResult, console: Any) -> None:
     j = result.judgement
-    colour = {"PASS": "green", "REGRESSION": "red", "FAILED": "red"}[j.status]
+    colour = NIGHT_COLOURS[j.status]
     console.print(f"[bold]nightly {j.run_id}[/]: [bold {colour}]{j.status}[/]"
                   + (f" (baseline {j.baseline})" if j.baseline else " (no baseline yet)"))
     for reason in j.reasons:

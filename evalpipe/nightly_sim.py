@@ -17,7 +17,9 @@ judged exactly as `evalpipe nightly` judges a night:
 
 Every night keeps the run.json of the config's real run (its settings and config
 hash), with its own run id, time and components; its compare.json and reports are
-computed from the artifacts it holds. Expected: the detector flags exactly the fault
+computed from the artifacts it holds. A night whose `sp` is the reference's A/A run
+records the A/A run's expectations for it: its path probes show the reference's code,
+and judged by sp's expectations that night would be INCONCLUSIVE, not an A/A night. Expected: the detector flags exactly the fault
 night, nothing before it, and the history clears after the fix.
 """
 
@@ -110,6 +112,8 @@ def build_night(good: Path, fault: Path, night_dir: Path, *, index: int, started
         if name == FAULT_VARIANT:
             src = fault / name if build == "fault" else good / sp_from
         _copy_variant(src, night_dir / name)
+    if build != "fault" and sp_from != FAULT_VARIANT:
+        _claim_source_path(info, sp_from)
     info.update(run_id=night_dir.name, started_at=started_at, kind="nightly", status="ok",
                 components={"vllm_ascend": build}, simulated={"night": index, "sp_from": "fault run" if build == "fault" else sp_from})
     artifacts.write_json(RunDir(night_dir).run_json, info)
@@ -118,6 +122,15 @@ def build_night(good: Path, fault: Path, night_dir: Path, *, index: int, started
     artifacts.write_json(RunDir(night_dir).run_json, info)
     write_outputs(night_dir, comparison, info, plots=False)  # ~0.7 s a night saved; the dashboard is what is read
     return night_dir
+
+
+def _claim_source_path(info: dict[str, Any], source: str) -> None:
+    """The night's `sp` holds ``source``'s artifacts: it claims ``source``'s path (its
+    expectations) so that the comparisons judge its probe records by what it ran."""
+    settings = info.get("variant_settings") or {}
+    expect = (settings.get(source) or {}).get("expect")
+    if FAULT_VARIANT in settings and expect is not None:
+        settings[FAULT_VARIANT] = {**settings[FAULT_VARIANT], "expect": expect}
 
 
 def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
@@ -153,7 +166,8 @@ def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fi
         r = record_and_judge(history, night, labels={}, alpha=spec.alpha, min_nights=spec.min_nights,
                              dashboard=output / "dashboard" / "index.html", title="evalpipe nightly: simulated history")
         results.append(r)
-        mark = {"PASS": "[green]PASS[/]", "REGRESSION": "[bold red]REGRESSION[/]", "FAILED": "[red]FAILED[/]"}[r.judgement.status]
+        mark = {"PASS": "[green]PASS[/]", "INCONCLUSIVE": "[bold yellow]INCONCLUSIVE[/]", "REGRESSION": "[bold red]REGRESSION[/]",
+                "FAILED": "[red]FAILED[/]"}[r.judgement.status]
         console.print(f"night {i:2d} build {build:<6} sp={'fault run' if broken else sp_from:<10} {mark}")
     last = results[-1].judgement
     flagged = [c for c in last.changes if c["state"] == "flagged" and c["regression"]]

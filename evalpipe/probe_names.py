@@ -149,7 +149,7 @@ def resolve_plan(variants: Iterable[Any], say: Callable[[str], None] | None = No
 
 
 
-def checks_lines(variant: Any, names: VariantNames | None) -> list[str]:
+def checks_lines(variant: Any) -> list[str]:
     """What the path probes will check of ``variant`` (a PlannedVariant), for --dry-run and doctor."""
     expect: Expectations = variant.expect
     if variant.launch.mode == "endpoint":
@@ -158,6 +158,8 @@ def checks_lines(variant: Any, names: VariantNames | None) -> list[str]:
     lines = []
     if expect.model:
         lines.append(f"model class {expect.model}")
+    if expect.engine_processes is not None:
+        lines.append(f"the model built in {expect.engine_processes} engine process(es)")
     if expect.layers:
         lines.append(f"decoder layers {' or '.join(expect.layers)}")
     for key, label in (("called", "called at least once"), ("not_called", "never called")):
@@ -172,7 +174,4 @@ def checks_lines(variant: Any, names: VariantNames | None) -> list[str]:
     if not expect.declares():
         lines.append("no expectations: passes only if its probe profile differs from the reference's or its outputs "
                      "are not identical (else INCONCLUSIVE)")
-    absent = [n for n, e in (names.names.items() if names else []) if not e.found]
-    if absent:
-        lines.append(f"absent from this interpreter (other variants' names, counted as never called): {', '.join(absent)}")
     return lines

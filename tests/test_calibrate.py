@@ -13,7 +13,11 @@ from evalpipe.report.calibration import render_calibration, sensitivity_plot
 BASE = {
     "model": {"path": "builtin:tiny-gsm"},
     "engine": {"hf_overrides": {"architectures": ["EvalpipeLayoutForCausalLM"], "layout_tp": 4}},
-    "variants": {"legacy": {"env": {"EVALPIPE_LAYOUT": "legacy"}}, "sp": {"env": {"EVALPIPE_LAYOUT": "sp"}}},
+    "variants": {
+        "legacy": {"env": {"EVALPIPE_LAYOUT": "legacy"},
+                   "expect": {"called": ["evalpipe.layout.model.LayoutDecoderLayer._legacy_attention"]}},
+        "sp": {"env": {"EVALPIPE_LAYOUT": "sp"}, "expect": {"called": ["evalpipe.layout.model.LayoutDecoderLayer._sp_attention"]}},
+    },
     "reference": "legacy",
     "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
 }
@@ -29,12 +33,18 @@ def test_every_runnable_fault_becomes_a_variant_with_its_expectation():
     for f in faults:
         v = config.variants[f"fault-{f.name}"]
         assert v.env == {"EVALPIPE_LAYOUT": "sp" if f.layout == "any" else f.layout, FAULT_ENV: f.name}
-        kind = "graded" if f.magnitude is not None else "harmful" if f.harmful else "benign"
+        kind = "fallback" if f.falls_back else "graded" if f.magnitude is not None else "harmful" if f.harmful else "benign"
         assert expected[f"fault-{f.name}"] == (kind, f.doc)
+        # a fault is a bug on its layout's path: it declares that path's expectations
+        assert v.expect == config.variants[v.env["EVALPIPE_LAYOUT"]].expect
         scale = (v.engine.get("hf_overrides") or {}).get("layout_out_scale")
         assert scale == (f.out_scale if f.needs_scale else None)
         assert not f.needs_scale or scale > 1
     assert any(f.harmful for f in faults) and any(not f.harmful for f in faults)
+    assert "fault-sp_fallback" in config.variants, "the silent fallback is part of the zoo"
+    # the engine controls repeat the reference's path: A/A pairs by declaration
+    for control in ("legacy-aa2", "legacy-threads2"):
+        assert config.variant_expect(control) == config.variant_expect("legacy").model_copy(update={"same_path": True})
 
 
 def test_unknown_fault_and_name_collision_are_config_errors():

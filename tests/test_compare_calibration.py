@@ -28,6 +28,11 @@ def test_outcome_against_expectation():
     assert outcome("harmful", "DIVERGENT") == CAUGHT and outcome("harmful", "EQUIVALENT") == MISSED
     assert outcome("benign", "IDENTICAL") == CLEAN and outcome("benign", "DIVERGENT") == FALSE_ALARM
     assert outcome("graded", "DIVERGENT") == CAUGHT and outcome("graded", "EQUIVALENT") == "not caught"
+    # a silent fallback is caught only by the path probes: INCONCLUSIVE, never a pass
+    assert outcome("fallback", "INCONCLUSIVE") == CAUGHT
+    assert outcome("fallback", "IDENTICAL") == MISSED and outcome("fallback", "EQUIVALENT") == MISSED
+    # a benign entry that proves nothing is no clean pass
+    assert outcome("benign", "INCONCLUSIVE") == FALSE_ALARM
 
 
 def test_graded_rows_are_not_counted_as_misses_and_gates_firing_is_counted_per_comparison():

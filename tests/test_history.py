@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from evalpipe import history as h
 from evalpipe.history import HistoryError, open_history
 
-from tests.nightly_fakes import N_ITEMS, write_night
+from tests.nightly_fakes import LAYER, MODEL, N_ITEMS, V1_VARIANT_COLUMNS, write_night, write_v1_history
 
 
 @pytest.fixture
@@ -135,3 +135,50 @@ def test_export_csv_and_parquet(tmp_path, db):
     assert len(csv_rows) == len(pq_rows) == 2 * 3  # nights x variants (one metric)
     assert {r["variant"] for r in pq_rows} == {"legacy", "legacy-aa", "sp"}
     assert json.loads(pq_rows[0]["components"])["vllm"] == "0.32.0"
+
+
+def _variant_columns(db) -> list[str]:
+    with db.engine.connect() as conn:
+        return [c["name"] for c in sa.inspect(conn).get_columns("variants")]
+
+
+def test_a_schema_1_database_upgrades_in_place_and_keeps_its_runs(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    write_v1_history(url, write_night(tmp_path / "runs", 0))
+    with sa.create_engine(url).connect() as conn:
+        assert h.current_version(conn) == 1
+        assert [c["name"] for c in sa.inspect(conn).get_columns("variants")] == V1_VARIANT_COLUMNS
+    db = open_history(url, tmp_path)
+    with db.engine.connect() as conn:
+        assert h.current_version(conn) == h.SCHEMA_VERSION == 2
+    # the upgraded database has the schema a new one gets
+    assert _variant_columns(db) == V1_VARIANT_COLUMNS + ["probes", "path_status"] == _variant_columns(open_history(None, tmp_path / "new"))
+    old = {v["name"]: v for v in db.variants_of("night-00")}
+    assert old["sp"]["status"] == "IDENTICAL" and old["sp"]["probes"] is None and old["sp"]["path_status"] is None
+    # and records what ran from now on
+    db.record(write_night(tmp_path / "runs", 1, probes=True))
+    new = {v["name"]: v for v in db.variants_of("night-01")}
+    assert new["sp"]["path_status"] == "verified" and new["sp"]["probes"]["models"] == [MODEL]
+
+
+def test_what_ran_is_recorded_per_variant(tmp_path, db):
+    db.record(write_night(tmp_path, 0, probes=True, sp_ran="legacy"))
+    vs = {v["name"]: v for v in db.variants_of("night-00")}
+    assert {n: v["path_status"] for n, v in vs.items()} == {"legacy": None, "legacy-aa": "verified", "sp": "failed"}
+    assert {n: v["status"] for n, v in vs.items()} == {"legacy": None, "legacy-aa": "IDENTICAL", "sp": "INCONCLUSIVE"}
+    assert db.run("night-00")["verdict"] == "INCONCLUSIVE"
+    sp = vs["sp"]["probes"]
+    assert sp["layers"] == {LAYER: 3} and sp["collectives_per_forward"]["all_gather"] == {"counts": {"3": 48}, "forwards": 48}
+    assert h.describe_what_ran(sp) == ("LayoutForCausalLM; layers 3 LayoutDecoderLayer; "
+                                       "per forward: all_gather 3; reduce_scatter 3")
+    assert h.describe_what_ran(None) == "not recorded (the run predates path probes)"
+    rows = {r["variant"]: r for r in db.export_rows()}
+    assert rows["sp"]["variant_status"] == "INCONCLUSIVE" and rows["sp"]["path_status"] == "failed"
+    assert rows["legacy"]["run_verdict"] == "INCONCLUSIVE"
+
+
+def test_collectives_whose_count_varies_are_shown_with_how_often():
+    probes = {"models": ["m.Model"], "layers": {"m.Layer": 2},
+              "collectives_per_forward": {"all_gather": {"counts": {"2": 40, "0": 8}, "forwards": 48}}}
+    assert h.describe_what_ran(probes) == "Model; layers 2 Layer; per forward: all_gather 2 in 40 of 48, 0 in 8 of 48"
+    assert h.describe_what_ran({"verifiable": False, "mode": "endpoint"}).startswith("not verifiable (endpoint mode")

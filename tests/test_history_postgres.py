@@ -10,7 +10,7 @@ from evalpipe import history as h
 from evalpipe import nightly
 from evalpipe.history import open_history
 
-from tests.nightly_fakes import write_night
+from tests.nightly_fakes import MODEL, V1_VARIANT_COLUMNS, write_night, write_v1_history
 from tests.postgres_server import postgres_server
 
 
@@ -48,3 +48,22 @@ def test_postgres_records_judges_and_matches_sqlite(tmp_path, pg_url):
 def test_postgres_url_shown_without_password(tmp_path, pg_url):
     db = open_history(pg_url.replace("evalpipe@", "evalpipe:s3cret@"), tmp_path)
     assert "s3cret" not in db.where and "127.0.0.1" in db.where
+
+
+def test_postgres_schema_1_database_upgrades_in_place(tmp_path, pg_url):
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("CREATE DATABASE history_v1"))
+    admin.dispose()
+    url = pg_url.rsplit("/", 1)[0] + "/history_v1"
+    write_v1_history(url, write_night(tmp_path / "runs", 0))
+    db = open_history(url, tmp_path)
+    with db.engine.connect() as conn:
+        assert h.current_version(conn) == h.SCHEMA_VERSION
+        columns = [c["name"] for c in sa.inspect(conn).get_columns("variants")]
+    assert columns == V1_VARIANT_COLUMNS + ["probes", "path_status"]
+    assert {v["name"]: v["probes"] for v in db.variants_of("night-00")} == {"legacy": None, "legacy-aa": None, "sp": None}
+    db.record(write_night(tmp_path / "runs", 1, probes=True, sp_ran="legacy"))
+    sp = next(v for v in db.variants_of("night-01") if v["name"] == "sp")
+    assert sp["path_status"] == "failed" and sp["status"] == "INCONCLUSIVE" and sp["probes"]["models"] == [MODEL]
+    db.engine.dispose()

@@ -21,7 +21,9 @@ from dashboard_samples import sample_history
 from html_page import Page, parse_page
 from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
 from test_report import RUN_INFO, make_compare
+from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_summary, summary_text, trap_paths
 
+from evalpipe.compare.code_paths import short
 from evalpipe.nightly import Judgement, render_junit as nightly_junit, render_summary
 from evalpipe.report import md_escape, render_html, render_junit, render_markdown
 from evalpipe.report.dashboard import render_dashboard
@@ -46,6 +48,35 @@ def poison_all(value: Any, key: str | None = None) -> Any:
 @pytest.fixture(scope="module")
 def hostile() -> dict:
     return poison_all(make_compare())
+
+
+# The maps of a what-ran summary whose keys are names the engine chose: roles, classes, switches, functions,
+# collective kinds and counts. A plugin can name a class anything.
+NAMED_KEYS = {"processes", "layers", "switches", "calls", "collectives_per_forward", "counts"}
+HOSTILE_LAYER = f"evalpipe.layout.model.LayoutDecoderLayer{TEXT}"
+
+
+def poison_names(value: Any, parent: str | None = None) -> Any:
+    if isinstance(value, dict):
+        return {(f"{k}{TEXT}" if parent in NAMED_KEYS else k): poison_names(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [poison_names(v, parent) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def hostile_paths() -> dict:
+    """An INCONCLUSIVE run whose path records and judgement hold the payloads in every name and value."""
+    a, b = legacy_summary(), sp_summary()
+    b["switches"]["tp_rank"] = {"per_process": [0, TEXT]}
+    b["absent"] = [next(iter(b["calls"]))]
+    paths = dict(trap_paths(), what_ran={"a": a, "b": b})
+    paths = poison_names(poison_all(paths))
+    paths["status"] = "failed"
+    variant = "sp" + TEXT
+    c = inconclusive_comparison(paths, variant, outputs_status="IDENTICAL" + TEXT)
+    aa = inconclusive_comparison(paths, "legacy-aa" + TEXT)
+    return make_compare(status="INCONCLUSIVE", variants=[variant], comparisons=[c], noise_floor=aa)
 
 
 # ---------------------------------------------------------------------------
@@ -95,6 +126,16 @@ def test_gate_status_and_ids_are_escaped_in_markdown(hostile):
         assert md_escape(raw) in md, raw[:12]
 
 
+def test_what_ran_md_keeps_hostile_names_inert(hostile_paths):
+    md = render_markdown(hostile_paths, {})
+    section = md[md.index("## What ran") : md.index("## Run")]
+    assert_inert_markdown(md)
+    assert md_escape(f"3 \u00d7 {short(HOSTILE_LAYER)}") in section  # a class name, shortened and escaped
+    assert md_escape(f"0 | {TEXT}") in section  # per-process values
+    assert md_escape(f"{TEXT} per forward pass") in section.replace("all\\_gather", "")  # a collective kind
+    assert md_escape("variant `legacy` was expected to build") in section and md_escape(SCRIPT) in section
+
+
 def test_nightly_md_keeps_hostile_text_inert():
     md = render_summary(_hostile_judgement(), dashboard=TEXT)  # type: ignore[arg-type]
     assert_inert_markdown(md)
@@ -132,6 +173,25 @@ def test_report_html_keeps_hostile_text_inert(hostile):
     for payload in VISIBLE:
         assert payload in text, f"not shown literally: {payload!r}"
     assert "\\u0000\\u0008\\u000b\\u001b[31m" in text
+
+
+def test_what_ran_html_keeps_hostile_names_inert(hostile_paths):
+    html = render_html(hostile_paths, {}, plots=False)
+    assert_inert_html(html, REPORT_TAGS)
+    section = parse_page(html[html.index('<section id="what-ran">') : html.index('<section id="run">')])
+    text = "".join(section.texts)
+    assert f"3 \u00d7 {short(HOSTILE_LAYER)}".replace("\x00\x08\x0b\x1b", "\\u0000\\u0008\\u000b\\u001b") in text
+    for payload in VISIBLE:
+        assert payload in text, f"not shown literally: {payload!r}"
+
+
+def test_what_ran_terminal_and_junit_keep_hostile_names_inert(hostile_paths):
+    out = summary_text(hostile_paths)
+    assert "what ran" in out and SCRIPT in out
+    assert not _CONTROL.search(out.replace("\n", "")), "a control character from the records reached the terminal"
+    root = _parse_xml(render_junit(hostile_paths))
+    failure = next(c for c in root.iter("testcase") if c.get("name") == "expectations").find("failure")
+    assert failure.get("type") == "inconclusive" and SCRIPT in failure.get("message")
 
 
 DASHBOARD_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "h3", "h4", "section", "p",

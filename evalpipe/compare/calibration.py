@@ -62,12 +62,17 @@ class CalibrationRow:
 
 
 def outcome(expected: str, status: str) -> str:
+    """``expected``: harmful (must be DIVERGENT), graded (DIVERGENT above the detection
+    limit), fallback (left its declared path: must be INCONCLUSIVE, whatever its outputs),
+    benign (must pass: IDENTICAL or EQUIVALENT)."""
     divergent = status == Status.DIVERGENT.value
     if expected == "harmful":
         return CAUGHT if divergent else MISSED
     if expected == "graded":
         return CAUGHT if divergent else NOT_CAUGHT
-    return FALSE_ALARM if divergent else CLEAN
+    if expected == "fallback":
+        return CAUGHT if status == Status.INCONCLUSIVE.value else MISSED
+    return CLEAN if status in (Status.IDENTICAL.value, Status.EQUIVALENT.value) else FALSE_ALARM
 
 
 def detectors_fired(comparison: VariantComparison) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -74,7 +74,7 @@ class ProcessProbe(_Doc):
     @property
     def label(self) -> str:
         rank = self.switches.get("tp_rank")
-        dp = self.switches.get("dp_rank")
+        dp = self.switches.get("data_parallel_index", self.switches.get("dp_rank"))
         where = "".join(f" {k}{v}" for k, v in (("DP", dp), ("TP", rank)) if v is not None)
         return f"{self.role} pid {self.pid}{where}"
 
@@ -208,10 +208,17 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
     evidence: list[str] = []
     where = _n(len(builders), "process")
 
+    if expect.engine_processes is not None:
+        if len(builders) != expect.engine_processes:
+            labels = ", ".join(p.label for p in builders)
+            failures.append(f"{who} was expected to build its model in {_n(expect.engine_processes, 'process')}; "
+                            f"it did in {len(builders)} ({labels})")
+        else:
+            evidence.append(f"model built in {where} ({', '.join(p.label for p in builders)})")
     mains = [p.models[0] for p in builders]
     classes = sorted({m.model_class for m in mains})
     if expect.model:
-        if classes != [expect.model]:
+        if classes != [probes.canonical(expect.model) or expect.model]:
             failures.append(f"{who} was expected to build `{expect.model}`; vLLM instantiated "
                             f"{', '.join(f'`{c}`' for c in classes)} ({where})")
         else:
@@ -221,7 +228,8 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
         for cls, n in m.layers.items():
             layer_counts[cls] = layer_counts.get(cls, 0) + n
     if expect.layers:
-        other = {c: n for c, n in layer_counts.items() if c not in expect.layers}
+        wanted = {probes.canonical(c) or c for c in expect.layers}
+        other = {c: n for c, n in layer_counts.items() if c not in wanted}
         if other or not layer_counts:
             seen = ", ".join(f"{n} `{c}`" for c, n in sorted(other.items())) or "no decoder layers"
             failures.append(f"{who}'s decoder layers were expected to be {' or '.join(f'`{c}`' for c in expect.layers)}; "

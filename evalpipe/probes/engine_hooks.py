@@ -29,6 +29,9 @@ STANDARD_SWITCHES = {
     "tensor_parallel_size": "parallel_config.tensor_parallel_size",
     "pipeline_parallel_size": "parallel_config.pipeline_parallel_size",
     "data_parallel_size": "parallel_config.data_parallel_size",
+    # a dense model's DP ranks run as independent engines that each resolve data_parallel_size 1;
+    # the index still says which DP rank an engine is
+    "data_parallel_index": "parallel_config.data_parallel_index",
     "enable_expert_parallel": "parallel_config.enable_expert_parallel",
     "all2all_backend": "parallel_config.all2all_backend",
     "use_sequence_parallel_moe": "parallel_config.use_sequence_parallel_moe",

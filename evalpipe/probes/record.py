@@ -192,6 +192,8 @@ class ProcessRecord:
             return "engine_core"
         if "Worker" in name:
             return "worker"
+        if "Coordinator" in name:
+            return "dp_coordinator"
         if main == "evalpipe.worker.main":
             return "evalpipe_worker"
         if main.startswith("vllm.entrypoints") or "vllm serve" in argv or os.path.basename(sys.argv[0] or "") == "vllm":

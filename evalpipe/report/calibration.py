@@ -37,6 +37,7 @@ def render_calibration(
     counts = summarize(rows)
     harmful = [r for r in rows if r.expected == "harmful"]
     benign = [r for r in rows if r.expected == "benign"]
+    fallback = [r for r in rows if r.expected == "fallback"]
     hw = run_info.get("hardware") or {}
     versions = run_info.get("versions") or {}
     metric = next((r.metric for r in rows if r.metric), "—")
@@ -45,14 +46,18 @@ def render_calibration(
         "",
         "Every entry of the reference layout model's fault zoo, run as a variant against the",
         "`legacy` layout on the same items, judged by evalpipe's default gates. Harmful entries",
-        "must come out DIVERGENT, benign ones IDENTICAL or EQUIVALENT.",
+        "must come out DIVERGENT, benign ones IDENTICAL or EQUIVALENT, and a variant that silently",
+        "leaves its declared path (a fallback) INCONCLUSIVE: its outputs are the old path's, only the",
+        "path probes can tell.",
         "",
         f"Regenerate: `{command}` ({seconds / 60:.0f} min on the machine below).",
         f"Machine: {one_line(hw)}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())),
         f"Run: `{run_id(run_info, run_dir)}`; items per variant: {max((r.n_items for r in rows), default=0)}.",
         "",
-        f"**Harmful caught: {counts['caught']}/{len(harmful)}. Benign kept clean: {counts['clean']}/{len(benign)}.**",
+        f"**Harmful caught: {sum(r.outcome == 'caught' for r in harmful)}/{len(harmful)}. "
+        + (f"Fallbacks flagged INCONCLUSIVE: {sum(r.outcome == 'caught' for r in fallback)}/{len(fallback)}. " if fallback else "")
+        + f"Benign kept clean: {counts['clean']}/{len(benign)}.**",
         "",
         *(
             [f"Numerics: {numerics.describe()}; the `auto` floors of that precision apply (docs/numerics.md).", ""]

@@ -28,7 +28,9 @@ from evalpipe.report.view import show_controls
 
 TEMPLATE_NAME = "dashboard.html.j2"
 
-KNOWN_STATUSES = {"PASS", "REGRESSION", "FAILED"}
+# A night's statuses, each styled as its own state: INCONCLUSIVE (amber) proved nothing
+# about the code paths, which is neither a pass nor a regression.
+KNOWN_STATUSES = {"PASS", "INCONCLUSIVE", "REGRESSION", "FAILED"}
 DOTS_MAX = 60  # above this many points a chart shows the line and change markers only
 FLIPPED_SHOWN = 20
 PROMPT_MAX = 300
@@ -468,7 +470,7 @@ def build_view(data: dict[str, Any]) -> dict[str, Any]:
         chart_ids.setdefault(("token", ch["task"], ch["metric"], ch["variant"]), ch["id"])
         task(ch["task"])["tokens"].append(ch)
 
-    counts = {k: sum(1 for x in nights if x["cls"] == k) for k in ("pass", "regression", "failed", "unknown")}
+    counts = {k: sum(1 for x in nights if x["cls"] == k) for k in ("pass", "inconclusive", "regression", "failed", "unknown")}
     return {
         "title": _text(data.get("title")) or "evalpipe nightly",
         "generated_at": _text(data.get("generated_at")),

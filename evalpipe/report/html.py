@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalpipe.compare.verdict import Status
 from evalpipe.report.markdown import template_environment
 from evalpipe.report.view import as_dict, build_view, show_controls
 
 TEMPLATE_NAME = "report.html.j2"
-KNOWN_STATUSES = {"IDENTICAL", "EQUIVALENT", "DIVERGENT", "DIFFERENT"}
+# each has a badge colour in report.html.j2; any other text gets the grey "unknown" one
+KNOWN_STATUSES = {s.value for s in Status}
 
 
 def html_text(text: Any, max_len: int | None = None) -> str:

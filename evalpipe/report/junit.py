@@ -1,9 +1,14 @@
 """junit.xml: one test case per gate result, so a CI system can show and gate on them.
 
 Suites are comparisons ("evalpipe.<reference>-vs-<variant>"), cases are gates
-(classname "<variant>.<task>", name "<gate>" or "<gate>[<metric>]"). A comparison
-without gate results (compare.json from before gates existed) gets one "verdict" case
-that fails unless its status is IDENTICAL or EQUIVALENT, so such a file still gates.
+(classname "<variant>.<task>", name "<gate>" or "<gate>[<metric>]"), plus one case
+for the paths (classname "<variant>.path", name "expectations"): it fails (type
+"inconclusive") when an expectation failed or both sides ran the same code, passes
+when each side's path is verified, and is skipped, with the note, for a run from
+before the path probes. A comparison without gate results (compare.json from before
+gates existed) gets one "verdict" case that fails unless its status is IDENTICAL or
+EQUIVALENT, so such a file still gates; so does an INCONCLUSIVE comparison none of
+whose other cases failed.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from evalpipe.report.view import as_dict, fmt_num
+from evalpipe.compare.code_paths import NOT_RECORDED, VERIFIED
+from evalpipe.compare.verdict import PASSING, Status
+from evalpipe.report.view import as_dict, fmt_num, path_judgement, path_reasons, variant_of
 
-PASSING_STATUSES = {"IDENTICAL", "EQUIVALENT"}
+PASSING_STATUSES = {s.value for s in PASSING}
+INCONCLUSIVE = Status.INCONCLUSIVE.value
 # Characters XML 1.0 cannot hold at all, not even as character references.
 _INVALID_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -38,20 +46,57 @@ def _failure_text(g: Mapping[str, Any]) -> str:
     return "\n".join([values, *(str(e) for e in g.get("evidence") or ())])
 
 
-def _cases(c: Mapping[str, Any]) -> Iterable[tuple[str, str, str, str, str]]:
-    """(classname, name, outcome "pass" / "fail" / "skip", message, text) per test case."""
-    variant = str(c.get("variant", c.get("b", "")))
-    gates = list(c.get("gates") or ())
+class Case(NamedTuple):
+    classname: str
+    name: str
+    outcome: str  # "pass", "fail" or "skip"
+    message: str
+    text: str
+    kind: str = "gate"  # the failure's type
+
+
+def _gate_cases(variant: str, gates: Iterable[Mapping[str, Any]]) -> list[Case]:
+    cases = []
     for g in gates:
         # a status other than pass/skip (a hand-edited compare.json) fails: the file gates CI
         outcome = str(g.get("status", "skip"))
         outcome = outcome if outcome in ("pass", "skip") else "fail"
-        yield f"{variant}.{g.get('task', '')}", _case_name(g), outcome, str(g.get("detail") or ""), _failure_text(g)
-    if not gates:
-        status = str(c.get("status", ""))
-        outcome = "pass" if status in PASSING_STATUSES else "fail"
-        reasons = [str(r) for r in c.get("reasons") or ()]
-        yield variant, "verdict", outcome, status, "\n".join(reasons)
+        cases.append(Case(f"{variant}.{g.get('task', '')}", _case_name(g), outcome, str(g.get("detail") or ""),
+                          _failure_text(g)))
+    return cases
+
+
+def _path_case(variant: str, c: Mapping[str, Any]) -> Case | None:
+    """The paths' case; None for compare.json from before the path probes."""
+    paths = path_judgement(c)
+    if paths is None:
+        return None
+    reasons = path_reasons(c)
+    first = reasons[0] if reasons else f"path status {paths.get('status')}"
+    outcome = {VERIFIED: "pass", NOT_RECORDED: "skip"}.get(str(paths.get("status")), "fail")
+    return Case(f"{variant}.path", "expectations", outcome, first, "\n".join(reasons), "inconclusive")
+
+
+def _verdict_case(variant: str, c: Mapping[str, Any]) -> Case:
+    status = str(c.get("status", ""))
+    outcome = "pass" if status in PASSING_STATUSES else "fail"
+    kind = "inconclusive" if status == INCONCLUSIVE else "gate"
+    return Case(variant, "verdict", outcome, status, "\n".join(str(r) for r in c.get("reasons") or ()), kind)
+
+
+def _cases(c: Mapping[str, Any]) -> list[Case]:
+    variant = variant_of(c)
+    gates = list(c.get("gates") or ())
+    cases = _gate_cases(variant, gates)
+    path = _path_case(variant, c)
+    if path is not None:
+        cases.append(path)
+    # without gates the verdict is the only case; an INCONCLUSIVE comparison must fail CI even
+    # when its gates passed and its paths entry is missing or hand-edited
+    unfailed_inconclusive = c.get("status") == INCONCLUSIVE and all(k.outcome != "fail" for k in cases)
+    if not gates or unfailed_inconclusive:
+        cases.append(_verdict_case(variant, c))
+    return cases
 
 
 def render_junit(compare: Any) -> str:
@@ -62,18 +107,18 @@ def render_junit(compare: Any) -> str:
     reference = compare.get("reference", "")
     for c in compare.get("comparisons") or ():
         ref = c.get("reference", c.get("a", reference))
-        suite = ET.SubElement(root, "testsuite", name=xml_text(f"evalpipe.{ref}-vs-{c.get('variant', c.get('b', ''))}"))
+        suite = ET.SubElement(root, "testsuite", name=xml_text(f"evalpipe.{ref}-vs-{variant_of(c)}"))
         counts = {"tests": 0, "failures": 0, "skipped": 0}
-        for classname, name, outcome, message, text in _cases(c):
-            case = ET.SubElement(suite, "testcase", classname=xml_text(classname), name=xml_text(name))
+        for k in _cases(c):
+            case = ET.SubElement(suite, "testcase", classname=xml_text(k.classname), name=xml_text(k.name))
             counts["tests"] += 1
-            if outcome == "fail":
+            if k.outcome == "fail":
                 counts["failures"] += 1
-                failure = ET.SubElement(case, "failure", message=xml_text(message), type="gate")
-                failure.text = xml_text(text)
-            elif outcome == "skip":
+                failure = ET.SubElement(case, "failure", message=xml_text(k.message), type=k.kind)
+                failure.text = xml_text(k.text)
+            elif k.outcome == "skip":
                 counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=xml_text(message))
+                ET.SubElement(case, "skipped", message=xml_text(k.message))
         suite.set("errors", "0")
         for key, n in counts.items():
             suite.set(key, str(n))

@@ -1,29 +1,55 @@
-"""Compact terminal summary of a run comparison: verdict line, scores, tokens, failed gates."""
+"""Compact terminal summary of a run comparison: verdict line, what ran, scores, tokens, failed gates."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
-from evalpipe.report.view import DASH, as_dict, fmt_num, gate_counts
+from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
+from evalpipe.report.view import (
+    DASH,
+    as_dict,
+    fmt_num,
+    gate_counts,
+    inconclusive_variants,
+    judged_entries,
+    path_failed,
+    path_reasons,
+    reference_of,
+    show_controls,
+    variant_of,
+    what_ran_view,
+)
 
 STATUS_STYLE = {
     "IDENTICAL": "bold green",
     "EQUIVALENT": "bold cyan",
+    "INCONCLUSIVE": "bold yellow",
     "DIVERGENT": "bold red",
-    "DIFFERENT": "bold red",
 }
+UNKNOWN_STYLE = "bold magenta"  # a status no evalpipe writes (a hand-edited or very old compare.json)
+PATH_STYLE = "yellow"
 MAX_REASONS = 8
 
 
 def _style(status: Any) -> str:
-    return STATUS_STYLE.get(str(status), "bold yellow")
+    return STATUS_STYLE.get(str(status), UNKNOWN_STYLE)
+
+
+def _plain(text: Any, max_len: int | None = None) -> str:
+    """The terminal's ``esc``: rich Text prints no markup, but control characters would reach the terminal."""
+    return show_controls("" if text is None else str(text))
+
+
+def _text(value: Any, style: str = "") -> Text:
+    """Untrusted text (names, details, records) for the terminal, control characters shown as \\uXXXX."""
+    return Text(_plain(value), style=style)
 
 
 def _pct(n: int | None, total: int | None) -> str:
@@ -48,7 +74,7 @@ def scores_table(compare: Mapping[str, Any]) -> Table:
     for c in compare.get("comparisons") or ():
         for r in sorted(c.get("scores") or (), key=lambda r: (str(r.get("task")), str(r.get("metric")))):
             table.add_row(
-                Text(str(c.get("variant"))), Text(str(r.get("task"))), Text(str(r.get("metric"))),
+                _text(c.get("variant")), _text(r.get("task")), _text(r.get("metric")),
                 fmt_score(r.get("mean_a")), fmt_score(r.get("mean_b")), fmt_delta(r.get("delta")),
                 f"{r.get('n_changed', 0)}/{r.get('n_paired', 0)}",
             )
@@ -71,7 +97,7 @@ def tokens_table(compare: Mapping[str, Any]) -> Table:
             only_a, only_b = t.get("only_a", 0), t.get("only_b", 0)
             samples = str(n) + (f" (+{only_a}/+{only_b} one-sided)" if only_a or only_b else "")
             row: list[Any] = [
-                Text(str(c.get("variant"))), Text(str(t.get("task"))), samples,
+                _text(c.get("variant")), _text(t.get("task")), samples,
                 _pct(t.get("n_ids_identical"), n), _pct(t.get("n_identical"), n),
                 fmt_num(t.get("median_first_divergence")), fmt_num(t.get("n_hard_divergences")),
                 fmt_small(t.get("max_abs_dlogprob")),
@@ -80,7 +106,7 @@ def tokens_table(compare: Mapping[str, Any]) -> Table:
                 tf = teacher.get(str(t.get("task"))) or {}
                 row += [fmt_small(tf.get("kl_p99")) if tf else DASH, fmt_num(tf.get("n_top1_hard"))]
             status = c.get("status", "")
-            table.add_row(*row, Text(str(status), style=_style(status)))
+            table.add_row(*row, _text(status, style=_style(status)))
     return table
 
 
@@ -143,43 +169,91 @@ def failed_gates_table(compare: Mapping[str, Any]) -> Table | None:
     )
     for c, g in rows:
         table.add_row(
-            Text(str(c.get("variant"))), Text(str(g.get("gate"))), Text(str(g.get("task"))),
-            Text(str(g.get("metric") or DASH)), fmt_num(g.get("measured")), fmt_num(g.get("threshold")),
-            fmt_num(g.get("aa_value")), Text(str(g.get("detail") or "")),
+            _text(c.get("variant")), _text(g.get("gate")), _text(g.get("task")),
+            _text(g.get("metric") or DASH), fmt_num(g.get("measured")), fmt_num(g.get("threshold")),
+            fmt_num(g.get("aa_value")), _text(g.get("detail") or ""),
         )
     return table
 
 
+def _path_lines(c: Mapping[str, Any]) -> list[str]:
+    """Why an INCONCLUSIVE comparison proves nothing: its path reasons (the comparison's own
+    reasons when the paths are missing, a hand-made compare.json)."""
+    reasons = path_reasons(c) if path_failed(c) else [str(r) for r in c.get("reasons") or ()]
+    outputs = f" (the outputs alone: {c['outputs_status']})" if c.get("outputs_status") else ""
+    head = f"{variant_of(c)} vs {reference_of(c)}: the paths prove nothing{outputs}"
+    lines = [_plain(head)] + [f"  - {_plain(r)}" for r in reasons[:MAX_REASONS]]
+    if len(reasons) > MAX_REASONS:
+        lines.append(f"  \u2026 {len(reasons) - MAX_REASONS} more in report.md")
+    return lines
+
+
+def what_ran_table(compare: Mapping[str, Any]) -> Table | None:
+    """The sides side by side, as in report.md's "What ran" (rows that differ in bold); None without records."""
+    view = what_ran_view(compare, _plain)
+    if view is None or view["table"] is None:
+        return None
+    table = Table(title="what ran", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("", no_wrap=True)
+    for col in view["table"]["columns"]:
+        table.add_column(Text(col["name"] + (f" ({col['role']})" if col["role"] else "")), overflow="fold")
+    for row in view["table"]["rows"]:
+        table.add_row(Text(row["label"], style="bold" if row["differs"] else ""), *(Text(x) for x in row["cells"]))
+    return table
+
+
+def _print_paths(compare: Mapping[str, Any], console: Console) -> None:
+    for c, _ in judged_entries(compare):
+        if c.get("status") == Status.INCONCLUSIVE.value:
+            for line in _path_lines(c):
+                console.print(Text(line, style=PATH_STYLE))
+    table = what_ran_table(compare)
+    if table is not None:
+        console.print(table)
+
+
+def _gates_passed_line(counts: Mapping[str, int], compare: Mapping[str, Any]) -> Text:
+    skipped = f" ({counts['skip']} skipped)" if counts["skip"] else ""
+    passed = counts["total"] - counts["skip"]
+    if inconclusive_variants(compare):
+        # the gates see outputs only; reading "passed" here would take an unproven run for a pass
+        return Text(f"all {passed} output gates passed{skipped}, but the paths prove nothing: "
+                    f"{Status.INCONCLUSIVE.value}", style=PATH_STYLE)
+    return Text(f"all {passed} gates passed{skipped}", style="green")
+
+
 def print_summary(compare: Any, console: Console | None = None) -> None:
-    """Verdict line, the scores and token tables, then the failed gates (or that all passed)."""
+    """Verdict line, why the paths prove nothing (INCONCLUSIVE) and what ran, the scores and
+    token tables, then the failed gates (or that all passed)."""
     console = console or Console()
     compare = as_dict(compare)
     status = compare.get("status", "")
-    console.print(Text.assemble(Text(f"{compare.get('run_id', '')}: "), Text(str(status), style=_style(status))))
+    console.print(Text.assemble(_text(f"{compare.get('run_id', '')}: "), _text(status, style=_style(status))))
     nf = compare.get("noise_floor")
     if nf:
         console.print(Text.assemble(
-            Text(f"A/A noise floor ({nf.get('variant', nf.get('b', ''))}): "),
-            Text(str(nf.get("status", "")), style=_style(nf.get("status"))),
+            _text(f"A/A noise floor ({nf.get('variant', nf.get('b', ''))}): "),
+            _text(nf.get("status", ""), style=_style(nf.get("status"))),
         ))
+    _print_paths(compare, console)
     console.print(scores_table(compare))
     console.print(tokens_table(compare))
     for line in length_lines(compare):
-        console.print(Text(line))
+        console.print(_text(line))
     counts = gate_counts(compare)
     failed = failed_gates_table(compare)
     if failed is not None:
         console.print(failed)
     elif counts["total"]:
-        skipped = f" ({counts['skip']} skipped)" if counts["skip"] else ""
-        console.print(Text(f"all {counts['total'] - counts['skip']} gates passed{skipped}", style="green"))
+        console.print(_gates_passed_line(counts, compare))
     else:
-        # no gates: the reasons are the only account of what differs
+        # no gates: the reasons are the only account of what differs (the path reasons are printed above)
         for c in compare.get("comparisons") or ():
             if c.get("status") == "IDENTICAL":
                 continue
-            reasons = [str(r) for r in c.get("reasons") or ()]
+            shown = set(path_reasons(c)) if c.get("status") == Status.INCONCLUSIVE.value else set()
+            reasons = [str(r) for r in c.get("reasons") or () if str(r) not in shown]
             for r in reasons[:MAX_REASONS]:
-                console.print(Text(f"  {c.get('variant')}: {r}"))
+                console.print(_text(f"  {c.get('variant')}: {r}"))
             if len(reasons) > MAX_REASONS:
-                console.print(Text(f"  {c.get('variant')}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))
+                console.print(_text(f"  {c.get('variant')}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))

@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import math
 import re
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from evalpipe.artifacts import variant_names_from_info
-from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
+from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
+from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
 from evalpipe.redact import redact
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
@@ -552,6 +554,7 @@ def _comparison_view(c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc) -> d
         "reference": esc(c.get("reference", c.get("a"))),
         "variant": esc(c.get("variant", c.get("b"))),
         "status": esc(c.get("status", "")),
+        "outputs_status": esc(c.get("outputs_status") or ""),
         "reasons": [esc(r) for r in c.get("reasons") or ()],
         "only": only,
         "tasks": [_task_view(task, c, nf, esc) for task in tasks],
@@ -602,12 +605,16 @@ def gate_counts(compare: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def _gates_summary(counts: Mapping[str, int]) -> str:
+def _gates_summary(counts: Mapping[str, int], inconclusive: Sequence[str]) -> str:
     if not counts["total"]:
         return "No gate was evaluated."
     skipped = f", {counts['skip']} skipped" if counts["skip"] else ""
     if counts["fail"]:
         return f"{counts['fail']} of {counts['total']} gates failed{skipped}."
+    if inconclusive:
+        # the gates judge outputs only: passing them is no pass when the paths prove nothing
+        return (f"All {counts['total'] - counts['skip']} evaluated output gates passed{skipped}, but the paths of "
+                f"{', '.join(inconclusive)} prove nothing: {Status.INCONCLUSIVE.value} (see What ran).")
     return f"All {counts['total'] - counts['skip']} evaluated gates passed{skipped}."
 
 
@@ -725,6 +732,275 @@ def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) 
 
 
 # ---------------------------------------------------------------------------
+# what ran (compare.json "paths": the path probes of each side, judged)
+# ---------------------------------------------------------------------------
+
+# The switches that decide how the model is laid out over processes: a row each, equal or not.
+LAYOUT_SWITCHES = (
+    "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
+    "all2all_backend", "use_sequence_parallel_moe", "attention_backends", "dtype",
+)
+NOT_RECORDED_CELL = "not recorded"
+ENDPOINT_CELL = "not verifiable (endpoint)"
+PATH_SENTENCES = {
+    FAILED: "the paths failed their expectations",
+    SAME_CODE: "both sides ran the same code",
+    VERIFIED: "each side ran the path its expectations declare",
+    NOT_RECORDED: "the path probes recorded nothing to judge",
+}
+INCONCLUSIVE_NOTE = (
+    "INCONCLUSIVE: the outputs were compared, but the path probes do not show each side running the code it "
+    "claims, so the comparison proves nothing about the change (see What ran)."
+)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (an old or hand-edited compare.json)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def path_judgement(c: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A comparison's "paths" entry; None for compare.json from before the path probes."""
+    paths = c.get("paths")
+    return paths if isinstance(paths, Mapping) else None
+
+
+def path_reasons(c: Mapping[str, Any]) -> list[str]:
+    return [str(r) for r in _mapping(path_judgement(c)).get("reasons") or ()]
+
+
+def path_failed(c: Mapping[str, Any]) -> bool:
+    """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
+    paths = path_judgement(c)
+    return paths is not None and paths.get("status") in (FAILED, SAME_CODE)
+
+
+def variant_of(c: Mapping[str, Any]) -> str:
+    return str(c.get("variant", c.get("b", "")))
+
+
+def reference_of(c: Mapping[str, Any]) -> str:
+    return str(c.get("reference", c.get("a", "")))
+
+
+def judged_entries(compare: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], bool]]:
+    """(comparison, is the A/A one): the comparisons, then the noise floor."""
+    nf = compare.get("noise_floor")
+    return [(c, False) for c in compare.get("comparisons") or ()] + ([(nf, True)] if nf else [])
+
+
+def inconclusive_variants(compare: Mapping[str, Any]) -> list[str]:
+    return [variant_of(c) for c in compare.get("comparisons") or () if c.get("status") == Status.INCONCLUSIVE.value]
+
+
+def _side_summary(c: Mapping[str, Any], side: str) -> Mapping[str, Any] | None:
+    """what_ran.a (the reference) or what_ran.b (the variant) of a comparison."""
+    summary = _mapping(_mapping(path_judgement(c)).get("what_ran")).get(side)
+    return summary if isinstance(summary, Mapping) else None
+
+
+def _side_check(c: Mapping[str, Any], variant: str) -> Mapping[str, Any] | None:
+    checks = _mapping(path_judgement(c)).get("checks") or ()
+    return next((ch for ch in checks if isinstance(ch, Mapping) and str(ch.get("variant")) == variant), None)
+
+
+@dataclass(frozen=True)
+class _Column:
+    """One side in the what-ran table: its summary (None: not recorded) and its expectations' check."""
+
+    name: str
+    role: str  # "reference", "A/A", or "" for a compared variant
+    summary: Mapping[str, Any] | None
+    check: Mapping[str, Any] | None
+
+    @property
+    def recorded(self) -> bool:
+        return self.summary is not None and self.summary.get("verifiable") is not False
+
+    @property
+    def values(self) -> Mapping[str, Any]:
+        return self.summary or {}
+
+    @property
+    def missing(self) -> str:
+        """What the column says instead of values when it has none."""
+        return NOT_RECORDED_CELL if self.summary is None else ENDPOINT_CELL
+
+
+def _columns(compare: Mapping[str, Any]) -> list[_Column]:
+    """The reference, every compared variant, then the A/A run."""
+    entries = [c for c, _ in judged_entries(compare)]
+    reference = str(compare.get("reference") or (reference_of(entries[0]) if entries else ""))
+    # every comparison shares the reference: the first one that recorded it speaks for all
+    ref_summary = next((s for c in entries if (s := _side_summary(c, "a")) is not None), None)
+    ref_check = next((ch for c in entries if (ch := _side_check(c, reference)) is not None), None)
+    columns = [_Column(reference, "reference", ref_summary, ref_check)]
+    for c, aa in judged_entries(compare):
+        name = variant_of(c)
+        columns.append(_Column(name, "A/A" if aa else "", _side_summary(c, "b"), _side_check(c, name)))
+    return columns
+
+
+def _plain(value: Any) -> str:
+    """A switch value as a reader writes it: strings bare, lists comma-joined, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return ", ".join(_plain(v) for v in value) if value else "[]"
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _switch_cell(name: str, summary: Mapping[str, Any]) -> str:
+    switches = _mapping(summary.get("switches"))
+    if name not in switches:
+        return DASH
+    value = switches[name]
+    per_process = _mapping(value).get("per_process")
+    if isinstance(per_process, list):
+        return " | ".join(_plain(v) for v in per_process)
+    return _plain(value)
+
+
+def _processes_cell(summary: Mapping[str, Any]) -> str:
+    roles = _mapping(summary.get("processes"))
+    listed = ", ".join(f"{n} {role}" for role, n in roles.items()) or "no process recorded"
+    reused = f" (reused {summary['server_of']}'s server)" if summary.get("server_of") else ""
+    return f"{summary.get('mode', '?')}: {listed}{reused}"
+
+
+def _models_cell(summary: Mapping[str, Any]) -> str:
+    return ", ".join(short(str(m)) for m in summary.get("models") or ()) or "none"
+
+
+def _layers_cell(summary: Mapping[str, Any]) -> str:
+    layers = _mapping(summary.get("layers"))
+    return ", ".join(f"{n} \u00d7 {short(str(cls))}" for cls, n in sorted(layers.items())) or "none"
+
+
+def _calls_cell(name: str, summary: Mapping[str, Any]) -> str:
+    if name in (summary.get("absent") or ()):
+        return "absent"
+    return fmt_num(_mapping(summary.get("calls")).get(name))
+
+
+def _forwards(summary: Mapping[str, Any]) -> int:
+    forwards = summary.get("forwards")
+    return forwards if isinstance(forwards, int) else 0
+
+
+def _collective_cell(kind: str, summary: Mapping[str, Any]) -> str:
+    """"3 in 40/48, 0 in 8/48": each count of calls in one forward pass, most frequent first."""
+    entry = _mapping(_mapping(summary.get("collectives_per_forward")).get(kind))
+    forwards = entry.get("forwards", _forwards(summary))
+    if not forwards:
+        return "no forward pass"
+    # a kind this side never called is 0 in every forward pass
+    counts = _mapping(entry.get("counts")) or {"0": forwards}
+    ordered = sorted(counts.items(), key=lambda kv: (-_count(kv[1]), str(kv[0])))
+    return ", ".join(f"{value} in {n}/{forwards}" for value, n in ordered)
+
+
+def _count(n: Any) -> int:
+    return n if isinstance(n, int) else 0
+
+
+def _no_collectives_cell(summary: Mapping[str, Any]) -> str:
+    forwards = _forwards(summary)
+    return f"none in {forwards}/{forwards}" if forwards else "no forward pass"
+
+
+def _expectations_cell(check: Mapping[str, Any] | None) -> str:
+    if check is None:
+        return DASH
+    if check.get("ok"):
+        return "\u2713"
+    failures = len(check.get("failures") or ())
+    return f"{failures} failed" if failures else "not verified"
+
+
+def _names_in(columns: Sequence[_Column], key: str) -> list[str]:
+    """The keys of each recorded summary's ``key`` mapping, in the order the columns first name them."""
+    names: dict[str, None] = {}
+    for col in columns:
+        names.update(dict.fromkeys(str(k) for k in _mapping(_mapping(col.summary).get(key))))
+    return list(names)
+
+
+Cell = Callable[[Mapping[str, Any]], str]
+
+
+def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
+    """(label, cell of one summary) per row, the rows that depend on what was recorded included."""
+    rows: list[tuple[str, Cell]] = [("processes", _processes_cell), ("model", _models_cell),
+                                    ("decoder layers", _layers_cell)]
+    kinds = _names_in(recorded, "collectives_per_forward")
+    if kinds:
+        rows += [(f"{kind} per forward pass", partial(_collective_cell, kind)) for kind in sorted(kinds)]
+    else:
+        rows.append(("collectives per forward pass", _no_collectives_cell))
+    rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, "calls")]
+    rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
+    # any other switch only where the sides disagree: the table shows what sets them apart
+    for name in sorted(set(_names_in(recorded, "switches")) - set(LAYOUT_SWITCHES)):
+        cell = partial(_switch_cell, name)
+        if True:
+            rows.append((name, cell))
+    return rows
+
+
+def _differs(cells: Sequence[str]) -> bool:
+    return len(set(cells)) > 1
+
+
+def _what_ran_table(columns: Sequence[_Column], esc: Esc) -> dict[str, Any]:
+    recorded = [col for col in columns if col.recorded]
+    rows = []
+    for i, (label, cell) in enumerate(_row_makers(recorded)):
+        # a column without values says why once, in the first row
+        cells = [cell(col.values) if col.recorded else (col.missing if i == 0 else DASH) for col in columns]
+        differs = _differs([x for x, col in zip(cells, columns) if col.recorded])
+        rows.append({"label": esc(label), "cells": [esc(x) for x in cells], "differs": differs})
+    rows.append({"label": esc("expectations"), "cells": [esc(_expectations_cell(col.check)) for col in columns],
+                 "differs": False})
+    return {"columns": [{"name": esc(col.name), "role": col.role} for col in columns], "rows": rows,
+            "differs": any(r["differs"] for r in rows)}
+
+
+def _path_block(c: Mapping[str, Any], aa: bool, esc: Esc) -> dict[str, Any]:
+    """A comparison's path judgement: one sentence, then its reasons (failures, evidence or a note)."""
+    paths = _mapping(path_judgement(c))
+    status = str(paths.get("status"))
+    sentence = PATH_SENTENCES.get(status, f"the path judgement is {status}")
+    if c.get("status") == Status.INCONCLUSIVE.value:
+        sentence += f", so the comparison is {Status.INCONCLUSIVE.value}"
+    if c.get("outputs_status"):
+        sentence += f"; the outputs alone would be {c['outputs_status']}"
+    kind = {VERIFIED: "evidence", NOT_RECORDED: "note"}.get(status, "failure")
+    return {
+        "variant": esc(variant_of(c)),
+        "reference": esc(reference_of(c)),
+        "aa": aa,
+        "sentence": esc(sentence),
+        "kind": kind,
+        "lines": [esc(r) for r in path_reasons(c)],
+    }
+
+
+def what_ran_view(compare: Mapping[str, Any], esc: Esc) -> dict[str, Any] | None:
+    """Each comparison's path judgement and the sides side by side; None when no comparison
+    carries "paths" (compare.json from before the path probes, or a bare table comparison)."""
+    judged = [(c, aa) for c, aa in judged_entries(compare) if path_judgement(c) is not None]
+    if not judged:
+        return None
+    columns = _columns(compare)
+    return {
+        "paths": [_path_block(c, aa, esc) for c, aa in judged],
+        # a table of columns that all say "not recorded" shows nothing
+        "table": _what_ran_table(columns, esc) if any(col.summary is not None for col in columns) else None,
+    }
+
+
+# ---------------------------------------------------------------------------
 # the whole report
 # ---------------------------------------------------------------------------
 
@@ -736,20 +1012,28 @@ def build_view(compare: Any, run_info: dict[str, Any] | None, esc: Esc) -> dict[
     run_info = redact(run_info or {})
     nf = compare.get("noise_floor") or {}
     counts = gate_counts(compare)
+    status = str(compare.get("status", ""))
     return {
         "run_id": esc(compare.get("run_id", "")),
-        "status": esc(compare.get("status", "")),
+        "status": esc(status),
+        "verdict_note": esc(INCONCLUSIVE_NOTE) if status == Status.INCONCLUSIVE.value else "",
         "comparisons": [_comparison_view(c, nf, esc) for c in compare.get("comparisons") or ()],
         "noise_floor": (
             {
                 "reference": esc(nf.get("reference", nf.get("a"))),
                 "variant": esc(nf.get("variant", nf.get("b"))),
                 "status": esc(nf.get("status", "")),
+                "outputs_status": esc(nf.get("outputs_status") or ""),
             }
             if nf
             else None
         ),
-        "gates": {"rows": _gate_rows(compare, esc), "counts": counts, "summary": _gates_summary(counts)},
+        "gates": {
+            "rows": _gate_rows(compare, esc),
+            "counts": counts,
+            "summary": esc(_gates_summary(counts, inconclusive_variants(compare))),
+        },
+        "what_ran": what_ran_view(compare, esc),
         "numerics": esc(_numerics_line(compare)),
         "header": _run_header(compare, run_info, esc),
     }
