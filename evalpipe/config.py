@@ -131,8 +131,8 @@ def _dotted(name: str) -> bool:
 
 def collective_key(name: str) -> bool:
     """``all_gather`` or ``all_gather@tp``: a collective kind, optionally on one group."""
-    kind, _, group = name.partition("@")
-    return kind in COLLECTIVE_KINDS and (not group or group.isidentifier())
+    kind, at, group = name.partition("@")
+    return kind in COLLECTIVE_KINDS and (not at or group.isidentifier())
 
 
 class Expectations(_Strict):
@@ -504,8 +504,12 @@ def merged_expectations(shared: dict[str, Any], own: dict[str, Any], where: str 
     try:
         return Expectations.model_validate(deep_merge(shared, own))
     except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
+        errors = err.errors()
+        # a per_forward count is `int | CountRange`: a mapping is meant as a range, so its own
+        # error says what is wrong, not "should be a valid integer"
+        ranged = [e for e in errors if "CountRange" in e["loc"]]
+        first = ranged[0] if ranged else errors[0]
+        key = ".".join(str(p) for p in first["loc"] if p not in ("int", "CountRange"))
         if first["type"] == "extra_forbidden":
             raise ValueError(f"{where}unknown key `expect.{key}`; the keys are {', '.join(Expectations.model_fields)}.") from None
         what = first["msg"].removeprefix("Value error, ")

@@ -72,7 +72,8 @@ def resolve(python: str, env: dict[str, str], names: list[str], *, say: Callable
     if not names:
         return {}
     rules = hashlib.sha256(Path(lookup.__file__).read_bytes()).hexdigest()  # another evalpipe looks up otherwise
-    key = hashlib.sha256(json.dumps([os.path.realpath(python), names, rules]).encode()).hexdigest()[:16]
+    # the same interpreter finds other modules on another PYTHONPATH (another build's checkout)
+    key = hashlib.sha256(json.dumps([os.path.realpath(python), env.get("PYTHONPATH", ""), names, rules]).encode()).hexdigest()[:16]
     cached = cache_dir() / "probe-names" / f"{key}.json"
     answer = _cached(cached)
     if answer is None:
@@ -135,16 +136,18 @@ def resolve_plan(variants: Iterable[Any], say: Callable[[str], None] | None = No
     ``variants``: PlannedVariant (name, python, expect, launch, process_env)."""
     variants = list(variants)
     names = probed_names(v.expect for v in variants)
-    by_python: dict[str, dict[str, ResolvedName]] = {}
+    by_environment: dict[tuple[str, str], dict[str, ResolvedName]] = {}
     out: dict[str, VariantNames] = {}
     for v in variants:
         if v.launch.mode == "endpoint":
             out[v.name] = VariantNames()  # its server runs elsewhere: nothing here to look in
             continue
-        if v.python not in by_python:
-            by_python[v.python] = resolve(v.python, v.process_env(), names, say=say)
-        check_variant(v.name, v.python, v.expect, by_python[v.python])
-        out[v.name] = VariantNames(by_python[v.python])
+        env = v.process_env()
+        where = (v.python, env.get("PYTHONPATH", ""))  # one interpreter sees other modules on another path
+        if where not in by_environment:
+            by_environment[where] = resolve(v.python, env, names, say=say)
+        check_variant(v.name, v.python, v.expect, by_environment[where])
+        out[v.name] = VariantNames(by_environment[where])
     return out
 
 

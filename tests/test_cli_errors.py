@@ -171,3 +171,21 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     info = json.loads(rd.run_json.read_text())
     assert info["status"] == "failed" and info["verdict"] is None and "comparing them failed" in info["error"]
     assert (rd.root / "b" / "samples.parquet").is_file(), "the variants' artifacts are kept"
+
+
+def test_an_expectation_naming_a_function_that_does_not_exist_is_refused_before_any_engine_starts(tmp_path):
+    """A misspelt name would be counted zero times and read as "never called": an
+    expectation that cannot fail (not_called) or fails for the wrong reason (called). It is
+    looked up in the variant's own interpreter first."""
+    typo = "evalpipe.layout.model.LayoutDecoderLayer._sp_atention"
+    cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs"),
+                           "variants": {"a": {}, "b": {"expect": {"not_called": [typo]}}}})
+    proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--no-noise-floor", cwd=tmp_path)
+    assert_user_error(proc, f"variant `b`: `expect.not_called` names `{typo}`, which does not exist",
+                      "evalpipe.layout.model.LayoutDecoderLayer has no attribute `_sp_atention`")
+    assert not (tmp_path / "runs").exists(), "refused before the run directory, let alone an engine"
+    # a name only another variant declares need not exist everywhere (the PR's class in the
+    # base build): here it is the same interpreter, so it is refused as the variant's own
+    dry = evalpipe("run", "gsm8k", "-c", str(cfg), "--no-noise-floor", "--dry-run", cwd=tmp_path)
+    assert_user_error(dry, "does not exist")
+    assert f"never called: {typo}" in dry.stdout, "the dry run lists what will be checked before it looks names up"

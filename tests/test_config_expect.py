@@ -36,9 +36,9 @@ def error_of(expect_b: dict | None = None, shared: dict | None = None) -> str:
 
 
 def test_unknown_key_names_the_keys():
-    assert error_of({"calld": ["pkg.m.f"]}) == (
-        "my.yaml: variant `b`: unknown key `expect.calld`; the keys are same_path, model, layers, called, not_called, "
-        "per_forward, switches.")
+    keys = ", ".join(Expectations.model_fields)
+    assert error_of({"calld": ["pkg.m.f"]}) == f"my.yaml: variant `b`: unknown key `expect.calld`; the keys are {keys}."
+    assert {"same_path", "model", "layers", "called", "not_called", "per_forward", "switches"} <= set(Expectations.model_fields)
     # a typo in the shared expectations is reported (for the first variant that merges it)
     assert error_of(shared={"modle": "pkg.m.M"}).startswith("my.yaml: variant `a`: unknown key `expect.modle`;")
 

@@ -29,4 +29,15 @@ def test_dp1_vs_dp2_runs_and_passes(tmp_path):
     assert "EngineCore_DP1" not in (run_dir / "dp1" / "engine.log").read_text()
     args = (run_dir / "dp2" / "server-args.yaml").read_text()
     assert "data-parallel-size: 2" in args
+    # the path probes saw every engine core: one for dp1, two for dp2 (DP indexes 0 and 1),
+    # each building the layout model and running the legacy path
+    for variant, indexes in (("dp1", [0]), ("dp2", [0, 1])):
+        processes = json.loads((run_dir / variant / "probes.json").read_text())["processes"]
+        cores = [p for p in processes if p["role"] == "engine_core"]
+        assert sorted(p["switches"]["data_parallel_index"] for p in cores) == indexes, processes
+        assert all(p["models"][0]["model_class"] == "evalpipe.layout.model.LayoutForCausalLM" for p in cores)
+        assert all(p["models"][0]["forwards"] > 0 for p in cores)
+    dp2 = json.loads((run_dir / "compare.json").read_text())["comparisons"][0]
+    assert dp2["paths"]["status"] == "verified", dp2["paths"]
+    assert "model built in 2 processes" in " ".join(dp2["paths"]["reasons"])
     assert wait_gone("dp", 10) == [], "a finished run left processes behind"

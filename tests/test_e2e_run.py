@@ -9,6 +9,9 @@ One run of four engines serves the whole module (engine starts dominate the cost
   bf16        the positive control's bfloat16 variant     -> DIVERGENT under the default gates
               (the reference is fp32, so the fp32 floors apply), EQUIVALENT under gates
               with half-precision floors: gates are policy, the evidence is the same
+  sp_fallback `sp`'s settings and expectations, but the layer silently takes the legacy path
+              (the zoo's `sp_fallback`)                   -> INCONCLUSIVE: its outputs are the
+              reference's exactly, only the path probes can tell
 Every variant also teacher-forces the reference's sequences (teacher.parquet).
 """
 
@@ -56,6 +59,10 @@ def run(tmp_path_factory) -> dict:
             "env": default["variants"][ref].get("env", {}),
             "engine": {**default["variants"][ref].get("engine", {}), **control["variants"]["bf16"]["engine"]},
         },
+        "sp_fallback": {
+            "env": {**default["variants"][other]["env"], "EVALPIPE_LAYOUT_FAULT": "sp_fallback"},
+            "expect": default["variants"][other]["expect"],
+        },
     }
     cfg["noise_floor"] = True
     cfg["output"] = str(tmp / "runs")
@@ -67,7 +74,7 @@ def run(tmp_path_factory) -> dict:
 
 
 def variant_names(run) -> list[str]:
-    return [run["ref"], f"{run['ref']}-aa", run["other"], "bf16"]
+    return [run["ref"], f"{run['ref']}-aa", run["other"], "bf16", "sp_fallback"]
 
 
 def comparison(run, name: str) -> dict:
@@ -195,6 +202,61 @@ def test_default_config_variants_are_equivalent(run):
     assert all(g["status"] == "pass" for g in c["gates"]), c["gates"]
     assert {g["gate"] for g in c["gates"]} >= {"teacher_dlogprob_shift", "teacher_kl_shift"}, "evaluated, not skipped"
     assert_last_bits_only(c)
+
+
+def test_the_default_pass_carries_what_each_variant_ran(run):
+    """legacy vs sp passes with positive evidence: each ran its declared path (the layout
+    model, its own attention path, its collectives in every forward pass), shown side by side."""
+    c = comparison(run, run["other"])
+    assert c["paths"]["status"] == "verified" and c["paths"]["same_profile"] is False, c["paths"]
+    a, b = c["paths"]["what_ran"]["a"], c["paths"]["what_ran"]["b"]
+    assert a["models"] == b["models"] == ["evalpipe.layout.model.LayoutForCausalLM"]
+    assert set(a["collectives_per_forward"]) == {"all_gather", "reduce_scatter"}
+    assert set(b["collectives_per_forward"]) == {"all_to_all", "reduce_scatter"}
+    for kind, entry in b["collectives_per_forward"].items():
+        assert entry["counts"] == {"3": entry["forwards"]}, (kind, entry)  # one per layer, every forward pass
+    report = (run["dir"] / "report.md").read_text()
+    assert "What ran" in report and "LayoutForCausalLM" in report
+    suites = ET.parse(run["dir"] / "junit.xml").getroot()
+    (case,) = [t for s in suites if s.get("name").endswith(f"-vs-{run['other']}") for t in s
+               if t.get("classname") == f"{run['other']}.path"]
+    assert case.find("failure") is None
+
+
+def test_a_silent_fallback_to_the_legacy_path_is_inconclusive(run):
+    """The trap of PR #18671: the new layer falls back to the old path when a condition
+    fails, the outputs are the reference's exactly, and an output comparison signs it off.
+    The probes see the legacy path run where `sp` declares its own."""
+    c = comparison(run, "sp_fallback")
+    assert c["status"] == "INCONCLUSIVE" and c["outputs_status"] == "IDENTICAL", c["reasons"]
+    reasons = " ".join(c["reasons"])
+    assert "never called `evalpipe.layout.model.LayoutDecoderLayer._sp_attention`" in reasons
+    assert "called `evalpipe.layout.model.LayoutDecoderLayer._legacy_attention`" in reasons
+    assert "all_to_all" in reasons
+    suites = ET.parse(run["dir"] / "junit.xml").getroot()
+    (suite,) = [s for s in suites if s.get("name").endswith("-vs-sp_fallback")]
+    failures = [t for t in suite if t.find("failure") is not None]
+    assert [t.get("classname") for t in failures] == ["sp_fallback.path"], "the outputs' gates all pass; the path fails"
+    # the run's verdict stays the worst finding: the bf16 control's divergence
+    assert json.loads((run["dir"] / "run.json").read_text())["verdict"] == "DIVERGENT"
+
+
+def test_a_forgotten_plugin_line_is_inconclusive_naming_the_missing_path(run):
+    """The trap a new user walks into: the default config without the `architectures` line.
+    vLLM serves the plain Llama to both variants, EVALPIPE_LAYOUT reaches no code, the
+    outputs are IDENTICAL; evalpipe must not call that a pass."""
+    tmp = run["tmp"]
+    cfg = tmp / "forgot.yaml"
+    cfg.write_text(yaml.safe_dump({"extends": str(DEFAULT_CONFIG), "output": str(tmp / "runs"),
+                                   "engine": {"hf_overrides": {"architectures": None}}}))
+    proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--limit", "4", "--no-noise-floor", "--run-id", "forgot", cwd=tmp)
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = " ".join(proc.stdout.split())
+    assert "INCONCLUSIVE" in out
+    assert "instantiated `vllm.model_executor.models.llama.LlamaForCausalLM`" in out
+    assert "never called `evalpipe.layout.model.LayoutDecoderLayer._sp_attention`" in out
+    c = json.loads((tmp / "runs" / "forgot" / "compare.json").read_text())["comparisons"][0]
+    assert c["outputs_status"] == "IDENTICAL" and c["paths"]["status"] == "failed"
 
 
 def test_default_gates_know_the_reference_is_fp32_and_catch_the_bf16_control(run):

@@ -65,7 +65,9 @@ def offline_vs_served(tmp_path_factory) -> dict:
         tmp, "served", engine=SEQUENTIAL, reference="offline",
         variants={
             "offline": {"env": legacy},
-            "served": {"env": legacy, "launch": {"mode": "serve", "concurrency": 1}},
+            # the same code behind a server: an A/A pair by declaration (else the same code on
+            # both sides with IDENTICAL outputs is INCONCLUSIVE: nothing was compared)
+            "served": {"env": legacy, "launch": {"mode": "serve", "concurrency": 1}, "expect": {"same_path": True}},
             # The server refuses a window beyond the model's and exits while starting.
             "dead": {"env": legacy, "launch": {"mode": "serve"}, "engine": {"max_model_len": 99999}},
             # The server refuses top-5 logprobs beyond its --max-logprobs: every request fails.
@@ -97,6 +99,35 @@ def test_offline_and_served_are_identical(offline_vs_served):
     assert manifest["engine"]["tokenized_by"] == "local"  # checked against the server's /tokenize
     assert manifest["engine"]["server"]["version"]["version"]
     assert (vdir / "teacher.parquet").is_file() and (vdir / "tokens.parquet").is_file()
+
+
+def records(run_dir: Path, variant: str) -> list[dict]:
+    return json.loads((run_dir / variant / "probes.json").read_text())["processes"]
+
+
+def test_every_process_of_a_served_engine_recorded_what_it_ran(offline_vs_served):
+    """The probes reach every process a variant starts: the offline worker's in-process
+    engine, and the server's API process and engine core (which built the model)."""
+    run_dir = offline_vs_served["dir"]
+    served = comparison(run_dir, "served")
+    assert served["paths"]["status"] == "verified", served["paths"]
+    roles = sorted(p["role"] for p in records(run_dir, "served"))
+    assert roles == ["api_server", "engine_core", "evalpipe_worker"], roles
+    (core,) = [p for p in records(run_dir, "served") if p["role"] == "engine_core"]
+    (model,) = core["models"]
+    assert model["model_class"] == "evalpipe.layout.model.LayoutForCausalLM"
+    assert model["layers"] == {"evalpipe.layout.model.LayoutDecoderLayer": 3}
+    assert model["forwards"] > 0 and model["per_forward"]["all_gather"] == {"3": model["forwards"]}
+    assert core["switches"]["max_num_seqs"] == 1 and core["calls"]["evalpipe.layout.model.LayoutDecoderLayer._legacy_attention"] > 0
+    (offline,) = [p for p in records(run_dir, "offline") if p["models"]]
+    assert offline["role"] == "evalpipe_worker", "offline, the engine runs inside the worker"
+    # the manifest carries the summary, and probes.json is a verified artifact
+    manifest = json.loads((run_dir / "served" / "manifest.json").read_text())
+    assert manifest["probes"]["processes"] == {"api_server": 1, "engine_core": 1, "evalpipe_worker": 1}
+    assert "probes.json" in manifest["artifacts"]
+    # a variant that stopped half-way still says what its processes built
+    hung = json.loads((run_dir / "hung" / "probes.json").read_text())
+    assert any(p["models"] for p in hung["processes"]), "the hung server's engine core recorded its model"
 
 
 def test_a_server_that_dies_fails_its_variant_and_the_others_are_compared(offline_vs_served):
@@ -167,9 +198,15 @@ def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_art
         )
         proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "ep", "--variants", "offline,ep", cwd=tmp_path,
                         env={**os.environ, "EP_KEY": key})
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # a server evalpipe did not start runs code the probes cannot see: nothing is proven
+        # about its path, whatever the outputs say, and the verdict says so plainly
+        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
         run_dir = tmp_path / "runs" / "ep"
-        assert comparison(run_dir, "ep")["status"] == "IDENTICAL"
+        ep = comparison(run_dir, "ep")
+        assert ep["status"] == "INCONCLUSIVE" and ep["outputs_status"] == "IDENTICAL", ep["reasons"]
+        assert "path not verifiable in endpoint mode" in ep["reasons"][0]
+        assert "path not verifiable in endpoint mode" in (run_dir / "report.md").read_text()
+        assert "path not verifiable in endpoint mode" in " ".join(proc.stdout.split())
         manifest = json.loads((run_dir / "ep" / "manifest.json").read_text())
         assert manifest["launch_mode"] == "endpoint"
         assert [m["id"] for m in manifest["engine"]["server"]["models"]] == [str(builtin_model_dir)]

@@ -341,7 +341,9 @@ FILES = {
         model.forward(S(7), S(7), active=set(), nested=True)
 
         from evalpipe.probes import runtime
+        import threading
         out["active"] = runtime.active()
+        out["flusher"] = any(t.name == "evalpipe-probes" for t in threading.enumerate())
         runtime.collective("all_to_all", "virtual", S(2, 3))
         runtime.flush()
 
@@ -357,6 +359,14 @@ FILES = {
             _, status = os.waitpid(child, 0)
             out["child"] = child
             out["child_status"] = status
+            quiet = os.fork()  # a helper process: vLLM loaded, no model, no known role
+            if quiet == 0:
+                helper(S(8))
+                runtime.flush()
+                os._exit(0)
+            _, status = os.waitpid(quiet, 0)
+            out["quiet_child"] = quiet
+            out["quiet_status"] = status
             runtime.flush()
         print("RESULT " + json.dumps(out))
     """,
@@ -452,12 +462,14 @@ def test_spec_carries_what_write_spec_resolved(runs):
 def test_probes_load_at_start_and_chain_to_the_shadowed_sitecustomize(runs):
     on = runs["on"]
     assert on["hooks_installed"] and on["runtime_loaded"] and on["active"]
+    assert on["flusher"], "a process that loaded vLLM keeps its record fresh from a thread"
     assert on["chained"] == {"after_probes": True}, "the sitecustomize further down sys.path must still run, after the probes"
 
 
 def test_one_record_per_process_and_the_parent_record_reads_as_a_process_probe(runs):
     on = runs["on"]
-    assert on["child_status"] == 0
+    assert on["child_status"] == 0 and on["quiet_status"] == 0
+    # the quiet child (vLLM loaded, no model built, no known role) writes nothing
     assert sorted(runs["files"]) == sorted([f"{on['pid']}.json", f"{on['child']}.json"])
     assert not list(records_dir(runs["vdir"]).glob("*.tmp")), "records are written atomically"
     records, unreadable = read_records(records_dir(runs["vdir"]))
@@ -638,7 +650,7 @@ def test_without_the_spec_nothing_is_patched_and_nothing_written(runs):
         "base_inherited": False, "sub_inherited_own": False, "initialize_model": False, "group_all_reduce": False,
         "dist_all_reduce": False, "forward_is_bound_method": True,
     }
-    assert off["active"] is False
+    assert off["active"] is False and not off["flusher"]
     assert off["flaky"] == ["ok", "ok"]
     before, after = runs["off_files"]
     assert before == after == ["spec.json"], "no record without EVALPIPE_PROBES"
@@ -819,7 +831,7 @@ def test_reset_starts_a_fresh_record():
 # ----------------------------------------------------------------------------- patching.wrap, in-process
 
 
-def _count_into(calls: list) -> "callable":
+def _count_into(calls: list):
     return lambda fn: counting(fn, lambda a, k: calls.append(a) or True, lambda token: None, lambda: False)
 
 

@@ -372,7 +372,7 @@ def test_markdown_same_code_and_not_recorded():
 def test_html_of_the_trap():
     html = render_html(trap_compare(), {}, plots=False)
     assert '<h2>Verdict <span class="badge inconclusive">INCONCLUSIVE</span></h2>' in html
-    assert ".badge.inconclusive { background: #9a6700; }" in html and ".badge.different" not in html
+    assert ".badge.inconclusive { background: #d4a72c; color: #1f2328; }" in html and ".badge.different" not in html
     assert "(the outputs alone: IDENTICAL)" in html
     order = [html.index(s) for s in ('id="verdict"', 'id="gates"', 'id="what-ran"', 'id="run"', 'class="comparison"')]
     assert order == sorted(order)

@@ -147,6 +147,7 @@ class EngineHooks:
     def _hook_function(self, module: Any, entry: dict[str, str]) -> None:
         try:
             owner, attr = resolve(module, entry["attr"])
+            getattr(owner, attr)
         except AttributeError as err:
             self.record.absent[entry["canonical"]] = f"{entry['module']} has no {entry['attr']} ({err})"
             return

@@ -17,6 +17,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
@@ -35,6 +36,8 @@ OTHER = "other"
 
 def jsonable(value: Any, depth: int = 0) -> Any:
     """A JSON value for whatever a switch holds (dtypes, enums, config objects), bounded."""
+    if isinstance(value, enum.Enum):
+        return value.name  # IntEnum and str enums too: a config says `compilation_mode: NONE`
     if value is None or isinstance(value, (bool, int, float, str)):
         return value[:TEXT_LIMIT] if isinstance(value, str) else value
     if depth < 3 and isinstance(value, dict):

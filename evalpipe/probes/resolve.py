@@ -42,7 +42,7 @@ def _import_prefix(parts: list[str]) -> tuple[Any, int]:
         try:
             return importlib.import_module(name), n
         except ModuleNotFoundError as err:
-            if err.name and not name.startswith(err.name) and err.name != name:
+            if err.name and err.name != name and not name.startswith(err.name + "."):
                 raise  # the module exists but imports something missing
             last_error = err
     raise ModuleNotFoundError(f"no module of {'.'.join(parts)} can be imported ({last_error})")
@@ -90,7 +90,8 @@ def resolve_config_path(name: str) -> dict[str, Any]:
     """``parallel_config.use_sequence_parallel_moe``: the sub-config is a field of VllmConfig
     and has that attribute (deeper parts are read as they are found in the engine)."""
     try:
-        from vllm.config import VllmConfig
+        # what it looks up, not what it needs: imported by name like every other checked module
+        VllmConfig = importlib.import_module("vllm.config").VllmConfig
     except Exception as err:  # noqa: BLE001
         return {"error": f"cannot be checked: vllm.config does not import ({type(err).__name__}: {err})"}
     parts = name.split(".")

@@ -19,8 +19,8 @@ from evalpipe.report.view import (
     gate_counts,
     inconclusive_variants,
     judged_entries,
-    path_failed,
     path_reasons,
+    paths_inconclusive,
     reference_of,
     show_controls,
     variant_of,
@@ -36,6 +36,7 @@ STATUS_STYLE = {
 UNKNOWN_STYLE = "bold magenta"  # a status no evalpipe writes (a hand-edited or very old compare.json)
 PATH_STYLE = "yellow"
 MAX_REASONS = 8
+VALUE_WIDTH = 10  # what-ran table: the narrowest a value column gets
 
 
 def _style(status: Any) -> str:
@@ -179,7 +180,7 @@ def failed_gates_table(compare: Mapping[str, Any]) -> Table | None:
 def _path_lines(c: Mapping[str, Any]) -> list[str]:
     """Why an INCONCLUSIVE comparison proves nothing: its path reasons (the comparison's own
     reasons when the paths are missing, a hand-made compare.json)."""
-    reasons = path_reasons(c) if path_failed(c) else [str(r) for r in c.get("reasons") or ()]
+    reasons = path_reasons(c) if paths_inconclusive(c) else [str(r) for r in c.get("reasons") or ()]
     outputs = f" (the outputs alone: {c['outputs_status']})" if c.get("outputs_status") else ""
     head = f"{variant_of(c)} vs {reference_of(c)}: the paths prove nothing{outputs}"
     lines = [_plain(head)] + [f"  - {_plain(r)}" for r in reasons[:MAX_REASONS]]
@@ -194,9 +195,11 @@ def what_ran_table(compare: Mapping[str, Any]) -> Table | None:
     if view is None or view["table"] is None:
         return None
     table = Table(title="what ran", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("", no_wrap=True)
+    # on a narrow terminal the labels wrap before the values shrink below VALUE_WIDTH: the values are compared
+    table.add_column("", overflow="fold")
     for col in view["table"]["columns"]:
-        table.add_column(Text(col["name"] + (f" ({col['role']})" if col["role"] else "")), overflow="fold")
+        role = f" ({col['role']})" if col["role"] else ""
+        table.add_column(Text(col["name"] + role), overflow="fold", min_width=VALUE_WIDTH)
     for row in view["table"]["rows"]:
         table.add_row(Text(row["label"], style="bold" if row["differs"] else ""), *(Text(x) for x in row["cells"]))
     return table

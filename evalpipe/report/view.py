@@ -769,7 +769,7 @@ def path_reasons(c: Mapping[str, Any]) -> list[str]:
     return [str(r) for r in _mapping(path_judgement(c)).get("reasons") or ()]
 
 
-def path_failed(c: Mapping[str, Any]) -> bool:
+def paths_inconclusive(c: Mapping[str, Any]) -> bool:
     """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
     paths = path_judgement(c)
     return paths is not None and paths.get("status") in (FAILED, SAME_CODE)
@@ -841,12 +841,12 @@ def _columns(compare: Mapping[str, Any]) -> list[_Column]:
     return columns
 
 
-def _plain(value: Any) -> str:
+def _value_text(value: Any) -> str:
     """A switch value as a reader writes it: strings bare, lists comma-joined, the rest as JSON."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return ", ".join(_plain(v) for v in value) if value else "[]"
+        return ", ".join(_value_text(v) for v in value) if value else "[]"
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
@@ -857,8 +857,8 @@ def _switch_cell(name: str, summary: Mapping[str, Any]) -> str:
     value = switches[name]
     per_process = _mapping(value).get("per_process")
     if isinstance(per_process, list):
-        return " | ".join(_plain(v) for v in per_process)
-    return _plain(value)
+        return " | ".join(_value_text(v) for v in per_process)
+    return _value_text(value)
 
 
 def _processes_cell(summary: Mapping[str, Any]) -> str:
@@ -919,10 +919,10 @@ def _expectations_cell(check: Mapping[str, Any] | None) -> str:
 
 
 def _names_in(columns: Sequence[_Column], key: str) -> list[str]:
-    """The keys of each recorded summary's ``key`` mapping, in the order the columns first name them."""
+    """The keys of each column's ``key`` mapping, in the order the columns first name them."""
     names: dict[str, None] = {}
     for col in columns:
-        names.update(dict.fromkeys(str(k) for k in _mapping(_mapping(col.summary).get(key))))
+        names.update(dict.fromkeys(str(k) for k in _mapping(col.values.get(key))))
     return list(names)
 
 
@@ -943,7 +943,7 @@ def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
     # any other switch only where the sides disagree: the table shows what sets them apart
     for name in sorted(set(_names_in(recorded, "switches")) - set(LAYOUT_SWITCHES)):
         cell = partial(_switch_cell, name)
-        if True:
+        if _differs([cell(col.values) for col in recorded]):
             rows.append((name, cell))
     return rows
 
