@@ -82,7 +82,7 @@ runs = sa.Table(
     sa.Column("aa_variant", sa.String(200)),
     sa.Column("hardware", sa.JSON),
     sa.Column("run_dir", sa.String(1000)),
-    # filled by `nightly` after judging: PASS | REGRESSION | FAILED, and the evidence
+    # filled by `nightly` after judging: PASS | INCONCLUSIVE | REGRESSION | FAILED, and the evidence
     sa.Column("nightly_status", sa.String(20)),
     sa.Column("baseline_run_id", sa.String(200)),
     sa.Column("judgement", sa.JSON),
@@ -152,7 +152,7 @@ baselines = sa.Table(
 )
 
 V1_TABLES = (runs, variants, gate_results, item_sets, scores, token_summaries, baselines)
-TABLES = V1_TABLES
+TABLES = V1_TABLES  # every table (a migration that adds columns looks for them here)
 
 
 def _since(column: sa.Column) -> int:

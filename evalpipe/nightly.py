@@ -31,6 +31,7 @@ import numpy as np
 
 from evalpipe import artifacts
 from evalpipe.compare.changepoint import Change, score_changes, token_changes
+from evalpipe.config import Expectations
 from evalpipe.history import NIGHTLY_JSON, History, HistoryError
 
 NIGHTLY_MD = "nightly.md"
@@ -119,13 +120,11 @@ def bisect_hint(history: History, last_good: str | None, first_bad: str, variant
 # ---------------------------------------------------------------------------
 
 
-def meant_same(expect: Any) -> Any:
+def meant_same(expect: Expectations | None) -> Expectations:
     """Side B of a comparison meant to run the same code as side A (the same variant on two
     nights, a reference against its own A/A run): its recorded expectations with
     ``same_path``, so IDENTICAL outputs of the same path pass instead of being judged
     "same_code". Each side is still checked against its own expectations."""
-    from evalpipe.config import Expectations
-
     return (expect or Expectations()).model_copy(update={"same_path": True})
 
 

@@ -19,8 +19,9 @@ Every night keeps the run.json of the config's real run (its settings and config
 hash), with its own run id, time and components; its compare.json and reports are
 computed from the artifacts it holds. A night whose `sp` is the reference's A/A run
 records the A/A run's expectations for it: its path probes show the reference's code,
-and judged by sp's expectations that night would be INCONCLUSIVE, not an A/A night. Expected: the detector flags exactly the fault
-night, nothing before it, and the history clears after the fix.
+and judged by sp's expectations that night would be INCONCLUSIVE, not an A/A night.
+Expected: the detector flags exactly the fault night, nothing before it, and the
+history clears after the fix.
 """
 
 from __future__ import annotations

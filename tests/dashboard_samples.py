@@ -23,19 +23,25 @@ def run_id(i: int) -> str:
     return f"run-{i:04d}"
 
 
-def sample_history(n_nights: int = 8, change_at: int = 5, task: str = "gsm8k") -> dict:
+INCONCLUSIVE_REASON = ("tonight's comparison proves nothing about the paths: variant `sp` never called "
+                       "`evalpipe.layout.model.LayoutDecoderLayer._sp_attention` (0 calls in 1 process)")
+
+
+def sample_history(n_nights: int = 8, change_at: int = 5, task: str = "gsm8k", inconclusive: tuple[int, ...] = ()) -> dict:
     """`n_nights` nights of one task, a score drop at night `change_at` that lasts, and
-    payloads in a flipped prompt, a component version and a reason."""
+    payloads in a flipped prompt, a component version and a reason. The nights in
+    `inconclusive` proved nothing about the code paths (sp silently ran legacy's)."""
     nights, points, tokens = [], [], []
     for i in range(n_nights):
         bad = i >= change_at
+        unproven = i in inconclusive
         nights.append({
             "run_id": run_id(i), "night": night_iso(i),
-            "status": "REGRESSION" if bad else "PASS",
-            "verdict": "DIVERGENT" if bad else "EQUIVALENT",
+            "status": "INCONCLUSIVE" if unproven else "REGRESSION" if bad else "PASS",
+            "verdict": "INCONCLUSIVE" if unproven else "DIVERGENT" if bad else "EQUIVALENT",
             "report": f"runs/{run_id(i)}/report.html",
             "baseline": run_id(0) if i else None,
-            "reasons": [f"strict-match fell below the A/A band {IMG}"] if bad else [],
+            "reasons": [INCONCLUSIVE_REASON] if unproven else [f"strict-match fell below the A/A band {IMG}"] if bad else [],
         })
         v = 0.44 if bad else 0.482 + (0.002 if i % 2 else -0.002)
         points.append({"run_id": run_id(i), "night": night_iso(i), "value": v,
@@ -78,7 +84,7 @@ def synthetic_history(n_nights: int = 365, n_tasks: int = 10, variants=("legacy"
     """A year of nights: noisy scores with gaps, one lasting drop per task, token measures with zeros."""
     rng = random.Random(seed)
     nights = [{"run_id": run_id(i), "night": night_iso(i),
-               "status": rng.choice(["PASS"] * 12 + ["REGRESSION", "FAILED"]), "verdict": "EQUIVALENT",
+               "status": rng.choice(["PASS"] * 12 + ["REGRESSION", "FAILED", "INCONCLUSIVE"]), "verdict": "EQUIVALENT",
                "report": f"runs/{run_id(i)}/report.html", "baseline": run_id(0), "reasons": []}
               for i in range(n_nights)]
     series, token_series, changes = [], [], []

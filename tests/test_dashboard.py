@@ -11,7 +11,7 @@ import copy
 import re
 from html.parser import HTMLParser
 
-from dashboard_samples import IMG, SCRIPT, run_id, sample_history, synthetic_history
+from dashboard_samples import IMG, INCONCLUSIVE_REASON, SCRIPT, run_id, sample_history, synthetic_history
 from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, render_dashboard, safe_href, write_dashboard
 
 
@@ -205,3 +205,18 @@ def test_year_of_nights_gives_one_chart_per_series_and_compact_paths(tmp_path):
 def test_rendering_is_deterministic():
     data = sample_history()
     assert render_dashboard(data) == render_dashboard(copy.deepcopy(data))
+
+
+def test_an_inconclusive_night_is_its_own_amber_state_neither_pass_nor_regression():
+    data = sample_history(n_nights=8, change_at=5, inconclusive=(2, 7))
+    html = render_dashboard(data)
+    page = Page(html)
+    cells = page.having(cls="night")
+    assert [c["class"].split()[1] for c in cells] == ["pass", "pass", "inconclusive", "pass", "pass", "regression", "regression", "inconclusive"]
+    assert INCONCLUSIVE_REASON in cells[2]["title"]
+    assert "inconclusive" in page.having("div", id="latest")[0]["class"].split()
+    assert [b["class"] for b in page.having("span", cls="badge")][:2] == ["badge inconclusive", "badge regression"]  # latest first
+    assert "8 nights: 4 PASS, 2 INCONCLUSIVE (nothing proven about the code paths), 2 REGRESSION, 0 FAILED." in page.text
+    colours = dict(re.findall(r"\.(pass|inconclusive|regression|failed) \{ --c: (#[0-9a-f]{6})", html))
+    assert colours["inconclusive"] == "#d4a72c"  # amber
+    assert len(set(colours.values())) == 4  # each state its own colour

@@ -1,8 +1,9 @@
 """`evalpipe calibrate` end to end on the real engine, on a small slice of the zoo:
-one harmful fault, one benign one, one whose input check stops the engine (the run
-goes on without it, and the table still says what happened), the engine controls
-(A/A2, two threads), and one graded systematic error on each side of the default
-gates' detection limit (1e-3 in one layer: caught; 1e-5: below the fp32 floors)."""
+one harmful fault, the benign `sp` layout, one fault whose input check stops the engine
+(the run goes on without it, and the table still says what happened), the silent
+fallback to the legacy path (caught by the path probes alone: INCONCLUSIVE), the engine
+controls (A/A2, two threads), and one graded systematic error on each side of the
+default gates' detection limit (1e-3 in one layer: caught; 1e-5: below the fp32 floors)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from evalpipe.config import DEFAULT_CONFIG
 pytestmark = pytest.mark.slow
 
 LIMIT = 4
-FAULTS = ["heads_permuted", "tree_reduce", "shard_offset_checked", "attn_out_error_1e-3", "attn_out_error_1e-5"]
+FAULTS = ["heads_permuted", "sp_fallback", "shard_offset_checked", "attn_out_error_1e-3", "attn_out_error_1e-5"]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,9 @@ def calibrated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("calibrate")
     cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
     ref = cfg["reference"]
-    # Only the reference and the faults: every engine start costs half a minute here.
-    cfg["variants"] = {ref: cfg["variants"][ref]}
+    # The reference, `sp` (benign, and the path the faults declare) and the faults: every
+    # engine start costs half a minute here.
+    cfg["variants"] = {ref: cfg["variants"][ref], "sp": cfg["variants"]["sp"]}
     cfg["noise_floor"] = False
     cfg["tasks"] = {"gsm8k": cfg["tasks"]["gsm8k"]}
     path = tmp / "cal.yaml"
@@ -52,8 +54,8 @@ def test_calibrate_succeeds_with_every_entry_as_expected(calibrated):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     summary = json.loads((calibrated["dir"] / "calibration.json").read_text())["summary"]
-    # harmful: heads_permuted + the engine stop; benign: tree_reduce + the two engine controls
-    assert summary == {"caught": 2, "missed": 0, "clean": 3, "false alarm": 0}
+    # harmful: heads_permuted + the engine stop; the fallback; benign: sp + the two engine controls
+    assert summary == {"caught": 3, "missed": 0, "clean": 3, "false alarm": 0}
 
 
 def test_harmful_fault_is_divergent_with_cost_and_detectors(calibrated):
@@ -64,10 +66,21 @@ def test_harmful_fault_is_divergent_with_cost_and_detectors(calibrated):
     assert "teacher-forced" in r["detectors"] and "teacher_kl_max" in r["failed_gates"]
 
 
-def test_benign_fault_stays_clean(calibrated):
-    r = rows(calibrated)["fault-tree_reduce"]
+def test_benign_layout_stays_clean(calibrated):
+    r = rows(calibrated)["sp"]
     assert (r["expected"], r["outcome"]) == ("benign", "clean")
     assert r["status"] in ("IDENTICAL", "EQUIVALENT") and r["detection_cost"] is None and not r["detectors"]
+
+
+def test_a_silent_fallback_is_caught_by_the_path_probes_alone(calibrated):
+    """sp_fallback's outputs are legacy's: no gate can fire. It declares sp's path, and the
+    probes see legacy's run instead: INCONCLUSIVE, which is the zoo's catch for it."""
+    r = rows(calibrated)["fault-sp_fallback"]
+    assert (r["expected"], r["status"], r["outcome"]) == ("fallback", "INCONCLUSIVE", "caught")
+    assert not r["detectors"] and r["detection_cost"] is None, "the outputs say nothing"
+    compared = json.loads((calibrated["dir"] / "compare.json").read_text())
+    (c,) = [c for c in compared["comparisons"] if c["variant"] == "fault-sp_fallback"]
+    assert c["outputs_status"] == "IDENTICAL" and c["paths"]["status"] == "failed"
 
 
 def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
@@ -80,7 +93,7 @@ def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
     # the variants that did run were compared and reported all the same
     compared = json.loads((calibrated["dir"] / "compare.json").read_text())
     assert {c["variant"] for c in compared["comparisons"]} == {
-        "fault-heads_permuted", "fault-tree_reduce", "fault-attn_out_error_1e-3", "fault-attn_out_error_1e-5",
+        "sp", "fault-heads_permuted", "fault-sp_fallback", "fault-attn_out_error_1e-3", "fault-attn_out_error_1e-5",
         f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2",
     }
 
@@ -109,7 +122,7 @@ def test_graded_errors_on_each_side_of_the_detection_limit(calibrated):
 
 def test_table_states_the_command_and_every_entry(calibrated):
     text = calibrated["table"].read_text()
-    assert f"--limit {LIMIT}" in text and "--faults heads_permuted,tree_reduce,shard_offset_checked" in text
-    assert "**Harmful caught: 2/2. Benign kept clean: 3/3.**" in text
+    assert f"--limit {LIMIT}" in text and "--faults heads_permuted,sp_fallback,shard_offset_checked" in text
+    assert "**Harmful caught: 2/2. Fallbacks flagged INCONCLUSIVE: 1/1. Benign kept clean: 3/3.**" in text
     for name in FAULTS:
         assert f"fault-{name.replace('_', chr(92) + '_')}" in text, name

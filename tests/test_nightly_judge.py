@@ -174,3 +174,95 @@ def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(t
     # scored against another night's sequences: not comparable, left out
     artifacts.write_json(vd.root / "job.json", {"teacher": {"baseline_dir": str(tonight / "legacy")}})
     assert nightly.vs_baseline(base, tonight, "sp")["teacher_forced"] is False
+
+
+# -- what ran: path probes ------------------------------------------------------------
+
+SP_NEVER_RAN = ("variant `sp` never called `evalpipe.layout.model.LayoutDecoderLayer._sp_attention` "
+                "(0 calls in 1 process)")
+
+
+def _probe_nights(tmp_path, plan):
+    """Record and judge probed nights, one per entry of ``plan`` (write_night's options)."""
+    db = open_history(None, tmp_path / "out")
+    results = [nightly.record_and_judge(db, write_night(tmp_path / "runs", i, probes=True, **options), labels={}, alpha=1e-3,
+                                        min_nights=2, dashboard=tmp_path / "dash" / "index.html", title="t")
+               for i, options in enumerate(plan)]
+    return db, results
+
+
+def _failures(junit_path):
+    suite = ET.parse(junit_path).getroot().find("testsuite")
+    return {c.get("name"): c.find("failure").attrib for c in suite.findall("testcase") if c.find("failure") is not None}
+
+
+def test_the_same_variant_night_over_night_with_probes_is_judged_on_its_outputs(tmp_path):
+    _, results = _probe_nights(tmp_path, [{}, {}])
+    j = results[1].judgement
+    assert (j.status, results[1].exit_code) == ("PASS", 0)
+    # same code, same probe profile, IDENTICAL outputs: meant to be the same, not "same_code"
+    assert [(e["variant"], e["status"], e["paths"]["status"]) for e in j.vs_baseline] == [
+        ("legacy", "IDENTICAL", "verified"), ("sp", "IDENTICAL", "verified")]
+
+
+def test_the_noise_floor_of_a_run_without_recorded_expectations_is_not_same_code(tmp_path):
+    from evalpipe import artifacts
+
+    run_dir = write_night(tmp_path, 0, probes=True)
+    info = artifacts.read_json(run_dir / "run.json")
+    for settings in info["variant_settings"].values():
+        settings.pop("expect")
+    artifacts.write_json(run_dir / "run.json", info)
+    _, aa = nightly.tonight_floor(run_dir)
+    assert (aa.status.value, aa.paths.status) == ("IDENTICAL", "verified")
+
+
+def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_path):
+    db, results = _probe_nights(tmp_path, [{}, {}, {"sp_ran": "legacy"}, {}])
+    assert [r.judgement.status for r in results] == ["PASS", "PASS", "INCONCLUSIVE", "PASS"]
+    assert [r.exit_code for r in results] == [0, 0, 4, 0]
+    j = results[2].judgement
+    assert j.verdict == "INCONCLUSIVE"
+    assert j.reasons == [
+        f"tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}",
+        "sp's comparison with baseline night-01 proves nothing about the paths: " + SP_NEVER_RAN.replace("`sp`", "`night-02/sp`"),
+    ]
+    sp = next(e for e in j.vs_baseline if e["variant"] == "sp")
+    assert (sp["status"], sp["outputs_status"], sp["paths"]["status"]) == ("INCONCLUSIVE", "IDENTICAL", "failed")
+    # an INCONCLUSIVE night is no baseline: the next night is judged against the last PASS
+    assert results[3].judgement.baseline == "night-01"
+    failures = _failures(results[2].outputs["junit"])
+    assert failures["variants_vs_reference"] == {"message": j.reasons[0], "type": "inconclusive"}
+    assert failures["sp"]["type"] == "inconclusive" and "legacy" not in failures
+    md = results[2].outputs["markdown"].read_text()
+    assert md.startswith("## evalpipe nightly night-02: ⚠️ INCONCLUSIVE")
+    assert ("- tonight's comparison proves nothing about the paths: variant \\`sp\\` never called "
+            "\\`evalpipe.layout.model.LayoutDecoderLayer.\\_sp\\_attention\\` (0 calls in 1 process)") in md
+    assert "| sp | night-01 | INCONCLUSIVE |" in md
+    assert db.run("night-02")["nightly_status"] == "INCONCLUSIVE"
+    assert [n["status"] for n in nightly.dashboard_data(db, "cfg1", "t", tmp_path / "d.html")["nights"]] == [
+        "PASS", "PASS", "INCONCLUSIVE", "PASS"]
+
+
+def test_print_night_shows_an_inconclusive_night_with_its_reason(tmp_path):
+    from rich.console import Console
+
+    _, results = _probe_nights(tmp_path, [{}, {"sp_ran": "legacy"}])
+    console = Console(record=True, width=400, color_system=None)
+    nightly.print_night(results[1], console)
+    text = console.export_text()
+    assert "nightly night-01: INCONCLUSIVE (baseline night-00)" in text
+    assert f"  - tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}" in text
+
+
+def test_a_regression_the_same_night_outranks_an_inconclusive_comparison(tmp_path):
+    # tonight's build broke the legacy path, and sp silently ran it too
+    _, results = _probe_nights(tmp_path, [{}, {}, {"reference_fault": True, "sp_ran": "legacy"}])
+    r = results[2]
+    assert (r.judgement.status, r.exit_code) == ("REGRESSION", 1)
+    assert r.judgement.verdict == "INCONCLUSIVE"  # tonight's variants alone prove nothing
+    assert r.judgement.reasons[0] == f"tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}"
+    assert any(reason.startswith("legacy drifted from baseline night-01: DIVERGENT") for reason in r.judgement.reasons)
+    failures = _failures(r.outputs["junit"])
+    assert failures["variants_vs_reference"]["type"] == "inconclusive" and failures["legacy"]["type"] == "regression"
+    assert "❌ REGRESSION" in r.outputs["markdown"].read_text()

@@ -740,10 +740,23 @@ def test_forward_started_finished_build_per_forward_histograms():
 def test_forward_tokens_are_bounded():
     rec = R.ProcessRecord("/nonexistent", "v")
     model = _model()
-    for n in range(R.FORWARD_TOKENS_KEPT + 3):
+    for n in range(1, R.FORWARD_TOKENS_KEPT + 4):
         rec.forward_finished(model, rec.forward_started(model, n))
-    assert model.forward_tokens == list(range(R.FORWARD_TOKENS_KEPT))
+    assert model.forward_tokens == list(range(1, R.FORWARD_TOKENS_KEPT + 1))
     assert model.forwards == R.FORWARD_TOKENS_KEPT + 3
+
+
+def test_a_forward_pass_over_no_token_is_set_apart():
+    """A batch of padding only runs no layer work: it must not read as a forward pass that
+    skipped its collectives (a partial fallback) in the per-forward histograms."""
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    rec.forward_finished(model, rec.forward_started(model, 0))
+    snapshot = rec.forward_started(model, 5)
+    rec.note("all_gather", "virtual", ())
+    rec.forward_finished(model, snapshot)
+    assert (model.forwards, model.empty_forwards) == (1, 1)
+    assert model.per_forward["all_gather"] == {"1": 1}
 
 
 def test_histograms_keep_a_bounded_number_of_values():

@@ -46,6 +46,7 @@ class ModelProbe(_Doc):
     layers: dict[str, int]
     attention_backends: list[str]
     forwards: int
+    empty_forwards: int = 0
     forward_tokens: list[int]
     per_forward: dict[str, dict[str, int]]  # name -> {calls in one forward: forward passes}; "other": the rest
 

@@ -255,7 +255,7 @@ def _aa_identical(aa: VariantComparison | None) -> bool | None:
         return None
     if aa.teacher is not None:
         return all(t.identical for t in aa.teacher.summaries)
-    return aa.status is Status.IDENTICAL
+    return (aa.verdict.outputs or aa.status) is Status.IDENTICAL  # what the outputs said, whatever the paths did
 
 
 def _shift_tests(

@@ -80,6 +80,7 @@ class ModelRecord:
         self.layers = layers
         self.attention_backends = attention_backends
         self.forwards = 0
+        self.empty_forwards = 0  # forward passes over no token (padding-only batches): not counted above
         self.forward_tokens: list[int] = []
         self.per_forward: dict[str, dict[str, int]] = {}
 
@@ -89,6 +90,7 @@ class ModelRecord:
             "layers": self.layers,
             "attention_backends": self.attention_backends,
             "forwards": self.forwards,
+            "empty_forwards": self.empty_forwards,
             "forward_tokens": self.forward_tokens,
             "per_forward": self.per_forward,
         }
@@ -154,6 +156,12 @@ class ProcessRecord:
     def forward_started(self, model: ModelRecord, tokens: int | None) -> Any:
         """A snapshot of the counters, or None inside another forward (counted once, by the outer one)."""
         if getattr(self.local, "forward", False):
+            return None
+        if tokens == 0:
+            # no token, no layer work (a layer skips its collectives on an empty batch): such a
+            # pass says nothing about "so many calls in every forward pass"
+            with self.lock:
+                model.empty_forwards += 1
             return None
         self.local.forward = True
         with self.lock:
@@ -235,8 +243,8 @@ class ProcessRecord:
     def write(self) -> None:
         if not self.worth_writing():
             return
+        self.dirty = False  # before the snapshot: a change during it marks the record dirty again
         doc = self.to_json()
-        self.dirty = False
         os.makedirs(self.out_dir, exist_ok=True)
         path = os.path.join(self.out_dir, f"{self.pid}.json")
         tmp = f"{path}.{threading.get_ident()}.tmp"
