@@ -2,8 +2,9 @@
 
 1. One real run (`evalpipe run gsm8k --variants legacy,sp --no-noise-floor --limit N`)
    gives the `sp` worker's input (sp/job.json) and its probe spec (sp/probes/spec.json).
-2. sp's worker then runs again REPEATS times per arm, the arms alternating (on, off,
-   on, off ...) so that drift in the machine's speed hits both alike. Each repetition
+2. sp's worker then runs once uncounted (a warm-up: the first worker after a run meets
+   colder caches), then REPEATS times per arm in balanced pairs (on off, off on, on off
+   ...), so that a steady drift in the machine's speed hits both arms alike. Each repetition
    writes into a fresh directory, with no request journal (no answer is reused) and
    teacher forcing on (against the run's legacy sequences).
    - probes on:  the environment the runner gives (probes' site directory first on
@@ -285,7 +286,9 @@ def print_table(summary: dict[str, Any], header: dict[str, Any]) -> None:
 
 
 def alternating(repeats: int) -> list[str]:
-    return [arm for _ in range(repeats) for arm in ARMS]
+    """Balanced pairs: on off, off on, on off ... (a plain on off on off puts every pair's
+    first, slower-or-faster slot on the same arm)."""
+    return [arm for i in range(repeats) for arm in (ARMS if i % 2 == 0 else ARMS[::-1])]
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -296,6 +299,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"  done in {time.time() - t0:.0f} s", flush=True)
     python, base_env = variant_env(args.config, args.limit, work)
     order = alternating(args.repeats)
+    warm = repetition(run_dir, work, len(order), "off", python, base_env, args.timeout)
+    print(f"  warm-up (not counted), probes off: tasks_s {warm['timings']['tasks_s']:.2f}", flush=True)
     reps = []
     for index, arm in enumerate(order):
         rep = repetition(run_dir, work, index, arm, python, base_env, args.timeout)

@@ -104,14 +104,17 @@ def expectations_from_info(run_info: dict[str, Any], variant: str, where: str = 
     settings = run_info.get("variant_settings")
     entry = settings.get(variant) if isinstance(settings, dict) else None
     data = entry.get("expect") if isinstance(entry, dict) else None
-    if data is None:
-        return None
+    return None if data is None else _validated(Expectations, data, where, f"variant_settings.{variant}.expect")
+
+
+def _validated(model: Any, data: Any, where: str, at: str) -> Any:
+    """``model`` from run.json's ``data`` at ``at``, or one sentence naming the bad key."""
     try:
-        return Expectations.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{where}: variant_settings.{variant}.expect.{key}: {first['msg']}; fix or remove it.") from None
+        raise ValueError(f"{where}: {at}.{key}: {first['msg']}; fix or remove it.") from None
 
 
 def variant_numerics(vdir: VariantDir) -> Numerics:
@@ -143,14 +146,7 @@ def gates_from_info(run_info: dict[str, Any], where: str = "run.json") -> Gates:
     """The gates of run.json's "config"."gates", else the defaults; ``where`` names the file in errors."""
     config = run_info.get("config")
     data = config.get("gates") if isinstance(config, dict) else None
-    if data is None:
-        return Gates()
-    try:
-        return Gates.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{where}: config.gates.{key}: {first['msg']}; fix or remove it.") from None
+    return Gates() if data is None else _validated(Gates, data, where, "config.gates")
 
 
 def noise_floor_from_info(run_info: dict[str, Any], reference: str) -> str | None:

@@ -415,9 +415,3 @@ def profile_names(sides: Iterable[PathSide]) -> list[str]:
             out += s.expect.probed_names()
     return [n for n in dict.fromkeys(out) if "(" not in n and "_config" not in n.split(".", 1)[0]]
 
-
-__all__ = [
-    "FAILED", "NOT_RECORDED", "SAME_CODE", "VERIFIED", "ModelProbe", "PathJudgement", "PathProfile", "PathSide",
-    "ProcessProbe", "SideCheck", "VariantProbes", "check_side", "judge_paths", "profile", "profile_names", "same_value",
-    "short", "summarize",
-]
