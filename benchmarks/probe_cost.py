@@ -182,6 +182,45 @@ def checked_record(rep_dir: Path, arm: str, pid: int) -> dict[str, Any] | None:
     }
 
 
+def replayed_cost(record: dict[str, Any], task_s: float, rounds: int = 200) -> dict[str, float]:
+    """The probes' own work in a run, timed without the engine's noise: the record's forward
+    passes and counted calls replayed through the same code the probes run (a forward
+    pass's snapshot and histogram update, each call's counting, a record write per flush
+    interval of the task phase), ``rounds`` times; seconds per run and share of ``task_s``."""
+    import tempfile
+
+    from evalpipe.probes.engine_hooks import EngineHooks
+    from evalpipe.probes.patching import counting
+    from evalpipe.probes.record import ModelRecord, ProcessRecord
+
+    forwards = record["forward_passes"]
+    calls_per_forward = max(1, round(record["counted_calls"] / max(1, forwards)))
+    writes = max(1, int(task_s / 0.5))
+    with tempfile.TemporaryDirectory() as out:
+        proc = ProcessRecord(out, "replay")
+        model = ModelRecord("replay.Model", {"replay.Layer": 3}, [])
+        proc.models.append(model)
+        # the wrapper a probed function runs through, around a function that does nothing
+        probed = [counting(lambda: None, lambda args, kwargs, i=i: proc.enter(f"f{i}", "all_gather@virtual" if i else None,
+                                                                            args, kwargs),
+                           proc.leave, EngineHooks.compiling) for i in range(3)]
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for _ in range(forwards):
+                snapshot = proc.forward_started(model, 8)
+                for i in range(calls_per_forward):
+                    probed[i % 3]()
+                proc.forward_finished(model, snapshot)
+        counting = (time.perf_counter() - t0) / rounds
+        t0 = time.perf_counter()
+        for _ in range(writes):
+            proc.dirty = True
+            proc.write()
+        writing = time.perf_counter() - t0
+    own = counting + writing
+    return {"counting_s": counting, "writing_s": writing, "own_s": own, "share": own / task_s}
+
+
 def outputs_digest(rep_dir: Path) -> str:
     """The generated tokens and teacher-forced logprobs: the probes must change none of them."""
     digest = hashlib.sha256()
@@ -247,6 +286,7 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "record": records[-1],
         # the size follows the pid's digits; the counts must not move between repetitions
         "records_agree": len({tuple(v for k, v in sorted(r.items()) if k != "bytes") for r in records}) == 1,
+        "replayed": replayed_cost(records[-1], arms["on"]["tasks_s"]["median"]),
         "outputs_identical": len({r["outputs"] for r in reps}) == 1,
     }
 
@@ -278,6 +318,10 @@ def print_table(summary: dict[str, Any], header: dict[str, Any]) -> None:
           f"{rec['forward_passes']:,} forward passes, {rec['counted_calls']:,} counted calls "
           f"({rec['collectives']:,} collectives) "
           f"{'in every repetition' if summary['records_agree'] else 'in the last repetition (the counts differ between them)'}")
+    own = summary["replayed"]
+    print(f"the probes' own work, replayed without the engine (noise-free bound): {own['own_s'] * 1e3:.1f} ms per run "
+          f"({own['counting_s'] * 1e3:.1f} ms counting, {own['writing_s'] * 1e3:.1f} ms writing the record) = "
+          f"{own['share']:.3%} of the task phase")
     print(f"outputs (generated tokens, teacher-forced logprobs) identical in every repetition: "
           f"{'yes' if summary['outputs_identical'] else 'NO'}")
 

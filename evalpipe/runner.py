@@ -17,6 +17,7 @@ from evalpipe import artifacts
 from evalpipe.config import ConfigError
 from evalpipe.paths import data_dir
 from evalpipe.plan import PlannedVariant, RunPlan, run_info
+from evalpipe.probe_names import VariantNames
 from evalpipe.progress import ProgressView
 from evalpipe.redact import redact
 from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
@@ -167,7 +168,7 @@ def check_user_data(plan: RunPlan) -> None:
             raise ConfigError(str(err)) from None
 
 
-def preflight(plan: RunPlan, console: Console) -> dict[str, Any]:
+def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
     """What can be checked before anything starts (task names, every variant's engine
     arguments against its own vLLM, every probed name in its own interpreter); ConfigError
     on the first problem, else the probed names as each variant's interpreter knows them."""
@@ -257,7 +258,7 @@ class Limits:
 
 
 def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None,
-             names: dict[str, Any]) -> int:
+             names: dict[str, VariantNames]) -> int:
 
     rd = artifacts.RunDir(plan.run_dir)
     fresh = run_info(plan)
@@ -359,7 +360,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     return _fail_run(info, failures, save) if failures else code
 
 
-def _gather_probes(variant: PlannedVariant, vdir: Path, names: Any, servers: dict[str, Any]) -> None:
+def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:
     """probes.json: the variant's processes' records, once they are done writing (an A/A run
     that reused a server reads that server's records; a server still needed is live)."""
     from evalpipe import probe_records
@@ -377,7 +378,7 @@ def _gather_probes(variant: PlannedVariant, vdir: Path, names: Any, servers: dic
 
 
 def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
-                 servers: dict[str, Any], names: Any):
+                 servers: dict[str, Any], names: VariantNames):
     """One variant's worker, and in serve mode its server around it: started first (the
     worker resolves its tasks while the engine loads) or, for an A/A run that reuses
     the reference's, the running one. A server that dies stops the worker and fails the

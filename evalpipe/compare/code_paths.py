@@ -369,8 +369,8 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
 
 def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> dict[str, Any] | None:
     """The "what ran" of one variant for reports and the history: processes by role, model
-    and layer classes, the main switches, calls of the probed ``names``, collectives per
-    forward pass (the most frequent count of each kind)."""
+    and layer classes, the switches (one value, or each process's where they differ), calls
+    of the probed ``names``, and per collective kind how many forward passes saw how many calls."""
     if probes is None:
         return None
     roles: dict[str, int] = {}
