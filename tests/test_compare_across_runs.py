@@ -67,3 +67,39 @@ def test_changed_prompts_are_a_clear_user_error(tmp_path):
     artifacts.write_table(b.samples, set_column(table, "prompt_hash", hashes))
     with pytest.raises(ValueError, match=r"1 items have different prompts .*\(first: doc 1"):
         compare_across_runs(a.root, b.root)
+
+
+def _probed_run(root, samples, *, ran: str = "legacy"):
+    """A run of one `legacy` variant with its recorded expectations and the probes of the path it ran."""
+    from fakes import write_run
+    from nightly_fakes import add_probes, expectations, probes_of
+
+    from evalpipe import artifacts
+
+    expect = expectations("legacy")
+    write_run(root, {"legacy": samples},
+              run_info={"variant_settings": {"legacy": {"expect": expect.model_dump(mode="json", exclude_defaults=True)}}})
+    add_probes(artifacts.VariantDir(root / "legacy"), probes_of("legacy", ran, expect))
+    return root / "legacy"
+
+
+def test_one_declared_path_in_two_runs_is_judged_on_its_outputs(tmp_path):
+    """The same variant in two runs (another night, another build) is meant to run the same
+    code: IDENTICAL outputs there are the answer, not "nothing was compared"."""
+    s = make_samples(6)
+    a, b = _probed_run(tmp_path / "run1", s), _probed_run(tmp_path / "run2", s)
+    rc = compare_across_runs(a, b)
+    (c,) = rc.comparisons
+    assert rc.status.value == "IDENTICAL" and c.paths.status == "verified", c.paths
+
+
+def test_a_later_run_that_left_its_path_is_inconclusive(tmp_path):
+    """...but each run is still held to its own expectations: a later build whose layer fell
+    back to the other path proves nothing about the declared one."""
+    s = make_samples(6)
+    a, b = _probed_run(tmp_path / "run1", s), _probed_run(tmp_path / "run2", s, ran="sp")
+    (c,) = compare_across_runs(a, b).comparisons
+    assert c.status.value == "INCONCLUSIVE" and c.verdict.outputs.value == "IDENTICAL"
+    from nightly_fakes import ATTENTION
+
+    assert f"variant `run2/legacy` never called `{ATTENTION['legacy']}`" in c.verdict.reasons[0], c.verdict.reasons
