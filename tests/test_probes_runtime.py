@@ -635,7 +635,7 @@ def test_the_record_judged_against_expectations(runs):
     bad = check_side("v", Expectations(per_forward={"all_reduce": 3}), probes)
     assert not bad.ok
     assert bad.failures == ("variant `v` was expected to make 3 all_reduce call(s) in every forward pass; "
-                            "seen 3 in 3 of 5, 1 in 1 of 5, 0 in 1 of 5 forward passes",)
+                            "seen 3 in 3 of 5, 1 in 1 of 5, 0 in 1 of 5 forward passes (the first such passes held 6, 7 tokens)",)
 
 
 # ----------------------------------------------------------------------------- probes off
@@ -901,3 +901,46 @@ def test_counting_skips_calls_while_compiling():
     compiling[0] = True
     assert fn(3) == 6
     assert seen == [(2,)]
+
+
+def test_a_forward_pass_that_raised_is_set_apart():
+    """A pass cut short by an exception says nothing about "so many calls in every forward
+    pass": it is counted on its own, not as a pass that skipped its collectives."""
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    snapshot = rec.forward_started(model, 5)
+    rec.forward_failed(model, snapshot)
+    snapshot = rec.forward_started(model, 5)
+    rec.note("all_gather", "virtual", ())
+    rec.forward_finished(model, snapshot)
+    assert (model.forwards, model.failed_forwards) == (1, 1)
+    assert model.per_forward["all_gather"] == {"1": 1}
+    assert rec.forward_started(model, 5) is not None, "the failed pass left no forward open"
+
+
+def test_the_tokens_of_a_pass_are_the_fewest_its_inputs_hold():
+    from evalpipe.probes.engine_hooks import _tokens
+
+    class T:
+        def __init__(self, *shape):
+            self.shape = shape
+
+    assert _tokens((T(8), T(8)), {}) == 8
+    assert _tokens((), {"input_ids": T(0), "positions": T(8)}) == 0, "empty inputs: an empty pass"
+    assert _tokens((None, T(3, 8)), {}) == 8, "mrope positions: tokens on the last axis"
+    assert _tokens((), {"positions": T(6), "inputs_embeds": T(6, 128)}) == 6
+    assert _tokens((), {}) is None
+
+
+def test_the_passes_behind_each_count_keep_their_sizes():
+    """A partial fallback (the new path skipped for some batches) shows as an odd count in
+    some passes; the record keeps the token counts of the first such passes, zeros included."""
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    for tokens, gathers in ((512, 3), (1, 3), (7, 0), (1, 3), (9, 0)):
+        snapshot = rec.forward_started(model, tokens)
+        for _ in range(gathers):
+            rec.note("all_gather", "virtual", ())
+        rec.forward_finished(model, snapshot)
+    assert model.per_forward["all_gather"] == {"3": 3}
+    assert model.per_forward_tokens["all_gather"] == {"3": [512, 1, 1], "0": [7, 9]}

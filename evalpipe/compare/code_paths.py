@@ -47,8 +47,10 @@ class ModelProbe(_Doc):
     attention_backends: list[str]
     forwards: int
     empty_forwards: int = 0
+    failed_forwards: int = 0
     forward_tokens: list[int]
     per_forward: dict[str, dict[str, int]]  # name -> {calls in one forward: forward passes}; "other": the rest
+    per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: tokens of the first such passes}
 
 
 class ProcessProbe(_Doc):
@@ -142,6 +144,18 @@ def per_forward_counts(probes: VariantProbes, key: str) -> tuple[dict[str, int],
         if zeros:
             merged["0"] = merged.get("0", 0) + zeros
     return merged, forwards
+
+
+def odd_pass_tokens(probes: VariantProbes, key: str, values: Iterable[str]) -> list[int]:
+    """Token counts of the first recorded passes that made one of ``values`` calls of ``key``:
+    which batches an odd count came from (decode steps, a prefill of some size)."""
+    canonical = key if collective_key(key) else (probes.canonical(key) or key)
+    out: list[int] = []
+    for p in probes.builders:
+        kept = p.models[0].per_forward_tokens.get(canonical, {})
+        for value in values:
+            out += kept.get(value, [])
+    return out[:6]
 
 
 def _counts_text(hist: dict[str, int], forwards: int) -> str:
@@ -260,8 +274,10 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
         if forwards == 0:
             failures.append(f"{who}: no forward pass was recorded, so {label} per forward pass ({wanted}) cannot be checked")
         elif not all(_holds(expected, v) for v in hist):
+            odd = odd_pass_tokens(probes, key, [v for v in hist if not _holds(expected, v)])
+            sizes = f" (the first such passes held {', '.join(map(str, odd))} tokens)" if odd else ""
             failures.append(f"{who} was expected to make {wanted} {label} call(s) in every forward pass; "
-                            f"seen {_counts_text(hist, forwards)} forward passes")
+                            f"seen {_counts_text(hist, forwards)} forward passes{sizes}")
         else:
             evidence.append(f"{wanted} {label if collective_key(key) else short(key)} in each of {_n(forwards, 'forward pass')}")
 

@@ -252,9 +252,12 @@ class EngineHooks:
                 return forward(*args, **kwargs)
             snapshot = record.forward_started(entry, _tokens(args, kwargs))
             try:
-                return forward(*args, **kwargs)
-            finally:
-                record.forward_finished(entry, snapshot)
+                out = forward(*args, **kwargs)
+            except BaseException:
+                record.forward_failed(entry, snapshot)
+                raise
+            record.forward_finished(entry, snapshot)
+            return out
 
         model.forward = probed_forward  # nn.Module.__call__ looks the instance attribute up first
 
@@ -268,13 +271,15 @@ def _group_collective(kind: str, args: tuple) -> str | None:
 
 
 def _tokens(args: tuple, kwargs: dict) -> int | None:
-    """Tokens in this forward pass (the positions' length; input_ids when no positions)."""
-    for key, index in (("positions", 1), ("input_ids", 0)):
+    """Tokens in this forward pass: the fewest that input_ids, positions and inputs_embeds
+    (those given) hold, so a pass whose inputs are empty counts as empty; None: unknown."""
+    lengths = []
+    for key, index, axis in (("input_ids", 0, -1), ("positions", 1, -1), ("inputs_embeds", 3, 0)):
         value = kwargs.get(key, args[index] if len(args) > index else None)
         shape = getattr(value, "shape", None)
-        if shape:
-            return int(shape[-1])
-    return None
+        if shape is not None and len(shape):
+            lengths.append(int(shape[axis]))
+    return min(lengths) if lengths else None
 
 
 def decoder_layers(model: Any) -> dict[str, int]:

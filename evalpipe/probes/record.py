@@ -81,8 +81,10 @@ class ModelRecord:
         self.attention_backends = attention_backends
         self.forwards = 0
         self.empty_forwards = 0  # forward passes over no token (padding-only batches): not counted above
+        self.failed_forwards = 0  # forward passes that raised: cut short, so not counted above either
         self.forward_tokens: list[int] = []
         self.per_forward: dict[str, dict[str, int]] = {}
+        self.per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {count: tokens of the first passes}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,8 +93,10 @@ class ModelRecord:
             "attention_backends": self.attention_backends,
             "forwards": self.forwards,
             "empty_forwards": self.empty_forwards,
+            "failed_forwards": self.failed_forwards,
             "forward_tokens": self.forward_tokens,
             "per_forward": self.per_forward,
+            "per_forward_tokens": self.per_forward_tokens,
         }
 
 
@@ -168,26 +172,40 @@ class ProcessRecord:
             model.forwards += 1
             if tokens is not None and len(model.forward_tokens) < FORWARD_TOKENS_KEPT:
                 model.forward_tokens.append(tokens)
-            return dict(self.calls), dict(self.collectives)
+            return dict(self.calls), dict(self.collectives), tokens
+
+    def forward_failed(self, model: ModelRecord, snapshot: Any) -> None:
+        """A forward pass that raised: what it called before says nothing about a whole pass."""
+        if snapshot is None:
+            return
+        self.local.forward = False
+        with self.lock:
+            model.forwards -= 1
+            model.failed_forwards += 1
+            self.dirty = True
 
     def forward_finished(self, model: ModelRecord, snapshot: Any) -> None:
         if snapshot is None:
             return
         self.local.forward = False
-        calls, collectives = snapshot
+        calls, collectives, tokens = snapshot
         with self.lock:
-            for name, n in self.calls.items():
-                if n > calls.get(name, 0):
-                    _bump(model.per_forward.setdefault(name, {}), n - calls.get(name, 0))
-            kinds: dict[str, int] = {}
+            seen = {name: n - calls.get(name, 0) for name, n in self.calls.items() if n > calls.get(name, 0)}
             for key, n in self.collectives.items():
                 delta = n - collectives.get(key, 0)
                 if delta:
-                    _bump(model.per_forward.setdefault(key, {}), delta)
+                    seen[key] = delta
                     kind = key.partition("@")[0]
-                    kinds[kind] = kinds.get(kind, 0) + delta
-            for kind, n in kinds.items():
-                _bump(model.per_forward.setdefault(kind, {}), n)
+                    seen[kind] = seen.get(kind, 0) + delta
+            for name, n in seen.items():
+                _bump(model.per_forward.setdefault(name, {}), n)
+            if tokens is not None:
+                # which passes made which counts: an odd count (a fallback in some passes) is
+                # then found by its batches' sizes (names seen before count this pass's zeros)
+                for name in model.per_forward:
+                    kept = model.per_forward_tokens.setdefault(name, {}).setdefault(str(seen.get(name, 0)), [])
+                    if len(kept) < SHAPES_KEPT:
+                        kept.append(tokens)
             self.dirty = True
 
     # ------------------------------------------------------------------ writing
