@@ -153,6 +153,20 @@ FILES = {
         class SubLayer(Layer):
             pass
     """,
+    "pkgs/fakeeng/child.py": """
+        from fakeeng.layers import helper
+
+
+        class Shaped:
+            shape = (8,)
+
+
+        def work():
+            # ends at once, long before the record's writer thread wakes: only the exit can write it
+            helper(Shaped())
+            helper(Shaped())
+            helper(Shaped())
+    """,
     "pkgs/fakeeng/user.py": """
         # loaded after fakeeng.layers: binds whatever `helper` is at that moment
         from fakeeng.layers import helper
@@ -367,6 +381,15 @@ FILES = {
             _, status = os.waitpid(quiet, 0)
             out["quiet_child"] = quiet
             out["quiet_status"] = status
+            # an engine core as vLLM starts one: a multiprocessing child, which leaves through
+            # os._exit (no atexit handler runs) and never flushes on its own
+            import multiprocessing
+            import fakeeng.child
+            core = multiprocessing.get_context("fork").Process(target=fakeeng.child.work, name="EngineCore_DP1")
+            core.start()
+            core.join()
+            out["mp_child"] = core.pid
+            out["mp_child_exitcode"] = core.exitcode
             runtime.flush()
         print("RESULT " + json.dumps(out))
     """,
@@ -470,10 +493,10 @@ def test_one_record_per_process_and_the_parent_record_reads_as_a_process_probe(r
     on = runs["on"]
     assert on["child_status"] == 0 and on["quiet_status"] == 0
     # the quiet child (vLLM loaded, no model built, no known role) writes nothing
-    assert sorted(runs["files"]) == sorted([f"{on['pid']}.json", f"{on['child']}.json"])
+    assert sorted(runs["files"]) == sorted([f"{on['pid']}.json", f"{on['child']}.json", f"{on['mp_child']}.json"])
     assert not list(records_dir(runs["vdir"]).glob("*.tmp")), "records are written atomically"
     records, unreadable = read_records(records_dir(runs["vdir"]))
-    assert unreadable == [] and {r.pid for r in records} == {on["pid"], on["child"]}
+    assert unreadable == [] and {r.pid for r in records} == {on["pid"], on["child"], on["mp_child"]}
     parent = _parent(runs)
     assert parent["variant"] == "v" and parent["role"] == "other" and parent["process_name"] == "MainProcess"
     assert parent["errors"] == []
@@ -613,6 +636,16 @@ def test_a_forked_child_writes_its_own_record_from_zero(runs):
     assert _parent(runs)["calls"]["fakeeng.layers.helper"] == 5, "the child's calls are not the parent's"
 
 
+def test_a_multiprocessing_child_writes_its_record_when_it_ends(runs):
+    """vLLM's engine cores are multiprocessing children: they end through os._exit, which
+    runs no atexit handler, so without a finalizer of their own the last passes were lost."""
+    on = runs["on"]
+    assert on["mp_child_exitcode"] == 0
+    child = runs["files"][f"{on['mp_child']}.json"]
+    assert child["role"] == "engine_core" and child["process_name"] == "EngineCore_DP1"
+    assert child["calls"] == {"fakeeng.layers.helper": 3}
+
+
 def _variant_probes(runs) -> VariantProbes:
     records, _ = read_records(records_dir(runs["vdir"]))
     names = {n.name: (n.canonical if n.found else None) for n in NAMES}
@@ -735,6 +768,34 @@ def test_forward_started_finished_build_per_forward_histograms():
     # calls outside a forward pass are not per-forward
     rec.leave(rec.enter("f", None, (), {}))
     assert model.per_forward["f"] == {"2": 2, "1": 1}
+
+
+def test_a_pass_still_running_is_not_in_the_record():
+    """The record is written while the engine runs, and an engine process its parent ends may
+    never write again: a pass still running must not read as a pass that called nothing."""
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    rec.models.append(model)
+    snapshot = rec.forward_started(model, 5)
+    rec.note("all_gather", "virtual", ())
+    running = rec.to_json()["models"][0]
+    assert (running["forwards"], running["per_forward"], running["forward_tokens"]) == (0, {}, [])
+    rec.note("all_gather", "virtual", ())
+    rec.forward_finished(model, snapshot)
+    done = rec.to_json()["models"][0]
+    assert (done["forwards"], done["per_forward"]["all_gather"], done["forward_tokens"]) == (1, {"2": 1}, [5])
+
+
+def test_a_name_first_seen_in_a_later_pass_keeps_the_sizes_of_the_passes_without_it():
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    for tokens in (11, 12):
+        rec.forward_finished(model, rec.forward_started(model, tokens))
+    snapshot = rec.forward_started(model, 13)
+    rec.note("all_gather", "virtual", ())
+    rec.forward_finished(model, snapshot)
+    assert model.per_forward["all_gather"] == {"1": 1}, "the zeros stay implied: forwards minus the sum"
+    assert model.per_forward_tokens["all_gather"] == {"0": [11, 12], "1": [13]}
 
 
 def test_forward_tokens_are_bounded():

@@ -158,7 +158,11 @@ class ProcessRecord:
     # ------------------------------------------------------------------ forward passes
 
     def forward_started(self, model: ModelRecord, tokens: int | None) -> Any:
-        """A snapshot of the counters, or None inside another forward (counted once, by the outer one)."""
+        """A snapshot of the counters, or None inside another forward (counted once, by the outer one).
+
+        A pass counts when it finishes, not when it starts: the record is written while the
+        engine runs (and a process ended by its parent may never write again), so a pass
+        still running must not show as a pass that called nothing."""
         if getattr(self.local, "forward", False):
             return None
         if tokens == 0:
@@ -169,9 +173,6 @@ class ProcessRecord:
             return None
         self.local.forward = True
         with self.lock:
-            model.forwards += 1
-            if tokens is not None and len(model.forward_tokens) < FORWARD_TOKENS_KEPT:
-                model.forward_tokens.append(tokens)
             return dict(self.calls), dict(self.collectives), tokens
 
     def forward_failed(self, model: ModelRecord, snapshot: Any) -> None:
@@ -180,7 +181,6 @@ class ProcessRecord:
             return
         self.local.forward = False
         with self.lock:
-            model.forwards -= 1
             model.failed_forwards += 1
             self.dirty = True
 
@@ -197,8 +197,15 @@ class ProcessRecord:
                     seen[key] = delta
                     kind = key.partition("@")[0]
                     seen[kind] = seen.get(kind, 0) + delta
-            for name, n in seen.items():
-                _bump(model.per_forward.setdefault(name, {}), n)
+            for name in seen:
+                if name not in model.per_forward and model.forwards and model.forward_tokens:
+                    # first seen in this pass: the earlier passes called it zero times (a zero
+                    # stays implied in the histogram: forwards minus its sum), sized here
+                    model.per_forward_tokens.setdefault(name, {})["0"] = model.forward_tokens[:SHAPES_KEPT]
+                _bump(model.per_forward.setdefault(name, {}), seen[name])
+            model.forwards += 1
+            if tokens is not None and len(model.forward_tokens) < FORWARD_TOKENS_KEPT:
+                model.forward_tokens.append(tokens)
             if tokens is not None:
                 # which passes made which counts: an odd count (a fallback in some passes) is
                 # then found by its batches' sizes (names seen before count this pass's zeros)

@@ -2,8 +2,10 @@
 
 :func:`activate` runs from ``sitecustomize`` at interpreter start. The record is written
 when a model has been built, then at most every ``flush_s`` seconds while something
-changes (a background thread), and at exit; so a process stopped by SIGTERM or killed
-leaves a record at most that old. A forked child starts a record of its own.
+changes (a background thread), and at exit -- also in a multiprocessing child (vLLM's
+engine cores and workers), which leaves through ``os._exit`` without running atexit
+handlers; so a killed process leaves a record at most that old. A forked child starts a
+record of its own.
 
 :func:`collective` is how code without a function to wrap reports a collective (the
 reference layout model's virtual ranks); it does nothing when the probes are off.
@@ -50,6 +52,7 @@ def activate(spec_path: str) -> None:
     spec = read_spec(spec_path)
     _flush_s = float(spec.get("flush_s", 0.5))
     record = ProcessRecord(spec["out_dir"], spec.get("variant", ""))
+    _record = record  # before any hook runs: one may fire at once for a module already loaded
     hooks = PostImportHooks()
     for entry in spec.get("absent", []):
         record.absent[entry["name"]] = entry["why"]
@@ -57,7 +60,6 @@ def activate(spec_path: str) -> None:
     # the writer thread only in processes that use vLLM, not in every interpreter that inherits the environment
     hooks.when_loaded("vllm", lambda _module: _start_flusher())
     hooks.install()
-    _record = record
     atexit.register(flush)
     os.register_at_fork(after_in_child=_forked)
 
@@ -89,10 +91,23 @@ def _forked() -> None:
             _start_flusher()
 
 
+def _flush_at_multiprocessing_exit(_record_in_child: object = None) -> None:
+    """A finalizer that writes the record when a multiprocessing child ends (it runs those,
+    not atexit); a forked child starts without finalizers, so each fork registers it again."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, flush, exitpriority=100)
+
+
 def _start_flusher() -> None:
     global _flusher, _flusher_pid
     if _flusher is not None and _flusher_pid == os.getpid() and _flusher.is_alive():
         return
+    if _flusher is None and _record is not None:  # the first process of its tree to use vLLM
+        import multiprocessing.util
+
+        _flush_at_multiprocessing_exit()
+        multiprocessing.util.register_after_fork(_record, _flush_at_multiprocessing_exit)
 
     def loop() -> None:
         while True:
