@@ -26,7 +26,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from evalpipe.redact import REDACTED, redact_env as _redact_env  # noqa: F401 (REDACTED: the marker, for readers of manifests)
+from evalpipe.redact import REDACTED  # noqa: F401 (REDACTED: the marker, for readers of manifests)
+from evalpipe.redact import redact_env as _redact_env
 
 RUN_JSON = "run.json"
 MANIFEST_JSON = "manifest.json"

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from evalpipe import artifacts
 from evalpipe.config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
+from evalpipe.errors import RunFailed
 from evalpipe.layout.faults import FAULT_ENV, FAULTS, Fault
 from evalpipe.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
@@ -153,7 +154,7 @@ def run_calibration(
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
     from evalpipe.rundirs import compare_run, expectations_from_info, load_artifacts, read_run_info, write_outputs
-    from evalpipe.runner import RunFailed, execute
+    from evalpipe.runner import execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
     base = load_config(path)

@@ -1,21 +1,53 @@
 """Command line: parse, dispatch, map errors to exit codes. No logic of its own.
 
-Exit codes everywhere: 0 identical or equivalent (or ok), 1 divergent, 2 user error
-(config, arguments, missing data), 3 a run or engine failed.
+Exit codes (evalpipe.errors.ExitCode): 0 identical or equivalent (or ok), 1 divergent,
+2 user error (config, arguments, missing data), 3 a run or engine failed, or a bug,
+4 inconclusive. Errors become exit codes in one place, :class:`_OneErrorModel`.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from evalpipe import __version__
+from evalpipe.errors import ExitCode, RunFailed, UserError
+
+# Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+
+class _OneErrorModel(TyperGroup):
+    """Where errors become exit codes, for every command: a user error (what to fix) is
+    its sentence and 2, a failed run its sentence and 3; anything else is a bug in
+    evalpipe, shown with its traceback, and 3 -- never 2, which would send the user
+    looking for a mistake of theirs."""
+
+    def invoke(self, ctx: typer.Context):  # type: ignore[no-untyped-def]
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, TyperException):  # the command line's own: usage errors, exits
+            raise
+        except UserError as err:  # before RunFailed: a run failed on the user's input is theirs to fix
+            _fail(str(err), ExitCode.USER_ERROR)
+        except RunFailed as err:
+            _fail(str(err), ExitCode.FAILED)
+        except Exception as err:  # noqa: BLE001 - the one place a bug is reported
+            traceback.print_exc()
+            _fail(f"evalpipe hit a bug ({type(err).__name__}: {err}); the traceback is above. Please report it with the "
+                  "command you ran.", ExitCode.FAILED)
+
 
 app = typer.Typer(
+    cls=_OneErrorModel,
     add_completion=False,
     no_args_is_help=True,
     help="Prove that an engine change preserves model outputs: run variants, diff them, report a verdict.",
@@ -28,11 +60,6 @@ app.add_typer(history_app, name="history")
 baseline_app = typer.Typer(no_args_is_help=True, help="The baseline night tonight is compared with (default: the last passing night).")
 app.add_typer(baseline_app, name="baseline")
 
-# Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
-
-EXIT_USER, EXIT_FAILED = 2, 3
 
 
 def _fail(message: str, code: int) -> None:
@@ -48,21 +75,19 @@ _STALL_OPT = typer.Option(
 )
 
 
-def _resume_problem(run_dir: Path, run_id: str | None, output: Path | None) -> str | None:
+def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> None:
     if not (run_dir / "run.json").is_file():
-        return f"--resume {run_dir}: not a run directory (no run.json there); give the directory of the interrupted run."
+        raise UserError(f"--resume {run_dir}: not a run directory (no run.json there); give the directory of the interrupted run.")
     if run_id is not None and run_id != run_dir.name:
-        return f"--resume {run_dir} and --run-id {run_id} name different runs; give one of them."
+        raise UserError(f"--resume {run_dir} and --run-id {run_id} name different runs; give one of them.")
     if output is not None and output.resolve() != run_dir.parent.resolve():
-        return f"--resume {run_dir} lies outside --output {output}; give one of them."
-    return None
+        raise UserError(f"--resume {run_dir} lies outside --output {output}; give one of them.")
 
 
-def _time_limit_problem(timeout: float | None, stall_timeout: float | None) -> str | None:
+def _check_time_limits(timeout: float | None, stall_timeout: float | None) -> None:
     for option, value in (("--timeout", timeout), ("--stall-timeout", stall_timeout)):
         if value is not None and not value > 0:
-            return f"{option} {value:g} must be a positive number of seconds."
-    return None
+            raise UserError(f"{option} {value:g} must be a positive number of seconds.")
 
 
 @app.command()
@@ -87,35 +112,26 @@ def run(
     ),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
-    from evalpipe.config import ConfigError, load_config
+    from evalpipe.config import load_config
     from evalpipe.plan import make_plan
 
     if resume is not None:
-        problem = _resume_problem(resume, run_id, output)
-        if problem:
-            _fail(problem, EXIT_USER)
+        _check_resume(resume, run_id, output)
         output, run_id = resume.parent, resume.name
-    try:
-        cfg = load_config(config)
-        plan = make_plan(
-            cfg,
-            str(config or "configs/default.yaml"),
-            tasks,
-            limit=limit,
-            variants=variants,
-            output=str(output) if output else None,
-            run_id=run_id,
-            noise_floor=noise_floor,
-            strict=not dry_run,
-        )
-    except ConfigError as err:
-        _fail(str(err), EXIT_USER)
-        return
+    plan = make_plan(
+        load_config(config),
+        str(config or "configs/default.yaml"),
+        tasks,
+        limit=limit,
+        variants=variants,
+        output=str(output) if output else None,
+        run_id=run_id,
+        noise_floor=noise_floor,
+        strict=not dry_run,
+    )
     from evalpipe.runner import execute, preflight
 
-    problem = _time_limit_problem(timeout, stall_timeout)
-    if problem:
-        _fail(problem, EXIT_USER)
+    _check_time_limits(timeout, stall_timeout)
     if dry_run:
         from evalpipe.plan import verify_here
 
@@ -133,26 +149,9 @@ def run(
             console.print("every probed name exists where its variant runs")
             return 0
 
-        _exit_with(check)
-        return
+        raise typer.Exit(check())
 
-    _exit_with(lambda: execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout))
-
-
-def _exit_with(job) -> None:
-    """Run ``job`` (returns an exit code); a config problem or a failed run ends in one sentence."""
-    from evalpipe.config import ConfigError
-    from evalpipe.runner import RunFailed
-
-    try:
-        code = job()
-    except ConfigError as err:
-        _fail(str(err), EXIT_USER)
-        return
-    except RunFailed as err:
-        _fail(str(err), err.exit_code)
-        return
-    raise typer.Exit(code)
+    raise typer.Exit(execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout))
 
 
 def _print_plan(plan) -> None:
@@ -210,43 +209,34 @@ def compare(
     margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
-    from evalpipe.config import ConfigError, load_gates
+    from evalpipe.config import load_gates
     from evalpipe.plan import split_csv
     from evalpipe.runner import compare_and_report, compare_two_runs
 
-    try:
-        chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
-    except ConfigError as err:
-        _fail(str(err), EXIT_USER)
-        return
+    chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
     if output is not None and output.exists() and not output.is_dir():
-        _fail(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.", EXIT_USER)
-    try:
-        if len(targets) == 1:
-            run_dir = targets[0]
-            if not (run_dir / "run.json").is_file():
-                _fail(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.", EXIT_USER)
-            chosen = split_csv(variants) or None
-            from contextlib import nullcontext
+        raise UserError(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.")
+    if len(targets) == 1:
+        run_dir = targets[0]
+        if not (run_dir / "run.json").is_file():
+            raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
+        chosen = split_csv(variants) or None
+        from contextlib import nullcontext
 
-            from evalpipe.rundir_lock import holding_run_dir
+        from evalpipe.rundir_lock import holding_run_dir
 
-            # it rewrites run.json and the reports there: not while a run or another compare writes them
-            with holding_run_dir(run_dir) if output is None else nullcontext():
-                code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
-        elif len(targets) == 2:
-            if reference or variants:
-                _fail("--reference and --variants apply to one run directory; across runs the first argument is the reference.", EXIT_USER)
-            for t in targets:
-                if not (t / "manifest.json").is_file():
-                    _fail(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.", EXIT_USER)
-            code = compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates)
-        else:
-            _fail("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.", EXIT_USER)
-            return
-    except ValueError as err:
-        _fail(str(err), EXIT_USER)
-        return
+        # it rewrites run.json and the reports there: not while a run or another compare writes them
+        with holding_run_dir(run_dir) if output is None else nullcontext():
+            code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
+    elif len(targets) == 2:
+        if reference or variants:
+            raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
+        for t in targets:
+            if not (t / "manifest.json").is_file():
+                raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
+        code = compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates)
+    else:
+        raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
     raise typer.Exit(code)
 
 
@@ -268,11 +258,9 @@ def calibrate(
 
     names = split_csv(faults) or None
 
-    def job() -> int:
-        with _writing_into(from_run):
-            return run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run)
-
-    _exit_with(job)
+    with _writing_into(from_run):
+        code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run)
+    raise typer.Exit(code)
 
 
 def _writing_into(from_run: Optional[Path]):
@@ -294,7 +282,7 @@ def _run_gates(target: Path):
     run_dir = target if (target / "run.json").is_file() else target.parent
     try:
         return gates_from_info(read_run_info(run_dir), str(run_dir / "run.json"))
-    except ValueError:
+    except UserError:
         return None
 
 
@@ -306,11 +294,8 @@ def data_build(
     from evalpipe.data.registry import build_all
     from evalpipe.paths import data_dir
 
-    try:
-        for path in build_all(data_dir(), names or None):
-            console.print(f"wrote {path}")
-    except ValueError as err:
-        _fail(str(err), EXIT_USER)
+    for path in build_all(data_dir(), names or None):
+        console.print(f"wrote {path}")
 
 
 @app.command()
@@ -323,16 +308,12 @@ def doctor(
     """Check, without starting any engine, what a run needs: interpreters, vLLM (and the
     NPU stack), devices, model files, task data, ports, endpoints, disk. Exit 0 when
     everything passes, 2 otherwise."""
-    from evalpipe.config import ConfigError, load_config
+    from evalpipe.config import load_config
     from evalpipe.doctor import run_checks
     from evalpipe.plan import make_plan
 
-    try:
-        plan = make_plan(load_config(config), str(config or "configs/default.yaml"), tasks, variants=variants,
-                         output=str(output) if output else None, strict=False)
-    except ConfigError as err:
-        _fail(str(err), EXIT_USER)
-        return
+    plan = make_plan(load_config(config), str(config or "configs/default.yaml"), tasks, variants=variants,
+                     output=str(output) if output else None, strict=False)
 
     def say(check) -> None:
         mark = "[green]PASS[/]" if check.ok else "[bold red]FAIL[/]"
@@ -341,7 +322,7 @@ def doctor(
     checks = run_checks(plan, say)
     failed = [c for c in checks if not c.ok]
     console.print(f"{len(checks) - len(failed)}/{len(checks)} checks passed" + (f"; {len(failed)} failed" if failed else ""))
-    raise typer.Exit(EXIT_USER if failed else 0)
+    raise typer.Exit(ExitCode.USER_ERROR if failed else ExitCode.OK)
 
 
 @app.command()
@@ -361,26 +342,14 @@ def nightly(
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
     the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
     tonight's run failed, 4 when it proves nothing about the code paths (INCONCLUSIVE)."""
-    from evalpipe.config import ConfigError
-    from evalpipe.history import HistoryError
     from evalpipe.nightly import parse_components, print_night, run_night
-    from evalpipe.runner import RunFailed
 
-    try:
-        labels = parse_components(component)
-        problem = _time_limit_problem(timeout, stall_timeout)
-        if problem:
-            raise ValueError(problem)
-        with _writing_into(from_run):
-            result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
-                               dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
-                               stall_timeout_s=stall_timeout, from_run=from_run)
-    except (ConfigError, HistoryError, ValueError) as err:
-        _fail(str(err), EXIT_USER)
-        return
-    except RunFailed as err:
-        _fail(str(err), err.exit_code)
-        return
+    labels = parse_components(component)
+    _check_time_limits(timeout, stall_timeout)
+    with _writing_into(from_run):
+        result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
+                           dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
+                           stall_timeout_s=stall_timeout, from_run=from_run)
     print_night(result, console)
     raise typer.Exit(result.exit_code)
 
@@ -388,16 +357,13 @@ def nightly(
 def _history(history: Optional[str], config: Optional[Path], output: Optional[Path]):
     """The history the options name: --history, else the config's nightly.history, else
     history.sqlite under the output root (--output, else the config's `output`)."""
-    from evalpipe.config import ConfigError, load_config
-    from evalpipe.history import HistoryError, open_history
+    from evalpipe.config import load_config
+    from evalpipe.history import open_history
 
-    try:
-        cfg = load_config(config) if (config or history is None) else None
-        url = history or (cfg.nightly.history if cfg else None)
-        root = Path(output) if output else Path(cfg.output if cfg else "reports/runs")
-        return open_history(url, root)
-    except (ConfigError, HistoryError) as err:
-        _fail(str(err), EXIT_USER)
+    cfg = load_config(config) if (config or history is None) else None
+    url = history or (cfg.nightly.history if cfg else None)
+    root = Path(output) if output else Path(cfg.output if cfg else "reports/runs")
+    return open_history(url, root)
 
 
 _HISTORY_OPT = typer.Option(None, "--history", help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
@@ -433,14 +399,10 @@ def history_show(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
-    from evalpipe.history import HistoryError, describe_what_ran
+    from evalpipe.history import describe_what_ran
 
     hist = _history(history, config, output)
-    try:
-        run = hist.run(run_id)
-    except HistoryError as err:
-        _fail(str(err), EXIT_USER)
-        return
+    run = hist.run(run_id)
     console.print(f"[bold]{run['run_id']}[/] ({run['kind']}) status {run['status']}, verdict {run['verdict']}, nightly {run['nightly_status'] or '-'}"
                   f", baseline {run['baseline_run_id'] or '-'}\nrun directory {run['run_dir']}", soft_wrap=True)
     for v in hist.variants_of(run_id):
@@ -462,14 +424,13 @@ def history_export(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One row per run x variant x task x metric (mean, SE, n, verdicts, components) for other tools."""
-    from evalpipe.history import HistoryError, export
+    from evalpipe.history import export
 
     hist = _history(history, config, output)
     try:
         n = export(hist, path, fmt)
-    except (HistoryError, OSError) as err:
-        _fail(str(err), EXIT_USER)
-        return
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror or err}; choose a writable path for -o/--out.") from None
     console.print(f"wrote {n} rows to {path}")
 
 
@@ -480,15 +441,12 @@ def history_import(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """Record run directories in the history (again): the run directories are the source of truth."""
-    from evalpipe.history import HistoryError
-
     hist = _history(history, config, output)
     for d in run_dirs:
         try:
             run_id = hist.record(d, kind=kind)
-        except (HistoryError, OSError, ValueError) as err:
-            _fail(str(err), EXIT_USER)
-            return
+        except OSError as err:
+            raise UserError(f"cannot record {d}: {err.strerror or err}; pass a readable run directory.") from None
         console.print(f"recorded {run_id} ({d})")
 
 
@@ -503,19 +461,9 @@ def history_simulate(
 ) -> None:
     """A documented demo: nights in which nothing changes, a layout fault switching on
     (recorded as a new vllm_ascend build), then the fix; prints what the detector flagged."""
-    from evalpipe.config import ConfigError
-    from evalpipe.history import HistoryError
     from evalpipe.nightly_sim import simulate
-    from evalpipe.runner import RunFailed
 
-    try:
-        summary = simulate(console, nights=nights, fault_night=fault_night, fix_night=fix_night, limit=limit, output=output, config=config)
-    except (ConfigError, HistoryError, ValueError) as err:
-        _fail(str(err), EXIT_USER)
-        return
-    except RunFailed as err:
-        _fail(str(err), err.exit_code)
-        return
+    summary = simulate(console, nights=nights, fault_night=fault_night, fix_night=fix_night, limit=limit, output=output, config=config)
     raise typer.Exit(0 if summary.as_expected else 1)
 
 
@@ -526,14 +474,8 @@ def baseline_set(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """Pin a baseline night (instead of the last passing one)."""
-    from evalpipe.history import HistoryError
-
     hist = _history(history, config, output)
-    try:
-        hist.pin_baseline(run_id, variant)
-    except HistoryError as err:
-        _fail(str(err), EXIT_USER)
-        return
+    hist.pin_baseline(run_id, variant)
     console.print(f"baseline for {variant or 'every variant'}: {run_id}")
 
 
@@ -581,14 +523,14 @@ def main() -> None:
     except SystemExit:
         if _terminated:  # click turned the interrupt into its own exit (130)
             err_console.print("terminated; the workers and servers of this run were stopped")
-            sys.exit(143)
+            sys.exit(ExitCode.TERMINATED)
         raise
     except KeyboardInterrupt:
         if _terminated:
             err_console.print("terminated; the workers and servers of this run were stopped")
-            sys.exit(143)
+            sys.exit(ExitCode.TERMINATED)
         err_console.print("interrupted; the workers and servers of this run were stopped")
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

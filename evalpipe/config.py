@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evalpipe.data.longctx import LongCtxSpec
+from evalpipe.errors import UserError
 from evalpipe.paths import PROJECT_ROOT
 from evalpipe.probes import COLLECTIVE_KINDS
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
@@ -24,7 +25,7 @@ from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHE
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A problem the user fixes in their config or arguments (exit code 2)."""
 
 

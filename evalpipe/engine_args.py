@@ -17,6 +17,7 @@ import subprocess
 from typing import Callable, Iterable
 
 from evalpipe.artifacts import write_json
+from evalpipe.errors import UserError
 from evalpipe.paths import cache_dir
 
 # offline: what vllm.LLM(**kwargs) accepts (every EngineArgs field plus LLM's own
@@ -48,7 +49,7 @@ print(json.dumps([origin, os.path.getmtime(origin) if origin else None]))
 _MARK = "EVALPIPE_ENGINE_ARGS "
 
 
-class EngineArgError(ValueError):
+class EngineArgError(UserError):
     """A variant's engine argument its vLLM does not know, or no vLLM to ask."""
 
 

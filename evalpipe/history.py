@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
+from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.redact import redact, redact_text
 
@@ -43,7 +44,7 @@ DEFAULT_FILE = "history.sqlite"
 TOKEN_MEASURES = ("kl_p99", "kl_max", "n_hard_divergences", "n_near_tie_divergences", "n_divergent")
 
 
-class HistoryError(ValueError):
+class HistoryError(UserError):
     """A history problem the user can fix, in one sentence."""
 
 

@@ -32,6 +32,7 @@ from evalpipe.artifacts import (
     TOKENS_PARQUET,
     VariantDir,
 )
+from evalpipe.errors import UserError
 
 JOB_JSON = "job.json"  # the worker's job, written by evalpipe.launch; nightly reads which baseline it forced
 # What compare, the history and nightly read of a variant. Not manifest.json (it holds
@@ -44,7 +45,7 @@ ARTIFACTS_KEY = "artifacts"
 _CHUNK = 1 << 20  # streaming: a 128k-token trace is never held in memory to be hashed
 
 
-class ArtifactMismatch(ValueError):
+class ArtifactMismatch(UserError):
     """A variant directory that does not match its manifest, in one sentence (a user error, exit code 2)."""
 
 

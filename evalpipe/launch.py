@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalpipe import artifacts
+from evalpipe.errors import ExitCode
 from evalpipe.plan import PlannedVariant
 from evalpipe.watchdog import Watchdog
 
@@ -212,7 +213,7 @@ def run_worker(
                 proc.wait()
         finally:
             stop_group(proc)
-    outcome.exit_code = 3 if failure else proc.returncode
+    outcome.exit_code = ExitCode.FAILED if failure else proc.returncode
     if failure:
         outcome.error = failure
     cause = stopped() if stopped is not None else None

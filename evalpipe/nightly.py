@@ -31,17 +31,20 @@ import numpy as np
 
 from evalpipe import artifacts
 from evalpipe.compare.changepoint import Change, score_changes, token_changes
+from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
+from evalpipe.compare.verdict import Status
 from evalpipe.config import Expectations
+from evalpipe.errors import ExitCode, RunFailed, UserError
 from evalpipe.history import NIGHTLY_JSON, History, HistoryError
 
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
-PASSING = ("IDENTICAL", "EQUIVALENT")
-INCONCLUSIVE = "INCONCLUSIVE"
+PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
+INCONCLUSIVE = Status.INCONCLUSIVE.value
 # A night's statuses, least severe first: a finding (REGRESSION) outranks a night that
 # proved nothing about its paths, and a run that did not finish outranks both.
 NIGHT_STATUSES = ("PASS", INCONCLUSIVE, "REGRESSION", "FAILED")
-EXIT_CODES = {"PASS": 0, "REGRESSION": 1, "FAILED": 3, INCONCLUSIVE: 4}
+EXIT_CODES = {"PASS": ExitCode.OK, "REGRESSION": ExitCode.DIVERGENT, "FAILED": ExitCode.FAILED, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 NIGHT_ICONS = {"PASS": "✅", INCONCLUSIVE: "⚠️", "REGRESSION": "❌", "FAILED": "💥"}
 NIGHT_COLOURS = {"PASS": "green", INCONCLUSIVE: "yellow", "REGRESSION": "red", "FAILED": "red"}
 # token measures followed per task: (source, measure)
@@ -166,7 +169,7 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
         b = load_artifacts(artifacts.VariantDir(night_v), label_b,
                            meant_same(expectations_from_info(read_run_info(tonight_dir), variant, str(tonight_dir / "run.json"))))
         check_same_items(a.samples, b.samples, label_a, label_b)
-    except ValueError as err:
+    except UserError as err:
         return {"variant": variant, "error": str(err)}
     # Teacher forcing across nights is clean only on the same forced tokens: the baseline
     # scored its reference's sequences (teacher.parquet), tonight scored the same ones
@@ -582,7 +585,7 @@ def parse_components(pairs: list[str] | None) -> dict[str, str]:
     for pair in pairs or []:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip() or not value.strip():
-            raise ValueError(f"--component {pair!r} is not NAME=VERSION; pass e.g. --component vllm_ascend=1a2b3c4.")
+            raise UserError(f"--component {pair!r} is not NAME=VERSION; pass e.g. --component vllm_ascend=1a2b3c4.")
         out[name.strip()] = value.strip()
     return out
 
@@ -635,7 +638,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
     from evalpipe.config import load_config
     from evalpipe.history import open_history
     from evalpipe.plan import make_plan
-    from evalpipe.runner import RunFailed, execute
+    from evalpipe.runner import execute
 
     cfg = load_config(config_path)
     spec = cfg.nightly

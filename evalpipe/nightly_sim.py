@@ -37,6 +37,7 @@ import numpy as np
 
 from evalpipe import artifacts
 from evalpipe.artifacts import RunDir
+from evalpipe.errors import UserError
 from evalpipe.nightly import NightResult, record_and_judge
 
 FAULT = "padding_not_zeroed"
@@ -141,9 +142,9 @@ def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fi
     from evalpipe.history import open_history
 
     if fault_night is not None and not (0 < fault_night < nights):
-        raise ValueError(f"--fault-night {fault_night} must lie between 1 and {nights - 1} (the nights before it are the A/A history).")
+        raise UserError(f"--fault-night {fault_night} must lie between 1 and {nights - 1} (the nights before it are the A/A history).")
     if fault_night is not None and fix_night is not None and fix_night <= fault_night:
-        raise ValueError(f"--fix-night {fix_night} must come after --fault-night {fault_night}.")
+        raise UserError(f"--fix-night {fix_night} must come after --fault-night {fault_night}.")
     output = Path(output)
     good, fault = source_runs(config, limit, output / "sources", console)
     nights_dir = output / "nights"

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from evalpipe import artifacts
 from evalpipe.artifacts import PROBES_JSON
 from evalpipe.compare.code_paths import ProcessProbe, VariantProbes, summarize
+from evalpipe.errors import UserError
 from evalpipe.integrity import ARTIFACTS_KEY, describe_file
 from evalpipe.probe_names import VariantNames
 from evalpipe.probes import SCHEMA_VERSION, SITE_DIR, SPEC_ENV, SPEC_FILE
@@ -130,4 +131,4 @@ def read_probes(vdir: Path) -> VariantProbes | None:
         return VariantProbes.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, ValidationError) as err:
         first = str(err).splitlines()[0]
-        raise ValueError(f"{path} cannot be read as a probe record ({first}); re-run the variant.") from None
+        raise UserError(f"{path} cannot be read as a probe record ({first}); re-run the variant.") from None

@@ -19,6 +19,7 @@ from typing import Any
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
+from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.worker.journal import JOURNAL_FILE
 
@@ -86,7 +87,7 @@ def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[s
 
     try:
         stored = read_run_info(run_dir)
-    except ValueError as err:
+    except UserError as err:
         raise ResumeRefused(str(err)) from None
     if not stored:
         raise ResumeRefused(f"{run_dir} exists and is not a run directory (no run.json); choose another --run-id or --output.")

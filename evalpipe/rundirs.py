@@ -42,6 +42,7 @@ from evalpipe.compare.run import (
     with_margin,
 )
 from evalpipe.config import Expectations, Gates, aa_variant_name
+from evalpipe.errors import UserError
 from evalpipe.integrity import verify_variant
 from evalpipe.probe_records import read_probes
 from evalpipe.report import render_html, render_junit, render_markdown
@@ -61,16 +62,16 @@ def _where(vdir: VariantDir) -> str:
 
 def _read(vdir: VariantDir, path: Path, required: Sequence[str]) -> pa.Table:
     if not vdir.root.is_dir():
-        raise ValueError(f"variant {vdir.name!r} has no directory in {_where(vdir)}; was it part of this run?")
+        raise UserError(f"variant {vdir.name!r} has no directory in {_where(vdir)}; was it part of this run?")
     if not path.is_file():
-        raise ValueError(f"variant {vdir.name!r} in {_where(vdir)} has no {path.name}; did its run finish?")
+        raise UserError(f"variant {vdir.name!r} in {_where(vdir)} has no {path.name}; did its run finish?")
     try:
         table = artifacts.read_table(path)
     except Exception as exc:  # pyarrow raises several types for damaged files
-        raise ValueError(f"{path} cannot be read as Parquet ({exc}); re-run variant {vdir.name!r}.") from exc
+        raise UserError(f"{path} cannot be read as Parquet ({exc}); re-run variant {vdir.name!r}.") from exc
     missing = [c for c in required if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path} lacks the columns {missing}; it was written by an incompatible evalpipe version.")
+        raise UserError(f"{path} lacks the columns {missing}; it was written by an incompatible evalpipe version.")
     return table
 
 
@@ -114,7 +115,7 @@ def _validated(model: Any, data: Any, where: str, at: str) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{where}: {at}.{key}: {first['msg']}; fix or remove it.") from None
+        raise UserError(f"{where}: {at}.{key}: {first['msg']}; fix or remove it.") from None
 
 
 def variant_numerics(vdir: VariantDir) -> Numerics:
@@ -136,9 +137,9 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
     try:
         info = artifacts.read_json(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); restore or delete it.") from exc
+        raise UserError(f"{path} is not valid JSON ({exc}); restore or delete it.") from exc
     if not isinstance(info, dict):
-        raise ValueError(f"{path} should hold a JSON object; restore or delete it.")
+        raise UserError(f"{path} should hold a JSON object; restore or delete it.")
     return info
 
 
@@ -204,18 +205,18 @@ def compare_run(
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} does not exist.")
+        raise UserError(f"run directory {run_dir} does not exist.")
     rd = RunDir(run_dir)
     info = read_run_info(run_dir)
     gates = with_margin(gates if gates is not None else gates_from_info(info, str(rd.run_json)), margin)
     names = list(variants) if variants else (variant_names_from_info(info) or rd.variant_names())
     if not names:
-        raise ValueError(f"{run_dir} has no variants (no run.json \"variants\" and no <variant>/manifest.json).")
+        raise UserError(f"{run_dir} has no variants (no run.json \"variants\" and no <variant>/manifest.json).")
     ref = str(reference or info.get("reference") or names[0])
     aa_name = noise_floor_from_info(info, ref)
     others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
     if not others:
-        raise ValueError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
+        raise UserError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
     where = str(rd.run_json)
 
     def side(name: str) -> VariantArtifacts:

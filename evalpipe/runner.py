@@ -7,6 +7,7 @@ after each), so a failure late in the run never loses what finished earlier.
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
+from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
 from evalpipe.paths import data_dir
 from evalpipe.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.probe_names import VariantNames
@@ -23,7 +25,8 @@ from evalpipe.redact import redact
 from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
 from evalpipe.worker.journal import JOURNAL_FILE
 
-EXIT_SAME, EXIT_DIFFERENT, EXIT_USER, EXIT_FAILED = 0, 1, 2, 3
+COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its traceback, beside the artifacts
+
 
 
 def verdict_exit_code(status: str) -> int:
@@ -31,12 +34,6 @@ def verdict_exit_code(status: str) -> int:
     from evalpipe.compare.verdict import Status
 
     return Status(status).exit_code
-
-
-class RunFailed(RuntimeError):
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
@@ -50,7 +47,7 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
     try:
         model = ensure_builtin(name)
     except ShippedModelError as err:
-        raise RunFailed(str(err), exit_code=EXIT_USER) from None
+        raise RunFailedOnUserInput(str(err)) from None
     console.print(f"[bold]model[/] builtin:{name} (shipped, fingerprint {model.fingerprint[:12]})")
     return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
 
@@ -164,7 +161,7 @@ def check_user_data(plan: RunPlan) -> None:
             continue
         try:
             task_config(t.spec.model_dump(), data_dir())
-        except (ValueError, FileNotFoundError) as err:
+        except (UserError, FileNotFoundError) as err:
             raise ConfigError(str(err)) from None
 
 
@@ -241,8 +238,11 @@ def record_in_history(plan: RunPlan, console: Console) -> None:
         hist = open_history(history_url(plan), plan.run_dir.parent)
         hist.record(plan.run_dir)
         console.print(f"[dim]recorded in the history {hist.where}[/]")
-    except (HistoryError, OSError, ValueError) as err:
+    except (HistoryError, OSError) as err:
         console.print(f"[yellow]warning:[/] the run was not recorded in the history: {err}", soft_wrap=True)
+    except Exception as err:  # noqa: BLE001 - a bug in the bookkeeping must not cost the finished run
+        console.print(f"[yellow]warning:[/] the run was not recorded in the history because of a bug in evalpipe "
+                      f"({type(err).__name__}: {err}):\n{traceback.format_exc()}", soft_wrap=True, markup=False)
 
 
 @dataclass(frozen=True)
@@ -330,10 +330,10 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             stop_if_interrupted()
             if not outcome.ok:
                 error = outcome.error or f"variant {variant.name} failed"
-                code = EXIT_USER if outcome.exit_code == EXIT_USER else EXIT_FAILED
+                code = ExitCode.USER_ERROR if outcome.exit_code == ExitCode.USER_ERROR else ExitCode.FAILED
                 if variant.name in essential:
                     save(status="failed", error=error)
-                    raise RunFailed(error, code)
+                    raise failure(error, code)
                 failures[variant.name] = (error, code)
                 console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
     finally:
@@ -346,17 +346,22 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             return _fail_run(info, failures, save)
         save(status="ok", verdict=None)
         console.print("one variant only: nothing to compare.")
-        return EXIT_SAME
+        return ExitCode.OK
     try:
         code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
-    except Exception as err:  # any kind: the variants' hours of work are on disk, say so instead of a traceback
-        # a ValueError is compare's own sentence; anything else is named by its type (`evalpipe compare` shows its traceback)
-        reason = str(err).rstrip(".") if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+    except Exception as err:  # any kind: the variants' hours of work are on disk, say so
+        # evalpipe's own error is its sentence; anything else is a bug, its traceback kept beside the artifacts
+        if isinstance(err, EvalpipeError):
+            reason = str(err).rstrip(".")
+        else:
+            log = rd.root / COMPARE_TRACEBACK
+            artifacts.write_text(log, traceback.format_exc())
+            reason = f"a bug in evalpipe: {type(err).__name__}: {err}; traceback in {log}"
         also = f" ({', '.join(failures)} failed)" if failures else ""
         message = (f"variants {', '.join(compared)} finished{also} and their artifacts are kept in {rd.root}, but comparing "
                    f"them failed ({reason}); once that is fixed, retry with `evalpipe compare {rd.root}`.")
         save(status="failed", verdict=None, error=message, **({"failed_variants": list(failures)} if failures else {}))
-        raise RunFailed(message, EXIT_FAILED) from None  # a run that ended without its verdict: exit 3
+        raise RunFailed(message) from None  # a run that ended without its verdict: exit 3
     return _fail_run(info, failures, save) if failures else code
 
 
@@ -454,7 +459,7 @@ def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) 
         message += f"\n{details}"
     save(status="failed", error=message, failed_variants=list(failures))
     codes = {code for _, code in failures.values()}
-    raise RunFailed(message, EXIT_USER if codes == {EXIT_USER} else EXIT_FAILED)
+    raise failure(message, ExitCode.USER_ERROR if codes == {ExitCode.USER_ERROR} else ExitCode.FAILED)
 
 
 def compare_and_report(
@@ -469,8 +474,8 @@ def compare_and_report(
 ) -> int:
     """Compare stored artifacts and write compare.json + report.md (into `output`,
     default the run directory). Needs no engine: this is `evalpipe compare`."""
-    from evalpipe.rundirs import compare_run, read_run_info, write_outputs
     from evalpipe.report.terminal import print_summary
+    from evalpipe.rundirs import compare_run, read_run_info, write_outputs
 
     rd = artifacts.RunDir(run_dir)
     info = info if info is not None else read_run_info(rd.root)  # a broken run.json: one sentence naming it
@@ -488,8 +493,8 @@ def compare_and_report(
 
 def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
-    from evalpipe.rundirs import compare_across_runs, write_outputs
     from evalpipe.report.terminal import print_summary
+    from evalpipe.rundirs import compare_across_runs, write_outputs
 
     comparison = compare_across_runs(a, b, gates=gates)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from evalpipe.errors import UserError
 from evalpipe.models import builtin
 
 # A few-second build: same code path as tiny-gsm, much smaller.
@@ -149,9 +150,9 @@ def test_names_and_errors():
     assert not builtin.is_builtin("/models/tiny-gsm")
     assert builtin.builtin_name("builtin:tiny-gsm") == "tiny-gsm"
     assert "tiny-gsm" in builtin.BUILTIN_MODELS
-    with pytest.raises(ValueError, match="tiny-gsm"):
+    with pytest.raises(UserError, match="tiny-gsm"):
         builtin.ensure_builtin("no-such-model")
-    with pytest.raises(ValueError, match="unknown spec key"):
+    with pytest.raises(UserError, match="unknown spec key"):
         builtin.model_spec("tiny-gsm", {"hidden_sise": 3})
 
 

@@ -6,6 +6,7 @@ import sys
 import pytest
 from fakes import make_samples, mutate, set_token, write_variant
 
+from evalpipe.errors import UserError
 from evalpipe.rundirs import compare_across_runs
 
 
@@ -37,13 +38,13 @@ def test_a_changed_token_across_runs_is_different(tmp_path):
 def test_different_items_are_a_clear_user_error(tmp_path):
     a = write_variant(tmp_path / "run1", "legacy", make_samples(6))
     b = write_variant(tmp_path / "run2", "legacy", make_samples(4))
-    with pytest.raises(ValueError, match="has 6 items and run2/legacy has 4"):
+    with pytest.raises(UserError, match="has 6 items and run2/legacy has 4"):
         compare_across_runs(a.root, b.root)
     proc = cli(str(a.root), str(b.root), cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "re-run with the same tasks and --limit" in " ".join(proc.stderr.split())
     other_task = write_variant(tmp_path / "run3", "legacy", make_samples(6, task="other_task"))
-    with pytest.raises(ValueError, match="ran tasks"):
+    with pytest.raises(UserError, match="ran tasks"):
         compare_across_runs(a.root, other_task.root)
 
 
@@ -65,7 +66,7 @@ def test_changed_prompts_are_a_clear_user_error(tmp_path):
     hashes = table.column("prompt_hash").to_pylist()
     hashes[1] = "another prompt"
     artifacts.write_table(b.samples, set_column(table, "prompt_hash", hashes))
-    with pytest.raises(ValueError, match=r"1 items have different prompts .*\(first: doc 1"):
+    with pytest.raises(UserError, match=r"1 items have different prompts .*\(first: doc 1"):
         compare_across_runs(a.root, b.root)
 
 

@@ -3,13 +3,14 @@
 import json
 
 import pytest
+from fakes import TASK, make_samples, mutate, perturb_topk, set_token, write_run, write_variant
 
 from evalpipe import artifacts
 from evalpipe.compare import Status
 from evalpipe.compare.gates import NO_TEACHER
-from evalpipe.config import Gates, ScoreGates, Tolerance, TokenGates
+from evalpipe.config import Gates, ScoreGates, TokenGates, Tolerance
+from evalpipe.errors import UserError
 from evalpipe.rundirs import compare_across_runs, compare_run, write_outputs
-from fakes import TASK, make_samples, mutate, perturb_topk, set_token, write_run, write_variant
 
 RUN_KEYS = {"schema_version", "run_id", "reference", "variants", "status", "gates", "noise_floor", "comparisons"}
 COMPARISON_KEYS = {
@@ -91,7 +92,7 @@ def test_gates_come_from_run_json_unless_given(tmp_path):
 
 def test_invalid_gates_in_run_json_are_one_sentence(tmp_path):
     root = _noise_run(tmp_path, run_info={"config": {"gates": {"scores": {"margn": 0.1}}}})
-    with pytest.raises(ValueError, match=r"run.json: config.gates.scores.margn: Extra inputs are not permitted; fix or remove it."):
+    with pytest.raises(UserError, match=r"run.json: config.gates.scores.margn: Extra inputs are not permitted; fix or remove it."):
         compare_run(root)
 
 

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
+from fakes import METRIC, TASK, make_samples, mutate, set_column, tables, write_run
 from scipy import stats as sst
 
 from evalpipe import artifacts
@@ -17,8 +18,8 @@ from evalpipe.compare.scores import (
     paired_scores,
     to_jsonable,
 )
+from evalpipe.errors import UserError
 from evalpipe.rundirs import compare_run
-from fakes import METRIC, TASK, make_samples, mutate, set_column, tables, write_run
 
 
 def _scores(a_samples, b_samples):
@@ -107,7 +108,7 @@ def test_align_keys_outer_join_and_duplicates():
     # union sorted: (w,0) (x,1) (x,2) (x,3) (y,1)
     assert al.idx_a.tolist() == [-1, 1, 0, -1, 2]
     assert al.idx_b.tolist() == [2, -1, -1, 1, 0]
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(UserError, match="duplicate"):
         align_keys(a, pa.concat_tables([b, b]), artifacts.SAMPLE_KEY)
 
 
@@ -176,7 +177,7 @@ def test_margin_is_passed_through():
     vc = compare_tables(sa, ta, sb, tb, margin=0.5)
     assert vc.scores.rows[0].equivalent and vc.to_dict()["scores"][0]["margin"] == 0.5
     assert not compare_tables(sa, ta, sb, tb).scores.rows[0].equivalent
-    with pytest.raises(ValueError, match="margin"):
+    with pytest.raises(UserError, match="margin"):
         compare_scores(sa, sb, margin=0.0)
 
 

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
+from fakes import TASK, FakeSample, make_samples, mutate, set_token, tables
 
 from evalpipe.compare.tokens import compare_tokens
-from fakes import TASK, FakeSample, make_samples, mutate, set_token, tables
+from evalpipe.errors import UserError
 
 
 def _cmp(a_samples, b_samples, *, with_samples=True, shuffle=False, worst_k=5):
@@ -166,7 +167,7 @@ def test_duplicate_positions_rejected():
     sa, ta = tables(a)
     import pyarrow as pa
 
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(UserError, match="duplicate"):
         compare_tokens(pa.concat_tables([ta, ta.slice(0, 1)]), ta, sa, sa)
 
 
@@ -176,8 +177,9 @@ def test_duplicate_positions_rejected():
 
 import math
 
-from evalpipe.compare.tokens import NEAR_TIE_GAP, topk_kl
 from fakes import set_step
+
+from evalpipe.compare.tokens import NEAR_TIE_GAP, topk_kl
 
 
 def test_identical_inputs_kl_zero_and_topk_sets_equal():
@@ -623,7 +625,7 @@ def test_packed_position_join_matches_the_plain_join():
         want = align_keys(x.select(list(TOKEN_KEY)), y.select(list(TOKEN_KEY)), TOKEN_KEY)
         assert all(np.array_equal(g, w) for g, w in zip(got.codes, want.codes))
         assert np.array_equal(got.idx_a, want.idx_a) and np.array_equal(got.idx_b, want.idx_b)
-    with pytest.raises(ValueError, match=r"duplicate token positions for key \{'task': 1, 'doc_id': 0"):
+    with pytest.raises(UserError, match=r"duplicate token positions for key \{'task': 1, 'doc_id': 0"):
         _align_positions(pa.concat_tables([ta, ta.slice(0, 1)]), tb)
 
 

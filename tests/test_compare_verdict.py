@@ -1,12 +1,13 @@
 import json
 
 import pytest
+from fakes import METRIC, TASK, make_samples, mutate, set_token, tables, write_run, write_variant
 
 from evalpipe import artifacts
 from evalpipe.compare import Status, compare_tables, decide
 from evalpipe.compare.verdict import fmt_delta, worst_status
+from evalpipe.errors import UserError
 from evalpipe.rundirs import compare_run, compare_variants, write_outputs
-from fakes import METRIC, TASK, make_samples, mutate, set_token, tables, write_run, write_variant
 
 
 def _vc(a, b, **kw):
@@ -156,11 +157,11 @@ def test_nan_becomes_null(tmp_path):
 def test_missing_artifacts_raise_one_sentence(tmp_path):
     root = _run(tmp_path)
     (root / "sp" / artifacts.SAMPLES_PARQUET).unlink()
-    with pytest.raises(ValueError, match=r"variant 'sp' in .*run-1 has no samples.parquet; did its run finish\?"):
+    with pytest.raises(UserError, match=r"variant 'sp' in .*run-1 has no samples.parquet; did its run finish\?"):
         compare_run(root)
-    with pytest.raises(ValueError, match="has no directory"):
+    with pytest.raises(UserError, match="has no directory"):
         compare_run(root, variants=["nope"])
-    with pytest.raises(ValueError, match="nothing to compare"):
+    with pytest.raises(UserError, match="nothing to compare"):
         compare_run(root, variants=["legacy"])
 
 
@@ -179,5 +180,5 @@ def test_stray_tokens_are_reported():
     a = make_samples(2)
     sa, ta = tables(a)
     sb, _ = tables(a[:1])  # B's samples.parquet lacks doc 1, its tokens.parquet has it
-    with pytest.raises(ValueError, match="inconsistent"):
+    with pytest.raises(UserError, match="inconsistent"):
         compare_tables(sa, ta, sb, ta)

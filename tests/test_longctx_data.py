@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from evalpipe.data import longctx as lc
+from evalpipe.errors import UserError
 from evalpipe.paths import PROJECT_ROOT
 
 TASKS = PROJECT_ROOT / "tasks" / "longctx"
@@ -160,7 +161,7 @@ def test_exact_lengths_when_tokens_merge_across_sentences():
 
 def test_length_too_small_for_the_tokenizer_is_one_clear_error(bpe_tok):
     spec = lc.LongCtxSpec(lengths=(64,), sparse_block=512, n_chains=3, chain_len=4)
-    with pytest.raises(ValueError, match=r"^target length 64 cannot hold the vartrack header, needles and question \(\d+ tokens under this tokenizer\); use longer lengths or fewer keys/chains\.$"):
+    with pytest.raises(UserError, match=r"^target length 64 cannot hold the vartrack header, needles and question \(\d+ tokens under this tokenizer\); use longer lengths or fewer keys/chains\.$"):
         lc.generate("vartrack", bpe_tok, spec)
 
 
@@ -386,7 +387,7 @@ def test_spec_is_strict_and_frozen():
 
 
 def test_unknown_probe():
-    with pytest.raises(ValueError, match=r"^unknown probe `needle`; known: passkey, multikey, vartrack\.$"):
+    with pytest.raises(UserError, match=r"^unknown probe `needle`; known: passkey, multikey, vartrack\.$"):
         lc.generate("needle", None)
 
 

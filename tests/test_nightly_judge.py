@@ -10,8 +10,8 @@ import pytest
 
 from evalpipe import nightly
 from evalpipe.compare.changepoint import score_changes, token_changes
+from evalpipe.errors import UserError
 from evalpipe.history import open_history
-
 from tests.nightly_fakes import write_night
 
 GOOD, BAD, FIXED = "good1", "bad2", "fix3"
@@ -100,7 +100,7 @@ def test_dashboard_data_has_series_bands_and_the_change(tmp_path):
 
 def test_components_parse():
     assert nightly.parse_components(["vllm_ascend=abc", "cann = 8.0"]) == {"vllm_ascend": "abc", "cann": "8.0"}
-    with pytest.raises(ValueError, match="is not NAME=VERSION"):
+    with pytest.raises(UserError, match="is not NAME=VERSION"):
         nightly.parse_components(["oops"])
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from evalpipe.errors import UserError
 from evalpipe.worker import ruler, task_families
 from evalpipe.worker.hub_data import check_available
 from evalpipe.worker.ruler import RulerTooShort, generate_ruler_dataset, ruler_metadata, ruler_task_config
@@ -217,7 +218,7 @@ def test_ruler_task_config_keeps_evalpipe_overrides(tokenizer_dir):
     assert cfg["metadata"]["ruler_task"] == "ruler_vt" and cfg["metadata"]["num_samples"] == 1
     assert [m["metric"] for m in cfg["metric_list"]] == ["score", "4096"]
     assert "tag" not in cfg and callable(cfg["custom_dataset"])
-    with pytest.raises(ValueError, match="not a RULER task"):
+    with pytest.raises(UserError, match="not a RULER task"):
         ruler_task_config("ruler_qa_squad", meta)
 
 

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from evalpipe import artifacts, integrity
 from evalpipe.artifacts import RunDir, VariantDir
 from evalpipe.cli import app
+from evalpipe.errors import RunFailed
 from evalpipe.history import HistoryError, open_history
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.rundir_lock import LOCK_FILE, RunDirBusy, holding_run_dir, lock_run_dir, unlock_run_dir
@@ -296,11 +297,11 @@ def test_a_run_holds_its_directory_until_it_returns(tmp_path, monkeypatch):
 
     def model_step(plan, console):  # runs inside _execute, after the directory was created
         seen["other process could lock"] = another_process_locks(plan.run_dir)
-        raise runner.RunFailed("stop here", runner.EXIT_FAILED)
+        raise RunFailed("stop here")
 
     monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
     monkeypatch.setattr(runner, "ensure_model", model_step)
-    with pytest.raises(runner.RunFailed):
+    with pytest.raises(RunFailed):
         runner.execute(plan, Console(file=io.StringIO()), record=False)
     assert seen == {"other process could lock": False}
     assert another_process_locks(plan.run_dir), "released when execute() returned"

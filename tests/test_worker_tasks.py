@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from evalpipe.errors import UserError
 from evalpipe.worker.tasks import TaskNotFound, check_task_names, task_config
 
 
@@ -172,9 +173,9 @@ def test_ruler_overrides_and_refusals(saved_tokenizer, tmp_path):
     generated = LongCtxData(str(saved_tokenizer), {"lengths": [512], "ruler_items_per_length": 1})
     cfg = task_config(_spec("ruler_fwe", max_gen_toks=20), tmp_path, generated=generated)
     assert cfg["generation_kwargs"] == {"do_sample": False, "temperature": 0.0, "max_gen_toks": 20, "until": []}
-    with pytest.raises(ValueError, match="remove `data_files`"):
+    with pytest.raises(UserError, match="remove `data_files`"):
         task_config(_spec("ruler_fwe", data_files={"test": "x.jsonl"}), tmp_path, generated=generated)
-    with pytest.raises(ValueError, match="resolve it with a LongCtxData"):
+    with pytest.raises(UserError, match="resolve it with a LongCtxData"):
         task_config(_spec("ruler_fwe"), tmp_path)
     with pytest.raises(ValueError, match="ruler_items_per_length is 0"):
         task_config(_spec("ruler_fwe"), tmp_path, generated=LongCtxData(str(saved_tokenizer), {"ruler_items_per_length": 0}))

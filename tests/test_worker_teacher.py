@@ -6,6 +6,7 @@ import pytest
 
 from evalpipe import artifacts
 from evalpipe.config import PromptPositions
+from evalpipe.errors import UserError
 from evalpipe.worker.engines import ScoreResult, token_budget_slices
 from evalpipe.worker.teacher import (
     ReferenceSequence,
@@ -86,9 +87,9 @@ def test_old_reference_without_prompt_ids_gives_one_clear_sentence(tmp_path):
     vdir = artifacts.VariantDir(tmp_path / "ref")
     artifacts.write_table(vdir.samples, samples)
     artifacts.write_table(vdir.tokens, tokens)
-    with pytest.raises(ValueError, match="no prompt_token_ids column .* re-run the reference variant"):
+    with pytest.raises(UserError, match="no prompt_token_ids column .* re-run the reference variant"):
         read_reference_sequences(vdir.root)
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         read_reference_sequences(tmp_path / "missing")
 
 

@@ -44,6 +44,7 @@ from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
 from evalpipe.config import Expectations, Gates
+from evalpipe.errors import UserError
 
 # Bump when the layout of compare.json changes incompatibly (3: "paths", INCONCLUSIVE).
 COMPARE_SCHEMA_VERSION = 3
@@ -316,19 +317,19 @@ def check_same_items(samples_a: pa.Table, samples_b: pa.Table, label_a: str, lab
     same prompts; raise a one-sentence ValueError naming the first mismatch."""
     a, b = _item_keys(samples_a), _item_keys(samples_b)
     if set(a) != set(b):
-        raise ValueError(
+        raise UserError(
             f"{label_a} ran tasks {sorted(a)} but {label_b} ran {sorted(b)}; compare runs of the same tasks."
         )
     for task in sorted(a):
         if set(a[task]) != set(b[task]):
-            raise ValueError(
+            raise UserError(
                 f"task {task}: {label_a} has {len(a[task])} items and {label_b} has {len(b[task])}, "
                 "not the same documents; re-run with the same tasks and --limit."
             )
         differing = sorted(k for k in a[task] if a[task][k] != b[task][k])
         if differing:
             doc, rep = differing[0]
-            raise ValueError(
+            raise UserError(
                 f"task {task}: {len(differing)} items have different prompts in {label_a} and {label_b} "
                 f"(first: doc {doc}, repeat {rep}); the task definition or its data changed between the runs."
             )

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from evalpipe.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
 from evalpipe.compare import stats
+from evalpipe.errors import UserError
 
 # TOST equivalence margin on the metric's own scale: 0.01 = 1.0 point of a 0-1 accuracy.
 DEFAULT_MARGIN = 0.01
@@ -151,7 +152,7 @@ def align_keys(a: pa.Table, b: pa.Table, keys: Sequence[str], what: str = "rows"
             g = int(np.argmax(counts > 1))
             first = int(np.flatnonzero(group == g)[0])
             dup = {k: int(sorted_codes[i][first]) for i, k in enumerate(keys)}
-            raise ValueError(f"side {label} has duplicate {what} for key {dup} on columns {list(keys)}.")
+            raise UserError(f"side {label} has duplicate {what} for key {dup} on columns {list(keys)}.")
     idx_a = np.full(n_groups, -1, dtype=np.int64)
     idx_b = np.full(n_groups, -1, dtype=np.int64)
     idx_a[group[s_side == 0]] = s_row[s_side == 0]
@@ -519,7 +520,7 @@ def compare_scores(
     a 0-1 accuracy); ``alpha`` the level of TOST and of the minimum detectable difference.
     """
     if not margin > 0:
-        raise ValueError(f"the equivalence margin must be > 0, got {margin}.")
+        raise UserError(f"the equivalence margin must be > 0, got {margin}.")
     paired, only_a_m, only_b_m = paired_scores(samples_a, samples_b)
     rows = tuple(
         p.summary(margin=margin, flipped=flipped_items(p, samples_a, samples_b), alpha=alpha) for p in paired

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
 # scipy.special, not scipy.stats: the same distribution functions (scipy.stats calls
 # these), without the second of import time that scipy.stats costs every
 # `evalpipe compare`. The tests check them against scipy.stats.

@@ -70,6 +70,7 @@ import pyarrow.compute as pc
 
 from evalpipe.artifacts import SAMPLE_KEY
 from evalpipe.compare.scores import Alignment, _column_codes, align_keys, to_jsonable
+from evalpipe.errors import UserError
 
 TOKEN_KEY = SAMPLE_KEY + ("pos",)
 _BIG = np.iinfo(np.int64).max
@@ -659,7 +660,7 @@ def _align_positions(tokens_a: pa.Table, tokens_b: pa.Table) -> Alignment:
     ]
     try:
         al = align_keys(pa.table({"key": packed[0]}), pa.table({"key": packed[1]}), ("key",), "token positions")
-    except ValueError:
+    except UserError:  # duplicate keys: the plain path names them
         return plain()
     codes = tuple(((al.codes[0] >> sh) & ((1 << w) - 1)) + lo for sh, w, lo in zip(shifts, widths, lows))
     return Alignment(TOKEN_KEY, codes, al.idx_a, al.idx_b)
@@ -767,7 +768,7 @@ def sample_token_diffs(
         if stray.any():
             i = int(m.idx_a[np.argmax(stray)])
             k = seg_keys.slice(i, 1).to_pylist()[0]
-            raise ValueError(
+            raise UserError(
                 f"tokens.parquet has rows for task {k['task']!r} doc {k['doc_id']} repeat {k['repeat']} "
                 "that samples.parquet does not list; the artifacts are inconsistent."
             )
@@ -778,7 +779,7 @@ def sample_token_diffs(
             bad = (lens > 0) & ~present[seg_to_uni]
             if bad.any():
                 k = seg_keys.slice(int(np.argmax(bad)), 1).to_pylist()[0]
-                raise ValueError(
+                raise UserError(
                     f"side {side} has tokens for task {k['task']!r} doc {k['doc_id']} repeat {k['repeat']} "
                     "but no row for it in its samples.parquet; the artifacts are inconsistent."
                 )

@@ -26,6 +26,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.tokens import TaskTokenSummary
 from evalpipe.config import Gates
+from evalpipe.errors import ExitCode
 
 MINUS = "\u2212"
 ARROW = "\u2192"
@@ -56,7 +57,8 @@ class Status(str, Enum):
 
 
 PASSING = (Status.IDENTICAL, Status.EQUIVALENT)
-EXIT_CODES = {Status.IDENTICAL: 0, Status.EQUIVALENT: 0, Status.DIVERGENT: 1, Status.INCONCLUSIVE: 4}
+EXIT_CODES = {Status.IDENTICAL: ExitCode.OK, Status.EQUIVALENT: ExitCode.OK, Status.DIVERGENT: ExitCode.DIVERGENT,
+              Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 # Higher is worse; the overall status of several comparisons is the worst one. A divergence
 # found is a finding; an inconclusive comparison proves nothing either way, so one
 # DIVERGENT comparison beside an INCONCLUSIVE one makes the run DIVERGENT.

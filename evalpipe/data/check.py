@@ -15,11 +15,13 @@ from typing import Any, Iterable, Iterator
 import jinja2
 import jinja2.meta
 
+from evalpipe.errors import UserError
+
 SUPPORTED = (".jsonl", ".json", ".csv", ".parquet")
 TEMPLATE_KEYS = ("doc_to_text", "doc_to_target", "doc_to_choice")
 
 
-class DataFileError(ValueError):
+class DataFileError(UserError):
     """A data file problem, in one sentence naming the file (and line)."""
 
 

@@ -58,6 +58,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from evalpipe.errors import UserError
+
 # Bump whenever generated text or layout changes: it is part of every fingerprint.
 GENERATOR_VERSION = 1
 
@@ -359,7 +361,7 @@ class _Haystack:
         fixed = self.m.count(self.header) + sum(cost(t) for t, _ in self.needles) + max(qcost)
         budget = length - fixed
         if budget < 0:
-            raise ValueError(
+            raise UserError(
                 f"target length {length} cannot hold the {what} header, needles and question ({fixed} tokens under this tokenizer); use longer lengths or fewer keys/chains."
             )
         widest = max(self._cost(s) for s in FILLER)
@@ -375,7 +377,7 @@ class _Haystack:
                     if length - limit <= n <= length:
                         got = self._pad(stem, q, length, length - n, limit)
                         if got is None:
-                            raise ValueError(
+                            raise UserError(
                                 f"cannot make a {what} prompt of exactly {length} tokens: no pad unit among {list(PAD_UNITS)} adds one token per unit under this tokenizer."
                             )
                     else:
@@ -387,7 +389,7 @@ class _Haystack:
             budget = self._next_budget(tried)
             if budget is None:
                 break
-        raise ValueError(f"cannot make a {what} prompt of exactly {length} tokens: the filler budget search did not converge under this tokenizer.")
+        raise UserError(f"cannot make a {what} prompt of exactly {length} tokens: the filler budget search did not converge under this tokenizer.")
 
     @staticmethod
     def _next_budget(tried: list[tuple[int, int]]) -> int | None:
@@ -466,7 +468,7 @@ _BUILDERS = {"passkey": _passkey, "multikey": _multikey, "vartrack": _vartrack}
 
 def _check_probe(probe: str) -> None:
     if probe not in _BUILDERS:
-        raise ValueError(f"unknown probe `{probe}`; known: {', '.join(PROBES)}.")
+        raise UserError(f"unknown probe `{probe}`; known: {', '.join(PROBES)}.")
 
 
 def _generate(probe: str, meter: _Meter, spec: LongCtxSpec, targets: list[tuple[int, str, list[str]]]) -> list[dict]:

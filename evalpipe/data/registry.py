@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from evalpipe.errors import UserError
+
 
 def _gsm8k_synth(out_dir: Path) -> None:
     from evalpipe.data.gsm_synth import write_splits
@@ -30,7 +32,7 @@ def build_all(data_dir: Path, names: list[str] | None = None) -> list[Path]:
     out = []
     for name in names or sorted(GENERATED):
         if name not in GENERATED:
-            raise ValueError(f"unknown generated data set `{name}`; known: {', '.join(sorted(GENERATED))}.")
+            raise UserError(f"unknown generated data set `{name}`; known: {', '.join(sorted(GENERATED))}.")
         GENERATED[name](Path(data_dir) / name)
         out.append(Path(data_dir) / name)
     return out

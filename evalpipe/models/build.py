@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from evalpipe.errors import ExitCode, UserError
+
 
 def _parse_set(items: list[str]) -> dict:
     out = {}
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.ship and (args.overrides or args.out_dir):
         print("error: --ship builds the default recipe into the package; drop --set and --out-dir", file=sys.stderr)
-        return 2
+        return ExitCode.USER_ERROR
 
     stdout = sys.stdout
     sys.stdout = sys.stderr  # keep library chatter off the one-line JSON channel
@@ -65,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                           out_dir=args.out_dir, progress=say)
             if not args.overrides:
                 _say_against_shipped(model.fingerprint, shipped_path(args.name), say)
-    except ValueError as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USER_ERROR
     finally:
         sys.stdout = stdout
     print(json.dumps({"path": str(model.path), "fingerprint": model.fingerprint}), flush=True)

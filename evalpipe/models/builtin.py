@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from evalpipe.errors import UserError
+
 Progress = Callable[[str], None]
 
 BUILTIN_PREFIX = "builtin:"
@@ -193,7 +195,7 @@ def _check_name(name: str) -> str:
     name = builtin_name(name)
     if name not in BUILTIN_MODELS:
         known = ", ".join(sorted(BUILTIN_MODELS))
-        raise ValueError(f"unknown built-in model {name!r}; known built-in models: {known}")
+        raise UserError(f"unknown built-in model {name!r}; known built-in models: {known}")
     return name
 
 
@@ -202,7 +204,7 @@ def model_spec(name: str, overrides: dict[str, Any] | None = None) -> dict[str, 
     spec = copy.deepcopy(BUILTIN_MODELS[name]())
     for k, v in (overrides or {}).items():
         if k not in spec:
-            raise ValueError(f"unknown spec key {k!r} for built-in model {name!r}; keys: {', '.join(sorted(spec))}")
+            raise UserError(f"unknown spec key {k!r} for built-in model {name!r}; keys: {', '.join(sorted(spec))}")
         spec[k] = v
     return spec
 
@@ -250,7 +252,7 @@ def load_built(path: Path) -> BuiltModel | None:
 # ----------------------------------------------------------------------------- public entry points
 
 
-class ShippedModelError(RuntimeError):
+class ShippedModelError(UserError):
     """The shipped files of a built-in model are missing, altered or from another recipe."""
 
 

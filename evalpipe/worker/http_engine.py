@@ -26,13 +26,14 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
+from evalpipe.errors import RunFailed
 from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
 from evalpipe.worker.journal import RequestJournal, request_key
 
 TOKEN_ID_PREFIX = "token_id:"
 
 
-class ServerError(RuntimeError):
+class ServerError(RunFailed):
     """The server could not be reached, refused a request or answered nonsense."""
 
 

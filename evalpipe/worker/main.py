@@ -20,7 +20,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_USER, EXIT_FAILED = 0, 2, 3
+from evalpipe.errors import ExitCode, UserError
+
+EXIT_OK, EXIT_USER, EXIT_FAILED = ExitCode.OK, ExitCode.USER_ERROR, ExitCode.FAILED
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
 
 
@@ -227,7 +229,7 @@ def run(job: dict[str, Any], events: Events) -> int:
 
     # 1. Resolve tasks before the (slow) engine start so bad names fail fast: hub-only
     # long-context tasks are checked for local data (DataUnavailable) and RULER's items
-    # are generated here (RulerTooShort), both ValueErrors, i.e. user errors.
+    # are generated here (RulerTooShort), both user errors.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
         from evalpipe.worker.task_families import is_generated_ruler
@@ -241,7 +243,7 @@ def run(job: dict[str, Any], events: Events) -> int:
             if is_generated_ruler(spec["task"]):
                 events.emit("stage", stage="tasks", message=f"generating {spec['task']} items with the model's tokenizer")
             task_cfgs.append(task_lookup.task_config(spec, Path(job["data_dir"]), generated=generated))
-    except (task_lookup.TaskNotFound, FileNotFoundError, ValueError) as err:
+    except (UserError, FileNotFoundError) as err:
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))
 
@@ -404,7 +406,7 @@ def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, event
             sequences = tf.read_reference_sequences(Path(source_dir))
         else:
             sequences = tf.reference_sequences(samples_table, tokens_table)
-    except ValueError as err:
+    except UserError as err:
         events.emit("error", kind="user", message=str(err))
         return EXIT_USER, str(err)
     try:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from evalpipe.errors import UserError
 from evalpipe.worker.task_families import (
     NIAH_PARAMS,
     OFFLINE_RULER,
@@ -48,7 +49,7 @@ DEFAULT_SEED = 42
 _MAX_ATTEMPTS = 10_000  # per item, in the loops that lm-eval leaves unbounded
 
 
-class RulerTooShort(ValueError):
+class RulerTooShort(UserError):
     """A RULER task cannot fit an item into the requested length with this tokenizer."""
 
 
@@ -74,9 +75,9 @@ def ruler_metadata(
         raise FileNotFoundError(f"no tokenizer files (tokenizer.json, tokenizer_config.json, ...) in {path}.")
     clean = sorted({int(n) for n in lengths})
     if not clean or clean[0] <= 0:
-        raise ValueError(f"RULER lengths must be positive token counts, got {lengths!r}.")
+        raise UserError(f"RULER lengths must be positive token counts, got {lengths!r}.")
     if int(num_samples) < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples!r}.")
+        raise UserError(f"num_samples must be at least 1, got {num_samples!r}.")
     return {
         "tokenizer": str(path),
         "pretrained": str(path),
@@ -101,7 +102,7 @@ def ruler_task_config(task: str | dict[str, Any], metadata: dict[str, Any]) -> d
         name = task
         base = {}
     if name not in OFFLINE_RULER and name not in RULER_ESSAY:
-        raise ValueError(
+        raise UserError(
             f"`{name}` is not a RULER task evalpipe can generate; generated offline: {', '.join(OFFLINE_RULER)}; "
             f"with a pre-filled essay cache: {', '.join(RULER_ESSAY)}."
         )
@@ -150,10 +151,10 @@ def generate_ruler_dataset(**kwargs: Any) -> dict[str, Any]:
 
     name = kwargs.get("ruler_task")
     if name not in _GENERATORS and name not in NIAH_PARAMS:
-        raise ValueError(f"generate_ruler_dataset needs `ruler_task` in the metadata, got {name!r}.")
+        raise UserError(f"generate_ruler_dataset needs `ruler_task` in the metadata, got {name!r}.")
     tok_name = kwargs.get("tokenizer") or kwargs.get("pretrained")
     if not tok_name:
-        raise ValueError(f"{name}: no `tokenizer` in the task metadata; build the config with ruler_metadata().")
+        raise UserError(f"{name}: no `tokenizer` in the task metadata; build the config with ruler_metadata().")
     tokenizer = load_tokenizer(str(tok_name))
     lengths = sorted({int(n) for n in kwargs.get("max_seq_lengths") or [4096]})
     n = int(kwargs.get("num_samples") or DEFAULT_NUM_SAMPLES)
@@ -181,7 +182,7 @@ def load_tokenizer(path: str):
     # RULER measures whole haystacks; the "longer than model_max_length" warning is noise.
     tok.model_max_length = 1 << 30
     if not tok("The quick brown fox jumps over the lazy dog.").input_ids:
-        raise ValueError(f"tokenizer {path} encodes text to 0 tokens; RULER cannot size its items with it.")
+        raise UserError(f"tokenizer {path} encodes text to 0 tokens; RULER cannot size its items with it.")
     return tok
 
 

@@ -10,8 +10,10 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from evalpipe.errors import UserError
 
-class DataUnavailable(ValueError):
+
+class DataUnavailable(UserError):
     """A task's data is neither in the local caches nor given as local files."""
 
 # RULER tasks built from lm-eval's templates without any download, with the

@@ -19,6 +19,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evalpipe.errors import UserError
 from evalpipe.paths import PROJECT_ROOT
 
 TASKS_DIR = PROJECT_ROOT / "tasks"
@@ -26,8 +27,8 @@ TASKS_DIR = PROJECT_ROOT / "tasks"
 _BUILDER_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 
-class TaskNotFound(ValueError):
-    pass
+class TaskNotFound(UserError):
+    """A task name that neither the project's tasks/ nor lm-eval knows, with the closest names."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -115,7 +116,7 @@ class LongCtxData:
 
         name = spec["task"]
         if spec.get("data_files"):
-            raise ValueError(f"task `{name}` generates its items from the model's tokenizer; remove `data_files` from its entry.")
+            raise UserError(f"task `{name}` generates its items from the model's tokenizer; remove `data_files` from its entry.")
         lc = longctx.LongCtxSpec(**(self.spec or {}))
         seed = ruler.DEFAULT_SEED if self.seed is None else int(self.seed)
         meta = ruler.ruler_metadata(self.local_tokenizer_dir(), list(lc.lengths), lc.ruler_items_per_length, seed)
@@ -161,7 +162,7 @@ def _builder_for(data_files: Any) -> str:
         first = next(iter(first.values())) if isinstance(first, dict) else first[0]
     suffix = Path(str(first)).suffix.lower()
     if suffix not in _BUILDER_BY_SUFFIX:
-        raise ValueError(f"cannot tell the format of data file {first}; use .parquet, .jsonl, .json or .csv.")
+        raise UserError(f"cannot tell the format of data file {first}; use .parquet, .jsonl, .json or .csv.")
     return _BUILDER_BY_SUFFIX[suffix]
 
 
@@ -186,18 +187,18 @@ def task_config(
         # with its nltk download, and its builders make 500 items per length
         hub_data.check_available(name, metadata=None, allow_download=not _hub_offline())  # essay cache, packages
         if not isinstance(generated, LongCtxData):
-            raise ValueError(f"task `{name}` (RULER) is generated with the model's tokenizer; resolve it with a LongCtxData.")
+            raise UserError(f"task `{name}` (RULER) is generated with the model's tokenizer; resolve it with a LongCtxData.")
         return generated.ruler_config(spec)
     hub_data.check_available(name, spec.get("data_files"), allow_download=not _hub_offline())
     if name in task_families.RULER_QA or name == "ruler":
-        raise ValueError(
+        raise UserError(
             f"`{name}` is not a RULER task evalpipe can hand the model's tokenizer and lengths; "
             f"run the generated ones instead ({', '.join(task_families.OFFLINE_RULER)})."
         )
     entry = task_manager(tasks_dir, [name]).task_index[name]
     if entry.kind is not Kind.TASK or entry.yaml_path is None:
         if spec.get("data_files"):
-            raise ValueError(f"task `{name}` is a group or Python task; `data_files` only applies to single YAML tasks.")
+            raise UserError(f"task `{name}` is a group or Python task; `data_files` only applies to single YAML tasks.")
         return name
     cfg = load_yaml(entry.yaml_path, resolve_func=True)
     cfg.pop("tag", None)

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from evalpipe import artifacts
+from evalpipe.errors import UserError
 from evalpipe.worker.engines import Engine, ScoreRequest, in_order
 
 
@@ -37,7 +38,7 @@ class ReferenceSequence:
 def reference_sequences(samples: pa.Table, tokens: pa.Table) -> list[ReferenceSequence]:
     """The reference's (prompt, continuation) token ids per generated sample, in key order."""
     if artifacts.PROMPT_IDS_COLUMN not in samples.column_names:
-        raise ValueError(
+        raise UserError(
             "the reference's samples.parquet has no prompt_token_ids column (written by an older evalpipe); "
             "re-run the reference variant to enable teacher forcing."
         )
@@ -67,7 +68,7 @@ def read_reference_sequences(reference_dir: Path) -> list[ReferenceSequence]:
     vdir = artifacts.VariantDir(reference_dir)
     for path in (vdir.samples, vdir.tokens):
         if not path.is_file():
-            raise ValueError(f"teacher forcing needs the reference's {path.name}, but {path} does not exist.")
+            raise UserError(f"teacher forcing needs the reference's {path.name}, but {path} does not exist.")
     verify_variant(vdir)
     return reference_sequences(artifacts.read_table(vdir.samples), artifacts.read_table(vdir.tokens))
 
