@@ -3,7 +3,7 @@
 - offline vs served, same variant: IDENTICAL (every token id, logprob and top-k entry
   bitwise, generation and teacher forcing). Both sides run one request at a time
   (max_num_seqs 1, concurrency 1): on this CPU build fp32 results depend on the batch
-  shape, and a server forms its batches by arrival time (see README, "Server modes").
+  shape, and a server forms its batches by arrival time (see docs/server-modes.md).
 - a server that dies at start fails its variant with the tail of its log; the others
   still run and are compared.
 - endpoint mode against a server the test started, with an API key that never reaches
