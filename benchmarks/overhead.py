@@ -100,7 +100,7 @@ def main() -> int:
         print(raw.stderr[-3000:])
         return 3
     # vLLM logs to stdout too; the result is the one marked line.
-    raw_res = json.loads(next(l for l in raw.stdout.splitlines() if l.startswith("RAW_RESULT "))[len("RAW_RESULT "):])
+    raw_res = json.loads(next(ln for ln in raw.stdout.splitlines() if ln.startswith("RAW_RESULT "))[len("RAW_RESULT "):])
     evalpipe_tokens = sum(s["n_tokens"] for s in samples)
 
     print(f"prompts: {len(prompts)} ({task}, 4-shot), generated tokens: evalpipe {evalpipe_tokens}, raw {raw_res['generated_tokens']}")

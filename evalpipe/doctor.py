@@ -89,7 +89,7 @@ def probe_interpreter(v: PlannedVariant, timeout_s: float = 300) -> tuple[dict[s
                               env={**v.process_env(), "VLLM_LOGGING_LEVEL": "ERROR"})
     except (OSError, subprocess.TimeoutExpired) as err:
         return None, f"{v.python} did not run: {err}"
-    line = next((l for l in reversed(proc.stdout.splitlines()) if l.startswith(_MARK)), None)
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(_MARK)), None)
     if proc.returncode != 0 or line is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"{v.python} failed: {last}"

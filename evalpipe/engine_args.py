@@ -131,7 +131,7 @@ def known_engine_args(python: str, env: dict[str, str] | None = None, timeout_s:
     if say:
         say(f"reading the engine arguments of the vLLM under {python} (once per vLLM install)")
     out = _run(python, _NAMES_SCRIPT, env, timeout_s=timeout_s)
-    line = next((l for l in reversed(out.splitlines()) if l.startswith(_MARK)), None)
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(_MARK)), None)
     if line is None:
         raise EngineArgError(f"could not read vLLM's engine arguments under {python}")
     names = json.loads(line[len(_MARK):])

@@ -16,7 +16,6 @@ from evalpipe.artifacts import PROBES_JSON, RunDir
 from evalpipe.compare.code_paths import ModelProbe, ProcessProbe, VariantProbes, summarize
 from evalpipe.config import Expectations
 from evalpipe.rundirs import compare_run, write_outputs
-
 from tests.fakes import FakeSample, make_samples, mutate, set_token, write_run
 
 DAY = 86400.0

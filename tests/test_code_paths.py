@@ -11,8 +11,23 @@ import copy
 import pytest
 
 from evalpipe.compare.code_paths import (
-    FAILED, NOT_RECORDED, NOT_VERIFIABLE_ENDPOINT, SAME_CODE, VERIFIED, ModelProbe, PathSide, ProcessProbe,
-    VariantProbes, check_side, judge_paths, per_forward_counts, profile, profile_names, same_value, short, summarize,
+    FAILED,
+    NOT_RECORDED,
+    NOT_VERIFIABLE_ENDPOINT,
+    SAME_CODE,
+    VERIFIED,
+    ModelProbe,
+    PathSide,
+    ProcessProbe,
+    VariantProbes,
+    check_side,
+    judge_paths,
+    per_forward_counts,
+    profile,
+    profile_names,
+    same_value,
+    short,
+    summarize,
 )
 from evalpipe.compare.gates import GateResult
 from evalpipe.compare.verdict import Status, Verdict

@@ -1,6 +1,7 @@
 """Calibration figures from known-benign and known-harmful fake variants."""
 
 import pytest
+from fakes import METRIC, make_samples, mutate, set_token, tables
 
 from evalpipe.compare.calibration import (
     CAUGHT,
@@ -16,7 +17,6 @@ from evalpipe.compare.calibration import (
 )
 from evalpipe.compare.run import VariantArtifacts, compare_artifacts
 from evalpipe.config import Gates
-from fakes import METRIC, make_samples, mutate, set_token, tables
 
 
 def side(name, samples):

@@ -10,18 +10,6 @@ import json
 import types
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from evalpipe.compare import Status, compare_tables, decide
-from evalpipe.compare.gates import (
-    NO_TEACHER,
-    NO_TEACHER_TASK,
-    AASummaries,
-    GateResult,
-    evaluate_gates,
-)
-from evalpipe.config import Gates, ScoreGates, Tolerance, TokenGates
 from fakes import (
     METRIC,
     TASK,
@@ -33,6 +21,18 @@ from fakes import (
     tables,
     token_table,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evalpipe.compare import Status, compare_tables, decide
+from evalpipe.compare.gates import (
+    NO_TEACHER,
+    NO_TEACHER_TASK,
+    AASummaries,
+    GateResult,
+    evaluate_gates,
+)
+from evalpipe.config import Gates, ScoreGates, TokenGates, Tolerance
 
 PROPS = settings(max_examples=50, deadline=None)
 
@@ -414,9 +414,10 @@ def test_swap_on_a_hand_made_case():
 
 
 def test_infinite_measure_fails_the_gate_instead_of_skipping():
+    from fakes import make_samples, mutate, tables
+
     from evalpipe.compare.gates import evaluate_gates
     from evalpipe.compare.tokens import compare_tokens
-    from fakes import make_samples, mutate, tables
 
     a = make_samples(3, length=4)
     nan = float("nan")

@@ -5,13 +5,13 @@ import json
 import re
 
 import pytest
+from fakes import make_samples, mutate, perturb_topk, tables, token_table
 
 from evalpipe.compare import Status, compare_tables
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, TEACHER_GATES
 from evalpipe.compare.numerics import FLOORS, FP32, HALF, NOISY_AA_FLOORS, Numerics, numerics_from_engine_args
-from evalpipe.config import Gates, Tolerance, TokenGates
+from evalpipe.config import Gates, TokenGates, Tolerance
 from evalpipe.paths import PROJECT_ROOT
-from fakes import make_samples, mutate, perturb_topk, tables, token_table
 
 DOC = PROJECT_ROOT / "docs" / "numerics.md"
 

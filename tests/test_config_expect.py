@@ -8,7 +8,13 @@ import copy
 import pytest
 
 from evalpipe.config import (
-    STANDARD_SWITCH_NAMES, ConfigError, CountRange, Expectations, collective_key, merged_expectations, parse_config,
+    STANDARD_SWITCH_NAMES,
+    ConfigError,
+    CountRange,
+    Expectations,
+    collective_key,
+    merged_expectations,
+    parse_config,
 )
 
 MINIMAL = {

@@ -12,6 +12,7 @@ import re
 from html.parser import HTMLParser
 
 from dashboard_samples import IMG, INCONCLUSIVE_REASON, SCRIPT, run_id, sample_history, synthetic_history
+
 from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, render_dashboard, safe_href, write_dashboard
 
 

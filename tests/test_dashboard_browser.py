@@ -8,10 +8,9 @@ The screenshot is kept as a test artifact (reports/test-artifacts/dashboard.png)
 from __future__ import annotations
 
 import pytest
-
 from dashboard_samples import IMG, SCRIPT, run_id, sample_history
-from evalpipe.report.dashboard import write_dashboard
 
+from evalpipe.report.dashboard import write_dashboard
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 N_NIGHTS, CHANGE_AT = 12, 8

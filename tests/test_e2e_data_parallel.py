@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from processes import wait_gone
 
 from evalpipe.config import DEFAULT_CONFIG
-from processes import wait_gone
 
 pytestmark = pytest.mark.slow
 

@@ -14,14 +14,12 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from evalpipe.history import open_history
 from evalpipe.nightly_sim import simulate
-
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 pytestmark = pytest.mark.slow

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import xml.etree.ElementTree as ET
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pyarrow.compute as pc

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import processes_of, wait_gone
 
 from evalpipe.config import DEFAULT_CONFIG
 from evalpipe.plan import RUN_ID_ENV
-from processes import processes_of, wait_gone
 
 pytestmark = pytest.mark.slow
 

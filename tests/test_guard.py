@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import processes_of, wait_gone
 
 from evalpipe import launch
 from evalpipe.plan import RUN_ID_ENV
-from processes import processes_of, wait_gone
 
 # A command with a child and a grandchild, as a worker has an engine core and a resource tracker.
 TREE = ["bash", "-c", "sleep 600 & bash -c 'sleep 600' & wait"]

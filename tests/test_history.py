@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from evalpipe import history as h
 from evalpipe.history import HistoryError, open_history
-
 from tests.nightly_fakes import LAYER, MODEL, N_ITEMS, V1_VARIANT_COLUMNS, write_night, write_v1_history
 
 

@@ -9,7 +9,6 @@ import sqlalchemy as sa
 from evalpipe import history as h
 from evalpipe import nightly
 from evalpipe.history import open_history
-
 from tests.nightly_fakes import MODEL, V1_VARIANT_COLUMNS, write_night, write_v1_history
 from tests.postgres_server import postgres_server
 

@@ -18,7 +18,6 @@ from payloads import A_TAG, BREAKOUT, CDATA_END, IFRAME, IMG, MD_LINK, SCRIPT, S
 from evalpipe import artifacts
 from evalpipe.report.dashboard import write_dashboard
 from evalpipe.rundirs import compare_run, write_outputs
-
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 # one payload per document, short enough that no excerpt of the report cuts it

@@ -8,10 +8,11 @@ import stat
 import time
 from pathlib import Path
 
+from processes import wait_gone
+
 from evalpipe.launch import run_worker
 from evalpipe.plan import PlannedVariant
 from evalpipe.watchdog import Watchdog
-from processes import wait_gone
 
 
 def progress(done: int, total: int = 8, phase: str = "generate") -> dict:

@@ -62,7 +62,7 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, (float, np.floating)):
         f = float(obj)
         return f if math.isfinite(f) else None
-    if hasattr(obj, "value") and isinstance(getattr(obj, "value"), str):  # Enum
+    if hasattr(obj, "value") and isinstance(obj.value, str):  # Enum
         return obj.value
     return obj
 

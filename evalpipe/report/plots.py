@@ -176,7 +176,7 @@ def _trend_plot(
         return None
     fig = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1] + 0.4))
     fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.2, wspace=0.3)
-    for i, (metric, title, series) in enumerate(panels):
+    for i, (_metric, title, series) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         values = [v for _, pts, *_ in series for _, v, _ in pts]
         pos = [v for v in values if v > 0]

@@ -141,7 +141,7 @@ def excerpts(a: str | None, b: str | None) -> tuple[str, str]:
     """Windows of both responses around their first differing character."""
     a, b = a or "", b or ""
     k = 0
-    for k, (x, y) in enumerate(zip(a, b)):
+    for k, (x, y) in enumerate(zip(a, b)):  # noqa: B007 - k is read after the loop
         if x != y:
             break
     else:

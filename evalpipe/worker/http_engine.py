@@ -210,7 +210,7 @@ class HttpEngine:
                     progress(done, len(bodies))
                 return answer
 
-            tasks = [asyncio.ensure_future(one(b, l)) for b, l in zip(bodies, labels)]
+            tasks = [asyncio.ensure_future(one(body, label)) for body, label in zip(bodies, labels)]
             try:
                 return await asyncio.gather(*tasks)
             finally:
