@@ -32,9 +32,9 @@ from evalpipe.artifacts import (
     TOKENS_PARQUET,
     VariantDir,
 )
+from evalpipe.documents.worker_job import JOB_JSON
 from evalpipe.errors import UserError
 
-JOB_JSON = "job.json"  # the worker's job, written by evalpipe.launch; nightly reads which baseline it forced
 # What compare, the history and nightly read of a variant. Not manifest.json (it holds
 # the record) and not the logs (appended to by servers that may outlive the worker).
 # probes.json is gathered by the parent once the variant's processes are done, and joins

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalpipe import artifacts
+from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode
 from evalpipe.plan import PlannedVariant
 from evalpipe.watchdog import Watchdog
@@ -148,7 +149,7 @@ def _read_lines(stream, lines: queue.Queue) -> None:
 
 def run_worker(
     variant: PlannedVariant,
-    job: dict[str, Any],
+    job: WorkerJob,
     variant_dir: Path,
     on_event: EventHandler,
     timeout_s: float | None = None,
@@ -168,8 +169,8 @@ def run_worker(
     ``env``: the worker's environment (default the variant's process environment)."""
     vdir = artifacts.VariantDir(variant_dir)
     vdir.root.mkdir(parents=True, exist_ok=True)
-    job_path = vdir.root / "job.json"
-    artifacts.write_json(job_path, job, private=True)  # the real endpoint URL and engine args: the owner's eyes only
+    job_path = vdir.root / JOB_JSON
+    write_job(job_path, job)  # the real endpoint URL and engine args: the owner's eyes only
     started = time.time()
     outcome = VariantOutcome(name=variant.name, exit_code=-1, seconds=0.0)
     watchdog = Watchdog(stall_timeout_s)

@@ -34,6 +34,7 @@ from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
 from evalpipe.compare.verdict import Status
 from evalpipe.config import Expectations
+from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
 from evalpipe.history import NIGHTLY_JSON, History, HistoryError
 
@@ -218,10 +219,10 @@ def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> A
     """Tonight's teacher_baseline.parquet when it holds ``baseline_reference``'s sequences, else None."""
     from evalpipe.rundirs import load_teacher
 
-    job_path = vdir.root / "job.json"
+    job_path = vdir.root / JOB_JSON
     if not vdir.teacher_baseline.is_file() or not job_path.is_file():
         return None
-    source = ((artifacts.read_json(job_path).get("teacher") or {}).get("baseline_dir")) or ""
+    source = read_job(job_path).teacher.baseline_dir or ""
     if not source or Path(source).resolve() != baseline_reference.resolve():
         return None
     return load_teacher(vdir, vdir.teacher_baseline)

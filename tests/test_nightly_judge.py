@@ -10,6 +10,7 @@ import pytest
 
 from evalpipe import nightly
 from evalpipe.compare.changepoint import score_changes, token_changes
+from evalpipe.documents.worker_job import JOB_JSON, TeacherJob, WorkerJob, write_job
 from evalpipe.errors import UserError
 from evalpipe.history import open_history
 from tests.nightly_fakes import write_night
@@ -152,6 +153,11 @@ def test_token_values_below_the_gate_floor_are_not_a_change():
     assert [c.index for c in token_changes(bad, np.zeros(7), np.full(7, 1e-8)) if c.flagged] == [4]
 
 
+def _job(vdir, baseline_dir: str) -> WorkerJob:
+    return WorkerJob(variant=vdir.name, output_dir=str(vdir.root), engine_args={}, tasks=[], topk=1, data_dir="data",
+                     teacher=TeacherJob(enabled=True, baseline_dir=baseline_dir))
+
+
 def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(tmp_path):
     from evalpipe import artifacts
     from tests.fakes import token_table
@@ -168,11 +174,11 @@ def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(t
     assert plain["teacher_forced"] is False and plain["teacher"] == [] and plain["status"] == "IDENTICAL"
     vd = artifacts.VariantDir(tonight / "sp")
     artifacts.write_table(vd.teacher_baseline, token_table(good))
-    artifacts.write_json(vd.root / "job.json", {"teacher": {"baseline_dir": str(base / "legacy")}})
+    write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(base / "legacy")))
     forced = nightly.vs_baseline(base, tonight, "sp")
     assert forced["teacher_forced"] is True and forced["teacher"][0]["identical"]
     # scored against another night's sequences: not comparable, left out
-    artifacts.write_json(vd.root / "job.json", {"teacher": {"baseline_dir": str(tonight / "legacy")}})
+    write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(tonight / "legacy")))
     assert nightly.vs_baseline(base, tonight, "sp")["teacher_forced"] is False
 
 

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import parse_config
+from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
 from evalpipe.plan import make_plan, run_info
 from evalpipe.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
 
@@ -124,9 +125,9 @@ def _worker_until_engine_start(plan, vdir: Path) -> str:
     from evalpipe.runner import _job
 
     job = _job(plan, "sp", {"path": str(vdir / "no-model")}, vdir)
-    job["tasks"] = []  # lm-eval is not needed to get to the engine start
-    job_path = vdir / "job.json"
-    artifacts.write_json(job_path, job)
+    job = job.model_copy(update={"tasks": []})  # lm-eval is not needed to get to the engine start
+    job_path = vdir / JOB_JSON
+    write_job(job_path, job)
     with open(vdir / artifacts.WORKER_LOG, "ab") as log:
         proc = subprocess.run([sys.executable, "-m", "evalpipe.worker.main", str(job_path)], stdout=subprocess.PIPE,
                               stderr=log, env=plan.variant("sp").process_env(), timeout=120, check=False)
@@ -249,7 +250,9 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
     old = os.umask(0o022)
     try:
         (vdir / "job.json").chmod(0o644)
-        run_worker(variant, {"url": f"http://bob:{URL_PASSWORD}@127.0.0.1:9/v1"}, vdir, lambda e: None)
+        job = WorkerJob(variant="v", output_dir=str(vdir), engine_args={}, tasks=[], topk=1, data_dir=str(tmp_path),
+                        server=ServerJob(url=f"http://bob:{URL_PASSWORD}@127.0.0.1:9/v1"))
+        run_worker(variant, job, vdir, lambda e: None)
         serve.write_server_args(vdir / serve.SERVER_ARGS_FILE,
                                 serve.server_args({"api_key": f"k_{MARK}"}, Launch(mode="serve"), 8123))
         artifacts.write_json(vdir / "manifest.json", {})

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from evalpipe import artifacts, integrity
 from evalpipe.artifacts import RunDir, VariantDir
 from evalpipe.cli import app
+from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import RunFailed
 from evalpipe.history import HistoryError, open_history
 from evalpipe.integrity import ArtifactMismatch, verify_variant
@@ -192,9 +193,9 @@ def test_the_worker_records_the_artifacts_when_it_finishes(tmp_path, monkeypatch
     monkeypatch.setattr(engines, "build_engine", lambda *a, **k: _Engine())
     monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **k: pytest.fail("no task, no evaluation"))
     vdir = VariantDir(tmp_path / "v")
-    job = {"variant": "v", "output_dir": str(vdir.root), "engine_args": {"model": str(tmp_path)}, "tasks": [],
-           "seed": 1, "data_dir": str(tmp_path / "data"), "topk": 1}
-    artifacts.write_json(vdir.root / integrity.JOB_JSON, job)  # as evalpipe.launch writes it
+    job = WorkerJob(variant="v", output_dir=str(vdir.root), engine_args={"model": str(tmp_path)}, tasks=[],
+                    seed=1, data_dir=str(tmp_path / "data"), topk=1)
+    write_job(vdir.root / JOB_JSON, job)  # as evalpipe.launch writes it
 
     class Events:
         def emit(self, *a, **k):
@@ -210,9 +211,7 @@ def test_the_worker_records_the_artifacts_when_it_finishes(tmp_path, monkeypatch
     assert manifest["artifacts"]["tokens.parquet"]["rows"] == 0
     assert manifest["artifacts"]["job.json"]["sha256"] == integrity.sha256_of(vdir.root / "job.json")[0]
     verify_variant(vdir)
-    edit = artifacts.read_json(vdir.root / "job.json")
-    edit["topk"] = 5
-    artifacts.write_json(vdir.root / "job.json", edit)
+    write_job(vdir.root / JOB_JSON, job.model_copy(update={"topk": 5}))
     with pytest.raises(ArtifactMismatch, match="job.json does not match its manifest"):
         verify_variant(vdir)
 

@@ -10,9 +10,13 @@ from pathlib import Path
 
 from processes import wait_gone
 
+from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.launch import run_worker
 from evalpipe.plan import PlannedVariant
 from evalpipe.watchdog import Watchdog
+
+# the fake interpreters below never read it
+JOB = WorkerJob(variant="v", output_dir="v", engine_args={}, tasks=[], topk=1, data_dir="data")
 
 
 def progress(done: int, total: int = 8, phase: str = "generate") -> dict:
@@ -65,7 +69,7 @@ def test_a_silent_worker_is_stopped_by_the_stall_limit(tmp_path):
     python = fake_interpreter(tmp_path, [{"event": "stage", "stage": "engine_ready"}, progress(3)],
                               "echo 'engine: waiting in a collective' >&2; sleep 600")
     started = time.monotonic()
-    outcome = run_worker(variant(tmp_path, python, "stall-unit"), {}, tmp_path / "v", lambda e: None,
+    outcome = run_worker(variant(tmp_path, python, "stall-unit"), JOB, tmp_path / "v", lambda e: None,
                          stall_timeout_s=2)
     assert time.monotonic() - started < 10
     assert outcome.stalled and outcome.exit_code == 3
@@ -78,7 +82,7 @@ def test_the_overall_time_limit_fires_on_a_worker_that_says_nothing(tmp_path):
     # Before the reader thread, a worker that printed nothing blocked the loop that checks --timeout.
     python = fake_interpreter(tmp_path, [], "sleep 600")
     started = time.monotonic()
-    outcome = run_worker(variant(tmp_path, python, "timeout-unit"), {}, tmp_path / "v", lambda e: None, timeout_s=1.5)
+    outcome = run_worker(variant(tmp_path, python, "timeout-unit"), JOB, tmp_path / "v", lambda e: None, timeout_s=1.5)
     assert time.monotonic() - started < 10
     assert not outcome.stalled and outcome.exit_code == 3 and "exceeded its time limit of 1.5s" in outcome.error
     assert wait_gone("timeout-unit", 5) == []
@@ -86,14 +90,14 @@ def test_the_overall_time_limit_fires_on_a_worker_that_says_nothing(tmp_path):
 
 def test_a_worker_that_finishes_keeps_its_exit_code(tmp_path):
     python = fake_interpreter(tmp_path, [{"event": "error", "message": "task `x` failed: boom"}], "exit 2")
-    outcome = run_worker(variant(tmp_path, python, "exit-unit"), {}, tmp_path / "v", lambda e: None, stall_timeout_s=60)
+    outcome = run_worker(variant(tmp_path, python, "exit-unit"), JOB, tmp_path / "v", lambda e: None, stall_timeout_s=60)
     assert outcome.exit_code == 2 and outcome.error == "task `x` failed: boom" and not outcome.stalled
 
 
 def test_a_worker_killed_without_a_word_is_named_by_its_signal(tmp_path):
     python = fake_interpreter(tmp_path, [{"event": "stage", "stage": "engine_ready"}],
                               "echo 'loading 40 GiB of weights' >&2; kill -KILL $$")
-    outcome = run_worker(variant(tmp_path, python, "killed-unit"), {}, tmp_path / "v", lambda e: None)
+    outcome = run_worker(variant(tmp_path, python, "killed-unit"), JOB, tmp_path / "v", lambda e: None)
     assert outcome.exit_code == 128 + 9
     assert outcome.error.startswith("the worker of variant `v` was killed by SIGKILL (the kernel's out-of-memory killer")
     assert "loading 40 GiB of weights" in outcome.error

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.errors import UserError
 from evalpipe.worker.tasks import TaskNotFound, check_task_names, task_config
 
@@ -201,11 +202,11 @@ def _run_step1(tmp_path, monkeypatch, tokenizer_dir, task, lengths):
         raise AssertionError("the engine must not start")
 
     monkeypatch.setattr(engines, "build_engine", no_engine)
-    job = {
-        "variant": "v", "output_dir": str(tmp_path / "v"), "engine_args": {"model": str(tokenizer_dir)},
-        "tasks": [_spec(task)], "seed": 1, "data_dir": str(tmp_path / "data"), "topk": 1,
-        "longctx": {"lengths": lengths, "ruler_items_per_length": 2},
-    }
+    job = WorkerJob(
+        variant="v", output_dir=str(tmp_path / "v"), engine_args={"model": str(tokenizer_dir)},
+        tasks=[_spec(task)], seed=1, data_dir=str(tmp_path / "data"), topk=1,
+        longctx={"lengths": lengths, "ruler_items_per_length": 2},
+    )
     events = _Events()
     code = main.run(job, events)
     (error,) = [e for e in events.events if e["event"] == "error"]

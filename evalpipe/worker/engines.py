@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from evalpipe.documents.worker_job import ServerJob
 from evalpipe.worker.journal import RequestJournal, request_key
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
@@ -331,7 +332,7 @@ def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
     return [texts[tid] for tid in token_ids]
 
 
-def build_engine(kind: str, engine_args: dict[str, Any], server: dict[str, Any] | None = None,
+def build_engine(kind: str, engine_args: dict[str, Any], server: ServerJob | None = None,
                  on_wait: Callable[[float], None] | None = None, journal: Path | None = None) -> Engine:
     """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
     (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready.
@@ -343,5 +344,7 @@ def build_engine(kind: str, engine_args: dict[str, Any], server: dict[str, Any] 
         from evalpipe.worker.http_engine import HttpEngine, ServerSettings
 
         # lazy: lm-eval builds its requests while the server is still starting
-        return HttpEngine(ServerSettings.from_job(server or {}), on_wait=on_wait, lazy=True, journal=kept)
+        if server is None:
+            raise ValueError("an http engine needs the job's server settings")
+        return HttpEngine(ServerSettings.from_job(server), on_wait=on_wait, lazy=True, journal=kept)
     raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")

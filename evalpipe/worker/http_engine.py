@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
+from evalpipe.documents.worker_job import ServerJob
 from evalpipe.errors import RunFailed
 from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
 from evalpipe.worker.journal import RequestJournal, request_key
@@ -57,8 +58,8 @@ class ServerSettings:
         return redact_text(self.url)
 
     @classmethod
-    def from_job(cls, job: dict[str, Any]) -> "ServerSettings":
-        return cls(**{k: v for k, v in job.items() if k in cls.__dataclass_fields__})
+    def from_job(cls, job: ServerJob) -> "ServerSettings":
+        return cls(**job.model_dump())
 
 
 def _headers(settings: ServerSettings) -> dict[str, str]:

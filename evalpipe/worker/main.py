@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from evalpipe.documents.worker_job import TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
 
 EXIT_OK, EXIT_USER, EXIT_FAILED = ExitCode.OK, ExitCode.USER_ERROR, ExitCode.FAILED
@@ -187,23 +188,23 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
     return rows, tokens
 
 
-def run(job: dict[str, Any], events: Events) -> int:
+def run(job: WorkerJob, events: Events) -> int:
     from evalpipe import artifacts, integrity
     from evalpipe.redact import redact
     from evalpipe.worker import tasks as task_lookup
 
-    out = artifacts.VariantDir(Path(job["output_dir"]))
+    out = artifacts.VariantDir(Path(job.output_dir))
     started = time.time()
     timings: dict[str, float] = {}
     manifest = {
-        "variant": job["variant"],
+        "variant": job.variant,
         "status": "running",
         "python": sys.executable,
         "argv": sys.argv,
-        "env": artifacts.redact_env(dict(os.environ), also=job.get("secret_env") or ()),
-        "engine_kind": job.get("engine_kind", "offline"),
-        "launch_mode": job.get("launch_mode", "offline"),
-        "engine_args": job["engine_args"],
+        "env": artifacts.redact_env(dict(os.environ), also=job.secret_env),
+        "engine_kind": job.engine_kind,
+        "launch_mode": job.launch_mode,
+        "engine_args": job.engine_args,
         "versions": software_versions(),
         "hardware": hardware(),
         "started_at": started,
@@ -212,7 +213,7 @@ def run(job: dict[str, Any], events: Events) -> int:
     def save_manifest() -> None:
         # engine args, the server's URL and error messages come from the config: the same
         # redaction as run.json (job.json alone keeps the real values)
-        artifacts.write_json(out.manifest, redact(manifest, job.get("secret_env") or ()))
+        artifacts.write_json(out.manifest, redact(manifest, job.secret_env))
 
     save_manifest()
 
@@ -234,15 +235,15 @@ def run(job: dict[str, Any], events: Events) -> int:
     try:
         from evalpipe.worker.task_families import is_generated_ruler
 
-        engine_args = job["engine_args"]
+        engine_args = job.engine_args
         generated = task_lookup.LongCtxData(
-            str(engine_args.get("tokenizer") or engine_args["model"]), job.get("longctx"), seed=job.get("seed")
+            str(engine_args.get("tokenizer") or engine_args["model"]), job.longctx, seed=job.seed
         )
         task_cfgs = []
-        for spec in job["tasks"]:
+        for spec in job.tasks:
             if is_generated_ruler(spec["task"]):
                 events.emit("stage", stage="tasks", message=f"generating {spec['task']} items with the model's tokenizer")
-            task_cfgs.append(task_lookup.task_config(spec, Path(job["data_dir"]), generated=generated))
+            task_cfgs.append(task_lookup.task_config(spec, Path(job.data_dir), generated=generated))
     except (UserError, FileNotFoundError) as err:
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))
@@ -258,10 +259,10 @@ def run(job: dict[str, Any], events: Events) -> int:
 
         def waiting(seconds: float) -> None:
             if int(seconds) % 10 == 0:
-                events.emit("stage", stage="engine", message=f"waiting for the server at {job['server']['url']} ({seconds:.0f}s)")
+                events.emit("stage", stage="engine", message=f"waiting for the server at {job.server.url if job.server else ''} ({seconds:.0f}s)")
 
-        engine = build_engine(job.get("engine_kind", "offline"), job["engine_args"], job.get("server"), on_wait=waiting,
-                              journal=out.root / job["journal"] if job.get("journal") else None)
+        engine = build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting,
+                              journal=out.root / job.journal if job.journal else None)
     except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
         traceback.print_exc()
         msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
@@ -271,7 +272,7 @@ def run(job: dict[str, Any], events: Events) -> int:
     journal = getattr(engine, "journal", None)
     if journal is not None and journal.loaded:
         events.emit("stage", stage="engine", message=f"request journal: {journal.loaded} answers kept from an earlier attempt")
-    if job.get("engine_kind", "offline") == "offline":
+    if job.engine_kind == "offline":
         manifest["engine"] = engine.info()
         save_manifest()
         events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
@@ -284,16 +285,16 @@ def run(job: dict[str, Any], events: Events) -> int:
     current = {"task": ""}
     lm = CapturingLM(
         engine,
-        topk=int(job["topk"]),
+        topk=job.topk,
         progress=lambda phase, done, total: events.progress(current["task"], phase, done, total),
-        reverse_order=bool(job.get("reverse_order")),
+        reverse_order=job.reverse_order,
     )
     all_rows: list[dict] = []
     all_tokens: dict[str, list] = {}
     results: dict[str, Any] = {"results": {}, "configs": {}, "versions": {}, "n-samples": {}, "higher_is_better": {}}
     generation_s = 0.0
     requests_s = 0.0  # the task phase from each task's first request on (lm-eval's request building excluded)
-    for spec, cfg in zip(job["tasks"], task_cfgs):
+    for spec, cfg in zip(job.tasks, task_cfgs):
         current["task"] = spec["task"]
         events.emit("stage", stage="task", task=spec["task"], message=f"running {spec['task']}")
         waited_before = getattr(engine, "ready_wait_s", None)
@@ -307,10 +308,10 @@ def run(job: dict[str, Any], events: Events) -> int:
                 task_manager=task_lookup.task_manager(names=[spec["task"]]),
                 log_samples=True,
                 bootstrap_iters=1000,
-                random_seed=job["seed"],
-                numpy_random_seed=job["seed"],
-                torch_random_seed=job["seed"],
-                fewshot_random_seed=job["seed"],
+                random_seed=job.seed,
+                numpy_random_seed=job.seed,
+                torch_random_seed=job.seed,
+                fewshot_random_seed=job.seed,
             )
         except Exception as err:  # noqa: BLE001
             traceback.print_exc()
@@ -366,16 +367,16 @@ def run(job: dict[str, Any], events: Events) -> int:
     artifacts.write_table(out.samples, samples_table)
     artifacts.write_table(out.tokens, tokens_table)
 
-    teacher = job.get("teacher") or {}
-    if teacher.get("enabled"):
+    teacher = job.teacher
+    if teacher.enabled:
         code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
-                                     source_dir=teacher.get("reference_dir"), target=out.teacher, timing="teacher_s")
-        if code == EXIT_OK and teacher.get("baseline_dir"):
+                                     source_dir=teacher.reference_dir, target=out.teacher, timing="teacher_s")
+        if code == EXIT_OK and teacher.baseline_dir:
             # nightly: the baseline night's reference sequences too, so that tonight and the
             # baseline night are compared on the same forced tokens
             # (optional evidence: when it cannot be made the night is still judged, without it)
             extra, why = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
-                                        source_dir=teacher["baseline_dir"], target=out.teacher_baseline,
+                                        source_dir=teacher.baseline_dir, target=out.teacher_baseline,
                                         timing="teacher_baseline_s")
             if extra != EXIT_OK:
                 events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
@@ -390,7 +391,7 @@ def run(job: dict[str, Any], events: Events) -> int:
     return code
 
 
-def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events: Events, timings, *,
+def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, tokens_table, out, events: Events, timings, *,
                    source_dir: str | None, target: Path, timing: str) -> tuple[int, str | None]:
     """Score the sequences of the variant in ``source_dir`` (ours when None) -> ``target``
     (teacher.parquet: the reference's; teacher_baseline.parquet: the baseline night's)."""
@@ -413,11 +414,11 @@ def _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, event
         table = tf.teacher_force(
             engine,
             sequences,
-            int(job["topk"]),
-            reverse_order=bool(job.get("reverse_order")),
+            job.topk,
+            reverse_order=job.reverse_order,
             token_text=lambda ids: decode_each(engine, ids),
             progress=lambda done, total: events.progress("teacher forcing", "score", done, total),
-            prompt_spec=teacher.get("prompt_positions"),
+            prompt_spec=teacher.prompt_positions,
         )
     except Exception as err:  # noqa: BLE001
         traceback.print_exc()
@@ -439,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         events.emit("error", kind="user", message="usage: python -m evalpipe.worker.main JOB.json")
         return EXIT_USER
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    try:
+        job = read_job(Path(argv[0]))
+    except UserError as err:
+        events.emit("error", kind="user", message=str(err))
+        return EXIT_USER
     try:
         return run(job, events)
     except Exception as err:  # noqa: BLE001 - report, never leave the parent guessing

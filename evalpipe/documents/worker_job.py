@@ -1,0 +1,90 @@
+"""job.json: what the parent tells a variant's worker to do (written by the runner, read by
+evalpipe.worker.main; nightly reads which baseline a variant teacher-forced).
+
+It is the one file of a variant that keeps the real values (the endpoint's URL, the
+engine arguments as given): written owner-only, never shown. Version 1 is the first
+typed version; the untyped job.json before it had the same fields.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evalpipe.artifacts import write_text
+from evalpipe.errors import UserError
+
+JOB_JSON = "job.json"  # in the variant directory
+JOB_VERSION = 1
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerJob(_Document):
+    """How the worker reaches a server (serve and endpoint mode): evalpipe.worker.http_engine.ServerSettings."""
+
+    url: str
+    model: str | None = None  # the served model's name; None: the server's only model
+    api_key_env: str | None = None  # the variable holding the key; the key itself is never written
+    concurrency: int = 64
+    request_timeout_s: float = 3600.0
+    retries: int = 3
+    ready_timeout_s: float = 900.0
+    tokenizer: str | None = None  # a local tokenizer directory, when this machine has it
+    tokenizer_args: dict[str, Any] | None = None  # tokenizer_mode, trust_remote_code, tokenizer_revision
+
+
+class TeacherJob(_Document):
+    """Teacher forcing: whose sequences this variant scores, and where."""
+
+    enabled: bool = False
+    reference_dir: str | None = None  # None: the variant is the reference and scores what it just generated
+    prompt_positions: dict[str, Any] | None = None  # config.PromptPositions as a mapping
+    baseline_dir: str | None = None  # nightly: the baseline night's reference, scored too
+
+
+class WorkerJob(_Document):
+    version: Literal[1] = JOB_VERSION
+    variant: str
+    run_id: str = ""
+    output_dir: str
+    engine_kind: Literal["offline", "http"] = "offline"
+    launch_mode: Literal["offline", "serve", "endpoint"] = "offline"
+    journal: str | None = None  # the request journal's file name in the variant directory
+    secret_env: list[str] = []  # variables whose values the manifest hides (every variant's API key variables)
+    server: ServerJob | None = None  # None offline
+    engine_args: dict[str, Any]
+    tasks: list[dict[str, Any]]  # config.TaskSpec mappings, with their task group
+    topk: int
+    seed: int | None = None
+    data_dir: str
+    reverse_order: bool = False
+    longctx: dict[str, Any] | None = None  # config.LongCtxSpec as a mapping
+    teacher: TeacherJob = TeacherJob()
+
+
+def write_job(path: Path, job: WorkerJob) -> None:
+    """Owner-only (0600), atomically: it holds the real URL and engine arguments."""
+    write_text(path, job.model_dump_json(indent=1), private=True)
+
+
+def read_job(path: Path) -> WorkerJob:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} cannot be read as a worker job ({err}); re-run the variant.") from None
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version != JOB_VERSION:
+        raise UserError(f"{path} is a worker job of version {version!r}; this evalpipe reads version {JOB_VERSION}: "
+                        "re-run the variant with this evalpipe.")
+    try:
+        return WorkerJob.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"{path}: {where}: {first['msg']}; re-run the variant.") from None
