@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
-from pydantic import ValidationError
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir, variant_names_from_info
@@ -42,6 +41,7 @@ from evalpipe.compare.run import (
     with_margin,
 )
 from evalpipe.config import Expectations, Gates, aa_variant_name
+from evalpipe.documents.base import validated
 from evalpipe.errors import UserError
 from evalpipe.integrity import verify_variant
 from evalpipe.probe_records import read_probes
@@ -110,12 +110,7 @@ def expectations_from_info(run_info: dict[str, Any], variant: str, where: str = 
 
 def _validated(model: Any, data: Any, where: str, at: str) -> Any:
     """``model`` from run.json's ``data`` at ``at``, or one sentence naming the bad key."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise UserError(f"{where}: {at}.{key}: {first['msg']}; fix or remove it.") from None
+    return validated(model, data, where, "fix or remove it", at=at)
 
 
 def variant_numerics(vdir: VariantDir) -> Numerics:

@@ -12,20 +12,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from evalpipe.artifacts import write_text
+from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 
 JOB_JSON = "job.json"  # in the variant directory
 JOB_VERSION = 1
 
 
-class _Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerJob(_Document):
+class ServerJob(Document):
     """How the worker reaches a server (serve and endpoint mode): evalpipe.worker.http_engine.ServerSettings."""
 
     url: str
@@ -39,7 +34,7 @@ class ServerJob(_Document):
     tokenizer_args: dict[str, Any] | None = None  # tokenizer_mode, trust_remote_code, tokenizer_revision
 
 
-class TeacherJob(_Document):
+class TeacherJob(Document):
     """Teacher forcing: whose sequences this variant scores, and where."""
 
     enabled: bool = False
@@ -48,7 +43,7 @@ class TeacherJob(_Document):
     baseline_dir: str | None = None  # nightly: the baseline night's reference, scored too
 
 
-class WorkerJob(_Document):
+class WorkerJob(Document):
     version: Literal[1] = JOB_VERSION
     variant: str
     run_id: str = ""
@@ -82,9 +77,4 @@ def read_job(path: Path) -> WorkerJob:
     if version != JOB_VERSION:
         raise UserError(f"{path} is a worker job of version {version!r}; this evalpipe reads version {JOB_VERSION}: "
                         "re-run the variant with this evalpipe.")
-    try:
-        return WorkerJob.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UserError(f"{path}: {where}: {first['msg']}; re-run the variant.") from None
+    return validated(WorkerJob, raw, str(path), "re-run the variant")

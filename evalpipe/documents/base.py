@@ -1,0 +1,26 @@
+"""What every document model shares: strict frozen fields, and a failed validation told
+as one sentence that names the file and the key."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evalpipe.errors import UserError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Document(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def validated(model: type[M], data: Any, where: str, remedy: str, at: str = "") -> M:
+    """``model`` from ``data``, or a UserError: "<where>: <at.key>: <what is wrong>; <remedy>."."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in (*([at] if at else []), *first["loc"]))
+        raise UserError(f"{where}: {key}: {first['msg']}; {remedy}.") from None
