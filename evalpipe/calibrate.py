@@ -141,6 +141,7 @@ def run_calibration(
     run again (same config and faults) without starting an engine: new gates, or a table
     whose writing failed after hours of engine time."""
     from evalpipe.compare.calibration import (
+        SensitivityPoint,
         calibration_row,
         compare_first,
         detection_cost,
@@ -150,7 +151,7 @@ def run_calibration(
         sensitivity_point,
         summarize,
     )
-    from evalpipe.compare.run import compare_artifacts
+    from evalpipe.compare.run import VariantComparison, compare_artifacts
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
     from evalpipe.rundirs import compare_run, expectations_from_info, load_artifacts, read_run_info, write_outputs
@@ -188,9 +189,10 @@ def run_calibration(
     failed = [v for v in info["variants"] if v in set(info.get("failed_variants") or ())]
     survivors = [v for v in info["variants"] if v not in failed]
     essential = {info["reference"], (info.get("noise_floor") or {}).get("variant")}
-    comparisons = ()
+    comparisons: tuple[VariantComparison, ...] = ()
     rd = artifacts.RunDir(run_dir)
-    sensitivity, aa_pairs = [], []
+    sensitivity: list[SensitivityPoint] = []
+    aa_pairs: list[VariantComparison] = []
     if set(survivors) - essential:
         comparison = compare_run(run_dir, variants=survivors)
         comparisons = comparison.comparisons

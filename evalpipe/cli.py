@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -31,7 +31,9 @@ class _OneErrorModel(TyperGroup):
     evalpipe, shown with its traceback, and 3 -- never 2, which would send the user
     looking for a mistake of theirs."""
 
-    def invoke(self, ctx: typer.Context):  # type: ignore[no-untyped-def]
+    # ctx: click's Context (the group's context_class), not typer's; newer typer vendors click under a private
+    # module and older typer uses click itself, so no one import names it for every supported typer
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, TyperException):  # the command line's own: usage errors, exits

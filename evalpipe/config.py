@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -101,7 +102,7 @@ class Launch(LaunchFields):
             raise ValueError("mode `endpoint` needs `url` (the running server's base URL, e.g. http://127.0.0.1:8000).")
         if self.mode != "endpoint" and self.url:
             raise ValueError(f"`url` is for mode `endpoint` (attach to a running server); mode `{self.mode}` starts its own engine. Remove `url` or set mode: endpoint.")
-        if self.mode == "endpoint" and not self.url.startswith(("http://", "https://")):
+        if self.mode == "endpoint" and self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"`url: {self.url}` must start with http:// or https://.")
         return self
 
@@ -285,7 +286,7 @@ class Capture(_Strict):
     prompt_positions: PromptPositions = PromptPositions()
 
 
-AUTO = "auto"
+AUTO: Final = "auto"
 
 
 class Tolerance(_Strict):
@@ -557,7 +558,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
 _UNION_MEMBER = re.compile(r"float|int|str|bool|none|[a-z-]+\[.*\]|[A-Z]\w*")
 
 
-def _union_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _union_error(errors: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """A value that fits no member of a union (``abs: float | "auto"``): pydantic reports one
     error per member, each under the key plus the member's name (`abs.float`); one error
     under the key itself, naming every accepted form, says it better."""

@@ -508,12 +508,12 @@ class History:
             judged = _judgement_of(Path(rec.run["run_dir"]))
             if judged:
                 keep = judged
-            run_pk = conn.execute(runs.insert().values(**rec.run, **keep, recorded_at=time.time())).inserted_primary_key[0]
+            run_pk = _inserted_pk(conn.execute(runs.insert().values(**rec.run, **keep, recorded_at=time.time())))
             for v in rec.variants:
-                vpk = conn.execute(variants.insert().values(
+                vpk = _inserted_pk(conn.execute(variants.insert().values(
                     run_pk=run_pk, name=v["name"], role=v["role"], status=v["status"], exit_code=v["exit_code"],
                     components=v["components"], settings=v["settings"], probes=v["probes"], path_status=v["path_status"],
-                )).inserted_primary_key[0]
+                )))
                 score_rows = []
                 for s in v["scores"]:
                     encoding, data = encode_items(s.values)
@@ -540,7 +540,7 @@ class History:
         pk = conn.execute(sa.select(item_sets.c.id).where(item_sets.c.digest == digest)).scalar()
         if pk is None:
             keys = zlib.compress(json.dumps([list(k) for k in s.keys]).encode())
-            pk = conn.execute(item_sets.insert().values(digest=digest, task=s.task, n=len(s.keys), item_keys=keys)).inserted_primary_key[0]
+            pk = _inserted_pk(conn.execute(item_sets.insert().values(digest=digest, task=s.task, n=len(s.keys), item_keys=keys)))
         return int(pk)
 
     def _delete(self, conn: Connection, run_pk: int) -> None:
@@ -668,6 +668,15 @@ class History:
         if url.get_backend_name() == "sqlite" and url.database:
             return Path(url.database).stat().st_size
         return None
+
+
+def _inserted_pk(result: sa.CursorResult[Any]) -> Any:
+    """The new row's primary key. SQLAlchemy types it Optional; a single-row insert without
+    RETURNING, as every insert here is, always reports one."""
+    key = result.inserted_primary_key
+    if key is None:
+        raise RuntimeError("a single-row insert reported no primary key")
+    return key[0]
 
 
 def _judgement_of(run_dir: Path) -> dict[str, Any] | None:

@@ -234,9 +234,12 @@ def silent_exit_message(name: str, code: int, log: Path) -> str:
         how = f"was killed by {signal.Signals(number).name}" if number else f"exited with code {code}"
     except ValueError:
         how = f"exited with code {code}"
-    why = {signal.SIGKILL: " (the kernel's out-of-memory killer sends it when memory runs out: see `dmesg`)",
-           signal.SIGSEGV: " (a crash in native code: vLLM, torch or a device library)",
-           signal.SIGABRT: " (an abort in native code: vLLM, torch or a device library)"}.get(number, "")
+    causes: dict[int | None, str] = {  # Signals are ints: looked up by the number
+        signal.SIGKILL: " (the kernel's out-of-memory killer sends it when memory runs out: see `dmesg`)",
+        signal.SIGSEGV: " (a crash in native code: vLLM, torch or a device library)",
+        signal.SIGABRT: " (an abort in native code: vLLM, torch or a device library)",
+    }
+    why = causes.get(number, "")
     return f"the worker of variant `{name}` {how}{why} without saying why.\nlast lines of {log}:\n{log_tail(log)}"
 
 

@@ -24,7 +24,8 @@ def cpu_model_and_flags(cpuinfo: str | None = None) -> tuple[str, set[str]]:
         cpuinfo = ""
         with contextlib.suppress(OSError):
             cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    model, flags = "", set()
+    model = ""
+    flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "model name" and not model:

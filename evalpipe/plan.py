@@ -280,8 +280,8 @@ def make_plan(
     if run_id is not None:
         check_run_id(run_id)
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+').replace('/', '_')[:24]}-{digest[:6]}"
-    for v in planned:
-        v.run_id = run_id
+    for pv in planned:
+        pv.run_id = run_id
     root = Path(output or config.output)
     if not root.is_absolute():
         root = Path.cwd() / root

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 
 class ProgressView:
     def __init__(self, console: Console):
         self.console = console
         self._progress: Progress | None = None
-        self._bars: dict[tuple[str, str, str], int] = {}
+        self._bars: dict[tuple[str, str, str], TaskID] = {}
         self._logged_pct: dict[tuple[str, str, str], int] = {}
 
-    def _bar(self, key: tuple[str, str, str], total: int) -> int:
+    def _bar(self, key: tuple[str, str, str], total: int) -> TaskID:
         if self._progress is None:
             self._progress = Progress(
                 TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

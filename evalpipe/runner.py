@@ -349,7 +349,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         console.print("one variant only: nothing to compare.")
         return ExitCode.OK
     try:
-        code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
+        verdict_code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
         # evalpipe's own error is its sentence; anything else is a bug, its traceback kept beside the artifacts
         if isinstance(err, EvalpipeError):
@@ -363,7 +363,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                    f"them failed ({reason}); once that is fixed, retry with `evalpipe compare {rd.root}`.")
         save(status="failed", verdict=None, error=message, **({"failed_variants": list(failures)} if failures else {}))
         raise RunFailed(message) from None  # a run that ended without its verdict: exit 3
-    return _fail_run(info, failures, save) if failures else code
+    return _fail_run(info, failures, save) if failures else verdict_code
 
 
 def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ per table and a sort of the positions by group. A run whose samples have no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +62,7 @@ from evalpipe.compare.tokens import (
     _opt_float,
     _quantile,
     compare_tokens,
+    prefix_values,
 )
 
 LENGTH_COLUMN = "target_length"
@@ -312,6 +313,8 @@ class _Items:
             return _optional_union_column(al, a, b, name)
 
         task, length = col("task"), col(LENGTH_COLUMN)  # both present: the key and the filter column
+        if task is None or length is None:
+            raise ValueError(f"long-context items need `task` and `{LENGTH_COLUMN}` columns on at least one side")
         kind, tags, depth, cluster = col(KIND_COLUMN), col(TAGS_COLUMN), col(DEPTH_COLUMN), col(CLUSTER_COLUMN)
         n = len(al)
         return cls(
@@ -372,7 +375,7 @@ class _Groups:
         return np.split(order, np.cumsum(counts)[:-1])
 
 
-def _label(values: np.ndarray) -> str | None:
+def _label(values: Iterable[Any]) -> str | None:
     distinct = sorted({str(v) for v in values if v is not None})
     return ";".join(distinct) if distinct else None
 
@@ -448,22 +451,22 @@ def _free_figures(d: SampleTokenDiffs, samples: np.ndarray, positions: np.ndarra
 
 def _teacher_figures(d: SampleTokenDiffs, pal: Alignment, positions: np.ndarray) -> TeacherFigures:
     n = len(positions)
-    kl = d.prefix_kl[positions] if n else np.zeros(0)
-    adl = d.prefix_abs_dlogprob[positions] if n else np.zeros(0)
+    kl = prefix_values(d.prefix_kl)[positions] if n else np.zeros(0)
+    adl = prefix_values(d.prefix_abs_dlogprob)[positions] if n else np.zeros(0)
     kl_max = _quantile(kl, 100)
     at = None
     if kl_max:  # prefix positions are in key order: the first maximum is the task summary's
-        row = int(d.prefix_rows[positions[int(np.argmax(kl))]])
+        row = int(prefix_values(d.prefix_rows)[positions[int(np.argmax(kl))]])
         at = (int(pal.codes[1][row]), int(pal.codes[2][row]), int(pal.codes[3][row]))
     return TeacherFigures(
-        n_samples=len(np.unique(d.prefix_sample[positions])) if n else 0,
+        n_samples=len(np.unique(prefix_values(d.prefix_sample)[positions])) if n else 0,
         n_positions=n,
         kl_p99=_quantile(kl, 99),
         kl_max=kl_max,
         kl_max_at=at,
         max_abs_dlogprob=_opt_float(adl.max()) if n else None,
-        n_top1_disagree=int(d.prefix_top1_disagree[positions].sum()) if n else 0,
-        n_top1_hard=int(d.prefix_top1_hard[positions].sum()) if n else 0,
+        n_top1_disagree=int(prefix_values(d.prefix_top1_disagree)[positions].sum()) if n else 0,
+        n_top1_hard=int(prefix_values(d.prefix_top1_hard)[positions].sum()) if n else 0,
     )
 
 
@@ -477,7 +480,7 @@ class _Elements:
         self.scores = [(p, items.lookup([p.task] * len(p.doc_id), p.doc_id, p.repeat)) for p in scores.paired if p.task in tasks]
         self.free = self._trace(items, tokens)
         self.teacher = self._trace(items, teacher)
-        self.teacher_pos: np.ndarray | None = None
+        self.teacher_pos = np.zeros(0, np.int64)  # read only with a teacher
         if self.teacher is not None:
             d, pal, _, _ = self.teacher
             self.teacher_pos = pal.codes[3][d.prefix_rows] if d.prefix_rows is not None and len(d.prefix_rows) else np.zeros(0, np.int64)

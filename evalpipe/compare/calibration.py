@@ -125,7 +125,8 @@ class PrefixView:
 
     def first(self, n: int) -> VariantArtifacts:
         def cut(table: pa.Table | None, ranks: np.ndarray | None) -> pa.Table | None:
-            return None if table is None else table.filter(pa.array(ranks < n))
+            # ranks is None exactly when the table is (see __init__)
+            return None if table is None or ranks is None else table.filter(pa.array(ranks < n))
 
         s = self.side
         return VariantArtifacts(
@@ -222,7 +223,7 @@ def sensitivity_point(comparison: VariantComparison, magnitude: float, n_items: 
         r = _ratio(g.measured, g.threshold)
         if r is not None:
             ratios.setdefault(g.gate, []).append(r)
-    significant = {}
+    significant: dict[str, bool] = {}
     for t in comparison.shifts or ():
         gate = "teacher_" + t.test
         significant[gate] = significant.get(gate, False) or t.p_value < gates.distribution.alpha

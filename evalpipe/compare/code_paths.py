@@ -23,14 +23,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalpipe.config import CountRange, Expectations, collective_key
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 
-PROBES_SCHEMA_VERSION = 1
+PROBES_SCHEMA_VERSION: Final = 1
 VERIFIED, FAILED, SAME_CODE, NOT_RECORDED = "verified", "failed", "same_code", "not_recorded"
 NOT_VERIFIABLE_ENDPOINT = (
     "path not verifiable in endpoint mode: the server runs outside evalpipe and exposes no record of the code it ran"
@@ -243,8 +243,8 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
         for cls, n in m.layers.items():
             layer_counts[cls] = layer_counts.get(cls, 0) + n
     if expect.layers:
-        wanted = {probes.canonical(c) or c for c in expect.layers}
-        other = {c: n for c, n in layer_counts.items() if c not in wanted}
+        wanted_layers = {probes.canonical(c) or c for c in expect.layers}
+        other = {c: n for c, n in layer_counts.items() if c not in wanted_layers}
         if other or not layer_counts:
             seen = ", ".join(f"{n} `{c}`" for c, n in sorted(other.items())) or "no decoder layers"
             failures.append(f"{who}'s decoder layers were expected to be {' or '.join(f'`{c}`' for c in expect.layers)}; "

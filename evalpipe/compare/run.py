@@ -225,7 +225,8 @@ def compare_tables(
         shift_tests=shifts,
         shift_missing=shift_missing,
     )
-    judged, what_ran = None, (None, None)
+    judged = None
+    what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
     if paths is not None:
         judged = judge_paths(paths[0], paths[1], outputs_identical=verdict.status is Status.IDENTICAL)
         verdict = verdict.with_paths(judged.inconclusive, judged.reasons)

@@ -335,7 +335,7 @@ class PairedScores:
         n = int(both.sum())
         mean_a = float(a.mean()) if n else None
         mean_b = float(b.mean()) if n else None
-        delta = (mean_b - mean_a) if n else None
+        delta = (mean_b - mean_a) if mean_a is not None and mean_b is not None else None  # both set iff n
         n_changed = int(np.count_nonzero(a != b))
         n_missing = int(np.count_nonzero(va ^ vb))
         binary = bool(n) and bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
@@ -366,7 +366,7 @@ class PairedScores:
             ci_conf=CONF,
             df=pdiff.df,
             n_clusters=pdiff.n_clusters,
-            mcnemar_p=stats.mcnemar_exact(rw, wr) if binary else None,
+            mcnemar_p=stats.mcnemar_exact(rw, wr) if rw is not None and wr is not None else None,  # both set iff binary
             margin=margin,
             alpha=alpha,
             tost_ci_low=eq.ci_low,

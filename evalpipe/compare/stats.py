@@ -259,8 +259,9 @@ def tost(
         raise ValueError(f"the equivalence margin must be > 0, got {margin}.")
     if not 0.0 < alpha < 0.5:
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha}.")
-    undefined = diff is None or se is None or not (math.isfinite(diff) and math.isfinite(se)) or se < 0
-    if undefined or (se > 0 and df is not None and df < 1):
+    # one condition rather than a named flag: the checker narrows diff and se only through the test itself
+    if (diff is None or se is None or not (math.isfinite(diff) and math.isfinite(se)) or se < 0
+            or (se > 0 and df is not None and df < 1)):
         return TostResult(margin, alpha, None, None, None, None, False)
     diff, se = float(diff), float(se)
     if se == 0.0:

@@ -291,6 +291,14 @@ class SampleTokenDiffs:
         return len(self.doc_id)
 
 
+def prefix_values(values: np.ndarray | None) -> np.ndarray:
+    """One of a :class:`SampleTokenDiffs`' ``prefix_*`` arrays where it has shared-prefix positions:
+    :func:`compare_tokens` sets them all together, the fields are Optional only for their default."""
+    if values is None:
+        raise ValueError("a SampleTokenDiffs with shared-prefix positions lacks one of its per-position arrays")
+    return values
+
+
 @dataclass(frozen=True)
 class TokenComparison:
     summaries: tuple[TaskTokenSummary, ...]
@@ -1055,10 +1063,11 @@ def summarize_tokens(
     bounds = np.flatnonzero(np.r_[True, task[1:] != task[:-1]])
     ends = np.r_[bounds[1:], n]
     paired_all, ids_id_all, id_all = d.paired, d.ids_identical, d.identical
-    n_pr = 0 if d.prefix_sample is None else len(d.prefix_sample)
+    prefix_sample = d.prefix_sample if d.prefix_sample is not None else np.zeros(0, dtype=np.int64)
+    n_pr = len(prefix_sample)
     if n_pr:
-        pr_order = np.argsort(d.prefix_sample, kind="stable")
-        pr_sorted = d.prefix_sample[pr_order]
+        pr_order = np.argsort(prefix_sample, kind="stable")
+        pr_sorted = prefix_sample[pr_order]
     near_all = d.near_tie if d.near_tie is not None else np.zeros(n, dtype=bool)
     worst = functools.partial(_worst, d=d, pal=pal, tokens_a=tokens_a, tokens_b=tokens_b, samples_a=samples_a, samples_b=samples_b)
     for start, end in zip(bounds.tolist(), ends.tolist()):
@@ -1103,11 +1112,11 @@ def summarize_tokens(
         else:
             rows = np.zeros(0, dtype=np.int64)
         n_rows = len(rows)
-        kl = d.prefix_kl[rows] if n_rows else np.zeros(0)
-        adl = d.prefix_abs_dlogprob[rows] if n_rows else np.zeros(0)
-        n_same = int(d.prefix_topk_equal[rows].sum()) if n_rows else 0
-        n_top1_dis = int(d.prefix_top1_disagree[rows].sum()) if n_rows else 0
-        top1_hard = rows[d.prefix_top1_hard[rows]] if n_rows else rows
+        kl = prefix_values(d.prefix_kl)[rows] if n_rows else np.zeros(0)
+        adl = prefix_values(d.prefix_abs_dlogprob)[rows] if n_rows else np.zeros(0)
+        n_same = int(prefix_values(d.prefix_topk_equal)[rows].sum()) if n_rows else 0
+        n_top1_dis = int(prefix_values(d.prefix_top1_disagree)[rows].sum()) if n_rows else 0
+        top1_hard = rows[prefix_values(d.prefix_top1_hard)[rows]] if n_rows else rows
         kl_max = _quantile(kl, 100)
         # prefix rows are in key order, so index order breaks ties by key
         worst_kl = rows[_largest(kl, worst_k)]

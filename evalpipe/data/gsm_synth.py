@@ -385,7 +385,7 @@ def iter_problems(seed: int, exclude: Iterable[str] = (), *, unique: bool = True
 
 def generate(n: int, seed: int, exclude: Iterable[str] = (), *, ranges: Ranges | None = None) -> list[dict]:
     """``n`` distinct problems for ``seed``, none of whose questions is in ``exclude``."""
-    out = []
+    out: list[dict] = []
     for item in iter_problems(seed, exclude, ranges=ranges):
         if len(out) >= n:
             break

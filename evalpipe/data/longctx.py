@@ -291,7 +291,8 @@ class _Haystack:
     def _filler(self, budget: int) -> list[str]:
         """Whole sentences costing at most `budget` tokens (estimated): a prefix of the
         random stream, then the longest sentences that still fit, to leave < 1 sentence."""
-        out, used = [], 0
+        out: list[str] = []
+        used = 0
         while True:
             if len(out) == len(self.stream):
                 self.stream.append(self.rng.choice(FILLER))
@@ -386,9 +387,10 @@ class _Haystack:
                 out.append(got)
             else:
                 return out, chars
-            budget = self._next_budget(tried)
-            if budget is None:
+            next_budget = self._next_budget(tried)
+            if next_budget is None:
                 break
+            budget = next_budget
         raise UserError(f"cannot make a {what} prompt of exactly {length} tokens: the filler budget search did not converge under this tokenizer.")
 
     @staticmethod

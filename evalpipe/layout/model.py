@@ -53,6 +53,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +94,9 @@ _REDUCE_SCATTER = {
 
 
 class LayoutDecoderLayer(LlamaDecoderLayer):
+    # vLLM types it nn.Module (attn_layer_type is any module class); this layer reads LlamaAttention's parts
+    self_attn: LlamaAttention
+
     def __init__(self, vllm_config: VllmConfig, prefix: str = "", config=None, attn_layer_type=LlamaAttention):
         super().__init__(vllm_config, prefix=prefix, config=config, attn_layer_type=attn_layer_type)
         hf_config = config or vllm_config.model_config.hf_config
@@ -113,7 +117,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         # the scaled stream.
         self.input_layernorm.variance_epsilon = self.eps if self.layer_idx == 0 else scaled
         self.post_attention_layernorm.variance_epsilon = scaled
-        device = self.self_attn.o_proj.weight.device
+        device = self._o_proj_weight().device
         self.columns = [C.head_columns(g, self.head_dim).to(device) for g in C.head_groups(self.num_heads, settings.tp)]
         self.strided_columns = [
             C.head_columns(g, self.head_dim).to(device) for g in C.strided_head_groups(self.num_heads, settings.tp)
@@ -123,8 +127,12 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
     def keep_o_weight(self) -> None:
         """Keep W_o as loaded: vLLM's CPU build repacks linear weights for its GEMM kernels
         after loading and drops the plain tensor, but every rank needs its column slice."""
-        self.o_weight = self.self_attn.o_proj.weight.detach().clone()
+        self.o_weight = self._o_proj_weight().detach().clone()
         self._slice_o_weight()
+
+    def _o_proj_weight(self) -> torch.Tensor:
+        # the layer's quant method registers it at run time, so the checker sees nn.Module.__getattr__'s Tensor | Module
+        return cast(torch.Tensor, self.self_attn.o_proj.weight)
 
     def _slice_o_weight(self) -> None:
         w = self.o_weight

@@ -470,7 +470,9 @@ def _windows(spec: dict[str, Any], tok, corpus: Iterator[dict], n_windows: int):
     est_chars = T * 4  # generous; truncated after encoding
     texts, spans_all, with_bos = [], [], []
     for _ in range(n_windows):
-        parts, spans, pos = [], [], 0
+        parts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        pos = 0
         while pos < est_chars:
             ex = format_example(next(corpus))
             if parts:
@@ -575,6 +577,7 @@ def _train_longctx(model, spec: dict[str, Any], tok, corpus: Iterator[dict], say
         g = 0
         for step, (kind, n) in enumerate(plan):
             if kind == "gsm":
+                assert gsm_ids is not None and gsm_labels is not None  # a "gsm" step in the plan made n_gsm > 0
                 B = spec["batch_size"]
                 x, y = gsm_ids[g * B:(g + 1) * B], gsm_labels[g * B:(g + 1) * B]
                 g += 1
@@ -700,12 +703,15 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> di
         bos_token_id=tok.token_to_id(BOS),
         eos_token_id=tok.token_to_id(EOS),
         pad_token_id=tok.token_to_id(PAD),
-        torch_dtype="float32",
+        # transformers 5 takes torch_dtype (its old name of dtype) through **kwargs, which its typed signature leaves out;
+        # kept rather than dtype= because older transformers 4 releases, which a vLLM build may bring, know only torch_dtype
+        torch_dtype="float32",  # type: ignore[call-arg]
     )
     losses: list[float] = []
     with _torch_threads(spec["torch_threads"]):
         torch.manual_seed(spec["seed"])
-        model = LlamaForCausalLM(cfg).to(torch.float32)
+        # transformers declares to() with functools.wraps(nn.Module.to): the checker sees the unbound method's signature
+        model = LlamaForCausalLM(cfg).to(torch.float32)  # type: ignore[arg-type]
         n_params = sum(p.numel() for p in model.parameters())
         say(f"[{time.monotonic() - t0:5.1f}s] model: {n_params / 1e6:.2f}M parameters")
         opt = _optimizer(model, spec, spec["lr"])

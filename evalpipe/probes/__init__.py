@@ -28,10 +28,11 @@ interpreter. The parent reads what it writes through typed models
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 SPEC_ENV = "EVALPIPE_PROBES"
 SPEC_FILE = "spec.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1  # Final: the parent's models type it as Literal[1]
 SITE_DIR = Path(__file__).resolve().with_name("site")
 
 # What a collective is counted as, whichever function performed it; an expectation may

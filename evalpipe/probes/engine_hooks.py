@@ -17,6 +17,7 @@ reached through the modules they pass in.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any, Callable
@@ -116,7 +117,7 @@ class EngineHooks:
         for module in TORCH_MODULES:
             self.hooks.when_loaded(module, self._hook_torch)
         for entry in self.functions:
-            self.hooks.when_loaded(entry["module"], lambda m, e=entry: self._hook_function(m, e))
+            self.hooks.when_loaded(entry["module"], functools.partial(self._hook_function, entry=entry))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -158,7 +159,7 @@ class EngineHooks:
     def _hook_torch(self, module: Any) -> None:
         for fn, kind in TORCH_COLLECTIVES.items():
             if hasattr(module, fn):
-                self._counted(module, fn, f"{TORCH_MODULES[0]}.{fn}", lambda _args, k=kind: f"{k}@torch")
+                self._counted(module, fn, f"{TORCH_MODULES[0]}.{fn}", functools.partial(_torch_collective, kind))
 
     def _hook_groups(self, module: Any) -> None:
         coordinator = getattr(module, "GroupCoordinator", None)
@@ -168,7 +169,7 @@ class EngineHooks:
         for method, kind in GROUP_COLLECTIVES.items():
             if hasattr(coordinator, method):
                 self._counted(coordinator, method, f"{GROUP_MODULE}.GroupCoordinator.{method}",
-                              lambda args, k=kind: _group_collective(k, args))
+                              functools.partial(_group_collective, kind))
 
     def _hook_tp_wrappers(self, module: Any) -> None:
         for fn in TP_WRAPPERS:
@@ -179,8 +180,6 @@ class EngineHooks:
 
     def _hook_model_creation(self, module: Any) -> None:
         def make(initialize: Callable[..., Any]) -> Callable[..., Any]:
-            import functools
-
             @functools.wraps(initialize)
             def initialize_model(*args: Any, **kwargs: Any) -> Any:
                 self._building += 1
@@ -260,6 +259,10 @@ class EngineHooks:
             return out
 
         model.forward = probed_forward  # nn.Module.__call__ looks the instance attribute up first
+
+
+def _torch_collective(kind: str, _args: tuple) -> str:
+    return f"{kind}@torch"
 
 
 def _group_collective(kind: str, args: tuple) -> str | None:

@@ -138,8 +138,8 @@ class ProcessRecord:
             outermost = depth == 0
         with self.lock:
             self.calls[name] = self.calls.get(name, 0) + 1
-            if outermost:
-                self.collectives[collective] = self.collectives.get(collective, 0) + 1  # type: ignore[index]
+            if outermost and collective is not None:  # outermost implies a collective; says so to the checker
+                self.collectives[collective] = self.collectives.get(collective, 0) + 1
             kept = self.shapes.setdefault(name, [])
             if len(kept) < SHAPES_KEPT:
                 kept.append(shapes_of(args, kwargs))

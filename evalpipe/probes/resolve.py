@@ -77,7 +77,7 @@ def resolve_callable(name: str) -> dict[str, Any]:
         defined_in = getattr(raw, "__module__", None)
         qual = getattr(raw, "__qualname__", None)
         home = sys.modules.get(defined_in or "")
-        if home is not None and qual and "<" not in qual and getattr(home, qual.split(".")[0], None) is not None:
+        if isinstance(defined_in, str) and home is not None and qual and "<" not in qual and getattr(home, qual.split(".")[0], None) is not None:
             module_name, attr = defined_in, qual
         else:
             module_name, attr = module.__name__, ".".join(attr_path)

@@ -117,7 +117,7 @@ def _sensitivity_section(points: Sequence[SensitivityPoint], plot: str | None) -
               "|---|" + "---:|" * len(sizes)]
     smallest = {n: smallest_caught(points, n) for n in sizes}
     for family in DETECTORS:
-        cells = [("—" if smallest[n][family] is None else _magnitude(smallest[n][family])) for n in sizes]
+        cells = [("—" if (eps := smallest[n][family]) is None else _magnitude(eps)) for n in sizes]
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     if plot:
         lines += [
@@ -168,12 +168,13 @@ def sensitivity_plot(points: Sequence[SensitivityPoint]) -> bytes:
     ax = fig.add_subplot()
     markers = "osD^v<>"
     for gate, marker in zip(PLOTTED, markers):
-        xs = [p.magnitude for p in pts if p.ratios.get(gate) is not None]
-        ys = [max(p.ratios[gate], 1e-6) for p in pts if p.ratios.get(gate) is not None]
+        measured = [(p, r) for p in pts if (r := p.ratios.get(gate)) is not None]
+        xs = [p.magnitude for p, _ in measured]
+        ys = [max(r, 1e-6) for _, r in measured]
         if not xs:
             continue
         line = ax.plot(xs, ys, "-", label=gate, linewidth=1)[0]
-        for p, x, y in zip([p for p in pts if p.ratios.get(gate) is not None], xs, ys):
+        for (p, _), x, y in zip(measured, xs, ys):
             hollow = gate in DISTRIBUTION_GATES and not p.significant.get(gate, False)
             ax.plot([x], [y], marker, color=line.get_color(), markerfacecolor="none" if hollow else line.get_color())
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")

@@ -193,8 +193,9 @@ class _Log:
 def _x_positions(points: Sequence[dict[str, Any]], night_index: dict[str, int], n_nights: int) -> list[float]:
     """x of each point: the night's place in the whole history, so every chart lines up with the
     timeline; points of unknown nights fall back to their own order."""
-    idx = [night_index.get(str(p.get("run_id"))) for p in points]
-    if idx and all(i is not None for i in idx):
+    found = [night_index.get(str(p.get("run_id"))) for p in points]
+    idx = [i for i in found if i is not None]
+    if idx and len(idx) == len(found):  # every night known
         lo, hi = 0, max(n_nights - 1, 0)
     else:
         idx, lo, hi = list(range(len(points))), 0, max(len(points) - 1, 0)

@@ -102,7 +102,7 @@ def divergence_plot(ab: Sequence[int] | None, aa: Sequence[int] | None) -> str |
     fig = Figure(figsize=PANEL_SIZE)
     fig.subplots_adjust(left=0.17, right=0.96, top=0.88, bottom=0.2)
     ax = fig.add_subplot(1, 1, 1)
-    ax.hist([s for _, s, _ in series], bins=edges, label=[n for n, _, _ in series], color=[c for *_, c in series])
+    ax.hist([s for _, s, _ in series], bins=edges.tolist(), label=[n for n, _, _ in series], color=[c for *_, c in series])
     ax.set_title("first divergence position (free-running)", fontsize=8)
     ax.set_xlabel("token position", fontsize=7)
     ax.set_ylabel("samples", fontsize=7)

@@ -567,7 +567,7 @@ def _comparison_view(c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc) -> d
 
 
 def _gate_rows(compare: Mapping[str, Any], esc: Esc) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in compare.get("comparisons") or ():
         for g in c.get("gates") or ():
             status = str(g.get("status", "skip"))

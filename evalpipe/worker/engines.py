@@ -167,8 +167,9 @@ class OfflineEngine:
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
         from vllm import SamplingParams
 
-        settings = [dict(temperature=0.0, max_tokens=r.max_tokens, stop=list(r.stop) or None, logprobs=topk, seed=0)
-                    for r in requests]
+        settings: list[dict[str, Any]] = [
+            dict(temperature=0.0, max_tokens=r.max_tokens, stop=list(r.stop) or None, logprobs=topk, seed=0) for r in requests
+        ]
         keys = [request_key("offline:generate", {"prompt_token_ids": r.prompt_token_ids, **s})
                 for r, s in zip(requests, settings)]
         calls = _Calls(keys, self.journal, GenResult, progress)
@@ -233,10 +234,10 @@ class OfflineEngine:
         index.update({rid.rsplit("-", 1)[0]: i for rid, i in zip(ids, todo)})
         engine = self._llm.llm_engine
         while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    i = index[out.request_id]
-                    calls.finished(i, convert(i, out))
+            for step_out in engine.step():
+                if step_out.finished:
+                    i = index[step_out.request_id]
+                    calls.finished(i, convert(i, step_out))
 
     @staticmethod
     def _scored(req: ScoreRequest, out: Any, topk: int) -> ScoreResult:

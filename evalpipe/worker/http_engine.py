@@ -99,8 +99,8 @@ def _local_tokenizer(path: str | None, args: dict[str, Any]) -> Any | None:
     try:
         try:
             from vllm.tokenizers import get_tokenizer
-        except ImportError:  # older vLLM
-            from vllm.transformers_utils.tokenizer import get_tokenizer
+        except ImportError:  # older vLLM; the checker takes the fallback import of the same function for a second definition
+            from vllm.transformers_utils.tokenizer import get_tokenizer  # type: ignore[no-redef]
         return get_tokenizer(path, tokenizer_mode=args.get("tokenizer_mode") or "auto",
                              trust_remote_code=bool(args.get("trust_remote_code")), revision=args.get("tokenizer_revision"))
     except Exception:  # noqa: BLE001 - the server tokenizes instead
@@ -282,7 +282,7 @@ class HttpEngine:
                     "this task needs the tokenizer's end-of-sequence id, which the server does not tell: "
                     "start it with --enable-tokenizer-info-endpoint"
                 )
-        return self._eos  # type: ignore[return-value]
+        return self._eos
 
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
         self._connect()

@@ -44,7 +44,7 @@ def check_available(
     config from (``max_seq_lengths``: "0k", "1k", ... "128k"; default "0k").
     """
     if task_name in RULER_GROUPS:
-        missing = []
+        missing: list[tuple[str, DataUnavailable]] = []
         for leaf in (*OFFLINE_RULER, *RULER_ESSAY, *RULER_QA):
             try:
                 check_available(leaf, metadata=metadata, allow_download=allow_download)
@@ -90,7 +90,7 @@ def check_available(
     leaves = _leaf_tasks(task_name)
     if not leaves:
         return  # unknown to this lm-eval: evalpipe's own name check reports it
-    missing: list[tuple[str, DataUnavailable]] = []
+    missing = []
     for leaf, (path, name, split, kwargs) in leaves.items():
         if fam.name == "babilong":
             name = str((metadata or {}).get("max_seq_lengths") or "0k")

@@ -67,9 +67,10 @@ class CapturingLM(LM):
         return in_order(call, requests, self.reverse_order)
 
     def _report(self, phase: str) -> Callable[[int, int], None] | None:
-        if self.progress is None:
+        progress = self.progress  # set once, in __init__
+        if progress is None:
             return None
-        return lambda done, total: self.progress(phase, done, total)
+        return lambda done, total: progress(phase, done, total)
 
     # -- generation -----------------------------------------------------------------
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:

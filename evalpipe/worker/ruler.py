@@ -106,7 +106,10 @@ def ruler_task_config(task: str | dict[str, Any], metadata: dict[str, Any]) -> d
             f"`{name}` is not a RULER task evalpipe can generate; generated offline: {', '.join(OFFLINE_RULER)}; "
             f"with a pre-filled essay cache: {', '.join(RULER_ESSAY)}."
         )
-    yaml_path = Path(importlib.util.find_spec("lm_eval.tasks.ruler").submodule_search_locations[0]) / _RULER_YAML[name]
+    spec = importlib.util.find_spec("lm_eval.tasks.ruler")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("the installed lm-eval has no RULER tasks (lm_eval.tasks.ruler); install the lm-eval version evalpipe depends on.")
+    yaml_path = Path(spec.submodule_search_locations[0]) / _RULER_YAML[name]
     # Functions unresolved: importing lm-eval's niah module costs ~8 s and ~1 GB (a list
     # of 6 million word pairs) and calls nltk.download; every function field is replaced below.
     cfg = load_yaml(yaml_path, resolve_func=False)
@@ -227,11 +230,11 @@ def _no_nltk_download() -> Iterator[None]:
     import nltk
 
     original = nltk.download
-    nltk.download = lambda *a, **k: False  # type: ignore[assignment]
+    nltk.download = lambda *a, **k: False
     try:
         yield
     finally:
-        nltk.download = original  # type: ignore[assignment]
+        nltk.download = original
 
 
 def quiet_ruler_import():

@@ -80,7 +80,7 @@ class LongCtxData:
         self.tokenizer_path = tokenizer_path
         self.spec = spec
         self.seed = seed
-        self._tokenizer = None
+        self._tokenizer: Any = None  # a transformers tokenizer, loaded on first use
 
     def __call__(self, relative: Path, data_dir: Path) -> Path | None:
         from evalpipe.data import longctx
