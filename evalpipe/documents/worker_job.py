@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from evalpipe.artifacts import write_text
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 
 JOB_JSON = "job.json"  # in the variant directory
-JOB_VERSION = 1
+JOB_VERSION: Final = 1
 
 
 class ServerJob(Document):

@@ -196,7 +196,7 @@ def run(job: WorkerJob, events: Events) -> int:
     out = artifacts.VariantDir(Path(job.output_dir))
     started = time.time()
     timings: dict[str, float] = {}
-    manifest = {
+    manifest: dict[str, Any] = {
         "variant": job.variant,
         "status": "running",
         "python": sys.executable,
