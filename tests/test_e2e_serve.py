@@ -119,7 +119,9 @@ def test_every_process_of_a_served_engine_recorded_what_it_ran(offline_vs_served
     assert model["layers"] == {"evalpipe.layout.model.LayoutDecoderLayer": 3}
     assert model["forwards"] > 0 and model["per_forward"]["all_gather"] == {"3": model["forwards"]}
     # the engine core's own switches and collectives (legacy's virtual gathers), read where they happened
-    assert core["switches"]["max_num_seqs"] == 1 and core["calls"]["virtual:all_gather"] == 3 * model["forwards"]
+    # every finished pass made its 3 gathers; a pass the shutdown cut short made at most 2 more
+    partial = core["calls"]["virtual:all_gather"] - 3 * model["forwards"]
+    assert core["switches"]["max_num_seqs"] == 1 and partial in range(0, 3 * model["running_forwards"] + 1), (partial, model)
     (offline,) = [p for p in records(run_dir, "offline") if p["models"]]
     assert offline["role"] == "evalpipe_worker", "offline, the engine runs inside the worker"
     # the manifest carries the summary, and probes.json is a verified artifact

@@ -780,10 +780,13 @@ def test_a_pass_still_running_is_not_in_the_record():
     rec.note("all_gather", "virtual", ())
     running = rec.to_json()["models"][0]
     assert (running["forwards"], running["per_forward"], running["forward_tokens"]) == (0, {}, [])
+    assert running["running_forwards"] == 1 and rec.to_json()["calls"] == {"virtual:all_gather": 1}, \
+        "the totals hold the running pass's calls so far, and the record says a pass is running"
     rec.note("all_gather", "virtual", ())
     rec.forward_finished(model, snapshot)
     done = rec.to_json()["models"][0]
     assert (done["forwards"], done["per_forward"]["all_gather"], done["forward_tokens"]) == (1, {"2": 1}, [5])
+    assert done["running_forwards"] == 0
 
 
 def test_a_name_first_seen_in_a_later_pass_keeps_the_sizes_of_the_passes_without_it():

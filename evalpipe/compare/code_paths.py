@@ -48,6 +48,7 @@ class ModelProbe(_Doc):
     forwards: int
     empty_forwards: int = 0
     failed_forwards: int = 0
+    running_forwards: int = 0  # passes still running when the process last wrote its record
     forward_tokens: list[int]
     per_forward: dict[str, dict[str, int]]  # name -> {calls in one forward: forward passes}; "other": the rest
     per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: tokens of the first such passes}

@@ -82,6 +82,9 @@ class ModelRecord:
         self.forwards = 0
         self.empty_forwards = 0  # forward passes over no token (padding-only batches): not counted above
         self.failed_forwards = 0  # forward passes that raised: cut short, so not counted above either
+        # passes running when the record was written (a process may end inside one, its
+        # engine shut down mid-step): their calls so far are in the totals, not in `forwards`
+        self.running_forwards = 0
         self.forward_tokens: list[int] = []
         self.per_forward: dict[str, dict[str, int]] = {}
         self.per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {count: tokens of the first passes}
@@ -94,6 +97,7 @@ class ModelRecord:
             "forwards": self.forwards,
             "empty_forwards": self.empty_forwards,
             "failed_forwards": self.failed_forwards,
+            "running_forwards": self.running_forwards,
             "forward_tokens": self.forward_tokens,
             "per_forward": self.per_forward,
             "per_forward_tokens": self.per_forward_tokens,
@@ -112,6 +116,9 @@ class ProcessRecord:
         """A fresh record (a forked child starts its own)."""
         self.pid = os.getpid()
         self.lock = threading.Lock()  # a fork may have copied it held by another thread
+        # one writer at a time, each writing what it saw last: without it the writer thread's
+        # older snapshot could replace the file after the exit's final one
+        self.write_lock = threading.Lock()
         self.started_at = time.time()
         self.calls: dict[str, int] = {}
         self.collectives: dict[str, int] = {}
@@ -173,6 +180,7 @@ class ProcessRecord:
             return None
         self.local.forward = True
         with self.lock:
+            model.running_forwards += 1
             return dict(self.calls), dict(self.collectives), tokens
 
     def forward_failed(self, model: ModelRecord, snapshot: Any) -> None:
@@ -181,6 +189,7 @@ class ProcessRecord:
             return
         self.local.forward = False
         with self.lock:
+            model.running_forwards -= 1
             model.failed_forwards += 1
             self.dirty = True
 
@@ -203,6 +212,7 @@ class ProcessRecord:
                     # stays implied in the histogram: forwards minus its sum), sized here
                     model.per_forward_tokens.setdefault(name, {})["0"] = model.forward_tokens[:SHAPES_KEPT]
                 _bump(model.per_forward.setdefault(name, {}), seen[name])
+            model.running_forwards -= 1
             model.forwards += 1
             if tokens is not None and len(model.forward_tokens) < FORWARD_TOKENS_KEPT:
                 model.forward_tokens.append(tokens)
@@ -268,11 +278,12 @@ class ProcessRecord:
     def write(self) -> None:
         if not self.worth_writing():
             return
-        self.dirty = False  # before the snapshot: a change during it marks the record dirty again
-        doc = self.to_json()
-        os.makedirs(self.out_dir, exist_ok=True)
-        path = os.path.join(self.out_dir, f"{self.pid}.json")
-        tmp = f"{path}.{threading.get_ident()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, sort_keys=True)
-        os.replace(tmp, path)
+        with self.write_lock:
+            self.dirty = False  # before the snapshot: a change during it marks the record dirty again
+            doc = self.to_json()
+            os.makedirs(self.out_dir, exist_ok=True)
+            path = os.path.join(self.out_dir, f"{self.pid}.json")
+            tmp = f"{path}.{threading.get_ident()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, sort_keys=True)
+            os.replace(tmp, path)
