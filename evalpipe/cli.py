@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from evalpipe import __version__
-from evalpipe.errors import ExitCode, RunFailed, UserError
+from evalpipe.errors import EvalpipeError, ExitCode, UserError
 
 # Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -38,10 +38,8 @@ class _OneErrorModel(TyperGroup):
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, TyperException):  # the command line's own: usage errors, exits
             raise
-        except UserError as err:  # before RunFailed: a run failed on the user's input is theirs to fix
-            _fail(str(err), ExitCode.USER_ERROR)
-        except RunFailed as err:
-            _fail(str(err), ExitCode.FAILED)
+        except EvalpipeError as err:  # its class says whose it is: the user's (2) or the run's (3)
+            _fail(str(err), err.exit_code)
         except Exception as err:  # noqa: BLE001 - the one place a bug is reported
             traceback.print_exc()
             _fail(f"evalpipe hit a bug ({type(err).__name__}: {err}); the traceback is above. Please report it with the "

@@ -331,11 +331,11 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             stop_if_interrupted()
             if not outcome.ok:
                 error = outcome.error or f"variant {variant.name} failed"
-                code = ExitCode.USER_ERROR if outcome.exit_code == ExitCode.USER_ERROR else ExitCode.FAILED
+                failed = failure(error, outcome.exit_code)
                 if variant.name in essential:
                     save(status="failed", error=error)
-                    raise failure(error, code)
-                failures[variant.name] = (error, code)
+                    raise failed
+                failures[variant.name] = (error, failed.exit_code)
                 console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
     finally:
         _stop_unneeded(servers, [])
