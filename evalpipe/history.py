@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
+from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.redact import redact, redact_text
@@ -305,12 +306,12 @@ def _commit_of(version: str | None) -> str | None:
     return version.split("+g", 1)[1].split(".", 1)[0] or None
 
 
-def components_of(manifest: dict[str, Any], run_info: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+def components_of(manifest: VariantManifest, run_info: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
     """What a variant ran on: measured versions (and the commits their versions carry),
     evalpipe's code version, and the labels CI passes (``--component vllm_ascend=<sha>``),
     which win over measured values of the same name."""
     out: dict[str, str] = {}
-    for name, version in (manifest.get("versions") or {}).items():
+    for name, version in manifest.versions.items():
         if version is None:
             continue
         out[name] = str(version)
@@ -350,12 +351,11 @@ def _gate_rows(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _probes_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def _probes_summary(manifest: VariantManifest) -> dict[str, Any] | None:
     """What the variant ran (the manifest's "probes" summary), None for a run from before
     the probes; redacted like everything the history keeps (switch values come from the
     engine's configuration)."""
-    summary = manifest.get("probes")
-    return redact(summary) if isinstance(summary, dict) else None
+    return redact(manifest.probes.model_dump(mode="json")) if manifest.probes is not None else None
 
 
 def _path_status(comparison: dict[str, Any] | None) -> str | None:
@@ -421,7 +421,7 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             verify_variant(vdir)  # a run whose files changed after it finished is not recorded as if it had produced them
         except ArtifactMismatch as err:
             raise HistoryError(str(err)) from None
-        manifest = artifacts.read_json(vdir.manifest)
+        manifest = read_manifest(vdir.manifest)
         role = "reference" if name == reference else "aa" if name == aa else "variant"
         comparison = compare.get("noise_floor") if role == "aa" else by_variant.get(name)
         # run.json is redacted when written; a run directory from before that is not

@@ -19,6 +19,7 @@ from typing import Any
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
+from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.worker.journal import JOURNAL_FILE
@@ -97,7 +98,7 @@ def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[s
             f"`evalpipe compare {run_dir}`, or choose another --run-id for a new run."
         )
     check_same_run(run_dir, stored, fresh)
-    kept: dict[str, dict[str, Any]] = {}  # name -> its manifest, read once: what is verified is what the status is taken from
+    kept: dict[str, VariantManifest] = {}  # name -> its manifest, read once: what is verified is what the status is taken from
     statuses = stored.get("variant_status") or {}
     for name in fresh["variants"]:
         vdir = artifacts.VariantDir(run_dir / name)
@@ -135,19 +136,19 @@ def _clear_but_journal(vdir: Path) -> None:
             entry.unlink()
 
 
-def _finished(vdir: artifacts.VariantDir) -> dict[str, Any] | None:
+def _finished(vdir: artifacts.VariantDir) -> VariantManifest | None:
     """The manifest of a variant whose worker said it finished, with the record of what it
     wrote (a variant that finished as evalpipe was killed counts, though run.json never
-    heard of it); None for any other."""
+    heard of it); None for any other (one that cannot be read starts again)."""
     if not vdir.manifest.is_file():
         return None
     try:
-        manifest = artifacts.read_json(vdir.manifest)
-    except (OSError, ValueError):
+        manifest = read_manifest(vdir.manifest)
+    except UserError:
         return None
-    finished = isinstance(manifest, dict) and manifest.get("status") == "ok" and bool(manifest.get("artifacts"))
+    finished = manifest.status == "ok" and bool(manifest.artifacts)
     return manifest if finished else None
 
 
-def _status_from_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"exit_code": 0, "seconds": (manifest.get("timings") or {}).get("total_s"), "error": None}
+def _status_from_manifest(manifest: VariantManifest) -> dict[str, Any]:
+    return {"exit_code": 0, "seconds": manifest.timings.get("total_s"), "error": None}

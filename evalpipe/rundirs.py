@@ -42,6 +42,7 @@ from evalpipe.compare.run import (
 )
 from evalpipe.config import Expectations, Gates, aa_variant_name
 from evalpipe.documents.base import validated
+from evalpipe.documents.manifest import read_manifest
 from evalpipe.errors import UserError
 from evalpipe.integrity import verify_variant
 from evalpipe.probe_records import read_probes
@@ -116,12 +117,8 @@ def _validated(model: Any, data: Any, where: str, at: str) -> Any:
 def variant_numerics(vdir: VariantDir) -> Numerics:
     """The precision a variant ran in, from the engine arguments its manifest records."""
     where = f"{vdir.name}/manifest.json"
-    try:
-        manifest = artifacts.read_json(vdir.manifest) if vdir.manifest.is_file() else {}
-    except (OSError, ValueError):
-        manifest = {}
-    args = manifest.get("engine_args") if isinstance(manifest, dict) else None
-    return numerics_from_engine_args(args if isinstance(args, dict) else None, where)
+    args = read_manifest(vdir.manifest).engine_args if vdir.manifest.is_file() else None
+    return numerics_from_engine_args(args or None, where)
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:

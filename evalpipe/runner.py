@@ -16,6 +16,7 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
+from evalpipe.documents.manifest import read_manifest, write_manifest
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
 from evalpipe.paths import data_dir
@@ -113,11 +114,11 @@ def _record_environment(info: dict[str, Any], variant: str, vdir: Path) -> None:
     manifest_path = artifacts.VariantDir(vdir).manifest
     if not manifest_path.is_file():
         return
-    manifest = artifacts.read_json(manifest_path)
-    versions = {k: v for k, v in (manifest.get("versions") or {}).items() if v is not None}
+    manifest = read_manifest(manifest_path)
+    versions = {k: v for k, v in manifest.versions.items() if v is not None}
     info["variant_settings"][variant]["versions"] = versions
     info.setdefault("versions", versions)
-    info.setdefault("hardware", manifest.get("hardware"))
+    info.setdefault("hardware", manifest.hardware.model_dump() if manifest.hardware is not None else None)
 
 
 def _open_run_dir(rd: artifacts.RunDir, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -145,10 +146,9 @@ def _close_manifest(vdir: Path, outcome: Any) -> None:
     path = artifacts.VariantDir(vdir).manifest
     if outcome.ok or not path.is_file():
         return
-    manifest = artifacts.read_json(path)
-    if manifest.get("status") == "running":
-        manifest.update(status="failed", error=outcome.error, finished_at=time.time())
-        artifacts.write_json(path, manifest)
+    manifest = read_manifest(path)
+    if manifest.status == "running":
+        write_manifest(path, manifest.model_copy(update={"status": "failed", "error": outcome.error, "finished_at": time.time()}))
 
 
 def check_user_data(plan: RunPlan) -> None:
@@ -373,8 +373,9 @@ def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, ser
 
     exposed = None
     if variant.launch.mode == "endpoint":
-        manifest = artifacts.VariantDir(vdir).manifest
-        exposed = (artifacts.read_json(manifest).get("engine") or {}) if manifest.is_file() else {}
+        path = artifacts.VariantDir(vdir).manifest
+        engine = read_manifest(path).engine if path.is_file() else None
+        exposed = engine.model_dump(mode="json") if engine is not None else {}
     server = variant.server_of or variant.name
     probe_records.gather(
         vdir, variant.name, variant.launch.mode, names,

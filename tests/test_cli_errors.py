@@ -140,10 +140,10 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     run.json says `failed`, not `running`."""
     import json
 
-    from fakes import make_samples, token_table, write_run
+    from fakes import make_samples, record_artifacts, token_table, write_run
     from typer.testing import CliRunner
 
-    from evalpipe import artifacts, integrity, runner
+    from evalpipe import artifacts, runner
     from evalpipe.cli import app
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan, run_info
@@ -155,9 +155,7 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     rd = artifacts.RunDir(plan.run_dir)
     artifacts.write_table(rd.variant("b").tokens, token_table(make_samples(5)))  # a doc samples.parquet lacks
     for name in ("a", "b"):  # finished as far as the worker could tell: kept, not run again
-        vdir = rd.variant(name)
-        artifacts.write_json(vdir.manifest, {**artifacts.read_json(vdir.manifest),
-                                             integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)})
+        record_artifacts(rd.variant(name))
     # no engine starts (both variants are kept): only the vLLM and model checks are skipped
     monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
     monkeypatch.setattr(runner, "ensure_model", lambda plan, console: {"path": "m", "fingerprint": None, "builtin": True})

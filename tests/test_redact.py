@@ -25,6 +25,7 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import parse_config
+from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
 from evalpipe.plan import make_plan, run_info
 from evalpipe.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
@@ -255,7 +256,7 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
         run_worker(variant, job, vdir, lambda e: None)
         serve.write_server_args(vdir / serve.SERVER_ARGS_FILE,
                                 serve.server_args({"api_key": f"k_{MARK}"}, Launch(mode="serve"), 8123))
-        artifacts.write_json(vdir / "manifest.json", {})
+        write_manifest(vdir / "manifest.json", VariantManifest(variant="v", status="running"))
     finally:
         os.umask(old)
     mode = {name: stat.S_IMODE((vdir / name).stat().st_mode) for name in ("job.json", serve.SERVER_ARGS_FILE, "manifest.json")}

@@ -10,10 +10,10 @@ import copy
 from pathlib import Path
 
 import pytest
-from fakes import make_samples, write_run
+from fakes import make_samples, record_artifacts, update_manifest, write_run
 from typer.testing import CliRunner
 
-from evalpipe import artifacts, integrity
+from evalpipe import artifacts
 from evalpipe.artifacts import RunDir
 from evalpipe.cli import app
 from evalpipe.resume import ResumeRefused, first_difference, reopen
@@ -36,11 +36,9 @@ def interrupted_run(root: Path) -> Path:
                         run_info={**copy.deepcopy(RUN_FIELDS), "status": "interrupted", "interrupted_by": "SIGTERM",
                                   "variant_status": {"legacy": {"exit_code": 0, "seconds": 9.0, "error": None}}})
     legacy = RunDir(run_dir).variant("legacy")
-    manifest = artifacts.read_json(legacy.manifest)
-    manifest.update(status="ok", **{integrity.ARTIFACTS_KEY: integrity.describe_artifacts(legacy)})
-    artifacts.write_json(legacy.manifest, manifest)
+    record_artifacts(legacy, status="ok")
     sp = RunDir(run_dir).variant("sp")
-    artifacts.write_json(sp.manifest, {**artifacts.read_json(sp.manifest), "status": "running"})
+    update_manifest(sp, status="running")
     (sp.root / JOURNAL_FILE).write_text('{"key": "k", "answer": {}}\n')
     (run_dir / "report.md").write_text("stale")
     return run_dir

@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
+from evalpipe.documents.manifest import EngineInfo, ServerInfo
 from evalpipe.documents.worker_job import ServerJob
 from evalpipe.errors import RunFailed
 from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
@@ -166,7 +167,8 @@ class HttpEngine:
             self.model = settings.model
         card = next(m for m in models if m["id"] == self.model)
         self._max_model_len = int(card["max_model_len"])
-        self._server = {"url": settings.shown_url, "models": models, "version": self._try_get("/version")}
+        version = self._try_get("/version")
+        self._server = ServerInfo(url=settings.shown_url, models=models, version=version if isinstance(version, dict) else None)
         self._eos: int | None | bool = False  # not asked yet
         self._local = _local_tokenizer(settings.tokenizer, settings.tokenizer_args or {})
         self.tokenized_by = "local" if self._local is not None else "server"
@@ -359,11 +361,12 @@ class HttpEngine:
         except (KeyError, TypeError, IndexError) as err:
             raise ServerError(f"{label}: malformed prompt logprobs from the server ({type(err).__name__}: {err})") from None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         self._connect()
-        return {"kind": "http", "max_model_len": self._max_model_len, "model": self.model, "server": self._server,
-                "ready_wait_s": self.ready_wait_s, "tokenized_by": self.tokenized_by,
-                "journal": self.journal.summary() if self.journal is not None else None}
+        # the journal's summary is the worker's to add, once, as the variant ends
+        return EngineInfo(kind="http", max_model_len=self._max_model_len, model=self.model,
+                          server=self._server, ready_wait_s=self.ready_wait_s,
+                          tokenized_by=self.tokenized_by)
 
     def close(self) -> None:
         """Only the connection: whoever started the server stops it."""
