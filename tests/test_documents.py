@@ -1,4 +1,4 @@
-"""The documents that cross a process boundary are typed and versioned (evalpipe/documents/):
+"""The documents that cross a process or file boundary are typed and versioned (evalpipe/documents/):
 one writer, one reader, a field the reader does not know or a version it does not read
 refused in one sentence instead of silently dropped."""
 
@@ -11,9 +11,27 @@ import sys
 
 import pytest
 
+from evalpipe.artifacts import MANIFEST_JSON
+from evalpipe.documents.journal import JOURNAL_LINE_VERSION, JournalLine, read_journal_line
+from evalpipe.documents.manifest import (
+    MANIFEST_VERSION,
+    ArtifactEntry,
+    CollectiveCounts,
+    DataFile,
+    EngineInfo,
+    Hardware,
+    JournalSummary,
+    ProbeSummary,
+    ServerInfo,
+    VariantManifest,
+    migrate,
+    read_manifest,
+    write_manifest,
+)
 from evalpipe.documents.worker_job import JOB_VERSION, ServerJob, TeacherJob, WorkerJob, read_job, write_job
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.worker.http_engine import ServerSettings
+from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
 
 
 def _job(tmp_path, **changes) -> WorkerJob:
@@ -63,3 +81,152 @@ def test_the_http_engine_takes_every_server_setting():
                        ready_timeout_s=5.0, tokenizer="/tok", tokenizer_args={"tokenizer_mode": "slow"})
     settings = ServerSettings.from_job(server)
     assert {k: getattr(settings, k) for k in ServerJob.model_fields} == server.model_dump()
+
+
+# -- manifest.json ---------------------------------------------------------------------
+
+def _manifest() -> VariantManifest:
+    """Every field a finished served variant's manifest has: the worker's, the parent's probe summary."""
+    return VariantManifest(
+        variant="sp", status="ok", python="/usr/bin/python3", argv=["-m", "evalpipe.worker.main", "job.json"],
+        env={"HOME": "/root", "HF_TOKEN": "<redacted>"}, engine_kind="http", launch_mode="serve",
+        engine_args={"model": "m", "tensor_parallel_size": 2, "enforce_eager": True},
+        versions={"python": "3.11.9", "vllm": "0.32.0", "vllm_ascend": None},
+        hardware=Hardware(cpu="AMD EPYC", isa=["avx2"], machine="x86_64", system="Linux", cpus=2),
+        started_at=1.0, finished_at=9.0,
+        data_files={"gsm8k": {"test": DataFile(path="/data/gsm8k.jsonl", sha256="a" * 64)}},
+        engine=EngineInfo(kind="http", max_model_len=2048, model="m",
+                          server=ServerInfo(url="http://127.0.0.1:8000/v1", models=[{"id": "m"}], version={"version": "0.32.0"}),
+                          ready_wait_s=3.5, tokenized_by="local",
+                          journal=JournalSummary(file="requests.journal.jsonl", answers_found=2, answers_reused=2)),
+        truncated_prompts=0, n_samples=8, timings={"engine_start_s": 3.5, "task:gsm8k_s": 2.0, "total_s": 8.0},
+        artifacts={"samples.parquet": ArtifactEntry(bytes=10, sha256="b" * 64, rows=8),
+                   "job.json": ArtifactEntry(bytes=5, sha256="c" * 64)},
+        probes=ProbeSummary(mode="serve", verifiable=True, processes={"api_server": 1}, models=["LlamaForCausalLM"],
+                            layers={"LlamaDecoderLayer": 2}, switches={"sp": True}, calls={"f": 3}, absent=[],
+                            collectives_per_forward={"all_reduce": CollectiveCounts(counts={"4": 2}, forwards=2)},
+                            forwards=2),
+    )
+
+
+def test_a_manifest_round_trips(tmp_path):
+    manifest = _manifest()
+    path = tmp_path / MANIFEST_JSON
+    write_manifest(path, manifest)
+    assert read_manifest(path) == manifest
+    raw = json.loads(path.read_text())
+    assert raw["version"] == MANIFEST_VERSION
+    # what is not known is not written (as before the model): no error, no rows of a JSON file
+    assert "error" not in raw and "rows" not in raw["artifacts"]["job.json"]
+    assert raw["versions"]["vllm_ascend"] is None, "a package that is not installed stays said"
+
+
+def test_a_manifest_from_before_the_version_is_read_as_version_1(tmp_path):
+    """A run directory of an earlier evalpipe stays comparable: its manifest had no version,
+    and each field was added over time (an old served variant: no tokenizer or wait, the
+    old hardware record, no artifacts record)."""
+    old = {"variant": "legacy", "status": "ok", "python": "/p", "argv": [], "env": {}, "engine_kind": "http",
+           "engine_args": {"model": "m"}, "versions": {"vllm": "0.7.0"},
+           "hardware": {"machine": "x86_64", "system": "Linux", "cpus": 4}, "started_at": 1, "finished_at": 2,
+           "engine": {"kind": "http", "max_model_len": 512, "model": "m", "server": {"url": "http://h/v1", "models": []}},
+           "timings": {"total_s": 3}, "n_samples": 4}
+    path = tmp_path / MANIFEST_JSON
+    path.write_text(json.dumps(old))
+    manifest = read_manifest(path)
+    assert manifest.version == MANIFEST_VERSION and manifest.launch_mode == "offline"
+    assert manifest.hardware == Hardware(machine="x86_64", system="Linux", cpus=4)
+    assert manifest.engine is not None and manifest.engine.tokenized_by is None and manifest.artifacts is None
+    assert manifest.timings == {"total_s": 3.0}
+    assert migrate(old) == {**old, "version": MANIFEST_VERSION}
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: d.update(version=2), "is a variant manifest of version 2; this evalpipe reads version 1"),
+    (lambda d: d.update(name="sp"), "manifest.json: name: Extra inputs are not permitted; restore it or re-run the variant."),
+    (lambda d: d["engine"].update(gpus=8), "manifest.json: engine.gpus: Extra inputs are not permitted"),
+    (lambda d: d["artifacts"]["job.json"].pop("sha256"), "manifest.json: artifacts.job.json.sha256: Field required"),
+    (lambda d: d.update(status="paused"), "manifest.json: status: Input should be 'running', 'ok' or 'failed'"),
+])
+def test_a_manifest_this_evalpipe_cannot_read_is_one_sentence(tmp_path, edit, fragment):
+    raw = _manifest().model_dump(mode="json")
+    edit(raw)
+    path = tmp_path / MANIFEST_JSON
+    path.write_text(json.dumps(raw))
+    with pytest.raises(UserError, match="manifest.json") as err:
+        read_manifest(path)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_manifest_that_is_no_json_object_is_one_sentence(tmp_path):
+    path = tmp_path / MANIFEST_JSON
+    for text, fragment in (("{cut", "cannot be read ("), ("[1]", "is not a variant manifest (a JSON object)")):
+        path.write_text(text)
+        with pytest.raises(UserError) as err:
+            read_manifest(path)
+        assert fragment in str(err.value) and str(err.value).endswith("restore it or re-run the variant.")
+
+
+# -- the request journal's lines ------------------------------------------------------
+
+def test_a_journal_line_round_trips_with_its_version(tmp_path):
+    path = tmp_path / JOURNAL_FILE
+    journal = RequestJournal(path)
+    answer = {"token_ids": [1, 2], "logprobs": [-0.5, float("-inf")], "finish_reason": "stop"}
+    journal.put("k1", answer)
+    journal.close()
+    text = path.read_text()
+    assert text.count("\n") == 1 and " " not in text, "one compact line per answer"
+    assert json.loads(text)["v"] == JOURNAL_LINE_VERSION
+    line = read_journal_line(text, path, 1)
+    assert line == JournalLine(key="k1", answer=answer)
+    again = RequestJournal(path)
+    assert again.get("k1") == answer and again.loaded == 1  # -inf comes back as -inf
+    again.close()
+
+
+def test_a_journal_line_from_before_the_version_is_read_and_a_cut_one_skipped(tmp_path):
+    path = tmp_path / JOURNAL_FILE
+    path.write_text('{"key": "old", "answer": {"text": "4"}}\n{"v": 1, "key": "new", "answer": {}}\n{"v": 1, "key": "cu')
+    assert read_journal_line('{"key": "old", "answer": {"text": "4"}}', path, 1) == JournalLine(key="old", answer={"text": "4"})
+    journal = RequestJournal(path)
+    assert journal.loaded == 2 and journal.get("old") == {"text": "4"}
+    journal.put("after", {"n": 1})  # not glued to the cut line
+    journal.close()
+    assert RequestJournal(path).loaded == 3
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"v": 2, "key": "k", "answer": {}}', "line 2 is a journal entry of version 2; this evalpipe reads version 1"),
+    ('{"v": 1, "key": "k", "answer": {}, "at": 5}', "line 2: at: Extra inputs are not permitted; delete the journal"),
+    ('{"v": 1, "answer": {}}', "line 2: key: Field required"),
+    ('[1, 2]', "line 2 is not a journal entry (a JSON object)"),
+])
+def test_a_journal_line_this_evalpipe_cannot_read_is_one_sentence(tmp_path, line, fragment):
+    path = tmp_path / JOURNAL_FILE
+    path.write_text('{"v": 1, "key": "a", "answer": {}}\n' + line + "\n")
+    with pytest.raises(UserError, match=JOURNAL_FILE) as err:
+        RequestJournal(path)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_worker_refuses_a_journal_it_cannot_read_as_a_user_error(tmp_path):
+    """Before any engine starts: the variant fails with the journal's sentence (exit 2),
+    and its manifest says so."""
+    from evalpipe.worker import main
+
+    vdir = tmp_path / "v"
+    vdir.mkdir()
+    (vdir / JOURNAL_FILE).write_text('{"v": 2, "key": "k", "answer": {}}\n')
+    job = WorkerJob(variant="v", output_dir=str(vdir), engine_args={"model": str(tmp_path)}, tasks=[], topk=1,
+                    data_dir=str(tmp_path / "data"), journal=JOURNAL_FILE)
+    events = []
+
+    class Events:
+        def emit(self, event, **fields):
+            events.append((event, fields))
+
+    assert main.run(job, Events()) == ExitCode.USER_ERROR  # type: ignore[arg-type]
+    kind, message = events[-1][1]["kind"], events[-1][1]["message"]
+    assert kind == "user" and "line 1 is a journal entry of version 2" in message
+    manifest = read_manifest(vdir / MANIFEST_JSON)
+    assert manifest.status == "failed" and manifest.error == message

@@ -269,6 +269,9 @@ def run(job: WorkerJob, events: Events) -> int:
 
         engine = build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting,
                               journal=out.root / job.journal if job.journal else None)
+    except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
+        events.emit("error", kind="user", message=str(err))
+        return finish("failed", EXIT_USER, error=str(err))
     except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
         traceback.print_exc()
         msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
