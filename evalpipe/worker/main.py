@@ -27,6 +27,8 @@ from evalpipe.worker.journal import RequestJournal
 
 EXIT_OK, EXIT_USER, EXIT_FAILED = ExitCode.OK, ExitCode.USER_ERROR, ExitCode.FAILED
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
+# the manifest's fields that hold values from the config, the environment or a server: redacted
+FROM_THE_CONFIG = ("argv", "env", "engine_args", "engine", "error")
 
 
 class Events:
@@ -216,9 +218,11 @@ def run(job: WorkerJob, events: Events) -> int:
     def save_manifest(**update: Any) -> None:
         nonlocal manifest
         # engine args, the server's URL and error messages come from the config: the same
-        # redaction as run.json (job.json alone keeps the real values)
-        merged = VariantManifest.model_validate({**manifest.model_dump(), **update})
-        manifest = VariantManifest.model_validate(redact(merged.model_dump(mode="json"), job.secret_env))
+        # redaction as run.json (job.json alone keeps the real values). Only those fields: a
+        # task named like a credential must not turn its timing into a string.
+        data = VariantManifest.model_validate({**manifest.model_dump(), **update}).model_dump(mode="json")
+        data.update({k: redact(data[k], job.secret_env) for k in FROM_THE_CONFIG if data[k] is not None})
+        manifest = VariantManifest.model_validate(data)
         write_manifest(out.manifest, manifest)
 
     save_manifest()
