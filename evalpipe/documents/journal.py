@@ -29,8 +29,9 @@ class JournalLine(Document):
 
 def journal_line(line: JournalLine) -> str:
     """The line to append (compact JSON and its newline). json, not pydantic, writes the
-    answer: its logprobs may be -inf, which must come back as -inf."""
-    return json.dumps(line.model_dump(), separators=(",", ":")) + "\n"
+    answer as it is (no copy of a long prompt's logprobs): they may be -inf, which must
+    come back as -inf."""
+    return json.dumps({"v": line.v, "key": line.key, "answer": line.answer}, separators=(",", ":")) + "\n"
 
 
 def read_journal_line(text: str, path: Path, number: int) -> JournalLine | None:
