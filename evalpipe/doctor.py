@@ -154,13 +154,13 @@ def _free_disk(path: Path) -> int:
 
 
 def check_endpoint(v: PlannedVariant, timeout_s: float = 10) -> tuple[bool, str]:
-    from evalpipe.worker.http_engine import ServerSettings, _headers
+    from evalpipe.worker.http_engine import ServerSettings
 
     launch = v.launch
     settings = ServerSettings(url=launch.url or "", api_key_env=launch.api_key_env)
     url = settings.shown_url  # for the messages: without a password
     try:
-        with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=_headers(settings)) as client:
+        with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=settings.headers()) as client:
             health = client.get("/health")
             models = client.get("/v1/models")
     except httpx.HTTPError as err:
@@ -274,7 +274,8 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
     """Resolve every task as the worker will (local data found or generated, RULER items
     built with the model's tokenizer), in this process."""
     from evalpipe.paths import data_dir
-    from evalpipe.worker import tasks as task_lookup
+    from evalpipe.tasks import configure as task_lookup
+    from evalpipe.tasks.index import TaskNotFound
 
     tokenizer = str(plan.config.model.tokenizer or model_path or plan.model)
     generated = task_lookup.LongCtxData(tokenizer, plan.config.longctx.model_dump(mode="json"), seed=plan.config.seed)
@@ -283,7 +284,7 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
             # lm-eval and RULER's generators print progress bars; the check's line is the output
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 task_lookup.task_config(t.spec.model_dump(), data_dir(), generated=generated)
-        except (task_lookup.TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
+        except (TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
             detail = str(err)
             if _needs_tokenizer(t.spec.task) and not Path(tokenizer).expanduser().exists():
                 detail = f"its items are built with the model's tokenizer, and {tokenizer} is not on this machine"
@@ -294,6 +295,6 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
 
 def _needs_tokenizer(task: str) -> bool:
     from evalpipe.data.longctx import TASK_PROBE
-    from evalpipe.worker.task_families import is_generated_ruler
+    from evalpipe.tasks.families import is_generated_ruler
 
     return task in TASK_PROBE or is_generated_ruler(task)

@@ -315,7 +315,7 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
     lm-eval's RULER tasks run at longctx.lengths too: same refusals, with each task's
     own max_gen_toks (a RULER prompt takes up to its length; the LM keeps max_gen_toks free)."""
     from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
-    from evalpipe.worker.task_families import RULER_MAX_GEN_TOKS, is_generated_ruler
+    from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
 
     for spec in (t.spec for t in tasks if is_generated_ruler(t.spec.task)):
         if spec.num_fewshot:

@@ -155,7 +155,7 @@ def check_user_data(plan: RunPlan) -> None:
     """The data files a config names (`data_files:` of a task entry), read here before any
     engine starts: a broken line or a missing column is one sentence, not lm-eval's
     words minutes later."""
-    from evalpipe.worker.tasks import task_config
+    from evalpipe.tasks.configure import task_config
 
     for t in plan.tasks:
         if not t.spec.data_files:
@@ -172,7 +172,7 @@ def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
     on the first problem, else the probed names as each variant's interpreter knows them."""
     from evalpipe.engine_args import EngineArgError, check_plan
     from evalpipe.probe_names import resolve_plan
-    from evalpipe.worker.tasks import TaskNotFound, check_task_names
+    from evalpipe.tasks.index import TaskNotFound, check_task_names
 
     try:
         check_task_names([t.spec.task for t in plan.tasks])

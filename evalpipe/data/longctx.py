@@ -130,7 +130,7 @@ class LongCtxSpec(BaseModel):
     value_digits: int = 5
     seed: int = TEST_SEED
     # lm-eval's RULER tasks (niah_single_1, ruler_vt, ...) run at `lengths` too, with this
-    # many items per length (evalpipe.worker.ruler; lm-eval's own builders make 500)
+    # many items per length (evalpipe.tasks.ruler; lm-eval's own builders make 500)
     ruler_items_per_length: int = 5
 
     @model_validator(mode="after")
