@@ -25,8 +25,8 @@ from rich.table import Table
 from evalpipe import artifacts
 from evalpipe.config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
 from evalpipe.errors import RunFailed
-from evalpipe.layout.faults import FAULT_ENV, FAULTS, Fault
-from evalpipe.layout.settings import LAYOUT_ENV
+from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, Fault
+from evalpipe.lab.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
 
 DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"

@@ -22,8 +22,8 @@ DAY = 86400.0
 T0 = 1_780_000_000.0
 N_ITEMS = 200
 
-MODEL = "evalpipe.layout.model.LayoutForCausalLM"
-LAYER = "evalpipe.layout.model.LayoutDecoderLayer"
+MODEL = "evalpipe.lab.layout.model.LayoutForCausalLM"
+LAYER = "evalpipe.lab.layout.model.LayoutDecoderLayer"
 ATTENTION = {"legacy": f"{LAYER}._legacy_attention", "sp": f"{LAYER}._sp_attention"}
 # collectives of the virtual ranks per forward pass: one per decoder layer (3)
 COLLECTIVES = {"legacy": ("all_gather", "reduce_scatter"), "sp": ("all_to_all", "reduce_scatter")}

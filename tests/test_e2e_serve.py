@@ -115,8 +115,8 @@ def test_every_process_of_a_served_engine_recorded_what_it_ran(offline_vs_served
     assert roles == ["api_server", "engine_core", "evalpipe_worker"], roles
     (core,) = [p for p in records(run_dir, "served") if p["role"] == "engine_core"]
     (model,) = core["models"]
-    assert model["model_class"] == "evalpipe.layout.model.LayoutForCausalLM"
-    assert model["layers"] == {"evalpipe.layout.model.LayoutDecoderLayer": 3}
+    assert model["model_class"] == "evalpipe.lab.layout.model.LayoutForCausalLM"
+    assert model["layers"] == {"evalpipe.lab.layout.model.LayoutDecoderLayer": 3}
     assert model["forwards"] > 0 and model["per_forward"]["all_gather"] == {"3": model["forwards"]}
     # the engine core's own switches and collectives (legacy's virtual gathers), read where they happened
     # every finished pass made its 3 gathers; a pass the shutdown cut short made at most 2 more

@@ -1,6 +1,6 @@
 """Run the reference layout model under many settings on one engine and record what moved.
 
-    python -m evalpipe.layout.probe [--plain] [--prompts 8] [--max-tokens 48] [--out FILE] SETTING...
+    python -m evalpipe.lab.layout.probe [--plain] [--prompts 8] [--max-tokens 48] [--out FILE] SETTING...
 
 SETTING is ``LAYOUT[@SCALE][:FAULT+FAULT...]`` (``sp``, ``sp:heads_permuted``,
 ``sp@16384:scale_after_reduce``) or ``env``: whatever ``EVALPIPE_LAYOUT`` /
@@ -32,9 +32,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from evalpipe.layout.faults import FAULT_ENV
-from evalpipe.layout.plugin import ARCHITECTURE
-from evalpipe.layout.settings import LAYOUT_ENV, LayoutSettings, resolve
+from evalpipe.lab.layout.faults import FAULT_ENV
+from evalpipe.lab.layout.plugin import ARCHITECTURE
+from evalpipe.lab.layout.settings import LAYOUT_ENV, LayoutSettings, resolve
 
 STOP = ["\n\n", "Question:"]
 
