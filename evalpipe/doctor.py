@@ -232,7 +232,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             if v.launch.port is None:
                 add(v.name, "port", True, f"a free port on {v.launch.host} is chosen at start")
             else:
-                from evalpipe.serve import port_is_free
+                from evalpipe.execution.serve import port_is_free
 
                 free_port = port_is_free(v.launch.host, v.launch.port)
                 add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))

@@ -212,7 +212,7 @@ def mark_interrupted(run_dir: Path) -> None:
     (instead of `running` forever)."""
     import signal
 
-    from evalpipe.launch import interrupts
+    from evalpipe.execution.launch import interrupts
 
     path = artifacts.RunDir(run_dir).run_json
     if not path.is_file():
@@ -295,7 +295,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     info["timings"]["model_s"] = time.time() - t0
     save()
 
-    from evalpipe.launch import stop_if_interrupted
+    from evalpipe.execution.launch import stop_if_interrupted
 
     view = ProgressView(console)
     # Without the reference (or its A/A twin) nothing can be compared, so their failure
@@ -390,7 +390,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     the reference's, the running one. A server that dies stops the worker and fails the
     variant with its log's tail. ``servers``: the started ones, by variant; the caller
     stops them (`_stop_unneeded`)."""
-    from evalpipe.launch import run_worker
+    from evalpipe.execution.launch import run_worker
     from evalpipe.probe_records import probe_env, write_spec
 
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
@@ -398,7 +398,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     if variant.launch.mode != "serve":
         return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
                           stall_timeout_s=limits.stall_of(variant), env=env)
-    from evalpipe import serve
+    from evalpipe.execution import serve
 
     vdir.mkdir(parents=True, exist_ok=True)
     vd = artifacts.VariantDir(vdir)
@@ -420,7 +420,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
         try:
             server.start(server_env)
         except OSError as err:  # the launcher or server command itself is missing
-            from evalpipe.launch import VariantOutcome
+            from evalpipe.execution.launch import VariantOutcome
 
             return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
                                   f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")

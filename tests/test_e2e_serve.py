@@ -175,13 +175,13 @@ def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_art
     from evalpipe.plan import make_plan
 
     key = "sk-evalpipe-test-7f3a91"
-    from evalpipe.serve import free_port
+    from evalpipe.execution.serve import free_port
 
     port = free_port("127.0.0.1")
     plan = make_plan(load_config(write_config(tmp_path, "base", engine=SEQUENTIAL)), "base", "gsm8k", variants="legacy",
                      noise_floor=False)
     legacy = plan.variants[0]
-    from evalpipe import serve
+    from evalpipe.execution import serve
 
     args_file = tmp_path / "server.yaml"
     serve.write_server_args(args_file, serve.server_args({**legacy.engine_args, "model": str(builtin_model_dir)},

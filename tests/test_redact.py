@@ -154,7 +154,8 @@ def _all(text: str, sub: str) -> list[int]:
 
 
 def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
-    from evalpipe import cli, nightly, serve
+    from evalpipe import cli, nightly
+    from evalpipe.execution import serve
     from evalpipe.history import History, open_history
     from evalpipe.report.dashboard import write_dashboard
     from evalpipe.runner import compare_and_report
@@ -235,9 +236,9 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
     import os
     import stat
 
-    from evalpipe import serve
     from evalpipe.config import Launch
-    from evalpipe.launch import run_worker
+    from evalpipe.execution import serve
+    from evalpipe.execution.launch import run_worker
     from evalpipe.plan import PlannedVariant
 
     python = tmp_path / "fake-python"  # stands in for the worker: nothing to run, only job.json to write

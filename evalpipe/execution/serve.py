@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from evalpipe.config import Launch
-from evalpipe.launch import guarded_popen, log_tail, stop_group
+from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
 from evalpipe.redact import redact, redact_text
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
