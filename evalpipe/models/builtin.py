@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from evalpipe.data import gsm_synth, longctx
 from evalpipe.errors import UserError
+from evalpipe.paths import models_dir
 
 Progress = Callable[[str], None]
 
@@ -79,8 +81,6 @@ SPECIAL_TOKENS = [BOS, EOS, UNK, PAD]  # ids 0..3, in this order
 # Full build: ~3 min wall on an idle machine (~10 s data + tokenizer, ~175 s training),
 # proportionally longer when other jobs share the cores.
 def _tiny_gsm_spec() -> dict[str, Any]:
-    from evalpipe.data import gsm_synth, longctx
-
     return {
         "arch": "llama",
         # tokenizer
@@ -205,8 +205,6 @@ def spec_hash(name: str, spec: dict[str, Any]) -> str:
 
 
 def default_path(name: str, overrides: dict[str, Any] | None = None) -> Path:
-    from evalpipe.paths import models_dir
-
     name = check_name(name)
     return models_dir() / f"{name}-{spec_hash(name, model_spec(name, overrides))}"
 
