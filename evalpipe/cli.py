@@ -277,11 +277,11 @@ def _writing_into(from_run: Optional[Path]):
 
 def _run_gates(target: Path):
     """The gates a run was made with (so --margin alone changes only the margin)."""
-    from evalpipe.rundirs import gates_from_info, read_run_info
+    from evalpipe.rundirs import read_run_info
 
     run_dir = target if (target / "run.json").is_file() else target.parent
     try:
-        return gates_from_info(read_run_info(run_dir), str(run_dir / "run.json"))
+        return read_run_info(run_dir).gates_of(str(run_dir / "run.json"))
     except UserError:
         return None
 

@@ -15,6 +15,7 @@ from evalpipe import artifacts
 from evalpipe.artifacts import PROBES_JSON, RunDir
 from evalpipe.compare.code_paths import ModelProbe, ProcessProbe, VariantProbes, summarize
 from evalpipe.config import Expectations
+from evalpipe.documents.run_doc import read_run_document, write_run_document
 from evalpipe.rundirs import compare_run, write_outputs
 from tests.fakes import FakeSample, make_samples, mutate, set_token, write_run
 
@@ -112,9 +113,8 @@ def write_night(root: Path, i: int, *, fault: bool = False, components: dict[str
         if probes:
             add_probes(vd, probes_of(name, ran[name], claims[name]))
     comparison = compare_run(run_dir)
-    info = artifacts.read_json(RunDir(run_dir).run_json)
-    info["verdict"] = comparison.status.value
-    artifacts.write_json(RunDir(run_dir).run_json, info)
+    info = read_run_document(run_dir).updated(verdict=comparison.status.value)
+    write_run_document(run_dir, info)
     write_outputs(run_dir, comparison, info)
     return run_dir
 

@@ -151,7 +151,7 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs")})
     plan = make_plan(load_config(cfg), str(cfg), "gsm8k", run_id="r", noise_floor=False)
     s = make_samples(4)
-    write_run(plan.run_dir, {"a": s, "b": s}, run_info={**run_info(plan), "status": "interrupted", "timings": {}})
+    write_run(plan.run_dir, {"a": s, "b": s}, run_info={**run_info(plan).as_mapping(), "status": "interrupted", "timings": {}})
     rd = artifacts.RunDir(plan.run_dir)
     artifacts.write_table(rd.variant("b").tokens, token_table(make_samples(5)))  # a doc samples.parquet lacks
     for name in ("a", "b"):  # finished as far as the worker could tell: kept, not run again

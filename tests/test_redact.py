@@ -111,7 +111,7 @@ def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
 
     for path in sorted((PROJECT_ROOT / "configs").rglob("*.yaml")):
         plan = make_plan(load_config(path), str(path), "all", strict=False, output=str(tmp_path))
-        assert REDACTED not in json.dumps(run_info(plan)), path
+        assert REDACTED not in run_info(plan).model_dump_json(), path
 
 
 # ---------------------------------------------------------------------------
