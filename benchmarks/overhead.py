@@ -53,6 +53,7 @@ def main() -> int:
     from evalpipe import artifacts
     from evalpipe.config import load_config
     from evalpipe.documents.manifest import read_manifest
+    from evalpipe.documents.run_doc import read_run_document
 
     cfg = load_config(args.config)
     ref = cfg.reference_name
@@ -69,7 +70,8 @@ def main() -> int:
         print(proc.stdout[-2000:], proc.stderr[-2000:])
         return proc.returncode
     run_dir = work / "overhead"
-    info = artifacts.read_json(run_dir / "run.json")
+    info = read_run_document(run_dir)
+    assert info is not None and info.model.path, f"{run_dir} has no run.json naming its model"
     vdir = artifacts.VariantDir(run_dir / ref)
     manifest = read_manifest(vdir.manifest)
     task = cfg.tasks["gsm8k"][0].task
@@ -79,7 +81,7 @@ def main() -> int:
     # The exact token ids the engine saw: re-encode the logged prompts the way the worker does.
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(info["model"]["path"])
+    tokenizer = AutoTokenizer.from_pretrained(info.model.path)
     samples = artifacts.read_table(vdir.samples).to_pylist()
     prompts = [tokenizer.encode(s["prompt"], add_special_tokens=False) for s in samples]
     results = artifacts.read_json(vdir.results)

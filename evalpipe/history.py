@@ -37,6 +37,8 @@ from sqlalchemy.engine import Connection, Engine
 from evalpipe import artifacts
 from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
 from evalpipe.documents.manifest import VariantManifest, read_manifest
+from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
+from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.redact import redact, redact_text
@@ -306,7 +308,7 @@ def _commit_of(version: str | None) -> str | None:
     return version.split("+g", 1)[1].split(".", 1)[0] or None
 
 
-def components_of(manifest: VariantManifest, run_info: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+def components_of(manifest: VariantManifest, run_info: RunDocument, labels: dict[str, str]) -> dict[str, str]:
     """What a variant ran on: measured versions (and the commits their versions carry),
     evalpipe's code version, and the labels CI passes (``--component vllm_ascend=<sha>``),
     which win over measured values of the same name."""
@@ -318,7 +320,7 @@ def components_of(manifest: VariantManifest, run_info: dict[str, Any], labels: d
         commit = _commit_of(str(version))
         if commit:
             out[f"{name}_commit"] = commit
-    code = (run_info.get("fingerprints") or {}).get("code")
+    code = run_info.fingerprints.code
     if code:
         out["evalpipe"] = str(code)
     out.update({str(k): str(v) for k, v in labels.items()})
@@ -401,17 +403,17 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
     rd = RunDir(Path(run_dir))
     if not rd.run_json.is_file():
         raise HistoryError(f"{rd.root} is not a run directory (it has no run.json); pass the directory `evalpipe run` wrote.")
-    info = artifacts.read_json(rd.run_json)
+    try:
+        info = read_run_document(rd.root) or RunDocument()
+    except UserError as err:
+        raise HistoryError(str(err)) from None
     compare = artifacts.read_json(rd.compare_json) if rd.compare_json.is_file() else {}
-    labels = {**(info.get("components") or {}), **(labels or {})}
-    kind = kind or str(info.get("kind") or "run")
-    model = info.get("model") or {}
-    names = [str(v) for v in info.get("variants") or rd.variant_names()]
-    reference = str(info.get("reference") or (names[0] if names else ""))
-    aa = (info.get("noise_floor") or {}).get("variant")
+    labels = {**info.components, **(labels or {})}
+    kind = kind or info.kind or "run"
+    names = info.variants or rd.variant_names()
+    reference = info.reference or (names[0] if names else "")
+    aa = info.aa_variant
     by_variant = {c.get("variant"): c for c in compare.get("comparisons") or []}
-    settings = info.get("variant_settings") or {}
-    vstatus = info.get("variant_status") or {}
     out_variants = []
     for name in names:
         vdir = rd.variant(name)
@@ -425,13 +427,13 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
         role = "reference" if name == reference else "aa" if name == aa else "variant"
         comparison = compare.get("noise_floor") if role == "aa" else by_variant.get(name)
         # run.json is redacted when written; a run directory from before that is not
-        setting = redact(dict(settings.get(name) or {}))
-        setting.pop("versions", None)
-        setting.pop("python", None)  # a path, differs between machines without meaning anything
+        entry = info.variant_settings.get(name)
+        # a path, differs between machines without meaning anything; the versions are components
+        setting = redact(entry.model_dump(mode="json", exclude_unset=True, exclude={"versions", "python"}) if entry else {})
         out_variants.append({
             "name": name, "role": role,
             "status": None if role == "reference" else (comparison or {}).get("status"),
-            "exit_code": (vstatus.get(name) or {}).get("exit_code"),
+            "exit_code": info.variant_status[name].exit_code if name in info.variant_status else None,
             "components": redact(components_of(manifest, info, labels)),
             "settings": setting,
             "probes": _probes_summary(manifest),
@@ -441,20 +443,20 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             "gates": _gate_rows(comparison) if role == "variant" else [],
         })
     run = {
-        "run_id": str(info.get("run_id") or rd.root.name),
+        "run_id": info.run_id or rd.root.name,
         "kind": kind,
-        "started_at": float(info.get("started_at") or rd.run_json.stat().st_mtime),
-        "config_path": info.get("config_path"),
-        "config_hash": (info.get("fingerprints") or {}).get("config_sha256"),
-        "code_version": (info.get("fingerprints") or {}).get("code"),
-        "model": model.get("name") or model.get("path"),
-        "model_fingerprint": model.get("fingerprint"),
-        "task_selector": info.get("task_selector"),
-        "status": info.get("status"),
-        "verdict": info.get("verdict"),
+        "started_at": float(info.started_at or rd.run_json.stat().st_mtime),
+        "config_path": info.config_path,
+        "config_hash": info.fingerprints.config_sha256,
+        "code_version": info.fingerprints.code,
+        "model": info.model.name or info.model.path,
+        "model_fingerprint": info.model.fingerprint,
+        "task_selector": info.task_selector,
+        "status": info.status,
+        "verdict": info.verdict,
         "reference": reference,
         "aa_variant": aa,
-        "hardware": info.get("hardware"),
+        "hardware": info.hardware,
         "run_dir": str(rd.root.resolve()),
     }
     return RunRecord(run, out_variants)
@@ -682,17 +684,13 @@ def _inserted_pk(result: sa.CursorResult[Any]) -> Any:
 def _judgement_of(run_dir: Path) -> dict[str, Any] | None:
     """A night's judgement as its run directory keeps it (nightly.json), so an import
     rebuilds the night's status too."""
-    path = run_dir / NIGHTLY_JSON
-    if not path.is_file():
-        return None
     try:
-        j = artifacts.read_json(path)
-    except (OSError, ValueError):
+        night = read_nightly_document(run_dir / NIGHTLY_JSON)
+    except UserError as err:
+        raise HistoryError(str(err)) from None
+    if night is None:
         return None
-    return {"nightly_status": j.get("status"), "baseline_run_id": j.get("baseline"), "judgement": j}
-
-
-NIGHTLY_JSON = "nightly.json"
+    return {"nightly_status": night.status, "baseline_run_id": night.baseline, "judgement": night.judgement()}
 
 
 def open_history(url: str | None, output_root: Path) -> History:

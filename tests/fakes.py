@@ -18,6 +18,7 @@ import numpy as np
 from evalpipe import artifacts, integrity
 from evalpipe.artifacts import RunDir, VariantDir
 from evalpipe.documents.manifest import VariantManifest, read_manifest, write_manifest
+from evalpipe.documents.run_doc import RunDocument
 
 TASK = "gsm8k_synth_4shot"
 METRIC = "exact_match,strict-match"
@@ -153,7 +154,7 @@ def write_run(
     run_root: Path,
     variants: dict[str, list[FakeSample]],
     reference: str | None = None,
-    run_info: dict[str, Any] | None = None,
+    run_info: dict[str, Any] | RunDocument | None = None,
     *,
     teachers: dict[str, list[FakeSample]] | None = None,
     noise_floor: str | None = None,
@@ -171,7 +172,7 @@ def write_run(
     info: dict[str, Any] = {"run_id": run_root.name, "reference": ref, "variants": list(variants)}
     if noise_floor is not None:
         info["noise_floor"] = {"variant": noise_floor, "of": ref, "reverse_order": True}
-    info.update(run_info or {})
+    info.update(run_info.as_mapping() if isinstance(run_info, RunDocument) else run_info or {})
     artifacts.write_json(RunDir(run_root).run_json, info)
     return run_root
 

@@ -15,6 +15,7 @@ from evalpipe import artifacts
 from evalpipe.artifacts import PROBES_JSON, RunDir
 from evalpipe.compare.code_paths import ModelProbe, ProcessProbe, VariantProbes, summarize
 from evalpipe.config import Expectations
+from evalpipe.documents.run_doc import read_run_document, write_run_document
 from evalpipe.rundirs import compare_run, write_outputs
 from tests.fakes import FakeSample, make_samples, mutate, set_token, update_manifest, write_run
 
@@ -22,8 +23,8 @@ DAY = 86400.0
 T0 = 1_780_000_000.0
 N_ITEMS = 200
 
-MODEL = "evalpipe.layout.model.LayoutForCausalLM"
-LAYER = "evalpipe.layout.model.LayoutDecoderLayer"
+MODEL = "evalpipe.lab.layout.model.LayoutForCausalLM"
+LAYER = "evalpipe.lab.layout.model.LayoutDecoderLayer"
 ATTENTION = {"legacy": f"{LAYER}._legacy_attention", "sp": f"{LAYER}._sp_attention"}
 # collectives of the virtual ranks per forward pass: one per decoder layer (3)
 COLLECTIVES = {"legacy": ("all_gather", "reduce_scatter"), "sp": ("all_to_all", "reduce_scatter")}
@@ -108,9 +109,8 @@ def write_night(root: Path, i: int, *, fault: bool = False, components: dict[str
         if probes:
             add_probes(vd, probes_of(name, ran[name], claims[name]))
     comparison = compare_run(run_dir)
-    info = artifacts.read_json(RunDir(run_dir).run_json)
-    info["verdict"] = comparison.status.value
-    artifacts.write_json(RunDir(run_dir).run_json, info)
+    info = read_run_document(run_dir).updated(verdict=comparison.status.value)
+    write_run_document(run_dir, info)
     write_outputs(run_dir, comparison, info)
     return run_dir
 

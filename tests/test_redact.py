@@ -112,7 +112,7 @@ def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
 
     for path in sorted((PROJECT_ROOT / "configs").rglob("*.yaml")):
         plan = make_plan(load_config(path), str(path), "all", strict=False, output=str(tmp_path))
-        assert REDACTED not in json.dumps(run_info(plan)), path
+        assert REDACTED not in run_info(plan).model_dump_json(), path
 
 
 # ---------------------------------------------------------------------------
@@ -155,7 +155,8 @@ def _all(text: str, sub: str) -> list[int]:
 
 
 def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
-    from evalpipe import cli, nightly, serve
+    from evalpipe import cli, nightly
+    from evalpipe.execution import serve
     from evalpipe.history import History, open_history
     from evalpipe.report.dashboard import write_dashboard
     from evalpipe.runner import compare_and_report
@@ -236,9 +237,9 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
     import os
     import stat
 
-    from evalpipe import serve
     from evalpipe.config import Launch
-    from evalpipe.launch import run_worker
+    from evalpipe.execution import serve
+    from evalpipe.execution.launch import run_worker
     from evalpipe.plan import PlannedVariant
 
     python = tmp_path / "fake-python"  # stands in for the worker: nothing to run, only job.json to write

@@ -195,7 +195,7 @@ def test_the_worker_records_the_artifacts_when_it_finishes(tmp_path, monkeypatch
     vdir = VariantDir(tmp_path / "v")
     job = WorkerJob(variant="v", output_dir=str(vdir.root), engine_args={"model": str(tmp_path)}, tasks=[],
                     seed=1, data_dir=str(tmp_path / "data"), topk=1)
-    write_job(vdir.root / JOB_JSON, job)  # as evalpipe.launch writes it
+    write_job(vdir.root / JOB_JSON, job)  # as evalpipe.execution.launch writes it
 
     class Events:
         def emit(self, *a, **k):

@@ -62,10 +62,10 @@ class ServerSettings:
     def from_job(cls, job: ServerJob) -> "ServerSettings":
         return cls(**job.model_dump())
 
-
-def _headers(settings: ServerSettings) -> dict[str, str]:
-    key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    def headers(self) -> dict[str, str]:
+        """The request headers: the API key is read from its variable at each use, never stored."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None = None, poll_s: float = 1.0) -> None:
@@ -74,7 +74,7 @@ def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None
     deadline = time.monotonic() + settings.ready_timeout_s
     started = time.monotonic()
     last_error = "no answer"
-    with httpx.Client(base_url=settings.url, timeout=10.0, headers=_headers(settings)) as client:
+    with httpx.Client(base_url=settings.url, timeout=10.0, headers=settings.headers()) as client:
         while time.monotonic() < deadline:
             try:
                 reply = client.get("/health")
@@ -154,7 +154,7 @@ class HttpEngine:
         settings = self.settings
         t0 = time.monotonic()
         wait_ready(settings, self._on_wait)
-        self._client = httpx.Client(base_url=settings.url, timeout=settings.request_timeout_s, headers=_headers(settings))
+        self._client = httpx.Client(base_url=settings.url, timeout=settings.request_timeout_s, headers=settings.headers())
         models = self._get("/v1/models")["data"]
         names = [m["id"] for m in models]
         if settings.model is None:
@@ -197,7 +197,7 @@ class HttpEngine:
         done = 0
         limits = httpx.Limits(max_connections=self.settings.concurrency, max_keepalive_connections=self.settings.concurrency)
         async with httpx.AsyncClient(base_url=self.settings.url, timeout=self.settings.request_timeout_s,
-                                     headers=_headers(self.settings), limits=limits) as client:
+                                     headers=self.settings.headers(), limits=limits) as client:
 
             async def one(body: dict[str, Any], label: str) -> Any:
                 nonlocal done

@@ -127,7 +127,7 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
     (one per doc x repeat) and the matching token rows from the LM's captures."""
     from evalpipe import artifacts
     from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
-    from evalpipe.worker.ruler import sample_columns
+    from evalpipe.tasks.ruler import sample_columns
 
     by_doc: dict[int, list[dict]] = {}
     for entry in logged:
@@ -195,7 +195,8 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
 def run(job: WorkerJob, events: Events) -> int:
     from evalpipe import artifacts, integrity
     from evalpipe.redact import redact
-    from evalpipe.worker import tasks as task_lookup
+    from evalpipe.tasks import configure as task_lookup
+    from evalpipe.tasks.index import task_manager
 
     out = artifacts.VariantDir(Path(job.output_dir))
     started = time.time()
@@ -244,7 +245,7 @@ def run(job: WorkerJob, events: Events) -> int:
     # are generated here (RulerTooShort), both user errors.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
-        from evalpipe.worker.task_families import is_generated_ruler
+        from evalpipe.tasks.families import is_generated_ruler
 
         engine_args = job.engine_args
         generated = task_lookup.LongCtxData(
@@ -317,7 +318,7 @@ def run(job: WorkerJob, events: Events) -> int:
                 model=lm,
                 tasks=[cfg],
                 limit=spec.get("limit"),
-                task_manager=task_lookup.task_manager(names=[spec["task"]]),
+                task_manager=task_manager(names=[spec["task"]]),
                 log_samples=True,
                 bootstrap_iters=1000,
                 random_seed=job.seed,
