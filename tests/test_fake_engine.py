@@ -1,0 +1,78 @@
+"""The fake engine (evalpipe/worker/fake_engine.py) itself: deterministic, self-consistent
+(scoring a sequence gives the logprobs its generation saw), its scripted behaviours, and
+chosen only through its environment variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalpipe.worker import fake_engine
+from evalpipe.worker.engines import GenRequest, ScoreRequest
+from evalpipe.worker.fake_engine import EOS, Behaviour, FakeEngine, build_fake_engine
+from evalpipe.worker.journal import RequestJournal
+
+PROMPT = "Question: 3 apples and 4 pears?\nAnswer:"
+
+
+def engine(**behaviour) -> FakeEngine:
+    return FakeEngine({}, Behaviour(**behaviour))
+
+
+def generate(eng: FakeEngine, prompt: str = PROMPT, topk: int = 5, max_tokens: int = 64):
+    (out,) = eng.generate([GenRequest(eng.encode(prompt), max_tokens=max_tokens)], topk=topk)
+    return out
+
+
+def test_generation_is_deterministic_greedy_and_plausible():
+    a, b = generate(engine()), generate(engine())
+    assert a == b
+    assert a.token_ids and len(a.token_ids) == len(a.logprobs) == len(a.topk_ids) == len(a.topk_logprobs)
+    assert all(len(t) == 5 for t in a.topk_ids) and all(lp <= 0 for lp in a.logprobs)
+    for tid, lp, ids, lps in zip(a.token_ids, a.logprobs, a.topk_ids, a.topk_logprobs):
+        assert tid == ids[0] and lp == lps[0] and lps == sorted(lps, reverse=True) and len(set(ids)) == len(ids)
+    assert a.finish_reason in ("stop", "length") and (a.token_ids[-1] == EOS) == (a.finish_reason == "stop")
+    assert a.text == generate(engine()).text and a.text.isprintable()
+    assert generate(engine(), prompt=PROMPT + " ").token_ids != a.token_ids, "another prompt, another answer"
+
+
+def test_scoring_a_generated_sequence_reproduces_its_logprobs():
+    eng = engine()
+    prompt = eng.encode(PROMPT)
+    gen = generate(eng)
+    (scored,) = eng.score([ScoreRequest(prompt + gen.token_ids, start=len(prompt))], topk=5)
+    assert scored.logprobs == gen.logprobs and all(scored.is_greedy)
+    assert scored.topk_ids == gen.topk_ids and scored.topk_logprobs == gen.topk_logprobs
+    other = [t + 1 if t < 255 else 97 for t in gen.token_ids]
+    (forced,) = eng.score([ScoreRequest(prompt + other, start=len(prompt), positions=[len(prompt) + 1])], topk=2)
+    assert len(forced.logprobs) == 1 and forced.is_greedy == [False] and forced.logprobs[0] < forced.topk_logprobs[0][-1]
+
+
+def test_a_diverging_variant_differs_from_its_position_on():
+    ref, var = generate(engine()), generate(engine(diverge_at=3))
+    assert var.token_ids[:3] == ref.token_ids[:3] and var.logprobs[:3] == ref.logprobs[:3]
+    assert var.token_ids[3] != ref.token_ids[3]
+
+
+def test_behaviours_are_parsed_and_a_typo_is_refused():
+    b = Behaviour.parse("1, diverge=4,delay=0.5,hang_after=2,exit_after=3,signal=KILL")
+    assert (b.diverge_at, b.delay_s, b.hang_after, b.exit_after, b.exit_signal) == (4, 0.5, 2, 3, "KILL")
+    assert Behaviour.parse("1") == Behaviour() and Behaviour.parse("fail_start").fail_start
+    with pytest.raises(RuntimeError, match="unknown behaviour 'diverg=4'"):
+        Behaviour.parse("diverg=4")
+    with pytest.raises(RuntimeError, match="fail_start"):
+        build_fake_engine({}, env={fake_engine.FAKE_ENGINE_ENV: "fail_start"})
+
+
+def test_only_its_variable_selects_it():
+    assert not fake_engine.requested({}) and not fake_engine.requested({fake_engine.FAKE_ENGINE_ENV: "0"})
+    assert fake_engine.requested({fake_engine.FAKE_ENGINE_ENV: "1"})
+    assert engine().info().kind == "fake"
+
+
+def test_the_journal_answers_what_an_earlier_attempt_asked(tmp_path):
+    first = FakeEngine({}, Behaviour(), journal=RequestJournal(tmp_path / "j.jsonl"))
+    want = generate(first)
+    first.close()
+    again = FakeEngine({}, Behaviour(exit_after=0), journal=RequestJournal(tmp_path / "j.jsonl"))
+    assert generate(again) == want, "answered from the journal: the engine (told to exit) was not asked"
+    assert again.journal is not None and again.journal.summary()["answers_reused"] == 1
