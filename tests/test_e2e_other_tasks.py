@@ -73,28 +73,3 @@ def test_likelihood_tasks_run_and_score(run):
     # one (logprob, is_greedy) per choice, and the logprobs are real numbers below 0
     choices = json.loads(arc[0]["response"])
     assert len(choices) == 3 and all(lp < 0 for lp, _ in choices)
-
-
-def test_engine_failure_exits_3_with_one_sentence_and_keeps_the_record(tmp_path):
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    # a valid argument the engine refuses when it starts (misspelt names are caught
-    # before any start: tests/test_engine_args.py)
-    cfg["engine"]["max_model_len"] = 99999
-    cfg["output"] = str(tmp_path / "runs")
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run(
-        [sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "2", "--run-id", "bad"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    flat = " ".join(proc.stderr.split())
-    assert "engine failed to start" in flat and "99999" in flat and "engine.log" in flat
-    run_dir = tmp_path / "runs" / "bad"
-    info = artifacts.read_json(run_dir / "run.json")
-    assert info["status"] == "failed" and "99999" in info["error"]
-    ref = cfg["reference"]
-    assert "Traceback" in (run_dir / ref / "engine.log").read_text(), "the details are kept in engine.log"
-    assert artifacts.read_json(run_dir / ref / "manifest.json")["status"] == "failed"
-    assert not (run_dir / "compare.json").exists()
