@@ -1,8 +1,8 @@
 """Continuing an interrupted run (evalpipe/resume.py): finished variants are kept after
 their artifacts are verified, a half-done variant starts again in a clean directory, and
 a different command, a finished run or damaged artifacts are refused in one sentence.
-Run directories built from fakes; the kill -9 / resume test with real engines is in
-tests/test_e2e_resume.py."""
+Run directories built from fakes; kill -9 and resume of whole runs are in
+tests/test_runs_on_the_fake_engine.py (the fake engine) and tests/test_e2e_run.py (vLLM)."""
 
 from __future__ import annotations
 
