@@ -1,8 +1,9 @@
-"""`evalpipe run` end to end with the fake engine (evalpipe/worker/fake_engine.py) in every
-worker: the runner, its workers' artifacts, the comparison and report, the watchdog, a
-killed worker, Ctrl-C and kill -9 / resume, without starting vLLM. What only the real
-engine can show (its logprobs, teacher forcing inside vLLM, the path probes in vLLM's
-processes, serve mode, DP/TP) stays in the slow tests/test_e2e_*.py.
+"""`evalpipe run` and `evalpipe nightly` end to end with the fake engine
+(evalpipe/worker/fake_engine.py) in every worker: the runner, its workers' artifacts, the
+comparison and report, the watchdog, a killed worker, Ctrl-C, kill -9 / resume and a
+nightly's baseline, without starting vLLM. What only the real engine can show (its
+logprobs, teacher forcing inside vLLM, the path probes in vLLM's processes, serve mode,
+DP/TP) stays in the slow tests/test_e2e_*.py.
 
 One run of six variants serves most of the module:
   ref       the reference
@@ -30,6 +31,8 @@ import yaml
 from processes import processes_of, wait_gone
 
 from evalpipe import artifacts
+from evalpipe.history import open_history
+from evalpipe.integrity import verify_variant
 from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, FakeEngine
 from evalpipe.worker.journal import JOURNAL_FILE
 
@@ -106,8 +109,6 @@ def test_the_finished_variants_are_compared_and_the_failed_ones_named(run):
 
 
 def test_every_finished_variant_has_all_artifacts(run):
-    from evalpipe.integrity import verify_variant
-
     for name in FINISHED:
         vdir = artifacts.VariantDir(run["dir"] / name)
         for path in (vdir.manifest, vdir.results, vdir.samples, vdir.tokens, vdir.teacher, vdir.engine_log):
@@ -191,8 +192,6 @@ def test_a_worker_killed_without_a_word_is_named_by_its_signal(run):
 
 
 def test_the_run_is_recorded_in_the_history(run):
-    from evalpipe.history import open_history
-
     hist = open_history(None, run["tmp"] / "runs")
     rec = hist.run("five")
     assert rec["kind"] == "run" and rec["verdict"] == "DIVERGENT" and rec["model_fingerprint"]
@@ -369,3 +368,43 @@ def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(tmp
     done = evalpipe(*args, cwd=tmp_path)
     assert "kept (finished, artifacts verified): legacy, sp" in done.stdout
     assert_resumed_to_the_uninterrupted_artifacts(run_dir, done, attempts=len(KILL_POINTS))
+
+
+# ---------------------------------------------------------------- nightly
+
+def test_nightly_passes_its_first_night_and_flags_a_drift_from_the_baseline_night(tmp_path):
+    """`evalpipe nightly`'s own branches on two nights of one variant: the first has no
+    baseline and passes; the second, whose engine draws other tokens from the 3rd on,
+    teacher-forces the baseline night's sequences too and is a REGRESSION (exit 1)."""
+    path = write_config(tmp_path, "nightly", reference="ref", variants={"ref": {}})
+    cfg = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**cfg, "nightly": {"tasks": "gsm8k"}}))
+    history = f"sqlite:///{tmp_path / 'history.sqlite'}"
+    dashboard = tmp_path / "dashboard" / "index.html"
+
+    def night(run_id: str, component: str, behaviour: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "evalpipe", "nightly", "-c", str(path), "--limit", "3", "--history", history,
+             "--dashboard", str(dashboard), "--component", f"vllm_ascend={component}", "--run-id", run_id],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=fake_env(**{FAKE_ENGINE_ENV: behaviour}))
+
+    first = night("night-1", "good", "1")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "nightly night-1: PASS (no baseline yet)" in first.stdout
+    assert not (tmp_path / "runs" / "night-1" / "ref" / "teacher_baseline.parquet").exists()
+    second = night("night-2", "bad", "diverge=3")
+    assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    assert "nightly night-2: REGRESSION (baseline night-1)" in second.stdout
+    run_dir = tmp_path / "runs" / "night-2"
+    verdict = json.loads((run_dir / "nightly.json").read_text())
+    assert verdict["status"] == "REGRESSION" and verdict["baseline"] == "night-1"
+    (ref,) = verdict["vs_baseline"]
+    assert ref["variant"] == "ref" and ref["status"] == "DIVERGENT" and ref["teacher_forced"], ref
+    assert (run_dir / "ref" / "teacher_baseline.parquet").is_file()
+    suite = ET.parse(run_dir / "nightly-junit.xml").getroot().find("testsuite")
+    assert suite is not None and int(suite.get("failures") or 0) >= 1
+    hist = open_history(history, tmp_path)
+    assert [n["run_id"] for n in hist.runs(kind="nightly")] == ["night-1", "night-2"]
+    assert hist.variants_of("night-2")[0]["components"]["vllm_ascend"] == "bad"
+    assert "night-2" in dashboard.read_text()
