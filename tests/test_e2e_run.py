@@ -393,8 +393,8 @@ def assert_same_but_last_bits(a: Path, b: Path) -> tuple[int, int, float]:
 
 
 def test_a_run_killed_mid_generation_resumes_to_the_uninterrupted_artifacts(run):
-    """The real engine's part of a resume: the whole process tree SIGKILLed while the
-    second variant generates, continued with the same command: the offline engine answers
+    """The real engine's part of a resume: evalpipe SIGKILLed while the second variant
+    generates, continued with the same command: the offline engine answers
     from its request journal what vLLM had finished, and the end result is the module's
     uninterrupted run (same config, same items): the kept variant's Parquet files byte for
     byte, the continued one's up to the last bits of the logprobs its engine computed again
@@ -404,7 +404,7 @@ def test_a_run_killed_mid_generation_resumes_to_the_uninterrupted_artifacts(run)
     run_dir = tmp / "runs" / run_id
     args = ["run", "gsm8k", "-c", str(tmp / "e2e.yaml"), "--limit", str(LIMIT),
             "--variants", f"{run['ref']},{run['other']}", "--no-noise-floor", "--run-id", run_id]
-    run_and_kill_at(args, tmp, run_id, run["other"], MID_GENERATION, whole_tree=True)
+    run_and_kill_at(args, tmp, run_id, run["other"], MID_GENERATION)  # evalpipe alone: its guards stop the worker
     journaled = cut_journal_short(run_dir / run["other"] / JOURNAL_FILE, LIMIT // 3)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # nobody could say otherwise
     done = evalpipe(*args, cwd=tmp)
