@@ -75,4 +75,4 @@ def test_the_journal_answers_what_an_earlier_attempt_asked(tmp_path):
     first.close()
     again = FakeEngine({}, Behaviour(exit_after=0), journal=RequestJournal(tmp_path / "j.jsonl"))
     assert generate(again) == want, "answered from the journal: the engine (told to exit) was not asked"
-    assert again.journal is not None and again.journal.summary()["answers_reused"] == 1
+    assert again.journal is not None and again.journal.summary().answers_reused == 1

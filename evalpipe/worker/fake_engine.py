@@ -3,9 +3,10 @@ interrupts, nightly): the `Engine` interface without vLLM, answering in millisec
 
 Test-only, and chosen only by the environment: a worker whose environment sets
 ``EVALPIPE_FAKE_ENGINE`` (to ``1`` or to behaviours, below) runs this engine in place of
-vLLM for an offline variant; run configs have no setting for it. Its manifest says
-``"kind": "fake"`` and its first event says so, so no artifact of it can pass for a real
-run's.
+vLLM for an offline variant; run configs have no setting for it (a variant's ``env:`` can
+only name the variable). Its manifest's engine says ``"kind": "fake"``, its log
+``FAKE ENGINE`` and the path probes ``FakeEngine``, so no artifact of it can pass for a
+real run's.
 
 The "model" is a deterministic function of the tokens so far: bytes are tokens (0..255,
 EOS 256), and each position's next-token distribution (its top-k, their logprobs, the
