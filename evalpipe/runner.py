@@ -144,12 +144,16 @@ def _close_manifest(vdir: Path, outcome: Any) -> None:
     """A worker that was stopped (watchdog, time limit, its server's death, a signal) could
     not say so in its manifest: it is marked failed here, so no reader takes a variant
     that stopped half-way for a running or finished one."""
-    path = artifacts.VariantDir(vdir).manifest
-    if outcome.ok or not path.is_file():
+    if not outcome.ok:
+        _mark_stopped(artifacts.VariantDir(vdir), outcome.error)
+
+
+def _mark_stopped(vdir: artifacts.VariantDir, error: str) -> None:
+    if not vdir.manifest.is_file():
         return
-    manifest = read_manifest(path)
+    manifest = read_manifest(vdir.manifest)
     if manifest.status == "running":
-        write_manifest(path, manifest.model_copy(update={"status": "failed", "error": outcome.error, "finished_at": time.time()}))
+        write_manifest(vdir.manifest, manifest.model_copy(update={"status": "failed", "error": error, "finished_at": time.time()}))
 
 
 def check_user_data(plan: RunPlan) -> None:
@@ -220,6 +224,9 @@ def mark_interrupted(run_dir: Path) -> None:
         return
     finished = [name for name, v in info.variant_status.items() if v.exit_code == 0]
     by = "SIGTERM" if signal.SIGTERM in interrupts else "SIGINT"
+    rd = artifacts.RunDir(run_dir)
+    for name in rd.variant_names():  # the variant that was running when the signal came
+        _mark_stopped(rd.variant(name), f"interrupted by {by}")
     write_run_document(run_dir, info.updated(
         status="interrupted", interrupted_by=by, interrupted_at=time.time(), finished_variants=finished,
         error=f"interrupted by {by}; finished variants: {', '.join(finished) or 'none'}"))

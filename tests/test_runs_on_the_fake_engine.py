@@ -244,9 +244,8 @@ def test_ctrl_c_ends_the_run_with_130_and_marks_what_was_running(tmp_path):
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGINT" and info["finished_variants"] == []
     manifest = json.loads((run_dir / "a" / "manifest.json").read_text())
-    # (the runner does not close an interrupted variant's manifest as it does a stopped one's:
-    # it stays `running`; a resume starts such a variant again either way)
-    assert manifest["status"] in ("running", "failed") and "artifacts" not in manifest
+    # the variant the signal stopped says so, as a stopped one does (no reader takes it for a running one)
+    assert manifest["status"] == "failed" and manifest["error"] == "interrupted by SIGINT" and "artifacts" not in manifest
     assert not (run_dir / "b").exists() or not (run_dir / "b" / "samples.parquet").exists()
 
 
