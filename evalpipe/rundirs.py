@@ -42,6 +42,7 @@ from evalpipe.compare.run import (
 )
 from evalpipe.config import Expectations, Gates, aa_variant_name
 from evalpipe.documents.base import validated
+from evalpipe.documents.comparison import write_comparison
 from evalpipe.errors import UserError
 from evalpipe.integrity import verify_variant
 from evalpipe.probe_records import read_probes
@@ -274,8 +275,8 @@ def write_outputs(
     rd = RunDir(Path(run_dir))
     if run_info is None:
         run_info = read_run_info(rd.root)
-    data = run_comparison.to_dict()
-    artifacts.write_json(rd.compare_json, data)
+    data = run_comparison.document()
+    write_comparison(rd.compare_json, data)
     artifacts.write_text(rd.junit_xml, render_junit(data))
     artifacts.write_text(rd.report_md, render_markdown(data, run_info))
     artifacts.write_text(rd.report_html, render_html(data, run_info, plots=plots))

@@ -487,7 +487,7 @@ def compare_and_report(
         artifacts.write_json(rd.run_json, redact(info))
     out_dir = Path(output) if output is not None else rd.root
     written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.to_dict(), console)
+    print_summary(comparison.document(), console)
     _print_written(written, console)
     return verdict_exit_code(verdict)
 
@@ -502,7 +502,7 @@ def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = N
     out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
     info = {"run_id": comparison.run_id, "reference": comparison.reference, "variants": [comparison.reference, *comparison.variants]}
     written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.to_dict(), console)
+    print_summary(comparison.document(), console)
     _print_written(written, console)
     return verdict_exit_code(comparison.status.value)
 

@@ -23,6 +23,7 @@ from typing import Any
 from evalpipe.artifacts import variant_names_from_info
 from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
+from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.redact import redact
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
@@ -60,7 +61,10 @@ def show_controls(s: str, keep: str = "") -> str:
 
 
 def as_dict(compare: Any) -> dict[str, Any]:
-    """The compare.json dict; also accepts an object with ``to_dict()`` (a RunComparison)."""
+    """The compare.json dict of a ComparisonDocument; also accepts the dict itself or an
+    object with ``to_dict()``."""
+    if isinstance(compare, ComparisonDocument):
+        return compare.model_dump(mode="json")
     if isinstance(compare, Mapping):
         return dict(compare)
     to_dict = getattr(compare, "to_dict", None)
