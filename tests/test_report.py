@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.report import md_escape, print_summary, render_markdown
 
 TASK = "gsm8k_synth_4shot"
@@ -190,6 +191,34 @@ def identical_compare() -> dict[str, Any]:
         del c[k]
     return {"schema_version": 1, "run_id": "run-1", "reference": "legacy", "variants": ["sp"],
             "status": "IDENTICAL", "comparisons": [c]}
+
+
+# Defaults of the compare.json fields the builders above leave out (the layout they
+# follow predates them): what a comparison without them would have written.
+_TOKEN_DEFAULTS = {"n_top1_disagree": 0, "n_top1_hard": 0, "share_top1_agree": None, "top1_hard_positions": [],
+                   "kl_max_at": None, "worst_kl": [], "kl_hist": hist(0, {}), "abs_dlogprob_hist": hist(0, {})}
+_COMPARISON_DEFAULTS = {"teacher": None, "gates": [], "distribution": None, "outputs_status": None, "paths": None,
+                        "numerics": {"dtype": None, "source": "unknown", "precision": "half", "aa_identical": None,
+                                     "floors": {}}}
+
+
+def as_document(d: dict[str, Any]) -> ComparisonDocument:
+    """A builder's dict as the typed compare.json document (schema 3), the fields it leaves out filled in."""
+    d = copy.deepcopy(d)
+
+    def fill(c: dict[str, Any]) -> dict[str, Any]:
+        for key, value in _COMPARISON_DEFAULTS.items():
+            c.setdefault(key, copy.deepcopy(value))
+        for row in c["scores"]:
+            row.setdefault("alpha", 0.05)
+        for t in [*c["tokens"], *(c["teacher"] or [])]:
+            for key, value in _TOKEN_DEFAULTS.items():
+                t.setdefault(key, copy.deepcopy(value))
+        return c
+
+    d.update(schema_version=3, noise_floor=fill(d["noise_floor"]) if d.get("noise_floor") else None,
+             comparisons=[fill(c) for c in d["comparisons"]], gates=d.get("gates") or {})
+    return ComparisonDocument.model_validate(d)
 
 
 # ---------------------------------------------------------------------------

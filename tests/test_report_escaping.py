@@ -20,7 +20,7 @@ import pytest
 from dashboard_samples import sample_history
 from html_page import Page, parse_page
 from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
-from test_report import RUN_INFO, make_compare
+from test_report import RUN_INFO, as_document, make_compare
 from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_summary, summary_text, trap_paths
 
 from evalpipe.compare.code_paths import short
@@ -43,6 +43,23 @@ def poison_all(value: Any, key: str | None = None) -> Any:
         return value + TEXT
     if key in ID_LIKE and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value}{TEXT}"
+    return value
+
+
+# Fields of compare.json that hold one of a few values (the typed document refuses any other)
+ENUM_KEYS = {"status", "outputs_status"}
+
+
+def typed(value: Any, key: str | None = None) -> Any:
+    """A poisoned compare dict as the typed document holds it: numbers and enumerations back
+    to what they were, every free text still poisoned (the only place model text can be)."""
+    if isinstance(value, dict):
+        return {k: typed(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v, "doc_id" if key in ID_LISTS else key) for v in value]
+    if isinstance(value, str) and value.endswith(TEXT) and key in ENUM_KEYS | ID_LIKE:
+        bare = value[: -len(TEXT)]
+        return bare if key in ENUM_KEYS else float(bare) if "." in bare or "e" in bare else int(bare)
     return value
 
 
@@ -190,7 +207,7 @@ def test_what_ran_terminal_and_junit_keep_hostile_names_inert(hostile_paths):
     out = summary_text(hostile_paths)
     assert "what ran" in out and SCRIPT in out
     assert not _CONTROL.search(out.replace("\n", "")), "a control character from the records reached the terminal"
-    root = _parse_xml(render_junit(hostile_paths))
+    root = _parse_xml(render_junit(as_document(typed(hostile_paths))))
     failure = next(c for c in root.iter("testcase") if c.get("name") == "expectations").find("failure")
     assert failure.get("type") == "inconclusive" and SCRIPT in failure.get("message")
 
@@ -222,7 +239,7 @@ def _parse_xml(xml: str) -> ET.Element:
 
 
 def test_junit_stays_well_formed_with_hostile_text(hostile):
-    root = _parse_xml(render_junit(hostile))
+    root = _parse_xml(render_junit(as_document(typed(hostile))))
     failures = root.findall(".//failure")
     assert failures
     # the text survives as text: a reader of the CI result sees what the model wrote

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from html_page import parse_page
 from rich.console import Console
-from test_report import TASK, comparison, gate, identical_compare, make_compare, noise_floor
+from test_report import TASK, as_document, comparison, gate, identical_compare, make_compare, noise_floor
 
 from evalpipe.compare.verdict import Status
 from evalpipe.report import print_summary, render_html, render_junit, render_markdown
@@ -216,7 +216,7 @@ def summary_text(compare: dict[str, Any], **console: Any) -> str:
 
 
 def junit(compare: dict[str, Any]) -> ET.Element:
-    return ET.fromstring(render_junit(compare).encode("utf-8"))
+    return ET.fromstring(render_junit(as_document(compare)).encode("utf-8"))
 
 
 def path_case(root: ET.Element) -> ET.Element:
