@@ -214,6 +214,8 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
 def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     """Run directories from older evalpipe versions hold unredacted settings; importing
     one into the history (and reporting on it) must not copy them."""
+    from evalpipe.config import Gates
+    from evalpipe.documents.comparison import ComparisonDocument
     from evalpipe.history import open_history
     from evalpipe.report import render_markdown
 
@@ -223,8 +225,9 @@ def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     hist = open_history(f"sqlite:///{tmp_path / 'h.sqlite'}", tmp_path)
     hist.record(run)
     assert MARK.encode() not in (tmp_path / "h.sqlite").read_bytes()
-    md = render_markdown({"run_id": "old-run", "reference": "legacy", "variants": ["sp"], "comparisons": []},
-                         artifacts.read_json(run / "run.json"))
+    empty = ComparisonDocument(run_id="old-run", reference="legacy", variants=["sp"], status="IDENTICAL", gates=Gates(),
+                               noise_floor=None, comparisons=[])
+    md = render_markdown(empty, artifacts.read_json(run / "run.json"))
     assert MARK not in md and "http://a:\\*\\*\\*@h/v1" in md
 
 

@@ -18,13 +18,24 @@ from typing import Any
 import pytest
 from html_page import parse_page
 from rich.console import Console
-from test_report import TASK, as_document, comparison, gate, identical_compare, make_compare, noise_floor
+from test_report import (
+    TASK,
+    as_document,
+    comparison,
+    gate,
+    identical_compare,
+    make_compare,
+    noise_floor,
+    print_summary,
+    render_html,
+    render_markdown,
+    what_ran_view,
+)
 
 from evalpipe.compare.verdict import Status
-from evalpipe.report import print_summary, render_html, render_junit, render_markdown
+from evalpipe.report import render_junit
 from evalpipe.report.html import KNOWN_STATUSES, status_class
 from evalpipe.report.terminal import STATUS_STYLE
-from evalpipe.report.view import what_ran_view
 
 LAYOUT = "evalpipe.layout.model"
 LEGACY_CALL = f"{LAYOUT}.LayoutDecoderLayer._legacy_attention"
