@@ -573,9 +573,10 @@ def dashboard_data(history: History, config_hash: str | None, title: str, dashbo
 
 
 def build_dashboard(history: History, config_hash: str | None, title: str, path: Path) -> Path:
-    from evalpipe.report.dashboard import write_dashboard
+    """Render the dashboard and write it atomically (a reader never sees half a page)."""
+    from evalpipe.report.dashboard import render_dashboard
 
-    write_dashboard(dashboard_data(history, config_hash, title, path), path)
+    artifacts.write_text(path, render_dashboard(dashboard_data(history, config_hash, title, path)))
     return path
 
 

@@ -156,7 +156,7 @@ def _all(text: str, sub: str) -> list[int]:
 def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     from evalpipe import cli, nightly, serve
     from evalpipe.history import History, open_history
-    from evalpipe.report.dashboard import write_dashboard
+    from evalpipe.report.dashboard import render_dashboard
     from evalpipe.runner import compare_and_report
 
     for k, v in ENV_SECRETS.items():
@@ -184,7 +184,8 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     assert shown.where == "postgresql+psycopg://evalpipe:***@db.example/history"
     judgement = nightly.judge(shown, "night-1")
     nightly.write_night(run_dir, judgement, dashboard=run_dir / "dashboard.html")
-    write_dashboard(nightly.dashboard_data(shown, None, "nightly", run_dir / "dashboard.html"), run_dir / "dashboard.html")
+    artifacts.write_text(run_dir / "dashboard.html",
+                         render_dashboard(nightly.dashboard_data(shown, None, "nightly", run_dir / "dashboard.html")))
     # a server's log starts with its command line (evalpipe writes it)
     server = serve.ServerProcess(command=["/nonexistent/vllm", "serve", "--api-key", f"cmd_{MARK}"], url="http://127.0.0.1:9",
                                  log_path=run_dir / "tp-engine.log", grace_s=1)

@@ -30,9 +30,9 @@ def html_text(text: Any, max_len: int | None = None) -> str:
     return show_controls(s.replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t")
 
 
-def status_class(status: Any) -> str:
-    s = str(status)
-    return s.lower() if s in KNOWN_STATUSES else "unknown"
+def status_class(status: str) -> str:
+    """The badge class of a comparison status (the document admits no other)."""
+    return {s: s.lower() for s in KNOWN_STATUSES}[status]
 
 
 _NOT_DRAWN = {"png": None, "alt": "", "note": "Plots were not drawn for this page (a simulated night); compare.json holds the figures."}

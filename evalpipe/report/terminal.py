@@ -31,14 +31,13 @@ STATUS_STYLE = {
     "INCONCLUSIVE": "bold yellow",
     "DIVERGENT": "bold red",
 }
-UNKNOWN_STYLE = "bold magenta"  # a status no evalpipe writes (a hand-edited or very old compare.json)
 PATH_STYLE = "yellow"
 MAX_REASONS = 8
 VALUE_WIDTH = 10  # what-ran table: the narrowest a value column gets
 
 
-def _style(status: Any) -> str:
-    return STATUS_STYLE.get(str(status), UNKNOWN_STYLE)
+def _style(status: str) -> str:
+    return STATUS_STYLE[status]
 
 
 def _plain(text: Any, max_len: int | None = None) -> str:
