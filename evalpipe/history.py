@@ -397,7 +397,10 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
     if not rd.run_json.is_file():
         raise HistoryError(f"{rd.root} is not a run directory (it has no run.json); pass the directory `evalpipe run` wrote.")
     info = artifacts.read_json(rd.run_json)
-    compare = read_comparison(rd.compare_json) if rd.compare_json.is_file() else None
+    try:
+        compare = read_comparison(rd.compare_json) if rd.compare_json.is_file() else None
+    except UserError as err:  # one of another schema: a history error, so recording a run only warns
+        raise HistoryError(str(err)) from None
     labels = {**(info.get("components") or {}), **(labels or {})}
     kind = kind or str(info.get("kind") or "run")
     model = info.get("model") or {}

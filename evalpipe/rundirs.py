@@ -1,7 +1,7 @@
 """Read a run directory's artifacts into the pure comparison (compare/) and write the comparison and its reports (report/) back.
 
 :mod:`evalpipe.compare` compares in-memory tables and knows no files;
-:mod:`evalpipe.report` renders compare.json / run.json dicts and writes nothing.
+:mod:`evalpipe.report` renders the compare.json document and run.json and writes nothing.
 This module is the one place that joins them to a run directory: it reads
 samples.parquet, tokens.parquet, teacher.parquet, manifest.json and run.json
 (layout: :mod:`evalpipe.artifacts`), runs the comparison, and writes compare.json,
