@@ -243,7 +243,7 @@ def path_case(root: ET.Element) -> ET.Element:
 
 def test_columns_are_reference_variants_then_the_aa_run():
     second = comparison("sp2", status="EQUIVALENT", gates=passing_gates(), outputs_status=None,
-                        paths=dict(verified_paths(), what_ran={"a": legacy_summary(), "b": sp_summary(dtype="x")}))
+                        paths=dict(verified_paths(), what_ran={"a": legacy_summary(), "b": sp_summary(switches=dict(SWITCHES, dtype="x"))}))
     d = pass_compare()
     d["comparisons"].append(second)
     assert [(c["name"], c["role"]) for c in table(d)["columns"]] == [

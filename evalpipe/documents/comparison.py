@@ -243,11 +243,34 @@ class SideCheck(Document):
     evidence: list[str]
 
 
-class WhatRan(Document):
-    """Each side's probe summary (compare.code_paths.summarize; the manifest keeps the same)."""
+class CollectiveCounts(Document):
+    counts: dict[str, int]  # calls in one forward pass -> forward passes with that many
+    forwards: int
 
-    a: dict[str, Any] | None
-    b: dict[str, Any] | None
+
+class ProbeSummary(Document):
+    """What one variant ran, as its path probes saw it (compare.code_paths.summarize; a
+    variant's manifest.json keeps the same summary under "probes")."""
+
+    mode: str  # offline | serve | endpoint
+    verifiable: bool
+    processes: dict[str, int]  # role -> processes
+    models: list[str]
+    layers: dict[str, int]  # decoder layer class -> instances
+    # one value when every process resolved the switch the same, else {"per_process": [values]}
+    switches: dict[str, Any]
+    calls: dict[str, int]  # probed name -> calls
+    absent: list[str]  # probed names this variant's interpreter does not have
+    collectives_per_forward: dict[str, CollectiveCounts]
+    forwards: int
+    server_of: str | None  # the variant whose server this one reused
+
+
+class WhatRan(Document):
+    """Each side's probe summary; None: not recorded."""
+
+    a: ProbeSummary | None
+    b: ProbeSummary | None
 
 
 PathStatus = Literal["verified", "failed", "same_code", "not_recorded"]

@@ -32,6 +32,7 @@ from evalpipe.documents.comparison import (
     GroupScore,
     LengthRow,
     Paths,
+    ProbeSummary,
     ScoreRow,
     SideCheck,
     TaskBreakdown,
@@ -759,11 +760,6 @@ INCONCLUSIVE_NOTE = (
 )
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a mapping, else an empty one (a probe summary's optional parts)."""
-    return value if isinstance(value, Mapping) else {}
-
-
 def path_reasons(c: Comparison) -> list[str]:
     return list(c.paths.reasons) if c.paths is not None else []
 
@@ -783,7 +779,7 @@ def inconclusive_variants(compare: ComparisonDocument) -> list[str]:
     return [c.variant for c in compare.comparisons if c.status == Status.INCONCLUSIVE.value]
 
 
-def _side_summary(c: Comparison, side: str) -> Mapping[str, Any] | None:
+def _side_summary(c: Comparison, side: str) -> ProbeSummary | None:
     """what_ran.a (the reference) or what_ran.b (the variant) of a comparison."""
     if c.paths is None:
         return None
@@ -801,16 +797,19 @@ class _Column:
 
     name: str
     role: str  # "reference", "A/A", or "" for a compared variant
-    summary: Mapping[str, Any] | None
+    summary: ProbeSummary | None
     check: SideCheck | None
 
     @property
     def recorded(self) -> bool:
-        return self.summary is not None and self.summary.get("verifiable") is not False
+        return self.summary is not None and self.summary.verifiable
 
     @property
-    def values(self) -> Mapping[str, Any]:
-        return self.summary or {}
+    def values(self) -> ProbeSummary:
+        """The summary of a recorded column."""
+        if self.summary is None:
+            raise ValueError(f"the what-ran column {self.name} recorded nothing")
+        return self.summary
 
     @property
     def missing(self) -> str:
@@ -840,62 +839,50 @@ def _value_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _switch_cell(name: str, summary: Mapping[str, Any]) -> str:
-    switches = _mapping(summary.get("switches"))
-    if name not in switches:
+def _switch_cell(name: str, summary: ProbeSummary) -> str:
+    if name not in summary.switches:
         return DASH
-    value = switches[name]
-    per_process = _mapping(value).get("per_process")
-    if isinstance(per_process, list):
-        return " | ".join(_value_text(v) for v in per_process)
+    value = summary.switches[name]
+    # the engine's own value, any JSON; processes that resolved it differently are listed
+    if isinstance(value, dict) and isinstance(value.get("per_process"), list):
+        return " | ".join(_value_text(v) for v in value["per_process"])
     return _value_text(value)
 
 
-def _processes_cell(summary: Mapping[str, Any]) -> str:
-    roles = _mapping(summary.get("processes"))
-    listed = ", ".join(f"{n} {role}" for role, n in roles.items()) or "no process recorded"
-    reused = f" (reused {summary['server_of']}'s server)" if summary.get("server_of") else ""
-    return f"{summary.get('mode', '?')}: {listed}{reused}"
+def _processes_cell(summary: ProbeSummary) -> str:
+    listed = ", ".join(f"{n} {role}" for role, n in summary.processes.items()) or "no process recorded"
+    reused = f" (reused {summary.server_of}'s server)" if summary.server_of else ""
+    return f"{summary.mode}: {listed}{reused}"
 
 
-def _models_cell(summary: Mapping[str, Any]) -> str:
-    return ", ".join(short(str(m)) for m in summary.get("models") or ()) or "none"
+def _models_cell(summary: ProbeSummary) -> str:
+    return ", ".join(short(m) for m in summary.models) or "none"
 
 
-def _layers_cell(summary: Mapping[str, Any]) -> str:
-    layers = _mapping(summary.get("layers"))
-    return ", ".join(f"{n} \u00d7 {short(str(cls))}" for cls, n in sorted(layers.items())) or "none"
+def _layers_cell(summary: ProbeSummary) -> str:
+    return ", ".join(f"{n} \u00d7 {short(cls)}" for cls, n in sorted(summary.layers.items())) or "none"
 
 
-def _calls_cell(name: str, summary: Mapping[str, Any]) -> str:
-    if name in (summary.get("absent") or ()):
+def _calls_cell(name: str, summary: ProbeSummary) -> str:
+    if name in summary.absent:
         return "absent"
-    return fmt_num(_mapping(summary.get("calls")).get(name))
+    return fmt_num(summary.calls[name]) if name in summary.calls else DASH
 
 
-def _forwards(summary: Mapping[str, Any]) -> int:
-    forwards = summary.get("forwards")
-    return forwards if isinstance(forwards, int) else 0
-
-
-def _collective_cell(kind: str, summary: Mapping[str, Any]) -> str:
+def _collective_cell(kind: str, summary: ProbeSummary) -> str:
     """"3 in 40/48, 0 in 8/48": each count of calls in one forward pass, most frequent first."""
-    entry = _mapping(_mapping(summary.get("collectives_per_forward")).get(kind))
-    forwards = entry.get("forwards", _forwards(summary))
+    entry = summary.collectives_per_forward.get(kind)
+    forwards = entry.forwards if entry is not None else summary.forwards
     if not forwards:
         return "no forward pass"
     # a kind this side never called is 0 in every forward pass
-    counts = _mapping(entry.get("counts")) or {"0": forwards}
-    ordered = sorted(counts.items(), key=lambda kv: (-_count(kv[1]), str(kv[0])))
+    counts = (entry.counts if entry is not None else {}) or {"0": forwards}
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{value} in {n}/{forwards}" for value, n in ordered)
 
 
-def _count(n: Any) -> int:
-    return n if isinstance(n, int) else 0
-
-
-def _no_collectives_cell(summary: Mapping[str, Any]) -> str:
-    forwards = _forwards(summary)
+def _no_collectives_cell(summary: ProbeSummary) -> str:
+    forwards = summary.forwards
     return f"none in {forwards}/{forwards}" if forwards else "no forward pass"
 
 
@@ -908,30 +895,30 @@ def _expectations_cell(check: SideCheck | None) -> str:
     return f"{failures} failed" if failures else "not verified"
 
 
-def _names_in(columns: Sequence[_Column], key: str) -> list[str]:
-    """The keys of each column's ``key`` mapping, in the order the columns first name them."""
+def _names_in(columns: Sequence[_Column], names_of: Callable[[ProbeSummary], Iterable[str]]) -> list[str]:
+    """The names each column's summary lists, in the order the columns first name them."""
     names: dict[str, None] = {}
     for col in columns:
-        names.update(dict.fromkeys(str(k) for k in _mapping(col.values.get(key))))
+        names.update(dict.fromkeys(names_of(col.values)))
     return list(names)
 
 
-Cell = Callable[[Mapping[str, Any]], str]
+Cell = Callable[[ProbeSummary], str]
 
 
 def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
     """(label, cell of one summary) per row, the rows that depend on what was recorded included."""
     rows: list[tuple[str, Cell]] = [("processes", _processes_cell), ("model", _models_cell),
                                     ("decoder layers", _layers_cell)]
-    kinds = _names_in(recorded, "collectives_per_forward")
+    kinds = _names_in(recorded, lambda s: s.collectives_per_forward)
     if kinds:
         rows += [(f"{kind} per forward pass", partial(_collective_cell, kind)) for kind in sorted(kinds)]
     else:
         rows.append(("collectives per forward pass", _no_collectives_cell))
-    rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, "calls")]
+    rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, lambda s: s.calls)]
     rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
     # any other switch only where the sides disagree: the table shows what sets them apart
-    for name in sorted(set(_names_in(recorded, "switches")) - set(LAYOUT_SWITCHES)):
+    for name in sorted(set(_names_in(recorded, lambda s: s.switches)) - set(LAYOUT_SWITCHES)):
         cell = partial(_switch_cell, name)
         if _differs([cell(col.values) for col in recorded]):
             rows.append((name, cell))
