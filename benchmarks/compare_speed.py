@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from evalpipe import artifacts
 from evalpipe.artifacts import RunDir
 from evalpipe.compare.tokens import compare_tokens
+from evalpipe.documents.manifest import VariantManifest, write_manifest
 
 TARGET_S = 5.0
 TASK = "gsm8k"
@@ -179,7 +180,7 @@ def build_run(root: Path, n_s: int, n_p: int, k: int, noisy_share: float, seed: 
     rows = {}
     for name, (free, teacher, flip_share) in sides.items():
         vdir = RunDir(root).variant(name)
-        artifacts.write_json(vdir.manifest, {"name": name, "status": "ok"})
+        write_manifest(vdir.manifest, VariantManifest(variant=name, status="ok"))
         artifacts.write_table(vdir.samples, artifacts.samples_table(samples_rows(n_s, free, rng, flip_share)))
         free_t, teacher_t = free.table(vocab_text), teacher.table(vocab_text)
         artifacts.write_table(vdir.tokens, free_t)

@@ -52,6 +52,8 @@ def main() -> int:
 
     from evalpipe import artifacts
     from evalpipe.config import load_config
+    from evalpipe.documents.manifest import read_manifest
+    from evalpipe.documents.run_doc import read_run_document
 
     cfg = load_config(args.config)
     ref = cfg.reference_name
@@ -68,23 +70,24 @@ def main() -> int:
         print(proc.stdout[-2000:], proc.stderr[-2000:])
         return proc.returncode
     run_dir = work / "overhead"
-    info = artifacts.read_json(run_dir / "run.json")
+    info = read_run_document(run_dir)
+    assert info is not None and info.model.path, f"{run_dir} has no run.json naming its model"
     vdir = artifacts.VariantDir(run_dir / ref)
-    manifest = artifacts.read_json(vdir.manifest)
+    manifest = read_manifest(vdir.manifest)
     task = cfg.tasks["gsm8k"][0].task
-    evalpipe_task_s = manifest["timings"][f"task:{task}_s"]
+    evalpipe_task_s = manifest.timings[f"task:{task}_s"]
     engine_starts = vdir.engine_log.read_text(errors="replace").count("Initializing a V1 LLM engine")
 
     # The exact token ids the engine saw: re-encode the logged prompts the way the worker does.
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(info["model"]["path"])
+    tokenizer = AutoTokenizer.from_pretrained(info.model.path)
     samples = artifacts.read_table(vdir.samples).to_pylist()
     prompts = [tokenizer.encode(s["prompt"], add_special_tokens=False) for s in samples]
     results = artifacts.read_json(vdir.results)
     gen_kwargs = results["configs"][task]["generation_kwargs"]
     job = {
-        "engine_args": {**manifest["engine_args"]},
+        "engine_args": {**manifest.engine_args},
         "prompts": prompts,
         "stop": gen_kwargs["until"],
         "max_tokens": int(gen_kwargs.get("max_gen_toks", 256)),
@@ -105,12 +108,12 @@ def main() -> int:
 
     print(f"prompts: {len(prompts)} ({task}, 4-shot), generated tokens: evalpipe {evalpipe_tokens}, raw {raw_res['generated_tokens']}")
     print(f"{'':32}{'raw vllm.LLM':>14}{'evalpipe':>12}")
-    print(f"{'engine start (s)':32}{raw_res['engine_start_s']:>14.1f}{manifest['timings']['engine_start_s']:>12.1f}")
+    print(f"{'engine start (s)':32}{raw_res['engine_start_s']:>14.1f}{manifest.timings['engine_start_s']:>12.1f}")
     print(f"{'generation phase (s)':32}{raw_res['generate_s']:>14.2f}{evalpipe_task_s:>12.2f}")
-    print(f"{'  of which engine calls (s)':32}{raw_res['generate_s']:>14.2f}{manifest['timings']['engine_calls_s']:>12.2f}"
+    print(f"{'  of which engine calls (s)':32}{raw_res['generate_s']:>14.2f}{manifest.timings['engine_calls_s']:>12.2f}"
           "   (evalpipe: incl. converting logprobs to captures)")
     print(f"ratio evalpipe / raw generation: {evalpipe_task_s / raw_res['generate_s']:.2f} "
-          f"(engine calls alone: {manifest['timings']['engine_calls_s'] / raw_res['generate_s']:.2f}; "
+          f"(engine calls alone: {manifest.timings['engine_calls_s'] / raw_res['generate_s']:.2f}; "
           "the rest is lm-eval building requests, few-shot contexts, filters and metrics)")
     print(f"engine starts per variant (evalpipe, from engine.log): {engine_starts}")
     print(f"evalpipe wall time for the one-variant run (incl. model check, lm-eval, artifacts): {wall:.1f}s")

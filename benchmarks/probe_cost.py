@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from evalpipe import artifacts, machine  # noqa: E402
+from evalpipe.documents.manifest import read_manifest  # noqa: E402
 from evalpipe.probe_records import probe_env, read_records, records_dir  # noqa: E402
 from evalpipe.probes import SITE_DIR, SPEC_ENV, SPEC_FILE  # noqa: E402
 
@@ -78,7 +79,7 @@ def make_run(config: str, limit: int, work: Path) -> Path:
     # the verdict (exit 0/1/4) does not matter here; both variants must have finished
     for name in (REFERENCE, VARIANT):
         manifest = run_dir / name / "manifest.json"
-        if not manifest.is_file() or artifacts.read_json(manifest).get("status") != "ok":
+        if not manifest.is_file() or read_manifest(manifest).status != "ok":
             raise BenchmarkError(f"`{' '.join(cmd)}` exited {proc.returncode}; variant {name} did not finish:\n"
                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     if not (run_dir / VARIANT / "job.json").is_file() or not (records_dir(run_dir / VARIANT) / SPEC_FILE).is_file():
@@ -160,7 +161,7 @@ def checked_record(rep_dir: Path, arm: str, pid: int) -> dict[str, Any] | None:
     "on" has a readable record of the worker's process with a model and forward passes,
     "off" has no record and no probe variable in the worker's environment."""
     records, unreadable = read_records(records_dir(rep_dir))
-    env = artifacts.read_json(rep_dir / "manifest.json").get("env") or {}
+    env = read_manifest(rep_dir / "manifest.json").env
     if arm == "off":
         if records or unreadable or SPEC_ENV in env or str(SITE_DIR) in env.get("PYTHONPATH", ""):
             raise BenchmarkError(f"probes-off repetition {rep_dir} ran with probes (records: {len(records)}, "
@@ -240,7 +241,7 @@ def repetition(run_dir: Path, work: Path, index: int, arm: str, python: str, bas
     started = time.time()
     pid, cpu_s = run_worker(python, job_path, env, timeout_s)
     wall_s = time.time() - started
-    timings = artifacts.read_json(rep_dir / "manifest.json")["timings"]
+    timings = read_manifest(rep_dir / "manifest.json").timings
     return {
         "index": index,
         "arm": arm,
@@ -352,10 +353,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
               f"worker {rep['wall_s']:.0f} s", flush=True)
         reps.append(rep)
     job = artifacts.read_json(run_dir / VARIANT / "job.json")
-    manifest = artifacts.read_json(run_dir / VARIANT / "manifest.json")
+    manifest = read_manifest(run_dir / VARIANT / "manifest.json")
     header = {
         "task": ",".join(t["task"] for t in job["tasks"]),
-        "n_samples": manifest.get("n_samples"),
+        "n_samples": manifest.n_samples,
         "repeats": args.repeats,
         "order": order,
         "machine": machine.describe(),

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from evalpipe.documents.manifest import read_manifest
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
@@ -44,7 +46,7 @@ def run(config: dict, tmp: Path, name: str, limit: int, *extra: str) -> tuple[Pa
 
 
 def timings(run_dir: Path, variant: str) -> dict[str, float]:
-    return json.loads((run_dir / variant / "manifest.json").read_text())["timings"]
+    return read_manifest(run_dir / variant / "manifest.json").timings
 
 
 def noise(run_dir: Path, variant: str) -> str:

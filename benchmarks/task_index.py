@@ -26,7 +26,7 @@ print(time.perf_counter() - t, len(manager.all_tasks))
 
 
 def _time(with_lm_eval: bool) -> tuple[float, int]:
-    from evalpipe.worker.tasks import TASKS_DIR
+    from evalpipe.tasks.index import TASKS_DIR
 
     out = subprocess.run([sys.executable, "-c", PROBE, str(TASKS_DIR), "1" if with_lm_eval else "0"],
                          capture_output=True, text=True, check=True).stdout.split()

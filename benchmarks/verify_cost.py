@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from evalpipe import artifacts, integrity
+from evalpipe.documents.manifest import VariantManifest, read_manifest, write_manifest
 
 
 def _evict(root: Path) -> None:
@@ -38,9 +39,8 @@ def main(run_dir: Path) -> None:
         records = {v.name: integrity.describe_artifacts(v) for v in vdirs}
         record_s = time.perf_counter() - t
         for v in vdirs:
-            manifest = artifacts.read_json(v.manifest)
-            manifest[integrity.ARTIFACTS_KEY] = records[v.name]
-            artifacts.write_json(v.manifest, manifest)
+            manifest = read_manifest(v.manifest)
+            write_manifest(v.manifest, VariantManifest.model_validate({**manifest.model_dump(), "artifacts": records[v.name]}))
         size = sum(e["bytes"] for r in records.values() for e in r.values())
         timings = {}
         for label in ("warm", "cold"):

@@ -24,9 +24,10 @@ from rich.table import Table
 
 from evalpipe import artifacts
 from evalpipe.config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
+from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
-from evalpipe.layout.faults import FAULT_ENV, FAULTS, Fault
-from evalpipe.layout.settings import LAYOUT_ENV
+from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, Fault
+from evalpipe.lab.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
 
 DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"
@@ -154,7 +155,7 @@ def run_calibration(
     from evalpipe.compare.run import VariantComparison, compare_artifacts
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan
-    from evalpipe.rundirs import compare_run, expectations_from_info, load_artifacts, read_run_info, write_outputs
+    from evalpipe.rundirs import compare_run, load_artifacts, write_outputs
     from evalpipe.runner import execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
@@ -166,14 +167,15 @@ def run_calibration(
     started = time.time()
     if from_run is not None:
         run_dir = Path(from_run)
-        info = read_run_info(run_dir)
-        missing = [v for v in config.variants if v not in (info.get("variants") or [])]
-        if not info or missing:
-            what = "has no run.json" if not info else f"lacks the variants {', '.join(missing[:3])}"
+        found = read_run_document(run_dir)
+        missing = [v for v in config.variants if v not in (found.variants if found else [])]
+        if found is None or missing:
+            what = "has no run.json" if found is None else f"lacks the variants {', '.join(missing[:3])}"
             raise ConfigError(
                 f"{run_dir} {what}; --from-run needs a finished `evalpipe calibrate` run with the same -c and --faults."
             )
-        seconds = float((info.get("timings") or {}).get("total_s") or 0.0)
+        info = found
+        seconds = float(info.timings.total_s or 0.0)
     else:
         plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
         run_dir = plan.run_dir
@@ -181,14 +183,14 @@ def run_calibration(
             execute(plan, console)  # exit code ignored: DIVERGENT is the expected outcome for harmful entries
         except RunFailed as err:
             # A fault that brings the engine down fails its variant only; the others were compared.
-            if not read_run_info(plan.run_dir).get("failed_variants"):
+            if not (read_run_document(plan.run_dir) or RunDocument()).failed_variants:
                 raise
             console.print(f"[yellow]{err}[/]")
         seconds = None
-        info = read_run_info(run_dir)
-    failed = [v for v in info["variants"] if v in set(info.get("failed_variants") or ())]
-    survivors = [v for v in info["variants"] if v not in failed]
-    essential = {info["reference"], (info.get("noise_floor") or {}).get("variant")}
+        info = read_run_document(run_dir) or RunDocument()
+    failed = [v for v in info.variants if v in set(info.failed_variants)]
+    survivors = [v for v in info.variants if v not in failed]
+    essential = {info.reference, info.aa_variant}
     comparisons: tuple[VariantComparison, ...] = ()
     rd = artifacts.RunDir(run_dir)
     sensitivity: list[SensitivityPoint] = []
@@ -199,7 +201,7 @@ def run_calibration(
         gates = comparison.gates
 
         def side_of(name: str):  # with the expectations it ran under: the A/A pairs below are judged on their paths too
-            return load_artifacts(rd.variant(name), expect=expectations_from_info(info, name))
+            return load_artifacts(rd.variant(name), expect=info.expectations_of(name))
 
         ref = side_of(comparison.reference)
         aa = side_of(comparison.noise_floor.variant) if comparison.noise_floor else None
@@ -227,7 +229,7 @@ def run_calibration(
             aa_pairs.append(compare_artifacts(ref, aa, worst_k=0, gates=gates, aa=floor2, numerics=numerics))
     for name in failed:
         kind, doc = expected.get(name, ("benign", ""))
-        rows.append(failed_row(name, kind, str(info["variant_status"][name].get("error")), doc=doc))
+        rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
 
     from evalpipe.report.calibration import render_calibration, sensitivity_plot
 
@@ -241,7 +243,7 @@ def run_calibration(
     if from_run is not None and comparisons:
         write_outputs(run_dir, comparison, info)  # compare.json and the reports under today's gates
     text = render_calibration(
-        rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
+        rows, info.as_mapping(), command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,
         numerics=comparisons[0].numerics if comparisons else None,
     )

@@ -170,7 +170,7 @@ def _print_plan(plan) -> None:
         args = " ".join(f"{k}={val}" for k, val in sorted(redact(v.engine_args).items()))
         table.add_row(v.name + marker, v.python, env, args)
     console.print(table)
-    from evalpipe.serve import planned_commands
+    from evalpipe.execution.serve import planned_commands
 
     model_path = plan.model
     if plan.builtin_model:
@@ -277,11 +277,11 @@ def _writing_into(from_run: Optional[Path]):
 
 def _run_gates(target: Path):
     """The gates a run was made with (so --margin alone changes only the margin)."""
-    from evalpipe.rundirs import gates_from_info, read_run_info
+    from evalpipe.rundirs import read_run_info
 
     run_dir = target if (target / "run.json").is_file() else target.parent
     try:
-        return gates_from_info(read_run_info(run_dir), str(run_dir / "run.json"))
+        return read_run_info(run_dir).gates_of(str(run_dir / "run.json"))
     except UserError:
         return None
 
@@ -505,7 +505,7 @@ def _interrupt(signum: int, _frame) -> None:
 def _record_interrupt(signum: int) -> None:
     """The first interrupt stops the run in order (SIGTERM, grace, SIGKILL for every
     worker and server); a second one kills them all at once."""
-    from evalpipe.launch import interrupts, kill_live_groups
+    from evalpipe.execution.launch import interrupts, kill_live_groups
 
     interrupts.append(signum)
     if len(interrupts) > 1:

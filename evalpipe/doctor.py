@@ -20,7 +20,17 @@ from typing import Any, Callable
 
 import httpx
 
-from evalpipe.plan import PlannedVariant, RunPlan, model_file_problems
+from evalpipe.config import ConfigError
+from evalpipe.data.longctx import TASK_PROBE
+from evalpipe.execution.serve import port_is_free
+from evalpipe.models.builtin import ShippedModelError, ensure_builtin
+from evalpipe.paths import data_dir
+from evalpipe.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
+from evalpipe.probe_names import check_variant, checks_lines, probed_names, resolve
+from evalpipe.tasks import configure as task_lookup
+from evalpipe.tasks.families import is_generated_ruler
+from evalpipe.tasks.index import TaskNotFound
+from evalpipe.worker.http_engine import ServerSettings
 
 MIN_FREE_DISK_BYTES = 1 << 30  # a GLM-5 run of 1319 questions with top-k logprobs stays well below
 
@@ -154,13 +164,11 @@ def _free_disk(path: Path) -> int:
 
 
 def check_endpoint(v: PlannedVariant, timeout_s: float = 10) -> tuple[bool, str]:
-    from evalpipe.worker.http_engine import ServerSettings, _headers
-
     launch = v.launch
     settings = ServerSettings(url=launch.url or "", api_key_env=launch.api_key_env)
     url = settings.shown_url  # for the messages: without a password
     try:
-        with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=_headers(settings)) as client:
+        with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=settings.headers()) as client:
             health = client.get("/health")
             models = client.get("/v1/models")
     except httpx.HTTPError as err:
@@ -179,8 +187,6 @@ def check_endpoint(v: PlannedVariant, timeout_s: float = 10) -> tuple[bool, str]
 
 def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> list[Check]:
     """Every check, in order; ``say`` sees each one as soon as it is known."""
-    from evalpipe.plan import DEFAULT_ENV
-
     for key, value in DEFAULT_ENV.items():  # never wait on a model hub (a tokenizer path that is not here)
         os.environ.setdefault(key, value)
     checks: list[Check] = []
@@ -232,8 +238,6 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             if v.launch.port is None:
                 add(v.name, "port", True, f"a free port on {v.launch.host} is chosen at start")
             else:
-                from evalpipe.serve import port_is_free
-
                 free_port = port_is_free(v.launch.host, v.launch.port)
                 add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))
     return checks
@@ -241,9 +245,6 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
 
 def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:
     """Every name the run probes, looked up in the variant's interpreter; what will be checked."""
-    from evalpipe.config import ConfigError
-    from evalpipe.probe_names import check_variant, checks_lines, probed_names, resolve
-
     try:
         found = resolve(v.python, v.process_env(), probed_names(p.expect for p in plan.variants))
         check_variant(v.name, v.python, v.expect, found)
@@ -254,8 +255,6 @@ def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:
 
 def _model_path(plan: RunPlan, add) -> Path | None:
     if plan.builtin_model:
-        from evalpipe.models.builtin import ShippedModelError, ensure_builtin
-
         try:
             model = ensure_builtin(plan.builtin_model)
         except ShippedModelError as err:
@@ -273,9 +272,6 @@ def _model_path(plan: RunPlan, add) -> Path | None:
 def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
     """Resolve every task as the worker will (local data found or generated, RULER items
     built with the model's tokenizer), in this process."""
-    from evalpipe.paths import data_dir
-    from evalpipe.worker import tasks as task_lookup
-
     tokenizer = str(plan.config.model.tokenizer or model_path or plan.model)
     generated = task_lookup.LongCtxData(tokenizer, plan.config.longctx.model_dump(mode="json"), seed=plan.config.seed)
     for t in plan.tasks:
@@ -283,7 +279,7 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
             # lm-eval and RULER's generators print progress bars; the check's line is the output
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 task_lookup.task_config(t.spec.model_dump(), data_dir(), generated=generated)
-        except (task_lookup.TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
+        except (TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
             detail = str(err)
             if _needs_tokenizer(t.spec.task) and not Path(tokenizer).expanduser().exists():
                 detail = f"its items are built with the model's tokenizer, and {tokenizer} is not on this machine"
@@ -293,7 +289,4 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
 
 
 def _needs_tokenizer(task: str) -> bool:
-    from evalpipe.data.longctx import TASK_PROBE
-    from evalpipe.worker.task_families import is_generated_ruler
-
     return task in TASK_PROBE or is_generated_ruler(task)

@@ -37,6 +37,9 @@ from sqlalchemy.engine import Connection, Engine
 from evalpipe import artifacts
 from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
 from evalpipe.documents.comparison import Comparison, read_comparison
+from evalpipe.documents.manifest import VariantManifest, read_manifest
+from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
+from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.redact import redact, redact_text
@@ -306,19 +309,19 @@ def _commit_of(version: str | None) -> str | None:
     return version.split("+g", 1)[1].split(".", 1)[0] or None
 
 
-def components_of(manifest: dict[str, Any], run_info: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+def components_of(manifest: VariantManifest, run_info: RunDocument, labels: dict[str, str]) -> dict[str, str]:
     """What a variant ran on: measured versions (and the commits their versions carry),
     evalpipe's code version, and the labels CI passes (``--component vllm_ascend=<sha>``),
     which win over measured values of the same name."""
     out: dict[str, str] = {}
-    for name, version in (manifest.get("versions") or {}).items():
+    for name, version in manifest.versions.items():
         if version is None:
             continue
         out[name] = str(version)
         commit = _commit_of(str(version))
         if commit:
             out[f"{name}_commit"] = commit
-    code = (run_info.get("fingerprints") or {}).get("code")
+    code = run_info.fingerprints.code
     if code:
         out["evalpipe"] = str(code)
     out.update({str(k): str(v) for k, v in labels.items()})
@@ -347,12 +350,11 @@ def _gate_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
              "measured": num(g.measured), "threshold": num(g.threshold)} for g in (comparison.gates if comparison else [])]
 
 
-def _probes_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def _probes_summary(manifest: VariantManifest) -> dict[str, Any] | None:
     """What the variant ran (the manifest's "probes" summary), None for a run from before
     the probes; redacted like everything the history keeps (switch values come from the
     engine's configuration)."""
-    summary = manifest.get("probes")
-    return redact(summary) if isinstance(summary, dict) else None
+    return redact(manifest.probes.model_dump(mode="json")) if manifest.probes is not None else None
 
 
 def _path_status(comparison: Comparison | None) -> str | None:
@@ -396,20 +398,20 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
     rd = RunDir(Path(run_dir))
     if not rd.run_json.is_file():
         raise HistoryError(f"{rd.root} is not a run directory (it has no run.json); pass the directory `evalpipe run` wrote.")
-    info = artifacts.read_json(rd.run_json)
+    try:
+        info = read_run_document(rd.root) or RunDocument()
+    except UserError as err:
+        raise HistoryError(str(err)) from None
     try:
         compare = read_comparison(rd.compare_json) if rd.compare_json.is_file() else None
     except UserError as err:  # one of another schema: a history error, so recording a run only warns
         raise HistoryError(str(err)) from None
-    labels = {**(info.get("components") or {}), **(labels or {})}
-    kind = kind or str(info.get("kind") or "run")
-    model = info.get("model") or {}
-    names = [str(v) for v in info.get("variants") or rd.variant_names()]
-    reference = str(info.get("reference") or (names[0] if names else ""))
-    aa = (info.get("noise_floor") or {}).get("variant")
+    labels = {**info.components, **(labels or {})}
+    kind = kind or info.kind or "run"
+    names = info.variants or rd.variant_names()
+    reference = info.reference or (names[0] if names else "")
+    aa = info.aa_variant
     by_variant = {c.variant: c for c in compare.comparisons} if compare else {}
-    settings = info.get("variant_settings") or {}
-    vstatus = info.get("variant_status") or {}
     out_variants = []
     for name in names:
         vdir = rd.variant(name)
@@ -419,17 +421,17 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             verify_variant(vdir)  # a run whose files changed after it finished is not recorded as if it had produced them
         except ArtifactMismatch as err:
             raise HistoryError(str(err)) from None
-        manifest = artifacts.read_json(vdir.manifest)
+        manifest = read_manifest(vdir.manifest)
         role = "reference" if name == reference else "aa" if name == aa else "variant"
         comparison = (compare.noise_floor if compare else None) if role == "aa" else by_variant.get(name)
         # run.json is redacted when written; a run directory from before that is not
-        setting = redact(dict(settings.get(name) or {}))
-        setting.pop("versions", None)
-        setting.pop("python", None)  # a path, differs between machines without meaning anything
+        entry = info.variant_settings.get(name)
+        # a path, differs between machines without meaning anything; the versions are components
+        setting = redact(entry.model_dump(mode="json", exclude_unset=True, exclude={"versions", "python"}) if entry else {})
         out_variants.append({
             "name": name, "role": role,
             "status": None if role == "reference" or comparison is None else comparison.status,
-            "exit_code": (vstatus.get(name) or {}).get("exit_code"),
+            "exit_code": info.variant_status[name].exit_code if name in info.variant_status else None,
             "components": redact(components_of(manifest, info, labels)),
             "settings": setting,
             "probes": _probes_summary(manifest),
@@ -439,20 +441,20 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             "gates": _gate_rows(comparison) if role == "variant" else [],
         })
     run = {
-        "run_id": str(info.get("run_id") or rd.root.name),
+        "run_id": info.run_id or rd.root.name,
         "kind": kind,
-        "started_at": float(info.get("started_at") or rd.run_json.stat().st_mtime),
-        "config_path": info.get("config_path"),
-        "config_hash": (info.get("fingerprints") or {}).get("config_sha256"),
-        "code_version": (info.get("fingerprints") or {}).get("code"),
-        "model": model.get("name") or model.get("path"),
-        "model_fingerprint": model.get("fingerprint"),
-        "task_selector": info.get("task_selector"),
-        "status": info.get("status"),
-        "verdict": info.get("verdict"),
+        "started_at": float(info.started_at or rd.run_json.stat().st_mtime),
+        "config_path": info.config_path,
+        "config_hash": info.fingerprints.config_sha256,
+        "code_version": info.fingerprints.code,
+        "model": info.model.name or info.model.path,
+        "model_fingerprint": info.model.fingerprint,
+        "task_selector": info.task_selector,
+        "status": info.status,
+        "verdict": info.verdict,
         "reference": reference,
         "aa_variant": aa,
-        "hardware": info.get("hardware"),
+        "hardware": info.hardware,
         "run_dir": str(rd.root.resolve()),
     }
     return RunRecord(run, out_variants)
@@ -680,17 +682,13 @@ def _inserted_pk(result: sa.CursorResult[Any]) -> Any:
 def _judgement_of(run_dir: Path) -> dict[str, Any] | None:
     """A night's judgement as its run directory keeps it (nightly.json), so an import
     rebuilds the night's status too."""
-    path = run_dir / NIGHTLY_JSON
-    if not path.is_file():
-        return None
     try:
-        j = artifacts.read_json(path)
-    except (OSError, ValueError):
+        night = read_nightly_document(run_dir / NIGHTLY_JSON)
+    except UserError as err:
+        raise HistoryError(str(err)) from None
+    if night is None:
         return None
-    return {"nightly_status": j.get("status"), "baseline_run_id": j.get("baseline"), "judgement": j}
-
-
-NIGHTLY_JSON = "nightly.json"
+    return {"nightly_status": night.status, "baseline_run_id": night.baseline, "judgement": night.judgement()}
 
 
 def open_history(url: str | None, output_root: Path) -> History:

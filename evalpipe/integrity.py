@@ -18,7 +18,6 @@ record existed have no ``"artifacts"`` entry and are accepted as they are.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from evalpipe.artifacts import (
     TOKENS_PARQUET,
     VariantDir,
 )
+from evalpipe.documents.manifest import ArtifactEntry, VariantManifest, read_manifest
 from evalpipe.documents.worker_job import JOB_JSON
 from evalpipe.errors import UserError
 
@@ -91,7 +91,7 @@ def _rows_or_none(path: Path) -> int | None:
         return None
 
 
-def verify_variant(vdir: VariantDir | Path, manifest: dict[str, Any] | None = None) -> None:
+def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = None) -> None:
     """Check every file the variant's manifest records (present, same size, rows and
     sha256) and that no file of :data:`VERIFIED_FILES` was added after it finished;
     :class:`ArtifactMismatch` naming the first file that differs. A directory without a
@@ -103,14 +103,12 @@ def verify_variant(vdir: VariantDir | Path, manifest: dict[str, Any] | None = No
         if not vdir.manifest.is_file():
             return
         try:
-            manifest = json.loads(vdir.manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ArtifactMismatch(f"{vdir.manifest} cannot be read ({err}); restore it or re-run the variant.") from None
-    record = manifest.get(ARTIFACTS_KEY) if isinstance(manifest, dict) else None
+            manifest = read_manifest(vdir.manifest)
+        except UserError as err:
+            raise ArtifactMismatch(str(err)) from None
+    record = manifest.artifacts
     if record is None:
         return
-    if not isinstance(record, dict) or not all(isinstance(e, dict) for e in record.values()):
-        raise ArtifactMismatch(f"{vdir.manifest} has a malformed {ARTIFACTS_KEY!r} record; restore it or re-run the variant.")
     for name, entry in sorted(record.items()):
         if Path(name).name != name or name == MANIFEST_JSON:
             raise ArtifactMismatch(f"{vdir.manifest} records the artifact {name!r}, which is not a file of the variant; restore it or re-run the variant.")
@@ -124,16 +122,16 @@ def verify_variant(vdir: VariantDir | Path, manifest: dict[str, Any] | None = No
             )
 
 
-def _verify_file(path: Path, entry: dict[str, Any]) -> None:
+def _verify_file(path: Path, entry: ArtifactEntry) -> None:
     if not path.is_file():
         raise _mismatch(path, "the file is missing; the variant finished with it")
-    size, rows = path.stat().st_size, entry.get("rows")
+    size, rows = path.stat().st_size, entry.rows
     if rows is not None:
         found = _rows_or_none(path)
         if found is not None and found != rows:
             raise _mismatch(path, f"it has {found} rows, the manifest records {rows}: the table was rewritten after the variant finished")
-    if entry.get("bytes") is not None and size != entry["bytes"]:
-        raise _mismatch(path, f"it has {size} bytes, the manifest records {entry['bytes']}: "
+    if size != entry.bytes:
+        raise _mismatch(path, f"it has {size} bytes, the manifest records {entry.bytes}: "
                               "the file was truncated or altered after the variant finished")
-    if entry.get("sha256") is not None and sha256_of(path)[0] != entry["sha256"]:
+    if sha256_of(path)[0] != entry.sha256:
         raise _mismatch(path, "sha256 differs: the file was altered after the variant finished")

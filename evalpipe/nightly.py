@@ -35,9 +35,10 @@ from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
 from evalpipe.compare.verdict import Status
 from evalpipe.config import Expectations
 from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
+from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
-from evalpipe.history import NIGHTLY_JSON, History, HistoryError
+from evalpipe.history import History, HistoryError
 
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
@@ -72,7 +73,11 @@ class Judgement:
             self.status = status
         self.reasons.append(reason)
 
+    def to_document(self) -> NightlyDocument:
+        return NightlyDocument(**self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
+        """The judgement as the history stores it (nightly.json's fields but its version)."""
         return {
             "run_id": self.run_id, "status": self.status, "verdict": self.verdict, "baseline": self.baseline,
             "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes, "paths": self.paths,
@@ -137,18 +142,18 @@ def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
     """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
     the engine's noise between two runs, the floor of every drift from the baseline."""
     from evalpipe.compare.run import compare_artifacts
-    from evalpipe.rundirs import expectations_from_info, gates_from_info, load_artifacts, read_run_info, variant_numerics
+    from evalpipe.rundirs import load_artifacts, read_run_info, variant_numerics
 
     info = read_run_info(tonight_dir)
     where = str(tonight_dir / "run.json")
-    gates = gates_from_info(info, where)
-    aa_name, ref = (info.get("noise_floor") or {}).get("variant"), info.get("reference")
+    gates = info.gates_of(where)
+    aa_name, ref = info.aa_variant, info.reference
     if not (aa_name and ref and (tonight_dir / aa_name).is_dir()):
         return gates, None
     ref_dir = artifacts.VariantDir(tonight_dir / ref)
-    ref_side = load_artifacts(ref_dir, expect=expectations_from_info(info, ref, where))
+    ref_side = load_artifacts(ref_dir, expect=info.expectations_of(ref, where))
     aa_side = load_artifacts(artifacts.VariantDir(tonight_dir / aa_name),
-                             expect=meant_same(expectations_from_info(info, aa_name, where)))
+                             expect=meant_same(info.expectations_of(aa_name, where)))
     aa = compare_artifacts(ref_side, aa_side, worst_k=3, gates=gates, numerics=variant_numerics(ref_dir))
     return gates, aa
 
@@ -158,7 +163,7 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     comparison entry (plus "error" when the two cannot be compared). ``floor``:
     :func:`tonight_floor`, computed once per night by the caller."""
     from evalpipe.compare.run import check_same_items, compare_artifacts
-    from evalpipe.rundirs import expectations_from_info, load_artifacts, read_run_info, variant_numerics
+    from evalpipe.rundirs import load_artifacts, read_run_info, variant_numerics
 
     base_v, night_v = base_dir / variant, tonight_dir / variant
     label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
@@ -167,16 +172,16 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
         # each night judged by the expectations its own run recorded; tonight meant to run
         # the baseline's path (see meant_same)
         a = load_artifacts(artifacts.VariantDir(base_v), label_a,
-                           expectations_from_info(base_info, variant, str(base_dir / "run.json")))
+                           base_info.expectations_of(variant, str(base_dir / "run.json")))
         b = load_artifacts(artifacts.VariantDir(night_v), label_b,
-                           meant_same(expectations_from_info(read_run_info(tonight_dir), variant, str(tonight_dir / "run.json"))))
+                           meant_same(read_run_info(tonight_dir).expectations_of(variant, str(tonight_dir / "run.json"))))
         check_same_items(a.samples, b.samples, label_a, label_b)
     except UserError as err:
         return {"variant": variant, "error": str(err)}
     # Teacher forcing across nights is clean only on the same forced tokens: the baseline
     # scored its reference's sequences (teacher.parquet), tonight scored the same ones
     # (teacher_baseline.parquet). Without that pair the comparison is free-running only.
-    forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / str(base_info.get("reference") or ""))
+    forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / (base_info.reference or ""))
     a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
     gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
@@ -493,7 +498,7 @@ def _baseline_failure(e: dict[str, Any]) -> tuple[str, str] | None:
 
 def write_night(run_dir: Path, j: Judgement, dashboard: Path | None = None) -> dict[str, Path]:
     paths = {"json": run_dir / NIGHTLY_JSON, "markdown": run_dir / NIGHTLY_MD, "junit": run_dir / NIGHTLY_JUNIT}
-    artifacts.write_json(paths["json"], j.to_dict())
+    write_nightly_document(paths["json"], j.to_document())
     artifacts.write_text(paths["markdown"], render_summary(j, dashboard))
     artifacts.write_text(paths["junit"], render_junit(j))
     return paths

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from evalpipe import artifacts
 from evalpipe.artifacts import RunDir
+from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
 from evalpipe.nightly import NightResult, record_and_judge
 
@@ -74,7 +74,8 @@ def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tu
     out = []
     for name in ("good", "fault"):
         run_dir = root / f"source-{name}"
-        if (run_dir / "run.json").is_file() and artifacts.read_json(run_dir / "run.json").get("status") == "ok":
+        source = read_run_document(run_dir)
+        if source is not None and source.status == "ok":
             out.append(run_dir)
             continue
         if run_dir.exists():
@@ -106,33 +107,35 @@ def build_night(good: Path, fault: Path, night_dir: Path, *, index: int, started
     """One simulated night's run directory, compared and reported like a real one."""
     from evalpipe.rundirs import compare_run, write_outputs
 
-    info = artifacts.read_json(RunDir(good).run_json)
+    info = read_run_document(good) or RunDocument()
     if night_dir.exists():
         shutil.rmtree(night_dir)
-    for name in info["variants"]:
+    for name in info.variants:
         src = good / name
         if name == FAULT_VARIANT:
             src = fault / name if build == "fault" else good / sp_from
         _copy_variant(src, night_dir / name)
     if build != "fault" and sp_from != FAULT_VARIANT:
-        _claim_source_path(info, sp_from)
-    info.update(run_id=night_dir.name, started_at=started_at, kind="nightly", status="ok",
-                components={"vllm_ascend": build}, simulated={"night": index, "sp_from": "fault run" if build == "fault" else sp_from})
-    artifacts.write_json(RunDir(night_dir).run_json, info)
+        info = _claim_source_path(info, sp_from)
+    info = info.updated(run_id=night_dir.name, started_at=started_at, kind="nightly", status="ok",
+                        components={"vllm_ascend": build},
+                        simulated=SimulatedNight(night=index, sp_from="fault run" if build == "fault" else sp_from))
+    write_run_document(RunDir(night_dir).run_json, info)
     comparison = compare_run(night_dir)
-    info["verdict"] = comparison.status.value
-    artifacts.write_json(RunDir(night_dir).run_json, info)
+    info = info.updated(verdict=comparison.status.value)
+    write_run_document(RunDir(night_dir).run_json, info)
     write_outputs(night_dir, comparison, info, plots=False)  # ~0.7 s a night saved; the dashboard is what is read
     return night_dir
 
 
-def _claim_source_path(info: dict[str, Any], source: str) -> None:
+def _claim_source_path(info: RunDocument, source: str) -> RunDocument:
     """The night's `sp` holds ``source``'s artifacts: it claims ``source``'s path (its
     expectations) so that the comparisons judge its probe records by what it ran."""
-    settings = info.get("variant_settings") or {}
-    expect = (settings.get(source) or {}).get("expect")
-    if FAULT_VARIANT in settings and expect is not None:
-        settings[FAULT_VARIANT] = {**settings[FAULT_VARIANT], "expect": expect}
+    settings = info.variant_settings
+    expect = settings[source].expect if source in settings else None
+    if FAULT_VARIANT not in settings or expect is None:
+        return info
+    return info.updated(variant_settings={**settings, FAULT_VARIANT: settings[FAULT_VARIANT].model_copy(update={"expect": expect})})
 
 
 def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
@@ -154,7 +157,7 @@ def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fi
     if history_url is None:
         db_path.unlink(missing_ok=True)
     history = open_history(history_url or f"sqlite:///{db_path.resolve()}", output)
-    aa_name = (artifacts.read_json(RunDir(good).run_json).get("noise_floor") or {}).get("variant")
+    aa_name = (read_run_document(good) or RunDocument()).aa_variant
     pool = [FAULT_VARIANT] + ([aa_name] if aa_name else [])
     rng = np.random.default_rng(seed)
     spec = load_config(config).nightly

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
+from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
 from evalpipe.paths import PROJECT_ROOT
 
 BUILTIN_PREFIX = "builtin:"
@@ -315,7 +316,7 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
     lm-eval's RULER tasks run at longctx.lengths too: same refusals, with each task's
     own max_gen_toks (a RULER prompt takes up to its length; the LM keeps max_gen_toks free)."""
     from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
-    from evalpipe.worker.task_families import RULER_MAX_GEN_TOKS, is_generated_ruler
+    from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
 
     for spec in (t.spec for t in tasks if is_generated_ruler(t.spec.task)):
         if spec.num_fewshot:
@@ -424,15 +425,16 @@ def _settings(plan: RunPlan, v: PlannedVariant) -> dict[str, Any]:
             "expect": v.expect.model_dump(mode="json", exclude_defaults=True)}
 
 
-def run_info(plan: RunPlan) -> dict[str, Any]:
+def run_info(plan: RunPlan, **more: Any) -> RunDocument:
     """The resolved, reproducible description of a run (the static part of run.json),
     credentials redacted (env values, URL passwords, the api_key_env variables): run.json
-    feeds the reports and the history."""
+    feeds the reports and the history. ``more``: further fields (nightly: its kind and components)."""
     from evalpipe.redact import api_key_names, redact
 
     keys = api_key_names([plan.config.launch, *(v.launch for v in plan.config.variants.values()),
                           *(v.launch for v in plan.variants)])
-    return redact({
+    return RunDocument.model_validate(redact({
+        "version": RUN_VERSION,
         "run_id": plan.run_id,
         "config_path": plan.config_path,
         "config": plan.config.model_dump(mode="json"),
@@ -448,4 +450,5 @@ def run_info(plan: RunPlan) -> dict[str, Any]:
         ),
         "model": {"path": plan.model},
         "notes": plan.notes,
-    }, keys)
+        **more,
+    }, keys))

@@ -23,8 +23,9 @@ from pydantic import ValidationError
 from evalpipe import artifacts
 from evalpipe.artifacts import PROBES_JSON
 from evalpipe.compare.code_paths import ProcessProbe, VariantProbes, summarize
+from evalpipe.documents.manifest import ArtifactEntry, ProbeSummary, read_manifest, write_manifest
 from evalpipe.errors import UserError
-from evalpipe.integrity import ARTIFACTS_KEY, describe_file
+from evalpipe.integrity import describe_file
 from evalpipe.probe_names import VariantNames
 from evalpipe.probes import SCHEMA_VERSION, SITE_DIR, SPEC_ENV, SPEC_FILE
 
@@ -115,11 +116,11 @@ def _into_manifest(vdir: Path, doc: VariantProbes) -> None:
     path = artifacts.VariantDir(vdir).manifest
     if not path.is_file():
         return
-    manifest = artifacts.read_json(path)
-    manifest["probes"] = summarize(doc, list(doc.names))
-    if isinstance(manifest.get(ARTIFACTS_KEY), dict):
-        manifest[ARTIFACTS_KEY][PROBES_JSON] = describe_file(vdir / PROBES_JSON)
-    artifacts.write_json(path, manifest)
+    manifest = read_manifest(path)
+    update: dict[str, Any] = {"probes": ProbeSummary.model_validate(summarize(doc, list(doc.names)))}
+    if manifest.artifacts is not None:
+        update["artifacts"] = {**manifest.artifacts, PROBES_JSON: ArtifactEntry.model_validate(describe_file(vdir / PROBES_JSON))}
+    write_manifest(path, manifest.model_copy(update=update))
 
 
 def read_probes(vdir: Path) -> VariantProbes | None:

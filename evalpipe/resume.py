@@ -19,6 +19,8 @@ from typing import Any
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
+from evalpipe.documents.manifest import VariantManifest, read_manifest
+from evalpipe.documents.run_doc import Attempt, RunDocument, VariantStatus, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.worker.journal import JOURNAL_FILE
@@ -63,14 +65,14 @@ def first_difference(old: Any, new: Any, path: str = "") -> str | None:
     return None if old == new else (path or "the whole value")
 
 
-def _comparable(info: dict[str, Any], key: str) -> Any:
-    value = _plain(info.get(key))
+def _comparable(info: RunDocument, key: str) -> Any:
+    value = _plain(info.model_dump(mode="json")[key])
     if key == "config" and isinstance(value, dict):
         value.pop("output", None)  # where the run lives, not what it is (--resume names it directly)
     return value
 
 
-def check_same_run(run_dir: Path, stored: dict[str, Any], fresh: dict[str, Any]) -> None:
+def check_same_run(run_dir: Path, stored: RunDocument, fresh: RunDocument) -> None:
     for key, label in SAME:
         where = first_difference(_comparable(stored, key), _comparable(fresh, key), key)
         if where is not None:
@@ -80,26 +82,24 @@ def check_same_run(run_dir: Path, stored: dict[str, Any], fresh: dict[str, Any])
             )
 
 
-def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def reopen(run_dir: Path, fresh: RunDocument) -> tuple[RunDocument, list[str]]:
     """run.json's content for the continued run and the variants it keeps. The caller
     holds the run directory's lock."""
-    from evalpipe.rundirs import read_run_info
-
     try:
-        stored = read_run_info(run_dir)
+        stored = read_run_document(run_dir)
     except UserError as err:
         raise ResumeRefused(str(err)) from None
-    if not stored:
+    if stored is None:
         raise ResumeRefused(f"{run_dir} exists and is not a run directory (no run.json); choose another --run-id or --output.")
-    if stored.get("status") == "ok":
+    if stored.status == "ok":
         raise ResumeRefused(
-            f"run {run_dir} has already finished (verdict {stored.get('verdict')}); compare it again with "
+            f"run {run_dir} has already finished (verdict {stored.verdict}); compare it again with "
             f"`evalpipe compare {run_dir}`, or choose another --run-id for a new run."
         )
     check_same_run(run_dir, stored, fresh)
-    kept: dict[str, dict[str, Any]] = {}  # name -> its manifest, read once: what is verified is what the status is taken from
-    statuses = stored.get("variant_status") or {}
-    for name in fresh["variants"]:
+    kept: dict[str, VariantManifest] = {}  # name -> its manifest, read once: what is verified is what the status is taken from
+    statuses = stored.variant_status
+    for name in fresh.variants:
         vdir = artifacts.VariantDir(run_dir / name)
         manifest = _finished(vdir)
         if manifest is not None:
@@ -112,15 +112,13 @@ def reopen(run_dir: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[s
             _clear_but_journal(vdir.root)
     for name in COMPARISON_OUTPUTS:
         (run_dir / name).unlink(missing_ok=True)
-    attempt = {"at": time.time(), "kept": list(kept), "previous_status": stored.get("status")}
-    stored.update(
+    attempt = Attempt(at=time.time(), kept=list(kept), previous_status=stored.status)
+    stored = stored.without("verdict", "error", "failed_variants", "interrupted_by", "interrupted_at", "finished_variants")
+    return stored.updated(
         status="running",
         variant_status={n: statuses.get(n) or _status_from_manifest(m) for n, m in kept.items()},
-        attempts=[*stored.get("attempts", []), attempt],
-    )
-    for key in ("verdict", "error", "failed_variants", "interrupted_by", "interrupted_at", "finished_variants"):
-        stored.pop(key, None)
-    return stored, list(kept)
+        attempts=[*stored.attempts, attempt],
+    ), list(kept)
 
 
 def _clear_but_journal(vdir: Path) -> None:
@@ -135,19 +133,19 @@ def _clear_but_journal(vdir: Path) -> None:
             entry.unlink()
 
 
-def _finished(vdir: artifacts.VariantDir) -> dict[str, Any] | None:
+def _finished(vdir: artifacts.VariantDir) -> VariantManifest | None:
     """The manifest of a variant whose worker said it finished, with the record of what it
     wrote (a variant that finished as evalpipe was killed counts, though run.json never
-    heard of it); None for any other."""
+    heard of it); None for any other (one that cannot be read starts again)."""
     if not vdir.manifest.is_file():
         return None
     try:
-        manifest = artifacts.read_json(vdir.manifest)
-    except (OSError, ValueError):
+        manifest = read_manifest(vdir.manifest)
+    except UserError:
         return None
-    finished = isinstance(manifest, dict) and manifest.get("status") == "ok" and bool(manifest.get("artifacts"))
+    finished = manifest.status == "ok" and bool(manifest.artifacts)
     return manifest if finished else None
 
 
-def _status_from_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"exit_code": 0, "seconds": (manifest.get("timings") or {}).get("total_s"), "error": None}
+def _status_from_manifest(manifest: VariantManifest) -> VariantStatus:
+    return VariantStatus(exit_code=0, seconds=manifest.timings.get("total_s"), error=None)

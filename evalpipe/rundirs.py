@@ -25,12 +25,12 @@ scored by that variant; it is optional, and compared when both sides have one
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 
 from evalpipe import artifacts
-from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir, variant_names_from_info
+from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
 from evalpipe.compare.run import (
     RunComparison,
@@ -40,9 +40,10 @@ from evalpipe.compare.run import (
     compare_artifacts,
     with_margin,
 )
-from evalpipe.config import Expectations, Gates, aa_variant_name
-from evalpipe.documents.base import validated
+from evalpipe.config import Expectations, Gates
 from evalpipe.documents.comparison import write_comparison
+from evalpipe.documents.manifest import read_manifest
+from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.integrity import verify_variant
 from evalpipe.probe_records import read_probes
@@ -100,61 +101,16 @@ def load_artifacts(vdir: VariantDir, name: str | None = None, expect: Expectatio
                             expect=expect)
 
 
-def expectations_from_info(run_info: dict[str, Any], variant: str, where: str = "run.json") -> Expectations | None:
-    """The variant's effective expectations as its run recorded them ("variant_settings"."expect"),
-    None for a run from before expectations existed."""
-    settings = run_info.get("variant_settings")
-    entry = settings.get(variant) if isinstance(settings, dict) else None
-    data = entry.get("expect") if isinstance(entry, dict) else None
-    return None if data is None else _validated(Expectations, data, where, f"variant_settings.{variant}.expect")
-
-
-def _validated(model: Any, data: Any, where: str, at: str) -> Any:
-    """``model`` from run.json's ``data`` at ``at``, or one sentence naming the bad key."""
-    return validated(model, data, where, "fix or remove it", at=at)
-
-
 def variant_numerics(vdir: VariantDir) -> Numerics:
     """The precision a variant ran in, from the engine arguments its manifest records."""
     where = f"{vdir.name}/manifest.json"
-    try:
-        manifest = artifacts.read_json(vdir.manifest) if vdir.manifest.is_file() else {}
-    except (OSError, ValueError):
-        manifest = {}
-    args = manifest.get("engine_args") if isinstance(manifest, dict) else None
-    return numerics_from_engine_args(args if isinstance(args, dict) else None, where)
+    args = read_manifest(vdir.manifest).engine_args if vdir.manifest.is_file() else None
+    return numerics_from_engine_args(args or None, where)
 
 
-def read_run_info(run_dir: Path) -> dict[str, Any]:
-    """Parsed run.json, or {} when the run directory has none."""
-    path = RunDir(run_dir).run_json
-    if not path.is_file():
-        return {}
-    try:
-        info = artifacts.read_json(path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}); restore or delete it.") from exc
-    if not isinstance(info, dict):
-        raise UserError(f"{path} should hold a JSON object; restore or delete it.")
-    return info
-
-
-def gates_from_info(run_info: dict[str, Any], where: str = "run.json") -> Gates:
-    """The gates of run.json's "config"."gates", else the defaults; ``where`` names the file in errors."""
-    config = run_info.get("config")
-    data = config.get("gates") if isinstance(config, dict) else None
-    return Gates() if data is None else _validated(Gates, data, where, "config.gates")
-
-
-def noise_floor_from_info(run_info: dict[str, Any], reference: str) -> str | None:
-    """The A/A variant of ``reference`` that run.json names, else None.
-
-    An A/A run of another variant (the reference was overridden) is no noise floor
-    for this reference; it is then compared like any variant.
-    """
-    nf = run_info.get("noise_floor")
-    name = nf.get("variant") if isinstance(nf, dict) else None
-    return str(name) if name and str(name) == aa_variant_name(reference) else None
+def read_run_info(run_dir: Path) -> RunDocument:
+    """run.json of ``run_dir``, or an empty document when the run directory has none."""
+    return read_run_document(run_dir) or RunDocument()
 
 
 # ---------------------------------------------------------------------------
@@ -204,19 +160,19 @@ def compare_run(
         raise UserError(f"run directory {run_dir} does not exist.")
     rd = RunDir(run_dir)
     info = read_run_info(run_dir)
-    gates = with_margin(gates if gates is not None else gates_from_info(info, str(rd.run_json)), margin)
-    names = list(variants) if variants else (variant_names_from_info(info) or rd.variant_names())
+    gates = with_margin(gates if gates is not None else info.gates_of(str(rd.run_json)), margin)
+    names = list(variants) if variants else (info.variants or rd.variant_names())
     if not names:
         raise UserError(f"{run_dir} has no variants (no run.json \"variants\" and no <variant>/manifest.json).")
-    ref = str(reference or info.get("reference") or names[0])
-    aa_name = noise_floor_from_info(info, ref)
+    ref = str(reference or info.reference or names[0])
+    aa_name = info.noise_floor_of(ref)
     others = [n for n in dict.fromkeys(names) if n not in (ref, aa_name)]
     if not others:
         raise UserError(f"{run_dir} has only the reference variant {ref!r}; there is nothing to compare it with.")
     where = str(rd.run_json)
 
     def side(name: str) -> VariantArtifacts:
-        return load_artifacts(rd.variant(name), expect=expectations_from_info(info, name, where))
+        return load_artifacts(rd.variant(name), expect=info.expectations_of(name, where))
 
     ref_side = side(ref)
     numerics = variant_numerics(rd.variant(ref))
@@ -227,7 +183,7 @@ def compare_run(
         compare_artifacts(ref_side, side(name), worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
         for name in others
     )
-    run_id = str(info.get("run_id") or run_dir.name)
+    run_id = info.run_id or run_dir.name
     return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
 
 
@@ -245,10 +201,10 @@ def compare_across_runs(
         label_a, label_b = str(va.root), str(vb.root)
     info_a, info_b = read_run_info(va.root.parent), read_run_info(vb.root.parent)
     if gates is None:
-        gates = gates_from_info(info_a, str(RunDir(va.root.parent).run_json))
+        gates = info_a.gates_of(str(RunDir(va.root.parent).run_json))
     gates = with_margin(gates, margin)
-    expect_a = expectations_from_info(info_a, va.name, str(RunDir(va.root.parent).run_json))
-    expect_b = expectations_from_info(info_b, vb.name, str(RunDir(vb.root.parent).run_json))
+    expect_a = info_a.expectations_of(va.name, str(RunDir(va.root.parent).run_json))
+    expect_b = info_b.expectations_of(vb.name, str(RunDir(vb.root.parent).run_json))
     if expect_a is not None and expect_b is not None and expect_a.claims() == expect_b.claims():
         # one declared path in two runs (another night, another build): meant to run the same
         # code, so IDENTICAL outputs answer the question instead of proving "nothing compared";
@@ -266,18 +222,17 @@ def compare_across_runs(
 
 
 def write_outputs(
-    run_dir: Path, run_comparison: RunComparison, run_info: dict[str, Any] | None = None, *, plots: bool = True
+    run_dir: Path, run_comparison: RunComparison, run_info: RunDocument | None = None, *, plots: bool = True
 ) -> dict[str, Path]:
     """Write compare.json, report.md, report.html and junit.xml atomically.
 
     compare.json is written first: the reports are renderings of it, so a failure
     while drawing a plot never loses the comparison itself."""
     rd = RunDir(Path(run_dir))
-    if run_info is None:
-        run_info = read_run_info(rd.root)
+    header = (run_info if run_info is not None else read_run_info(rd.root)).as_mapping()
     data = run_comparison.document()
     write_comparison(rd.compare_json, data)
     artifacts.write_text(rd.junit_xml, render_junit(data))
-    artifacts.write_text(rd.report_md, render_markdown(data, run_info))
-    artifacts.write_text(rd.report_html, render_html(data, run_info, plots=plots))
+    artifacts.write_text(rd.report_md, render_markdown(data, header))
+    artifacts.write_text(rd.report_html, render_html(data, header, plots=plots))
     return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}

@@ -16,13 +16,14 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import ConfigError
+from evalpipe.documents.manifest import read_manifest, write_manifest
+from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, read_run_document, write_run_document
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
 from evalpipe.paths import data_dir
 from evalpipe.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.probe_names import VariantNames
 from evalpipe.progress import ProgressView
-from evalpipe.redact import redact
 from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
 from evalpipe.worker.journal import JOURNAL_FILE
 
@@ -106,21 +107,23 @@ def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: P
     )
 
 
-def _record_environment(info: dict[str, Any], variant: str, vdir: Path) -> None:
+def _record_environment(info: RunDocument, variant: str, vdir: Path) -> RunDocument:
     """Lift what the worker measured about its environment into run.json: the
     reference's versions and hardware for the header, and every variant's versions
     beside its settings, where a different build shows up as a difference."""
     manifest_path = artifacts.VariantDir(vdir).manifest
     if not manifest_path.is_file():
-        return
-    manifest = artifacts.read_json(manifest_path)
-    versions = {k: v for k, v in (manifest.get("versions") or {}).items() if v is not None}
-    info["variant_settings"][variant]["versions"] = versions
-    info.setdefault("versions", versions)
-    info.setdefault("hardware", manifest.get("hardware"))
+        return info
+    manifest = read_manifest(manifest_path)
+    versions = {k: v for k, v in manifest.versions.items() if v is not None}
+    hardware = manifest.hardware.model_dump() if manifest.hardware is not None else None
+    settings = dict(info.variant_settings)
+    settings[variant] = settings[variant].model_copy(update={"versions": versions})
+    first = {k: v for k, v in (("versions", versions), ("hardware", hardware)) if k not in info.model_fields_set}
+    return info.updated(variant_settings=settings, **first)
 
 
-def _open_run_dir(rd: artifacts.RunDir, fresh: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _open_run_dir(rd: artifacts.RunDir, fresh: RunDocument) -> tuple[RunDocument, list[str]]:
     """A new run directory, or the interrupted run's own one (same --run-id again, or
     --resume): run.json's content and the variants kept from before. The directory's
     lock is held from here until execute() returns."""
@@ -134,8 +137,7 @@ def _open_run_dir(rd: artifacts.RunDir, fresh: dict[str, Any]) -> tuple[dict[str
         lock_run_dir(rd.root)  # a run still being written is refused here, before anything is read
         return reopen(rd.root, fresh)
     lock_run_dir(rd.root)
-    fresh.update(status="running", started_at=time.time(), variant_status={}, timings={})
-    return fresh, []
+    return fresh.updated(status="running", started_at=time.time(), variant_status={}, timings={}), []
 
 
 def _close_manifest(vdir: Path, outcome: Any) -> None:
@@ -145,17 +147,16 @@ def _close_manifest(vdir: Path, outcome: Any) -> None:
     path = artifacts.VariantDir(vdir).manifest
     if outcome.ok or not path.is_file():
         return
-    manifest = artifacts.read_json(path)
-    if manifest.get("status") == "running":
-        manifest.update(status="failed", error=outcome.error, finished_at=time.time())
-        artifacts.write_json(path, manifest)
+    manifest = read_manifest(path)
+    if manifest.status == "running":
+        write_manifest(path, manifest.model_copy(update={"status": "failed", "error": outcome.error, "finished_at": time.time()}))
 
 
 def check_user_data(plan: RunPlan) -> None:
     """The data files a config names (`data_files:` of a task entry), read here before any
     engine starts: a broken line or a missing column is one sentence, not lm-eval's
     words minutes later."""
-    from evalpipe.worker.tasks import task_config
+    from evalpipe.tasks.configure import task_config
 
     for t in plan.tasks:
         if not t.spec.data_files:
@@ -172,7 +173,7 @@ def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
     on the first problem, else the probed names as each variant's interpreter knows them."""
     from evalpipe.engine_args import EngineArgError, check_plan
     from evalpipe.probe_names import resolve_plan
-    from evalpipe.worker.tasks import TaskNotFound, check_task_names
+    from evalpipe.tasks.index import TaskNotFound, check_task_names
 
     try:
         check_task_names([t.spec.task for t in plan.tasks])
@@ -212,19 +213,16 @@ def mark_interrupted(run_dir: Path) -> None:
     (instead of `running` forever)."""
     import signal
 
-    from evalpipe.launch import interrupts
+    from evalpipe.execution.launch import interrupts
 
-    path = artifacts.RunDir(run_dir).run_json
-    if not path.is_file():
+    info = read_run_document(run_dir)
+    if info is None or info.status != "running":
         return
-    info = artifacts.read_json(path)
-    if info.get("status") != "running":
-        return
-    finished = [name for name, v in (info.get("variant_status") or {}).items() if v.get("exit_code") == 0]
+    finished = [name for name, v in info.variant_status.items() if v.exit_code == 0]
     by = "SIGTERM" if signal.SIGTERM in interrupts else "SIGINT"
-    info.update(status="interrupted", interrupted_by=by, interrupted_at=time.time(), finished_variants=finished,
-                error=f"interrupted by {by}; finished variants: {', '.join(finished) or 'none'}")
-    artifacts.write_json(path, info)
+    write_run_document(run_dir, info.updated(
+        status="interrupted", interrupted_by=by, interrupted_at=time.time(), finished_variants=finished,
+        error=f"interrupted by {by}; finished variants: {', '.join(finished) or 'none'}"))
 
 
 def history_url(plan: RunPlan) -> str | None:
@@ -262,22 +260,20 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
              names: dict[str, VariantNames]) -> int:
 
     rd = artifacts.RunDir(plan.run_dir)
-    fresh = run_info(plan)
-    fresh.update(extra_info or {})
-    info, kept = _open_run_dir(rd, fresh)
-    artifacts.write_json(rd.run_json, redact(info))
+    info, kept = _open_run_dir(rd, run_info(plan, **(extra_info or {})))
+    write_run_document(rd.run_json, info)
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[bold]run[/] {plan.run_id} -> {rd.root}")
     if kept:
         console.print(f"[bold]continuing[/] the interrupted run; kept (finished, artifacts verified): {', '.join(kept)}")
-    elif info.get("attempts"):
+    elif info.attempts:
         console.print("[bold]continuing[/] the interrupted run; no variant had finished: all run again")
 
     def save(**updates: Any) -> None:
-        info.update(updates)
-        # errors quote server commands, log tails and messages: redacted like run_info
-        artifacts.write_json(rd.run_json, redact(info))
+        nonlocal info
+        info = info.updated(**updates)
+        write_run_document(rd.run_json, info)  # redacted: errors quote server commands, log tails and messages
 
     t0 = time.time()
     try:
@@ -285,17 +281,16 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     except RunFailed as err:
         save(status="failed", error=str(err))
         raise
-    previous = info["model"].get("fingerprint")
+    previous = info.model.fingerprint
     if previous and model["fingerprint"] and previous != model["fingerprint"]:
         from evalpipe.resume import ResumeRefused
 
         raise ResumeRefused(f"cannot continue {rd.root}: its model's files changed since it started "
                             f"(fingerprint {previous[:12]}, now {model['fingerprint'][:12]}); choose another --run-id.")
-    info["model"].update(model)
-    info["timings"]["model_s"] = time.time() - t0
-    save()
+    save(model=RunModel.model_validate({**info.model.model_dump(exclude_unset=True), **model}),
+         timings=info.timings.model_copy(update={"model_s": time.time() - t0}))
 
-    from evalpipe.launch import stop_if_interrupted
+    from evalpipe.execution.launch import stop_if_interrupted
 
     view = ProgressView(console)
     # Without the reference (or its A/A twin) nothing can be compared, so their failure
@@ -309,7 +304,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             vdir = rd.root / variant.name
             if variant.name in kept:
                 console.print(f"[bold cyan]variant {variant.name}[/] kept from before the interruption")
-                _record_environment(info, variant.name, vdir)
+                info = _record_environment(info, variant.name, vdir)
                 continue
             console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
             try:
@@ -318,16 +313,12 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             finally:
                 view.close()
                 _stop_unneeded(servers, plan.variants[i + 1:])
-            info["variant_status"][variant.name] = {
-                "exit_code": outcome.exit_code,
-                "seconds": round(outcome.seconds, 3),
-                "error": outcome.error,
-                **({"stalled": True} if outcome.stalled else {}),
-            }
+            status = VariantStatus(exit_code=outcome.exit_code, seconds=round(outcome.seconds, 3), error=outcome.error,
+                                   **({"stalled": True} if outcome.stalled else {}))
             _close_manifest(vdir, outcome)
             _gather_probes(variant, vdir, names[variant.name], servers)
-            _record_environment(info, variant.name, vdir)
-            save()
+            info = _record_environment(info, variant.name, vdir)
+            save(variant_status={**info.variant_status, variant.name: status})
             stop_if_interrupted()
             if not outcome.ok:
                 error = outcome.error or f"variant {variant.name} failed"
@@ -340,7 +331,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     finally:
         _stop_unneeded(servers, [])
 
-    info["timings"]["total_s"] = time.time() - t0
+    info = info.updated(timings=info.timings.model_copy(update={"total_s": time.time() - t0}))
     compared = [v.name for v in plan.variants if v.name not in failures]
     if len(compared) - len(essential & set(compared)) < 1:
         if failures:
@@ -349,7 +340,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         console.print("one variant only: nothing to compare.")
         return ExitCode.OK
     try:
-        verdict_code = compare_and_report(rd.root, console, info, variants=compared if failures else None)
+        verdict_code, info = _compare_and_report(rd.root, console, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
         # evalpipe's own error is its sentence; anything else is a bug, its traceback kept beside the artifacts
         if isinstance(err, EvalpipeError):
@@ -373,8 +364,9 @@ def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, ser
 
     exposed = None
     if variant.launch.mode == "endpoint":
-        manifest = artifacts.VariantDir(vdir).manifest
-        exposed = (artifacts.read_json(manifest).get("engine") or {}) if manifest.is_file() else {}
+        path = artifacts.VariantDir(vdir).manifest
+        engine = read_manifest(path).engine if path.is_file() else None
+        exposed = engine.model_dump(mode="json") if engine is not None else {}
     server = variant.server_of or variant.name
     probe_records.gather(
         vdir, variant.name, variant.launch.mode, names,
@@ -390,7 +382,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     the reference's, the running one. A server that dies stops the worker and fails the
     variant with its log's tail. ``servers``: the started ones, by variant; the caller
     stops them (`_stop_unneeded`)."""
-    from evalpipe.launch import run_worker
+    from evalpipe.execution.launch import run_worker
     from evalpipe.probe_records import probe_env, write_spec
 
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
@@ -398,7 +390,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     if variant.launch.mode != "serve":
         return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
                           stall_timeout_s=limits.stall_of(variant), env=env)
-    from evalpipe import serve
+    from evalpipe.execution import serve
 
     vdir.mkdir(parents=True, exist_ok=True)
     vd = artifacts.VariantDir(vdir)
@@ -420,7 +412,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
         try:
             server.start(server_env)
         except OSError as err:  # the launcher or server command itself is missing
-            from evalpipe.launch import VariantOutcome
+            from evalpipe.execution.launch import VariantOutcome
 
             return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
                                   f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")
@@ -447,15 +439,15 @@ def _stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None
         servers.pop(name).stop()
 
 
-def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) -> int:
+def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save) -> int:
     """Mark the run failed (after whatever could be compared was written) and raise."""
     names = ", ".join(failures)
     first_error, _ = next(iter(failures.values()))
     # an error's first line is its sentence; what follows (a log's tail) goes after ours
     sentence, _, details = first_error.partition("\n")
     message = f"variant{'s' if len(failures) > 1 else ''} {names} failed ({sentence.rstrip('.')})"
-    if info.get("verdict"):
-        message += f"; the other variants were compared: {info['verdict']}"
+    if info.verdict:
+        message += f"; the other variants were compared: {info.verdict}"
     if details:
         message += f"\n{details}"
     save(status="failed", error=message, failed_variants=list(failures))
@@ -466,7 +458,7 @@ def _fail_run(info: dict[str, Any], failures: dict[str, tuple[str, int]], save) 
 def compare_and_report(
     run_dir: Path,
     console: Console,
-    info: dict[str, Any] | None = None,
+    info: RunDocument | None = None,
     *,
     reference: str | None = None,
     variants: list[str] | None = None,
@@ -475,21 +467,36 @@ def compare_and_report(
 ) -> int:
     """Compare stored artifacts and write compare.json + report.md (into `output`,
     default the run directory). Needs no engine: this is `evalpipe compare`."""
+    return _compare_and_report(run_dir, console, info, reference=reference, variants=variants, output=output, gates=gates)[0]
+
+
+def _compare_and_report(
+    run_dir: Path,
+    console: Console,
+    info: RunDocument | None = None,
+    *,
+    reference: str | None = None,
+    variants: list[str] | None = None,
+    output: Path | None = None,
+    gates: Any = None,
+) -> tuple[int, RunDocument]:
+    """compare_and_report, with run.json's content as it now stands."""
     from evalpipe.report.terminal import print_summary
-    from evalpipe.rundirs import compare_run, read_run_info, write_outputs
+    from evalpipe.rundirs import compare_run, write_outputs
 
     rd = artifacts.RunDir(run_dir)
-    info = info if info is not None else read_run_info(rd.root)  # a broken run.json: one sentence naming it
+    if info is None:  # a broken run.json: one sentence naming it
+        info = read_run_document(rd.root) or RunDocument()
     comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates)
     verdict = comparison.status.value
     if output is None:
-        info.update(status="ok", verdict=verdict)
-        artifacts.write_json(rd.run_json, redact(info))
+        info = info.updated(status="ok", verdict=verdict)
+        write_run_document(rd.run_json, info)
     out_dir = Path(output) if output is not None else rd.root
     written = write_outputs(out_dir, comparison, info)
     print_summary(comparison.document(), console)
     _print_written(written, console)
-    return verdict_exit_code(verdict)
+    return verdict_exit_code(verdict), info
 
 
 def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
@@ -500,7 +507,8 @@ def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = N
     comparison = compare_across_runs(a, b, gates=gates)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
     out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
-    info = {"run_id": comparison.run_id, "reference": comparison.reference, "variants": [comparison.reference, *comparison.variants]}
+    info = RunDocument(run_id=comparison.run_id, reference=comparison.reference,
+                       variants=[comparison.reference, *comparison.variants])
     written = write_outputs(out_dir, comparison, info)
     print_summary(comparison.document(), console)
     _print_written(written, console)

@@ -24,7 +24,7 @@ def run_id(i: int) -> str:
 
 
 INCONCLUSIVE_REASON = ("tonight's comparison proves nothing about the paths: variant `sp` never called "
-                       "`evalpipe.layout.model.LayoutDecoderLayer._sp_attention` (0 calls in 1 process)")
+                       "`evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention` (0 calls in 1 process)")
 
 
 def sample_history(n_nights: int = 8, change_at: int = 5, task: str = "gsm8k", inconclusive: tuple[int, ...] = ()) -> dict:

@@ -15,8 +15,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from evalpipe import artifacts
+from evalpipe import artifacts, integrity
 from evalpipe.artifacts import RunDir, VariantDir
+from evalpipe.documents.manifest import VariantManifest, read_manifest, write_manifest
+from evalpipe.documents.run_doc import RunDocument
 
 TASK = "gsm8k_synth_4shot"
 METRIC = "exact_match,strict-match"
@@ -140,7 +142,7 @@ def write_variant(
         samples_t, tokens_t, teacher_t = (
             None if t is None else t.take(rng.permutation(t.num_rows)) for t in (samples_t, tokens_t, teacher_t)
         )
-    artifacts.write_json(vdir.manifest, {"name": name, "status": "ok"})
+    write_manifest(vdir.manifest, VariantManifest(variant=name, status="ok"))
     artifacts.write_table(vdir.samples, samples_t)
     artifacts.write_table(vdir.tokens, tokens_t)
     if teacher_t is not None:
@@ -152,7 +154,7 @@ def write_run(
     run_root: Path,
     variants: dict[str, list[FakeSample]],
     reference: str | None = None,
-    run_info: dict[str, Any] | None = None,
+    run_info: dict[str, Any] | RunDocument | None = None,
     *,
     teachers: dict[str, list[FakeSample]] | None = None,
     noise_floor: str | None = None,
@@ -170,7 +172,7 @@ def write_run(
     info: dict[str, Any] = {"run_id": run_root.name, "reference": ref, "variants": list(variants)}
     if noise_floor is not None:
         info["noise_floor"] = {"variant": noise_floor, "of": ref, "reverse_order": True}
-    info.update(run_info or {})
+    info.update(run_info.as_mapping() if isinstance(run_info, RunDocument) else run_info or {})
     artifacts.write_json(RunDir(run_root).run_json, info)
     return run_root
 
@@ -250,3 +252,14 @@ def swap_top1(positions: Iterable[int]) -> Callable[[FakeSample], FakeSample]:
         return s.copy(topk_ids=ids, topk_logprobs=lps)
 
     return fn
+
+
+def update_manifest(vdir: VariantDir, **update: Any) -> None:
+    """The variant's manifest with ``update`` (fields as the worker writes them, checked)."""
+    manifest = read_manifest(vdir.manifest)
+    write_manifest(vdir.manifest, VariantManifest.model_validate({**manifest.model_dump(), **update}))
+
+
+def record_artifacts(vdir: VariantDir, **update: Any) -> None:
+    """The artifacts record the worker's finish step writes into the manifest (and ``update``)."""
+    update_manifest(vdir, **update, artifacts=integrity.describe_artifacts(vdir))

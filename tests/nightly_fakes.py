@@ -15,15 +15,16 @@ from evalpipe import artifacts
 from evalpipe.artifacts import PROBES_JSON, RunDir
 from evalpipe.compare.code_paths import ModelProbe, ProcessProbe, VariantProbes, summarize
 from evalpipe.config import Expectations
+from evalpipe.documents.run_doc import read_run_document, write_run_document
 from evalpipe.rundirs import compare_run, write_outputs
-from tests.fakes import FakeSample, make_samples, mutate, set_token, write_run
+from tests.fakes import FakeSample, make_samples, mutate, set_token, update_manifest, write_run
 
 DAY = 86400.0
 T0 = 1_780_000_000.0
 N_ITEMS = 200
 
-MODEL = "evalpipe.layout.model.LayoutForCausalLM"
-LAYER = "evalpipe.layout.model.LayoutDecoderLayer"
+MODEL = "evalpipe.lab.layout.model.LayoutForCausalLM"
+LAYER = "evalpipe.lab.layout.model.LayoutDecoderLayer"
 ATTENTION = {"legacy": f"{LAYER}._legacy_attention", "sp": f"{LAYER}._sp_attention"}
 # collectives of the virtual ranks per forward pass: one per decoder layer (3)
 COLLECTIVES = {"legacy": ("all_gather", "reduce_scatter"), "sp": ("all_to_all", "reduce_scatter")}
@@ -56,9 +57,7 @@ def probes_of(variant: str, path: str, expect: Expectations) -> VariantProbes:
 def add_probes(vdir: artifacts.VariantDir, doc: VariantProbes) -> None:
     """probes.json and the manifest's summary, as evalpipe.probe_records.gather leaves them."""
     artifacts.write_text(vdir.root / PROBES_JSON, doc.model_dump_json(indent=2) + "\n")
-    manifest = artifacts.read_json(vdir.manifest)
-    manifest["probes"] = summarize(doc, list(doc.names))
-    artifacts.write_json(vdir.manifest, manifest)
+    update_manifest(vdir, probes=summarize(doc, list(doc.names)))
 
 
 def base_samples() -> list[FakeSample]:
@@ -106,15 +105,12 @@ def write_night(root: Path, i: int, *, fault: bool = False, components: dict[str
     ran = {"legacy": "legacy", "legacy-aa": "legacy", "sp": sp_ran}
     for name in ("legacy", "legacy-aa", "sp"):
         vd = RunDir(run_dir).variant(name)
-        manifest = artifacts.read_json(vd.manifest)
-        manifest["versions"] = {"vllm": "0.32.0", "torch": "2.13.0+cpu", "vllm_ascend": None}
-        artifacts.write_json(vd.manifest, manifest)
+        update_manifest(vd, versions={"vllm": "0.32.0", "torch": "2.13.0+cpu", "vllm_ascend": None})
         if probes:
             add_probes(vd, probes_of(name, ran[name], claims[name]))
     comparison = compare_run(run_dir)
-    info = artifacts.read_json(RunDir(run_dir).run_json)
-    info["verdict"] = comparison.status.value
-    artifacts.write_json(RunDir(run_dir).run_json, info)
+    info = read_run_document(run_dir).updated(verdict=comparison.status.value)
+    write_run_document(run_dir, info)
     write_outputs(run_dir, comparison, info)
     return run_dir
 

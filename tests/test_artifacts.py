@@ -80,7 +80,7 @@ def test_doc_metadata_becomes_typed_sample_columns():
 
 
 def test_ruler_length_bucket_and_depth_become_typed_sample_columns():
-    from evalpipe.worker.ruler import sample_columns
+    from evalpipe.tasks.ruler import sample_columns
 
     doc = {"index": 0, "input": "filler 1234567 filler", "outputs": ["1234567"], "length": 3900, "max_length": 4096,
            "gen_prefix": "The special magic number is"}

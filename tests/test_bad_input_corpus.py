@@ -183,17 +183,14 @@ def test_the_corpus_is_large_enough():
 def _compare_fixture(root: Path) -> None:
     """run/ (legacy vs sp, with the manifest's artifacts record), r1/legacy and r2/legacy
     (6 vs 4 items), r3/legacy (another task), r4/legacy (other prompts), and gates files."""
-    from fakes import make_samples, set_column, write_run, write_variant
+    from fakes import make_samples, record_artifacts, set_column, write_run, write_variant
 
-    from evalpipe import artifacts, integrity
+    from evalpipe import artifacts
 
     s = make_samples(6)
     run = write_run(root / "run", {"legacy": s, "sp": s}, reference="legacy")
     for name in ("legacy", "sp"):
-        vdir = artifacts.VariantDir(run / name)
-        manifest = artifacts.read_json(vdir.manifest)
-        manifest[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(vdir)
-        artifacts.write_json(vdir.manifest, manifest)
+        record_artifacts(artifacts.VariantDir(run / name))
     write_variant(root / "r1", "legacy", s)
     write_variant(root / "r2", "legacy", make_samples(4))
     write_variant(root / "r3", "legacy", make_samples(6, task="other_task"))

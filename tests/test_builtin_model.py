@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from evalpipe.errors import UserError
+from evalpipe.lab import training
 from evalpipe.models import builtin
 
 # A few-second build: same code path as tiny-gsm, much smaller.
@@ -29,9 +30,9 @@ TINY = {
 @pytest.fixture(scope="module")
 def tiny_builds(tmp_path_factory):
     root = tmp_path_factory.mktemp("builtin")
-    a = builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=root / "a")
-    b = builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=root / "b")
-    c = builtin.build("tiny-gsm", spec_overrides={**TINY, "seed": TINY.get("seed", 1234) + 1}, out_dir=root / "c")
+    a = training.build("tiny-gsm", spec_overrides=TINY, out_dir=root / "a")
+    b = training.build("tiny-gsm", spec_overrides=TINY, out_dir=root / "b")
+    c = training.build("tiny-gsm", spec_overrides={**TINY, "seed": TINY.get("seed", 1234) + 1}, out_dir=root / "c")
     return a, b, c
 
 
@@ -90,7 +91,7 @@ def test_long_context_phase_trains_and_is_recorded(tiny_builds, tmp_path):
     a = tiny_builds[0]
     loss = a.info["longctx_final_loss"]
     assert loss is not None and 0 < loss < 50
-    without = builtin.build("tiny-gsm", spec_overrides={**TINY, "longctx_stages": []}, out_dir=tmp_path / "plain")
+    without = training.build("tiny-gsm", spec_overrides={**TINY, "longctx_stages": []}, out_dir=tmp_path / "plain")
     assert without.info["longctx_final_loss"] is None
     assert (without.path / "model.safetensors").read_bytes() != (a.path / "model.safetensors").read_bytes()
     # the tokenizer does not depend on the phase
@@ -99,9 +100,9 @@ def test_long_context_phase_trains_and_is_recorded(tiny_builds, tmp_path):
 
 def test_long_context_schedule_interleaves_gsm_and_cycles_lengths():
     spec = {"longctx_gsm_every": 3}
-    plan = builtin._longctx_schedule(spec, {"steps": 7, "lengths": [128, 512]})
+    plan = training._longctx_schedule(spec, {"steps": 7, "lengths": [128, 512]})
     assert plan == [("probe", 128), ("probe", 512), ("gsm", 0), ("probe", 128), ("probe", 512), ("gsm", 0), ("probe", 128)]
-    assert all(k == "probe" for k, _ in builtin._longctx_schedule({"longctx_gsm_every": 0}, {"steps": 4, "lengths": [64]}))
+    assert all(k == "probe" for k, _ in training._longctx_schedule({"longctx_gsm_every": 0}, {"steps": 4, "lengths": [64]}))
 
 
 def test_answer_windows_train_only_the_answer_and_the_newline(tiny_builds):
@@ -110,7 +111,7 @@ def test_answer_windows_train_only_the_answer_and_the_newline(tiny_builds):
     tok = Tokenizer.from_file(str(tiny_builds[0].path / "tokenizer.json"))
     pairs = [("A pass key is hidden. The pass key is 42. What is the pass key? The pass key is", "42"),
              ("Short. The pass key is", "17")]
-    ids, labels = builtin._answer_windows(tok, pairs)
+    ids, labels = training._answer_windows(tok, pairs)
     assert ids.shape[0] == 2 and labels.shape == ids.shape
     for row, (_, answer) in enumerate(pairs):
         trained = [int(t) for t in labels[row] if t != -100]
@@ -124,7 +125,7 @@ def test_answer_windows_train_only_the_answer_and_the_newline(tiny_builds):
 def test_existing_build_is_reused(tiny_builds):
     a = tiny_builds[0]
     mtime = (a.path / "model.safetensors").stat().st_mtime_ns
-    again = builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=a.path)
+    again = training.build("tiny-gsm", spec_overrides=TINY, out_dir=a.path)
     assert again.fingerprint == a.fingerprint and again.info == a.info
     assert (a.path / "model.safetensors").stat().st_mtime_ns == mtime
     leftovers = [p.name for p in a.path.parent.iterdir() if ".tmp-" in p.name]
@@ -140,7 +141,7 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError):
-        builtin.build("tiny-gsm", spec_overrides=TINY, out_dir=tmp_path / "x")
+        training.build("tiny-gsm", spec_overrides=TINY, out_dir=tmp_path / "x")
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
 
 
@@ -173,7 +174,7 @@ def test_import_is_light():
 
 def test_build_entry_point_prints_one_json_line(tmp_path):
     env = {**os.environ, "EVALPIPE_CACHE": str(tmp_path / "cache")}
-    args = [sys.executable, "-m", "evalpipe.models.build", "builtin:tiny-gsm"]
+    args = [sys.executable, "-m", "evalpipe.lab.build", "builtin:tiny-gsm"]
     for k, v in TINY.items():
         args += ["--set", f"{k}={json.dumps(v)}"]
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
@@ -184,7 +185,7 @@ def test_build_entry_point_prints_one_json_line(tmp_path):
     assert set(res) == {"path", "fingerprint"}
     assert res["path"].startswith(str(tmp_path / "cache" / "models" / "tiny-gsm-"))
     assert "step" in out.stderr
-    bad = subprocess.run([sys.executable, "-m", "evalpipe.models.build", "nope"], capture_output=True, text=True, env=env)
+    bad = subprocess.run([sys.executable, "-m", "evalpipe.lab.build", "nope"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "tiny-gsm" in bad.stderr and bad.stdout == ""
 
 
@@ -207,7 +208,7 @@ def test_shipped_model_matches_its_recorded_fingerprint_and_the_current_recipe(b
     # the fingerprint covers everything an engine reads, and every such file is recorded
     assert sorted(info["files"]) == list(builtin.FINGERPRINT_FILES)
     for fname, digest in info["files"].items():
-        assert builtin._file_sha256(model.path / fname) == digest, fname
+        assert builtin.file_sha256(model.path / fname) == digest, fname
     assert info["built_on"]["cpu"] and info["torch_version"]
 
 
@@ -221,20 +222,20 @@ def test_readme_records_the_shipped_fingerprint(builtin_model_dir):
 
 def test_ship_then_serve_round_trip(tmp_path, monkeypatch):
     _tiny_recipe(monkeypatch, tmp_path / "shipped")
-    shipped = builtin.ship("tiny-gsm")
+    shipped = training.ship("tiny-gsm")
     assert shipped.path == tmp_path / "shipped" / "tiny-gsm"
     assert [p.name for p in (tmp_path / "shipped").iterdir()] == ["tiny-gsm"]  # no staging left
     served = builtin.ensure_builtin("tiny-gsm")
     assert served.fingerprint == shipped.fingerprint == builtin.fingerprint_dir(served.path)
     # shipping again replaces the files whole (same recipe, same machine: same bytes)
-    again = builtin.ship("tiny-gsm")
+    again = training.ship("tiny-gsm")
     assert again.fingerprint == shipped.fingerprint
     assert sorted(p.name for p in (tmp_path / "shipped").iterdir()) == ["tiny-gsm"]
 
 
 def test_altered_missing_or_outdated_shipped_files_are_refused(tmp_path, monkeypatch):
     _tiny_recipe(monkeypatch, tmp_path / "shipped")
-    path = builtin.ship("tiny-gsm").path
+    path = training.ship("tiny-gsm").path
     weights = path / "model.safetensors"
     original = weights.read_bytes()
     weights.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
@@ -256,7 +257,7 @@ def test_altered_missing_or_outdated_shipped_files_are_refused(tmp_path, monkeyp
 
 
 def test_ship_flag_takes_no_overrides(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "evalpipe.models.build", "tiny-gsm", "--ship", "--set", "steps=3"],
+    out = subprocess.run([sys.executable, "-m", "evalpipe.lab.build", "tiny-gsm", "--ship", "--set", "steps=3"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--ship" in out.stderr and out.stdout == ""
 

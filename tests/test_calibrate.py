@@ -7,7 +7,7 @@ import pytest
 from evalpipe.calibrate import calibration_config, control_variants, zoo
 from evalpipe.compare.calibration import CalibrationRow, SensitivityPoint
 from evalpipe.config import ConfigError, parse_config
-from evalpipe.layout.faults import FAULT_ENV, FAULTS
+from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
 
 BASE = {
@@ -15,8 +15,8 @@ BASE = {
     "engine": {"hf_overrides": {"architectures": ["EvalpipeLayoutForCausalLM"], "layout_tp": 4}},
     "variants": {
         "legacy": {"env": {"EVALPIPE_LAYOUT": "legacy"},
-                   "expect": {"called": ["evalpipe.layout.model.LayoutDecoderLayer._legacy_attention"]}},
-        "sp": {"env": {"EVALPIPE_LAYOUT": "sp"}, "expect": {"called": ["evalpipe.layout.model.LayoutDecoderLayer._sp_attention"]}},
+                   "expect": {"called": ["evalpipe.lab.layout.model.LayoutDecoderLayer._legacy_attention"]}},
+        "sp": {"env": {"EVALPIPE_LAYOUT": "sp"}, "expect": {"called": ["evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention"]}},
     },
     "reference": "legacy",
     "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},

@@ -140,10 +140,10 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     run.json says `failed`, not `running`."""
     import json
 
-    from fakes import make_samples, token_table, write_run
+    from fakes import make_samples, record_artifacts, token_table, write_run
     from typer.testing import CliRunner
 
-    from evalpipe import artifacts, integrity, runner
+    from evalpipe import artifacts, runner
     from evalpipe.cli import app
     from evalpipe.config import load_config
     from evalpipe.plan import make_plan, run_info
@@ -151,13 +151,11 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs")})
     plan = make_plan(load_config(cfg), str(cfg), "gsm8k", run_id="r", noise_floor=False)
     s = make_samples(4)
-    write_run(plan.run_dir, {"a": s, "b": s}, run_info={**run_info(plan), "status": "interrupted", "timings": {}})
+    write_run(plan.run_dir, {"a": s, "b": s}, run_info={**run_info(plan).as_mapping(), "status": "interrupted", "timings": {}})
     rd = artifacts.RunDir(plan.run_dir)
     artifacts.write_table(rd.variant("b").tokens, token_table(make_samples(5)))  # a doc samples.parquet lacks
     for name in ("a", "b"):  # finished as far as the worker could tell: kept, not run again
-        vdir = rd.variant(name)
-        artifacts.write_json(vdir.manifest, {**artifacts.read_json(vdir.manifest),
-                                             integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)})
+        record_artifacts(rd.variant(name))
     # no engine starts (both variants are kept): only the vLLM and model checks are skipped
     monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
     monkeypatch.setattr(runner, "ensure_model", lambda plan, console: {"path": "m", "fingerprint": None, "builtin": True})
@@ -177,12 +175,12 @@ def test_an_expectation_naming_a_function_that_does_not_exist_is_refused_before_
     """A misspelt name would be counted zero times and read as "never called": an
     expectation that cannot fail (not_called) or fails for the wrong reason (called). It is
     looked up in the variant's own interpreter first."""
-    typo = "evalpipe.layout.model.LayoutDecoderLayer._sp_atention"
+    typo = "evalpipe.lab.layout.model.LayoutDecoderLayer._sp_atention"
     cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs"),
                            "variants": {"a": {}, "b": {"expect": {"not_called": [typo]}}}})
     proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--no-noise-floor", cwd=tmp_path)
     assert_user_error(proc, f"variant `b`: `expect.not_called` names `{typo}`, which does not exist",
-                      "evalpipe.layout.model.LayoutDecoderLayer has no attribute `_sp_atention`")
+                      "evalpipe.lab.layout.model.LayoutDecoderLayer has no attribute `_sp_atention`")
     assert not (tmp_path / "runs").exists(), "refused before the run directory, let alone an engine"
     # a name only another variant declares need not exist everywhere (the PR's class in the
     # base build): here it is the same interpreter, so it is refused as the variant's own

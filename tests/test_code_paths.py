@@ -71,7 +71,7 @@ def check(expect: dict, probes: VariantProbes):
 REAL_RECORD = {
     "absent": {},
     "argv": ["/work/main/evalpipe/worker/main.py", "/tmp/r2/a/sp/job.json"],
-    "calls": {"evalpipe.layout.model.LayoutDecoderLayer._sp_attention": 144, "virtual:all_to_all": 144,
+    "calls": {"evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention": 144, "virtual:all_to_all": 144,
               "virtual:reduce_scatter": 144},
     "collectives": {"all_to_all@virtual": 144, "reduce_scatter@virtual": 144},
     "errors": [],
@@ -79,10 +79,10 @@ REAL_RECORD = {
         "attention_backends": ["CPU_ATTN"],
         "forward_tokens": [1221, 4, 4, 4, 4, 4, 4, 4],
         "forwards": 48,
-        "layers": {"evalpipe.layout.model.LayoutDecoderLayer": 3},
-        "model_class": "evalpipe.layout.model.LayoutForCausalLM",
+        "layers": {"evalpipe.lab.layout.model.LayoutDecoderLayer": 3},
+        "model_class": "evalpipe.lab.layout.model.LayoutForCausalLM",
         "per_forward": {"all_to_all": {"3": 48}, "all_to_all@virtual": {"3": 48},
-                        "evalpipe.layout.model.LayoutDecoderLayer._sp_attention": {"3": 48},
+                        "evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention": {"3": 48},
                         "reduce_scatter": {"3": 48}, "reduce_scatter@virtual": {"3": 48},
                         "virtual:all_to_all": {"3": 48}, "virtual:reduce_scatter": {"3": 48}},
     }],
@@ -92,7 +92,7 @@ REAL_RECORD = {
     "role": "evalpipe_worker",
     "schema_version": 1,
     "shapes": {
-        "evalpipe.layout.model.LayoutDecoderLayer._sp_attention": [[[1221], [1221, 192]]] * 3,
+        "evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention": [[[1221], [1221, 192]]] * 3,
         "virtual:all_to_all": [[[306, 192]] * 4] * 3,
         "virtual:reduce_scatter": [[[1224, 192]] * 4] * 3,
     },
@@ -110,7 +110,7 @@ REAL_RECORD = {
     "updated_at": 1796223006.8384457,
     "variant": "sp",
 }
-LAYOUT = "evalpipe.layout.model"
+LAYOUT = "evalpipe.lab.layout.model"
 SP, LEGACY = f"{LAYOUT}.LayoutDecoderLayer._sp_attention", f"{LAYOUT}.LayoutDecoderLayer._legacy_attention"
 REAL_NAMES = {n: n for n in (f"{LAYOUT}.LayoutDecoderLayer", LEGACY, SP, f"{LAYOUT}.LayoutForCausalLM")}
 

@@ -41,6 +41,7 @@ from evalpipe.compare.run import VariantArtifacts, compare_artifacts
 from evalpipe.compare.scores import compare_scores
 from evalpipe.compare.tokens import compare_tokens
 from evalpipe.config import Gates
+from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.rundirs import compare_run, load_artifacts, write_outputs
 
 LTASK = "longctx_passkey"
@@ -93,7 +94,7 @@ def write_long_variant(root: Path, name: str, samples, teacher=None, *, prompt: 
     for col in DOC_COLS:
         values = [doc_meta(s.doc_id)[col] if s.task == LTASK else None for s in samples]
         st = set_column(st, col, pa.array(values, type=artifacts.DOC_COLUMNS[col]))
-    artifacts.write_json(vdir.manifest, {"name": name, "status": "ok"})
+    write_manifest(vdir.manifest, VariantManifest(variant=name, status="ok"))
     artifacts.write_table(vdir.samples, st)
     artifacts.write_table(vdir.tokens, tt)
     if teacher is not None:
@@ -333,7 +334,7 @@ def test_row_order_of_the_tables_does_not_matter(tmp_path, run_2049):
     rng = np.random.default_rng(3)
     for name in ("legacy", "sp"):
         src, dst = RunDir(run_2049).variant(name), RunDir(shuffled).variant(name)
-        artifacts.write_json(dst.manifest, {"name": name, "status": "ok"})
+        write_manifest(dst.manifest, VariantManifest(variant=name, status="ok"))
         for kind in ("samples", "tokens", "teacher"):
             t = artifacts.read_table(getattr(src, kind))
             artifacts.write_table(getattr(dst, kind), t.take(rng.permutation(t.num_rows)))

@@ -6,6 +6,7 @@ from fakes import METRIC, TASK, make_samples, mutate, set_token, tables, write_r
 from evalpipe import artifacts
 from evalpipe.compare import Status, compare_tables, decide
 from evalpipe.compare.verdict import fmt_delta, worst_status
+from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import UserError
 from evalpipe.rundirs import compare_run, compare_variants, write_outputs
 
@@ -132,7 +133,7 @@ def test_compare_json_byte_identical(tmp_path):
     first = (root / artifacts.COMPARE_JSON).read_bytes()
     first_md = (root / artifacts.REPORT_MD).read_bytes()
     # same artifacts written with rows in another order
-    info = artifacts.read_json(root / artifacts.RUN_JSON)
+    info = read_run_document(root)
     a = make_samples(8) + make_samples(4, task="aaa", seed=3)
     write_variant(root, "legacy", a, shuffle_seed=5)
     write_outputs(root, compare_run(root), info)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalpipe import doctor, serve
+from evalpipe import doctor
 from evalpipe.config import DEFAULT_CONFIG, ConfigError, Launch, load_config
+from evalpipe.execution import serve
 
 PROFILES = DEFAULT_CONFIG.parent / "ascend"
 

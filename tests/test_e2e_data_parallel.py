@@ -35,7 +35,7 @@ def test_dp1_vs_dp2_runs_and_passes(tmp_path):
         processes = json.loads((run_dir / variant / "probes.json").read_text())["processes"]
         cores = [p for p in processes if p["role"] == "engine_core"]
         assert sorted(p["switches"]["data_parallel_index"] for p in cores) == indexes, processes
-        assert all(p["models"][0]["model_class"] == "evalpipe.layout.model.LayoutForCausalLM" for p in cores)
+        assert all(p["models"][0]["model_class"] == "evalpipe.lab.layout.model.LayoutForCausalLM" for p in cores)
         assert all(p["models"][0]["forwards"] > 0 for p in cores)
     dp2 = json.loads((run_dir / "compare.json").read_text())["comparisons"][0]
     assert dp2["paths"]["status"] == "verified", dp2["paths"]

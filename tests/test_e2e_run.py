@@ -210,7 +210,7 @@ def test_the_default_pass_carries_what_each_variant_ran(run):
     c = comparison(run, run["other"])
     assert c["paths"]["status"] == "verified" and c["paths"]["same_profile"] is False, c["paths"]
     a, b = c["paths"]["what_ran"]["a"], c["paths"]["what_ran"]["b"]
-    assert a["models"] == b["models"] == ["evalpipe.layout.model.LayoutForCausalLM"]
+    assert a["models"] == b["models"] == ["evalpipe.lab.layout.model.LayoutForCausalLM"]
     assert set(a["collectives_per_forward"]) == {"all_gather", "reduce_scatter"}
     assert set(b["collectives_per_forward"]) == {"all_to_all", "reduce_scatter"}
     for kind, entry in b["collectives_per_forward"].items():
@@ -230,8 +230,8 @@ def test_a_silent_fallback_to_the_legacy_path_is_inconclusive(run):
     c = comparison(run, "sp_fallback")
     assert c["status"] == "INCONCLUSIVE" and c["outputs_status"] == "IDENTICAL", c["reasons"]
     reasons = " ".join(c["reasons"])
-    assert "never called `evalpipe.layout.model.LayoutDecoderLayer._sp_attention`" in reasons
-    assert "called `evalpipe.layout.model.LayoutDecoderLayer._legacy_attention`" in reasons
+    assert "never called `evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention`" in reasons
+    assert "called `evalpipe.lab.layout.model.LayoutDecoderLayer._legacy_attention`" in reasons
     assert "all_to_all" in reasons
     suites = ET.parse(run["dir"] / "junit.xml").getroot()
     (suite,) = [s for s in suites if s.get("name").endswith("-vs-sp_fallback")]
@@ -254,7 +254,7 @@ def test_a_forgotten_plugin_line_is_inconclusive_naming_the_missing_path(run):
     out = " ".join(proc.stdout.split())
     assert "INCONCLUSIVE" in out
     assert "instantiated `vllm.model_executor.models.llama.LlamaForCausalLM`" in out
-    assert "never called `evalpipe.layout.model.LayoutDecoderLayer._sp_attention`" in out
+    assert "never called `evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention`" in out
     c = json.loads((tmp / "runs" / "forgot" / "compare.json").read_text())["comparisons"][0]
     assert c["outputs_status"] == "IDENTICAL" and c["paths"]["status"] == "failed"
 

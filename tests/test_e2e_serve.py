@@ -115,8 +115,8 @@ def test_every_process_of_a_served_engine_recorded_what_it_ran(offline_vs_served
     assert roles == ["api_server", "engine_core", "evalpipe_worker"], roles
     (core,) = [p for p in records(run_dir, "served") if p["role"] == "engine_core"]
     (model,) = core["models"]
-    assert model["model_class"] == "evalpipe.layout.model.LayoutForCausalLM"
-    assert model["layers"] == {"evalpipe.layout.model.LayoutDecoderLayer": 3}
+    assert model["model_class"] == "evalpipe.lab.layout.model.LayoutForCausalLM"
+    assert model["layers"] == {"evalpipe.lab.layout.model.LayoutDecoderLayer": 3}
     assert model["forwards"] > 0 and model["per_forward"]["all_gather"] == {"3": model["forwards"]}
     # the engine core's own switches and collectives (legacy's virtual gathers), read where they happened
     # every finished pass made its 3 gathers; a pass the shutdown cut short made at most 2 more
@@ -175,13 +175,13 @@ def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_art
     from evalpipe.plan import make_plan
 
     key = "sk-evalpipe-test-7f3a91"
-    from evalpipe.serve import free_port
+    from evalpipe.execution.serve import free_port
 
     port = free_port("127.0.0.1")
     plan = make_plan(load_config(write_config(tmp_path, "base", engine=SEQUENTIAL)), "base", "gsm8k", variants="legacy",
                      noise_floor=False)
     legacy = plan.variants[0]
-    from evalpipe import serve
+    from evalpipe.execution import serve
 
     args_file = tmp_path / "server.yaml"
     serve.write_server_args(args_file, serve.server_args({**legacy.engine_args, "model": str(builtin_model_dir)},

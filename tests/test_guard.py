@@ -1,4 +1,4 @@
-"""Nothing evalpipe starts outlives it: the guard (evalpipe/guard.py) takes a worker's or
+"""Nothing evalpipe starts outlives it: the guard (evalpipe/execution/guard.py) takes a worker's or
 server's whole process group down when evalpipe dies, even by SIGKILL, and a second
 Ctrl-C kills what the first one is still stopping politely. Real processes, no engine."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from processes import processes_of, wait_gone
 
-from evalpipe import launch
+from evalpipe.execution import launch
 from evalpipe.plan import RUN_ID_ENV
 
 # A command with a child and a grandchild, as a worker has an engine core and a resource tracker.
@@ -26,7 +26,7 @@ def test_the_group_dies_with_evalpipe_even_by_sigkill(tmp_path):
     run_id = "guard-kill9"
     parent = tmp_path / "parent.py"
     parent.write_text(
-        "import sys, time\nfrom evalpipe.launch import guarded_popen\n"
+        "import sys, time\nfrom evalpipe.execution.launch import guarded_popen\n"
         f"guarded_popen({TREE!r}, 2.0)\nguarded_popen({STUBBORN!r}, 2.0)\n"
         "print('started', flush=True)\ntime.sleep(600)\n"
     )

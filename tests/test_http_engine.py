@@ -179,7 +179,7 @@ def test_the_journal_answers_what_an_earlier_attempt_already_asked(tmp_path):
         answers = asyncio.run(again._post_all("/v1/completions", bodies, None, labels))
         assert server.count == 4, "only the request the first attempt never got an answer to is sent"
         assert answers == [{"error": "refused"}] * 4
-        assert again.journal.summary() == {"file": JOURNAL_FILE, "answers_found": 3, "answers_reused": 3}
+        assert again.journal.summary().model_dump() == {"file": JOURNAL_FILE, "answers_found": 3, "answers_reused": 3}
         asyncio.run(again._post_all("/tokenize", bodies[:1], None, labels[:1]))
         assert server.count == 5
         again.journal.close()

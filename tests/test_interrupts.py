@@ -5,7 +5,8 @@ import signal
 
 import pytest
 
-from evalpipe import cli, launch
+from evalpipe import cli
+from evalpipe.execution import launch
 
 
 def test_the_handlers_record_the_signal_and_raise(monkeypatch):
@@ -36,7 +37,8 @@ def test_an_interrupted_run_says_so_in_run_json(tmp_path, monkeypatch):
     import json
     import signal
 
-    from evalpipe import artifacts, launch
+    from evalpipe import artifacts
+    from evalpipe.execution import launch
     from evalpipe.runner import mark_interrupted
 
     run_json = tmp_path / "run.json"

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from evalpipe.layout import collectives as C
-from evalpipe.layout.faults import FAULTS, parse_faults
-from evalpipe.layout.settings import LAYOUTS, resolve
+from evalpipe.lab.layout import collectives as C
+from evalpipe.lab.layout.faults import FAULTS, parse_faults
+from evalpipe.lab.layout.settings import LAYOUTS, resolve
 
 T = 4
 HEADS, HEAD_DIM, HIDDEN = 6, 8, 24
@@ -246,13 +246,13 @@ def test_importing_the_plugin_stays_light():
     import subprocess
     import sys
 
-    code = "import sys, evalpipe.layout.plugin, evalpipe.layout.settings; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    code = "import sys, evalpipe.lab.layout.plugin, evalpipe.lab.layout.settings; print('torch' in sys.modules, 'vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 
 
 def test_probe_setting_syntax_is_validated_like_the_environment():
-    from evalpipe.layout.probe import parse_setting
+    from evalpipe.lab.layout.probe import parse_setting
 
     s = parse_setting("sp@16384:residual_not_rescaled+tree_reduce", num_heads=6, tp=4)
     assert s.describe() == "layout=sp tp=4 out_scale=16384 faults=residual_not_rescaled,tree_reduce"
@@ -261,7 +261,7 @@ def test_probe_setting_syntax_is_validated_like_the_environment():
 
 
 def test_a_fault_of_any_layout_resolves_under_both_and_graded_faults_carry_their_magnitude():
-    from evalpipe.layout.faults import GRADED_MAGNITUDES, GRADED_PREFIX, graded_magnitude
+    from evalpipe.lab.layout.faults import GRADED_MAGNITUDES, GRADED_PREFIX, graded_magnitude
 
     for layout in ("legacy", "sp"):
         s = resolve(hf(), {"EVALPIPE_LAYOUT": layout, "EVALPIPE_LAYOUT_FAULT": "nondeterministic_reduce"})

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.layout.faults import FAULTS
+from evalpipe.lab.layout.faults import FAULTS
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _probe(args: list[str], out: Path, **env: str) -> tuple[dict, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "evalpipe.layout.probe", "--out", str(out), *args],
+        [sys.executable, "-m", "evalpipe.lab.layout.probe", "--out", str(out), *args],
         capture_output=True, text=True, timeout=900, env=_env(**env),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -168,7 +168,7 @@ def test_input_check_raises_on_a_corrupted_shard(probe):
 
 BAD_NAMES = r"""
 import json, os
-from evalpipe.layout.plugin import ARCHITECTURE
+from evalpipe.lab.layout.plugin import ARCHITECTURE
 from evalpipe.models.builtin import ensure_builtin
 from vllm import LLM
 

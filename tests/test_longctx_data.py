@@ -414,7 +414,7 @@ def test_lm_eval_contexts_equal_the_prompts(longctx_tasks, builtin_tok, tmp_path
     assert placeholder == lc.DATA_FILE_PLACEHOLDER.replace("{probe}", probe)
     assert lc.resolve_data_file(placeholder, builtin_tok, spec, tmp_path) == path
     assert lc.resolve_data_file("gsm8k_synth/test.jsonl", builtin_tok, spec, tmp_path) is None
-    # what evalpipe.worker.tasks.task_config does with a data_files override
+    # what evalpipe.tasks.configure.task_config does with a data_files override
     cfg.pop("tag", None)
     cfg["dataset_kwargs"] = {"data_files": {"test": str(path)}, "cache_dir": str(tmp_path / "hf")}
     task = longctx_tasks.load([cfg])["tasks"][name]  # as lm_eval.simple_evaluate loads it

@@ -184,7 +184,7 @@ def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(t
 
 # -- what ran: path probes ------------------------------------------------------------
 
-SP_NEVER_RAN = ("variant `sp` never called `evalpipe.layout.model.LayoutDecoderLayer._sp_attention` "
+SP_NEVER_RAN = ("variant `sp` never called `evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention` "
                 "(0 calls in 1 process)")
 
 
@@ -243,7 +243,7 @@ def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_pat
     md = results[2].outputs["markdown"].read_text()
     assert md.startswith("## evalpipe nightly night-02: ⚠️ INCONCLUSIVE")
     assert ("- tonight's comparison proves nothing about the paths: variant \\`sp\\` never called "
-            "\\`evalpipe.layout.model.LayoutDecoderLayer.\\_sp\\_attention\\` (0 calls in 1 process)") in md
+            "\\`evalpipe.lab.layout.model.LayoutDecoderLayer.\\_sp\\_attention\\` (0 calls in 1 process)") in md
     assert "| sp | night-01 | INCONCLUSIVE |" in md
     assert db.run("night-02")["nightly_status"] == "INCONCLUSIVE"
     assert [n["status"] for n in nightly.dashboard_data(db, "cfg1", "t", tmp_path / "d.html")["nights"]] == [

@@ -95,7 +95,7 @@ def test_answers_in_request_order_each_appended_as_it_finishes_and_reused_after_
     assert llm.sent == [[0, 1], [10, 11], [20, 21]], "only what the journal lacks is asked"
     assert resumed == results
     assert progress[0] == (2, 5) and progress[-1] == (5, 5)
-    assert again.journal.summary() == {"file": JOURNAL_FILE, "answers_found": 2, "answers_reused": 2}
+    assert again.journal.summary().model_dump() == {"file": JOURNAL_FILE, "answers_found": 2, "answers_reused": 2}
 
 
 def test_another_request_is_not_answered_from_the_journal(tmp_path):

@@ -3,6 +3,7 @@ import sys
 import pytest
 
 from evalpipe.config import ConfigError, parse_config
+from evalpipe.documents.run_doc import NoiseFloorEntry
 from evalpipe.paths import PROJECT_ROOT
 from evalpipe.plan import DEFAULT_ENV, make_plan, run_info, select_tasks
 
@@ -83,10 +84,10 @@ def test_missing_variant_interpreter():
 
 def test_run_info_records_what_distinguishes_variants():
     info = run_info(plan())
-    assert info["reference"] == "legacy" and info["variants"] == ["legacy", "sp"]
-    assert info["variant_settings"]["sp"]["env"] == {"LAYOUT": "sp", "SHARED": "2"}
-    assert info["tasks"][0]["task"] == "gsm8k_synth_4shot"
-    assert len(info["fingerprints"]["config_sha256"]) == 64
+    assert info.reference == "legacy" and info.variants == ["legacy", "sp"]
+    assert info.variant_settings["sp"].env == {"LAYOUT": "sp", "SHARED": "2"}
+    assert info.tasks[0]["task"] == "gsm8k_synth_4shot"
+    assert len(info.fingerprints.config_sha256 or "") == 64
 
 
 def test_noise_floor_repeats_the_reference_right_after_it(tmp_path):
@@ -98,9 +99,9 @@ def test_noise_floor_repeats_the_reference_right_after_it(tmp_path):
     # another batch arrangement, same numerics: only max_num_seqs differs (vLLM's 256 halved)
     assert {k: v for k, v in aa.engine_args.items() if ref.engine_args.get(k) != v} == {"max_num_seqs": 128}
     info = run_info(p)
-    assert info["noise_floor"] == {"variant": "legacy-aa", "of": "legacy", "reverse_order": True}
-    assert info["variant_settings"]["legacy-aa"]["engine"] == {"max_num_seqs": 128}
-    assert info["variant_settings"]["legacy-aa"]["env"] == {"LAYOUT": "legacy"}
+    assert info.noise_floor == NoiseFloorEntry(variant="legacy-aa", of="legacy", reverse_order=True)
+    assert info.variant_settings["legacy-aa"].engine == {"max_num_seqs": 128}
+    assert info.variant_settings["legacy-aa"].env == {"LAYOUT": "legacy"}
 
 
 def test_noise_floor_from_config_with_own_overrides_and_cli_switch_off(tmp_path):
@@ -111,7 +112,7 @@ def test_noise_floor_from_config_with_own_overrides_and_cli_switch_off(tmp_path)
     assert "max_num_seqs" not in aa.engine_args
     off = make_plan(cfg, "cfg.yaml", "gsm8k", output=str(tmp_path), noise_floor=False)
     assert [v.name for v in off.variants] == ["legacy", "sp"]
-    assert run_info(off)["noise_floor"] is None
+    assert run_info(off).noise_floor is None
 
 
 def test_noise_floor_reusing_the_references_server(tmp_path):

@@ -289,7 +289,7 @@ def test_checks_lines():
 def test_the_cache_is_per_environment_not_only_per_interpreter(world, tmp_path):
     # BUG (evalpipe/probe_names.py, resolve): the cache key is (interpreter, names, lookup
     # rules), not the environment the lookup ran in. A variant that runs the same python with
-    # its own PYTHONPATH (another build's checkout, as evalpipe/guard.py allows) gets the
+    # its own PYTHONPATH (another build's checkout, as evalpipe/execution/guard.py allows) gets the
     # answer looked up under another variant's PYTHONPATH: here `pnpkg.impl.f` exists only in
     # the first tree, yet the second environment is told it exists (and check_variant lets
     # the variant start). Suggested fix: put the lookup environment's PYTHONPATH (or the

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from evalpipe import artifacts
 from evalpipe.config import parse_config
+from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
 from evalpipe.plan import make_plan, run_info
 from evalpipe.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
@@ -111,7 +112,7 @@ def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
 
     for path in sorted((PROJECT_ROOT / "configs").rglob("*.yaml")):
         plan = make_plan(load_config(path), str(path), "all", strict=False, output=str(tmp_path))
-        assert REDACTED not in json.dumps(run_info(plan)), path
+        assert REDACTED not in run_info(plan).model_dump_json(), path
 
 
 # ---------------------------------------------------------------------------
@@ -154,7 +155,8 @@ def _all(text: str, sub: str) -> list[int]:
 
 
 def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
-    from evalpipe import cli, nightly, serve
+    from evalpipe import cli, nightly
+    from evalpipe.execution import serve
     from evalpipe.history import History, open_history
     from evalpipe.report.dashboard import render_dashboard
     from evalpipe.runner import compare_and_report
@@ -239,9 +241,9 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
     import os
     import stat
 
-    from evalpipe import serve
     from evalpipe.config import Launch
-    from evalpipe.launch import run_worker
+    from evalpipe.execution import serve
+    from evalpipe.execution.launch import run_worker
     from evalpipe.plan import PlannedVariant
 
     python = tmp_path / "fake-python"  # stands in for the worker: nothing to run, only job.json to write
@@ -259,7 +261,7 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
         run_worker(variant, job, vdir, lambda e: None)
         serve.write_server_args(vdir / serve.SERVER_ARGS_FILE,
                                 serve.server_args({"api_key": f"k_{MARK}"}, Launch(mode="serve"), 8123))
-        artifacts.write_json(vdir / "manifest.json", {})
+        write_manifest(vdir / "manifest.json", VariantManifest(variant="v", status="running"))
     finally:
         os.umask(old)
     mode = {name: stat.S_IMODE((vdir / name).stat().st_mode) for name in ("job.json", serve.SERVER_ARGS_FILE, "manifest.json")}

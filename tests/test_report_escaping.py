@@ -81,7 +81,7 @@ def hostile() -> dict:
 # The maps of a what-ran summary whose keys are names the engine chose: roles, classes, switches, functions,
 # collective kinds and counts. A plugin can name a class anything.
 NAMED_KEYS = {"processes", "layers", "switches", "calls", "collectives_per_forward", "counts"}
-HOSTILE_LAYER = f"evalpipe.layout.model.LayoutDecoderLayer{TEXT}"
+HOSTILE_LAYER = f"evalpipe.lab.layout.model.LayoutDecoderLayer{TEXT}"
 
 
 def poison_names(value: Any, parent: str | None = None) -> Any:

@@ -37,7 +37,7 @@ from evalpipe.report import render_junit
 from evalpipe.report.html import KNOWN_STATUSES, status_class
 from evalpipe.report.terminal import STATUS_STYLE
 
-LAYOUT = "evalpipe.layout.model"
+LAYOUT = "evalpipe.lab.layout.model"
 LEGACY_CALL = f"{LAYOUT}.LayoutDecoderLayer._legacy_attention"
 SP_CALL = f"{LAYOUT}.LayoutDecoderLayer._sp_attention"
 LLAMA = "vllm.model_executor.models.llama"
@@ -350,7 +350,7 @@ def test_markdown_of_the_trap():
             "the outputs alone would be IDENTICAL.") in section
     failures = [line for line in section.splitlines() if line.startswith("- ✗ ")]
     assert len(failures) == 10
-    assert failures[0] == ("- ✗ variant \\`legacy\\` was expected to build \\`evalpipe.layout.model.LayoutForCausalLM\\`; "
+    assert failures[0] == ("- ✗ variant \\`legacy\\` was expected to build \\`evalpipe.lab.layout.model.LayoutForCausalLM\\`; "
                            "vLLM instantiated \\`vllm.model\\_executor.models.llama.LlamaForCausalLM\\` (1 process)")
     assert "| model | LlamaForCausalLM | LlamaForCausalLM |" in section
     assert "| collectives per forward pass | none in 48/48 | none in 48/48 |" in section
@@ -390,7 +390,7 @@ def test_html_of_the_trap():
     section = html_section(html)
     failures = re.findall(r'<li class="txt path-failure">✗ (.*?)</li>', section)
     assert len(failures) == 10
-    assert failures[5] == ("variant `sp` was expected to build `evalpipe.layout.model.LayoutForCausalLM`; "
+    assert failures[5] == ("variant `sp` was expected to build `evalpipe.lab.layout.model.LayoutForCausalLM`; "
                            "vLLM instantiated `vllm.model_executor.models.llama.LlamaForCausalLM` (1 process)")
     page = parse_page(section)
     assert "<th>expectations</th><td class=\"txt\">5 failed</td><td class=\"txt\">5 failed</td>" in section

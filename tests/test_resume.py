@@ -10,12 +10,13 @@ import copy
 from pathlib import Path
 
 import pytest
-from fakes import make_samples, write_run
+from fakes import make_samples, record_artifacts, update_manifest, write_run
 from typer.testing import CliRunner
 
-from evalpipe import artifacts, integrity
+from evalpipe import artifacts
 from evalpipe.artifacts import RunDir
 from evalpipe.cli import app
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.resume import ResumeRefused, first_difference, reopen
 from evalpipe.worker.journal import JOURNAL_FILE
 
@@ -28,6 +29,11 @@ RUN_FIELDS = {
 }
 
 
+def fresh() -> RunDocument:
+    """The continuing command's run.json content: the same run."""
+    return RunDocument.model_validate(copy.deepcopy(RUN_FIELDS))
+
+
 def interrupted_run(root: Path) -> Path:
     """legacy finished (manifest ok + artifacts record), sp stopped half-way (manifest
     `running`), bf16 never started; a stale report from an earlier comparison."""
@@ -36,11 +42,9 @@ def interrupted_run(root: Path) -> Path:
                         run_info={**copy.deepcopy(RUN_FIELDS), "status": "interrupted", "interrupted_by": "SIGTERM",
                                   "variant_status": {"legacy": {"exit_code": 0, "seconds": 9.0, "error": None}}})
     legacy = RunDir(run_dir).variant("legacy")
-    manifest = artifacts.read_json(legacy.manifest)
-    manifest.update(status="ok", **{integrity.ARTIFACTS_KEY: integrity.describe_artifacts(legacy)})
-    artifacts.write_json(legacy.manifest, manifest)
+    record_artifacts(legacy, status="ok")
     sp = RunDir(run_dir).variant("sp")
-    artifacts.write_json(sp.manifest, {**artifacts.read_json(sp.manifest), "status": "running"})
+    update_manifest(sp, status="running")
     (sp.root / JOURNAL_FILE).write_text('{"key": "k", "answer": {}}\n')
     (run_dir / "report.md").write_text("stale")
     return run_dir
@@ -48,15 +52,15 @@ def interrupted_run(root: Path) -> Path:
 
 def test_finished_variants_are_kept_and_the_rest_start_clean(tmp_path):
     run_dir = interrupted_run(tmp_path)
-    info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+    info, kept = reopen(run_dir, fresh())
     assert kept == ["legacy"]
     assert [p.name for p in (run_dir / "sp").iterdir()] == [JOURNAL_FILE], \
         "a half-done variant starts again from nothing but the answers its server already gave"
     assert (run_dir / "legacy" / "samples.parquet").is_file()
     assert not (run_dir / "report.md").exists(), "a report of the earlier attempt must not stand beside the new run"
-    assert info["status"] == "running" and "interrupted_by" not in info
-    assert info["variant_status"] == {"legacy": {"exit_code": 0, "seconds": 9.0, "error": None}}
-    assert info["attempts"][-1]["kept"] == ["legacy"] and info["attempts"][-1]["previous_status"] == "interrupted"
+    assert info.status == "running" and "interrupted_by" not in info.as_mapping()
+    assert info.as_mapping()["variant_status"] == {"legacy": {"exit_code": 0, "seconds": 9.0, "error": None}}
+    assert info.attempts[-1].kept == ["legacy"] and info.attempts[-1].previous_status == "interrupted"
 
 
 def test_a_variant_that_finished_as_evalpipe_died_is_kept_from_its_manifest(tmp_path):
@@ -64,8 +68,8 @@ def test_a_variant_that_finished_as_evalpipe_died_is_kept_from_its_manifest(tmp_
     info = artifacts.read_json(RunDir(run_dir).run_json)
     info["variant_status"] = {}  # killed before it could write the variant's status
     artifacts.write_json(RunDir(run_dir).run_json, info)
-    info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
-    assert kept == ["legacy"] and info["variant_status"]["legacy"]["exit_code"] == 0
+    info, kept = reopen(run_dir, fresh())
+    assert kept == ["legacy"] and info.variant_status["legacy"].exit_code == 0
 
 
 @pytest.mark.parametrize("change, where", [
@@ -76,18 +80,18 @@ def test_a_variant_that_finished_as_evalpipe_died_is_kept_from_its_manifest(tmp_
 ])
 def test_another_command_is_refused_naming_the_difference(tmp_path, change, where):
     run_dir = interrupted_run(tmp_path)
-    fresh = copy.deepcopy(RUN_FIELDS)
-    change(fresh)
+    fields = copy.deepcopy(RUN_FIELDS)
+    change(fields)
     with pytest.raises(ResumeRefused, match="cannot continue") as err:
-        reopen(run_dir, fresh)
+        reopen(run_dir, RunDocument.model_validate(fields))
     assert where in str(err.value) and "unchanged" in str(err.value)
     assert (run_dir / "sp").exists(), "a refused resume must change nothing"
 
 
 def test_the_output_root_alone_may_differ(tmp_path):
-    fresh = copy.deepcopy(RUN_FIELDS)
-    fresh["config"]["output"] = str(tmp_path)
-    assert reopen(interrupted_run(tmp_path), fresh)[1] == ["legacy"]
+    fields = copy.deepcopy(RUN_FIELDS)
+    fields["config"]["output"] = str(tmp_path)
+    assert reopen(interrupted_run(tmp_path), RunDocument.model_validate(fields))[1] == ["legacy"]
 
 
 def test_a_finished_run_is_not_continued(tmp_path):
@@ -95,7 +99,7 @@ def test_a_finished_run_is_not_continued(tmp_path):
     info = artifacts.read_json(RunDir(run_dir).run_json)
     artifacts.write_json(RunDir(run_dir).run_json, {**info, "status": "ok", "verdict": "EQUIVALENT"})
     with pytest.raises(ResumeRefused, match="has already finished \\(verdict EQUIVALENT\\)"):
-        reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+        reopen(run_dir, fresh())
 
 
 def test_a_kept_variant_with_altered_artifacts_is_refused(tmp_path):
@@ -103,7 +107,7 @@ def test_a_kept_variant_with_altered_artifacts_is_refused(tmp_path):
     samples = run_dir / "legacy" / "samples.parquet"
     samples.write_bytes(samples.read_bytes()[:-10])
     with pytest.raises(ResumeRefused, match="samples.parquet does not match its manifest"):
-        reopen(run_dir, copy.deepcopy(RUN_FIELDS))
+        reopen(run_dir, fresh())
 
 
 def test_first_difference_names_the_path():
@@ -137,6 +141,6 @@ def test_a_kept_variant_s_manifest_is_read_once(tmp_path, monkeypatch):
         return read_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", counting)
-    info, kept = reopen(run_dir, copy.deepcopy(RUN_FIELDS))
-    assert kept == ["legacy"] and info["variant_status"]["legacy"]["exit_code"] == 0
+    info, kept = reopen(run_dir, fresh())
+    assert kept == ["legacy"] and info.variant_status["legacy"].exit_code == 0
     assert reads.count("legacy") == 1, reads

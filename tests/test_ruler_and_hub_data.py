@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from evalpipe.errors import UserError
-from evalpipe.worker import ruler, task_families
-from evalpipe.worker.hub_data import check_available
-from evalpipe.worker.ruler import RulerTooShort, generate_ruler_dataset, ruler_metadata, ruler_task_config
-from evalpipe.worker.task_families import OFFLINE_RULER, DataUnavailable
+from evalpipe.tasks import families as task_families
+from evalpipe.tasks import ruler
+from evalpipe.tasks.families import OFFLINE_RULER, DataUnavailable
+from evalpipe.tasks.hub_data import check_available
+from evalpipe.tasks.ruler import RulerTooShort, generate_ruler_dataset, ruler_metadata, ruler_task_config
 
 LENGTH = 2048  # the smallest power of two at which all six fit with the tiny model's tokenizer
 N = 2
@@ -63,7 +64,7 @@ def offline():
 
 @pytest.fixture(scope="module")
 def task_manager():
-    from evalpipe.worker.tasks import task_manager
+    from evalpipe.tasks.index import task_manager
 
     return task_manager()
 

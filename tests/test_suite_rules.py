@@ -101,3 +101,33 @@ def test_probes_import_only_the_standard_library():
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
     assert "evalpipe.probes.runtime" in seen and "importlib.machinery" in seen, "the scan must see the probes' imports"
     assert not bad, "evalpipe/probes must stay standard library only (it runs in the engine's interpreter): " + "; ".join(bad)
+
+
+def _importers_of(banned: tuple[str, ...], allowed: tuple[str, ...]) -> list[str]:
+    """"<file>:<line> imports <module>" for every module of evalpipe outside ``allowed``
+    (package prefixes or modules) that imports one of ``banned``."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if any(module == a or module.startswith(a + ".") for a in allowed):
+            continue
+        for line, names in _imports(path):
+            hit = next((n for n in names if any(n == b or n.startswith(b + ".") for b in banned)), None)
+            if hit is not None:
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {hit}")
+    return bad
+
+
+def test_only_calibration_imports_the_lab():
+    """The lab (the layout model, its fault zoo, the built-in models' training) is how
+    evalpipe tests itself; the product reaches the layout model only through vLLM's plugin
+    entry point, so nothing but calibration and the lab itself imports it."""
+    bad = _importers_of(("evalpipe.lab",), ("evalpipe.lab", "evalpipe.calibrate"))
+    assert not bad, "only evalpipe.calibrate may import evalpipe.lab: " + "; ".join(bad)
+
+
+def test_task_lookup_does_not_import_the_worker():
+    """evalpipe.tasks (task index, families, hub data, per-task settings) serves the parent
+    and the worker alike, so it sits below worker/ (what runs inside the variant's interpreter)."""
+    tasks_bad = _forbidden("tasks", ("evalpipe.worker",))
+    assert not tasks_bad, "evalpipe/tasks must not import the worker: " + "; ".join(tasks_bad)

@@ -16,12 +16,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fakes import make_samples, mutate, set_token, write_run
+from fakes import make_samples, mutate, record_artifacts, set_token, write_run
 from typer.testing import CliRunner
 
 from evalpipe import artifacts, integrity
 from evalpipe.artifacts import RunDir, VariantDir
 from evalpipe.cli import app
+from evalpipe.documents.manifest import EngineInfo, VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import RunFailed
 from evalpipe.history import HistoryError, open_history
@@ -40,9 +41,7 @@ def finished_run(root: Path, *, record: bool = True) -> Path:
         vdir = RunDir(run_dir).variant(name)
         artifacts.write_json(vdir.results, {"results": {"t": {"acc": 0.5}}})
         if record:
-            manifest = artifacts.read_json(vdir.manifest)
-            manifest[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(vdir)
-            artifacts.write_json(vdir.manifest, manifest)
+            record_artifacts(vdir)
     return run_dir
 
 
@@ -159,7 +158,8 @@ def test_a_broken_manifest_is_one_sentence(tmp_path):
     (run_dir / "sp" / "manifest.json").write_text("{not json")
     with pytest.raises(ArtifactMismatch, match=r"manifest.json cannot be read \(.*\); restore it or re-run the variant\.$"):
         compare_run(run_dir)
-    artifacts.write_json(run_dir / "sp" / "manifest.json", {"artifacts": {"../run.json": {"bytes": 1}}})
+    write_manifest(run_dir / "sp" / "manifest.json", VariantManifest.model_validate(
+        {"variant": "sp", "status": "ok", "artifacts": {"../run.json": {"bytes": 1, "sha256": "0" * 64}}}))
     with pytest.raises(ArtifactMismatch, match="which is not a file of the variant"):
         verify_variant(run_dir / "sp")
 
@@ -176,7 +176,7 @@ class _Engine:
     """Just enough of an engine for a worker with no tasks to reach its finish step."""
 
     def info(self):
-        return {"kind": "fake"}
+        return EngineInfo(kind="offline")
 
     def decode_many(self, ids):
         return ["" for _ in ids]
@@ -195,7 +195,7 @@ def test_the_worker_records_the_artifacts_when_it_finishes(tmp_path, monkeypatch
     vdir = VariantDir(tmp_path / "v")
     job = WorkerJob(variant="v", output_dir=str(vdir.root), engine_args={"model": str(tmp_path)}, tasks=[],
                     seed=1, data_dir=str(tmp_path / "data"), topk=1)
-    write_job(vdir.root / JOB_JSON, job)  # as evalpipe.launch writes it
+    write_job(vdir.root / JOB_JSON, job)  # as evalpipe.execution.launch writes it
 
     class Events:
         def emit(self, *a, **k):

@@ -11,9 +11,9 @@ from pathlib import Path
 from processes import wait_gone
 
 from evalpipe.documents.worker_job import WorkerJob
-from evalpipe.launch import run_worker
+from evalpipe.execution.launch import run_worker
+from evalpipe.execution.watchdog import Watchdog
 from evalpipe.plan import PlannedVariant
-from evalpipe.watchdog import Watchdog
 
 # the fake interpreters below never read it
 JOB = WorkerJob(variant="v", output_dir="v", engine_args={}, tasks=[], topk=1, data_dir="data")

@@ -7,7 +7,8 @@ import pytest
 
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.errors import UserError
-from evalpipe.worker.tasks import TaskNotFound, check_task_names, task_config
+from evalpipe.tasks.configure import task_config
+from evalpipe.tasks.index import TaskNotFound, check_task_names
 
 
 def test_synthetic_task_resolves_its_data_under_the_data_dir(tmp_path):
@@ -60,7 +61,7 @@ def test_lm_eval_tasks_by_name(tmp_path):
 def test_the_project_s_own_tasks_are_found_without_indexing_lm_eval_s():
     """Indexing lm-eval's ~15,000 task files costs ~10 s in every worker: only a task that is
     not one of the project's own needs it, and each index is built once per process."""
-    from evalpipe.worker.tasks import TASKS_DIR, task_manager
+    from evalpipe.tasks.index import TASKS_DIR, task_manager
 
     own = task_manager(names=["gsm8k_synth_4shot", "longctx_passkey"])
     assert "gsm8k_synth_4shot" in own.all_tasks and "hellaswag" not in own.all_tasks
@@ -88,7 +89,7 @@ def _save_tokenizer(path):
 def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from evalpipe.worker.tasks import LongCtxData
+    from evalpipe.tasks.configure import LongCtxData
 
     _save_tokenizer(tmp_path / "tok")
     generated = LongCtxData(str(tmp_path / "tok"), {"lengths": [300], "sparse_block": 256, "tp_sizes": [4], "items_per_length": 1})
@@ -106,7 +107,7 @@ def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path
 
 
 # ---------------------------------------------------------------------------
-# lm-eval's long-context tasks through the worker path (evalpipe.worker.ruler, evalpipe.worker.hub_data)
+# lm-eval's long-context tasks through the worker path (evalpipe.tasks.ruler, evalpipe.tasks.hub_data)
 # ---------------------------------------------------------------------------
 
 RULER_LENGTH = 1024  # fits niah_* with both tokenizers below; too short for ruler_vt with either
@@ -120,7 +121,7 @@ def _spec(task, **kw):
 @pytest.fixture(scope="module")
 def ruler_imported():
     """lm-eval's RULER needle module, imported once for the module (8-30 s, ~1 GB)."""
-    from evalpipe.worker import ruler
+    from evalpipe.tasks import ruler
 
     return ruler.quiet_ruler_import()
 
@@ -138,7 +139,8 @@ def builtin_tokenizer(builtin_model_dir):
 
 
 def _ruler_docs(tokenizer_dir, task, tmp_path, **longctx):
-    from evalpipe.worker.tasks import LongCtxData, task_manager
+    from evalpipe.tasks.configure import LongCtxData
+    from evalpipe.tasks.index import task_manager
 
     generated = LongCtxData(str(tokenizer_dir), {"lengths": [RULER_LENGTH], "ruler_items_per_length": 2, **longctx}, seed=7)
     cfg = task_config(_spec(task), tmp_path, generated=generated)
@@ -169,7 +171,7 @@ def test_ruler_items_interleave_lengths_so_limit_keeps_every_length(saved_tokeni
 
 
 def test_ruler_overrides_and_refusals(saved_tokenizer, tmp_path):
-    from evalpipe.worker.tasks import LongCtxData
+    from evalpipe.tasks.configure import LongCtxData
 
     generated = LongCtxData(str(saved_tokenizer), {"lengths": [512], "ruler_items_per_length": 1})
     cfg = task_config(_spec("ruler_fwe", max_gen_toks=20), tmp_path, generated=generated)

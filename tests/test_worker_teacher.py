@@ -6,6 +6,7 @@ import pytest
 
 from evalpipe import artifacts
 from evalpipe.config import PromptPositions
+from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.errors import UserError
 from evalpipe.worker.engines import ScoreResult, token_budget_slices
 from evalpipe.worker.teacher import (
@@ -100,7 +101,8 @@ def test_a_reference_altered_since_it_finished_is_refused_naming_the_file(tmp_pa
     vdir = artifacts.VariantDir(tmp_path / "ref")
     artifacts.write_table(vdir.samples, samples)
     artifacts.write_table(vdir.tokens, tokens)
-    artifacts.write_json(vdir.manifest, {"status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)})
+    write_manifest(vdir.manifest, VariantManifest.model_validate(
+        {"variant": "ref", "status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)}))
     assert len(read_reference_sequences(vdir.root)) == 2
     artifacts.write_table(vdir.tokens, tokens.slice(0, 3))  # rewritten with fewer rows
     with pytest.raises(integrity.ArtifactMismatch, match="tokens.parquet"):

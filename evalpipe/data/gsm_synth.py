@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from evalpipe.artifacts import write_text
+from evalpipe.paths import data_dir
+
 # Bump whenever generated text changes: it is part of the built-in model's spec hash.
 GENERATOR_VERSION = 1
 
@@ -425,8 +428,6 @@ def to_jsonl(items: Iterable[dict]) -> str:
 def write_splits(out_dir: Path) -> dict[str, Path]:
     """Make ``train.jsonl`` and ``test.jsonl`` in ``out_dir`` hold exactly what this
     generator produces, rewriting (atomically) only files whose bytes differ."""
-    from evalpipe.artifacts import write_text
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -440,8 +441,6 @@ def write_splits(out_dir: Path) -> dict[str, Path]:
 
 
 def default_dir() -> Path:
-    from evalpipe.paths import data_dir
-
     return data_dir() / DATASET_NAME
 
 

@@ -58,7 +58,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from evalpipe import artifacts
 from evalpipe.errors import UserError
+from evalpipe.paths import data_dir
 
 # Bump whenever generated text or layout changes: it is part of every fingerprint.
 GENERATOR_VERSION = 1
@@ -130,7 +132,7 @@ class LongCtxSpec(BaseModel):
     value_digits: int = 5
     seed: int = TEST_SEED
     # lm-eval's RULER tasks (niah_single_1, ruler_vt, ...) run at `lengths` too, with this
-    # many items per length (evalpipe.worker.ruler; lm-eval's own builders make 500)
+    # many items per length (evalpipe.tasks.ruler; lm-eval's own builders make 500)
     ruler_items_per_length: int = 5
 
     @model_validator(mode="after")
@@ -551,9 +553,6 @@ def write_probe(probe: str, tokenizer: Any, spec: LongCtxSpec | None = None, out
     """Write `<out_root>/longctx/<probe>-<fp[:12]>/test.jsonl` + meta.json; returns the
     jsonl path. Idempotent: an intact copy with the same fingerprint is left alone.
     out_root defaults to evalpipe's data directory."""
-    from evalpipe import artifacts
-    from evalpipe.paths import data_dir
-
     spec = spec or LongCtxSpec()
     out_root = Path(out_root) if out_root is not None else data_dir()
     fp = fingerprint(probe, spec, tokenizer)

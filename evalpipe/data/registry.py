@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from evalpipe.data.gsm_synth import write_splits
 from evalpipe.errors import UserError
 
 
 def _gsm8k_synth(out_dir: Path) -> None:
-    from evalpipe.data.gsm_synth import write_splits
-
     write_splits(out_dir)
 
 

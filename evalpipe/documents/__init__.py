@@ -5,4 +5,6 @@ migrated) in one sentence.
 
 Importable on both sides of the worker boundary (pydantic and the standard library only):
 the parent writes a worker's job, the worker inside the variant's interpreter reads it.
+run.json and nightly.json (run_doc, nightly_doc) are the parent's alone, and may use its
+config models.
 """

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from evalpipe.artifacts import write_text
 from evalpipe.config import Gates
 from evalpipe.documents.base import Document, validated
+from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.errors import UserError
 
 COMPARE_SCHEMA_VERSION: Final = 3
@@ -243,31 +244,8 @@ class SideCheck(Document):
     evidence: list[str]
 
 
-class CollectiveCounts(Document):
-    counts: dict[str, int]  # calls in one forward pass -> forward passes with that many
-    forwards: int
-
-
-class ProbeSummary(Document):
-    """What one variant ran, as its path probes saw it (compare.code_paths.summarize; a
-    variant's manifest.json keeps the same summary under "probes")."""
-
-    mode: str  # offline | serve | endpoint
-    verifiable: bool
-    processes: dict[str, int]  # role -> processes
-    models: list[str]
-    layers: dict[str, int]  # decoder layer class -> instances
-    # one value when every process resolved the switch the same, else {"per_process": [values]}
-    switches: dict[str, Any]
-    calls: dict[str, int]  # probed name -> calls
-    absent: list[str]  # probed names this variant's interpreter does not have
-    collectives_per_forward: dict[str, CollectiveCounts]
-    forwards: int
-    server_of: str | None  # the variant whose server this one reused
-
-
 class WhatRan(Document):
-    """Each side's probe summary; None: not recorded."""
+    """Each side's probe summary (the one its manifest.json keeps); None: not recorded."""
 
     a: ProbeSummary | None
     b: ProbeSummary | None

@@ -32,7 +32,6 @@ from evalpipe.documents.comparison import (
     GroupScore,
     LengthRow,
     Paths,
-    ProbeSummary,
     ScoreRow,
     SideCheck,
     TaskBreakdown,
@@ -40,6 +39,7 @@ from evalpipe.documents.comparison import (
     TokenSummary,
     WorstExample,
 )
+from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.redact import redact
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text

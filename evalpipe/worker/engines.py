@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from evalpipe.documents.manifest import EngineInfo
 from evalpipe.documents.worker_job import ServerJob
 from evalpipe.worker.journal import RequestJournal, request_key
 
@@ -81,7 +82,7 @@ class Engine(Protocol):
         self, requests: list[ScoreRequest], progress: ProgressFn | None = None, topk: int = 1
     ) -> list[ScoreResult]: ...
 
-    def info(self) -> dict[str, Any]: ...
+    def info(self) -> EngineInfo: ...
 
     def close(self) -> None: ...
 
@@ -252,9 +253,9 @@ class OfflineEngine:
             result.topk_logprobs.append(t_lps)
         return result
 
-    def info(self) -> dict[str, Any]:
-        return {"kind": "offline", "max_model_len": self._max_model_len,
-                "journal": self.journal.summary() if self.journal is not None else None}
+    def info(self) -> EngineInfo:
+        # the journal's summary is the worker's to add, once, as the variant ends
+        return EngineInfo(kind="offline", max_model_len=self._max_model_len)
 
     def close(self) -> None:
         """Stop vLLM's engine-core process now, not during interpreter teardown."""

@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
+from evalpipe.documents.manifest import EngineInfo, ServerInfo
 from evalpipe.documents.worker_job import ServerJob
 from evalpipe.errors import RunFailed
 from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
@@ -61,10 +62,10 @@ class ServerSettings:
     def from_job(cls, job: ServerJob) -> "ServerSettings":
         return cls(**job.model_dump())
 
-
-def _headers(settings: ServerSettings) -> dict[str, str]:
-    key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    def headers(self) -> dict[str, str]:
+        """The request headers: the API key is read from its variable at each use, never stored."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None = None, poll_s: float = 1.0) -> None:
@@ -73,7 +74,7 @@ def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None
     deadline = time.monotonic() + settings.ready_timeout_s
     started = time.monotonic()
     last_error = "no answer"
-    with httpx.Client(base_url=settings.url, timeout=10.0, headers=_headers(settings)) as client:
+    with httpx.Client(base_url=settings.url, timeout=10.0, headers=settings.headers()) as client:
         while time.monotonic() < deadline:
             try:
                 reply = client.get("/health")
@@ -153,7 +154,7 @@ class HttpEngine:
         settings = self.settings
         t0 = time.monotonic()
         wait_ready(settings, self._on_wait)
-        self._client = httpx.Client(base_url=settings.url, timeout=settings.request_timeout_s, headers=_headers(settings))
+        self._client = httpx.Client(base_url=settings.url, timeout=settings.request_timeout_s, headers=settings.headers())
         models = self._get("/v1/models")["data"]
         names = [m["id"] for m in models]
         if settings.model is None:
@@ -166,7 +167,8 @@ class HttpEngine:
             self.model = settings.model
         card = next(m for m in models if m["id"] == self.model)
         self._max_model_len = int(card["max_model_len"])
-        self._server = {"url": settings.shown_url, "models": models, "version": self._try_get("/version")}
+        version = self._try_get("/version")
+        self._server = ServerInfo(url=settings.shown_url, models=models, version=version if isinstance(version, dict) else None)
         self._eos: int | None | bool = False  # not asked yet
         self._local = _local_tokenizer(settings.tokenizer, settings.tokenizer_args or {})
         self.tokenized_by = "local" if self._local is not None else "server"
@@ -195,7 +197,7 @@ class HttpEngine:
         done = 0
         limits = httpx.Limits(max_connections=self.settings.concurrency, max_keepalive_connections=self.settings.concurrency)
         async with httpx.AsyncClient(base_url=self.settings.url, timeout=self.settings.request_timeout_s,
-                                     headers=_headers(self.settings), limits=limits) as client:
+                                     headers=self.settings.headers(), limits=limits) as client:
 
             async def one(body: dict[str, Any], label: str) -> Any:
                 nonlocal done
@@ -359,11 +361,12 @@ class HttpEngine:
         except (KeyError, TypeError, IndexError) as err:
             raise ServerError(f"{label}: malformed prompt logprobs from the server ({type(err).__name__}: {err})") from None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         self._connect()
-        return {"kind": "http", "max_model_len": self._max_model_len, "model": self.model, "server": self._server,
-                "ready_wait_s": self.ready_wait_s, "tokenized_by": self.tokenized_by,
-                "journal": self.journal.summary() if self.journal is not None else None}
+        # the journal's summary is the worker's to add, once, as the variant ends
+        return EngineInfo(kind="http", max_model_len=self._max_model_len, model=self.model,
+                          server=self._server, ready_wait_s=self.ready_wait_s,
+                          tokenized_by=self.tokenized_by)
 
     def close(self) -> None:
         """Only the connection: whoever started the server stops it."""

@@ -6,11 +6,12 @@ A run continued after a kill (evalpipe/resume.py keeps this file of an unfinishe
 variant) answers the requests it finds here from the journal and sends only the rest:
 a kill -9 loses at most the requests that were in flight. The key is the request
 itself (prompt token ids and every sampling setting), so an answer is only ever reused
-for the very same request. A line cut short by the kill is ignored. Flushing hands each
+for the very same request. A line cut short by the kill is ignored; each line is a
+versioned document (evalpipe.documents.journal). Flushing hands each
 line to the kernel, which keeps it through the death of the process; only the
 machine's own crash could lose the last lines.
 
-Standard library only (the worker runs under any variant's interpreter).
+Standard library and evalpipe.documents only (the worker runs under any variant's interpreter).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from evalpipe.documents.journal import JournalLine, journal_line, read_journal_line
+from evalpipe.documents.manifest import JournalSummary
 
 JOURNAL_FILE = "requests.journal.jsonl"
 
@@ -33,12 +37,10 @@ class RequestJournal:
         self._answers: dict[str, Any] = {}
         if self.path.is_file():
             with open(self.path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        entry = json.loads(line)
-                        self._answers[entry["key"]] = entry["answer"]
-                    except (ValueError, KeyError, TypeError):
-                        continue  # the line the kill cut short
+                for number, text in enumerate(fh, 1):
+                    entry = read_journal_line(text, self.path, number)
+                    if entry is not None:  # None: the line the kill cut short
+                        self._answers[entry.key] = entry.answer
         self.loaded = len(self._answers)
         self.reused = 0
         self._out = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the engine's life
@@ -51,13 +53,14 @@ class RequestJournal:
             self.reused += 1
         return answer
 
-    def put(self, key: str, answer: Any) -> None:
+    def put(self, key: str, answer: dict[str, Any]) -> None:
         self._answers[key] = answer
-        self._out.write(json.dumps({"key": key, "answer": answer}, separators=(",", ":")) + "\n")
+        self._out.write(journal_line(JournalLine(key=key, answer=answer)))
         self._out.flush()
 
-    def summary(self) -> dict[str, Any]:
-        return {"file": self.path.name, "answers_found": self.loaded, "answers_reused": self.reused}
+    def summary(self) -> JournalSummary:
+        """For the manifest (evalpipe.worker.main records it once, as the variant ends)."""
+        return JournalSummary(file=self.path.name, answers_found=self.loaded, answers_reused=self.reused)
 
     def close(self) -> None:
         self._out.close()

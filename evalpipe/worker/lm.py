@@ -176,4 +176,4 @@ class CapturingLM(LM):
         return "evalpipe-engine"
 
     def get_model_info(self) -> dict[str, Any]:
-        return {"engine": self.engine.info(), "topk": self.topk}
+        return {"engine": self.engine.info().model_dump(mode="json"), "topk": self.topk}

@@ -18,13 +18,17 @@ import time
 import traceback
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from evalpipe.documents.manifest import Hardware, VariantManifest, write_manifest
 from evalpipe.documents.worker_job import TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.worker.journal import RequestJournal
 
 EXIT_OK, EXIT_USER, EXIT_FAILED = ExitCode.OK, ExitCode.USER_ERROR, ExitCode.FAILED
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
+# the manifest's fields that hold values from the config, the environment or a server: redacted
+FROM_THE_CONFIG = ("argv", "env", "engine_args", "engine", "error")
 
 
 class Events:
@@ -123,7 +127,7 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
     (one per doc x repeat) and the matching token rows from the LM's captures."""
     from evalpipe import artifacts
     from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
-    from evalpipe.worker.ruler import sample_columns
+    from evalpipe.tasks.ruler import sample_columns
 
     by_doc: dict[int, list[dict]] = {}
     for entry in logged:
@@ -191,41 +195,49 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
 def run(job: WorkerJob, events: Events) -> int:
     from evalpipe import artifacts, integrity
     from evalpipe.redact import redact
-    from evalpipe.worker import tasks as task_lookup
+    from evalpipe.tasks import configure as task_lookup
+    from evalpipe.tasks.index import task_manager
 
     out = artifacts.VariantDir(Path(job.output_dir))
     started = time.time()
     timings: dict[str, float] = {}
-    manifest: dict[str, Any] = {
-        "variant": job.variant,
-        "status": "running",
-        "python": sys.executable,
-        "argv": sys.argv,
-        "env": artifacts.redact_env(dict(os.environ), also=job.secret_env),
-        "engine_kind": job.engine_kind,
-        "launch_mode": job.launch_mode,
-        "engine_args": job.engine_args,
-        "versions": software_versions(),
-        "hardware": hardware(),
-        "started_at": started,
-    }
+    manifest = VariantManifest(
+        variant=job.variant,
+        status="running",
+        python=sys.executable,
+        argv=sys.argv,
+        env=artifacts.redact_env(dict(os.environ), also=job.secret_env),
+        engine_kind=job.engine_kind,
+        launch_mode=job.launch_mode,
+        engine_args=job.engine_args,
+        versions=software_versions(),
+        hardware=Hardware.model_validate(hardware()),
+        started_at=started,
+    )
+    journal: RequestJournal | None = None  # the engine's, once it is built
 
-    def save_manifest() -> None:
+    def save_manifest(**update: Any) -> None:
+        nonlocal manifest
         # engine args, the server's URL and error messages come from the config: the same
-        # redaction as run.json (job.json alone keeps the real values)
-        artifacts.write_json(out.manifest, redact(manifest, job.secret_env))
+        # redaction as run.json (job.json alone keeps the real values). Only those fields: a
+        # task named like a credential must not turn its timing into a string.
+        data = VariantManifest.model_validate({**manifest.model_dump(), **update}).model_dump(mode="json")
+        data.update({k: redact(data[k], job.secret_env) for k in FROM_THE_CONFIG if data[k] is not None})
+        manifest = VariantManifest.model_validate(data)
+        write_manifest(out.manifest, manifest)
 
     save_manifest()
 
-    def finish(status: str, code: int, **extra: Any) -> int:
+    def finish(status: Literal["ok", "failed"], code: int, **extra: Any) -> int:
         if status == "ok":
             # size, sha256 and rows of every file compare, the history and a resume will
             # read, so they can tell a file altered after this point (evalpipe.integrity)
             t0 = time.time()
-            manifest[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(out)
+            extra[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(out)
             timings["checksums_s"] = time.time() - t0
-        manifest.update(status=status, timings=timings, finished_at=time.time(), **extra)
-        save_manifest()
+        if journal is not None and manifest.engine is not None:  # teacher forcing's requests included
+            extra["engine"] = manifest.engine.model_copy(update={"journal": journal.summary()})
+        save_manifest(status=status, timings=timings, finished_at=time.time(), **extra)
         return code
 
     # 1. Resolve tasks before the (slow) engine start so bad names fail fast: hub-only
@@ -233,7 +245,7 @@ def run(job: WorkerJob, events: Events) -> int:
     # are generated here (RulerTooShort), both user errors.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
-        from evalpipe.worker.task_families import is_generated_ruler
+        from evalpipe.tasks.families import is_generated_ruler
 
         engine_args = job.engine_args
         generated = task_lookup.LongCtxData(
@@ -248,8 +260,7 @@ def run(job: WorkerJob, events: Events) -> int:
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))
 
-    manifest["data_files"] = data_file_hashes(task_cfgs)
-    save_manifest()
+    save_manifest(data_files=data_file_hashes(task_cfgs))
 
     # 2. One engine for every task of this variant.
     events.emit("stage", stage="engine", message="starting engine")
@@ -263,6 +274,9 @@ def run(job: WorkerJob, events: Events) -> int:
 
         engine = build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting,
                               journal=out.root / job.journal if job.journal else None)
+    except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
+        events.emit("error", kind="user", message=str(err))
+        return finish("failed", EXIT_USER, error=str(err))
     except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
         traceback.print_exc()
         msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
@@ -273,8 +287,7 @@ def run(job: WorkerJob, events: Events) -> int:
     if journal is not None and journal.loaded:
         events.emit("stage", stage="engine", message=f"request journal: {journal.loaded} answers kept from an earlier attempt")
     if job.engine_kind == "offline":
-        manifest["engine"] = engine.info()
-        save_manifest()
+        save_manifest(engine=engine.info())
         events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
 
     from lm_eval import simple_evaluate
@@ -305,7 +318,7 @@ def run(job: WorkerJob, events: Events) -> int:
                 model=lm,
                 tasks=[cfg],
                 limit=spec.get("limit"),
-                task_manager=task_lookup.task_manager(names=[spec["task"]]),
+                task_manager=task_manager(names=[spec["task"]]),
                 log_samples=True,
                 bootstrap_iters=1000,
                 random_seed=job.seed,
@@ -344,14 +357,15 @@ def run(job: WorkerJob, events: Events) -> int:
         metrics = {k: v for k, v in (out_eval["results"].get(spec["task"]) or {}).items() if isinstance(v, (int, float))}
         events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
 
-    if "engine" not in manifest:  # a server: asked at its first request, what it says about itself
-        manifest["engine"] = engine.info()
-        timings["engine_start_s"] = float(manifest["engine"].get("ready_wait_s") or 0.0)
+    if manifest.engine is None:  # a server: asked at its first request, what it says about itself
+        info = engine.info()
+        manifest = manifest.model_copy(update={"engine": info})
+        timings["engine_start_s"] = float(info.ready_wait_s or 0.0)
     truncated = sum(c.truncated_prompt for c in lm.captures.values())
     if truncated:
         # Left-truncated prompts are still compared, but a reader should know.
         events.emit("stage", stage="warning", message=f"{truncated} prompts were longer than max_model_len - max_gen_toks and lost their beginning")
-    manifest["truncated_prompts"] = truncated
+    manifest = manifest.model_copy(update={"truncated_prompts": truncated})
     timings["tasks_s"] = generation_s
     timings["engine_calls_s"] = lm.engine_seconds
     timings["tokenize_s"] = lm.tokenize_seconds
@@ -382,8 +396,6 @@ def run(job: WorkerJob, events: Events) -> int:
                 events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
         if code != EXIT_OK:
             return finish("failed", code, error=error, n_samples=len(all_rows))
-    if journal is not None:  # teacher forcing's requests included
-        manifest["engine"]["journal"] = journal.summary()
     engine.close()
     timings["total_s"] = time.time() - started
     code = finish("ok", EXIT_OK, n_samples=len(all_rows))

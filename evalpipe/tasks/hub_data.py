@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from evalpipe.worker.task_families import (
+from evalpipe.tasks.families import (
     ESSAY_DATASET,
     OFFLINE_RULER,
     RULER_ESSAY,
@@ -25,6 +25,7 @@ from evalpipe.worker.task_families import (
     family_of,
     require_ruler_packages,
 )
+from evalpipe.tasks.index import task_manager
 
 
 def check_available(
@@ -149,11 +150,7 @@ def _leaf_tasks(name: str) -> dict[str, tuple[str, str | None, str | None, dict]
 
 
 def _task_index() -> dict:
-    from evalpipe.worker.tasks import (
-        task_manager,  # cached: the index is built once per process
-    )
-
-    return task_manager().task_index
+    return task_manager().task_index  # cached: the index is built once per process
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ Selected per engine with ``EVALPIPE_LAYOUT_FAULT`` (comma-separated names; absen
 ``none``: no fault). They exist so that evalpipe can be pointed at a change whose effect
 is known in advance: a harmful fault must be reported DIVERGENT, a benign one must not.
 Step numbers ①..⑥ are those of the layout change the model reproduces (see
-:mod:`evalpipe.layout.model`).
+:mod:`evalpipe.lab.layout.model`).
 
 ``layout`` says which layout a fault acts on (``any``: both); asking for it under the
 other layout is an error rather than a silent no-op. ``needs_scale`` faults only exist when an output scale

@@ -1,11 +1,10 @@
-"""Find lm-eval tasks by name (evalpipe's tasks/ first, then lm-eval's own) and apply
-the run config's per-task settings before lm-eval builds them.
+"""Apply the run config's per-task settings to an lm-eval task before lm-eval builds it.
 
 Relative `data_files` paths resolve against evalpipe's data directory, where the
 synthetic sets are generated on first use; this is what lets one task YAML serve a
 laptop, CI and an air-gapped cluster without edits.
 
-Long-context tasks of lm-eval (evalpipe.worker.ruler, evalpipe.worker.hub_data): RULER's generated tasks get
+Long-context tasks of lm-eval (evalpipe.tasks.ruler, evalpipe.tasks.hub_data): RULER's generated tasks get
 their items made here with the model's tokenizer at the run config's `longctx.lengths`
 (`longctx.ruler_items_per_length` per length), and hub-only ones (LongBench,
 InfiniteBench, babilong, ...) are checked for local data, so either fails with one
@@ -14,53 +13,17 @@ sentence before any engine starts.
 
 from __future__ import annotations
 
-import difflib
-import functools
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
+from evalpipe.data import longctx
+from evalpipe.data.check import check_data_files
+from evalpipe.data.registry import ensure_dataset_file
 from evalpipe.errors import UserError
-from evalpipe.paths import PROJECT_ROOT
-
-TASKS_DIR = PROJECT_ROOT / "tasks"
+from evalpipe.tasks import families, hub_data, ruler
+from evalpipe.tasks.index import TASKS_DIR, check_task_names, task_manager
 
 _BUILDER_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-
-
-class TaskNotFound(UserError):
-    """A task name that neither the project's tasks/ nor lm-eval knows, with the closest names."""
-
-
-@functools.lru_cache(maxsize=4)
-def _indexed(tasks_dir: str, with_lm_eval: bool):
-    from lm_eval.tasks import TaskManager
-
-    return TaskManager(include_path=tasks_dir, include_defaults=with_lm_eval)
-
-
-def task_manager(tasks_dir: str = str(TASKS_DIR), names: Sequence[str] | None = None):
-    """lm-eval's TaskManager over ``tasks_dir`` (built once per process). When every one of
-    ``names`` is a single task of ``tasks_dir``, lm-eval's own ~15,000 task files are
-    left out of the index: building that costs about 10 s, once in every worker."""
-    if names:
-        from lm_eval.tasks._index import Kind
-
-        own = _indexed(tasks_dir, False)
-        if all(n in own.task_index and own.task_index[n].kind is Kind.TASK for n in names):
-            return own
-    return _indexed(tasks_dir, True)
-
-
-def check_task_names(names: list[str], tasks_dir: str = str(TASKS_DIR)) -> None:
-    """Raise TaskNotFound naming the first unknown task, with the closest known names."""
-    known = set(task_manager(tasks_dir, names).all_tasks)
-    for name in names:
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
-            hint = f" Did you mean: {', '.join(close)}?" if close else ""
-            raise TaskNotFound(
-                f"unknown task `{name}`: it is neither in {tasks_dir} nor among lm-eval's tasks.{hint}"
-            )
 
 
 # A relative data file a generator may own: returns the generated file, or None when the
@@ -83,8 +46,6 @@ class LongCtxData:
         self._tokenizer: Any = None  # a transformers tokenizer, loaded on first use
 
     def __call__(self, relative: Path, data_dir: Path) -> Path | None:
-        from evalpipe.data import longctx
-
         if not longctx.is_placeholder(relative):
             return None
         if self._tokenizer is None:
@@ -111,9 +72,6 @@ class LongCtxData:
         """lm-eval config of one RULER task with its items already generated: the run
         config's longctx.lengths, ruler_items_per_length items per length, the run's seed.
         Raises RulerTooShort (a ValueError) when a length cannot hold an item."""
-        from evalpipe.data import longctx
-        from evalpipe.worker import ruler
-
         name = spec["task"]
         if spec.get("data_files"):
             raise UserError(f"task `{name}` generates its items from the model's tokenizer; remove `data_files` from its entry.")
@@ -142,8 +100,6 @@ def _hub_offline() -> bool:
 
 
 def _resolve_data_files(data_files: Any, data_dir: Path, generated: GeneratedData | None = None) -> Any:
-    from evalpipe.data.registry import ensure_dataset_file
-
     if isinstance(data_files, dict):
         return {k: _resolve_data_files(v, data_dir, generated) for k, v in data_files.items()}
     if isinstance(data_files, list):
@@ -178,11 +134,10 @@ def task_config(
     from lm_eval.tasks._index import Kind
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from evalpipe.worker import hub_data, task_families
 
     name = spec["task"]
     check_task_names([name], tasks_dir)
-    if task_families.is_generated_ruler(name):
+    if families.is_generated_ruler(name):
         # not through load_yaml(resolve_func=True): that imports lm-eval's niah module
         # with its nltk download, and its builders make 500 items per length
         hub_data.check_available(name, metadata=None, allow_download=not _hub_offline())  # essay cache, packages
@@ -190,10 +145,10 @@ def task_config(
             raise UserError(f"task `{name}` (RULER) is generated with the model's tokenizer; resolve it with a LongCtxData.")
         return generated.ruler_config(spec)
     hub_data.check_available(name, spec.get("data_files"), allow_download=not _hub_offline())
-    if name in task_families.RULER_QA or name == "ruler":
+    if name in families.RULER_QA or name == "ruler":
         raise UserError(
             f"`{name}` is not a RULER task evalpipe can hand the model's tokenizer and lengths; "
-            f"run the generated ones instead ({', '.join(task_families.OFFLINE_RULER)})."
+            f"run the generated ones instead ({', '.join(families.OFFLINE_RULER)})."
         )
     entry = task_manager(tasks_dir, [name]).task_index[name]
     if entry.kind is not Kind.TASK or entry.yaml_path is None:
@@ -205,8 +160,6 @@ def task_config(
     cfg.pop("group", None)
     data_files = spec.get("data_files") or (cfg.get("dataset_kwargs") or {}).get("data_files")
     if data_files:
-        from evalpipe.data.check import check_data_files
-
         resolved = _resolve_data_files(data_files, data_dir, generated)
         check_data_files(name, resolved, cfg)
         cfg["dataset_kwargs"] = {**(cfg.get("dataset_kwargs") or {}), "data_files": resolved}

@@ -25,7 +25,7 @@ local Q/K/V rows are scatter-added into the batch, see ``collectives.fold_into_b
 Selection: ``EVALPIPE_LAYOUT`` (``legacy`` default, or ``sp``) and ``EVALPIPE_LAYOUT_FAULT``
 in the engine's environment; ``layout_tp`` (default 4) and ``layout_out_scale`` (default
 1.0) in the model config, usually through ``hf_overrides`` together with
-``architectures: [EvalpipeLayoutForCausalLM]``. Faults: :mod:`evalpipe.layout.faults`.
+``architectures: [EvalpipeLayoutForCausalLM]``. Faults: :mod:`evalpipe.lab.layout.faults`.
 
 Output scale: with ``layout_out_scale = c`` the whole residual stream is carried at c times
 its size (the fp16 overflow guard of the PR, where c = 1 / routed_scaling_factor): the
@@ -69,10 +69,10 @@ from vllm.model_executor.models.llama import (
 )
 from vllm.model_executor.models.utils import extract_layer_index
 
-from evalpipe.layout import collectives as C
-from evalpipe.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, graded_magnitude
-from evalpipe.layout.plugin import ARCHITECTURE
-from evalpipe.layout.settings import LayoutSettings, resolve
+from evalpipe.lab.layout import collectives as C
+from evalpipe.lab.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, graded_magnitude
+from evalpipe.lab.layout.plugin import ARCHITECTURE
+from evalpipe.lab.layout.settings import LayoutSettings, resolve
 from evalpipe.probes import runtime as probes
 
 # The group name under which the virtual ranks' collectives reach the path probes.

@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
+from evalpipe.artifacts import write_text
 from evalpipe.config import Launch
-from evalpipe.launch import guarded_popen, log_tail, stop_group
+from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
 from evalpipe.redact import redact, redact_text
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -64,8 +65,6 @@ def planned_commands(variant: Any, model_path: str, variant_dir: Path) -> list[s
 
 
 def write_server_args(path: Path, args: dict[str, Any]) -> None:
-    from evalpipe.artifacts import write_text
-
     write_text(path, yaml.safe_dump(args, sort_keys=False), private=True)  # engine args as given, an --api-key among them
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.errors import UserError
-from evalpipe.worker.task_families import (
+from evalpipe.tasks.families import (
     NIAH_PARAMS,
     OFFLINE_RULER,
     RULER_ESSAY,

@@ -8,7 +8,7 @@ The model is registered by name only, so this stays cheap: the module holding th
 from __future__ import annotations
 
 ARCHITECTURE = "EvalpipeLayoutForCausalLM"
-MODEL_CLASS = "evalpipe.layout.model:LayoutForCausalLM"
+MODEL_CLASS = "evalpipe.lab.layout.model:LayoutForCausalLM"
 
 
 def register() -> None:

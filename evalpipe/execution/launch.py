@@ -26,8 +26,8 @@ from typing import Any, Callable
 from evalpipe import artifacts
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode
+from evalpipe.execution.watchdog import Watchdog
 from evalpipe.plan import PlannedVariant
-from evalpipe.watchdog import Watchdog
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -67,7 +67,7 @@ GUARD_SCRIPT = Path(__file__).with_name("guard.py")
 
 
 def guarded_popen(command: list[str], grace_s: float, **kwargs: Any) -> subprocess.Popen:
-    """Start ``command`` in a new process group under the guard (evalpipe/guard.py): when
+    """Start ``command`` in a new process group under the guard (evalpipe/execution/guard.py): when
     this process dies, even by SIGKILL, the guard's stdin pipe closes and it stops the
     group. The pipe's write end stays open here, unused, for the child's whole life.
     A command that cannot be found raises FileNotFoundError here, as Popen would."""
@@ -164,7 +164,7 @@ def run_worker(
     engine.log). ``stopped``: asked when the worker ends; a message means something
     outside it (its server died) ended it, and becomes the variant's error.
     ``stall_timeout_s``: the watchdog's limit on time without a finished request once the
-    engine is up (evalpipe/watchdog.py); the variant then fails with its last progress
+    engine is up (evalpipe/execution/watchdog.py); the variant then fails with its last progress
     and the tail of ``stall_log`` (default its own log; a server's log in serve mode).
     ``env``: the worker's environment (default the variant's process environment)."""
     vdir = artifacts.VariantDir(variant_dir)

@@ -1,10 +1,10 @@
-"""Train a built-in model from its recipe: ``python -m evalpipe.models.build tiny-gsm``.
+"""Train a built-in model from its recipe: ``python -m evalpipe.lab.build tiny-gsm``.
 
 Runs never call this: they serve the trained files shipped in the package
 (evalpipe/models/shipped/<name>/). It is how those files were made and how to check them:
 
-    python -m evalpipe.models.build tiny-gsm           # train into the cache, compare with the shipped files
-    python -m evalpipe.models.build tiny-gsm --ship    # train and replace the shipped files (after a recipe change)
+    python -m evalpipe.lab.build tiny-gsm           # train into the cache, compare with the shipped files
+    python -m evalpipe.lab.build tiny-gsm --ship    # train and replace the shipped files (after a recipe change)
 
 Progress goes to stderr; stdout gets exactly one JSON line at the end::
 
@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.lab.training import build, ship
+from evalpipe.models.builtin import BUILTIN_MODELS, builtin_name, load_built, shipped_path
 
 
 def _parse_set(items: list[str]) -> dict:
@@ -41,9 +43,7 @@ def _parse_set(items: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalpipe.models.builtin import BUILTIN_MODELS, build, builtin_name, ship, shipped_path
-
-    ap = argparse.ArgumentParser(prog="python -m evalpipe.models.build", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m evalpipe.lab.build", description=__doc__.splitlines()[0])
     ap.add_argument("name", help=f"built-in model name (known: {', '.join(sorted(BUILTIN_MODELS))})")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one spec value (JSON), e.g. --set steps=20")
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_against_shipped(fingerprint: str, shipped: Path, say) -> None:
-    from evalpipe.models.builtin import load_built
-
     model = load_built(shipped)
     if model is None:
         return

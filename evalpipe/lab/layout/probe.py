@@ -1,6 +1,6 @@
 """Run the reference layout model under many settings on one engine and record what moved.
 
-    python -m evalpipe.layout.probe [--plain] [--prompts 8] [--max-tokens 48] [--out FILE] SETTING...
+    python -m evalpipe.lab.layout.probe [--plain] [--prompts 8] [--max-tokens 48] [--out FILE] SETTING...
 
 SETTING is ``LAYOUT[@SCALE][:FAULT+FAULT...]`` (``sp``, ``sp:heads_permuted``,
 ``sp@16384:scale_after_reduce``) or ``env``: whatever ``EVALPIPE_LAYOUT`` /
@@ -32,17 +32,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from evalpipe.layout.faults import FAULT_ENV
-from evalpipe.layout.plugin import ARCHITECTURE
-from evalpipe.layout.settings import LAYOUT_ENV, LayoutSettings, resolve
+from evalpipe.data.gsm_synth import make_splits
+from evalpipe.lab.layout.faults import FAULT_ENV
+from evalpipe.lab.layout.plugin import ARCHITECTURE
+from evalpipe.lab.layout.settings import LAYOUT_ENV, LayoutSettings, resolve
+from evalpipe.models.builtin import ensure_builtin
 
 STOP = ["\n\n", "Question:"]
 
 
 def gsm_prompts(count: int, shots: int = 4) -> list[str]:
     """lm-eval's gsm8k few-shot layout over the built-in synthetic set."""
-    from evalpipe.data.gsm_synth import make_splits
-
     splits = make_splits()
     head = "".join(f"Question: {d['question']}\nAnswer: {d['answer']}\n\n" for d in splits["train"][:shots])
     return [head + f"Question: {d['question']}\nAnswer:" for d in splits["test"][:count]]
@@ -112,8 +112,6 @@ def probe(
     settings: list[str], *, plain: bool, prompts: int, max_tokens: int, tp: int, max_num_seqs: int,
     reference: list[list[int]] | None = None,
 ) -> dict:
-    from evalpipe.models.builtin import ensure_builtin
-
     model_path = str(ensure_builtin("tiny-gsm").path)
     texts = gsm_prompts(prompts)
     result: dict[str, Any] = {"model": model_path, "prompts": len(texts), "results": {}}

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from evalpipe.layout.faults import FAULT_ENV, FAULTS, parse_faults
+from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, parse_faults
 
 LAYOUT_ENV = "EVALPIPE_LAYOUT"
 LAYOUTS = ("legacy", "sp")

@@ -1,0 +1,65 @@
+"""nightly.json: a night's judgement (evalpipe.nightly.Judgement), kept in its run
+directory so that importing the directory into a history rebuilds the night's status.
+
+Written by evalpipe.nightly.write_night, read by evalpipe.history when it records a run
+directory. Version 1 is the first typed version; the version-less nightly.json before
+it had the same fields and is read as version 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from evalpipe.artifacts import write_json
+from evalpipe.documents.base import Document, validated
+from evalpipe.errors import UserError
+
+NIGHTLY_JSON = "nightly.json"  # in the night's run directory
+NIGHTLY_VERSION: Final = 1
+
+NightStatus = Literal["PASS", "INCONCLUSIVE", "REGRESSION", "FAILED"]
+
+
+class NightlyDocument(Document):
+    version: Literal[1] = NIGHTLY_VERSION
+    run_id: str
+    status: NightStatus = "PASS"
+    verdict: str | None = None  # tonight's own comparison (compare.json's status)
+    baseline: str | None = None  # the night the variants were judged against
+    reasons: list[str] = []
+    # Per variant, tonight against the baseline night: a digest of compare.json's
+    # comparison entry (evalpipe.nightly.vs_baseline), whose shape compare.json owns.
+    vs_baseline: list[dict[str, Any]] = []
+    # The history's detected changes (evalpipe.nightly._change_dict), stored as the
+    # history's database and the dashboard hold them.
+    changes: list[dict[str, Any]] = []
+    paths: str | None = None  # why tonight's own comparison proves nothing about the paths
+
+    def judgement(self) -> dict[str, Any]:
+        """The judgement as the history stores it (without the file's version)."""
+        return self.model_dump(exclude={"version"})
+
+
+def write_nightly_document(path: Path, doc: NightlyDocument) -> None:
+    write_json(path, doc.model_dump())
+
+
+def read_nightly_document(path: Path) -> NightlyDocument | None:
+    """nightly.json at ``path``, None when there is none; anything unreadable or of another
+    version is one sentence naming the file."""
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}); delete it, or judge the night again with `evalpipe nightly`.") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} should hold a JSON object; delete it, or judge the night again with `evalpipe nightly`.")
+    # version-less: written before nightly.json had a version, with the same fields
+    version = raw.setdefault("version", NIGHTLY_VERSION)
+    if version != NIGHTLY_VERSION:
+        raise UserError(f"{path} is a nightly.json of version {version!r}; this evalpipe reads version {NIGHTLY_VERSION}: "
+                        "judge the night again with this evalpipe.")
+    return validated(NightlyDocument, raw, str(path), "delete it, or judge the night again with `evalpipe nightly`")
