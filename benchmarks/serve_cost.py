@@ -18,7 +18,6 @@ the A/A run saves. Prints numbers and ratios, measured side by side.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from evalpipe.documents.comparison import read_comparison
 from evalpipe.documents.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,11 +50,11 @@ def timings(run_dir: Path, variant: str) -> dict[str, float]:
 
 
 def noise(run_dir: Path, variant: str) -> str:
-    data = json.loads((run_dir / "compare.json").read_text())
-    c = next(c for c in [*data["comparisons"], data.get("noise_floor") or {}] if c.get("variant") == variant)
-    t = c["tokens"][0]
-    return (f"{c['status']}: {t['n_identical']}/{t['n_samples']} samples bitwise, same ids {t['n_ids_identical']}/{t['n_samples']}, "
-            f"max |dlogprob| {t['max_abs_dlogprob']:.2e}, top-k lists differing at same ids {t['n_topk_diff_same_ids']}")
+    doc = read_comparison(run_dir / "compare.json")
+    c = next(c for c in [*doc.comparisons, *([doc.noise_floor] if doc.noise_floor else [])] if c.variant == variant)
+    t = c.tokens[0]
+    return (f"{c.status}: {t.n_identical}/{t.n_samples} samples bitwise, same ids {t.n_ids_identical}/{t.n_samples}, "
+            f"max |dlogprob| {t.max_abs_dlogprob:.2e}, top-k lists differing at same ids {t.n_topk_diff_same_ids}")
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from evalpipe import artifacts
 from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
+from evalpipe.documents.comparison import Comparison, read_comparison
 from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
 from evalpipe.documents.run_doc import RunDocument, read_run_document
@@ -327,30 +328,26 @@ def components_of(manifest: VariantManifest, run_info: RunDocument, labels: dict
     return out
 
 
-def _token_rows(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
-    if not comparison:
+def _token_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
+    if comparison is None:
         return []
     rows = []
-    for source in ("tokens", "teacher"):
-        for t in comparison.get(source) or []:
+    for source, summaries in (("free", comparison.tokens), ("teacher", comparison.teacher or [])):
+        for t in summaries:
             rows.append({
-                "task": t.get("task"), "source": "free" if source == "tokens" else "teacher",
-                **{m: (None if t.get(m) is None else float(t[m])) for m in TOKEN_MEASURES},
-                "n_samples": t.get("n_samples"),
+                "task": t.task, "source": source,
+                **{m: (None if getattr(t, m) is None else float(getattr(t, m))) for m in TOKEN_MEASURES},
+                "n_samples": t.n_samples,
             })
     return rows
 
 
-def _gate_rows(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
-    rows = []
-    for g in (comparison or {}).get("gates") or []:
-        def num(x: Any) -> float | None:
-            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) else None
-        rows.append({
-            "gate": str(g.get("gate")), "task": g.get("task"), "metric": g.get("metric"),
-            "status": str(g.get("status")), "measured": num(g.get("measured")), "threshold": num(g.get("threshold")),
-        })
-    return rows
+def _gate_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
+    def num(x: float | None) -> float | None:
+        return float(x) if x is not None and np.isfinite(x) else None
+
+    return [{"gate": g.gate, "task": g.task, "metric": g.metric, "status": g.status,
+             "measured": num(g.measured), "threshold": num(g.threshold)} for g in (comparison.gates if comparison else [])]
 
 
 def _probes_summary(manifest: VariantManifest) -> dict[str, Any] | None:
@@ -360,11 +357,9 @@ def _probes_summary(manifest: VariantManifest) -> dict[str, Any] | None:
     return redact(manifest.probes.model_dump(mode="json")) if manifest.probes is not None else None
 
 
-def _path_status(comparison: dict[str, Any] | None) -> str | None:
-    """The path status of a comparison in compare.json, None for one from before the probes."""
-    paths = (comparison or {}).get("paths")
-    status = paths.get("status") if isinstance(paths, dict) else None
-    return str(status) if status is not None else None
+def _path_status(comparison: Comparison | None) -> str | None:
+    """The path status of a comparison in compare.json, None for one without path probes."""
+    return comparison.paths.status if comparison is not None and comparison.paths is not None else None
 
 
 def describe_what_ran(probes: dict[str, Any] | None) -> str:
@@ -407,13 +402,16 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
         info = read_run_document(rd.root) or RunDocument()
     except UserError as err:
         raise HistoryError(str(err)) from None
-    compare = artifacts.read_json(rd.compare_json) if rd.compare_json.is_file() else {}
+    try:
+        compare = read_comparison(rd.compare_json) if rd.compare_json.is_file() else None
+    except UserError as err:  # one of another schema: a history error, so recording a run only warns
+        raise HistoryError(str(err)) from None
     labels = {**info.components, **(labels or {})}
     kind = kind or info.kind or "run"
     names = info.variants or rd.variant_names()
     reference = info.reference or (names[0] if names else "")
     aa = info.aa_variant
-    by_variant = {c.get("variant"): c for c in compare.get("comparisons") or []}
+    by_variant = {c.variant: c for c in compare.comparisons} if compare else {}
     out_variants = []
     for name in names:
         vdir = rd.variant(name)
@@ -425,14 +423,14 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             raise HistoryError(str(err)) from None
         manifest = read_manifest(vdir.manifest)
         role = "reference" if name == reference else "aa" if name == aa else "variant"
-        comparison = compare.get("noise_floor") if role == "aa" else by_variant.get(name)
+        comparison = (compare.noise_floor if compare else None) if role == "aa" else by_variant.get(name)
         # run.json is redacted when written; a run directory from before that is not
         entry = info.variant_settings.get(name)
         # a path, differs between machines without meaning anything; the versions are components
         setting = redact(entry.model_dump(mode="json", exclude_unset=True, exclude={"versions", "python"}) if entry else {})
         out_variants.append({
             "name": name, "role": role,
-            "status": None if role == "reference" else (comparison or {}).get("status"),
+            "status": None if role == "reference" or comparison is None else comparison.status,
             "exit_code": info.variant_status[name].exit_code if name in info.variant_status else None,
             "components": redact(components_of(manifest, info, labels)),
             "settings": setting,

@@ -34,6 +34,7 @@ from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
 from evalpipe.compare.verdict import Status
 from evalpipe.config import Expectations
+from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
@@ -184,17 +185,17 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
     gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
-    d = vc.to_dict()
-    return {"variant": variant, "status": d["status"], "teacher_forced": forced is not None, "reasons": d.get("reasons") or [],
-            "outputs_status": d.get("outputs_status"), "paths": _paths_brief(d.get("paths")),
-            "scores": d.get("scores") or [], "tokens": [_token_brief(t) for t in d.get("tokens") or []],
-            "teacher": [_token_brief(t) for t in d.get("teacher") or []]}
+    d = vc.document()
+    return {"variant": variant, "status": d.status, "teacher_forced": forced is not None, "reasons": d.reasons,
+            "outputs_status": d.outputs_status, "paths": _paths_brief(d.paths),
+            "scores": [r.model_dump(mode="json") for r in d.scores], "tokens": [_token_brief(t) for t in d.tokens],
+            "teacher": [_token_brief(t) for t in d.teacher or []]}
 
 
-def _paths_brief(paths: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not paths:
+def _paths_brief(paths: Paths | None) -> dict[str, Any] | None:
+    if paths is None:
         return None
-    return {"status": paths.get("status"), "reasons": list(paths.get("reasons") or [])}
+    return {"status": paths.status, "reasons": list(paths.reasons)}
 
 
 def first_path_reason(comparison: dict[str, Any]) -> str:
@@ -204,19 +205,25 @@ def first_path_reason(comparison: dict[str, Any]) -> str:
     return str(reasons[0]) if reasons else "no reason was recorded"
 
 
+def _first_reason(comparison: Comparison) -> str:
+    """first_path_reason of a compare.json comparison."""
+    reasons = (comparison.paths.reasons if comparison.paths else []) or comparison.reasons
+    return str(reasons[0]) if reasons else "no reason was recorded"
+
+
 def tonight_inconclusive(run_dir: Path, verdict: str | None) -> str | None:
     """Why tonight's own comparison proves nothing about the paths (from its compare.json),
     None when every comparison proves something."""
     path = artifacts.RunDir(run_dir).compare_json
-    compare = artifacts.read_json(path) if path.is_file() else {}
-    inconclusive = [c for c in compare.get("comparisons") or [] if c.get("status") == INCONCLUSIVE]
+    comparisons = read_comparison(path).comparisons if path.is_file() else []
+    inconclusive = [c for c in comparisons if c.status == INCONCLUSIVE]
     if not inconclusive:
         if verdict != INCONCLUSIVE:
             return None
         return (f"tonight's comparison proves nothing about the paths, and {path} is missing to say why; "
                 f"`evalpipe compare {run_dir}` writes it again")
-    text = f"tonight's comparison proves nothing about the paths: {first_path_reason(inconclusive[0])}"
-    others = [f"`{c.get('variant')}`" for c in inconclusive[1:]]
+    text = f"tonight's comparison proves nothing about the paths: {_first_reason(inconclusive[0])}"
+    others = [f"`{c.variant}`" for c in inconclusive[1:]]
     return text + (f" (also inconclusive: {', '.join(others)})" if others else "")
 
 
@@ -233,9 +240,9 @@ def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> A
     return load_teacher(vdir, vdir.teacher_baseline)
 
 
-def _token_brief(t: dict[str, Any]) -> dict[str, Any]:
-    keys = ("task", "n_samples", "n_divergent", "n_hard_divergences", "n_near_tie_divergences", "kl_p99", "kl_max", "identical")
-    return {k: t.get(k) for k in keys}
+def _token_brief(t: TokenSummary) -> dict[str, Any]:
+    return t.model_dump(mode="json", include={"task", "n_samples", "n_divergent", "n_hard_divergences",
+                                              "n_near_tie_divergences", "kl_p99", "kl_max", "identical"})
 
 
 # ---------------------------------------------------------------------------
@@ -571,9 +578,10 @@ def dashboard_data(history: History, config_hash: str | None, title: str, dashbo
 
 
 def build_dashboard(history: History, config_hash: str | None, title: str, path: Path) -> Path:
-    from evalpipe.report.dashboard import write_dashboard
+    """Render the dashboard and write it atomically (a reader never sees half a page)."""
+    from evalpipe.report.dashboard import render_dashboard
 
-    write_dashboard(dashboard_data(history, config_hash, title, path), path)
+    artifacts.write_text(path, render_dashboard(dashboard_data(history, config_hash, title, path)))
     return path
 
 

@@ -1,7 +1,7 @@
 """Read a run directory's artifacts into the pure comparison (compare/) and write the comparison and its reports (report/) back.
 
 :mod:`evalpipe.compare` compares in-memory tables and knows no files;
-:mod:`evalpipe.report` renders compare.json / run.json dicts and writes nothing.
+:mod:`evalpipe.report` renders the compare.json document and run.json and writes nothing.
 This module is the one place that joins them to a run directory: it reads
 samples.parquet, tokens.parquet, teacher.parquet, manifest.json and run.json
 (layout: :mod:`evalpipe.artifacts`), runs the comparison, and writes compare.json,
@@ -41,6 +41,7 @@ from evalpipe.compare.run import (
     with_margin,
 )
 from evalpipe.config import Expectations, Gates
+from evalpipe.documents.comparison import write_comparison
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
@@ -229,8 +230,8 @@ def write_outputs(
     while drawing a plot never loses the comparison itself."""
     rd = RunDir(Path(run_dir))
     header = (run_info if run_info is not None else read_run_info(rd.root)).as_mapping()
-    data = run_comparison.to_dict()
-    artifacts.write_json(rd.compare_json, data)
+    data = run_comparison.document()
+    write_comparison(rd.compare_json, data)
     artifacts.write_text(rd.junit_xml, render_junit(data))
     artifacts.write_text(rd.report_md, render_markdown(data, header))
     artifacts.write_text(rd.report_html, render_html(data, header, plots=plots))

@@ -501,7 +501,7 @@ def _compare_and_report(
         write_run_document(rd.run_json, info)
     out_dir = Path(output) if output is not None else rd.root
     written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.to_dict(), console)
+    print_summary(comparison.document(), console)
     _print_written(written, console)
     return verdict_exit_code(verdict), info
 
@@ -517,7 +517,7 @@ def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = N
     info = RunDocument(run_id=comparison.run_id, reference=comparison.reference,
                        variants=[comparison.reference, *comparison.variants])
     written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.to_dict(), console)
+    print_summary(comparison.document(), console)
     _print_written(written, console)
     return verdict_exit_code(comparison.status.value)
 

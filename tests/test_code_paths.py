@@ -367,7 +367,7 @@ def test_no_builder_is_not_ok():
 
 
 def test_side_check_to_dict():
-    d = check({"model": "pkg.Other"}, side(proc(model()))).to_dict()
+    d = check({"model": "pkg.Other"}, side(proc(model()))).document().model_dump(mode="json")
     assert d["variant"] == "v" and d["ok"] is False and d["verifiable"] is True and len(d["failures"]) == 1
 
 
@@ -437,7 +437,7 @@ def test_verified_when_each_side_shows_its_path():
     )
     assert judged.same_profile is False
     assert [c.ok for c in judged.checks] == [True, True]
-    assert judged.to_dict()["status"] == "verified"
+    assert judged.status == "verified"
 
 
 @pytest.mark.parametrize("failing", ["reference", "variant"])
@@ -529,14 +529,14 @@ def test_with_paths_makes_the_verdict_inconclusive_and_keeps_the_gates(status):
                            "second reason")
     assert out.gates == (GATE,)
     assert out.outputs is status
-    assert out.to_dict()["outputs"] == status.value and out.to_dict()["status"] == "INCONCLUSIVE"
+    assert out.outputs.value == status.value and out.status.value == "INCONCLUSIVE"
 
 
 def test_with_paths_without_reasons_and_when_the_paths_hold():
     verdict = Verdict(Status.IDENTICAL, (), (GATE,))
     assert verdict.with_paths(True, ("r",)).reasons == ("r", "the outputs alone would be IDENTICAL")
     assert verdict.with_paths(False, ("r",)) is verdict
-    assert verdict.to_dict()["outputs"] is None
+    assert verdict.outputs is None
 
 
 def test_a_judgement_applied_to_a_verdict():

@@ -235,7 +235,7 @@ def test_without_prompt_positions_there_is_no_split(tmp_path):
     assert not task.has_prompt_positions
     f = _rows(vc)[2049].figures
     assert f.teacher_prompt is None and f.teacher_continuation is None and f.teacher.kl_max > 0
-    d = task.to_dict()["lengths"][0]
+    d = task.document().model_dump(mode="json")["lengths"][0]
     assert d["teacher_prompt"] is None and d["teacher_continuation"] is None
 
 
@@ -292,7 +292,7 @@ def test_breakdown_of_artifacts_alone_equals_the_runs(run_2049):
     rd = RunDir(run_2049)
     a, b = load_artifacts(rd.variant("legacy")), load_artifacts(rd.variant("sp"))
     vc = compare_artifacts(a, b, worst_k=5, gates=Gates())
-    assert breakdown_artifacts(a, b).to_dict() == vc.by_length.to_dict()
+    assert breakdown_artifacts(a, b).document() == vc.by_length.document()
 
 
 # ---------------------------------------------------------------------------
@@ -305,7 +305,7 @@ def test_compare_json_by_length_key_and_noise_floor(tmp_path):
     s, t = variants["legacy"]
     variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
     rc = compare_run(write_long_run(tmp_path / "run", variants, noise_floor="legacy-aa"))
-    d = rc.to_dict()
+    d = rc.document().model_dump(mode="json")
     (c,) = d["comparisons"]
     (entry,) = c["by_length"]
     assert entry["task"] == LTASK and entry["metrics"] == [METRIC] and entry["has_prompt_positions"] is True
@@ -340,7 +340,7 @@ def test_row_order_of_the_tables_does_not_matter(tmp_path, run_2049):
             artifacts.write_table(getattr(dst, kind), t.take(rng.permutation(t.num_rows)))
     artifacts.write_json(RunDir(shuffled).run_json, artifacts.read_json(RunDir(run_2049).run_json))
     one, two = compare_run(run_2049).comparisons[0], compare_run(shuffled).comparisons[0]
-    assert one.by_length.to_dict() == two.by_length.to_dict()
+    assert one.by_length.document() == two.by_length.document()
 
 
 def test_gsm8k_like_runs_have_no_by_length(tmp_path):
@@ -349,7 +349,7 @@ def test_gsm8k_like_runs_have_no_by_length(tmp_path):
     s = make_samples(8)
     run = write_run(tmp_path / "run", {"legacy": s, "sp": apply(s, [3], set_token(2, 7), task=TASK)})
     (vc,) = compare_run(run).comparisons
-    assert vc.by_length is None and "by_length" not in vc.to_dict()
+    assert vc.by_length is None and "by_length" not in vc.document().model_dump(mode="json")
     st, _ = tables(s)
     assert not has_lengths(st, st)
     # a target_length column that is null everywhere adds nothing either
@@ -374,7 +374,7 @@ def test_metadata_on_one_side_is_enough(tmp_path, run_2049):
     full = compare_artifacts(a, b, worst_k=0, gates=Gates())
     one_sided = compare_artifacts(a, bare, worst_k=0, gates=Gates())
     swapped = compare_artifacts(bare, a, worst_k=0, gates=Gates())
-    assert one_sided.by_length.to_dict() == full.by_length.to_dict()
+    assert one_sided.by_length.document() == full.by_length.document()
     assert [r.target_length for r in swapped.by_length.task(LTASK).lengths] == sorted(LENGTHS)
     # the cluster labels come from the side that has them, so the statistics stay clustered
     (score,) = _rows(swapped)[2049].figures.scores

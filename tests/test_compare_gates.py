@@ -248,9 +248,9 @@ def test_gate_order_and_json():
         ("aaa", "teacher_dlogprob_shift", None),
         ("aaa", "teacher_kl_shift", None),
     ] + [(TASK,) + k[1:] for k in keys[:9]]
-    d = vc.verdict.gates[0].to_dict()
+    d = vc.verdict.gates[0].document().model_dump(mode="json")
     assert set(d) == {"gate", "task", "metric", "status", "measured", "threshold", "aa_value", "detail", "evidence"}
-    json.dumps(vc.to_dict()["gates"], allow_nan=False)
+    json.dumps(vc.document().model_dump(mode="json")["gates"], allow_nan=False)
 
 
 # --- verdict ------------------------------------------------------------------------
@@ -290,7 +290,8 @@ def test_divergent_lists_failing_gates_first_then_structure():
 def test_empty_comparison_is_divergent_with_no_gates():
     v = decide([], [])
     assert v.status is Status.DIVERGENT and v.gates == () and "no samples" in v.reasons[0]
-    assert v.to_dict() == {"status": "DIVERGENT", "reasons": list(v.reasons), "gates": [], "outputs": None}
+    assert {"status": v.status.value, "reasons": list(v.reasons), "gates": list(v.gates), "outputs": v.outputs} == {
+        "status": "DIVERGENT", "reasons": list(v.reasons), "gates": [], "outputs": None}
 
 
 # --- properties ---------------------------------------------------------------------

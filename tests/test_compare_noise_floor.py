@@ -71,7 +71,7 @@ def test_teacher_on_one_side_only_skips_the_teacher_gates(tmp_path):
     (root / "sp" / artifacts.TEACHER_PARQUET).unlink()
     rc = compare_run(root, variants=["sp"])
     (sp,) = rc.comparisons
-    assert sp.teacher is None and sp.to_dict()["teacher"] is None
+    assert sp.teacher is None and sp.document().teacher is None
     g = _gate(sp, "teacher_kl_max")
     assert g.status == "skip" and g.detail == f"{TASK} teacher_kl_max: skipped, {NO_TEACHER}"
 
@@ -80,7 +80,7 @@ def test_gates_come_from_run_json_unless_given(tmp_path):
     configured = Gates(tokens=TokenGates(free_hard_divergences=Tolerance(abs=2, rel_aa=None)))
     root = _noise_run(tmp_path, noise_floor=None, run_info={"config": {"gates": configured.model_dump(mode="json")}})
     rc = compare_run(root, variants=["sp"])
-    assert rc.gates == configured and rc.to_dict()["gates"] == configured.model_dump(mode="json")
+    assert rc.gates == configured and rc.document().model_dump(mode="json")["gates"] == configured.model_dump(mode="json")
     assert _gate(rc.comparisons[0], "free_hard_divergences").threshold == 2.0
     strict = Gates()
     rc = compare_run(root, variants=["sp"], gates=strict)

@@ -16,7 +16,6 @@ from evalpipe.compare.scores import (
     compare_scores,
     last_question,
     paired_scores,
-    to_jsonable,
 )
 from evalpipe.errors import UserError
 from evalpipe.rundirs import compare_run
@@ -175,7 +174,7 @@ def test_margin_is_passed_through():
     assert compare_scores(sa, sb, margin=0.5).rows[0].equivalent
     assert compare_scores(sa, sb, margin=0.5).rows[0].margin == 0.5
     vc = compare_tables(sa, ta, sb, tb, margin=0.5)
-    assert vc.scores.rows[0].equivalent and vc.to_dict()["scores"][0]["margin"] == 0.5
+    assert vc.scores.rows[0].equivalent and vc.document().scores[0].margin == 0.5
     assert not compare_tables(sa, ta, sb, tb).scores.rows[0].equivalent
     with pytest.raises(UserError, match="margin"):
         compare_scores(sa, sb, margin=0.0)
@@ -243,7 +242,7 @@ def test_flipped_items_with_texts():
     assert f.target == "42"
     assert (f.response_a, f.response_b) == ("The answer is 1.", "The answer is 101.")
     assert (f.answer_a, f.answer_b) == ("1.", "101.")  # answer:strict-match, the metric's filter
-    d = row.to_dict()
+    d = row.document().model_dump(mode="json")
     assert d["n_flipped"] == 3 and d["flipped"][2]["doc_id"] == 4 and d["flipped"][2]["score_b"] == 1.0
 
 
@@ -271,15 +270,15 @@ def test_statistics_json_is_stable_and_nan_free():
     b = [s for s in b if not (s.task == "other" and s.doc_id == 0)]
     sa, _ = tables(a)
     sb, _ = tables(b)
-    first = json.dumps(to_jsonable(compare_scores(sa, sb).to_dict()), sort_keys=True, allow_nan=False)
+    first = json.dumps([r.document().model_dump(mode="json") for r in compare_scores(sa, sb).rows], sort_keys=True, allow_nan=False)
     perm = np.random.default_rng(1).permutation(sa.num_rows)
-    again = json.dumps(to_jsonable(compare_scores(sa.take(perm), sb).to_dict()), sort_keys=True, allow_nan=False)
+    again = json.dumps([r.document().model_dump(mode="json") for r in compare_scores(sa.take(perm), sb).rows], sort_keys=True, allow_nan=False)
     assert first == again
 
 
 def test_no_paired_items_statistics_are_null():
     rows = _scores(make_samples(2), make_samples(2, task="other")).rows
     for r in rows:
-        d = r.to_dict()
+        d = r.document().model_dump(mode="json")
         assert d["se_delta"] is None and d["ci_low"] is None and d["mcnemar_p"] is None
         assert d["equivalent"] is False and d["mdd"] is None and d["flipped"] == []

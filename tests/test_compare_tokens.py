@@ -190,7 +190,7 @@ def test_identical_inputs_kl_zero_and_topk_sets_equal():
     assert t.abs_dlogprob_p50 == t.abs_dlogprob_p99 == 0.0
     assert t.n_near_tie_divergences == t.n_hard_divergences == 0 and t.hard_divergences == ()
     assert t.near_tie_gap == NEAR_TIE_GAP
-    d = t.to_dict()
+    d = t.document().model_dump(mode="json")
     assert d["kl_max"] == 0.0 and d["share_topk_equal"] == 1.0 and d["hard_divergences"] == []
 
 
@@ -283,7 +283,7 @@ def test_near_tie_vs_hard_divergence():
     sb, tb = tables(b)
     (t2,) = compare_tokens(ta, tb, sa, sb, near_tie_gap=2.0).summaries
     assert t2.n_near_tie_divergences == 2 and t2.hard_divergences == ((1, 0, 2),) and t2.near_tie_gap == 2.0
-    j = t.to_dict()
+    j = t.document().model_dump(mode="json")
     assert j["n_near_tie_divergences"] == 1 and j["hard_divergences"] == [[1, 0, 2], [2, 0, 2]]
 
 
@@ -374,7 +374,7 @@ def test_top1_near_tie_vs_hard_hand_computed():
     sb, tb = tables(b)
     (t1,) = compare_tokens(ta, tb, sa, sb, near_tie_gap=1.0).summaries
     assert t1.n_top1_disagree == 4 and t1.n_top1_hard == 1 and t1.top1_hard_positions == ((0, 0, 2),)
-    j = t.to_dict()
+    j = t.document().model_dump(mode="json")
     assert j["n_top1_hard"] == 3 and j["top1_hard_positions"] == [[0, 0, 1], [0, 0, 2], [0, 0, 3]]
 
 
@@ -498,7 +498,7 @@ def test_worst_kl_order_context_and_kl_max_at():
     assert w0.token_a == w0.token_b == 127 and w0.topk_logprobs_b[1] == pytest.approx(-2.5)
     # the largest-|dlogprob| examples carry context and KL too (token logprobs are equal here: none)
     assert t.worst_logprob == ()
-    d = t.to_dict()
+    d = t.document().model_dump(mode="json")
     assert d["worst_kl"][0]["context"] == w0.context and d["kl_max_at"] == [0, 0, 27]
     # A's token texts absent (null column, or no column): no context, the rest unchanged
     for ta_plain in (ta, ta.drop_columns(["token_text"])):
@@ -577,14 +577,14 @@ def test_histograms_in_summary_and_json():
     # one position moved by 0.25 nats (float32 rounding: still the 1e-1 decade); its KL is positive too
     assert t.abs_dlogprob_hist_zero == 31 and t.abs_dlogprob_hist[HIST_DECADES.index(-1)] == 1
     assert t.kl_hist_zero == 31 and sum(t.kl_hist) == 1
-    d = t.to_dict()
+    d = t.document().model_dump(mode="json")
     for name in ("kl_hist", "abs_dlogprob_hist"):
         assert set(d[name]) == {"decades", "zero", "counts"}
         assert d[name]["decades"] == list(range(-10, 3)) and len(d[name]["counts"]) == 13
     assert d["abs_dlogprob_hist"]["zero"] == 31 and d["abs_dlogprob_hist"]["counts"][9] == 1
     assert not any(k.endswith("_hist_zero") for k in d)
     assert json.loads(json.dumps(d)) == d  # plain JSON
-    assert d == t.to_dict()
+    assert d == t.document().model_dump(mode="json")
 
 
 def test_chunked_and_ragged_tables_give_the_same_result():
@@ -661,5 +661,5 @@ def test_nan_logprobs_on_one_side_are_the_largest_difference_not_missing_data():
     assert t.kl_max == float("inf") and t.max_abs_dlogprob == float("inf")
     assert t.n_top1_hard == 4, "same top-1 id, but a NaN distribution is no near tie"
     assert t.kl_p99 == float("inf") and t.kl_p50 == 0.0
-    d = t.to_dict()
+    d = t.document().model_dump(mode="json")
     assert d["kl_max"] is None, "JSON has no infinity: null, and the gates read the summary itself"

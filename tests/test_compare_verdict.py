@@ -121,7 +121,7 @@ def test_compare_run_and_overall_status(tmp_path):
     assert rc.reference == "legacy" and rc.variants == ["sp", "sp2"]
     assert [c.status for c in rc.comparisons] == [Status.DIVERGENT, Status.IDENTICAL]
     assert rc.status is Status.DIVERGENT
-    d = rc.to_dict()
+    d = rc.document().model_dump(mode="json")
     assert d["status"] == "DIVERGENT" and d["comparisons"][1]["status"] == "IDENTICAL"
     rc2 = compare_run(root, variants=["sp2"])
     assert rc2.status is Status.IDENTICAL and rc2.variants == ["sp2"]
@@ -151,7 +151,7 @@ def test_nan_becomes_null(tmp_path):
     vc = _vc(a, b)
     (row,) = [r for r in vc.scores.rows if r.task == TASK]
     assert row.n_paired == 0 and row.n_missing == 3 and row.mean_b is None
-    text = json.dumps(vc.to_dict(), allow_nan=False)
+    text = json.dumps(vc.document().model_dump(mode="json"), allow_nan=False)
     assert '"mean_b": null' in text
 
 

@@ -13,7 +13,8 @@ from html.parser import HTMLParser
 
 from dashboard_samples import IMG, INCONCLUSIVE_REASON, SCRIPT, run_id, sample_history, synthetic_history
 
-from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, render_dashboard, safe_href, write_dashboard
+from evalpipe.artifacts import write_text
+from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, render_dashboard, safe_href
 
 
 class Page(HTMLParser):
@@ -185,7 +186,8 @@ def test_year_of_nights_gives_one_chart_per_series_and_compact_paths(tmp_path):
     data = synthetic_history(n_nights=365, n_tasks=10)
     n_score, n_token = len(data["series"]), len(data["token_series"])
     assert (n_score, n_token) == (10 * 3 * 2, 10 * 3 * 3)
-    path = write_dashboard(copy.deepcopy(data), tmp_path / "dash" / "index.html")
+    path = tmp_path / "dash" / "index.html"
+    write_text(path, render_dashboard(copy.deepcopy(data)))
     html = path.read_text(encoding="utf-8")
     page = Page(html)
 

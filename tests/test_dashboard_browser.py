@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from dashboard_samples import IMG, SCRIPT, run_id, sample_history
 
-from evalpipe.report.dashboard import write_dashboard
+from evalpipe.artifacts import write_text
+from evalpipe.report.dashboard import render_dashboard
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 N_NIGHTS, CHANGE_AT = 12, 8
@@ -34,7 +35,8 @@ def _history() -> dict:
 def test_dashboard_in_chromium(driver, tmp_path):
     from selenium.webdriver.common.by import By
 
-    page = write_dashboard(_history(), tmp_path / "dashboard.html")
+    page = tmp_path / "dashboard.html"
+    write_text(page, render_dashboard(_history()))
     driver.get(page.as_uri())
 
     assert driver.title == "evalpipe nightly — configs/default.yaml"

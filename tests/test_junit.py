@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from test_report import METRIC, TASK, comparison, gate, identical_compare, make_compare
+from test_report import METRIC, TASK, as_document, comparison, gate, identical_compare, make_compare
 
 from evalpipe.report import render_junit
 from evalpipe.report.junit import xml_text
@@ -24,7 +24,7 @@ def test_junit_suites_cases_and_counts():
     second = comparison(
         "sp2", status="EQUIVALENT", gates=[gate("teacher_kl_p99", "pass", 0.001, 0.01), gate("score_mcnemar", "pass", 0.9, 0.05, metric=METRIC)]
     )
-    xml = render_junit(make_compare(comparisons=[comparison(), second]))
+    xml = render_junit(as_document(make_compare(comparisons=[comparison(), second])))
     assert xml.startswith('<?xml version="1.0" encoding="UTF-8"?>\n')
     root, suites = _suites(xml)
     assert [s.get("name") for s in suites] == ["evalpipe.legacy-vs-sp", "evalpipe.legacy-vs-sp2"]
@@ -49,7 +49,7 @@ def test_junit_suites_cases_and_counts():
 def test_junit_survives_any_model_text():
     nasty = "a\x00b\x1bc <x> & \"q\" ]]> \ud800 \n"
     c = comparison(gates=[gate("teacher_kl_max", "fail", 0.3, 0.1, detail=nasty, evidence=[nasty], task=nasty)])
-    _, suites = _suites(render_junit(make_compare(comparisons=[c])))
+    _, suites = _suites(render_junit(as_document(make_compare(comparisons=[c]))))
     case = suites[0].find("testcase")
     failure = case.find("failure")
     assert failure.get("message") == "a\\u0000b\\u001bc <x> & \"q\" ]]> \\ud800 \n"
@@ -58,15 +58,15 @@ def test_junit_survives_any_model_text():
 
 
 def test_junit_without_gates_has_one_verdict_case():
-    _, suites = _suites(render_junit(identical_compare()))
+    _, suites = _suites(render_junit(as_document(identical_compare())))
     case = suites[0].find("testcase")
     assert (case.get("classname"), case.get("name"), list(case)) == ("sp", "verdict", [])
     divergent = dict(identical_compare())
-    divergent["comparisons"] = [dict(divergent["comparisons"][0], status="DIFFERENT", reasons=["tokens differ"])]
-    root, suites = _suites(render_junit(divergent))
+    divergent["comparisons"] = [dict(divergent["comparisons"][0], status="DIVERGENT", reasons=["tokens differ"])]
+    root, suites = _suites(render_junit(as_document(divergent)))
     assert _counts(root) == (1, 1, 0)
     failure = suites[0].find("testcase").find("failure")
-    assert failure.get("message") == "DIFFERENT" and failure.text == "tokens differ"
+    assert failure.get("message") == "DIVERGENT" and failure.text == "tokens differ"
 
 
 def test_xml_text():

@@ -158,7 +158,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     from evalpipe import cli, nightly
     from evalpipe.execution import serve
     from evalpipe.history import History, open_history
-    from evalpipe.report.dashboard import write_dashboard
+    from evalpipe.report.dashboard import render_dashboard
     from evalpipe.runner import compare_and_report
 
     for k, v in ENV_SECRETS.items():
@@ -186,7 +186,8 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     assert shown.where == "postgresql+psycopg://evalpipe:***@db.example/history"
     judgement = nightly.judge(shown, "night-1")
     nightly.write_night(run_dir, judgement, dashboard=run_dir / "dashboard.html")
-    write_dashboard(nightly.dashboard_data(shown, None, "nightly", run_dir / "dashboard.html"), run_dir / "dashboard.html")
+    artifacts.write_text(run_dir / "dashboard.html",
+                         render_dashboard(nightly.dashboard_data(shown, None, "nightly", run_dir / "dashboard.html")))
     # a server's log starts with its command line (evalpipe writes it)
     server = serve.ServerProcess(command=["/nonexistent/vllm", "serve", "--api-key", f"cmd_{MARK}"], url="http://127.0.0.1:9",
                                  log_path=run_dir / "tp-engine.log", grace_s=1)
@@ -216,6 +217,8 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
 def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     """Run directories from older evalpipe versions hold unredacted settings; importing
     one into the history (and reporting on it) must not copy them."""
+    from evalpipe.config import Gates
+    from evalpipe.documents.comparison import ComparisonDocument
     from evalpipe.history import open_history
     from evalpipe.report import render_markdown
 
@@ -225,8 +228,9 @@ def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     hist = open_history(f"sqlite:///{tmp_path / 'h.sqlite'}", tmp_path)
     hist.record(run)
     assert MARK.encode() not in (tmp_path / "h.sqlite").read_bytes()
-    md = render_markdown({"run_id": "old-run", "reference": "legacy", "variants": ["sp"], "comparisons": []},
-                         artifacts.read_json(run / "run.json"))
+    empty = ComparisonDocument(run_id="old-run", reference="legacy", variants=["sp"], status="IDENTICAL", gates=Gates(),
+                               noise_floor=None, comparisons=[])
+    md = render_markdown(empty, artifacts.read_json(run / "run.json"))
     assert MARK not in md and "http://a:\\*\\*\\*@h/v1" in md
 
 

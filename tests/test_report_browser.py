@@ -16,7 +16,7 @@ from fakes import make_samples, mutate, set_column, set_token, write_run
 from payloads import A_TAG, BREAKOUT, CDATA_END, IFRAME, IMG, MD_LINK, SCRIPT, SVG, TEMPLATE, TEXT
 
 from evalpipe import artifacts
-from evalpipe.report.dashboard import write_dashboard
+from evalpipe.report.dashboard import render_dashboard
 from evalpipe.rundirs import compare_run, write_outputs
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
@@ -93,7 +93,8 @@ def test_dashboard_in_chromium_runs_no_payload(driver, tmp_path):
     change["bisect"][0]["after"] = TEXT
     data["nights"][-1]["reasons"] = [TEXT]
     data["nights"][-1]["report"] = "javascript:window.__pwned=6"
-    page = write_dashboard(data, tmp_path / "dashboard.html")
+    page = tmp_path / "dashboard.html"
+    artifacts.write_text(page, render_dashboard(data))
     driver.get(page.as_uri())
 
     body = _assert_nothing_ran(driver, data["title"])

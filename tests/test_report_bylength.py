@@ -23,10 +23,9 @@ from test_compare_bylength import (
     meta,
     write_long_run,
 )
-from test_report import HOSTILE, NASTY
+from test_report import HOSTILE, NASTY, as_document, print_summary, render_html, render_markdown
 from test_report_html import PNG_MAGIC
 
-from evalpipe.report import print_summary, render_html, render_markdown
 from evalpipe.report.plots import depth_plot, length_plot
 from evalpipe.report.terminal import length_lines
 from evalpipe.rundirs import compare_run
@@ -37,7 +36,7 @@ def _long_compare(tmp_path, name="run", **kw) -> dict:
     s, t = variants["legacy"]
     variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
     run = write_long_run(tmp_path / name, variants, noise_floor="legacy-aa", **kw)
-    return compare_run(run).to_dict()
+    return compare_run(run).document().model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +141,12 @@ def test_markdown_and_html_escape_length_tags(tmp_path):
 def test_gsm8k_like_reports_have_no_per_length_section(tmp_path):
     s = make_samples(6)
     run = write_run(tmp_path / "run", {"legacy": s, "sp": apply(s, [2], set_token(2, 7), task=s[0].task)})
-    compare = compare_run(run).to_dict()
+    compare = compare_run(run).document().model_dump(mode="json")
     assert "by_length" not in compare["comparisons"][0]
     assert "Per length" not in render_markdown(compare, {})
     html = render_html(compare, {})
     assert "Per length" not in html and "against prompt length" not in html
-    assert length_lines(compare) == []
+    assert length_lines(as_document(compare)) == []
 
 
 def test_markdown_is_deterministic(compare, md):
@@ -195,20 +194,21 @@ def test_html_says_why_a_plot_is_missing(compare):
 
 
 def test_length_and_depth_plots(compare):
-    ab = compare["comparisons"][0]["by_length"][0]
-    aa = compare["noise_floor"]["by_length"][0]
-    for fn, key in ((length_plot, "lengths"), (depth_plot, "depths")):
-        png = fn(ab[key], aa[key], "teacher", True)
+    doc = as_document(compare)
+    ab = doc.comparisons[0].by_length[0]
+    aa = doc.noise_floor.by_length[0]
+    for fn, rows_ab, rows_aa in ((length_plot, ab.lengths, aa.lengths), (depth_plot, ab.depths, aa.depths)):
+        png = fn(rows_ab, rows_aa, "teacher", True)
         assert base64.b64decode(png).startswith(PNG_MAGIC)
-        assert fn(ab[key], aa[key], "teacher", True) == png  # deterministic bytes
-        assert fn(ab[key], None, "teacher", False) is not None
-        assert fn(ab[key], None, "free", False) is not None  # free-running: sp diverged at 2049
+        assert fn(rows_ab, rows_aa, "teacher", True) == png  # deterministic bytes
+        assert fn(rows_ab, None, "teacher", False) is not None
+        assert fn(rows_ab, None, "free", False) is not None  # free-running: sp diverged at 2049
         assert fn([], None, "teacher", True) is None
 
 
 def test_without_teacher_the_section_uses_free_running_figures(tmp_path):
     variants = {name: (s, None) for name, (s, _) in broken_at_2049().items()}
-    compare = compare_run(write_long_run(tmp_path / "run", variants)).to_dict()
+    compare = compare_run(write_long_run(tmp_path / "run", variants)).document().model_dump(mode="json")
     md = render_markdown(compare, {})
     sec = _section(md, "#### Per length:", "\n#### ")
     header = _md_table(sec, "length")[0]
@@ -224,7 +224,7 @@ def test_without_teacher_the_section_uses_free_running_figures(tmp_path):
 
 
 def test_terminal_line_per_long_task(compare):
-    (line,) = length_lines(compare)
+    (line,) = length_lines(as_document(compare))
     assert line.startswith(f"per length, sp {LTASK}: 4 lengths 1024–2049 (2 edge); TF KL max 0 at 1024 .. ")
     assert line.endswith("at 2049 edge; score changed at 2049 (2)")
     out = io.StringIO()

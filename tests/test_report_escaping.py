@@ -20,13 +20,15 @@ import pytest
 from dashboard_samples import sample_history
 from html_page import Page, parse_page
 from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
-from test_report import RUN_INFO, make_compare
+from pydantic import ValidationError
+from test_report import RUN_INFO, as_document, make_compare
 from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_summary, summary_text, trap_paths
 
+from evalpipe import report
 from evalpipe.compare.code_paths import short
 from evalpipe.nightly import Judgement, render_summary
 from evalpipe.nightly import render_junit as nightly_junit
-from evalpipe.report import md_escape, render_html, render_junit, render_markdown
+from evalpipe.report import md_escape, render_junit
 from evalpipe.report.dashboard import render_dashboard
 
 # Numbers a renderer formats as text (ids, positions, gate values): poisoned as strings.
@@ -44,6 +46,31 @@ def poison_all(value: Any, key: str | None = None) -> Any:
     if key in ID_LIKE and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value}{TEXT}"
     return value
+
+
+# Fields of compare.json that hold one of a few values (the typed document refuses any other)
+ENUM_KEYS = {"status", "outputs_status"}
+
+
+def typed(value: Any, key: str | None = None) -> Any:
+    """A poisoned compare dict as the typed document holds it: numbers and enumerations back
+    to what they were, every free text still poisoned (the only place model text can be)."""
+    if isinstance(value, dict):
+        return {k: typed(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v, "doc_id" if key in ID_LISTS else key) for v in value]
+    if isinstance(value, str) and value.endswith(TEXT) and key in ENUM_KEYS | ID_LIKE:
+        bare = value[: -len(TEXT)]
+        return bare if key in ENUM_KEYS else float(bare) if "." in bare or "e" in bare else int(bare)
+    return value
+
+
+def render_markdown(compare: dict, run_info: dict | None = None) -> str:
+    return report.render_markdown(as_document(typed(compare)), run_info)
+
+
+def render_html(compare: dict, run_info: dict | None = None, **kw: Any) -> str:
+    return report.render_html(as_document(typed(compare)), run_info, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -119,12 +146,13 @@ def test_report_md_keeps_hostile_text_inert(hostile):
     assert "{{ 7\\*7 }}" in md and "\\u0000\\u0008\\u000b\\u001b" in md
 
 
-def test_gate_status_and_ids_are_escaped_in_markdown(hostile):
-    # the fields that used to reach report.md raw: a gate's status, token and top-k ids,
-    # doc ids of flipped items and examples, gate values that are not numbers
-    md = render_markdown(hostile, RUN_INFO)
-    for raw in ("pass" + TEXT, "13881" + TEXT, "doc 5" + TEXT, "0.004" + TEXT):
-        assert md_escape(raw) in md, raw[:12]
+def test_gate_status_and_ids_hold_no_text(hostile):
+    """The fields that used to reach report.md raw (a gate's status, token and top-k ids, doc
+    ids, gate values) are typed: a compare.json with text there is refused before any rendering."""
+    with pytest.raises(ValidationError) as err:
+        report.render_markdown(as_document(hostile), RUN_INFO)
+    fields = {e["loc"][-1] for e in err.value.errors()}
+    assert {"status", "measured", "doc_id", "token_a"} <= fields
 
 
 def test_what_ran_md_keeps_hostile_names_inert(hostile_paths):
@@ -187,10 +215,10 @@ def test_what_ran_html_keeps_hostile_names_inert(hostile_paths):
 
 
 def test_what_ran_terminal_and_junit_keep_hostile_names_inert(hostile_paths):
-    out = summary_text(hostile_paths)
+    out = summary_text(typed(hostile_paths))
     assert "what ran" in out and SCRIPT in out
     assert not _CONTROL.search(out.replace("\n", "")), "a control character from the records reached the terminal"
-    root = _parse_xml(render_junit(hostile_paths))
+    root = _parse_xml(render_junit(as_document(typed(hostile_paths))))
     failure = next(c for c in root.iter("testcase") if c.get("name") == "expectations").find("failure")
     assert failure.get("type") == "inconclusive" and SCRIPT in failure.get("message")
 
@@ -222,7 +250,7 @@ def _parse_xml(xml: str) -> ET.Element:
 
 
 def test_junit_stays_well_formed_with_hostile_text(hostile):
-    root = _parse_xml(render_junit(hostile))
+    root = _parse_xml(render_junit(as_document(typed(hostile))))
     failures = root.findall(".//failure")
     assert failures
     # the text survives as text: a reader of the CI result sees what the model wrote

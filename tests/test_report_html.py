@@ -16,13 +16,14 @@ from test_report import (
     gate,
     identical_compare,
     make_compare,
+    render_html,
     score_row,
     teacher_summary,
     token_summary,
     worst,
 )
 
-from evalpipe.report import render_html
+from evalpipe.documents.comparison import TokenSummary
 from evalpipe.report.html import html_text
 from evalpipe.report.plots import distribution_plot, divergence_plot
 
@@ -114,10 +115,10 @@ def test_html_is_deterministic(html):
 
 def test_plots_draw_only_what_is_there():
     assert distribution_plot(None, None, "free-running") is None
-    empty = token_summary(kl_hist={"decades": list(range(-10, 3)), "zero": 0, "counts": [0] * 13})
-    del empty["abs_dlogprob_hist"]
+    nothing = {"decades": list(range(-10, 3)), "zero": 0, "counts": [0] * 13}
+    empty = TokenSummary.model_validate(token_summary(kl_hist=nothing, abs_dlogprob_hist=nothing))
     assert distribution_plot(empty, None, "free-running") is None
-    only_aa = distribution_plot(None, teacher_summary(), "teacher-forced")
+    only_aa = distribution_plot(None, TokenSummary.model_validate(teacher_summary()), "teacher-forced")
     assert only_aa and base64.b64decode(only_aa).startswith(PNG_MAGIC)
     assert divergence_plot([], None) is None
     assert base64.b64decode(divergence_plot([0, 0, 3], [7]) or "").startswith(PNG_MAGIC)

@@ -18,13 +18,24 @@ from typing import Any
 import pytest
 from html_page import parse_page
 from rich.console import Console
-from test_report import TASK, comparison, gate, identical_compare, make_compare, noise_floor
+from test_report import (
+    TASK,
+    as_document,
+    comparison,
+    gate,
+    identical_compare,
+    make_compare,
+    noise_floor,
+    print_summary,
+    render_html,
+    render_markdown,
+    what_ran_view,
+)
 
 from evalpipe.compare.verdict import Status
-from evalpipe.report import print_summary, render_html, render_junit, render_markdown
+from evalpipe.report import render_junit
 from evalpipe.report.html import KNOWN_STATUSES, status_class
 from evalpipe.report.terminal import STATUS_STYLE
-from evalpipe.report.view import what_ran_view
 
 LAYOUT = "evalpipe.lab.layout.model"
 LEGACY_CALL = f"{LAYOUT}.LayoutDecoderLayer._legacy_attention"
@@ -216,7 +227,7 @@ def summary_text(compare: dict[str, Any], **console: Any) -> str:
 
 
 def junit(compare: dict[str, Any]) -> ET.Element:
-    return ET.fromstring(render_junit(compare).encode("utf-8"))
+    return ET.fromstring(render_junit(as_document(compare)).encode("utf-8"))
 
 
 def path_case(root: ET.Element) -> ET.Element:
@@ -232,7 +243,7 @@ def path_case(root: ET.Element) -> ET.Element:
 
 def test_columns_are_reference_variants_then_the_aa_run():
     second = comparison("sp2", status="EQUIVALENT", gates=passing_gates(), outputs_status=None,
-                        paths=dict(verified_paths(), what_ran={"a": legacy_summary(), "b": sp_summary(dtype="x")}))
+                        paths=dict(verified_paths(), what_ran={"a": legacy_summary(), "b": sp_summary(switches=dict(SWITCHES, dtype="x"))}))
     d = pass_compare()
     d["comparisons"].append(second)
     assert [(c["name"], c["role"]) for c in table(d)["columns"]] == [
@@ -400,8 +411,11 @@ def test_every_status_has_a_badge_and_a_terminal_style():
     assert set(STATUS_STYLE) == {s.value for s in Status}
     assert STATUS_STYLE["INCONCLUSIVE"] == "bold yellow"
     assert status_class("INCONCLUSIVE") == "inconclusive"
-    # a status nothing writes any more (compare.json from before the gates) renders, unstyled
-    assert status_class("DIFFERENT") == "unknown" and "DIFFERENT" not in STATUS_STYLE
+    # a status nothing writes any more (compare.json from before the gates): the document refuses it
+    # (tests/test_documents.py), so the renderers know none
+    assert "DIFFERENT" not in STATUS_STYLE
+    with pytest.raises(KeyError):
+        status_class("DIFFERENT")
 
 
 # ---------------------------------------------------------------------------

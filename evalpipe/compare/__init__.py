@@ -4,7 +4,7 @@ Reading a run directory into these functions and writing compare.json and the
 reports back is :mod:`evalpipe.rundirs`."""
 
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
-from evalpipe.compare.run import COMPARE_SCHEMA_VERSION, RunComparison, VariantComparison, compare_tables
+from evalpipe.compare.run import RunComparison, VariantComparison, compare_tables
 from evalpipe.compare.scores import PairedScores, ScoreComparison, ScoreRow, compare_scores, paired_scores
 from evalpipe.compare.tokens import (
     SampleTokenDiffs,
@@ -17,7 +17,6 @@ from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
 
 __all__ = [
     "AASummaries",
-    "COMPARE_SCHEMA_VERSION",
     "GateResult",
     "PairedScores",
     "RunComparison",

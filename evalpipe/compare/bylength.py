@@ -51,19 +51,20 @@ from evalpipe.compare.scores import (
     Alignment,
     PairedScores,
     ScoreComparison,
-    _optional_union_column,
     align_keys,
+    optional_union_column,
     paired_scores,
     to_jsonable,
 )
 from evalpipe.compare.tokens import (
     SampleTokenDiffs,
     TokenComparison,
-    _opt_float,
-    _quantile,
     compare_tokens,
+    opt_float,
     prefix_values,
+    quantile,
 )
+from evalpipe.documents import comparison as schema
 
 LENGTH_COLUMN = "target_length"
 KIND_COLUMN = "length_kind"
@@ -77,10 +78,6 @@ MAX_LISTED = 20  # changed items listed per row and metric (n_changed has the to
 # ---------------------------------------------------------------------------
 # result types
 # ---------------------------------------------------------------------------
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 @dataclass(frozen=True)
@@ -109,8 +106,8 @@ class GroupScore:
     a_wrong_b_right: int | None
     changed: tuple[tuple[int, int], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
+    def document(self) -> schema.GroupScore:
+        return schema.GroupScore.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True)
@@ -126,8 +123,8 @@ class FreeFigures:
     kl_p99: float | None
     kl_max: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
+    def document(self) -> schema.FreeFigures:
+        return schema.FreeFigures.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True)
@@ -143,8 +140,8 @@ class TeacherFigures:
     n_top1_disagree: int
     n_top1_hard: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
+    def document(self) -> schema.TeacherFigures:
+        return schema.TeacherFigures.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True)
@@ -165,16 +162,9 @@ class GroupFigures:
     teacher_prompt: TeacherFigures | None = None
     teacher_continuation: TeacherFigures | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_items": self.n_items,
-            "n_clusters": self.n_clusters,
-            "scores": [s.to_dict() for s in self.scores],
-            "free": None if self.free is None else self.free.to_dict(),
-            "teacher": None if self.teacher is None else self.teacher.to_dict(),
-            "teacher_prompt": None if self.teacher_prompt is None else self.teacher_prompt.to_dict(),
-            "teacher_continuation": None if self.teacher_continuation is None else self.teacher_continuation.to_dict(),
-        }
+    def fields(self) -> dict[str, Any]:
+        """The fields a length or depth row of compare.json carries beside its own."""
+        return to_jsonable(self)
 
 
 @dataclass(frozen=True)
@@ -191,14 +181,14 @@ class LengthRow:
     def edge(self) -> bool:
         return self.length_kind == EDGE_KIND
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def document(self) -> schema.LengthRow:
+        return schema.LengthRow.model_validate({
             "target_length": self.target_length,
             "length_kind": self.length_kind,
             "length_tags": self.length_tags,
             "depths": [float(d) for d in self.depths],
-            **self.figures.to_dict(),
-        }
+            **self.figures.fields(),
+        })
 
 
 @dataclass(frozen=True)
@@ -211,14 +201,14 @@ class DepthRow:
     lengths: tuple[int, ...]  # the target lengths present in the bin
     figures: GroupFigures
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def document(self) -> schema.DepthRow:
+        return schema.DepthRow.model_validate({
             "depth_bin": self.depth_bin,
             "depth_min": self.depth_min,
             "depth_max": self.depth_max,
             "lengths": [int(x) for x in self.lengths],
-            **self.figures.to_dict(),
-        }
+            **self.figures.fields(),
+        })
 
 
 @dataclass(frozen=True)
@@ -229,15 +219,15 @@ class TaskBreakdown:
     lengths: tuple[LengthRow, ...]
     depths: tuple[DepthRow, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "metrics": list(self.metrics),
-            "has_prompt_positions": self.has_prompt_positions,
-            "depth_step": DEPTH_STEP,
-            "lengths": [r.to_dict() for r in self.lengths],
-            "depths": [r.to_dict() for r in self.depths],
-        }
+    def document(self) -> schema.TaskBreakdown:
+        return schema.TaskBreakdown(
+            task=self.task,
+            metrics=list(self.metrics),
+            has_prompt_positions=self.has_prompt_positions,
+            depth_step=DEPTH_STEP,
+            lengths=[r.document() for r in self.lengths],
+            depths=[r.document() for r in self.depths],
+        )
 
 
 @dataclass(frozen=True)
@@ -249,8 +239,8 @@ class LengthBreakdown:
     def task(self, name: str) -> TaskBreakdown | None:
         return next((t for t in self.tasks if t.task == name), None)
 
-    def to_dict(self) -> list[dict[str, Any]]:
-        return [t.to_dict() for t in self.tasks]
+    def document(self) -> list[schema.TaskBreakdown]:
+        return [t.document() for t in self.tasks]
 
 
 # ---------------------------------------------------------------------------
@@ -310,7 +300,7 @@ class _Items:
         al = align_keys(_key_table(a), _key_table(b), SAMPLE_KEY, "samples")
 
         def col(name: str) -> np.ndarray | None:
-            return _optional_union_column(al, a, b, name)
+            return optional_union_column(al, a, b, name)
 
         task, length = col("task"), col(LENGTH_COLUMN)  # both present: the key and the filter column
         if task is None or length is None:
@@ -443,9 +433,9 @@ def _free_figures(d: SampleTokenDiffs, samples: np.ndarray, positions: np.ndarra
         n_near_tie_divergences=int(near.sum()),
         n_hard_divergences=int(div.sum() - near.sum()),
         n_positions=len(positions),
-        max_abs_dlogprob=_opt_float(mx.max()) if len(mx) else None,
-        kl_p99=_quantile(kl, 99),
-        kl_max=_quantile(kl, 100),
+        max_abs_dlogprob=opt_float(mx.max()) if len(mx) else None,
+        kl_p99=quantile(kl, 99),
+        kl_max=quantile(kl, 100),
     )
 
 
@@ -453,7 +443,7 @@ def _teacher_figures(d: SampleTokenDiffs, pal: Alignment, positions: np.ndarray)
     n = len(positions)
     kl = prefix_values(d.prefix_kl)[positions] if n else np.zeros(0)
     adl = prefix_values(d.prefix_abs_dlogprob)[positions] if n else np.zeros(0)
-    kl_max = _quantile(kl, 100)
+    kl_max = quantile(kl, 100)
     at = None
     if kl_max:  # prefix positions are in key order: the first maximum is the task summary's
         row = int(prefix_values(d.prefix_rows)[positions[int(np.argmax(kl))]])
@@ -461,10 +451,10 @@ def _teacher_figures(d: SampleTokenDiffs, pal: Alignment, positions: np.ndarray)
     return TeacherFigures(
         n_samples=len(np.unique(prefix_values(d.prefix_sample)[positions])) if n else 0,
         n_positions=n,
-        kl_p99=_quantile(kl, 99),
+        kl_p99=quantile(kl, 99),
         kl_max=kl_max,
         kl_max_at=at,
-        max_abs_dlogprob=_opt_float(adl.max()) if n else None,
+        max_abs_dlogprob=opt_float(adl.max()) if n else None,
         n_top1_disagree=int(prefix_values(d.prefix_top1_disagree)[positions].sum()) if n else 0,
         n_top1_hard=int(prefix_values(d.prefix_top1_hard)[positions].sum()) if n else 0,
     )

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalpipe.config import CountRange, Expectations, collective_key
+from evalpipe.documents import comparison as schema
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 
 PROBES_SCHEMA_VERSION: Final = 1
@@ -198,9 +199,9 @@ class SideCheck:
     def ok(self) -> bool:
         return self.verifiable and not self.failures
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant, "ok": self.ok, "verifiable": self.verifiable,
-                "failures": list(self.failures), "evidence": list(self.evidence)}
+    def document(self) -> schema.SideCheck:
+        return schema.SideCheck(variant=self.variant, ok=self.ok, verifiable=self.verifiable,
+                             failures=list(self.failures), evidence=list(self.evidence))
 
 
 def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> SideCheck:
@@ -354,9 +355,11 @@ class PathJudgement:
     def inconclusive(self) -> bool:
         return self.status in (FAILED, SAME_CODE)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "reasons": list(self.reasons), "checks": [c.to_dict() for c in self.checks],
-                "same_profile": self.same_profile}
+    def document(self, what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None]) -> schema.Paths:
+        return schema.Paths.model_validate({
+            "status": self.status, "reasons": list(self.reasons), "checks": [c.document() for c in self.checks],
+            "same_profile": self.same_profile, "what_ran": {"a": what_ran[0], "b": what_ran[1]},
+        })
 
 
 SAME_CODE_REASON = ("the variants ran the same code: nothing was compared (same model and layer classes, functions "

@@ -35,7 +35,6 @@ Pure numpy/scipy over arrays the token comparison already holds.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ import numpy as np
 from scipy import stats
 
 from evalpipe.compare.scores import to_jsonable
+from evalpipe.documents import comparison as schema
 
 EXACT_MAX_SAMPLES = 16
 N_RESAMPLES = 9999
@@ -144,8 +144,8 @@ class ShiftTest:
     def alternative(self) -> str:
         return ALTERNATIVE[self.test]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def document(self) -> schema.ShiftTest:
+        return schema.ShiftTest.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,6 @@ reference's own re-run and bound both orders alike.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -76,6 +75,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow, to_jsonable
 from evalpipe.compare.tokens import TaskTokenSummary
 from evalpipe.config import AUTO, DistributionGates, Gates, Tolerance
+from evalpipe.documents import comparison as schema
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SCORE_GATES = ("score_equivalence", "score_mcnemar")
@@ -115,8 +115,8 @@ class GateResult:
     def skipped(self) -> bool:
         return self.status == SKIP
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def document(self) -> schema.GateResult:
+        return schema.GateResult.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True, eq=False)

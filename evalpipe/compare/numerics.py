@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from evalpipe.documents import comparison as schema
+
 FP32, HALF = "fp32", "half"
 # dtype names as vLLM / transformers spell them -> precision class
 _CLASSES = {
@@ -106,14 +108,9 @@ class Numerics:
     def with_aa(self, aa_identical: bool | None) -> "Numerics":
         return Numerics(self.dtype, self.source, aa_identical)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "source": self.source,
-            "precision": self.precision,
-            "aa_identical": self.aa_identical,
-            "floors": self.floors(),
-        }
+    def document(self) -> schema.NumericsDoc:
+        return schema.NumericsDoc(dtype=self.dtype, source=self.source, precision=self.precision,
+                               aa_identical=self.aa_identical, floors=self.floors())
 
 
 def _model_config_dtype(model: str) -> str | None:

@@ -29,7 +29,6 @@ compare.json of other runs has no such key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,14 +39,12 @@ from evalpipe.compare.code_paths import PathJudgement, PathSide, VariantProbes, 
 from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
-from evalpipe.compare.scores import ScoreComparison, compare_scores, to_jsonable
+from evalpipe.compare.scores import ScoreComparison, compare_scores
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
 from evalpipe.config import Expectations, Gates
+from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
-
-# Bump when the layout of compare.json changes incompatibly (3: "paths", INCONCLUSIVE).
-COMPARE_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -78,32 +75,26 @@ class VariantComparison:
         teacher = None if self.teacher is None else self.teacher.summaries
         return AASummaries.of(self.tokens.summaries, teacher)
 
-    def to_dict(self) -> dict[str, Any]:
-        # "by_length" only for runs with long-context tasks: other runs' compare.json keeps its keys
-        extra = {} if self.by_length is None else {"by_length": self.by_length.to_dict()}
-        return to_jsonable(
-            {
-                **extra,
-                "a": self.reference,
-                "b": self.variant,
-                "reference": self.reference,
-                "variant": self.variant,
-                "status": self.verdict.status.value,
-                "reasons": list(self.verdict.reasons),
-                "samples": {"a": self.n_samples_a, "b": self.n_samples_b},
-                "scores": [r.to_dict() for r in self.scores.rows],
-                "metrics_only_a": list(self.scores.metrics_only_a),
-                "metrics_only_b": list(self.scores.metrics_only_b),
-                "tokens": [t.to_dict() for t in self.tokens.summaries],
-                "teacher": None if self.teacher is None else [t.to_dict() for t in self.teacher.summaries],
-                "gates": [g.to_dict() for g in self.verdict.gates],
-                "numerics": self.numerics.to_dict(),
-                "distribution": None if self.shifts is None else [t.to_dict() for t in self.shifts],
-                "outputs_status": None if self.verdict.outputs is None else self.verdict.outputs.value,
-                "paths": None if self.paths is None else {
-                    **self.paths.to_dict(), "what_ran": {"a": self.what_ran[0], "b": self.what_ran[1]},
-                },
-            }
+    def document(self) -> schema.Comparison:
+        return schema.Comparison(
+            a=self.reference,
+            b=self.variant,
+            reference=self.reference,
+            variant=self.variant,
+            status=self.verdict.status.value,
+            reasons=list(self.verdict.reasons),
+            samples=schema.SampleCounts(a=self.n_samples_a, b=self.n_samples_b),
+            scores=[r.document() for r in self.scores.rows],
+            metrics_only_a=list(self.scores.metrics_only_a),
+            metrics_only_b=list(self.scores.metrics_only_b),
+            tokens=[t.document() for t in self.tokens.summaries],
+            teacher=None if self.teacher is None else [t.document() for t in self.teacher.summaries],
+            gates=[g.document() for g in self.verdict.gates],
+            numerics=self.numerics.document(),
+            distribution=None if self.shifts is None else [t.document() for t in self.shifts],
+            outputs_status=None if self.verdict.outputs is None else self.verdict.outputs.value,
+            paths=None if self.paths is None else self.paths.document(self.what_ran),
+            by_length=None if self.by_length is None else self.by_length.document(),
         )
 
 
@@ -125,21 +116,20 @@ class RunComparison:
     def variants(self) -> list[str]:
         return [c.variant for c in self.comparisons]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": COMPARE_SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "reference": self.reference,
-            "variants": self.variants,
-            "status": self.status.value,
-            "gates": self.gates.model_dump(mode="json"),
-            "noise_floor": None if self.noise_floor is None else self.noise_floor.to_dict(),
-            "comparisons": [c.to_dict() for c in self.comparisons],
-        }
+    def document(self) -> schema.ComparisonDocument:
+        return schema.ComparisonDocument(
+            run_id=self.run_id,
+            reference=self.reference,
+            variants=self.variants,
+            status=self.status.value,
+            gates=self.gates,
+            noise_floor=None if self.noise_floor is None else self.noise_floor.document(),
+            comparisons=[c.document() for c in self.comparisons],
+        )
 
     def to_json(self) -> str:
-        """Exactly the text artifacts.write_json writes for compare.json."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+        """Exactly the text compare.json holds."""
+        return schema.comparison_json(self.document())
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from evalpipe.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
 from evalpipe.compare import stats
+from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
 
 # TOST equivalence margin on the metric's own scale: 0.01 = 1.0 point of a 0-1 accuracy.
@@ -46,8 +47,6 @@ RESPONSE_CHARS = 2000
 def to_jsonable(obj: Any) -> Any:
     """Plain JSON values: numpy scalars -> Python, NaN/inf -> None, tuples -> lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        if hasattr(obj, "to_dict"):
-            return obj.to_dict()
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
@@ -67,7 +66,7 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def _column_codes(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def column_codes(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes for a key column of both sides; string columns get order-preserving codes."""
     if _is_text(a.type) or _is_text(b.type):
         both = pa.chunked_array(
@@ -129,7 +128,7 @@ def align_keys(a: pa.Table, b: pa.Table, keys: Sequence[str], what: str = "rows"
     na, nb = a.num_rows, b.num_rows
     codes = []
     for k in keys:
-        ca, cb = _column_codes(a.column(k), b.column(k))
+        ca, cb = column_codes(a.column(k), b.column(k))
         codes.append(np.concatenate([ca, cb]).astype(np.int64, copy=False))
     side = np.concatenate([np.zeros(na, dtype=np.int8), np.ones(nb, dtype=np.int8)])
     row = np.concatenate([np.arange(na, dtype=np.int64), np.arange(nb, dtype=np.int64)])
@@ -249,8 +248,8 @@ class ScoreRow:
     n_flipped: int = 0
     flipped: tuple["FlippedItem", ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def document(self) -> schema.ScoreRow:
+        return schema.ScoreRow.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True)
@@ -273,8 +272,8 @@ class FlippedItem:
     answer_a: str | None = None
     answer_b: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def document(self) -> schema.FlippedItem:
+        return schema.FlippedItem.model_validate(to_jsonable(self))
 
 
 def _clip(text: str | None, limit: int) -> str | None:
@@ -390,13 +389,6 @@ class ScoreComparison:
     metrics_only_a: tuple[str, ...] = ()
     metrics_only_b: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": [r.to_dict() for r in self.rows],
-            "metrics_only_a": list(self.metrics_only_a),
-            "metrics_only_b": list(self.metrics_only_b),
-        }
-
 
 def metric_name(column: str) -> str:
     return column[len(SCORE_PREFIX) :] if column.startswith(SCORE_PREFIX) else column
@@ -417,7 +409,7 @@ def paired_scores(samples_a: pa.Table, samples_b: pa.Table) -> tuple[list[Paired
     paired_mask = in_a & in_b
     out: list[PairedScores] = []
     values = {c: (_float_column(samples_a, c, al.idx_a), _float_column(samples_b, c, al.idx_b)) for c in common}
-    cluster = _optional_union_column(al, samples_a, samples_b, CLUSTER_COLUMN)
+    cluster = optional_union_column(al, samples_a, samples_b, CLUSTER_COLUMN)
     # Union rows are sorted by task code, i.e. by task name: contiguous task blocks.
     task_codes = al.codes[0]
     bounds = np.flatnonzero(np.r_[True, task_codes[1:] != task_codes[:-1]]) if len(al) else np.zeros(0, int)
@@ -452,7 +444,7 @@ def paired_scores(samples_a: pa.Table, samples_b: pa.Table) -> tuple[list[Paired
     return out, only_a_m, only_b_m
 
 
-def _optional_union_column(al: Alignment, a: pa.Table, b: pa.Table, column: str) -> np.ndarray | None:
+def optional_union_column(al: Alignment, a: pa.Table, b: pa.Table, column: str) -> np.ndarray | None:
     """Like :func:`union_column` for a column that either side may lack; None if neither has it."""
     has_a, has_b = column in a.column_names, column in b.column_names
     if not (has_a or has_b):

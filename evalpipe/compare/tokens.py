@@ -69,7 +69,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from evalpipe.artifacts import SAMPLE_KEY
-from evalpipe.compare.scores import Alignment, _column_codes, align_keys, to_jsonable
+from evalpipe.compare.scores import Alignment, align_keys, column_codes, to_jsonable
+from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
 
 TOKEN_KEY = SAMPLE_KEY + ("pos",)
@@ -147,8 +148,8 @@ class WorstExample:
     topk_texts_a: list[str | None] | None = None
     topk_texts_b: list[str | None] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def document(self) -> schema.WorstExample:
+        return schema.WorstExample.model_validate(to_jsonable(self))
 
 
 _HISTOGRAMS = (("kl_hist", "kl_hist_zero"), ("abs_dlogprob_hist", "abs_dlogprob_hist_zero"))
@@ -223,16 +224,14 @@ class TaskTokenSummary:
     def identical(self) -> bool:
         return self.only_a == 0 and self.only_b == 0 and self.n_identical == self.n_samples
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        for name, zero in _HISTOGRAMS:
+    def document(self) -> schema.TokenSummary:
+        d = to_jsonable(self)
+        for name, zero in _HISTOGRAMS:  # the histograms nest their decades and zero count
             counts = [int(c) for c in getattr(self, name)] or [0] * len(HIST_DECADES)
             d[name] = {"decades": list(HIST_DECADES), "zero": int(d.pop(zero)), "counts": counts}
-        d["n_divergent"] = self.n_divergent
-        d["share_ids_identical"] = to_jsonable(self.share_ids_identical)
-        d["share_identical"] = to_jsonable(self.share_identical)
-        d["identical"] = self.identical
-        return d
+        d.update(n_divergent=self.n_divergent, share_ids_identical=to_jsonable(self.share_ids_identical),
+                 share_identical=to_jsonable(self.share_identical), identical=self.identical)
+        return schema.TokenSummary.model_validate(d)
 
 
 @dataclass(frozen=True, eq=False)
@@ -304,9 +303,6 @@ class TokenComparison:
     summaries: tuple[TaskTokenSummary, ...]
     samples: SampleTokenDiffs | None = dataclasses.field(default=None, repr=False, compare=False)
     positions: Alignment | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"tasks": [s.to_dict() for s in self.summaries]}
 
 
 # ---------------------------------------------------------------------------
@@ -653,7 +649,7 @@ def _align_positions(tokens_a: pa.Table, tokens_b: pa.Table) -> Alignment:
 
     if tokens_a.num_rows == 0 or tokens_b.num_rows == 0:
         return plain()
-    cols = [_column_codes(tokens_a.column("task"), tokens_b.column("task"))] + [
+    cols = [column_codes(tokens_a.column("task"), tokens_b.column("task"))] + [
         (np.asarray(tokens_a.column(k).to_numpy(), np.int64), np.asarray(tokens_b.column(k).to_numpy(), np.int64))
         for k in TOKEN_KEY[1:]
     ]
@@ -865,18 +861,18 @@ def sample_token_diffs(
     return diffs, pal
 
 
-def _opt_float(x: float) -> float | None:
+def opt_float(x: float) -> float | None:
     """NaN (nothing measured) -> None; +inf stays: it marks non-finite logprobs on one
     side, which is the largest difference there is (JSON writes it as null)."""
     return None if np.isnan(x) else float(x)
 
 
-def _quantile(x: np.ndarray, q: float) -> float | None:
+def quantile(x: np.ndarray, q: float) -> float | None:
     """Percentile ``q`` (linear interpolation; 100 = max); None when empty or not finite."""
     if len(x) == 0:
         return None
     if q >= 100:
-        return _opt_float(np.max(x))
+        return opt_float(np.max(x))
     x = np.asarray(x, dtype=np.float64)
     infinite = np.isposinf(x)
     if infinite.any():
@@ -884,9 +880,9 @@ def _quantile(x: np.ndarray, q: float) -> float | None:
         # value and an infinity the percentile is infinite, so compute it on a stand-in
         big = np.finfo(np.float64).max
         v = float(np.percentile(np.where(infinite, big, x), q))
-        return np.inf if v >= big / 2 else _opt_float(v)
+        return np.inf if v >= big / 2 else opt_float(v)
     with np.errstate(invalid="ignore"):
-        return _opt_float(np.percentile(x, q))
+        return opt_float(np.percentile(x, q))
 
 
 def _decade_hist(x: np.ndarray) -> tuple[int, tuple[int, ...]]:
@@ -1117,7 +1113,7 @@ def summarize_tokens(
         n_same = int(prefix_values(d.prefix_topk_equal)[rows].sum()) if n_rows else 0
         n_top1_dis = int(prefix_values(d.prefix_top1_disagree)[rows].sum()) if n_rows else 0
         top1_hard = rows[prefix_values(d.prefix_top1_hard)[rows]] if n_rows else rows
-        kl_max = _quantile(kl, 100)
+        kl_max = quantile(kl, 100)
         # prefix rows are in key order, so index order breaks ties by key
         worst_kl = rows[_largest(kl, worst_k)]
         kl_at = rows[[int(np.argmax(kl))]] if kl_max else rows[:0]
@@ -1146,9 +1142,9 @@ def summarize_tokens(
                 n_positions_logprob_diff=int(d.n_logprob_diff[sl][paired].sum()),
                 divergence_positions=tuple(int(p) for p in positions),
                 median_first_divergence=float(np.median(positions)) if len(positions) else None,
-                max_abs_dlogprob=_opt_float(mx_paired.max()) if len(mx_paired) else None,
-                mean_abs_dlogprob=_opt_float(d.sum_abs_dlogprob[sl][paired].sum() / total_cnt) if total_cnt else None,
-                max_abs_dlogprob_same_ids=_opt_float(mx_same.max()) if len(mx_same) else None,
+                max_abs_dlogprob=opt_float(mx_paired.max()) if len(mx_paired) else None,
+                mean_abs_dlogprob=opt_float(d.sum_abs_dlogprob[sl][paired].sum() / total_cnt) if total_cnt else None,
+                max_abs_dlogprob_same_ids=opt_float(mx_same.max()) if len(mx_same) else None,
                 worst_divergence=worst("earliest_divergence", worst_div, d.first_divergence_row[worst_div]),
                 worst_logprob=worst("largest_dlogprob", worst_lp, d.max_dlogprob_row[worst_lp]),
                 near_tie_gap=float(near_tie_gap),
@@ -1157,11 +1153,11 @@ def summarize_tokens(
                 hard_divergences=hard,
                 n_positions_topk_equal=n_same,
                 share_topk_equal=n_same / n_rows if n_rows else None,
-                kl_p50=_quantile(kl, 50),
-                kl_p99=_quantile(kl, 99),
+                kl_p50=quantile(kl, 50),
+                kl_p99=quantile(kl, 99),
                 kl_max=kl_max,
-                abs_dlogprob_p50=_quantile(adl, 50),
-                abs_dlogprob_p99=_quantile(adl, 99),
+                abs_dlogprob_p50=quantile(adl, 50),
+                abs_dlogprob_p99=quantile(adl, 99),
                 n_top1_disagree=n_top1_dis,
                 n_top1_hard=len(top1_hard),
                 share_top1_agree=(n_rows - n_top1_dis) / n_rows if n_rows else None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
@@ -84,14 +84,6 @@ class Verdict:
             return self
         said = f"the outputs alone would be {self.status.value}" + (f": {self.reasons[0]}" if self.reasons else "")
         return Verdict(Status.INCONCLUSIVE, (*reasons, said, *self.reasons[1:]), self.gates, outputs=self.status)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status.value,
-            "reasons": list(self.reasons),
-            "gates": [g.to_dict() for g in self.gates],
-            "outputs": None if self.outputs is None else self.outputs.value,
-        }
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Renderings of a run comparison from the compare.json dict (and run.json):
-report.md, report.html, junit.xml and the terminal summary."""
+"""Renderings of a run comparison from its compare.json document (and run.json):
+report.md, report.html, junit.xml and the terminal summary, each returned as text."""
 
 from evalpipe.report.html import render_html
 from evalpipe.report.junit import render_junit

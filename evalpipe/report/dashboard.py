@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
-from evalpipe.artifacts import write_text
 from evalpipe.report.markdown import template_environment
 from evalpipe.report.view import show_controls
 
@@ -493,10 +491,3 @@ def build_view(data: dict[str, Any]) -> dict[str, Any]:
 def render_dashboard(data: dict[str, Any]) -> str:
     """The dashboard page from the history dict (nights, series, token_series, changes)."""
     return template_environment(autoescape=True).get_template(TEMPLATE_NAME).render(**build_view(data))
-
-
-def write_dashboard(data: dict[str, Any], path: Path | str) -> Path:
-    """Render and write atomically (a reader never sees half a page); returns the path."""
-    path = Path(path)
-    write_text(path, render_dashboard(data))
-    return path

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from evalpipe.compare.verdict import Status
+from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, TokenSummary
 from evalpipe.report.markdown import template_environment
-from evalpipe.report.view import as_dict, build_view, show_controls
+from evalpipe.report.view import build_view, show_controls
 
 TEMPLATE_NAME = "report.html.j2"
 # each has a badge colour in report.html.j2; any other text gets the grey "unknown" one
@@ -29,9 +30,9 @@ def html_text(text: Any, max_len: int | None = None) -> str:
     return show_controls(s.replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t")
 
 
-def status_class(status: Any) -> str:
-    s = str(status)
-    return s.lower() if s in KNOWN_STATUSES else "unknown"
+def status_class(status: str) -> str:
+    """The badge class of a comparison status (the document admits no other)."""
+    return {s: s.lower() for s in KNOWN_STATUSES}[status]
 
 
 _NOT_DRAWN = {"png": None, "alt": "", "note": "Plots were not drawn for this page (a simulated night); compare.json holds the figures."}
@@ -42,12 +43,14 @@ def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     # matplotlib is slow to import and only report.html needs it
     from evalpipe.report import plots
 
-    teacher = data.get("teacher") is not None
-    ab, aa = (data["teacher"], data.get("teacher_aa")) if teacher else (data.get("free"), data.get("free_aa"))
+    free: TokenSummary | None = data["free"]
+    free_aa: TokenSummary | None = data["free_aa"]
+    teacher = data["teacher"] is not None
+    ab, aa = (data["teacher"], data["teacher_aa"]) if teacher else (free, free_aa)
     mode = "teacher-forced" if teacher else "free-running"
     dist = plots.distribution_plot(ab, aa, mode)
-    free, free_aa = data.get("free") or {}, data.get("free_aa") or {}
-    div = plots.divergence_plot(free.get("divergence_positions"), free_aa.get("divergence_positions"))
+    div = plots.divergence_plot(free.divergence_positions if free else None,
+                                free_aa.divergence_positions if free_aa else None)
     return [
         {
             "png": dist,
@@ -58,7 +61,7 @@ def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
             "png": div,
             "alt": "first-divergence positions (free-running)",
             "note": "No free-running divergence: every paired sample generated the same token ids."
-            if data.get("free") is not None
+            if free is not None
             else "No free-running token comparison for this task.",
         },
     ]
@@ -68,31 +71,31 @@ def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-length and per-depth trend plots of a long-context task, or a line saying why there is none."""
     from evalpipe.report import plots
 
-    ab, aa = data.get("ab") or {}, data.get("aa") or {}
-    source, split = data.get("source", "teacher"), bool(data.get("split"))
+    ab: TaskBreakdown = data["ab"]
+    aa: TaskBreakdown | None = data["aa"]
+    source, split = data["source"], data["split"]
     mode = "teacher-forced" if source == "teacher" else "free-running"
     zero = f"Every {mode} KL max and max |Δlogprob| is 0 or missing"
     return [
         {
-            "png": plots.length_plot(ab.get("lengths"), aa.get("lengths"), source, split),
+            "png": plots.length_plot(ab.lengths, aa.lengths if aa else None, source, split),
             "alt": f"KL max and max |Δlogprob| ({mode}) against prompt length",
             "note": f"{zero} at every length: nothing to plot against prompt length.",
         },
         {
-            "png": plots.depth_plot(ab.get("depths"), aa.get("depths"), source, split),
+            "png": plots.depth_plot(ab.depths, aa.depths if aa else None, source, split),
             "alt": f"KL max and max |Δlogprob| ({mode}) against needle depth",
             "note": f"{zero} at every depth: nothing to plot against needle depth."
-            if ab.get("depths")
+            if ab.depths
             else "The items carry no needle depth.",
         },
     ]
 
 
-def render_html(compare: Any, run_info: dict[str, Any] | None = None, *, plots: bool = True) -> str:
-    """report.html from the compare.json dict and run.json. ``plots=False`` leaves the
+def render_html(compare: ComparisonDocument, run_info: dict[str, Any] | None = None, *, plots: bool = True) -> str:
+    """report.html from the comparison and run.json. ``plots=False`` leaves the
     plots out (a line says so): drawing them is most of the page's cost, which a
     simulated history of many nights need not pay for every night."""
-    compare = as_dict(compare)
     view = build_view(compare, run_info, html_text)
     for c in view["comparisons"]:
         for t in c["tasks"]:

@@ -4,23 +4,23 @@ Suites are comparisons ("evalpipe.<reference>-vs-<variant>"), cases are gates
 (classname "<variant>.<task>", name "<gate>" or "<gate>[<metric>]"), plus one case
 for the paths (classname "<variant>.path", name "expectations"): it fails (type
 "inconclusive") when an expectation failed or both sides ran the same code, passes
-when each side's path is verified, and is skipped, with the note, for a run from
-before the path probes. A comparison without gate results (compare.json from before
-gates existed) gets one "verdict" case that fails unless its status is IDENTICAL or
-EQUIVALENT, so such a file still gates; so does an INCONCLUSIVE comparison none of
-whose other cases failed.
+when each side's path is verified, and is skipped, with the note, when the probes
+recorded nothing. A comparison without gate results (nothing to compare) gets one
+"verdict" case that fails unless its status is IDENTICAL or EQUIVALENT, so it still
+gates; so does an INCONCLUSIVE comparison none of whose other cases failed.
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from evalpipe.compare.code_paths import NOT_RECORDED, VERIFIED
 from evalpipe.compare.verdict import PASSING, Status
-from evalpipe.report.view import as_dict, fmt_num, path_judgement, path_reasons, variant_of
+from evalpipe.documents.comparison import Comparison, ComparisonDocument, GateResult
+from evalpipe.report.view import fmt_num
 
 PASSING_STATUSES = {s.value for s in PASSING}
 INCONCLUSIVE = Status.INCONCLUSIVE.value
@@ -33,17 +33,13 @@ def xml_text(text: Any) -> str:
     return _INVALID_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", "" if text is None else str(text))
 
 
-def _case_name(g: Mapping[str, Any]) -> str:
-    gate = str(g.get("gate", "gate"))
-    return f"{gate}[{g['metric']}]" if g.get("metric") else gate
+def _case_name(g: GateResult) -> str:
+    return f"{g.gate}[{g.metric}]" if g.metric else g.gate
 
 
-def _failure_text(g: Mapping[str, Any]) -> str:
-    values = (
-        f"measured {fmt_num(g.get('measured'))}, threshold {fmt_num(g.get('threshold'))}, "
-        f"A/A value {fmt_num(g.get('aa_value'))}"
-    )
-    return "\n".join([values, *(str(e) for e in g.get("evidence") or ())])
+def _failure_text(g: GateResult) -> str:
+    values = f"measured {fmt_num(g.measured)}, threshold {fmt_num(g.threshold)}, A/A value {fmt_num(g.aa_value)}"
+    return "\n".join([values, *g.evidence])
 
 
 class Case(NamedTuple):
@@ -55,59 +51,45 @@ class Case(NamedTuple):
     kind: str = "gate"  # the failure's type
 
 
-def _gate_cases(variant: str, gates: Iterable[Mapping[str, Any]]) -> list[Case]:
-    cases = []
-    for g in gates:
-        # a status other than pass/skip (a hand-edited compare.json) fails: the file gates CI
-        outcome = str(g.get("status", "skip"))
-        outcome = outcome if outcome in ("pass", "skip") else "fail"
-        cases.append(Case(f"{variant}.{g.get('task', '')}", _case_name(g), outcome, str(g.get("detail") or ""),
-                          _failure_text(g)))
-    return cases
+def _gate_cases(variant: str, gates: Iterable[GateResult]) -> list[Case]:
+    return [Case(f"{variant}.{g.task}", _case_name(g), g.status, g.detail, _failure_text(g)) for g in gates]
 
 
-def _path_case(variant: str, c: Mapping[str, Any]) -> Case | None:
-    """The paths' case; None for compare.json from before the path probes."""
-    paths = path_judgement(c)
-    if paths is None:
+def _path_case(variant: str, c: Comparison) -> Case | None:
+    """The paths' case; None for a comparison whose paths were not judged."""
+    if c.paths is None:
         return None
-    reasons = path_reasons(c)
-    first = reasons[0] if reasons else f"path status {paths.get('status')}"
-    outcome = {VERIFIED: "pass", NOT_RECORDED: "skip"}.get(str(paths.get("status")), "fail")
+    reasons = c.paths.reasons
+    first = reasons[0] if reasons else f"path status {c.paths.status}"
+    outcome = {VERIFIED: "pass", NOT_RECORDED: "skip"}.get(c.paths.status, "fail")
     return Case(f"{variant}.path", "expectations", outcome, first, "\n".join(reasons), "inconclusive")
 
 
-def _verdict_case(variant: str, c: Mapping[str, Any]) -> Case:
-    status = str(c.get("status", ""))
-    outcome = "pass" if status in PASSING_STATUSES else "fail"
-    kind = "inconclusive" if status == INCONCLUSIVE else "gate"
-    return Case(variant, "verdict", outcome, status, "\n".join(str(r) for r in c.get("reasons") or ()), kind)
+def _verdict_case(variant: str, c: Comparison) -> Case:
+    outcome = "pass" if c.status in PASSING_STATUSES else "fail"
+    kind = "inconclusive" if c.status == INCONCLUSIVE else "gate"
+    return Case(variant, "verdict", outcome, c.status, "\n".join(c.reasons), kind)
 
 
-def _cases(c: Mapping[str, Any]) -> list[Case]:
-    variant = variant_of(c)
-    gates = list(c.get("gates") or ())
-    cases = _gate_cases(variant, gates)
-    path = _path_case(variant, c)
+def _cases(c: Comparison) -> list[Case]:
+    cases = _gate_cases(c.variant, c.gates)
+    path = _path_case(c.variant, c)
     if path is not None:
         cases.append(path)
     # without gates the verdict is the only case; an INCONCLUSIVE comparison must fail CI even
-    # when its gates passed and its paths entry is missing or hand-edited
-    unfailed_inconclusive = c.get("status") == INCONCLUSIVE and all(k.outcome != "fail" for k in cases)
-    if not gates or unfailed_inconclusive:
-        cases.append(_verdict_case(variant, c))
+    # when its gates passed and its paths were not judged
+    unfailed_inconclusive = c.status == INCONCLUSIVE and all(k.outcome != "fail" for k in cases)
+    if not c.gates or unfailed_inconclusive:
+        cases.append(_verdict_case(c.variant, c))
     return cases
 
 
-def render_junit(compare: Any) -> str:
-    """junit.xml text (UTF-8, with declaration) for the compare.json dict."""
-    compare = as_dict(compare)
-    root = ET.Element("testsuites", name=xml_text(f"evalpipe.{compare.get('run_id', '')}"))
+def render_junit(compare: ComparisonDocument) -> str:
+    """junit.xml text (UTF-8, with declaration) of a comparison."""
+    root = ET.Element("testsuites", name=xml_text(f"evalpipe.{compare.run_id}"))
     totals = {"tests": 0, "failures": 0, "skipped": 0}
-    reference = compare.get("reference", "")
-    for c in compare.get("comparisons") or ():
-        ref = c.get("reference", c.get("a", reference))
-        suite = ET.SubElement(root, "testsuite", name=xml_text(f"evalpipe.{ref}-vs-{variant_of(c)}"))
+    for c in compare.comparisons:
+        suite = ET.SubElement(root, "testsuite", name=xml_text(f"evalpipe.{c.reference}-vs-{c.variant}"))
         counts = {"tests": 0, "failures": 0, "skipped": 0}
         for k in _cases(c):
             case = ET.SubElement(suite, "testcase", classname=xml_text(k.classname), name=xml_text(k.name))

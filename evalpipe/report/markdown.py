@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.report.view import build_view, show_controls
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -49,8 +50,8 @@ def template_environment(autoescape: bool) -> jinja2.Environment:
     )
 
 
-def render_markdown(compare: Any, run_info: dict[str, Any] | None = None) -> str:
-    """report.md from the compare.json dict and run.json; the same inputs give the same bytes."""
+def render_markdown(compare: ComparisonDocument, run_info: dict[str, Any] | None = None) -> str:
+    """report.md from the comparison and run.json; the same inputs give the same bytes."""
     view = build_view(compare, run_info, md_escape)
     # markdown, not HTML: every text in the view is already md_escape'd
     text = template_environment(autoescape=False).get_template(TEMPLATE_NAME).render(**view)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
+
+from evalpipe.documents.comparison import DepthRow, FreeFigures, GroupFigures, Histogram, LengthRow, TeacherFigures, TokenSummary
 
 DPI = 90
 PANEL_SIZE = (3.6, 2.3)  # inches per panel
@@ -24,8 +25,17 @@ COLOR_AA = "#7570b3"
 DECADES = tuple(range(-10, 3))
 MAX_POSITION_BINS = 30
 
-# (key in a TaskTokenSummary dict, axis title)
-DISTRIBUTIONS = (("kl_hist", "KL per position"), ("abs_dlogprob_hist", "|Δlogprob| per position"))
+def _kl_hist(t: TokenSummary) -> Histogram:
+    return t.kl_hist
+
+
+def _abs_dlogprob_hist(t: TokenSummary) -> Histogram:
+    return t.abs_dlogprob_hist
+
+
+# (histogram of a token summary, axis title)
+DISTRIBUTIONS: tuple[tuple[Callable[[TokenSummary], Histogram], str], ...] = (
+    (_kl_hist, "KL per position"), (_abs_dlogprob_hist, "|Δlogprob| per position"))
 
 
 def _png(fig: Figure) -> str:
@@ -35,14 +45,11 @@ def _png(fig: Figure) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _bins(hist: Mapping[str, Any] | None) -> tuple[list[str], np.ndarray] | None:
+def _bins(hist: Histogram) -> tuple[list[str], np.ndarray]:
     """Bar labels and counts of a decade histogram: the exact zeros first, then one bar per decade."""
-    if not isinstance(hist, Mapping):
-        return None
-    decades = list(hist.get("decades") or DECADES)
-    counts = list(hist.get("counts") or [])
-    counts = (counts + [0] * len(decades))[: len(decades)]
-    values = np.asarray([hist.get("zero") or 0] + counts, dtype=float)
+    decades = list(hist.decades or DECADES)
+    counts = (list(hist.counts) + [0] * len(decades))[: len(decades)]
+    values = np.asarray([hist.zero] + counts, dtype=float)
     labels = ["0"] + [f"1e{d}" for d in decades]
     # the histogram clips: the first decade also holds everything smaller, the last everything larger
     labels[1] = f"<1e{decades[0] + 1}" if len(decades) > 1 else labels[1]
@@ -55,13 +62,13 @@ def _shares(values: np.ndarray) -> np.ndarray:
     return values / total if total > 0 else values
 
 
-def distribution_plot(ab: Mapping[str, Any] | None, aa: Mapping[str, Any] | None, mode: str) -> str | None:
+def distribution_plot(ab: TokenSummary | None, aa: TokenSummary | None, mode: str) -> str | None:
     """Per-position KL and |Δlogprob| as shares of positions per decade, A/B beside A/A; None if empty."""
     panels = []
-    for key, title in DISTRIBUTIONS:
+    for hist_of, title in DISTRIBUTIONS:
         series = []
         for label, summary, color in (("A/B", ab, COLOR_AB), ("A/A", aa, COLOR_AA)):
-            bins = _bins((summary or {}).get(key))
+            bins = _bins(hist_of(summary)) if summary is not None else None
             if bins is not None and bins[1].sum() > 0:
                 series.append((label, bins[0], _shares(bins[1]), color))
         if series:
@@ -118,37 +125,74 @@ def divergence_plot(ab: Sequence[int] | None, aa: Sequence[int] | None) -> str |
 # per length / depth (compare.json "by_length" rows)
 # ---------------------------------------------------------------------------
 
-# (figure key in a row's trace figures, panel title)
-TREND_METRICS = (("kl_max", "KL max"), ("max_abs_dlogprob", "max |Δlogprob|"))
+def _kl_max(f: FreeFigures | TeacherFigures) -> float | None:
+    return f.kl_max
+
+
+def _max_abs_dlogprob(f: FreeFigures | TeacherFigures) -> float | None:
+    return f.max_abs_dlogprob
+
+
+# (figure of a row's trace figures, panel title)
+TREND_METRICS: tuple[tuple[Callable[[FreeFigures | TeacherFigures], float | None], str], ...] = (
+    (_kl_max, "KL max"), (_max_abs_dlogprob, "max |Δlogprob|"))
+Part = Callable[[GroupFigures], FreeFigures | TeacherFigures | None]  # which trace figures of a row
+
+
+def _free(r: GroupFigures) -> FreeFigures | None:
+    return r.free
+
+
+def _teacher(r: GroupFigures) -> TeacherFigures | None:
+    return r.teacher
+
+
+def _teacher_prompt(r: GroupFigures) -> TeacherFigures | None:
+    return r.teacher_prompt
+
+
+def _teacher_continuation(r: GroupFigures) -> TeacherFigures | None:
+    return r.teacher_continuation
 EDGE_MARKER = "D"
 
 
-def _trend_series(source: str, split: bool) -> tuple[tuple[str, str, str], ...]:
-    """(row key, label suffix, line style) of the trace figures a trend plot draws."""
+def _trend_series(source: str, split: bool) -> tuple[tuple[Part, str, str], ...]:
+    """(row part, label suffix, line style) of the trace figures a trend plot draws."""
     if source != "teacher":
-        return (("free", "", "-"),)
+        return ((_free, "", "-"),)
     if split:
-        return (("teacher_prompt", " prompt", "-"), ("teacher_continuation", " cont.", "--"))
-    return (("teacher", "", "-"),)
+        return ((_teacher_prompt, " prompt", "-"), (_teacher_continuation, " cont.", "--"))
+    return ((_teacher, "", "-"),)
 
 
-def _trend_values(rows: Sequence[Mapping[str, Any]], x_key: str, part: str, metric: str) -> list[tuple[float, float, bool]]:
+def _length_x(r: GroupFigures) -> float:
+    return float(r.target_length) if isinstance(r, LengthRow) else float("nan")
+
+
+def _depth_x(r: GroupFigures) -> float:
+    return float(r.depth_bin) if isinstance(r, DepthRow) else float("nan")
+
+
+def _trend_values(
+    rows: Sequence[GroupFigures], x_of: Callable[[GroupFigures], float], part: Part,
+    metric: Callable[[FreeFigures | TeacherFigures], float | None],
+) -> list[tuple[float, float, bool]]:
     """(x, value, edge) of the rows that have the figure; NaN / missing values are left out."""
     out = []
     for r in rows:
-        fig, x = r.get(part), r.get(x_key)
-        value = (fig or {}).get(metric)
-        if x is None or value is None or not np.isfinite(float(value)):
+        fig, x = part(r), x_of(r)
+        value = metric(fig) if fig is not None else None
+        if value is None or not np.isfinite(float(value)):
             continue
-        out.append((float(x), float(value), r.get("length_kind") == "edge"))
+        out.append((x, float(value), isinstance(r, LengthRow) and r.length_kind == "edge"))
     return out
 
 
 def _trend_plot(
-    ab: Sequence[Mapping[str, Any]] | None,
-    aa: Sequence[Mapping[str, Any]] | None,
+    ab: Sequence[GroupFigures] | None,
+    aa: Sequence[GroupFigures] | None,
     *,
-    x_key: str,
+    x_of: Callable[[GroupFigures], float],
     xlabel: str,
     source: str,
     split: bool,
@@ -166,7 +210,7 @@ def _trend_plot(
         series = []
         for side, rows, color in (("A/B", ab, COLOR_AB), ("A/A", aa, COLOR_AA)):
             for part, suffix, style in _trend_series(source, split):
-                pts = _trend_values(rows or (), x_key, part, metric)
+                pts = _trend_values(rows or (), x_of, part, metric)
                 if pts:
                     series.append((side + suffix, pts, color, style, side == "A/B"))
         if series:
@@ -225,14 +269,14 @@ def _trend_plot(
 
 
 def length_plot(
-    ab: Sequence[Mapping[str, Any]] | None, aa: Sequence[Mapping[str, Any]] | None, source: str, split: bool
+    ab: Sequence[GroupFigures] | None, aa: Sequence[GroupFigures] | None, source: str, split: bool
 ) -> str | None:
     """KL max and max |Δlogprob| per prompt length (log2 axis), A/B beside A/A; edge lengths as diamonds."""
-    return _trend_plot(ab, aa, x_key="target_length", xlabel="prompt length", source=source, split=split, log2_x=True)
+    return _trend_plot(ab, aa, x_of=_length_x, xlabel="prompt length", source=source, split=split, log2_x=True)
 
 
 def depth_plot(
-    ab: Sequence[Mapping[str, Any]] | None, aa: Sequence[Mapping[str, Any]] | None, source: str, split: bool
+    ab: Sequence[GroupFigures] | None, aa: Sequence[GroupFigures] | None, source: str, split: bool
 ) -> str | None:
     """KL max and max |Δlogprob| per needle-depth bin, A/B beside A/A."""
-    return _trend_plot(ab, aa, x_key="depth_bin", xlabel="needle depth", source=source, split=split, log2_x=False)
+    return _trend_plot(ab, aa, x_of=_depth_x, xlabel="needle depth", source=source, split=split, log2_x=False)

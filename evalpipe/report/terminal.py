@@ -12,18 +12,16 @@ from rich.table import Table
 from rich.text import Text
 
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
+from evalpipe.documents.comparison import Comparison, ComparisonDocument, LengthRow
 from evalpipe.report.view import (
     DASH,
-    as_dict,
     fmt_num,
     gate_counts,
     inconclusive_variants,
     judged_entries,
     path_reasons,
     paths_inconclusive,
-    reference_of,
     show_controls,
-    variant_of,
     what_ran_view,
 )
 
@@ -33,14 +31,13 @@ STATUS_STYLE = {
     "INCONCLUSIVE": "bold yellow",
     "DIVERGENT": "bold red",
 }
-UNKNOWN_STYLE = "bold magenta"  # a status no evalpipe writes (a hand-edited or very old compare.json)
 PATH_STYLE = "yellow"
 MAX_REASONS = 8
 VALUE_WIDTH = 10  # what-ran table: the narrowest a value column gets
 
 
-def _style(status: Any) -> str:
-    return STATUS_STYLE.get(str(status), UNKNOWN_STYLE)
+def _style(status: str) -> str:
+    return STATUS_STYLE[status]
 
 
 def _plain(text: Any, max_len: int | None = None) -> str:
@@ -65,101 +62,92 @@ def _table(title: str, columns: list[tuple[str, bool]], wrap: str | None = None)
     return table
 
 
-def scores_table(compare: Mapping[str, Any]) -> Table:
+def scores_table(compare: ComparisonDocument) -> Table:
     """One row per variant x task x metric: both scores, the delta, items that changed."""
     table = _table(
-        f"scores (reference: {compare.get('reference', '')})",
+        f"scores (reference: {compare.reference})",
         [("variant", True), ("task", True), ("metric", True), ("ref", False), ("variant", False),
          ("\u0394", False), ("changed", False)],
     )
-    for c in compare.get("comparisons") or ():
-        for r in sorted(c.get("scores") or (), key=lambda r: (str(r.get("task")), str(r.get("metric")))):
+    for c in compare.comparisons:
+        for r in sorted(c.scores, key=lambda r: (r.task, r.metric)):
             table.add_row(
-                _text(c.get("variant")), _text(r.get("task")), _text(r.get("metric")),
-                fmt_score(r.get("mean_a")), fmt_score(r.get("mean_b")), fmt_delta(r.get("delta")),
-                f"{r.get('n_changed', 0)}/{r.get('n_paired', 0)}",
+                _text(c.variant), _text(r.task), _text(r.metric),
+                fmt_score(r.mean_a), fmt_score(r.mean_b), fmt_delta(r.delta), f"{r.n_changed}/{r.n_paired}",
             )
     return table
 
 
-def tokens_table(compare: Mapping[str, Any]) -> Table:
+def tokens_table(compare: ComparisonDocument) -> Table:
     """One row per variant x task: how many samples generate the same tokens; teacher-forced KL when present."""
-    comparisons = list(compare.get("comparisons") or ())
-    with_teacher = any(c.get("teacher") for c in comparisons)
+    comparisons = compare.comparisons
+    with_teacher = any(c.teacher for c in comparisons)
     columns = [("variant", True), ("task", True), ("samples", False), ("same ids", False), ("bitwise", False),
                ("median 1st div", False), ("hard div", False), ("max |\u0394lp|", False)]
     if with_teacher:
         columns += [("TF KL p99", False), ("TF hard top-1", False)]
     table = _table("generated tokens", columns + [("verdict", True)])
     for c in comparisons:
-        teacher = {str(t.get("task")): t for t in c.get("teacher") or ()}
-        for t in c.get("tokens") or ():
-            n = t.get("n_samples", 0)
-            only_a, only_b = t.get("only_a", 0), t.get("only_b", 0)
-            samples = str(n) + (f" (+{only_a}/+{only_b} one-sided)" if only_a or only_b else "")
+        teacher = {t.task: t for t in c.teacher or ()}
+        for t in c.tokens:
+            n = t.n_samples
+            samples = str(n) + (f" (+{t.only_a}/+{t.only_b} one-sided)" if t.only_a or t.only_b else "")
             row: list[Any] = [
-                _text(c.get("variant")), _text(t.get("task")), samples,
-                _pct(t.get("n_ids_identical"), n), _pct(t.get("n_identical"), n),
-                fmt_num(t.get("median_first_divergence")), fmt_num(t.get("n_hard_divergences")),
-                fmt_small(t.get("max_abs_dlogprob")),
+                _text(c.variant), _text(t.task), samples,
+                _pct(t.n_ids_identical, n), _pct(t.n_identical, n),
+                fmt_num(t.median_first_divergence), fmt_num(t.n_hard_divergences),
+                fmt_small(t.max_abs_dlogprob),
             ]
             if with_teacher:
-                tf = teacher.get(str(t.get("task"))) or {}
-                row += [fmt_small(tf.get("kl_p99")) if tf else DASH, fmt_num(tf.get("n_top1_hard"))]
-            status = c.get("status", "")
-            table.add_row(*row, _text(status, style=_style(status)))
+                tf = teacher.get(t.task)
+                row += [fmt_small(tf.kl_p99), fmt_num(tf.n_top1_hard)] if tf else [DASH, DASH]
+            table.add_row(*row, _text(c.status, style=_style(c.status)))
     return table
 
 
-def _length_figure(row: Mapping[str, Any]) -> float | None:
+def _length_figure(row: LengthRow) -> float | None:
     """The row's teacher-forced KL max (all positions), else its free-running one."""
-    for part in ("teacher", "free"):
-        fig = row.get(part)
-        if fig and fig.get("kl_max") is not None:
-            return float(fig["kl_max"])
+    for fig in (row.teacher, row.free):
+        if fig is not None and fig.kl_max is not None:
+            return float(fig.kl_max)
     return None
 
 
-def length_lines(compare: Mapping[str, Any]) -> list[str]:
+def length_lines(compare: ComparisonDocument) -> list[str]:
     """One line per comparison x long-context task: the lengths, where the KL max is lowest and
     highest (edge-case lengths marked), and the lengths whose scores changed."""
     out = []
-    for c in compare.get("comparisons") or ():
-        for entry in c.get("by_length") or ():
-            rows = list(entry.get("lengths") or ())
+    for c in compare.comparisons:
+        for entry in c.by_length or ():
+            rows = entry.lengths
             if not rows:
                 continue
-            lengths = [int(r.get("target_length") or 0) for r in rows]
-            n_edge = sum(r.get("length_kind") == "edge" for r in rows)
+            lengths = [r.target_length for r in rows]
+            n_edge = sum(r.length_kind == "edge" for r in rows)
             span = f"{len(rows)} lengths {min(lengths)}\u2013{max(lengths)}" + (f" ({n_edge} edge)" if n_edge else "")
             valued = [(v, r) for r in rows if (v := _length_figure(r)) is not None]
-            mode = "TF" if any(r.get("teacher") for r in rows) else "free"
+            mode = "TF" if any(r.teacher is not None for r in rows) else "free"
 
-            def at(v: float, r: Mapping[str, Any]) -> str:
-                edge = " edge" if r.get("length_kind") == "edge" else ""
-                return f"{fmt_small(v)} at {r.get('target_length')}{edge}"
+            def at(v: float, r: LengthRow) -> str:
+                edge = " edge" if r.length_kind == "edge" else ""
+                return f"{fmt_small(v)} at {r.target_length}{edge}"
 
             kl = ""
             if valued:
                 lo, hi = min(valued, key=lambda x: x[0]), max(valued, key=lambda x: x[0])
                 kl = f"; {mode} KL max {at(*lo)} .. {at(*hi)}"
             changed = [
-                f"{r.get('target_length')} ({sum(s.get('n_changed') or 0 for s in r.get('scores') or ())})"
+                f"{r.target_length} ({sum(s.n_changed for s in r.scores)})"
                 for r in rows
-                if any(s.get("n_changed") for s in r.get("scores") or ())
+                if any(s.n_changed for s in r.scores)
             ]
             scores = f"; score changed at {', '.join(changed)}" if changed else "; no score change at any length"
-            out.append(f"per length, {c.get('variant')} {entry.get('task')}: {span}{kl}{scores}")
+            out.append(f"per length, {c.variant} {entry.task}: {span}{kl}{scores}")
     return out
 
 
-def failed_gates_table(compare: Mapping[str, Any]) -> Table | None:
-    rows = [
-        (c, g)
-        for c in compare.get("comparisons") or ()
-        for g in c.get("gates") or ()
-        if g.get("status") == "fail"
-    ]
+def failed_gates_table(compare: ComparisonDocument) -> Table | None:
+    rows = [(c, g) for c in compare.comparisons for g in c.gates if g.status == "fail"]
     if not rows:
         return None
     table = _table(
@@ -170,26 +158,25 @@ def failed_gates_table(compare: Mapping[str, Any]) -> Table | None:
     )
     for c, g in rows:
         table.add_row(
-            _text(c.get("variant")), _text(g.get("gate")), _text(g.get("task")),
-            _text(g.get("metric") or DASH), fmt_num(g.get("measured")), fmt_num(g.get("threshold")),
-            fmt_num(g.get("aa_value")), _text(g.get("detail") or ""),
+            _text(c.variant), _text(g.gate), _text(g.task), _text(g.metric or DASH),
+            fmt_num(g.measured), fmt_num(g.threshold), fmt_num(g.aa_value), _text(g.detail),
         )
     return table
 
 
-def _path_lines(c: Mapping[str, Any]) -> list[str]:
+def _path_lines(c: Comparison) -> list[str]:
     """Why an INCONCLUSIVE comparison proves nothing: its path reasons (the comparison's own
-    reasons when the paths are missing, a hand-made compare.json)."""
-    reasons = path_reasons(c) if paths_inconclusive(c) else [str(r) for r in c.get("reasons") or ()]
-    outputs = f" (the outputs alone: {c['outputs_status']})" if c.get("outputs_status") else ""
-    head = f"{variant_of(c)} vs {reference_of(c)}: the paths prove nothing{outputs}"
+    reasons when its paths do not say)."""
+    reasons = path_reasons(c) if paths_inconclusive(c) else list(c.reasons)
+    outputs = f" (the outputs alone: {c.outputs_status})" if c.outputs_status else ""
+    head = f"{c.variant} vs {c.reference}: the paths prove nothing{outputs}"
     lines = [_plain(head)] + [f"  - {_plain(r)}" for r in reasons[:MAX_REASONS]]
     if len(reasons) > MAX_REASONS:
         lines.append(f"  \u2026 {len(reasons) - MAX_REASONS} more in report.md")
     return lines
 
 
-def what_ran_table(compare: Mapping[str, Any]) -> Table | None:
+def what_ran_table(compare: ComparisonDocument) -> Table | None:
     """The sides side by side, as in report.md's "What ran" (rows that differ in bold); None without records."""
     view = what_ran_view(compare, _plain)
     if view is None or view["table"] is None:
@@ -205,9 +192,9 @@ def what_ran_table(compare: Mapping[str, Any]) -> Table | None:
     return table
 
 
-def _print_paths(compare: Mapping[str, Any], console: Console) -> None:
+def _print_paths(compare: ComparisonDocument, console: Console) -> None:
     for c, _ in judged_entries(compare):
-        if c.get("status") == Status.INCONCLUSIVE.value:
+        if c.status == Status.INCONCLUSIVE.value:
             for line in _path_lines(c):
                 console.print(Text(line, style=PATH_STYLE))
     table = what_ran_table(compare)
@@ -215,7 +202,7 @@ def _print_paths(compare: Mapping[str, Any], console: Console) -> None:
         console.print(table)
 
 
-def _gates_passed_line(counts: Mapping[str, int], compare: Mapping[str, Any]) -> Text:
+def _gates_passed_line(counts: Mapping[str, int], compare: ComparisonDocument) -> Text:
     skipped = f" ({counts['skip']} skipped)" if counts["skip"] else ""
     passed = counts["total"] - counts["skip"]
     if inconclusive_variants(compare):
@@ -225,19 +212,14 @@ def _gates_passed_line(counts: Mapping[str, int], compare: Mapping[str, Any]) ->
     return Text(f"all {passed} gates passed{skipped}", style="green")
 
 
-def print_summary(compare: Any, console: Console | None = None) -> None:
+def print_summary(compare: ComparisonDocument, console: Console | None = None) -> None:
     """Verdict line, why the paths prove nothing (INCONCLUSIVE) and what ran, the scores and
     token tables, then the failed gates (or that all passed)."""
     console = console or Console()
-    compare = as_dict(compare)
-    status = compare.get("status", "")
-    console.print(Text.assemble(_text(f"{compare.get('run_id', '')}: "), _text(status, style=_style(status))))
-    nf = compare.get("noise_floor")
-    if nf:
-        console.print(Text.assemble(
-            _text(f"A/A noise floor ({nf.get('variant', nf.get('b', ''))}): "),
-            _text(nf.get("status", ""), style=_style(nf.get("status"))),
-        ))
+    console.print(Text.assemble(_text(f"{compare.run_id}: "), _text(compare.status, style=_style(compare.status))))
+    nf = compare.noise_floor
+    if nf is not None:
+        console.print(Text.assemble(_text(f"A/A noise floor ({nf.variant}): "), _text(nf.status, style=_style(nf.status))))
     _print_paths(compare, console)
     console.print(scores_table(compare))
     console.print(tokens_table(compare))
@@ -251,12 +233,12 @@ def print_summary(compare: Any, console: Console | None = None) -> None:
         console.print(_gates_passed_line(counts, compare))
     else:
         # no gates: the reasons are the only account of what differs (the path reasons are printed above)
-        for c in compare.get("comparisons") or ():
-            if c.get("status") == "IDENTICAL":
+        for c in compare.comparisons:
+            if c.status == Status.IDENTICAL.value:
                 continue
-            shown = set(path_reasons(c)) if c.get("status") == Status.INCONCLUSIVE.value else set()
-            reasons = [str(r) for r in c.get("reasons") or () if str(r) not in shown]
+            shown = set(path_reasons(c)) if c.status == Status.INCONCLUSIVE.value else set()
+            reasons = [r for r in c.reasons if r not in shown]
             for r in reasons[:MAX_REASONS]:
-                console.print(_text(f"  {c.get('variant')}: {r}"))
+                console.print(_text(f"  {c.variant}: {r}"))
             if len(reasons) > MAX_REASONS:
-                console.print(_text(f"  {c.get('variant')}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))
+                console.print(_text(f"  {c.variant}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))

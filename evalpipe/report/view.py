@@ -1,4 +1,4 @@
-"""The report's content as plain data, built from compare.json and run.json dicts.
+"""The report's content as plain data, built from the comparison document and the run.json dict.
 
 report.md and report.html show the same content in the same order, so both render
 one view. The view holds no markup: structure (top-k items, which one to mark, gate
@@ -6,8 +6,8 @@ status) stays data for the templates. The renderers differ only in how untrusted
 text is made safe, so the builder takes ``esc``: every piece of model or dataset
 text, and every label that could clash with the output syntax, passes through it.
 
-Only ``dict.get`` with defaults reads the compare dict, so older compare.json files
-(no gates, no teacher-forced or A/A comparison, fewer token fields) still render.
+The comparison is read by attribute from its typed document
+(:mod:`evalpipe.documents.comparison`); run.json is read tolerantly (any key may be missing).
 """
 
 from __future__ import annotations
@@ -18,11 +18,28 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from evalpipe.artifacts import variant_names_from_info
 from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
+from evalpipe.documents.comparison import (
+    Comparison,
+    ComparisonDocument,
+    FlippedItem,
+    FreeFigures,
+    GroupFigures,
+    GroupScore,
+    LengthRow,
+    Paths,
+    ScoreRow,
+    SideCheck,
+    TaskBreakdown,
+    TeacherFigures,
+    TokenSummary,
+    WorstExample,
+)
+from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.redact import redact
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
@@ -57,16 +74,6 @@ def show_controls(s: str, keep: str = "") -> str:
     They break table rows, are invalid in HTML and cannot be encoded as UTF-8.
     """
     return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else f"\\u{ord(m.group()):04x}", s)
-
-
-def as_dict(compare: Any) -> dict[str, Any]:
-    """The compare.json dict; also accepts an object with ``to_dict()`` (a RunComparison)."""
-    if isinstance(compare, Mapping):
-        return dict(compare)
-    to_dict = getattr(compare, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
-    raise TypeError(f"expected the compare.json dict, got {type(compare).__name__}")
 
 
 # ---------------------------------------------------------------------------
@@ -160,24 +167,38 @@ def _quoted(text: Any) -> str:
     return json.dumps(str(text), ensure_ascii=False)
 
 
-def _token(w: Mapping[str, Any], side: str, esc: Esc) -> dict[str, Any]:
-    tok = w.get(f"token_{side}")
+class _HasTask(Protocol):
+    @property
+    def task(self) -> str: ...
+
+
+_T = TypeVar("_T", bound=_HasTask)
+
+
+def _side(w: WorstExample, side: str) -> tuple[int | None, str | None, float | None, int]:
+    """(token, its text, its logprob, sequence length) of side "a" or "b" at the example's position."""
+    if side == "a":
+        return w.token_a, w.token_text_a, w.logprob_a, w.len_a
+    return w.token_b, w.token_text_b, w.logprob_b, w.len_b
+
+
+def _token(w: WorstExample, side: str, esc: Esc) -> dict[str, Any]:
+    tok, text, lp, length = _side(w, side)
     if tok is None:
-        return {"ended": f"ended after {w.get(f'len_{side}', '?')} tokens"}
-    text = w.get(f"token_text_{side}")
+        return {"ended": f"ended after {length} tokens"}
     return {
         "ended": None,
         "id": esc(str(tok)),
         "text": esc(_quoted(text)) if text is not None else None,
-        "lp": fmt_lp(w.get(f"logprob_{side}")),
+        "lp": fmt_lp(lp),
     }
 
 
-def _topk(w: Mapping[str, Any], side: str, other: str, esc: Esc) -> dict[str, Any]:
-    ids = list(w.get(f"topk_ids_{side}") or [])
-    lps = list(w.get(f"topk_logprobs_{side}") or [])
-    texts = list(w.get(f"topk_texts_{side}") or [])
-    mark = w.get(f"token_{other}")
+def _topk(w: WorstExample, side: str, esc: Esc) -> dict[str, Any]:
+    if side == "a":
+        ids, lps, texts, mark = w.topk_ids_a or [], w.topk_logprobs_a or [], w.topk_texts_a or [], w.token_b
+    else:
+        ids, lps, texts, mark = w.topk_ids_b or [], w.topk_logprobs_b or [], w.topk_texts_b or [], w.token_a
     items = []
     for i, tid in enumerate(ids[:TOPK_SHOWN]):
         items.append(
@@ -191,42 +212,40 @@ def _topk(w: Mapping[str, Any], side: str, other: str, esc: Esc) -> dict[str, An
     return {"items": items, "more": len(ids) > TOPK_SHOWN}
 
 
-def _example_view(w: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
-    ex_a, ex_b = excerpts(w.get("response_a"), w.get("response_b"))
+def _example_view(w: WorstExample, esc: Esc) -> dict[str, Any]:
+    ex_a, ex_b = excerpts(w.response_a, w.response_b)
     measures = []
-    if w.get("kl") is not None:
-        measures.append(f"KL {fmt_small(w['kl'])}")
+    if w.kl is not None:
+        measures.append(f"KL {fmt_small(w.kl)}")
     # at a divergence the two tokens differ, so their logprob difference means nothing
-    if w.get("abs_dlogprob") is not None and w.get("kind") != "earliest_divergence":
-        measures.append(f"|Δlogprob| {fmt_small(w['abs_dlogprob'])}")
-    context = w.get("context")
+    if w.abs_dlogprob is not None and w.kind != "earliest_divergence":
+        measures.append(f"|Δlogprob| {fmt_small(w.abs_dlogprob)}")
+    context = w.context
     if context and len(context) > CONTEXT_CHARS:
         context = ELLIPSIS + context[-CONTEXT_CHARS:]
-    pos = w.get("pos")
     return {
-        "where": esc(fmt_where(w.get("doc_id"), w.get("repeat"), None) + f", position {pos}"),
+        "where": esc(fmt_where(w.doc_id, w.repeat, None) + f", position {w.pos}"),
         "measures": esc(", ".join(measures)),
         "token_a": _token(w, "a", esc),
         "token_b": _token(w, "b", esc),
-        "topk_a": _topk(w, "a", "b", esc),
-        "topk_b": _topk(w, "b", "a", esc),
+        "topk_a": _topk(w, "a", esc),
+        "topk_b": _topk(w, "b", esc),
         "context": esc(context) if context else "",
         "response_a": esc(ex_a),
         "response_b": esc(ex_b),
-        "target": esc(w.get("target"), EXCERPT_CHARS) if w.get("target") else "",
+        "target": esc(w.target, EXCERPT_CHARS) if w.target else "",
     }
 
 
-def _flipped_view(f: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
-    ex_a, ex_b = excerpts(f.get("response_a"), f.get("response_b"))
-    score_a, score_b = f.get("score_a"), f.get("score_b")
+def _flipped_view(f: FlippedItem, esc: Esc) -> dict[str, Any]:
+    ex_a, ex_b = excerpts(f.response_a, f.response_b)
     return {
-        "where": esc(f"{f.get('doc_id')}" + (f" repeat {f['repeat']}" if f.get("repeat") else "")),
-        "scores": esc(f"{fmt_num(score_a)} \u2192 {fmt_num(score_b)}"),
-        "question": esc(f.get("question"), EXCERPT_CHARS),
-        "target": esc(f.get("target"), EXCERPT_CHARS),
-        "answer_a": esc(f.get("answer_a"), EXCERPT_CHARS),
-        "answer_b": esc(f.get("answer_b"), EXCERPT_CHARS),
+        "where": esc(f"{f.doc_id}" + (f" repeat {f.repeat}" if f.repeat else "")),
+        "scores": esc(f"{fmt_num(f.score_a)} \u2192 {fmt_num(f.score_b)}"),
+        "question": esc(f.question, EXCERPT_CHARS),
+        "target": esc(f.target, EXCERPT_CHARS),
+        "answer_a": esc(f.answer_a, EXCERPT_CHARS),
+        "answer_b": esc(f.answer_b, EXCERPT_CHARS),
         "response_a": esc(ex_a),
         "response_b": esc(ex_b),
     }
@@ -237,83 +256,72 @@ def _flipped_view(f: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def _changed(r: Mapping[str, Any]) -> str:
-    s = f"{r.get('n_changed', 0)}/{r.get('n_paired', 0)}"
-    if r.get("binary") and r.get("n_changed"):
-        s += f" ({r.get('a_right_b_wrong')} right\u2192wrong, {r.get('a_wrong_b_right')} wrong\u2192right)"
-    if r.get("n_missing"):
-        s += f", {r['n_missing']} scored on one side only"
+def _changed(r: ScoreRow) -> str:
+    s = f"{r.n_changed}/{r.n_paired}"
+    if r.binary and r.n_changed:
+        s += f" ({r.a_right_b_wrong} right\u2192wrong, {r.a_wrong_b_right} wrong\u2192right)"
+    if r.n_missing:
+        s += f", {r.n_missing} scored on one side only"
     return s
 
 
-def _stats_view(r: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
+def _stats_view(r: ScoreRow, esc: Esc) -> dict[str, Any]:
     """Means ± SE, Δ with its CI, McNemar, TOST, detectable Δ."""
-    n = r.get("n_paired") or 0
+    n = r.n_paired
     if n == 0:
         tost = "n/a"
     else:
-        tost = ("yes " if r.get("equivalent") else "no ") + fmt_ci(r.get("tost_ci_low"), r.get("tost_ci_high"))
-    n_clusters = r.get("n_clusters", n)
-    clusters = f" in {n_clusters} clusters" if n_clusters != n else ""
+        tost = ("yes " if r.equivalent else "no ") + fmt_ci(r.tost_ci_low, r.tost_ci_high)
+    clusters = f" in {r.n_clusters} clusters" if r.n_clusters != n else ""
     return {
-        "metric": esc(r.get("metric")),
-        "a": _fmt_mean_se(r.get("mean_a"), r.get("se_a")),
-        "b": _fmt_mean_se(r.get("mean_b"), r.get("se_b")),
-        "delta": f"{fmt_delta(r.get('delta'))} {fmt_ci(r.get('ci_low'), r.get('ci_high'))}" if n else "n/a",
-        "mcnemar": fmt_p(r.get("mcnemar_p")),
+        "metric": esc(r.metric),
+        "a": _fmt_mean_se(r.mean_a, r.se_a),
+        "b": _fmt_mean_se(r.mean_b, r.se_b),
+        "delta": f"{fmt_delta(r.delta)} {fmt_ci(r.ci_low, r.ci_high)}" if n else "n/a",
+        "mcnemar": fmt_p(r.mcnemar_p),
         "tost": tost,
-        "mdd": fmt_score(r.get("mdd")),
+        "mdd": fmt_score(r.mdd),
         "n": f"{n}{clusters}",
     }
 
 
-def _flipped_section(r: Mapping[str, Any], esc: Esc) -> dict[str, Any] | None:
-    flipped = list(r.get("flipped") or [])
-    if not flipped:
+def _flipped_section(r: ScoreRow, esc: Esc) -> dict[str, Any] | None:
+    if not r.flipped:
         return None
-    total = r.get("n_flipped") or len(flipped)
-    shown = min(FLIPPED_SHOWN, len(flipped))
+    total = r.n_flipped or len(r.flipped)
+    shown = min(FLIPPED_SHOWN, len(r.flipped))
     return {
-        "metric": esc(r.get("metric")),
+        "metric": esc(r.metric),
         "count": f"{total}" if total <= shown else f"first {shown} of {total}",
-        "rows": [_flipped_view(f, esc) for f in flipped[:FLIPPED_SHOWN]],
+        "rows": [_flipped_view(f, esc) for f in r.flipped[:FLIPPED_SHOWN]],
     }
 
 
-def _top1_agree(t: Mapping[str, Any]) -> str:
-    n_pos = t.get("n_positions_compared")
-    n_dis = t.get("n_top1_disagree")
-    if n_dis is not None and n_pos is not None:
-        return fmt_pct(n_pos - n_dis, n_pos)
-    share = t.get("share_top1_agree")
-    return DASH if share is None else f"{100.0 * share:.1f}%"
+def _triplet(*values: float | None) -> str:
+    return " / ".join(fmt_small(v) for v in values)
 
 
-def _triplet(t: Mapping[str, Any], *keys: str) -> str:
-    return " / ".join(fmt_small(t.get(k)) for k in keys)
-
-
-# (label, cell) of the token summary table; a cell is computed from one TaskTokenSummary dict.
-TOKEN_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
-    ("samples compared", lambda t: f"{t.get('n_samples', 0)}"),
-    ("only in reference / variant", lambda t: f"{t.get('only_a', 0)} / {t.get('only_b', 0)}"),
-    ("ids identical", lambda t: fmt_pct(t.get("n_ids_identical"), t.get("n_samples"))),
-    ("bitwise identical", lambda t: fmt_pct(t.get("n_identical"), t.get("n_samples"))),
-    ("differ in length", lambda t: fmt_num(t.get("n_length_diff"))),
-    ("median first divergence", lambda t: fmt_num(t.get("median_first_divergence"))),
-    ("first divergences near-tie / hard", lambda t: f"{fmt_num(t.get('n_near_tie_divergences'))} / {fmt_num(t.get('n_hard_divergences'))}"),
-    ("positions compared", lambda t: fmt_num(t.get("n_positions_compared"))),
-    ("top-k sets equal", lambda t: fmt_pct(t.get("n_positions_topk_equal"), t.get("n_positions_compared"))),
-    ("|Δlogprob| p50 / p99 / max", lambda t: _triplet(t, "abs_dlogprob_p50", "abs_dlogprob_p99", "max_abs_dlogprob")),
-    ("mean |Δlogprob|", lambda t: fmt_small(t.get("mean_abs_dlogprob"))),
-    ("KL p50 / p99 / max", lambda t: _triplet(t, "kl_p50", "kl_p99", "kl_max")),
-    ("largest KL at", lambda t: _triple(t.get("kl_max_at"))),
-    ("top-1 agreement", _top1_agree),
-    ("hard top-1 flips", lambda t: fmt_num(t.get("n_top1_hard"))),
+# (label, cell) of the token summary table; a cell is computed from one token summary.
+TOKEN_ROWS: tuple[tuple[str, Callable[[TokenSummary], str]], ...] = (
+    ("samples compared", lambda t: f"{t.n_samples}"),
+    ("only in reference / variant", lambda t: f"{t.only_a} / {t.only_b}"),
+    ("ids identical", lambda t: fmt_pct(t.n_ids_identical, t.n_samples)),
+    ("bitwise identical", lambda t: fmt_pct(t.n_identical, t.n_samples)),
+    ("differ in length", lambda t: fmt_num(t.n_length_diff)),
+    ("median first divergence", lambda t: fmt_num(t.median_first_divergence)),
+    ("first divergences near-tie / hard", lambda t: f"{fmt_num(t.n_near_tie_divergences)} / {fmt_num(t.n_hard_divergences)}"),
+    ("positions compared", lambda t: fmt_num(t.n_positions_compared)),
+    ("top-k sets equal", lambda t: fmt_pct(t.n_positions_topk_equal, t.n_positions_compared)),
+    ("|Δlogprob| p50 / p99 / max", lambda t: _triplet(t.abs_dlogprob_p50, t.abs_dlogprob_p99, t.max_abs_dlogprob)),
+    ("mean |Δlogprob|", lambda t: fmt_small(t.mean_abs_dlogprob)),
+    ("KL p50 / p99 / max", lambda t: _triplet(t.kl_p50, t.kl_p99, t.kl_max)),
+    ("largest KL at", lambda t: _triple(t.kl_max_at)),
+    ("top-1 agreement", lambda t: fmt_pct(t.n_positions_compared - t.n_top1_disagree, t.n_positions_compared)),
+    ("hard top-1 flips", lambda t: fmt_num(t.n_top1_hard)),
 )
 
 
-def _token_table(columns: list[tuple[str, Mapping[str, Any]]], esc: Esc) -> dict[str, Any] | None:
+def _token_table(columns: list[tuple[str, TokenSummary]], esc: Esc) -> dict[str, Any] | None:
     if not columns:
         return None
     return {
@@ -322,26 +330,32 @@ def _token_table(columns: list[tuple[str, Mapping[str, Any]]], esc: Esc) -> dict
     }
 
 
-def _worst_sections(t: Mapping[str, Any] | None, teacher: bool, esc: Esc) -> list[dict[str, Any]]:
+def _worst_lists(t: TokenSummary) -> tuple[list[WorstExample], ...]:
+    """The worst-example lists of a token summary, in WORST_LISTS' order."""
+    return t.worst_divergence, t.worst_logprob, t.worst_kl
+
+
+def _worst_sections(t: TokenSummary | None, teacher: bool, esc: Esc) -> list[dict[str, Any]]:
+    if t is None:
+        return []
     out = []
-    for key, free_title, teacher_title in WORST_LISTS:
-        examples = list((t or {}).get(key) or [])
+    for (_, free_title, teacher_title), examples in zip(WORST_LISTS, _worst_lists(t)):
         if examples:
             title = f"{teacher_title} (teacher-forced)" if teacher else f"{free_title} (free-running)"
             out.append({"title": esc(title), "examples": [_example_view(w, esc) for w in examples]})
     return out
 
 
-def _by_task(items: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
-    return {str(t.get("task")): t for t in items or ()}
+def _by_task(items: Iterable[_T] | None) -> dict[str, _T]:
+    return {t.task: t for t in items or ()}
 
 
-def _task_view(task: str, c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
-    rows = [r for r in c.get("scores") or () if r.get("task") == task]
-    free = _by_task(c.get("tokens")).get(task)
-    teacher = _by_task(c.get("teacher")).get(task)
-    free_aa = _by_task(nf.get("tokens")).get(task)
-    teacher_aa = _by_task(nf.get("teacher")).get(task)
+def _task_view(task: str, c: Comparison, nf: Comparison | None, esc: Esc) -> dict[str, Any]:
+    rows = [r for r in c.scores if r.task == task]
+    free = _by_task(c.tokens).get(task)
+    teacher = _by_task(c.teacher).get(task)
+    free_aa = _by_task(nf.tokens if nf else None).get(task)
+    teacher_aa = _by_task(nf.teacher if nf else None).get(task)
     columns = [
         (label, t)
         for label, t in (
@@ -352,20 +366,20 @@ def _task_view(task: str, c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc)
         )
         if t is not None
     ]
-    margins = sorted({r.get("margin") for r in rows if r.get("margin") is not None})
+    margins = sorted({r.margin for r in rows if r.margin is not None})
     notes = []
-    if free and free.get("hard_divergences"):
-        notes.append(("Hard free-running divergences", _positions(free["hard_divergences"], free.get("n_hard_divergences"))))
-    if teacher and teacher.get("top1_hard_positions"):
-        notes.append(("Hard teacher-forced top-1 flips", _positions(teacher["top1_hard_positions"], teacher.get("n_top1_hard"))))
+    if free and free.hard_divergences:
+        notes.append(("Hard free-running divergences", _positions(free.hard_divergences, free.n_hard_divergences)))
+    if teacher and teacher.top1_hard_positions:
+        notes.append(("Hard teacher-forced top-1 flips", _positions(teacher.top1_hard_positions, teacher.n_top1_hard)))
     return {
         "name": esc(task),
         "scores": [
             {
-                "metric": esc(r.get("metric")),
-                "a": fmt_score(r.get("mean_a")),
-                "b": fmt_score(r.get("mean_b")),
-                "delta": fmt_delta(r.get("delta")),
+                "metric": esc(r.metric),
+                "a": fmt_score(r.mean_a),
+                "b": fmt_score(r.mean_b),
+                "delta": fmt_delta(r.delta),
                 "changed": esc(_changed(r)),
             }
             for r in rows
@@ -394,50 +408,46 @@ LENGTH_NOTE = (
 )
 
 
-def _primary_metric(entry: Mapping[str, Any]) -> str | None:
+def _primary_metric(entry: TaskBreakdown) -> str | None:
     """The metric the table shows: the first 0/1 metric of the task, else its first metric."""
-    metrics = [str(m) for m in entry.get("metrics") or ()]
-    binary = {
-        str(s.get("metric"))
-        for r in entry.get("lengths") or ()
-        for s in r.get("scores") or ()
-        if s.get("binary")
-    }
-    return next((m for m in metrics if m in binary), metrics[0] if metrics else None)
+    binary = {s.metric for r in entry.lengths for s in r.scores if s.binary}
+    return next((m for m in entry.metrics if m in binary), entry.metrics[0] if entry.metrics else None)
 
 
-def _score_of(row: Mapping[str, Any], metric: str | None) -> Mapping[str, Any]:
-    return next((s for s in row.get("scores") or () if str(s.get("metric")) == metric), {})
+def _score_of(row: GroupFigures, metric: str | None) -> GroupScore | None:
+    return next((s for s in row.scores if s.metric == metric), None)
 
 
-def _trace_source(entry: Mapping[str, Any]) -> str:
+def _trace_source(entry: TaskBreakdown) -> str:
     """'teacher' when the rows carry teacher-forced figures, else 'free'."""
-    rows = list(entry.get("lengths") or ()) + list(entry.get("depths") or ())
-    return "teacher" if any(r.get("teacher") for r in rows) else "free"
+    rows: list[GroupFigures] = [*entry.lengths, *entry.depths]
+    return "teacher" if any(r.teacher is not None for r in rows) else "free"
 
 
-def _split_cell(row: Mapping[str, Any] | None, key: str, fmt: Callable[[Any], str], split: bool, source: str) -> str:
+Figure = Callable[[FreeFigures | TeacherFigures], Any]  # one figure of a row's free-running or teacher-forced part
+
+
+def _split_cell(row: GroupFigures | None, figure: Figure, fmt: Callable[[Any], str], split: bool, source: str) -> str:
     """One figure of a row: 'prompt / continuation' when split, else over all positions."""
-    if not row:
+    if row is None:
         return DASH
     if source == "free":
-        return fmt((row.get("free") or {}).get(key)) if row.get("free") else DASH
+        return fmt(figure(row.free)) if row.free else DASH
     if split:
-        parts = [row.get("teacher_prompt"), row.get("teacher_continuation")]
-        return " / ".join(fmt(p.get(key)) if p else DASH for p in parts)
-    return fmt((row.get("teacher") or {}).get(key)) if row.get("teacher") else DASH
+        parts = [row.teacher_prompt, row.teacher_continuation]
+        return " / ".join(fmt(figure(p)) if p else DASH for p in parts)
+    return fmt(figure(row.teacher)) if row.teacher else DASH
 
 
-def _n_items(row: Mapping[str, Any]) -> str:
-    n, g = row.get("n_items", 0), row.get("n_clusters", row.get("n_items", 0))
-    return f"{n}" + (f" in {g} clusters" if g != n else "")
+def _n_items(row: GroupFigures) -> str:
+    return f"{row.n_items}" + (f" in {row.n_clusters} clusters" if row.n_clusters != row.n_items else "")
 
 
-def _free_div(row: Mapping[str, Any]) -> str:
-    f = row.get("free")
+def _free_div(row: GroupFigures) -> str:
+    f = row.free
     if not f:
         return DASH
-    return f"{f.get('n_divergent', 0)}/{f.get('n_samples', 0)} ({f.get('n_hard_divergences', 0)} hard)"
+    return f"{f.n_divergent}/{f.n_samples} ({f.n_hard_divergences} hard)"
 
 
 def _group_columns(
@@ -455,29 +465,40 @@ def _group_columns(
     return cols
 
 
+def _kl_max(f: FreeFigures | TeacherFigures) -> float | None:
+    return f.kl_max
+
+
+def _max_abs_dlogprob(f: FreeFigures | TeacherFigures) -> float | None:
+    return f.max_abs_dlogprob
+
+
+def _top1_hard(f: FreeFigures | TeacherFigures) -> int | None:
+    return f.n_top1_hard if isinstance(f, TeacherFigures) else None
+
+
 def _group_cells(
-    row: Mapping[str, Any], aa_row: Mapping[str, Any] | None, metric: str | None, source: str, split: bool, with_aa: bool
+    row: GroupFigures, aa_row: GroupFigures | None, metric: str | None, source: str, split: bool, with_aa: bool
 ) -> list[str]:
     s = _score_of(row, metric)
-    n = s.get("n_paired") or 0
     cells = [
-        fmt_score(s.get("mean_a")) if s else DASH,
-        fmt_score(s.get("mean_b")) if s else DASH,
-        f"{fmt_delta(s.get('delta'))} {fmt_ci(s.get('ci_low'), s.get('ci_high'))}" if n else "n/a",
-        fmt_p(s.get("mcnemar_p")) if s else DASH,
+        fmt_score(s.mean_a) if s else DASH,
+        fmt_score(s.mean_b) if s else DASH,
+        f"{fmt_delta(s.delta)} {fmt_ci(s.ci_low, s.ci_high)}" if s and s.n_paired else "n/a",
+        fmt_p(s.mcnemar_p) if s else DASH,
         _free_div(row),
-        _split_cell(row, "kl_max", fmt_small, split, source),
+        _split_cell(row, _kl_max, fmt_small, split, source),
     ]
     if with_aa:
-        cells.append(_split_cell(aa_row, "kl_max", fmt_small, split, source))
-    cells.append(_split_cell(row, "max_abs_dlogprob", fmt_small, split, source))
+        cells.append(_split_cell(aa_row, _kl_max, fmt_small, split, source))
+    cells.append(_split_cell(row, _max_abs_dlogprob, fmt_small, split, source))
     if source == "teacher":
-        cells.append(_split_cell(row, "n_top1_hard", fmt_num, split, source))
+        cells.append(_split_cell(row, _top1_hard, fmt_num, split, source))
     return cells
 
 
-def _kind(row: Mapping[str, Any]) -> str:
-    kind, tags = row.get("length_kind") or DASH, row.get("length_tags")
+def _kind(row: LengthRow) -> str:
+    kind, tags = row.length_kind or DASH, row.length_tags
     return f"{kind} ({tags})" if tags else str(kind)
 
 
@@ -488,27 +509,25 @@ def _span(values: Sequence[Any]) -> str:
     return str(vals[0]) if len(vals) == 1 else f"{min(vals)}\u2013{max(vals)} ({len(vals)})"
 
 
-def _length_section(
-    task: str, c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc
-) -> dict[str, Any] | None:
-    entry = _by_task(c.get("by_length")).get(task)
-    if not entry:
+def _length_section(task: str, c: Comparison, nf: Comparison | None, esc: Esc) -> dict[str, Any] | None:
+    entry = _by_task(c.by_length).get(task)
+    if entry is None:
         return None
-    aa = _by_task(nf.get("by_length")).get(task) if nf else None
+    aa = _by_task(nf.by_length if nf else None).get(task)
     metric = _primary_metric(entry)
     source = _trace_source(entry)
-    split = bool(entry.get("has_prompt_positions")) and source == "teacher"
+    split = entry.has_prompt_positions and source == "teacher"
     with_aa = aa is not None
-    ref, var = str(c.get("reference", c.get("a"))), str(c.get("variant", c.get("b")))
-    aa_len = {r.get("target_length"): r for r in (aa or {}).get("lengths") or ()}
-    aa_depth = {r.get("depth_bin"): r for r in (aa or {}).get("depths") or ()}
+    ref, var = c.reference, c.variant
+    aa_len = {r.target_length: r for r in (aa.lengths if aa else ())}
+    aa_depth = {r.depth_bin: r for r in (aa.depths if aa else ())}
     lengths = [
         {
-            "edge": r.get("length_kind") == "edge",
-            "cells": [esc(x) for x in [fmt_num(r.get("target_length")), _kind(r), _n_items(r)]
-                      + _group_cells(r, aa_len.get(r.get("target_length")), metric, source, split, with_aa)],
+            "edge": r.length_kind == "edge",
+            "cells": [esc(x) for x in [fmt_num(r.target_length), _kind(r), _n_items(r)]
+                      + _group_cells(r, aa_len.get(r.target_length), metric, source, split, with_aa)],
         }
-        for r in entry.get("lengths") or ()
+        for r in entry.lengths
     ]
     depths = [
         {
@@ -516,19 +535,19 @@ def _length_section(
             "cells": [
                 esc(x)
                 for x in [
-                    f"{r.get('depth_bin', 0):.1f} ({r.get('depth_min', 0):.2f}\u2013{r.get('depth_max', 0):.2f})",
-                    _span(r.get("lengths")),
+                    f"{r.depth_bin:.1f} ({r.depth_min:.2f}\u2013{r.depth_max:.2f})",
+                    _span(r.lengths),
                     _n_items(r),
                 ]
-                + _group_cells(r, aa_depth.get(r.get("depth_bin")), metric, source, split, with_aa)
+                + _group_cells(r, aa_depth.get(r.depth_bin), metric, source, split, with_aa)
             ],
         }
-        for r in entry.get("depths") or ()
+        for r in entry.depths
     ]
-    others = [m for m in entry.get("metrics") or () if m != metric]
+    others = [m for m in entry.metrics if m != metric]
     return {
         "metric": esc(metric or DASH),
-        "other_metrics": esc(", ".join(map(str, others))) if others else "",
+        "other_metrics": esc(", ".join(others)) if others else "",
         "note": esc(LENGTH_NOTE),
         "length_columns": [esc(x) for x in _group_columns(["length", "kind (tags)", "items"], ref, var, metric, source, split, with_aa)],
         "lengths": lengths,
@@ -539,23 +558,19 @@ def _length_section(
     }
 
 
-def _comparison_view(c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc) -> dict[str, Any]:
-    tasks = sorted(
-        {str(r.get("task")) for r in c.get("scores") or ()}
-        | set(_by_task(c.get("tokens")))
-        | set(_by_task(c.get("teacher")))
-    )
+def _comparison_view(c: Comparison, nf: Comparison | None, esc: Esc) -> dict[str, Any]:
+    tasks = sorted({r.task for r in c.scores} | set(_by_task(c.tokens)) | set(_by_task(c.teacher)))
     only = [
-        esc(f"metrics reported only by {who}: {', '.join(map(str, ms))}")
-        for who, ms in ((c.get("reference"), c.get("metrics_only_a")), (c.get("variant"), c.get("metrics_only_b")))
+        esc(f"metrics reported only by {who}: {', '.join(ms)}")
+        for who, ms in ((c.reference, c.metrics_only_a), (c.variant, c.metrics_only_b))
         if ms
     ]
     return {
-        "reference": esc(c.get("reference", c.get("a"))),
-        "variant": esc(c.get("variant", c.get("b"))),
-        "status": esc(c.get("status", "")),
-        "outputs_status": esc(c.get("outputs_status") or ""),
-        "reasons": [esc(r) for r in c.get("reasons") or ()],
+        "reference": esc(c.reference),
+        "variant": esc(c.variant),
+        "status": esc(c.status),
+        "outputs_status": esc(c.outputs_status or ""),
+        "reasons": [esc(r) for r in c.reasons],
         "only": only,
         "tasks": [_task_view(task, c, nf, esc) for task in tasks],
     }
@@ -566,42 +581,36 @@ def _comparison_view(c: Mapping[str, Any], nf: Mapping[str, Any], esc: Esc) -> d
 # ---------------------------------------------------------------------------
 
 
-def _gate_rows(compare: Mapping[str, Any], esc: Esc) -> list[dict[str, Any]]:
+def _gate_rows(compare: ComparisonDocument, esc: Esc) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for c in compare.get("comparisons") or ():
-        for g in c.get("gates") or ():
-            status = str(g.get("status", "skip"))
-            evidence = [str(e) for e in g.get("evidence") or ()]
-            more = len(evidence) - EVIDENCE_SHOWN
+    for c in compare.comparisons:
+        for g in c.gates:
+            more = len(g.evidence) - EVIDENCE_SHOWN
             rows.append(
                 {
-                    "variant": esc(c.get("variant", c.get("b"))),
-                    "gate": esc(g.get("gate")),
-                    "task": esc(g.get("task")),
-                    "metric": esc(g.get("metric")) if g.get("metric") else "",
-                    # fmt_num passes a non-number through as text
-                    "measured": esc(fmt_num(g.get("measured"))),
-                    "threshold": esc(fmt_num(g.get("threshold"))),
-                    "aa": esc(fmt_num(g.get("aa_value"))),
-                    # the templates test it; any other value is shown as text
-                    "status": status if status in GATE_ORDER else esc(status),
-                    "detail": esc(g.get("detail")),
-                    "evidence": [esc(e) for e in evidence[:EVIDENCE_SHOWN]]
+                    "variant": esc(c.variant),
+                    "gate": esc(g.gate),
+                    "task": esc(g.task),
+                    "metric": esc(g.metric) if g.metric else "",
+                    "measured": esc(fmt_num(g.measured)),
+                    "threshold": esc(fmt_num(g.threshold)),
+                    "aa": esc(fmt_num(g.aa_value)),
+                    "status": g.status,  # the templates test it
+                    "detail": esc(g.detail),
+                    "evidence": [esc(e) for e in g.evidence[:EVIDENCE_SHOWN]]
                     + ([esc(f"… {more} more in compare.json")] if more > 0 else []),
                 }
             )
-    rows.sort(key=lambda r: GATE_ORDER.get(r["status"], 1))
+    rows.sort(key=lambda r: GATE_ORDER[r["status"]])
     return rows
 
 
-def gate_counts(compare: Mapping[str, Any]) -> dict[str, int]:
+def gate_counts(compare: ComparisonDocument) -> dict[str, int]:
     counts = {"total": 0, "fail": 0, "skip": 0, "pass": 0}
-    for c in compare.get("comparisons") or ():
-        for g in c.get("gates") or ():
+    for c in compare.comparisons:
+        for g in c.gates:
             counts["total"] += 1
-            status = g.get("status")
-            if status in counts:
-                counts[status] += 1
+            counts[g.status] += 1
     return counts
 
 
@@ -678,13 +687,13 @@ def _distinguishing(settings: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {n: "; ".join(f"{k}={_scalar(f[k])}" for k in keys if k in f) for n, f in flat.items()}
 
 
-def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) -> dict[str, Any]:
-    reference = str(compare.get("reference", ""))
-    compared = [str(v) for v in compare.get("variants") or ()]
-    nf = compare.get("noise_floor") or {}
-    aa = str(nf.get("variant", nf.get("b", ""))) if nf else ""
+def _run_header(compare: ComparisonDocument, run_info: dict[str, Any], esc: Esc) -> dict[str, Any]:
+    reference = compare.reference
+    compared = list(compare.variants)
+    nf = compare.noise_floor
+    aa = nf.variant if nf is not None else ""
 
-    rows: list[tuple[str, str]] = [("run id", str(compare.get("run_id", "")))]
+    rows: list[tuple[str, str]] = [("run id", compare.run_id)]
     model = _model_text(run_info.get("model"))
     if model:
         rows.append(("model", model))
@@ -699,13 +708,10 @@ def _run_header(compare: Mapping[str, Any], run_info: dict[str, Any], esc: Esc) 
     versions = run_info.get("versions")
     if isinstance(versions, dict) and versions:
         rows.append(("versions", ", ".join(f"{k} {_scalar(v)}" for k, v in sorted(versions.items()) if v is not None)))
-    gates = compare.get("gates")
-    if isinstance(gates, dict):
-        for group in sorted(gates):
-            if isinstance(gates[group], dict):
-                flat = flatten(gates[group])
-                rows.append((f"{group} gates", ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(flat.items()))))
-    rows.append(("A/A noise floor", f"{aa} vs {reference}: {nf.get('status', '?')}" if nf else "not run"))
+    for group, values in sorted(compare.gates.model_dump(mode="json").items()):
+        flat = flatten(values)
+        rows.append((f"{group} gates", ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(flat.items()))))
+    rows.append(("A/A noise floor", f"{aa} vs {reference}: {nf.status}" if nf is not None else "not run"))
 
     names = variant_names_from_info(run_info) or []
     for n in [reference, *compared, aa]:
@@ -754,54 +760,35 @@ INCONCLUSIVE_NOTE = (
 )
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a mapping, else an empty one (an old or hand-edited compare.json)."""
-    return value if isinstance(value, Mapping) else {}
+def path_reasons(c: Comparison) -> list[str]:
+    return list(c.paths.reasons) if c.paths is not None else []
 
 
-def path_judgement(c: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A comparison's "paths" entry; None for compare.json from before the path probes."""
-    paths = c.get("paths")
-    return paths if isinstance(paths, Mapping) else None
-
-
-def path_reasons(c: Mapping[str, Any]) -> list[str]:
-    return [str(r) for r in _mapping(path_judgement(c)).get("reasons") or ()]
-
-
-def paths_inconclusive(c: Mapping[str, Any]) -> bool:
+def paths_inconclusive(c: Comparison) -> bool:
     """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
-    paths = path_judgement(c)
-    return paths is not None and paths.get("status") in (FAILED, SAME_CODE)
+    return c.paths is not None and c.paths.status in (FAILED, SAME_CODE)
 
 
-def variant_of(c: Mapping[str, Any]) -> str:
-    return str(c.get("variant", c.get("b", "")))
-
-
-def reference_of(c: Mapping[str, Any]) -> str:
-    return str(c.get("reference", c.get("a", "")))
-
-
-def judged_entries(compare: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], bool]]:
+def judged_entries(compare: ComparisonDocument) -> list[tuple[Comparison, bool]]:
     """(comparison, is the A/A one): the comparisons, then the noise floor."""
-    nf = compare.get("noise_floor")
-    return [(c, False) for c in compare.get("comparisons") or ()] + ([(nf, True)] if nf else [])
+    nf = compare.noise_floor
+    return [(c, False) for c in compare.comparisons] + ([(nf, True)] if nf is not None else [])
 
 
-def inconclusive_variants(compare: Mapping[str, Any]) -> list[str]:
-    return [variant_of(c) for c in compare.get("comparisons") or () if c.get("status") == Status.INCONCLUSIVE.value]
+def inconclusive_variants(compare: ComparisonDocument) -> list[str]:
+    return [c.variant for c in compare.comparisons if c.status == Status.INCONCLUSIVE.value]
 
 
-def _side_summary(c: Mapping[str, Any], side: str) -> Mapping[str, Any] | None:
+def _side_summary(c: Comparison, side: str) -> ProbeSummary | None:
     """what_ran.a (the reference) or what_ran.b (the variant) of a comparison."""
-    summary = _mapping(_mapping(path_judgement(c)).get("what_ran")).get(side)
-    return summary if isinstance(summary, Mapping) else None
+    if c.paths is None:
+        return None
+    return c.paths.what_ran.a if side == "a" else c.paths.what_ran.b
 
 
-def _side_check(c: Mapping[str, Any], variant: str) -> Mapping[str, Any] | None:
-    checks = _mapping(path_judgement(c)).get("checks") or ()
-    return next((ch for ch in checks if isinstance(ch, Mapping) and str(ch.get("variant")) == variant), None)
+def _side_check(c: Comparison, variant: str) -> SideCheck | None:
+    checks = c.paths.checks if c.paths is not None else []
+    return next((ch for ch in checks if ch.variant == variant), None)
 
 
 @dataclass(frozen=True)
@@ -810,16 +797,19 @@ class _Column:
 
     name: str
     role: str  # "reference", "A/A", or "" for a compared variant
-    summary: Mapping[str, Any] | None
-    check: Mapping[str, Any] | None
+    summary: ProbeSummary | None
+    check: SideCheck | None
 
     @property
     def recorded(self) -> bool:
-        return self.summary is not None and self.summary.get("verifiable") is not False
+        return self.summary is not None and self.summary.verifiable
 
     @property
-    def values(self) -> Mapping[str, Any]:
-        return self.summary or {}
+    def values(self) -> ProbeSummary:
+        """The summary of a recorded column."""
+        if self.summary is None:
+            raise ValueError(f"the what-ran column {self.name} recorded nothing")
+        return self.summary
 
     @property
     def missing(self) -> str:
@@ -827,17 +817,16 @@ class _Column:
         return NOT_RECORDED_CELL if self.summary is None else ENDPOINT_CELL
 
 
-def _columns(compare: Mapping[str, Any]) -> list[_Column]:
+def _columns(compare: ComparisonDocument) -> list[_Column]:
     """The reference, every compared variant, then the A/A run."""
     entries = [c for c, _ in judged_entries(compare)]
-    reference = str(compare.get("reference") or (reference_of(entries[0]) if entries else ""))
+    reference = compare.reference
     # every comparison shares the reference: the first one that recorded it speaks for all
     ref_summary = next((s for c in entries if (s := _side_summary(c, "a")) is not None), None)
     ref_check = next((ch for c in entries if (ch := _side_check(c, reference)) is not None), None)
     columns = [_Column(reference, "reference", ref_summary, ref_check)]
     for c, aa in judged_entries(compare):
-        name = variant_of(c)
-        columns.append(_Column(name, "A/A" if aa else "", _side_summary(c, "b"), _side_check(c, name)))
+        columns.append(_Column(c.variant, "A/A" if aa else "", _side_summary(c, "b"), _side_check(c, c.variant)))
     return columns
 
 
@@ -850,98 +839,86 @@ def _value_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _switch_cell(name: str, summary: Mapping[str, Any]) -> str:
-    switches = _mapping(summary.get("switches"))
-    if name not in switches:
+def _switch_cell(name: str, summary: ProbeSummary) -> str:
+    if name not in summary.switches:
         return DASH
-    value = switches[name]
-    per_process = _mapping(value).get("per_process")
-    if isinstance(per_process, list):
-        return " | ".join(_value_text(v) for v in per_process)
+    value = summary.switches[name]
+    # the engine's own value, any JSON; processes that resolved it differently are listed
+    if isinstance(value, dict) and isinstance(value.get("per_process"), list):
+        return " | ".join(_value_text(v) for v in value["per_process"])
     return _value_text(value)
 
 
-def _processes_cell(summary: Mapping[str, Any]) -> str:
-    roles = _mapping(summary.get("processes"))
-    listed = ", ".join(f"{n} {role}" for role, n in roles.items()) or "no process recorded"
-    reused = f" (reused {summary['server_of']}'s server)" if summary.get("server_of") else ""
-    return f"{summary.get('mode', '?')}: {listed}{reused}"
+def _processes_cell(summary: ProbeSummary) -> str:
+    listed = ", ".join(f"{n} {role}" for role, n in summary.processes.items()) or "no process recorded"
+    reused = f" (reused {summary.server_of}'s server)" if summary.server_of else ""
+    return f"{summary.mode}: {listed}{reused}"
 
 
-def _models_cell(summary: Mapping[str, Any]) -> str:
-    return ", ".join(short(str(m)) for m in summary.get("models") or ()) or "none"
+def _models_cell(summary: ProbeSummary) -> str:
+    return ", ".join(short(m) for m in summary.models) or "none"
 
 
-def _layers_cell(summary: Mapping[str, Any]) -> str:
-    layers = _mapping(summary.get("layers"))
-    return ", ".join(f"{n} \u00d7 {short(str(cls))}" for cls, n in sorted(layers.items())) or "none"
+def _layers_cell(summary: ProbeSummary) -> str:
+    return ", ".join(f"{n} \u00d7 {short(cls)}" for cls, n in sorted(summary.layers.items())) or "none"
 
 
-def _calls_cell(name: str, summary: Mapping[str, Any]) -> str:
-    if name in (summary.get("absent") or ()):
+def _calls_cell(name: str, summary: ProbeSummary) -> str:
+    if name in summary.absent:
         return "absent"
-    return fmt_num(_mapping(summary.get("calls")).get(name))
+    return fmt_num(summary.calls[name]) if name in summary.calls else DASH
 
 
-def _forwards(summary: Mapping[str, Any]) -> int:
-    forwards = summary.get("forwards")
-    return forwards if isinstance(forwards, int) else 0
-
-
-def _collective_cell(kind: str, summary: Mapping[str, Any]) -> str:
+def _collective_cell(kind: str, summary: ProbeSummary) -> str:
     """"3 in 40/48, 0 in 8/48": each count of calls in one forward pass, most frequent first."""
-    entry = _mapping(_mapping(summary.get("collectives_per_forward")).get(kind))
-    forwards = entry.get("forwards", _forwards(summary))
+    entry = summary.collectives_per_forward.get(kind)
+    forwards = entry.forwards if entry is not None else summary.forwards
     if not forwards:
         return "no forward pass"
     # a kind this side never called is 0 in every forward pass
-    counts = _mapping(entry.get("counts")) or {"0": forwards}
-    ordered = sorted(counts.items(), key=lambda kv: (-_count(kv[1]), str(kv[0])))
+    counts = (entry.counts if entry is not None else {}) or {"0": forwards}
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{value} in {n}/{forwards}" for value, n in ordered)
 
 
-def _count(n: Any) -> int:
-    return n if isinstance(n, int) else 0
-
-
-def _no_collectives_cell(summary: Mapping[str, Any]) -> str:
-    forwards = _forwards(summary)
+def _no_collectives_cell(summary: ProbeSummary) -> str:
+    forwards = summary.forwards
     return f"none in {forwards}/{forwards}" if forwards else "no forward pass"
 
 
-def _expectations_cell(check: Mapping[str, Any] | None) -> str:
+def _expectations_cell(check: SideCheck | None) -> str:
     if check is None:
         return DASH
-    if check.get("ok"):
+    if check.ok:
         return "\u2713"
-    failures = len(check.get("failures") or ())
+    failures = len(check.failures)
     return f"{failures} failed" if failures else "not verified"
 
 
-def _names_in(columns: Sequence[_Column], key: str) -> list[str]:
-    """The keys of each column's ``key`` mapping, in the order the columns first name them."""
+def _names_in(columns: Sequence[_Column], names_of: Callable[[ProbeSummary], Iterable[str]]) -> list[str]:
+    """The names each column's summary lists, in the order the columns first name them."""
     names: dict[str, None] = {}
     for col in columns:
-        names.update(dict.fromkeys(str(k) for k in _mapping(col.values.get(key))))
+        names.update(dict.fromkeys(names_of(col.values)))
     return list(names)
 
 
-Cell = Callable[[Mapping[str, Any]], str]
+Cell = Callable[[ProbeSummary], str]
 
 
 def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
     """(label, cell of one summary) per row, the rows that depend on what was recorded included."""
     rows: list[tuple[str, Cell]] = [("processes", _processes_cell), ("model", _models_cell),
                                     ("decoder layers", _layers_cell)]
-    kinds = _names_in(recorded, "collectives_per_forward")
+    kinds = _names_in(recorded, lambda s: s.collectives_per_forward)
     if kinds:
         rows += [(f"{kind} per forward pass", partial(_collective_cell, kind)) for kind in sorted(kinds)]
     else:
         rows.append(("collectives per forward pass", _no_collectives_cell))
-    rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, "calls")]
+    rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, lambda s: s.calls)]
     rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
     # any other switch only where the sides disagree: the table shows what sets them apart
-    for name in sorted(set(_names_in(recorded, "switches")) - set(LAYOUT_SWITCHES)):
+    for name in sorted(set(_names_in(recorded, lambda s: s.switches)) - set(LAYOUT_SWITCHES)):
         cell = partial(_switch_cell, name)
         if _differs([cell(col.values) for col in recorded]):
             rows.append((name, cell))
@@ -966,35 +943,33 @@ def _what_ran_table(columns: Sequence[_Column], esc: Esc) -> dict[str, Any]:
             "differs": any(r["differs"] for r in rows)}
 
 
-def _path_block(c: Mapping[str, Any], aa: bool, esc: Esc) -> dict[str, Any]:
+def _path_block(c: Comparison, paths: Paths, aa: bool, esc: Esc) -> dict[str, Any]:
     """A comparison's path judgement: one sentence, then its reasons (failures, evidence or a note)."""
-    paths = _mapping(path_judgement(c))
-    status = str(paths.get("status"))
-    sentence = PATH_SENTENCES.get(status, f"the path judgement is {status}")
-    if c.get("status") == Status.INCONCLUSIVE.value:
+    sentence = PATH_SENTENCES[paths.status]
+    if c.status == Status.INCONCLUSIVE.value:
         sentence += f", so the comparison is {Status.INCONCLUSIVE.value}"
-    if c.get("outputs_status"):
-        sentence += f"; the outputs alone would be {c['outputs_status']}"
-    kind = {VERIFIED: "evidence", NOT_RECORDED: "note"}.get(status, "failure")
+    if c.outputs_status:
+        sentence += f"; the outputs alone would be {c.outputs_status}"
+    kind = {VERIFIED: "evidence", NOT_RECORDED: "note"}.get(paths.status, "failure")
     return {
-        "variant": esc(variant_of(c)),
-        "reference": esc(reference_of(c)),
+        "variant": esc(c.variant),
+        "reference": esc(c.reference),
         "aa": aa,
         "sentence": esc(sentence),
         "kind": kind,
-        "lines": [esc(r) for r in path_reasons(c)],
+        "lines": [esc(r) for r in paths.reasons],
     }
 
 
-def what_ran_view(compare: Mapping[str, Any], esc: Esc) -> dict[str, Any] | None:
+def what_ran_view(compare: ComparisonDocument, esc: Esc) -> dict[str, Any] | None:
     """Each comparison's path judgement and the sides side by side; None when no comparison
-    carries "paths" (compare.json from before the path probes, or a bare table comparison)."""
-    judged = [(c, aa) for c, aa in judged_entries(compare) if path_judgement(c) is not None]
+    was judged (a bare table comparison)."""
+    judged = [(c, c.paths, aa) for c, aa in judged_entries(compare) if c.paths is not None]
     if not judged:
         return None
     columns = _columns(compare)
     return {
-        "paths": [_path_block(c, aa, esc) for c, aa in judged],
+        "paths": [_path_block(c, paths, aa, esc) for c, paths, aa in judged],
         # a table of columns that all say "not recorded" shows nothing
         "table": _what_ran_table(columns, esc) if any(col.summary is not None for col in columns) else None,
     }
@@ -1005,27 +980,25 @@ def what_ran_view(compare: Mapping[str, Any], esc: Esc) -> dict[str, Any] | None
 # ---------------------------------------------------------------------------
 
 
-def build_view(compare: Any, run_info: dict[str, Any] | None, esc: Esc) -> dict[str, Any]:
+def build_view(compare: ComparisonDocument, run_info: dict[str, Any] | None, esc: Esc) -> dict[str, Any]:
     """Everything a report shows, in the order it shows it."""
-    compare = as_dict(compare)
     # run.json is redacted when written; one from before that (or handed in) is redacted here
     run_info = redact(run_info or {})
-    nf = compare.get("noise_floor") or {}
+    nf = compare.noise_floor
     counts = gate_counts(compare)
-    status = str(compare.get("status", ""))
     return {
-        "run_id": esc(compare.get("run_id", "")),
-        "status": esc(status),
-        "verdict_note": esc(INCONCLUSIVE_NOTE) if status == Status.INCONCLUSIVE.value else "",
-        "comparisons": [_comparison_view(c, nf, esc) for c in compare.get("comparisons") or ()],
+        "run_id": esc(compare.run_id),
+        "status": esc(compare.status),
+        "verdict_note": esc(INCONCLUSIVE_NOTE) if compare.status == Status.INCONCLUSIVE.value else "",
+        "comparisons": [_comparison_view(c, nf, esc) for c in compare.comparisons],
         "noise_floor": (
             {
-                "reference": esc(nf.get("reference", nf.get("a"))),
-                "variant": esc(nf.get("variant", nf.get("b"))),
-                "status": esc(nf.get("status", "")),
-                "outputs_status": esc(nf.get("outputs_status") or ""),
+                "reference": esc(nf.reference),
+                "variant": esc(nf.variant),
+                "status": esc(nf.status),
+                "outputs_status": esc(nf.outputs_status or ""),
             }
-            if nf
+            if nf is not None
             else None
         ),
         "gates": {
@@ -1039,18 +1012,17 @@ def build_view(compare: Any, run_info: dict[str, Any] | None, esc: Esc) -> dict[
     }
 
 
-def _numerics_line(compare: Mapping[str, Any]) -> str:
+def _numerics_line(compare: ComparisonDocument) -> str:
     """Which precision's floors the token gates used (the reference's; the same for every comparison)."""
-    n = next((c.get("numerics") for c in compare.get("comparisons") or () if isinstance(c.get("numerics"), Mapping)), None)
-    if not n:
+    if not compare.comparisons:
         return ""
-    dtype = n.get("dtype") or "unknown"
+    n = compare.comparisons[0].numerics
     aa = {
         None: "no A/A run",
         True: "A/A bitwise identical at the teacher-forced positions",
         False: "A/A noisy at the teacher-forced positions",
-    }.get(n.get("aa_identical"), "")
+    }[n.aa_identical]
     return (
-        f"Numerics: reference in {dtype} (from {n.get('source', 'unknown')}), {n.get('precision')} floors "
+        f"Numerics: reference in {n.dtype or 'unknown'} (from {n.source}), {n.precision} floors "
         f"(docs/numerics.md); {aa}."
     )

@@ -1,0 +1,415 @@
+"""compare.json: a run's comparison (written by evalpipe.rundirs.write_outputs, read by
+the reports, the history and nightly).
+
+The whole contract of the file is here. evalpipe.compare computes the comparison and
+turns its results into these models (each result's ``document()``); everything that
+reads compare.json gets a :class:`ComparisonDocument` from :func:`read_comparison`.
+
+The file is a pure function of the artifacts and the gates: sorted keys, NaN and
+infinities as null, no timestamps or absolute paths, so the same run directory gives
+the same bytes. Schema 3 (the first typed one) is what evalpipe wrote untyped since
+the path probes ("paths", INCONCLUSIVE); older files are refused: they are derived
+data, rewritten by ``evalpipe compare RUN``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import Field
+
+from evalpipe.artifacts import write_text
+from evalpipe.config import Gates
+from evalpipe.documents.base import Document, validated
+from evalpipe.documents.manifest import ProbeSummary
+from evalpipe.errors import UserError
+
+COMPARE_SCHEMA_VERSION: Final = 3
+
+StatusName = Literal["IDENTICAL", "EQUIVALENT", "INCONCLUSIVE", "DIVERGENT"]
+GateStatus = Literal["pass", "fail", "skip"]
+Key = tuple[int, int]  # (doc_id, repeat)
+Position = tuple[int, int, int]  # (doc_id, repeat, pos)
+
+
+# ---------------------------------------------------------------------------
+# scores (evalpipe.compare.scores)
+# ---------------------------------------------------------------------------
+
+
+class FlippedItem(Document):
+    """One item whose score differs between A and B (compare.scores.FlippedItem)."""
+
+    doc_id: int
+    repeat: int
+    score_a: float | None
+    score_b: float | None
+    question: str | None
+    target: str | None
+    response_a: str | None
+    response_b: str | None
+    answer_a: str | None = None
+    answer_b: str | None = None
+
+
+class ScoreRow(Document):
+    """One task x metric, paired (compare.scores.ScoreRow documents the statistics)."""
+
+    task: str
+    metric: str
+    n_paired: int
+    mean_a: float | None
+    mean_b: float | None
+    delta: float | None
+    n_changed: int
+    n_missing: int
+    binary: bool
+    a_right_b_wrong: int | None
+    a_wrong_b_right: int | None
+    identical: bool
+    only_a: int
+    only_b: int
+    se_a: float | None
+    se_b: float | None
+    se_delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+    ci_conf: float | None
+    df: int | None
+    n_clusters: int
+    mcnemar_p: float | None
+    margin: float | None
+    alpha: float | None
+    tost_ci_low: float | None
+    tost_ci_high: float | None
+    tost_p_lower: float | None
+    tost_p_upper: float | None
+    equivalent: bool
+    mdd: float | None
+    n_flipped: int
+    flipped: list[FlippedItem]
+
+
+# ---------------------------------------------------------------------------
+# tokens (evalpipe.compare.tokens)
+# ---------------------------------------------------------------------------
+
+
+class WorstExample(Document):
+    """One notable position with both top-k lists (compare.tokens.WorstExample)."""
+
+    kind: str
+    task: str
+    doc_id: int
+    repeat: int
+    pos: int
+    token_a: int | None
+    token_b: int | None
+    logprob_a: float | None
+    logprob_b: float | None
+    abs_dlogprob: float | None
+    topk_ids_a: list[int] | None
+    topk_logprobs_a: list[float | None] | None
+    topk_ids_b: list[int] | None
+    topk_logprobs_b: list[float | None] | None
+    len_a: int
+    len_b: int
+    response_a: str | None = None
+    response_b: str | None = None
+    target: str | None = None
+    kl: float | None = None
+    context: str | None = None
+    token_text_a: str | None = None
+    token_text_b: str | None = None
+    topk_texts_a: list[str | None] | None = None
+    topk_texts_b: list[str | None] | None = None
+
+
+class Histogram(Document):
+    """Counts per power of ten (``decades``: the exponents), ``zero`` the exact zeros."""
+
+    decades: list[int]
+    zero: int
+    counts: list[int]
+
+
+class TokenSummary(Document):
+    """Token-level comparison of one task (compare.tokens.TaskTokenSummary documents the fields)."""
+
+    task: str
+    n_samples: int
+    only_a: int
+    only_b: int
+    only_a_keys: list[Key]
+    only_b_keys: list[Key]
+    n_ids_identical: int
+    n_identical: int
+    n_logprob_diff_same_ids: int
+    n_topk_diff_same_ids: int
+    n_length_diff: int
+    tokens_a: int
+    tokens_b: int
+    n_positions_compared: int
+    n_positions_logprob_diff: int
+    divergence_positions: list[int]
+    median_first_divergence: float | None
+    max_abs_dlogprob: float | None
+    mean_abs_dlogprob: float | None
+    max_abs_dlogprob_same_ids: float | None
+    worst_divergence: list[WorstExample]
+    worst_logprob: list[WorstExample]
+    near_tie_gap: float | None
+    n_near_tie_divergences: int
+    n_hard_divergences: int
+    hard_divergences: list[Position]
+    n_positions_topk_equal: int
+    share_topk_equal: float | None
+    kl_p50: float | None
+    kl_p99: float | None
+    kl_max: float | None
+    abs_dlogprob_p50: float | None
+    abs_dlogprob_p99: float | None
+    n_top1_disagree: int
+    n_top1_hard: int
+    share_top1_agree: float | None
+    top1_hard_positions: list[Position]
+    worst_kl: list[WorstExample]
+    kl_max_at: Position | None
+    kl_hist: Histogram
+    abs_dlogprob_hist: Histogram
+    # derived, for readers that have no compare.tokens
+    n_divergent: int
+    share_ids_identical: float | None
+    share_identical: float | None
+    identical: bool
+
+
+# ---------------------------------------------------------------------------
+# gates, numerics, distributional tests
+# ---------------------------------------------------------------------------
+
+
+class GateResult(Document):
+    """One gate of one task (compare.gates.GateResult)."""
+
+    gate: str
+    task: str
+    metric: str | None
+    status: GateStatus
+    measured: float | None
+    threshold: float | None
+    aa_value: float | None
+    detail: str
+    evidence: list[str]
+
+
+class NumericsDoc(Document):
+    """The reference's precision, what the A/A run showed, and the gate floors that follow."""
+
+    dtype: str | None
+    source: str
+    precision: str
+    aa_identical: bool | None
+    floors: dict[str, float]
+
+
+class ShiftTest(Document):
+    """One distributional test of one task (compare.distribution.ShiftTest)."""
+
+    test: str
+    task: str
+    estimate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    confidence: float
+    p_value: float | None
+    n_positions: int
+    n_samples: int
+    aa_position_sd: float | None
+    n_dropped: int
+
+
+# ---------------------------------------------------------------------------
+# paths (evalpipe.compare.code_paths)
+# ---------------------------------------------------------------------------
+
+
+class SideCheck(Document):
+    variant: str
+    ok: bool
+    verifiable: bool
+    failures: list[str]
+    evidence: list[str]
+
+
+class WhatRan(Document):
+    """Each side's probe summary (the one its manifest.json keeps); None: not recorded."""
+
+    a: ProbeSummary | None
+    b: ProbeSummary | None
+
+
+PathStatus = Literal["verified", "failed", "same_code", "not_recorded"]
+
+
+class Paths(Document):
+    """What ran on each side, judged."""
+
+    status: PathStatus
+    reasons: list[str]
+    checks: list[SideCheck]
+    same_profile: bool | None
+    what_ran: WhatRan
+
+
+# ---------------------------------------------------------------------------
+# per length and depth (evalpipe.compare.bylength)
+# ---------------------------------------------------------------------------
+
+
+class GroupScore(Document):
+    metric: str
+    binary: bool
+    n_paired: int
+    n_clusters: int
+    n_missing: int
+    mean_a: float | None
+    mean_b: float | None
+    delta: float | None
+    se_delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+    ci_conf: float | None
+    df: int | None
+    mcnemar_p: float | None
+    n_changed: int
+    a_right_b_wrong: int | None
+    a_wrong_b_right: int | None
+    changed: list[Key]
+
+
+class FreeFigures(Document):
+    n_samples: int
+    n_divergent: int
+    n_near_tie_divergences: int
+    n_hard_divergences: int
+    n_positions: int
+    max_abs_dlogprob: float | None
+    kl_p99: float | None
+    kl_max: float | None
+
+
+class TeacherFigures(Document):
+    n_samples: int
+    n_positions: int
+    kl_p99: float | None
+    kl_max: float | None
+    kl_max_at: Position | None
+    max_abs_dlogprob: float | None
+    n_top1_disagree: int
+    n_top1_hard: int
+
+
+class GroupFigures(Document):
+    """Everything measured on one group of items (compare.bylength.GroupFigures)."""
+
+    n_items: int
+    n_clusters: int
+    scores: list[GroupScore]
+    free: FreeFigures | None
+    teacher: TeacherFigures | None
+    teacher_prompt: TeacherFigures | None
+    teacher_continuation: TeacherFigures | None
+
+
+class LengthRow(GroupFigures):
+    target_length: int
+    length_kind: str | None
+    length_tags: str | None
+    depths: list[float]
+
+
+class DepthRow(GroupFigures):
+    depth_bin: float
+    depth_min: float
+    depth_max: float
+    lengths: list[int]
+
+
+class TaskBreakdown(Document):
+    task: str
+    metrics: list[str]
+    has_prompt_positions: bool
+    depth_step: float
+    lengths: list[LengthRow]
+    depths: list[DepthRow]
+
+
+# ---------------------------------------------------------------------------
+# the document
+# ---------------------------------------------------------------------------
+
+
+class SampleCounts(Document):
+    a: int
+    b: int
+
+
+class Comparison(Document):
+    """Reference (a) against one variant (b)."""
+
+    a: str
+    b: str
+    reference: str
+    variant: str
+    status: StatusName
+    reasons: list[str]
+    samples: SampleCounts
+    scores: list[ScoreRow]
+    metrics_only_a: list[str]
+    metrics_only_b: list[str]
+    tokens: list[TokenSummary]
+    teacher: list[TokenSummary] | None  # None: teacher.parquet missing on a side
+    gates: list[GateResult]
+    numerics: NumericsDoc
+    distribution: list[ShiftTest] | None  # None: no A/A run or no teacher-forced data
+    outputs_status: StatusName | None  # INCONCLUSIVE: what the outputs alone said
+    paths: Paths | None  # None: a bare table comparison (not judged)
+    # long-context tasks only; other runs' files have no such key
+    by_length: list[TaskBreakdown] | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ComparisonDocument(Document):
+    schema_version: Literal[3] = COMPARE_SCHEMA_VERSION
+    run_id: str
+    reference: str
+    variants: list[str]
+    status: StatusName
+    gates: Gates
+    noise_floor: Comparison | None  # the A/A comparison, not in the status
+    comparisons: list[Comparison]
+
+
+def comparison_json(doc: ComparisonDocument) -> str:
+    """The text of compare.json: sorted keys, two-space indent, NaN and infinities as null
+    (pydantic's JSON mode writes them so; its dict mode keeps them)."""
+    return json.dumps(json.loads(doc.model_dump_json()), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_comparison(path: Path, doc: ComparisonDocument) -> None:
+    write_text(path, comparison_json(doc))
+
+
+def read_comparison(path: Path) -> ComparisonDocument:
+    remedy = f"re-run `evalpipe compare {path.parent}` to rewrite it"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} cannot be read as a comparison ({err}); {remedy}.") from None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != COMPARE_SCHEMA_VERSION:
+        age = "an older" if isinstance(version, int) and version < COMPARE_SCHEMA_VERSION else "another"
+        raise UserError(f"{path} was written by {age} evalpipe (schema {version}); {remedy}.")
+    return validated(ComparisonDocument, raw, str(path), remedy)
