@@ -35,10 +35,10 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalpipe import artifacts
-from evalpipe.artifacts import RunDir
 from evalpipe.compare.tokens import compare_tokens
 from evalpipe.documents.manifest import VariantManifest, write_manifest
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import RunDir
 
 TARGET_S = 5.0
 TASK = "gsm8k"

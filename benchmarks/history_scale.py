@@ -1,6 +1,6 @@
 """How big and how slow is a year of nightly history?
 
-Builds a synthetic history through the real store (evalpipe.history): N nights x T
+Builds a synthetic history through the real store (evalpipe.history.store): N nights x T
 tasks x V variants (reference, its A/A run, one variant), 2 metrics per task, I items
 per task (default 365 x 10 x 3, 1 319 items: GSM8K's size), per-item 0/1 correctness
 drawn once and flipped a little each night, token summaries per task. At night
@@ -30,8 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalpipe import nightly  # noqa: E402
-from evalpipe.history import ItemScores, RunRecord, open_history  # noqa: E402
+from evalpipe.history.store import ItemScores, RunRecord, open_history  # noqa: E402
+from evalpipe.nightly import night as nightly  # noqa: E402
 
 DAY = 86400.0
 METRICS = ("exact_match,strict-match", "exact_match,flexible-extract")

@@ -50,10 +50,10 @@ def main() -> int:
     parser.add_argument("-c", "--config", default=str(ROOT / "configs" / "default.yaml"))
     args = parser.parse_args()
 
-    from evalpipe import artifacts
-    from evalpipe.config import load_config
+    from evalpipe.config.run_config import load_config
     from evalpipe.documents.manifest import read_manifest
     from evalpipe.documents.run_doc import read_run_document
+    from evalpipe.rundir import artifacts
 
     cfg = load_config(args.config)
     ref = cfg.reference_name

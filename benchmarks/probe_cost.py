@@ -41,10 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalpipe import artifacts, machine  # noqa: E402
+from evalpipe import machine  # noqa: E402
 from evalpipe.documents.manifest import read_manifest  # noqa: E402
-from evalpipe.probe_records import probe_env, read_records, records_dir  # noqa: E402
 from evalpipe.probes import SITE_DIR, SPEC_ENV, SPEC_FILE  # noqa: E402
+from evalpipe.probing.records import probe_env, read_records, records_dir  # noqa: E402
+from evalpipe.rundir import artifacts
 
 VARIANT = "sp"
 REFERENCE = "legacy"
@@ -90,8 +91,8 @@ def make_run(config: str, limit: int, work: Path) -> Path:
 def variant_env(config: str, limit: int, work: Path) -> tuple[str, dict[str, str]]:
     """sp's interpreter and environment exactly as the runner builds them, minus any probe
     settings the caller's own environment might carry (that would switch the "off" arm on)."""
-    from evalpipe.config import load_config
-    from evalpipe.plan import make_plan
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline.plan import make_plan
 
     plan = make_plan(load_config(config), config, "gsm8k", limit, variants=f"{REFERENCE},{VARIANT}",
                      output=str(work), run_id=RUN_ID, noise_floor=False)

@@ -2,7 +2,7 @@
 
 Copies RUN_DIR to a temporary directory (the original is never written), records every
 variant's artifacts as the worker's finish step does (size, sha256, Parquet rows), then
-times :func:`evalpipe.integrity.verify_variant` over all variants twice: from the page
+times :func:`evalpipe.rundir.integrity.verify_variant` over all variants twice: from the page
 cache, and after evicting the copy's files from it (posix_fadvise DONTNEED).
 
     .venv/bin/python benchmarks/verify_cost.py reports/runs/<run_id>
@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from evalpipe import artifacts, integrity
 from evalpipe.documents.manifest import VariantManifest, read_manifest, write_manifest
+from evalpipe.rundir import artifacts, integrity
 
 
 def _evict(root: Path) -> None:

@@ -112,8 +112,8 @@ def run(
     ),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
-    from evalpipe.config import load_config
-    from evalpipe.plan import make_plan
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline.plan import make_plan
 
     if resume is not None:
         _check_resume(resume, run_id, output)
@@ -129,11 +129,11 @@ def run(
         noise_floor=noise_floor,
         strict=not dry_run,
     )
-    from evalpipe.runner import execute, preflight
+    from evalpipe.pipeline.runner import execute, preflight
 
     _check_time_limits(timeout, stall_timeout)
     if dry_run:
-        from evalpipe.plan import verify_here
+        from evalpipe.pipeline.plan import verify_here
 
         _print_plan(plan)  # first: a profile for another machine still shows its commands and checks
         _print_path_checks(plan)
@@ -190,7 +190,7 @@ def _print_plan(plan) -> None:
 
 
 def _print_path_checks(plan) -> None:
-    from evalpipe.probe_names import checks_lines
+    from evalpipe.probing.names import checks_lines
 
     console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
     for v in plan.variants:
@@ -209,9 +209,9 @@ def compare(
     margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
-    from evalpipe.config import load_gates
-    from evalpipe.plan import split_csv
-    from evalpipe.runner import compare_and_report, compare_two_runs
+    from evalpipe.config.run_config import load_gates
+    from evalpipe.pipeline.plan import split_csv
+    from evalpipe.pipeline.runner import compare_and_report, compare_two_runs
 
     chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
     if output is not None and output.exists() and not output.is_dir():
@@ -223,7 +223,7 @@ def compare(
         chosen = split_csv(variants) or None
         from contextlib import nullcontext
 
-        from evalpipe.rundir_lock import holding_run_dir
+        from evalpipe.rundir.lock import holding_run_dir
 
         # it rewrites run.json and the reports there: not while a run or another compare writes them
         with holding_run_dir(run_dir) if output is None else nullcontext():
@@ -253,8 +253,8 @@ def calibrate(
     ),
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
-    from evalpipe.calibrate import run_calibration
-    from evalpipe.plan import split_csv
+    from evalpipe.commands.calibrate import run_calibration
+    from evalpipe.pipeline.plan import split_csv
 
     names = split_csv(faults) or None
 
@@ -268,7 +268,7 @@ def _writing_into(from_run: Optional[Path]):
     like `evalpipe compare`, not while another process writes that run."""
     from contextlib import nullcontext
 
-    from evalpipe.rundir_lock import holding_run_dir
+    from evalpipe.rundir.lock import holding_run_dir
 
     if from_run is None or not (from_run / "run.json").is_file():
         return nullcontext()  # no run there to protect (and no .lock to leave in a stray directory): the command says what is wrong
@@ -277,7 +277,7 @@ def _writing_into(from_run: Optional[Path]):
 
 def _run_gates(target: Path):
     """The gates a run was made with (so --margin alone changes only the margin)."""
-    from evalpipe.rundirs import read_run_info
+    from evalpipe.pipeline.comparing import read_run_info
 
     run_dir = target if (target / "run.json").is_file() else target.parent
     try:
@@ -308,9 +308,9 @@ def doctor(
     """Check, without starting any engine, what a run needs: interpreters, vLLM (and the
     NPU stack), devices, model files, task data, ports, endpoints, disk. Exit 0 when
     everything passes, 2 otherwise."""
-    from evalpipe.config import load_config
-    from evalpipe.doctor import run_checks
-    from evalpipe.plan import make_plan
+    from evalpipe.commands.doctor import run_checks
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline.plan import make_plan
 
     plan = make_plan(load_config(config), str(config or "configs/default.yaml"), tasks, variants=variants,
                      output=str(output) if output else None, strict=False)
@@ -342,7 +342,7 @@ def nightly(
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
     the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
     tonight's run failed, 4 when it proves nothing about the code paths (INCONCLUSIVE)."""
-    from evalpipe.nightly import parse_components, print_night, run_night
+    from evalpipe.nightly.night import parse_components, print_night, run_night
 
     labels = parse_components(component)
     _check_time_limits(timeout, stall_timeout)
@@ -357,8 +357,8 @@ def nightly(
 def _history(history: Optional[str], config: Optional[Path], output: Optional[Path]):
     """The history the options name: --history, else the config's nightly.history, else
     history.sqlite under the output root (--output, else the config's `output`)."""
-    from evalpipe.config import load_config
-    from evalpipe.history import open_history
+    from evalpipe.config.run_config import load_config
+    from evalpipe.history.store import open_history
 
     cfg = load_config(config) if (config or history is None) else None
     url = history or (cfg.nightly.history if cfg else None)
@@ -399,7 +399,7 @@ def history_show(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
-    from evalpipe.history import describe_what_ran
+    from evalpipe.history.store import describe_what_ran
 
     hist = _history(history, config, output)
     run = hist.run(run_id)
@@ -424,7 +424,7 @@ def history_export(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One row per run x variant x task x metric (mean, SE, n, verdicts, components) for other tools."""
-    from evalpipe.history import export
+    from evalpipe.history.store import export
 
     hist = _history(history, config, output)
     try:
@@ -461,7 +461,7 @@ def history_simulate(
 ) -> None:
     """A documented demo: nights in which nothing changes, a layout fault switching on
     (recorded as a new vllm_ascend build), then the fix; prints what the detector flagged."""
-    from evalpipe.nightly_sim import simulate
+    from evalpipe.nightly.simulate import simulate
 
     summary = simulate(console, nights=nights, fault_night=fault_night, fix_night=fix_night, limit=limit, output=output, config=config)
     raise typer.Exit(0 if summary.as_expected else 1)

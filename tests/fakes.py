@@ -15,10 +15,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from evalpipe import artifacts, integrity
-from evalpipe.artifacts import RunDir, VariantDir
 from evalpipe.documents.manifest import VariantManifest, read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument
+from evalpipe.rundir import artifacts, integrity
+from evalpipe.rundir.artifacts import RunDir, VariantDir
 
 TASK = "gsm8k_synth_4shot"
 METRIC = "exact_match,strict-match"

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from evalpipe import artifacts
-from evalpipe.artifacts import PROBES_JSON, RunDir
 from evalpipe.compare.code_paths import ModelProbe, ProcessProbe, VariantProbes, summarize
-from evalpipe.config import Expectations
+from evalpipe.config.run_config import Expectations
 from evalpipe.documents.run_doc import read_run_document, write_run_document
-from evalpipe.rundirs import compare_run, write_outputs
+from evalpipe.pipeline.comparing import compare_run, write_outputs
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import PROBES_JSON, RunDir
 from tests.fakes import FakeSample, make_samples, mutate, set_token, update_manifest, write_run
 
 DAY = 86400.0
@@ -55,7 +55,7 @@ def probes_of(variant: str, path: str, expect: Expectations) -> VariantProbes:
 
 
 def add_probes(vdir: artifacts.VariantDir, doc: VariantProbes) -> None:
-    """probes.json and the manifest's summary, as evalpipe.probe_records.gather leaves them."""
+    """probes.json and the manifest's summary, as evalpipe.probing.records.gather leaves them."""
     artifacts.write_text(vdir.root / PROBES_JSON, doc.model_dump_json(indent=2) + "\n")
     update_manifest(vdir, probes=summarize(doc, list(doc.names)))
 
@@ -126,7 +126,7 @@ def write_v1_history(url: str, run_dir: Path) -> None:
     the columns that version had (what it could not hold: per-item scores aside)."""
     import sqlalchemy as sa
 
-    from evalpipe import history as h
+    from evalpipe.history import store as h
 
     engine = sa.create_engine(url)
     with engine.begin() as conn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from evalpipe.plan import RUN_ID_ENV
+from evalpipe.pipeline.plan import RUN_ID_ENV
 
 
 def processes_of(run_id: str) -> list[int]:

@@ -4,7 +4,7 @@ import stat
 import pyarrow as pa
 import pytest
 
-from evalpipe import artifacts
+from evalpipe.rundir import artifacts
 
 
 def test_write_json_is_stable_and_atomic(tmp_path):

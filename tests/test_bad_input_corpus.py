@@ -185,7 +185,7 @@ def _compare_fixture(root: Path) -> None:
     (6 vs 4 items), r3/legacy (another task), r4/legacy (other prompts), and gates files."""
     from fakes import make_samples, record_artifacts, set_column, write_run, write_variant
 
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
 
     s = make_samples(6)
     run = write_run(root / "run", {"legacy": s, "sp": s}, reference="legacy")

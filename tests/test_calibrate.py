@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.calibrate import calibration_config, control_variants, zoo
+from evalpipe.commands.calibrate import calibration_config, control_variants, zoo
 from evalpipe.compare.calibration import CalibrationRow, SensitivityPoint
-from evalpipe.config import ConfigError, parse_config
+from evalpipe.config.run_config import ConfigError, parse_config
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
 

@@ -143,10 +143,11 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     from fakes import make_samples, record_artifacts, token_table, write_run
     from typer.testing import CliRunner
 
-    from evalpipe import artifacts, runner
     from evalpipe.cli import app
-    from evalpipe.config import load_config
-    from evalpipe.plan import make_plan, run_info
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline import runner
+    from evalpipe.pipeline.plan import make_plan, run_info
+    from evalpipe.rundir import artifacts
 
     cfg = write(tmp_path, {**GOOD, "output": str(tmp_path / "runs")})
     plan = make_plan(load_config(cfg), str(cfg), "gsm8k", run_id="r", noise_floor=False)

@@ -7,7 +7,7 @@ import pytest
 from fakes import make_samples, mutate, set_token, write_variant
 
 from evalpipe.errors import UserError
-from evalpipe.rundirs import compare_across_runs
+from evalpipe.pipeline.comparing import compare_across_runs
 
 
 def cli(*args, cwd):
@@ -57,7 +57,7 @@ def test_arguments_must_be_variant_directories(tmp_path):
 def test_changed_prompts_are_a_clear_user_error(tmp_path):
     from fakes import set_column
 
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
 
     s = make_samples(3)
     a = write_variant(tmp_path / "run1", "legacy", s)
@@ -75,7 +75,7 @@ def _probed_run(root, samples, *, ran: str = "legacy"):
     from fakes import write_run
     from nightly_fakes import add_probes, expectations, probes_of
 
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
 
     expect = expectations("legacy")
     write_run(root, {"legacy": samples},

@@ -28,8 +28,6 @@ from fakes import (
     token_table,
 )
 
-from evalpipe import artifacts
-from evalpipe.artifacts import RunDir
 from evalpipe.compare import stats
 from evalpipe.compare.bylength import (
     breakdown_artifacts,
@@ -40,9 +38,11 @@ from evalpipe.compare.bylength import (
 from evalpipe.compare.run import VariantArtifacts, compare_artifacts
 from evalpipe.compare.scores import compare_scores
 from evalpipe.compare.tokens import compare_tokens
-from evalpipe.config import Gates
+from evalpipe.config.run_config import Gates
 from evalpipe.documents.manifest import VariantManifest, write_manifest
-from evalpipe.rundirs import compare_run, load_artifacts, write_outputs
+from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import RunDir
 
 LTASK = "longctx_passkey"
 LENGTHS = (1024, 2047, 2048, 2049)

@@ -5,12 +5,12 @@ import json
 import pytest
 from fakes import TASK, make_samples, mutate, perturb_topk, set_token, write_run, write_variant
 
-from evalpipe import artifacts
 from evalpipe.compare import Status
 from evalpipe.compare.gates import NO_TEACHER
-from evalpipe.config import Gates, ScoreGates, TokenGates, Tolerance
+from evalpipe.config.run_config import Gates, ScoreGates, TokenGates, Tolerance
 from evalpipe.errors import UserError
-from evalpipe.rundirs import compare_across_runs, compare_run, write_outputs
+from evalpipe.pipeline.comparing import compare_across_runs, compare_run, write_outputs
+from evalpipe.rundir import artifacts
 
 RUN_KEYS = {"schema_version", "run_id", "reference", "variants", "status", "gates", "noise_floor", "comparisons"}
 COMPARISON_KEYS = {

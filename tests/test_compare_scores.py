@@ -7,7 +7,6 @@ import pytest
 from fakes import METRIC, TASK, make_samples, mutate, set_column, tables, write_run
 from scipy import stats as sst
 
-from evalpipe import artifacts
 from evalpipe.compare import compare_tables, stats
 from evalpipe.compare.scores import (
     DEFAULT_MARGIN,
@@ -18,7 +17,8 @@ from evalpipe.compare.scores import (
     paired_scores,
 )
 from evalpipe.errors import UserError
-from evalpipe.rundirs import compare_run
+from evalpipe.pipeline.comparing import compare_run
+from evalpipe.rundir import artifacts
 
 
 def _scores(a_samples, b_samples):

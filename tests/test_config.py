@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.config import DEFAULT_CONFIG, ConfigError, deep_merge, load_config, parse_config
+from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, deep_merge, load_config, parse_config
 
 MINIMAL = {
     "model": {"path": "builtin:tiny-gsm"},
@@ -116,6 +116,6 @@ def test_noise_floor_accepts_true_false_or_a_mapping():
 
 def test_default_config_spells_out_the_code_defaults_of_the_gates():
     # configs/default.yaml documents the gates; it must not drift from the code.
-    from evalpipe.config import Gates
+    from evalpipe.config.run_config import Gates
 
     assert load_config().gates == Gates()

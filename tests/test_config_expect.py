@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from evalpipe.config import (
+from evalpipe.config.run_config import (
     STANDARD_SWITCH_NAMES,
     ConfigError,
     CountRange,
@@ -67,7 +67,7 @@ def test_collective_key():
 
 
 def test_a_collective_with_an_empty_group_is_refused():
-    # BUG (evalpipe/config.py, collective_key): "all_gather@" passes (partition gives an empty
+    # BUG (evalpipe/config/run_config.py, collective_key): "all_gather@" passes (partition gives an empty
     # group, read as "no group"), but no record ever holds an "all_gather@" key, so the
     # expectation is accepted and then fails every run with "seen 0 in N of N forward passes".
     # Suggested fix: `kind, sep, group = name.partition("@")` and require `group.isidentifier()`
@@ -119,7 +119,7 @@ def test_per_forward_counts():
 
 
 def test_a_bad_count_range_says_what_is_wrong():
-    # BUG (evalpipe/config.py, merged_expectations): a per_forward value is `int | CountRange`;
+    # BUG (evalpipe/config/run_config.py, merged_expectations): a per_forward value is `int | CountRange`;
     # pydantic reports one error per union member and merged_expectations shows the first,
     # whose location ends in the member's type name: "`expect.per_forward.all_gather.int`:
     # Input should be a valid integer." for {min: -1} or a misspelt key, which names neither

@@ -13,8 +13,8 @@ from html.parser import HTMLParser
 
 from dashboard_samples import IMG, INCONCLUSIVE_REASON, SCRIPT, run_id, sample_history, synthetic_history
 
-from evalpipe.artifacts import write_text
 from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, render_dashboard, safe_href
+from evalpipe.rundir.artifacts import write_text
 
 
 class Page(HTMLParser):

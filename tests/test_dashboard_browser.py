@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from dashboard_samples import IMG, SCRIPT, run_id, sample_history
 
-from evalpipe.artifacts import write_text
 from evalpipe.report.dashboard import render_dashboard
+from evalpipe.rundir.artifacts import write_text
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 N_NIGHTS, CHANGE_AT = 12, 8

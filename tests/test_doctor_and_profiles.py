@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalpipe import doctor
-from evalpipe.config import DEFAULT_CONFIG, ConfigError, Launch, load_config
+from evalpipe.commands import doctor
+from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, Launch, load_config
 from evalpipe.execution import serve
 
 PROFILES = DEFAULT_CONFIG.parent / "ascend"

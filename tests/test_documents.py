@@ -12,9 +12,7 @@ import sys
 import pytest
 from fakes import make_samples, mutate, perturb_topk, set_token, write_run
 
-from evalpipe import artifacts
-from evalpipe.artifacts import MANIFEST_JSON
-from evalpipe.config import Expectations, Gates
+from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents.comparison import COMPARE_SCHEMA_VERSION, ComparisonDocument, read_comparison
 from evalpipe.documents.journal import JOURNAL_LINE_VERSION, JournalLine, read_journal_line
 from evalpipe.documents.manifest import (
@@ -54,6 +52,8 @@ from evalpipe.documents.run_doc import (
 )
 from evalpipe.documents.worker_job import JOB_VERSION, ServerJob, TeacherJob, WorkerJob, read_job, write_job
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import MANIFEST_JSON
 from evalpipe.worker.http_engine import ServerSettings
 from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
 
@@ -116,7 +116,7 @@ def test_the_http_engine_takes_every_server_setting():
 def compared_run(tmp_path_factory):
     """A real comparison with every optional section: the A/A noise floor, teacher-forced
     tokens, distributional tests and the (not recorded) path judgement."""
-    from evalpipe.rundirs import compare_run, write_outputs
+    from evalpipe.pipeline.comparing import compare_run, write_outputs
 
     s, t = make_samples(8), make_samples(8, seed=5)
     variants = {"legacy": s, "legacy-aa": mutate(s, 3, set_token(1, 999)), "sp": mutate(s, 1, set_token(1, 999))}
@@ -340,7 +340,7 @@ def test_the_parent_marks_a_stopped_worker_s_manifest_failed_and_keeps_the_rest(
     """read -> copy with the change -> write: nothing the worker wrote is lost."""
     from types import SimpleNamespace
 
-    from evalpipe import runner
+    from evalpipe.pipeline import runner
 
     running = _manifest().model_copy(update={"status": "running", "artifacts": None, "finished_at": None})
     path = tmp_path / MANIFEST_JSON

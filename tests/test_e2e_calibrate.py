@@ -14,8 +14,8 @@ import sys
 import pytest
 import yaml
 
-from evalpipe import artifacts
-from evalpipe.config import DEFAULT_CONFIG
+from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
 

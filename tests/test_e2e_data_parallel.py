@@ -10,7 +10,7 @@ import sys
 import pytest
 from processes import wait_gone
 
-from evalpipe.config import DEFAULT_CONFIG
+from evalpipe.config.run_config import DEFAULT_CONFIG
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from evalpipe import artifacts
-from evalpipe.config import DEFAULT_CONFIG
+from evalpipe.config.run_config import DEFAULT_CONFIG
 from evalpipe.data.longctx import LongCtxSpec, target_lengths
+from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """Nightly on the real engine: a simulated history built from two real runs, then a real
 `evalpipe nightly` night judged against it, and the dashboard in a real browser.
 
-The simulation (evalpipe.nightly_sim) makes two real runs of the default config's
+The simulation (evalpipe.nightly.simulate) makes two real runs of the default config's
 nightly task on LIMIT items (as configured, and with the `padding_not_zeroed` layout
 fault in `sp`), builds nights from their artifacts -- A/A nights, then the fault
 (recorded as vllm_ascend build `fault`), then the fix -- and judges each like
@@ -18,8 +18,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from evalpipe.history import open_history
-from evalpipe.nightly_sim import simulate
+from evalpipe.history.store import open_history
+from evalpipe.nightly.simulate import simulate
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 pytestmark = pytest.mark.slow

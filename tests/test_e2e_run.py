@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from evalpipe import artifacts
-from evalpipe.config import DEFAULT_CONFIG, load_config
+from evalpipe.config.run_config import DEFAULT_CONFIG, load_config
+from evalpipe.rundir import artifacts
 from evalpipe.worker.journal import JOURNAL_FILE
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_run_finishes_and_the_bf16_control_makes_it_divergent(run):
 
 
 def test_the_run_is_recorded_in_the_history(run):
-    from evalpipe.history import open_history
+    from evalpipe.history.store import open_history
 
     db_file = run["tmp"] / "runs" / "history.sqlite"
     assert db_file.is_file(), "evalpipe run records into history.sqlite under the output root"
@@ -128,7 +128,7 @@ def test_every_variant_has_all_artifacts(run):
         # verified artifacts: what compare and the history read is recorded, and still matches
         assert {"job.json", "results.json", "samples.parquet", "tokens.parquet", "teacher.parquet"} <= set(manifest["artifacts"])
         assert manifest["artifacts"]["samples.parquet"]["rows"] == LIMIT
-        from evalpipe.integrity import verify_variant
+        from evalpipe.rundir.integrity import verify_variant
 
         verify_variant(vdir)
         results = artifacts.read_json(vdir.results)

@@ -29,8 +29,8 @@ import pytest
 import yaml
 from processes import processes_of, wait_gone
 
-from evalpipe.config import DEFAULT_CONFIG
-from evalpipe.plan import RUN_ID_ENV
+from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.pipeline.plan import RUN_ID_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -172,8 +172,8 @@ def test_a_refused_request_fails_its_variant_naming_the_document(offline_vs_serv
 
 
 def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_artifacts(tmp_path, builtin_model_dir):
-    from evalpipe.config import load_config
-    from evalpipe.plan import make_plan
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline.plan import make_plan
 
     key = "sk-evalpipe-test-7f3a91"
     from evalpipe.execution.serve import free_port

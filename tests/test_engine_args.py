@@ -1,5 +1,5 @@
 """Engine arguments are checked against the variant interpreter's own vLLM before any
-engine starts (evalpipe/engine_args.py)."""
+engine starts (evalpipe/config/engine_args.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalpipe import engine_args as ea
-from evalpipe.config import DEFAULT_CONFIG
+from evalpipe.config import engine_args as ea
+from evalpipe.config.run_config import DEFAULT_CONFIG
 
 KNOWN = {"max_num_seqs", "max_model_len", "enforce_eager", "hf_overrides", "additional_config"}
 
@@ -76,7 +76,7 @@ def test_run_with_a_misspelt_engine_argument_stops_before_any_engine_start(tmp_p
 def test_serve_mode_checks_the_servers_flags_and_endpoint_mode_none(monkeypatch):
     from types import SimpleNamespace
 
-    from evalpipe.config import Launch
+    from evalpipe.config.run_config import Launch
 
     monkeypatch.setattr(ea, "known_engine_args", lambda *a, **k: {"offline": {"max_num_seqs"}, "serve": {"max_num_seqs", "port"}})
     v = lambda mode, args: SimpleNamespace(name="v", python="/p", engine_args=args, process_env=dict,

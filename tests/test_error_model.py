@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 import evalpipe
-from evalpipe import runner
 from evalpipe.cli import app
-from evalpipe.config import ConfigError
+from evalpipe.config.run_config import ConfigError
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
+from evalpipe.pipeline import runner
 
 PACKAGE = Path(evalpipe.__file__).parent
 

@@ -15,7 +15,7 @@ import pytest
 from processes import processes_of, wait_gone
 
 from evalpipe.execution import launch
-from evalpipe.plan import RUN_ID_ENV
+from evalpipe.pipeline.plan import RUN_ID_ENV
 
 # A command with a child and a grandchild, as a worker has an engine core and a resource tracker.
 TREE = ["bash", "-c", "sleep 600 & bash -c 'sleep 600' & wait"]

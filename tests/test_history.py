@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from evalpipe import history as h
-from evalpipe.history import HistoryError, open_history
+from evalpipe.history import store as h
+from evalpipe.history.store import HistoryError, open_history
 from tests.nightly_fakes import LAYER, MODEL, N_ITEMS, V1_VARIANT_COLUMNS, write_night, write_v1_history
 
 

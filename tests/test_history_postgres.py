@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from evalpipe import history as h
-from evalpipe import nightly
-from evalpipe.history import open_history
+from evalpipe.history import store as h
+from evalpipe.history.store import open_history
+from evalpipe.nightly import night as nightly
 from tests.nightly_fakes import MODEL, V1_VARIANT_COLUMNS, write_night, write_v1_history
 from tests.postgres_server import postgres_server
 

@@ -37,9 +37,9 @@ def test_an_interrupted_run_says_so_in_run_json(tmp_path, monkeypatch):
     import json
     import signal
 
-    from evalpipe import artifacts
     from evalpipe.execution import launch
-    from evalpipe.runner import mark_interrupted
+    from evalpipe.pipeline.runner import mark_interrupted
+    from evalpipe.rundir import artifacts
 
     run_json = tmp_path / "run.json"
     artifacts.write_json(run_json, {"status": "running", "variant_status": {"a": {"exit_code": 0}, "b": {"exit_code": 3}}})

@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from evalpipe import nightly
 from evalpipe.compare.changepoint import score_changes, token_changes
 from evalpipe.documents.worker_job import JOB_JSON, TeacherJob, WorkerJob, write_job
 from evalpipe.errors import UserError
-from evalpipe.history import open_history
+from evalpipe.history.store import open_history
+from evalpipe.nightly import night as nightly
 from tests.nightly_fakes import write_night
 
 GOOD, BAD, FIXED = "good1", "bad2", "fix3"
@@ -159,7 +159,7 @@ def _job(vdir, baseline_dir: str) -> WorkerJob:
 
 
 def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(tmp_path):
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
     from tests.fakes import token_table
     from tests.nightly_fakes import base_samples
 
@@ -212,7 +212,7 @@ def test_the_same_variant_night_over_night_with_probes_is_judged_on_its_outputs(
 
 
 def test_the_noise_floor_of_a_run_without_recorded_expectations_is_not_same_code(tmp_path):
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
 
     run_dir = write_night(tmp_path, 0, probes=True)
     info = artifacts.read_json(run_dir / "run.json")

@@ -2,10 +2,10 @@ import sys
 
 import pytest
 
-from evalpipe.config import ConfigError, parse_config
+from evalpipe.config.run_config import ConfigError, parse_config
 from evalpipe.documents.run_doc import NoiseFloorEntry
 from evalpipe.paths import PROJECT_ROOT
-from evalpipe.plan import DEFAULT_ENV, make_plan, run_info, select_tasks
+from evalpipe.pipeline.plan import DEFAULT_ENV, make_plan, run_info, select_tasks
 
 CONFIG = {
     "model": {"path": "builtin:tiny-gsm", "dtype": "float32"},

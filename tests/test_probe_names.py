@@ -1,4 +1,4 @@
-"""evalpipe.probe_names: probed names looked up in a variant's own interpreter (a small
+"""evalpipe.probing.names: probed names looked up in a variant's own interpreter (a small
 package in tmp_path stands in for the engine's), the lookup's cache, and the one-sentence
 refusals of a variant whose expectations name something its interpreter lacks."""
 
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 import evalpipe
-from evalpipe import probe_names as P
-from evalpipe.config import ConfigError, Expectations
-from evalpipe.probe_names import ResolvedName, VariantNames, check_variant, checks_lines, probed_names, resolve
+from evalpipe.config.run_config import ConfigError, Expectations
+from evalpipe.probing import names as P
+from evalpipe.probing.names import ResolvedName, VariantNames, check_variant, checks_lines, probed_names, resolve
 
 PROJECT = Path(evalpipe.__file__).resolve().parent.parent
 PYTHON = str(PROJECT / ".venv" / "bin" / "python")
@@ -287,7 +287,7 @@ def test_checks_lines():
 
 
 def test_the_cache_is_per_environment_not_only_per_interpreter(world, tmp_path):
-    # BUG (evalpipe/probe_names.py, resolve): the cache key is (interpreter, names, lookup
+    # BUG (evalpipe/probing/names.py, resolve): the cache key is (interpreter, names, lookup
     # rules), not the environment the lookup ran in. A variant that runs the same python with
     # its own PYTHONPATH (another build's checkout, as evalpipe/execution/guard.py allows) gets the
     # answer looked up under another variant's PYTHONPATH: here `pnpkg.impl.f` exists only in
@@ -306,7 +306,7 @@ def test_the_cache_is_per_environment_not_only_per_interpreter(world, tmp_path):
 
 
 def test_resolve_plan_looks_up_each_environment(monkeypatch):
-    # BUG (evalpipe/probe_names.py, resolve_plan): variants are grouped by `python` alone, so
+    # BUG (evalpipe/probing/names.py, resolve_plan): variants are grouped by `python` alone, so
     # two variants on one interpreter whose process_env() differ in PYTHONPATH share the
     # first one's lookup. Suggested fix: group by (python, env["PYTHONPATH"]) (and key the
     # cache the same way).

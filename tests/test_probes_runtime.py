@@ -23,12 +23,12 @@ import pytest
 
 import evalpipe
 from evalpipe.compare.code_paths import VariantProbes, check_side, per_forward_counts
-from evalpipe.config import Expectations
-from evalpipe.probe_names import ResolvedName, VariantNames
-from evalpipe.probe_records import read_records, records_dir, write_spec
+from evalpipe.config.run_config import Expectations
 from evalpipe.probes import SITE_DIR, SPEC_ENV
 from evalpipe.probes import record as R
 from evalpipe.probes.patching import MARK, counting, wrap
+from evalpipe.probing.names import ResolvedName, VariantNames
+from evalpipe.probing.records import read_records, records_dir, write_spec
 
 PROJECT = Path(evalpipe.__file__).resolve().parent.parent
 RESULT = "RESULT "

@@ -23,12 +23,12 @@ import pytest
 from fakes import make_samples, mutate, set_token, write_run
 from rich.console import Console
 
-from evalpipe import artifacts
-from evalpipe.config import parse_config
+from evalpipe.config.run_config import parse_config
 from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
-from evalpipe.plan import make_plan, run_info
+from evalpipe.pipeline.plan import make_plan, run_info
 from evalpipe.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
+from evalpipe.rundir import artifacts
 
 MARK = "S3CRET"  # every secret below holds it, so one search finds any of them
 ENV_SECRETS = {
@@ -107,7 +107,7 @@ def test_structures():
 
 def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
     """No setting of the shipped configs looks like a credential: their run.json is unchanged."""
-    from evalpipe.config import load_config
+    from evalpipe.config.run_config import load_config
     from evalpipe.paths import PROJECT_ROOT
 
     for path in sorted((PROJECT_ROOT / "configs").rglob("*.yaml")):
@@ -123,7 +123,7 @@ def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
 def _worker_until_engine_start(plan, vdir: Path) -> str:
     """The real worker of an endpoint variant against a closed port: it writes its manifest
     and fails at the engine start (no engine needed); returns what it printed as events."""
-    from evalpipe.runner import _job
+    from evalpipe.pipeline.runner import _job
 
     job = _job(plan, "sp", {"path": str(vdir / "no-model")}, vdir)
     job = job.model_copy(update={"tasks": []})  # lm-eval is not needed to get to the engine start
@@ -155,11 +155,12 @@ def _all(text: str, sub: str) -> list[int]:
 
 
 def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
-    from evalpipe import cli, nightly
+    from evalpipe import cli
     from evalpipe.execution import serve
-    from evalpipe.history import History, open_history
+    from evalpipe.history.store import History, open_history
+    from evalpipe.nightly import night as nightly
+    from evalpipe.pipeline.runner import compare_and_report
     from evalpipe.report.dashboard import render_dashboard
-    from evalpipe.runner import compare_and_report
 
     for k, v in ENV_SECRETS.items():
         monkeypatch.setenv(k, v)
@@ -217,9 +218,9 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
 def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     """Run directories from older evalpipe versions hold unredacted settings; importing
     one into the history (and reporting on it) must not copy them."""
-    from evalpipe.config import Gates
+    from evalpipe.config.run_config import Gates
     from evalpipe.documents.comparison import ComparisonDocument
-    from evalpipe.history import open_history
+    from evalpipe.history.store import open_history
     from evalpipe.report import render_markdown
 
     info = {"variant_settings": {"legacy": {"env": {"HF_TOKEN": f"hf_{MARK}"}, "launch": {"url": f"http://a:{MARK}@h/v1"}},
@@ -241,10 +242,10 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
     import os
     import stat
 
-    from evalpipe.config import Launch
+    from evalpipe.config.run_config import Launch
     from evalpipe.execution import serve
     from evalpipe.execution.launch import run_worker
-    from evalpipe.plan import PlannedVariant
+    from evalpipe.pipeline.plan import PlannedVariant
 
     python = tmp_path / "fake-python"  # stands in for the worker: nothing to run, only job.json to write
     python.write_text("#!/bin/sh\nexit 0\n")

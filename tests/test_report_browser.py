@@ -15,9 +15,9 @@ from dashboard_samples import sample_history
 from fakes import make_samples, mutate, set_column, set_token, write_run
 from payloads import A_TAG, BREAKOUT, CDATA_END, IFRAME, IMG, MD_LINK, SCRIPT, SVG, TEMPLATE, TEXT
 
-from evalpipe import artifacts
+from evalpipe.pipeline.comparing import compare_run, write_outputs
 from evalpipe.report.dashboard import render_dashboard
-from evalpipe.rundirs import compare_run, write_outputs
+from evalpipe.rundir import artifacts
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 # one payload per document, short enough that no excerpt of the report cuts it

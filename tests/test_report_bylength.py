@@ -26,9 +26,9 @@ from test_compare_bylength import (
 from test_report import HOSTILE, NASTY, as_document, print_summary, render_html, render_markdown
 from test_report_html import PNG_MAGIC
 
+from evalpipe.pipeline.comparing import compare_run
 from evalpipe.report.plots import depth_plot, length_plot
 from evalpipe.report.terminal import length_lines
-from evalpipe.rundirs import compare_run
 
 
 def _long_compare(tmp_path, name="run", **kw) -> dict:

@@ -26,8 +26,8 @@ from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_sum
 
 from evalpipe import report
 from evalpipe.compare.code_paths import short
-from evalpipe.nightly import Judgement, render_summary
-from evalpipe.nightly import render_junit as nightly_junit
+from evalpipe.nightly.night import Judgement, render_summary
+from evalpipe.nightly.night import render_junit as nightly_junit
 from evalpipe.report import md_escape, render_junit
 from evalpipe.report.dashboard import render_dashboard
 

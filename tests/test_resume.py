@@ -1,4 +1,4 @@
-"""Continuing an interrupted run (evalpipe/resume.py): finished variants are kept after
+"""Continuing an interrupted run (evalpipe/rundir/resume.py): finished variants are kept after
 their artifacts are verified, a half-done variant starts again in a clean directory, and
 a different command, a finished run or damaged artifacts are refused in one sentence.
 Run directories built from fakes; kill -9 and resume of whole runs are in
@@ -13,11 +13,11 @@ import pytest
 from fakes import make_samples, record_artifacts, update_manifest, write_run
 from typer.testing import CliRunner
 
-from evalpipe import artifacts
-from evalpipe.artifacts import RunDir
 from evalpipe.cli import app
 from evalpipe.documents.run_doc import RunDocument
-from evalpipe.resume import ResumeRefused, first_difference, reopen
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import RunDir
+from evalpipe.rundir.resume import ResumeRefused, first_difference, reopen
 from evalpipe.worker.journal import JOURNAL_FILE
 
 RUN_FIELDS = {

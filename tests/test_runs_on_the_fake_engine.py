@@ -30,9 +30,9 @@ import pytest
 import yaml
 from processes import processes_of, wait_gone
 
-from evalpipe import artifacts
-from evalpipe.history import open_history
-from evalpipe.integrity import verify_variant
+from evalpipe.history.store import open_history
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.integrity import verify_variant
 from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, FakeEngine
 from evalpipe.worker.journal import JOURNAL_FILE
 

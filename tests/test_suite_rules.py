@@ -1,6 +1,6 @@
 """The suite's own rules (tests/conftest.py): a skipped test fails the run; and the
 package's layering: compare/ is pure comparison, report/ renders, and only
-evalpipe.rundirs (and the runner and CLI above it) joins them to run directories."""
+evalpipe.pipeline.comparing (and the runner and CLI above it) joins them to run directories."""
 
 from __future__ import annotations
 
@@ -73,14 +73,14 @@ def _forbidden(sub: str, banned: tuple[str, ...]) -> list[str]:
 
 def test_compare_is_pure_comparison():
     """compare/ reads and writes no run directory and knows nothing of reports or runs."""
-    bad = _forbidden("compare", ("evalpipe.report", "evalpipe.rundirs", "evalpipe.runner", "evalpipe.cli"))
-    assert not bad, "compare/ must stay pure comparison (move file and report work to evalpipe/rundirs.py): " + "; ".join(bad)
+    bad = _forbidden("compare", ("evalpipe.report", "evalpipe.pipeline.comparing", "evalpipe.pipeline.runner", "evalpipe.cli"))
+    assert not bad, "compare/ must stay pure comparison (move file and report work to evalpipe/pipeline/comparing.py): " + "; ".join(bad)
 
 
 def test_report_does_not_import_the_run_layer():
     """report/ renders dicts; it may use pure helpers of compare/ (e.g. verdict formatting)
     but not the run comparison module nor the modules that read and write run directories."""
-    bad = _forbidden("report", ("evalpipe.rundirs", "evalpipe.runner", "evalpipe.compare.run"))
+    bad = _forbidden("report", ("evalpipe.pipeline.comparing", "evalpipe.pipeline.runner", "evalpipe.compare.run"))
     assert not bad, "report/ must not import the run layer (that would close an import circle): " + "; ".join(bad)
 
 
@@ -122,8 +122,8 @@ def test_only_calibration_imports_the_lab():
     """The lab (the layout model, its fault zoo, the built-in models' training) is how
     evalpipe tests itself; the product reaches the layout model only through vLLM's plugin
     entry point, so nothing but calibration and the lab itself imports it."""
-    bad = _importers_of(("evalpipe.lab",), ("evalpipe.lab", "evalpipe.calibrate"))
-    assert not bad, "only evalpipe.calibrate may import evalpipe.lab: " + "; ".join(bad)
+    bad = _importers_of(("evalpipe.lab",), ("evalpipe.lab", "evalpipe.commands.calibrate"))
+    assert not bad, "only evalpipe.commands.calibrate may import evalpipe.lab: " + "; ".join(bad)
 
 
 def test_task_lookup_does_not_import_the_worker():

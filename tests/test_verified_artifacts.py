@@ -1,4 +1,4 @@
-"""Verified artifacts (evalpipe.integrity) and the run-directory lock (evalpipe.rundir_lock).
+"""Verified artifacts (evalpipe.rundir.integrity) and the run-directory lock (evalpipe.rundir.lock).
 
 A finished variant's manifest records every artifact's size, sha256 and row count;
 compare and the history refuse a variant whose files no longer match, in one sentence
@@ -19,16 +19,16 @@ import pytest
 from fakes import make_samples, mutate, record_artifacts, set_token, write_run
 from typer.testing import CliRunner
 
-from evalpipe import artifacts, integrity
-from evalpipe.artifacts import RunDir, VariantDir
 from evalpipe.cli import app
 from evalpipe.documents.manifest import EngineInfo, VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import RunFailed
-from evalpipe.history import HistoryError, open_history
-from evalpipe.integrity import ArtifactMismatch, verify_variant
-from evalpipe.rundir_lock import LOCK_FILE, RunDirBusy, holding_run_dir, lock_run_dir, unlock_run_dir
-from evalpipe.rundirs import compare_across_runs, compare_run
+from evalpipe.history.store import HistoryError, open_history
+from evalpipe.pipeline.comparing import compare_across_runs, compare_run
+from evalpipe.rundir import artifacts, integrity
+from evalpipe.rundir.artifacts import RunDir, VariantDir
+from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
+from evalpipe.rundir.lock import LOCK_FILE, RunDirBusy, holding_run_dir, lock_run_dir, unlock_run_dir
 
 
 def finished_run(root: Path, *, record: bool = True) -> Path:
@@ -231,12 +231,12 @@ def test_hashing_streams_in_chunks(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from evalpipe.rundir_lock import lock_run_dir
+    from evalpipe.rundir.lock import lock_run_dir
     lock_run_dir(sys.argv[1])
     print("locked", flush=True)
     time.sleep(120)
 """)
-TRY = "import sys\nfrom evalpipe.rundir_lock import lock_run_dir\nlock_run_dir(sys.argv[1])\n"
+TRY = "import sys\nfrom evalpipe.rundir.lock import lock_run_dir\nlock_run_dir(sys.argv[1])\n"
 
 
 def another_process_locks(run_dir: Path) -> bool:
@@ -285,9 +285,9 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
 def test_a_run_holds_its_directory_until_it_returns(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from evalpipe import runner
-    from evalpipe.config import parse_config
-    from evalpipe.plan import make_plan
+    from evalpipe.config.run_config import parse_config
+    from evalpipe.pipeline import runner
+    from evalpipe.pipeline.plan import make_plan
 
     cfg = parse_config({"model": {"path": "builtin:tiny-gsm"}, "variants": {"a": {}, "b": {}},
                         "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot"}]}})

@@ -13,7 +13,7 @@ from processes import wait_gone
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution.launch import run_worker
 from evalpipe.execution.watchdog import Watchdog
-from evalpipe.plan import PlannedVariant
+from evalpipe.pipeline.plan import PlannedVariant
 
 # the fake interpreters below never read it
 JOB = WorkerJob(variant="v", output_dir="v", engine_args={}, tasks=[], topk=1, data_dir="data")

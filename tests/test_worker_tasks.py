@@ -197,7 +197,7 @@ class _Events:
 
 def _run_step1(tmp_path, monkeypatch, tokenizer_dir, task, lengths):
     """main.run() with an engine start that fails the test: what step 1 makes of `task`."""
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
     from evalpipe.worker import engines, main
 
     def no_engine(*args, **kwargs):
@@ -249,7 +249,7 @@ def test_hub_only_task_without_local_data_is_a_user_error_before_the_engine_star
 
 
 def test_ruler_sample_rows_carry_the_length_bucket_and_needle_depth(builtin_tokenizer, ruler_imported, tmp_path):
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
     from evalpipe.worker.main import sample_rows
 
     _, docs = _ruler_docs(builtin_tokenizer, "niah_single_1", tmp_path)

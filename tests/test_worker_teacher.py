@@ -4,10 +4,10 @@ The real engine's side (prompt_logprobs through vLLM) is covered by the end-to-e
 
 import pytest
 
-from evalpipe import artifacts
-from evalpipe.config import PromptPositions
+from evalpipe.config.run_config import PromptPositions
 from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.errors import UserError
+from evalpipe.rundir import artifacts
 from evalpipe.worker.engines import ScoreResult, token_budget_slices
 from evalpipe.worker.teacher import (
     ReferenceSequence,
@@ -95,7 +95,7 @@ def test_old_reference_without_prompt_ids_gives_one_clear_sentence(tmp_path):
 
 
 def test_a_reference_altered_since_it_finished_is_refused_naming_the_file(tmp_path):
-    from evalpipe import integrity
+    from evalpipe.rundir import integrity
 
     samples, tokens = _reference_tables()
     vdir = artifacts.VariantDir(tmp_path / "ref")

@@ -1,7 +1,7 @@
 """Compare variants from their artifacts as in-memory tables (pure functions; no engine imports).
 
 Reading a run directory into these functions and writing compare.json and the
-reports back is :mod:`evalpipe.rundirs`."""
+reports back is :mod:`evalpipe.pipeline.comparing`."""
 
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.run import RunComparison, VariantComparison, compare_tables

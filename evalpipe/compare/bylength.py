@@ -1,7 +1,7 @@
 """Per task and prompt length (and needle depth): scores and token diffs of long-context items.
 
 Long-context tasks (``tasks/longctx``) write item metadata into samples.parquet
-(:data:`evalpipe.artifacts.DOC_COLUMNS`): ``target_length`` (the prompt's exact token
+(:data:`evalpipe.rundir.artifacts.DOC_COLUMNS`): ``target_length`` (the prompt's exact token
 count), ``length_kind`` ("round" or "edge": a length chosen at a layout boundary),
 ``length_tags`` (why), ``depth`` (where the needle sits, 0..1) and ``cluster`` (the
 haystack several questions share). A layout change that breaks at a shard or block
@@ -43,7 +43,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from evalpipe.artifacts import SAMPLE_KEY
 from evalpipe.compare.scores import (
     ALPHA,
     CLUSTER_COLUMN,
@@ -65,6 +64,7 @@ from evalpipe.compare.tokens import (
     quantile,
 )
 from evalpipe.documents import comparison as schema
+from evalpipe.rundir.artifacts import SAMPLE_KEY
 
 LENGTH_COLUMN = "target_length"
 KIND_COLUMN = "length_kind"

@@ -4,7 +4,7 @@
 reference (A) into a :class:`VariantComparison`; a :class:`RunComparison` holds the
 reference against every variant and serializes to compare.json. Reading a run
 directory's artifacts and run.json and writing compare.json and the reports is
-:mod:`evalpipe.rundirs`; the reports themselves are :mod:`evalpipe.report`.
+:mod:`evalpipe.pipeline.comparing`; the reports themselves are :mod:`evalpipe.report`.
 
 ``compare.json`` is a pure function of the artifacts (and the gates): no timestamps,
 no absolute paths, sorted keys, NaN as null; recomputing it from the same run
@@ -42,7 +42,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
-from evalpipe.config import Expectations, Gates
+from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
 
@@ -134,7 +134,7 @@ class RunComparison:
 
 @dataclass(frozen=True, eq=False)
 class VariantArtifacts:
-    """The artifacts of one variant, loaded once per run comparison (:func:`evalpipe.rundirs.load_artifacts`)."""
+    """The artifacts of one variant, loaded once per run comparison (:func:`evalpipe.pipeline.comparing.load_artifacts`)."""
 
     name: str
     samples: pa.Table

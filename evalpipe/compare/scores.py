@@ -23,10 +23,10 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from evalpipe.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
 from evalpipe.compare import stats
 from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
 
 # TOST equivalence margin on the metric's own scale: 0.01 = 1.0 point of a 0-1 accuracy.
 DEFAULT_MARGIN = 0.01

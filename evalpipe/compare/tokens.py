@@ -68,10 +68,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from evalpipe.artifacts import SAMPLE_KEY
 from evalpipe.compare.scores import Alignment, align_keys, column_codes, to_jsonable
 from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import SAMPLE_KEY
 
 TOKEN_KEY = SAMPLE_KEY + ("pos",)
 _BIG = np.iinfo(np.int64).max

@@ -25,7 +25,7 @@ from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.tokens import TaskTokenSummary
-from evalpipe.config import Gates
+from evalpipe.config.run_config import Gates
 from evalpipe.errors import ExitCode
 
 MINUS = "\u2212"

@@ -58,9 +58,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from evalpipe import artifacts
 from evalpipe.errors import UserError
 from evalpipe.paths import data_dir
+from evalpipe.rundir import artifacts
 
 # Bump whenever generated text or layout changes: it is part of every fingerprint.
 GENERATOR_VERSION = 1

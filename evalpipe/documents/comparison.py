@@ -1,4 +1,4 @@
-"""compare.json: a run's comparison (written by evalpipe.rundirs.write_outputs, read by
+"""compare.json: a run's comparison (written by evalpipe.pipeline.comparing.write_outputs, read by
 the reports, the history and nightly).
 
 The whole contract of the file is here. evalpipe.compare computes the comparison and
@@ -20,11 +20,11 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from evalpipe.artifacts import write_text
-from evalpipe.config import Gates
+from evalpipe.config.run_config import Gates
 from evalpipe.documents.base import Document, validated
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import write_text
 
 COMPARE_SCHEMA_VERSION: Final = 3
 

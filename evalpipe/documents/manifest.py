@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from evalpipe.artifacts import MANIFEST_JSON, write_json
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import MANIFEST_JSON, write_json
 
 MANIFEST_VERSION: Final = 1
 REMEDY = "restore it or re-run the variant"
@@ -25,7 +25,7 @@ Status = Literal["running", "ok", "failed"]
 
 
 class ArtifactEntry(Document):
-    """One verified file (evalpipe.integrity): what it was when the variant finished."""
+    """One verified file (evalpipe.rundir.integrity): what it was when the variant finished."""
 
     bytes: int
     sha256: str

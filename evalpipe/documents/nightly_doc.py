@@ -1,7 +1,7 @@
-"""nightly.json: a night's judgement (evalpipe.nightly.Judgement), kept in its run
+"""nightly.json: a night's judgement (evalpipe.nightly.night.Judgement), kept in its run
 directory so that importing the directory into a history rebuilds the night's status.
 
-Written by evalpipe.nightly.write_night, read by evalpipe.history when it records a run
+Written by evalpipe.nightly.night.write_night, read by evalpipe.history.store when it records a run
 directory. Version 1 is the first typed version; the version-less nightly.json before
 it had the same fields and is read as version 1.
 """
@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from evalpipe.artifacts import write_json
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import write_json
 
 NIGHTLY_JSON = "nightly.json"  # in the night's run directory
 NIGHTLY_VERSION: Final = 1
@@ -30,9 +30,9 @@ class NightlyDocument(Document):
     baseline: str | None = None  # the night the variants were judged against
     reasons: list[str] = []
     # Per variant, tonight against the baseline night: a digest of compare.json's
-    # comparison entry (evalpipe.nightly.vs_baseline), whose shape compare.json owns.
+    # comparison entry (evalpipe.nightly.night.vs_baseline), whose shape compare.json owns.
     vs_baseline: list[dict[str, Any]] = []
-    # The history's detected changes (evalpipe.nightly._change_dict), stored as the
+    # The history's detected changes (evalpipe.nightly.night._change_dict), stored as the
     # history's database and the dashboard hold them.
     changes: list[dict[str, Any]] = []
     paths: str | None = None  # why tonight's own comparison proves nothing about the paths

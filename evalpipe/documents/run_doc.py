@@ -1,7 +1,7 @@
 """run.json: what a run is (its resolved config, tasks, variants and their settings, the
 A/A noise floor) and how it went (status, per-variant outcome, timings, verdict).
 
-Written by the runner (from evalpipe.plan.run_info, then after every step) and by
+Written by the runner (from evalpipe.pipeline.plan.run_info, then after every step) and by
 `evalpipe compare` (the verdict); read by the comparison (reference, variants, gates,
 expectations, noise floor), resume, the history, nightly and calibrate.
 
@@ -17,11 +17,11 @@ import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from evalpipe.artifacts import RUN_JSON, write_json
-from evalpipe.config import Expectations, Gates, aa_variant_name
+from evalpipe.config.run_config import Expectations, Gates, aa_variant_name
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact
+from evalpipe.rundir.artifacts import RUN_JSON, write_json
 
 RUN_VERSION: Final = 1
 REMEDY = "fix or remove it"
@@ -38,7 +38,7 @@ class NoiseFloorEntry(Document):
 
 
 class VariantSettings(Document):
-    """What distinguishes a variant (evalpipe.plan), credentials redacted."""
+    """What distinguishes a variant (evalpipe.pipeline.plan), credentials redacted."""
 
     description: str | None = None
     python: str | None = None
@@ -59,7 +59,7 @@ class VariantStatus(Document):
 
 
 class Attempt(Document):
-    """One continuation of an interrupted run (evalpipe.resume)."""
+    """One continuation of an interrupted run (evalpipe.rundir.resume)."""
 
     at: float
     kept: list[str] = []
@@ -92,7 +92,7 @@ class SimulatedNight(Document):
 
 class RunDocument(Document):
     version: Literal[1] = RUN_VERSION
-    # what the run is (evalpipe.plan.run_info)
+    # what the run is (evalpipe.pipeline.plan.run_info)
     run_id: str = ""
     kind: Literal["run", "nightly"] | None = None  # None: a run
     components: dict[str, str] = {}  # nightly: the components CI named
@@ -110,7 +110,7 @@ class RunDocument(Document):
     noise_floor: NoiseFloorEntry | None = None
     model: RunModel = RunModel()
     notes: list[str] = []
-    # how it went (evalpipe.runner, evalpipe.resume)
+    # how it went (evalpipe.pipeline.runner, evalpipe.rundir.resume)
     status: RunStatus | None = None
     started_at: float | None = None
     variant_status: dict[str, VariantStatus] = {}

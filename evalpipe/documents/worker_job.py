@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from evalpipe.artifacts import write_text
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import write_text
 
 JOB_JSON = "job.json"  # in the variant directory
 JOB_VERSION: Final = 1

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evalpipe import artifacts
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode
 from evalpipe.execution.watchdog import Watchdog
-from evalpipe.plan import PlannedVariant
+from evalpipe.pipeline.plan import PlannedVariant
+from evalpipe.rundir import artifacts
 
 EventHandler = Callable[[dict[str, Any]], None]
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-from evalpipe.artifacts import write_text
-from evalpipe.config import Launch
+from evalpipe.config.run_config import Launch
 from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
 from evalpipe.redact import redact, redact_text
+from evalpipe.rundir.artifacts import write_text
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SERVER_ARGS_FILE = "server-args.yaml"

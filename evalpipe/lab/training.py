@@ -25,7 +25,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterator
 
-from evalpipe.artifacts import write_json
 from evalpipe.data import gsm_synth, longctx
 from evalpipe.machine import describe
 from evalpipe.models.builtin import (
@@ -47,6 +46,7 @@ from evalpipe.models.builtin import (
     shipped_path,
     spec_hash,
 )
+from evalpipe.rundir.artifacts import write_json
 
 
 def ship(name: str, progress: Progress | None = None) -> BuiltModel:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from evalpipe.artifacts import variant_names_from_info
 from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import (
@@ -41,6 +40,7 @@ from evalpipe.documents.comparison import (
 )
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.redact import redact
+from evalpipe.rundir.artifacts import variant_names_from_info
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
 

@@ -2,7 +2,7 @@
 each, appended and flushed as it arrives (served variants: each completion's response;
 offline ones: each GenResult / ScoreResult as vLLM finishes its request).
 
-A run continued after a kill (evalpipe/resume.py keeps this file of an unfinished
+A run continued after a kill (evalpipe/rundir/resume.py keeps this file of an unfinished
 variant) answers the requests it finds here from the journal and sends only the rest:
 a kill -9 loses at most the requests that were in flight. The key is the request
 itself (prompt token ids and every sampling setting), so an answer is only ever reused

@@ -127,8 +127,8 @@ def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
 def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tuple[list[dict], dict[str, list]]:
     """Turn lm-eval's logged samples (one entry per doc x filter) into samples rows
     (one per doc x repeat) and the matching token rows from the LM's captures."""
-    from evalpipe import artifacts
-    from evalpipe.artifacts import ANSWER_PREFIX, SCORE_PREFIX
+    from evalpipe.rundir import artifacts
+    from evalpipe.rundir.artifacts import ANSWER_PREFIX, SCORE_PREFIX
     from evalpipe.tasks.ruler import sample_columns
 
     by_doc: dict[int, list[dict]] = {}
@@ -195,8 +195,8 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
 
 
 def run(job: WorkerJob, events: Events) -> int:
-    from evalpipe import artifacts, integrity
     from evalpipe.redact import redact
+    from evalpipe.rundir import artifacts, integrity
     from evalpipe.tasks import configure as task_lookup
     from evalpipe.tasks.index import task_manager
 
@@ -233,7 +233,7 @@ def run(job: WorkerJob, events: Events) -> int:
     def finish(status: Literal["ok", "failed"], code: int, **extra: Any) -> int:
         if status == "ok":
             # size, sha256 and rows of every file compare, the history and a resume will
-            # read, so they can tell a file altered after this point (evalpipe.integrity)
+            # read, so they can tell a file altered after this point (evalpipe.rundir.integrity)
             t0 = time.time()
             extra[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(out)
             timings["checksums_s"] = time.time() - t0
@@ -415,7 +415,7 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
                    source_dir: str | None, target: Path, timing: str) -> tuple[int, str | None]:
     """Score the sequences of the variant in ``source_dir`` (ours when None) -> ``target``
     (teacher.parquet: the reference's; teacher_baseline.parquet: the baseline night's)."""
-    from evalpipe import artifacts
+    from evalpipe.rundir import artifacts
     from evalpipe.worker import teacher as tf
     from evalpipe.worker.engines import decode_each
 

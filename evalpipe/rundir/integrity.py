@@ -8,7 +8,7 @@ table) its row count under manifest.json's ``"artifacts"``::
     "artifacts": {"samples.parquet": {"bytes": 51234, "rows": 600, "sha256": "9f2c..."}, ...}
 
 :func:`verify_variant` checks a variant directory against that record. `compare`
-(:func:`evalpipe.rundirs.load_artifacts`) and the history (:func:`evalpipe.history.read_run`)
+(:func:`evalpipe.pipeline.comparing.load_artifacts`) and the history (:func:`evalpipe.history.store.read_run`)
 call it first, so a file truncated, edited or replaced after the run is refused in one
 sentence instead of being compared or recorded as if the engine had produced it; a
 resumed run calls it on the variants it keeps. Variant directories written before this
@@ -21,7 +21,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from evalpipe.artifacts import (
+from evalpipe.documents.manifest import ArtifactEntry, VariantManifest, read_manifest
+from evalpipe.documents.worker_job import JOB_JSON
+from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import (
     MANIFEST_JSON,
     PROBES_JSON,
     RESULTS_JSON,
@@ -31,14 +34,11 @@ from evalpipe.artifacts import (
     TOKENS_PARQUET,
     VariantDir,
 )
-from evalpipe.documents.manifest import ArtifactEntry, VariantManifest, read_manifest
-from evalpipe.documents.worker_job import JOB_JSON
-from evalpipe.errors import UserError
 
 # What compare, the history and nightly read of a variant. Not manifest.json (it holds
 # the record) and not the logs (appended to by servers that may outlive the worker).
 # probes.json is gathered by the parent once the variant's processes are done, and joins
-# the record then (evalpipe.probe_records).
+# the record then (evalpipe.probing.records).
 VERIFIED_FILES = (RESULTS_JSON, SAMPLES_PARQUET, TOKENS_PARQUET, TEACHER_PARQUET, TEACHER_BASELINE_PARQUET, JOB_JSON,
                   PROBES_JSON)
 ARTIFACTS_KEY = "artifacts"

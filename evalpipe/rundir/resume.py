@@ -3,7 +3,7 @@
 A run stopped by Ctrl-C, SIGTERM, kill -9, a crash or a failed variant is continued by
 running the same command again with the same `--run-id` (or `--resume RUN_DIR`). The
 variants that had finished are kept as they are, after their artifacts are checked
-against their manifests (evalpipe/integrity.py); a variant that had not finished starts
+against their manifests (evalpipe/rundir/integrity.py); a variant that had not finished starts
 again in a clean directory except for its request journal (evalpipe/worker/journal.py),
 so it asks its engine only what it lacks. The invocation must describe the same
 run: the same config, tasks and limits, variants and reference, and model files.
@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evalpipe import artifacts
-from evalpipe.config import ConfigError
+from evalpipe.config.run_config import ConfigError
 from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.documents.run_doc import Attempt, RunDocument, VariantStatus, read_run_document
 from evalpipe.errors import UserError
-from evalpipe.integrity import ArtifactMismatch, verify_variant
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
 from evalpipe.worker.journal import JOURNAL_FILE
 
 # run.json fields that must be the same for a run to be continued, and how to name them.

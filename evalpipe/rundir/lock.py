@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from evalpipe.config import ConfigError
+from evalpipe.config.run_config import ConfigError
 
 LOCK_FILE = ".lock"
 _held: dict[str, list[int]] = {}  # real path -> [fd, holds]

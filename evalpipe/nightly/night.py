@@ -29,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from evalpipe import artifacts
 from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
 from evalpipe.compare.verdict import Status
-from evalpipe.config import Expectations
+from evalpipe.config.run_config import Expectations
 from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
-from evalpipe.history import History, HistoryError
+from evalpipe.history.store import History, HistoryError
+from evalpipe.rundir import artifacts
 
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
@@ -142,7 +142,7 @@ def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
     """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
     the engine's noise between two runs, the floor of every drift from the baseline."""
     from evalpipe.compare.run import compare_artifacts
-    from evalpipe.rundirs import load_artifacts, read_run_info, variant_numerics
+    from evalpipe.pipeline.comparing import load_artifacts, read_run_info, variant_numerics
 
     info = read_run_info(tonight_dir)
     where = str(tonight_dir / "run.json")
@@ -163,7 +163,7 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     comparison entry (plus "error" when the two cannot be compared). ``floor``:
     :func:`tonight_floor`, computed once per night by the caller."""
     from evalpipe.compare.run import check_same_items, compare_artifacts
-    from evalpipe.rundirs import load_artifacts, read_run_info, variant_numerics
+    from evalpipe.pipeline.comparing import load_artifacts, read_run_info, variant_numerics
 
     base_v, night_v = base_dir / variant, tonight_dir / variant
     label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
@@ -229,7 +229,7 @@ def tonight_inconclusive(run_dir: Path, verdict: str | None) -> str | None:
 
 def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> Any:
     """Tonight's teacher_baseline.parquet when it holds ``baseline_reference``'s sequences, else None."""
-    from evalpipe.rundirs import load_teacher
+    from evalpipe.pipeline.comparing import load_teacher
 
     job_path = vdir.root / JOB_JSON
     if not vdir.teacher_baseline.is_file() or not job_path.is_file():
@@ -464,14 +464,14 @@ def render_junit(j: Judgement) -> str:
     for c in j.changes:
         if c["state"] == "flagged" and c["regression"]:
             cases.append(("series", f"{c['task']}[{c['metric']}].{c['variant']}", ("regression", c["summary"]) if c["open"] else None))
-    suite = ET.Element("testsuite", name=xml_text(f"evalpipe.nightly.{j.run_id}"), tests=str(len(cases)),
+    suite = ET.Element("testsuite", name=xml_text(f"evalpipe.nightly.night.{j.run_id}"), tests=str(len(cases)),
                        failures=str(sum(1 for *_, bad in cases if bad)))
     for classname, name, bad in cases:
         case = ET.SubElement(suite, "testcase", classname=xml_text(classname), name=xml_text(name))
         if bad:
             kind, text = bad
             ET.SubElement(case, "failure", message=xml_text(text.splitlines()[0][:500]), type=kind).text = xml_text(text)
-    root = ET.Element("testsuites", name="evalpipe.nightly")
+    root = ET.Element("testsuites", name="evalpipe.nightly.night")
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
@@ -649,10 +649,10 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
               from_run: Path | None = None) -> NightResult:
     """`evalpipe nightly`: run the config's nightly matrix (or take a finished run with
     ``from_run``), record it, judge it, write its summary and the dashboard."""
-    from evalpipe.config import load_config
-    from evalpipe.history import open_history
-    from evalpipe.plan import make_plan
-    from evalpipe.runner import execute
+    from evalpipe.config.run_config import load_config
+    from evalpipe.history.store import open_history
+    from evalpipe.pipeline.plan import make_plan
+    from evalpipe.pipeline.runner import execute
 
     cfg = load_config(config_path)
     spec = cfg.nightly

@@ -14,17 +14,17 @@ from typing import Any
 
 from rich.console import Console
 
-from evalpipe import artifacts
-from evalpipe.config import ConfigError
+from evalpipe.config.run_config import ConfigError
 from evalpipe.documents.manifest import read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, read_run_document, write_run_document
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
 from evalpipe.paths import data_dir
-from evalpipe.plan import PlannedVariant, RunPlan, run_info
-from evalpipe.probe_names import VariantNames
+from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
+from evalpipe.probing.names import VariantNames
 from evalpipe.progress import ProgressView
-from evalpipe.rundir_lock import lock_run_dir, unlock_run_dir
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.lock import lock_run_dir, unlock_run_dir
 from evalpipe.worker.journal import JOURNAL_FILE
 
 COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its traceback, beside the artifacts
@@ -132,7 +132,7 @@ def _open_run_dir(rd: artifacts.RunDir, fresh: RunDocument) -> tuple[RunDocument
     except FileExistsError:
         if not rd.run_json.is_file():
             raise ConfigError(f"run directory {rd.root} already exists and holds no run; choose another --output or run id.") from None
-        from evalpipe.resume import reopen
+        from evalpipe.rundir.resume import reopen
 
         lock_run_dir(rd.root)  # a run still being written is refused here, before anything is read
         return reopen(rd.root, fresh)
@@ -175,8 +175,8 @@ def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
     """What can be checked before anything starts (task names, every variant's engine
     arguments against its own vLLM, every probed name in its own interpreter); ConfigError
     on the first problem, else the probed names as each variant's interpreter knows them."""
-    from evalpipe.engine_args import EngineArgError, check_plan
-    from evalpipe.probe_names import resolve_plan
+    from evalpipe.config.engine_args import EngineArgError, check_plan
+    from evalpipe.probing.names import resolve_plan
     from evalpipe.tasks.index import TaskNotFound, check_task_names
 
     try:
@@ -238,7 +238,7 @@ def history_url(plan: RunPlan) -> str | None:
 
 def record_in_history(plan: RunPlan, console: Console) -> None:
     """Best effort: a history that cannot be written costs a warning, never the run."""
-    from evalpipe.history import HistoryError, open_history
+    from evalpipe.history.store import HistoryError, open_history
 
     try:
         hist = open_history(history_url(plan), plan.run_dir.parent)
@@ -290,7 +290,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         raise
     previous = info.model.fingerprint
     if previous and model["fingerprint"] and previous != model["fingerprint"]:
-        from evalpipe.resume import ResumeRefused
+        from evalpipe.rundir.resume import ResumeRefused
 
         raise ResumeRefused(f"cannot continue {rd.root}: its model's files changed since it started "
                             f"(fingerprint {previous[:12]}, now {model['fingerprint'][:12]}); choose another --run-id.")
@@ -367,7 +367,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
 def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:
     """probes.json: the variant's processes' records, once they are done writing (an A/A run
     that reused a server reads that server's records; a server still needed is live)."""
-    from evalpipe import probe_records
+    from evalpipe.probing import records as probe_records
 
     exposed = None
     if variant.launch.mode == "endpoint":
@@ -390,7 +390,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     variant with its log's tail. ``servers``: the started ones, by variant; the caller
     stops them (`_stop_unneeded`)."""
     from evalpipe.execution.launch import run_worker
-    from evalpipe.probe_records import probe_env, write_spec
+    from evalpipe.probing.records import probe_env, write_spec
 
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
     env = probe_env(variant.process_env(), write_spec(vdir, variant.name, names))
@@ -488,8 +488,8 @@ def _compare_and_report(
     gates: Any = None,
 ) -> tuple[int, RunDocument]:
     """compare_and_report, with run.json's content as it now stands."""
+    from evalpipe.pipeline.comparing import compare_run, write_outputs
     from evalpipe.report.terminal import print_summary
-    from evalpipe.rundirs import compare_run, write_outputs
 
     rd = artifacts.RunDir(run_dir)
     if info is None:  # a broken run.json: one sentence naming it
@@ -508,8 +508,8 @@ def _compare_and_report(
 
 def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
+    from evalpipe.pipeline.comparing import compare_across_runs, write_outputs
     from evalpipe.report.terminal import print_summary
-    from evalpipe.rundirs import compare_across_runs, write_outputs
 
     comparison = compare_across_runs(a, b, gates=gates)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"

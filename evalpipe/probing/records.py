@@ -20,14 +20,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from evalpipe import artifacts
-from evalpipe.artifacts import PROBES_JSON
 from evalpipe.compare.code_paths import ProcessProbe, VariantProbes, summarize
 from evalpipe.documents.manifest import ArtifactEntry, ProbeSummary, read_manifest, write_manifest
 from evalpipe.errors import UserError
-from evalpipe.integrity import describe_file
-from evalpipe.probe_names import VariantNames
 from evalpipe.probes import SCHEMA_VERSION, SITE_DIR, SPEC_ENV, SPEC_FILE
+from evalpipe.probing.names import VariantNames
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import PROBES_JSON
+from evalpipe.rundir.integrity import describe_file
 
 PROBES_DIR = "probes"  # <variant>/probes/<pid>.json, the per-process records
 FLUSH_S = 0.5  # how stale a live process's record may be

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from evalpipe.artifacts import RunDir
 from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
-from evalpipe.nightly import NightResult, record_and_judge
+from evalpipe.nightly.night import NightResult, record_and_judge
+from evalpipe.rundir.artifacts import RunDir
 
 FAULT = "padding_not_zeroed"
 FAULT_VARIANT = "sp"
@@ -66,9 +66,9 @@ class SimulationSummary:
 
 def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tuple[Path, Path]:
     """The two real runs (made once; reused when they exist)."""
-    from evalpipe.config import load_config
-    from evalpipe.plan import make_plan
-    from evalpipe.runner import execute
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline.plan import make_plan
+    from evalpipe.pipeline.runner import execute
 
     cfg = load_config(config)
     out = []
@@ -105,7 +105,7 @@ def _copy_variant(src: Path, dst: Path) -> None:
 
 def build_night(good: Path, fault: Path, night_dir: Path, *, index: int, started_at: float, build: str, sp_from: str) -> Path:
     """One simulated night's run directory, compared and reported like a real one."""
-    from evalpipe.rundirs import compare_run, write_outputs
+    from evalpipe.pipeline.comparing import compare_run, write_outputs
 
     info = read_run_document(good) or RunDocument()
     if night_dir.exists():
@@ -141,8 +141,8 @@ def _claim_source_path(info: RunDocument, source: str) -> RunDocument:
 def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
              output: Path = Path("reports/simulated"), config: Path | None = None, seed: int = 0,
              history_url: str | None = None) -> SimulationSummary:
-    from evalpipe.config import load_config
-    from evalpipe.history import open_history
+    from evalpipe.config.run_config import load_config
+    from evalpipe.history.store import open_history
 
     if fault_night is not None and not (0 < fault_night < nights):
         raise UserError(f"--fault-night {fault_night} must lie between 1 and {nights - 1} (the nights before it are the A/A history).")

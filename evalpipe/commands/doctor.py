@@ -20,13 +20,13 @@ from typing import Any, Callable
 
 import httpx
 
-from evalpipe.config import ConfigError
+from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.execution.serve import port_is_free
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
-from evalpipe.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
-from evalpipe.probe_names import check_variant, checks_lines, probed_names, resolve
+from evalpipe.pipeline.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
+from evalpipe.probing.names import check_variant, checks_lines, probed_names, resolve
 from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
 from evalpipe.tasks.index import TaskNotFound

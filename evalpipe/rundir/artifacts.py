@@ -37,7 +37,7 @@ TOKENS_PARQUET = "tokens.parquet"
 TEACHER_PARQUET = "teacher.parquet"
 # nightly: the baseline night's reference sequences scored by tonight's variant
 TEACHER_BASELINE_PARQUET = "teacher_baseline.parquet"
-PROBES_JSON = "probes.json"  # what ran: every engine process's path-probe record (evalpipe.probe_records)
+PROBES_JSON = "probes.json"  # what ran: every engine process's path-probe record (evalpipe.probing.records)
 ENGINE_LOG = "engine.log"
 WORKER_LOG = "worker.log"  # the worker's own output when a server writes engine.log
 COMPARE_JSON = "compare.json"

@@ -22,13 +22,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from evalpipe import artifacts
-from evalpipe.config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
+from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, Fault
 from evalpipe.lab.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
+from evalpipe.rundir import artifacts
 
 DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"
 
@@ -153,10 +153,10 @@ def run_calibration(
         summarize,
     )
     from evalpipe.compare.run import VariantComparison, compare_artifacts
-    from evalpipe.config import load_config
-    from evalpipe.plan import make_plan
-    from evalpipe.rundirs import compare_run, load_artifacts, write_outputs
-    from evalpipe.runner import execute
+    from evalpipe.config.run_config import load_config
+    from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
+    from evalpipe.pipeline.plan import make_plan
+    from evalpipe.pipeline.runner import execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
     base = load_config(path)

@@ -34,15 +34,15 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from evalpipe import artifacts
-from evalpipe.artifacts import SCORE_PREFIX, RunDir, VariantDir
 from evalpipe.documents.comparison import Comparison, read_comparison
 from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
-from evalpipe.integrity import ArtifactMismatch, verify_variant
 from evalpipe.redact import redact, redact_text
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import SCORE_PREFIX, RunDir, VariantDir
+from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
 
 DEFAULT_FILE = "history.sqlite"
 TOKEN_MEASURES = ("kl_p99", "kl_max", "n_hard_divergences", "n_near_tie_divergences", "n_divergent")

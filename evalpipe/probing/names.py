@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from evalpipe.artifacts import write_json
-from evalpipe.config import ConfigError, Expectations
+from evalpipe.config.run_config import ConfigError, Expectations
 from evalpipe.paths import cache_dir
 from evalpipe.probes import resolve as lookup
 from evalpipe.probes.resolve import MARK
+from evalpipe.rundir.artifacts import write_json
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 :mod:`evalpipe.report` renders the compare.json document and run.json and writes nothing.
 This module is the one place that joins them to a run directory: it reads
 samples.parquet, tokens.parquet, teacher.parquet, manifest.json and run.json
-(layout: :mod:`evalpipe.artifacts`), runs the comparison, and writes compare.json,
+(layout: :mod:`evalpipe.rundir.artifacts`), runs the comparison, and writes compare.json,
 report.md, report.html and junit.xml.
 
 Defaults from run.json: the reference ("reference", else the first variant), the
@@ -29,8 +29,6 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from evalpipe import artifacts
-from evalpipe.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
 from evalpipe.compare.run import (
     RunComparison,
@@ -40,14 +38,16 @@ from evalpipe.compare.run import (
     compare_artifacts,
     with_margin,
 )
-from evalpipe.config import Expectations, Gates
+from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents.comparison import write_comparison
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
-from evalpipe.integrity import verify_variant
-from evalpipe.probe_records import read_probes
+from evalpipe.probing.records import read_probes
 from evalpipe.report import render_html, render_junit, render_markdown
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
+from evalpipe.rundir.integrity import verify_variant
 
 _SAMPLES_REQUIRED = SAMPLE_KEY
 _TOKENS_REQUIRED = TOKENS_REQUIRED
