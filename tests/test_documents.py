@@ -54,7 +54,7 @@ from evalpipe.documents.worker_job import JOB_VERSION, ServerJob, TeacherJob, Wo
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import MANIFEST_JSON
-from evalpipe.worker.http_engine import ServerSettings
+from evalpipe.worker.http_engine import HttpEngine
 from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
 
 
@@ -100,11 +100,16 @@ def test_the_worker_refuses_an_unreadable_job_as_a_user_error(tmp_path):
 
 
 def test_the_http_engine_takes_every_server_setting():
-    """Before, settings were copied by key and an unknown one vanished; now each is a field of both."""
-    server = ServerJob(url="http://h:1/v1", model="m", api_key_env="K", concurrency=3, request_timeout_s=9.0, retries=1,
-                       ready_timeout_s=5.0, tokenizer="/tok", tokenizer_args={"tokenizer_mode": "slow"})
-    settings = ServerSettings.from_job(server)
-    assert {k: getattr(settings, k) for k in ServerJob.model_fields} == server.model_dump()
+    """Before, settings were copied by key into a class of their own and an unknown one
+    vanished; now the engine takes the job's model as it is."""
+    server = ServerJob(url="http://u:secret@h:1/v1", model="m", api_key_env="K", concurrency=3, request_timeout_s=9.0,
+                       retries=1, ready_timeout_s=5.0, tokenizer="/tok", tokenizer_args={"tokenizer_mode": "slow"})
+    engine = HttpEngine(server, lazy=True)
+    try:
+        assert engine.settings is server
+    finally:
+        engine.close()
+    assert "secret" not in server.shown_url and server.headers() == {}
 
 
 # ---------------------------------------------------------------------------

@@ -84,9 +84,9 @@ class _Counting:
 
 
 def _engine(url: str, retries: int) -> HttpEngine:
-    from evalpipe.worker.http_engine import ServerSettings
+    from evalpipe.documents.worker_job import ServerJob
 
-    return HttpEngine(ServerSettings(url=url, retries=retries, concurrency=2), lazy=True)
+    return HttpEngine(ServerJob(url=url, retries=retries, concurrency=2), lazy=True)
 
 
 def test_an_http_error_fails_at_once_naming_the_request():
@@ -158,7 +158,7 @@ def test_the_journal_answers_what_an_earlier_attempt_already_asked(tmp_path):
     its journal, only the rest go to the server. Tokenizing is always asked again."""
     import asyncio
 
-    from evalpipe.worker.http_engine import ServerSettings
+    from evalpipe.documents.worker_job import ServerJob
     from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
 
     server = _Counting(200)
@@ -167,7 +167,7 @@ def test_the_journal_answers_what_an_earlier_attempt_already_asked(tmp_path):
     labels = [f"doc {i}" for i in range(4)]
     try:
         def engine() -> HttpEngine:
-            return HttpEngine(ServerSettings(url=server.url, concurrency=2), lazy=True, journal=RequestJournal(path))
+            return HttpEngine(ServerJob(url=server.url, concurrency=2), lazy=True, journal=RequestJournal(path))
 
         first = engine()
         asyncio.run(first._post_all("/v1/completions", bodies[:3], None, labels[:3]))  # killed after three

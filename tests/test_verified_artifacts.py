@@ -188,9 +188,9 @@ class _Engine:
 def test_the_worker_records_the_artifacts_when_it_finishes(tmp_path, monkeypatch):
     import lm_eval
 
-    from evalpipe.worker import engines, main
+    from evalpipe.worker import engine_choice, main
 
-    monkeypatch.setattr(engines, "build_engine", lambda *a, **k: _Engine())
+    monkeypatch.setattr(engine_choice, "build_engine", lambda *a, **k: _Engine())
     monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **k: pytest.fail("no task, no evaluation"))
     vdir = VariantDir(tmp_path / "v")
     job = WorkerJob(variant="v", output_dir=str(vdir.root), engine_args={"model": str(tmp_path)}, tasks=[],

@@ -198,12 +198,12 @@ class _Events:
 def _run_step1(tmp_path, monkeypatch, tokenizer_dir, task, lengths):
     """main.run() with an engine start that fails the test: what step 1 makes of `task`."""
     from evalpipe.rundir import artifacts
-    from evalpipe.worker import engines, main
+    from evalpipe.worker import engine_choice, main
 
     def no_engine(*args, **kwargs):
         raise AssertionError("the engine must not start")
 
-    monkeypatch.setattr(engines, "build_engine", no_engine)
+    monkeypatch.setattr(engine_choice, "build_engine", no_engine)
     job = WorkerJob(
         variant="v", output_dir=str(tmp_path / "v"), engine_args={"model": str(tokenizer_dir)},
         tasks=[_spec(task)], seed=1, data_dir=str(tmp_path / "data"), topk=1,

@@ -22,6 +22,7 @@ import httpx
 
 from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
+from evalpipe.documents.worker_job import ServerJob
 from evalpipe.execution.serve import port_is_free
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
@@ -30,7 +31,6 @@ from evalpipe.probing.names import check_variant, checks_lines, probed_names, re
 from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
 from evalpipe.tasks.index import TaskNotFound
-from evalpipe.worker.http_engine import ServerSettings
 
 MIN_FREE_DISK_BYTES = 1 << 30  # a GLM-5 run of 1319 questions with top-k logprobs stays well below
 
@@ -165,7 +165,7 @@ def _free_disk(path: Path) -> int:
 
 def check_endpoint(v: PlannedVariant, timeout_s: float = 10) -> tuple[bool, str]:
     launch = v.launch
-    settings = ServerSettings(url=launch.url or "", api_key_env=launch.api_key_env)
+    settings = ServerJob(url=launch.url or "", api_key_env=launch.api_key_env)
     url = settings.shown_url  # for the messages: without a password
     try:
         with httpx.Client(base_url=settings.url, timeout=timeout_s, headers=settings.headers()) as client:

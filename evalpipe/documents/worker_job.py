@@ -9,11 +9,13 @@ typed version; the untyped job.json before it had the same fields.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
+from evalpipe.redact import redact_text
 from evalpipe.rundir.artifacts import write_text
 
 JOB_JSON = "job.json"  # in the variant directory
@@ -21,7 +23,8 @@ JOB_VERSION: Final = 1
 
 
 class ServerJob(Document):
-    """How the worker reaches a server (serve and endpoint mode): evalpipe.worker.http_engine.ServerSettings."""
+    """How the worker reaches a server (serve and endpoint mode); the HTTP engine and
+    doctor's endpoint check take it as it is."""
 
     url: str
     model: str | None = None  # the served model's name; None: the server's only model
@@ -32,6 +35,16 @@ class ServerJob(Document):
     ready_timeout_s: float = 900.0
     tokenizer: str | None = None  # a local tokenizer directory, when this machine has it
     tokenizer_args: dict[str, Any] | None = None  # tokenizer_mode, trust_remote_code, tokenizer_revision
+
+    @property
+    def shown_url(self) -> str:
+        """The URL for messages, logs and the manifest: without its password."""
+        return redact_text(self.url)
+
+    def headers(self) -> dict[str, str]:
+        """The request headers: the API key is read from its variable at each use, never stored."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class TeacherJob(Document):

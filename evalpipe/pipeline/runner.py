@@ -55,7 +55,7 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
 
 
 def _server_job(variant: PlannedVariant, url: str | None, model_path: str) -> ServerJob | None:
-    """What the worker's HTTP engine needs (http_engine.ServerSettings); None offline."""
+    """What the worker's HTTP engine needs (the HTTP engine takes it as it is); None offline."""
     launch = variant.launch
     if launch.mode == "offline":
         return None

@@ -3,18 +3,16 @@
 Everything above this module speaks `GenRequest` / `GenResult` / `ScoreRequest`;
 only the engine classes know whether tokens come from an in-process `vllm.LLM`
 (here, the only place that imports vllm) or from a vLLM server over HTTP
-(http_engine.py).
+(http_engine.py); engine_choice.py picks the one a job asks for.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from evalpipe.documents.manifest import EngineInfo
-from evalpipe.documents.worker_job import ServerJob
 from evalpipe.worker.journal import RequestJournal, request_key
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
@@ -332,21 +330,3 @@ def decode_each(engine: Engine, token_ids: Sequence[int]) -> list[str]:
     distinct = sorted(set(token_ids))
     texts = dict(zip(distinct, engine.decode_many([[tid] for tid in distinct])))
     return [texts[tid] for tid in token_ids]
-
-
-def build_engine(kind: str, engine_args: dict[str, Any], server: ServerJob | None = None,
-                 on_wait: Callable[[float], None] | None = None, journal: Path | None = None) -> Engine:
-    """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
-    (url, model, client settings; see http_engine.ServerSettings), waiting until it is ready.
-    Both answer from ``journal`` (worker/journal.py) what an earlier attempt already asked."""
-    kept = RequestJournal(journal) if journal is not None else None
-    if kind == "offline":
-        return OfflineEngine(engine_args, journal=kept)
-    if kind == "http":
-        from evalpipe.worker.http_engine import HttpEngine, ServerSettings
-
-        # lazy: lm-eval builds its requests while the server is still starting
-        if server is None:
-            raise ValueError("an http engine needs the job's server settings")
-        return HttpEngine(ServerSettings.from_job(server), on_wait=on_wait, lazy=True, journal=kept)
-    raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")

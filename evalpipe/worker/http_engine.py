@@ -21,7 +21,6 @@ import asyncio
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
@@ -39,36 +38,9 @@ class ServerError(RunFailed):
     """The server could not be reached, refused a request or answered nonsense."""
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    url: str
-    model: str | None = None  # served model name; None: the server's only model
-    api_key_env: str | None = None
-    concurrency: int = 64
-    request_timeout_s: float = 3600.0
-    retries: int = 3
-    ready_timeout_s: float = 900.0
-    tokenizer: str | None = None  # local tokenizer directory, when this machine has it
-    tokenizer_args: dict[str, Any] | None = None  # tokenizer_mode, trust_remote_code, revision
-
-    @property
-    def shown_url(self) -> str:
-        """The URL for messages, logs and the manifest: without its password."""
-        from evalpipe.redact import redact_text
-
-        return redact_text(self.url)
-
-    @classmethod
-    def from_job(cls, job: ServerJob) -> "ServerSettings":
-        return cls(**job.model_dump())
-
-    def headers(self) -> dict[str, str]:
-        """The request headers: the API key is read from its variable at each use, never stored."""
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def wait_ready(settings: ServerSettings, on_wait: Callable[[float], None] | None = None, poll_s: float = 1.0) -> None:
+def wait_ready(settings: ServerJob, on_wait: Callable[[float], None] | None = None, poll_s: float = 1.0) -> None:
     """Poll /health until it answers 200. vLLM binds its port before the engine is up
     and refuses connections until then; 503 means its engine died."""
     deadline = time.monotonic() + settings.ready_timeout_s
@@ -138,7 +110,7 @@ class HttpEngine:
     still loading the model; ``ready_wait_s`` is the time then spent waiting for it (and
     loading the tokenizer): engine start, not task time."""
 
-    def __init__(self, settings: ServerSettings, on_wait: Callable[[float], None] | None = None, lazy: bool = False,
+    def __init__(self, settings: ServerJob, on_wait: Callable[[float], None] | None = None, lazy: bool = False,
                  journal: RequestJournal | None = None):
         self.settings = settings
         self._on_wait = on_wait

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from evalpipe.documents.manifest import Hardware, VariantManifest, write_manifest
 from evalpipe.documents.worker_job import TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
-from evalpipe.worker import fake_engine
+from evalpipe.worker import engine_choice, fake_engine
 from evalpipe.worker.engines import Engine
 from evalpipe.worker.journal import RequestJournal
 
@@ -268,20 +268,14 @@ def run(job: WorkerJob, events: Events) -> int:
     events.emit("stage", stage="engine", message="starting engine")
     t0 = time.time()
     try:
-        from evalpipe.worker.engines import build_engine
-
         def waiting(seconds: float) -> None:
             if int(seconds) % 10 == 0:
                 events.emit("stage", stage="engine", message=f"waiting for the server at {job.server.url if job.server else ''} ({seconds:.0f}s)")
 
         journal_path = out.root / job.journal if job.journal else None
         if fake_engine.requested() and job.engine_kind == "offline":
-            # tests of what surrounds the engine (fake_engine.py); never a config setting
             events.emit("stage", stage="engine", message=f"FAKE ENGINE ({fake_engine.FAKE_ENGINE_ENV} is set): tests only")
-            engine: Engine = fake_engine.build_fake_engine(
-                job.engine_args, journal=RequestJournal(journal_path) if journal_path else None)
-        else:
-            engine = build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
+        engine: Engine = engine_choice.build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
     except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
         events.emit("error", kind="user", message=str(err))
         return finish("failed", EXIT_USER, error=str(err))
