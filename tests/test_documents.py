@@ -14,7 +14,7 @@ from fakes import make_samples, mutate, perturb_topk, set_token, write_run
 
 from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents.comparison import COMPARE_SCHEMA_VERSION, ComparisonDocument, read_comparison
-from evalpipe.documents.journal import JOURNAL_LINE_VERSION, JournalLine, read_journal_line
+from evalpipe.documents.journal import JOURNAL_FILE, JOURNAL_LINE_VERSION, JournalLine, read_journal_line
 from evalpipe.documents.manifest import (
     MANIFEST_VERSION,
     ArtifactEntry,
@@ -55,7 +55,7 @@ from evalpipe.errors import ExitCode, UserError
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import MANIFEST_JSON
 from evalpipe.worker.http_engine import HttpEngine
-from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+from evalpipe.worker.journal import RequestJournal
 
 
 def _job(tmp_path, **changes) -> WorkerJob:

@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from evalpipe.config.run_config import DEFAULT_CONFIG, load_config
+from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.rundir import artifacts
-from evalpipe.worker.journal import JOURNAL_FILE
 
 pytestmark = pytest.mark.slow
 

@@ -275,7 +275,8 @@ def test_evalpipe_killed_with_sigkill_takes_its_workers_and_servers_along_and_th
     stdin pipe closes) and stop the server's and the worker's process groups. The same
     command again continues the run: the answers the server had given (the variant's
     request journal) are not asked again."""
-    from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+    from evalpipe.documents.journal import JOURNAL_FILE
+    from evalpipe.worker.journal import RequestJournal
 
     run_id = "kill9"
     served = {"served": {"env": {"EVALPIPE_LAYOUT": "sp"}, "launch": {"mode": "serve"}}}

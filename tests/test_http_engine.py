@@ -158,8 +158,9 @@ def test_the_journal_answers_what_an_earlier_attempt_already_asked(tmp_path):
     its journal, only the rest go to the server. Tokenizing is always asked again."""
     import asyncio
 
+    from evalpipe.documents.journal import JOURNAL_FILE
     from evalpipe.documents.worker_job import ServerJob
-    from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+    from evalpipe.worker.journal import RequestJournal
 
     server = _Counting(200)
     path = tmp_path / JOURNAL_FILE

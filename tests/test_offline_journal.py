@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.worker.engines import GenRequest, OfflineEngine, ScoreRequest
-from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+from evalpipe.worker.journal import RequestJournal
 
 
 def _generated(prompt_ids: list[int]) -> SimpleNamespace:

@@ -14,11 +14,11 @@ from fakes import make_samples, record_artifacts, update_manifest, write_run
 from typer.testing import CliRunner
 
 from evalpipe.cli import app
+from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RunDir
 from evalpipe.rundir.resume import ResumeRefused, first_difference, reopen
-from evalpipe.worker.journal import JOURNAL_FILE
 
 RUN_FIELDS = {
     "config": {"engine": {"max_num_seqs": 64}, "output": "reports/runs", "seed": 0},

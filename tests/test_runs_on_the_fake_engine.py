@@ -30,11 +30,11 @@ import pytest
 import yaml
 from processes import processes_of, wait_gone
 
+from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.history.store import open_history
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import verify_variant
 from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, FakeEngine
-from evalpipe.worker.journal import JOURNAL_FILE
 
 LIMIT = 4
 TOPK = 5

@@ -5,6 +5,7 @@ evalpipe.pipeline.comparing (and the runner and CLI above it) joins them to run 
 from __future__ import annotations
 
 import ast
+import graphlib
 import shutil
 import subprocess
 import sys
@@ -131,3 +132,81 @@ def test_task_lookup_does_not_import_the_worker():
     and the worker alike, so it sits below worker/ (what runs inside the variant's interpreter)."""
     tasks_bad = _forbidden("tasks", ("evalpipe.worker",))
     assert not tasks_bad, "evalpipe/tasks must not import the worker: " + "; ".join(tasks_bad)
+
+
+
+# Top to bottom; a module may import its own package and the layers below its own.
+LAYERS = (
+    ("cli", "__main__"),  # the verbs
+    ("commands",),  # use cases bigger than a call into the pipeline (doctor, calibrate)
+    ("pipeline", "nightly"),  # a run from config to report; a night from run to judgement
+    ("report", "history", "execution", "probing"),  # renderers, the history, processes, probe records
+    ("compare",),  # pure comparison
+    ("rundir", "documents"),  # the run directory and the typed documents in it
+    ("config", "models", "tasks", "data"),  # what a run is made of
+    ("errors", "paths", "progress", "redact", "machine", "atomic_files"),  # small utilities
+)
+# Beside the layers: worker/ runs in the variant's interpreter and may use the layers from
+# the run directory down; the lab sits just below the commands (only calibrate imports it,
+# see above); probes/ is standard library only (see above).
+SIDE = {"worker": LAYERS.index(("rundir", "documents")) - 0.5, "lab": 1.5}
+
+
+def _layer(top: str) -> float | None:
+    return next((float(i) for i, names in enumerate(LAYERS) if top in names), SIDE.get(top))
+
+
+def _package_imports() -> list[tuple[str, int, str, str]]:
+    """(file, line, importing top-level name, imported module) for every import of another
+    of evalpipe's top-level packages or modules (function-level imports too)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts == ("__init__",) or parts[0] == "probes":
+            continue
+        for line, names in _imports(path):
+            for name in names:
+                if name.startswith("evalpipe.") and name.split(".")[1] != parts[0]:
+                    found.append((str(path.relative_to(PACKAGE.parent)), line, parts[0], name))
+    return found
+
+
+def test_every_package_has_a_layer():
+    tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").exists()} - {"__init__", "probes"}
+    assert {"cli", "pipeline", "compare", "rundir", "worker"} <= tops, tops
+    unplaced = sorted(t for t in tops if _layer(t) is None)
+    assert not unplaced, f"place {unplaced} in LAYERS (tests/test_suite_rules.py) and docs/development.md"
+
+
+def test_imports_point_down_the_layers():
+    """A layer never imports one above it (nor worker/ anything of the parent above the run
+    directory), so each package can be read, tested and replaced from the bottom up."""
+    up = [f"{where}:{line} ({top}) imports {name}" for where, line, top, name in _package_imports()
+          if (mine := _layer(top)) is not None and (theirs := _layer(name.split(".")[1])) is not None and theirs < mine]
+    assert not up, "imports must point down the layers: " + "; ".join(up)
+
+
+def test_no_module_of_the_parent_imports_the_worker():
+    """worker/ is what runs in the variant's interpreter (another build's, maybe); the parent
+    talks to it through the job file and its events, and shares only evalpipe.documents."""
+    bad = [f"{where}:{line} imports {name}" for where, line, top, name in _package_imports()
+           if top != "worker" and name.split(".")[1] == "worker"]
+    assert not bad, "only evalpipe/worker may import evalpipe.worker: " + "; ".join(bad)
+
+
+def test_no_import_circle():
+    """Between modules, function-level imports included (a circle hidden in a function is
+    still a circle)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        deps = graph.setdefault(module, set())
+        for _, names in _imports(path):
+            deps.update(n for n in names if n.startswith("evalpipe.") and n != module)
+    modules = set(graph)
+    graph = {m: {d for d in deps if d in modules and not m.startswith(d + ".")} for m, deps in graph.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        raise AssertionError(f"import circle: {' -> '.join(err.args[1])}") from None

@@ -16,9 +16,9 @@ import os
 import subprocess
 from typing import Callable, Iterable
 
+from evalpipe.atomic_files import write_json
 from evalpipe.errors import UserError
 from evalpipe.paths import cache_dir
-from evalpipe.rundir.artifacts import write_json
 
 # offline: what vllm.LLM(**kwargs) accepts (every EngineArgs field plus LLM's own
 # parameters); serve: the destinations of the server's command-line flags (the module

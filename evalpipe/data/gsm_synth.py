@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from evalpipe.atomic_files import write_text
 from evalpipe.paths import data_dir
-from evalpipe.rundir.artifacts import write_text
 
 # Bump whenever generated text changes: it is part of the built-in model's spec hash.
 GENERATOR_VERSION = 1

@@ -58,9 +58,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from evalpipe import atomic_files
 from evalpipe.errors import UserError
 from evalpipe.paths import data_dir
-from evalpipe.rundir import artifacts
 
 # Bump whenever generated text or layout changes: it is part of every fingerprint.
 GENERATOR_VERSION = 1
@@ -562,7 +562,7 @@ def write_probe(probe: str, tokenizer: Any, spec: LongCtxSpec | None = None, out
         return data
     items = generate(probe, tokenizer, spec)
     text = "".join(json.dumps(it, sort_keys=True, ensure_ascii=False) + "\n" for it in items)
-    artifacts.write_text(data, text)
+    atomic_files.write_text(data, text)
     counts: dict[str, int] = {}
     for it in items:
         counts[str(it["target_length"])] = counts.get(str(it["target_length"]), 0) + 1
@@ -581,7 +581,7 @@ def write_probe(probe: str, tokenizer: Any, spec: LongCtxSpec | None = None, out
         "data_file": data.name,
         "data_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
     }
-    artifacts.write_json(directory / "meta.json", meta)  # written last: it marks the set complete
+    atomic_files.write_json(directory / "meta.json", meta)  # written last: it marks the set complete
     return data
 
 

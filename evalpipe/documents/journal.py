@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 
+JOURNAL_FILE = "requests.journal.jsonl"  # in the variant directory
 JOURNAL_LINE_VERSION: Final = 1
 REMEDY = "delete the journal to ask every request again"
 

@@ -21,12 +21,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode
 from evalpipe.execution.watchdog import Watchdog
-from evalpipe.pipeline.plan import PlannedVariant
 from evalpipe.rundir import artifacts
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -39,6 +38,16 @@ WORKER_GRACE_S = 15.0
 # (a finalizer, a callback) is lost; the run loops check this list too, so a Ctrl-C
 # stops the run even then.
 interrupts: list[int] = []
+
+
+class Launchable(Protocol):
+    """What launching a variant's worker needs of it (the plan's PlannedVariant is one):
+    its name, its interpreter and its process environment."""
+
+    name: str
+    python: str
+
+    def process_env(self) -> dict[str, str]: ...
 
 
 def stop_if_interrupted() -> None:
@@ -148,7 +157,7 @@ def _read_lines(stream, lines: queue.Queue) -> None:
 
 
 def run_worker(
-    variant: PlannedVariant,
+    variant: Launchable,
     job: WorkerJob,
     variant_dir: Path,
     on_event: EventHandler,

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from evalpipe.config.run_config import ConfigError
+from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.manifest import read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, read_run_document, write_run_document
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
@@ -25,7 +26,6 @@ from evalpipe.probing.names import VariantNames
 from evalpipe.progress import ProgressView
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import lock_run_dir, unlock_run_dir
-from evalpipe.worker.journal import JOURNAL_FILE
 
 COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its traceback, beside the artifacts
 

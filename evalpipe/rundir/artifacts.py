@@ -17,15 +17,14 @@ the worker (which writes) and compare/report (which read) agree on one contract:
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evalpipe.atomic_files import read_json, temp_beside, write_bytes, write_json, write_text  # noqa: F401 - the run directory's writers
 from evalpipe.redact import REDACTED  # noqa: F401 (REDACTED: the marker, for readers of manifests)
 from evalpipe.redact import redact_env as _redact_env
 
@@ -93,59 +92,11 @@ def redact_env(env: dict[str, str], also: Iterable[str | None] = ()) -> dict[str
     return _redact_env(env, also)
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _temp_beside(path: Path, private: bool = False) -> tuple[int, str]:
-    """A temp file next to `path` (same file system, so the final rename is atomic),
-    with the permissions a plain open() would have given (mkstemp makes it 0600);
-    ``private``: left 0600, for a file that keeps credentials unredacted."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    if not private:
-        os.fchmod(fd, 0o666 & ~_umask())
-    return fd, tmp
-
-
-def _atomic_write_bytes(path: Path, data: bytes, private: bool = False) -> None:
-    fd, tmp = _temp_beside(path, private)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text(path: Path, text: str, *, private: bool = False) -> None:
-    """``private``: owner-only (0600), for a file with credentials (job.json, server-args.yaml)."""
-    _atomic_write_bytes(Path(path), text.encode("utf-8"), private)
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    _atomic_write_bytes(Path(path), data)
-
-
-def write_json(path: Path, obj: Any, *, private: bool = False) -> None:
-    """Stable JSON (sorted keys, fixed indent) so equal content gives equal bytes."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n", private=private)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
 ROW_GROUP_ROWS = 1 << 16
 
 
 def write_table(path: Path, table: pa.Table) -> None:
-    fd, tmp = _temp_beside(Path(path))
+    fd, tmp = temp_beside(Path(path))
     os.close(fd)
     try:
         # Row groups of 64k rows: readers decode them on all cores (one group of a

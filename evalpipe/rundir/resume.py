@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.run_config import ConfigError
+from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.documents.run_doc import Attempt, RunDocument, VariantStatus, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
-from evalpipe.worker.journal import JOURNAL_FILE
 
 # run.json fields that must be the same for a run to be continued, and how to name them.
 SAME = (

@@ -24,8 +24,6 @@ from typing import Any
 from evalpipe.documents.journal import JournalLine, journal_line, read_journal_line
 from evalpipe.documents.manifest import JournalSummary
 
-JOURNAL_FILE = "requests.journal.jsonl"
-
 
 def request_key(path: str, body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps([path, body], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
