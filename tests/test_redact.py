@@ -273,12 +273,12 @@ def test_the_files_that_keep_credentials_are_the_owners_alone(tmp_path):
 def test_worker_events_redact_their_free_text_only(monkeypatch):
     """A message (an exception, a server URL) can quote a credential; the task and phase
     names and counts of a progress event cannot, and are sent as they are."""
-    import evalpipe.redact
+    from evalpipe.worker import main
     from evalpipe.worker.main import Events
 
     scanned = []
-    real = evalpipe.redact.redact_text
-    monkeypatch.setattr(evalpipe.redact, "redact_text", lambda text: scanned.append(text) or real(text))
+    real = main.redact_text
+    monkeypatch.setattr(main, "redact_text", lambda text: scanned.append(text) or real(text))
     events = Events.__new__(Events)  # not __init__: it would take over this process's stdout
     events._out, events._last_progress = io.StringIO(), 0.0
     events.progress("gsm8k_synth_4shot", "generate", 8, 8)

@@ -22,12 +22,28 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant
+from evalpipe.compare.calibration import (
+    SensitivityPoint,
+    calibration_row,
+    compare_first,
+    detection_cost,
+    failed_row,
+    gate_firing,
+    item_order,
+    sensitivity_point,
+    summarize,
+)
+from evalpipe.compare.run import VariantComparison, compare_artifacts
+from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant, load_config
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, Fault
 from evalpipe.lab.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
+from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
+from evalpipe.pipeline.plan import make_plan
+from evalpipe.pipeline.runner import execute
+from evalpipe.report.calibration import render_calibration, sensitivity_plot
 from evalpipe.rundir import artifacts
 
 DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"
@@ -141,22 +157,6 @@ def run_calibration(
     """Run the zoo and write the table; with ``from_run``, judge that finished calibration
     run again (same config and faults) without starting an engine: new gates, or a table
     whose writing failed after hours of engine time."""
-    from evalpipe.compare.calibration import (
-        SensitivityPoint,
-        calibration_row,
-        compare_first,
-        detection_cost,
-        failed_row,
-        gate_firing,
-        item_order,
-        sensitivity_point,
-        summarize,
-    )
-    from evalpipe.compare.run import VariantComparison, compare_artifacts
-    from evalpipe.config.run_config import load_config
-    from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
-    from evalpipe.pipeline.plan import make_plan
-    from evalpipe.pipeline.runner import execute
 
     path = Path(config_path) if config_path else DEFAULT_CONFIG
     base = load_config(path)
@@ -231,7 +231,6 @@ def run_calibration(
         kind, doc = expected.get(name, ("benign", ""))
         rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
 
-    from evalpipe.report.calibration import render_calibration, sensitivity_plot
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)

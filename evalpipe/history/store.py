@@ -34,6 +34,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from evalpipe.compare.code_paths import short
 from evalpipe.documents.comparison import Comparison, read_comparison
 from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
@@ -365,8 +366,6 @@ def _path_status(comparison: Comparison | None) -> str | None:
 def describe_what_ran(probes: dict[str, Any] | None) -> str:
     """One line for people: model class, decoder layers and collectives per forward pass
     (the most frequent count of each kind, with how often when it varies)."""
-    from evalpipe.compare.code_paths import short
-
     if not probes:
         return "not recorded (the run predates path probes)"
     if probes.get("verifiable") is False:

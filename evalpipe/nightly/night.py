@@ -30,14 +30,22 @@ from typing import Any
 import numpy as np
 
 from evalpipe.compare.changepoint import Change, score_changes, token_changes
+from evalpipe.compare.run import check_same_items, compare_artifacts
 from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
 from evalpipe.compare.verdict import Status
-from evalpipe.config.run_config import Expectations
+from evalpipe.config.run_config import Expectations, load_config
 from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
-from evalpipe.history.store import History, HistoryError
+from evalpipe.history.store import History, HistoryError, open_history
+from evalpipe.pipeline.comparing import load_artifacts, load_teacher, read_run_info, variant_numerics
+from evalpipe.pipeline.plan import make_plan
+from evalpipe.pipeline.runner import execute
+from evalpipe.report.dashboard import render_dashboard
+from evalpipe.report.junit import xml_text
+from evalpipe.report.markdown import md_escape
+from evalpipe.report.view import flatten
 from evalpipe.rundir import artifacts
 
 NIGHTLY_MD = "nightly.md"
@@ -104,8 +112,6 @@ def baseline_of(history: History, variant: str, nights: list[dict[str, Any]], to
 
 
 def _flat(d: Any) -> dict[str, str]:
-    from evalpipe.report.view import flatten
-
     return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in flatten(d).items()}
 
 
@@ -141,9 +147,6 @@ def meant_same(expect: Expectations | None) -> Expectations:
 def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
     """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
     the engine's noise between two runs, the floor of every drift from the baseline."""
-    from evalpipe.compare.run import compare_artifacts
-    from evalpipe.pipeline.comparing import load_artifacts, read_run_info, variant_numerics
-
     info = read_run_info(tonight_dir)
     where = str(tonight_dir / "run.json")
     gates = info.gates_of(where)
@@ -162,9 +165,6 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     """One variant tonight against itself on the baseline night, as compare.json's
     comparison entry (plus "error" when the two cannot be compared). ``floor``:
     :func:`tonight_floor`, computed once per night by the caller."""
-    from evalpipe.compare.run import check_same_items, compare_artifacts
-    from evalpipe.pipeline.comparing import load_artifacts, read_run_info, variant_numerics
-
     base_v, night_v = base_dir / variant, tonight_dir / variant
     label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
     try:
@@ -229,8 +229,6 @@ def tonight_inconclusive(run_dir: Path, verdict: str | None) -> str | None:
 
 def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> Any:
     """Tonight's teacher_baseline.parquet when it holds ``baseline_reference``'s sequences, else None."""
-    from evalpipe.pipeline.comparing import load_teacher
-
     job_path = vdir.root / JOB_JSON
     if not vdir.teacher_baseline.is_file() or not job_path.is_file():
         return None
@@ -409,8 +407,6 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
 
 def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
     """Markdown fit for a CI step summary."""
-    from evalpipe.report.markdown import md_escape
-
     icon = NIGHT_ICONS[j.status]
     lines = [f"## evalpipe nightly {md_escape(j.run_id)}: {icon} {j.status}", ""]
     lines.append(f"- tonight's verdict (variants vs reference): **{md_escape(str(j.verdict))}**")
@@ -456,7 +452,6 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
 def render_junit(j: Judgement) -> str:
     import xml.etree.ElementTree as ET
 
-    from evalpipe.report.junit import xml_text
 
     cases: list[tuple[str, str, tuple[str, str] | None]] = [("tonight", "variants_vs_reference", _tonight_failure(j))]
     for e in j.vs_baseline:
@@ -579,8 +574,6 @@ def dashboard_data(history: History, config_hash: str | None, title: str, dashbo
 
 def build_dashboard(history: History, config_hash: str | None, title: str, path: Path) -> Path:
     """Render the dashboard and write it atomically (a reader never sees half a page)."""
-    from evalpipe.report.dashboard import render_dashboard
-
     artifacts.write_text(path, render_dashboard(dashboard_data(history, config_hash, title, path)))
     return path
 
@@ -649,11 +642,6 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
               from_run: Path | None = None) -> NightResult:
     """`evalpipe nightly`: run the config's nightly matrix (or take a finished run with
     ``from_run``), record it, judge it, write its summary and the dashboard."""
-    from evalpipe.config.run_config import load_config
-    from evalpipe.history.store import open_history
-    from evalpipe.pipeline.plan import make_plan
-    from evalpipe.pipeline.runner import execute
-
     cfg = load_config(config_path)
     spec = cfg.nightly
     labels = labels or {}

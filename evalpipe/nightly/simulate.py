@@ -35,9 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from evalpipe.config.run_config import load_config
 from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
+from evalpipe.history.store import open_history
 from evalpipe.nightly.night import NightResult, record_and_judge
+from evalpipe.pipeline.comparing import compare_run, write_outputs
+from evalpipe.pipeline.plan import make_plan
+from evalpipe.pipeline.runner import execute
 from evalpipe.rundir.artifacts import RunDir
 
 FAULT = "padding_not_zeroed"
@@ -66,10 +71,6 @@ class SimulationSummary:
 
 def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tuple[Path, Path]:
     """The two real runs (made once; reused when they exist)."""
-    from evalpipe.config.run_config import load_config
-    from evalpipe.pipeline.plan import make_plan
-    from evalpipe.pipeline.runner import execute
-
     cfg = load_config(config)
     out = []
     for name in ("good", "fault"):
@@ -105,8 +106,6 @@ def _copy_variant(src: Path, dst: Path) -> None:
 
 def build_night(good: Path, fault: Path, night_dir: Path, *, index: int, started_at: float, build: str, sp_from: str) -> Path:
     """One simulated night's run directory, compared and reported like a real one."""
-    from evalpipe.pipeline.comparing import compare_run, write_outputs
-
     info = read_run_document(good) or RunDocument()
     if night_dir.exists():
         shutil.rmtree(night_dir)
@@ -141,9 +140,6 @@ def _claim_source_path(info: RunDocument, source: str) -> RunDocument:
 def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
              output: Path = Path("reports/simulated"), config: Path | None = None, seed: int = 0,
              history_url: str | None = None) -> SimulationSummary:
-    from evalpipe.config.run_config import load_config
-    from evalpipe.history.store import open_history
-
     if fault_night is not None and not (0 < fault_night < nights):
         raise UserError(f"--fault-night {fault_night} must lie between 1 and {nights - 1} (the nights before it are the A/A history).")
     if fault_night is not None and fix_night is not None and fix_night <= fault_night:

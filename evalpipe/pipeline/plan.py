@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
+from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
+from evalpipe.models.builtin import BUILTIN_MODELS
 from evalpipe.paths import PROJECT_ROOT
+from evalpipe.redact import api_key_names, redact
+from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
 
 BUILTIN_PREFIX = "builtin:"
 RUN_ID_ENV = "EVALPIPE_RUN_ID"
@@ -159,8 +163,6 @@ def check_model_files(path: Path, config_path: str) -> None:
 
 def check_model(model: str, config_path: str) -> None:
     if model.startswith(BUILTIN_PREFIX):
-        from evalpipe.models.builtin import BUILTIN_MODELS
-
         name = model[len(BUILTIN_PREFIX) :]
         if name not in BUILTIN_MODELS:
             raise ConfigError(
@@ -315,9 +317,6 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
     starts, what would break them (shots, or a context window the engine would cut).
     lm-eval's RULER tasks run at longctx.lengths too: same refusals, with each task's
     own max_gen_toks (a RULER prompt takes up to its length; the LM keeps max_gen_toks free)."""
-    from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
-    from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
-
     for spec in (t.spec for t in tasks if is_generated_ruler(t.spec.task)):
         if spec.num_fewshot:
             raise ConfigError(
@@ -429,8 +428,6 @@ def run_info(plan: RunPlan, **more: Any) -> RunDocument:
     """The resolved, reproducible description of a run (the static part of run.json),
     credentials redacted (env values, URL passwords, the api_key_env variables): run.json
     feeds the reports and the history. ``more``: further fields (nightly: its kind and components)."""
-    from evalpipe.redact import api_key_names, redact
-
     keys = api_key_names([plan.config.launch, *(v.launch for v in plan.config.variants.values()),
                           *(v.launch for v in plan.variants)])
     return RunDocument.model_validate(redact({

@@ -14,18 +14,31 @@ from typing import Any
 
 from rich.console import Console
 
+from evalpipe.compare.verdict import Status
+from evalpipe.config.engine_args import EngineArgError, check_plan
 from evalpipe.config.run_config import ConfigError
 from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.manifest import read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, read_run_document, write_run_document
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
+from evalpipe.execution import launch, serve
+from evalpipe.execution.launch import VariantOutcome, run_worker, stop_if_interrupted
+from evalpipe.history.store import HistoryError, open_history
+from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
+from evalpipe.pipeline.comparing import compare_across_runs, compare_run, write_outputs
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
-from evalpipe.probing.names import VariantNames
+from evalpipe.probing import records as probe_records
+from evalpipe.probing.names import VariantNames, resolve_plan
+from evalpipe.probing.records import probe_env, write_spec
 from evalpipe.progress import ProgressView
+from evalpipe.report.terminal import print_summary
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import lock_run_dir, unlock_run_dir
+from evalpipe.rundir.resume import ResumeRefused, reopen
+from evalpipe.tasks.configure import task_config
+from evalpipe.tasks.index import TaskNotFound, check_task_names
 
 COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its traceback, beside the artifacts
 
@@ -33,16 +46,12 @@ COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its trac
 
 def verdict_exit_code(status: str) -> int:
     """0 identical or equivalent within the gates, 1 divergent, 4 inconclusive (nothing proven about the paths)."""
-    from evalpipe.compare.verdict import Status
-
     return Status(status).exit_code
 
 
 def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
     """Resolve the model to a local directory; a built-in one is the package's shipped,
     verified files (no training at run time, the same weights on every machine)."""
-    from evalpipe.models.builtin import ShippedModelError, ensure_builtin
-
     name = plan.builtin_model
     if name is None:
         return {"path": str(Path(plan.model).expanduser()), "fingerprint": None, "builtin": False}
@@ -132,7 +141,6 @@ def _open_run_dir(rd: artifacts.RunDir, fresh: RunDocument) -> tuple[RunDocument
     except FileExistsError:
         if not rd.run_json.is_file():
             raise ConfigError(f"run directory {rd.root} already exists and holds no run; choose another --output or run id.") from None
-        from evalpipe.rundir.resume import reopen
 
         lock_run_dir(rd.root)  # a run still being written is refused here, before anything is read
         return reopen(rd.root, fresh)
@@ -160,8 +168,6 @@ def check_user_data(plan: RunPlan) -> None:
     """The data files a config names (`data_files:` of a task entry), read here before any
     engine starts: a broken line or a missing column is one sentence, not lm-eval's
     words minutes later."""
-    from evalpipe.tasks.configure import task_config
-
     for t in plan.tasks:
         if not t.spec.data_files:
             continue
@@ -175,10 +181,6 @@ def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
     """What can be checked before anything starts (task names, every variant's engine
     arguments against its own vLLM, every probed name in its own interpreter); ConfigError
     on the first problem, else the probed names as each variant's interpreter knows them."""
-    from evalpipe.config.engine_args import EngineArgError, check_plan
-    from evalpipe.probing.names import resolve_plan
-    from evalpipe.tasks.index import TaskNotFound, check_task_names
-
     try:
         check_task_names([t.spec.task for t in plan.tasks])
     except TaskNotFound as err:
@@ -217,13 +219,12 @@ def mark_interrupted(run_dir: Path) -> None:
     (instead of `running` forever)."""
     import signal
 
-    from evalpipe.execution.launch import interrupts
 
     info = read_run_document(run_dir)
     if info is None or info.status != "running":
         return
     finished = [name for name, v in info.variant_status.items() if v.exit_code == 0]
-    by = "SIGTERM" if signal.SIGTERM in interrupts else "SIGINT"
+    by = "SIGTERM" if signal.SIGTERM in launch.interrupts else "SIGINT"  # the list of this process, read now
     rd = artifacts.RunDir(run_dir)
     for name in rd.variant_names():  # the variant that was running when the signal came
         _mark_stopped(rd.variant(name), f"interrupted by {by}")
@@ -238,8 +239,6 @@ def history_url(plan: RunPlan) -> str | None:
 
 def record_in_history(plan: RunPlan, console: Console) -> None:
     """Best effort: a history that cannot be written costs a warning, never the run."""
-    from evalpipe.history.store import HistoryError, open_history
-
     try:
         hist = open_history(history_url(plan), plan.run_dir.parent)
         hist.record(plan.run_dir)
@@ -290,14 +289,11 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         raise
     previous = info.model.fingerprint
     if previous and model["fingerprint"] and previous != model["fingerprint"]:
-        from evalpipe.rundir.resume import ResumeRefused
-
         raise ResumeRefused(f"cannot continue {rd.root}: its model's files changed since it started "
                             f"(fingerprint {previous[:12]}, now {model['fingerprint'][:12]}); choose another --run-id.")
     save(model=RunModel.model_validate({**info.model.model_dump(exclude_unset=True), **model}),
          timings=info.timings.model_copy(update={"model_s": time.time() - t0}))
 
-    from evalpipe.execution.launch import stop_if_interrupted
 
     view = ProgressView(console)
     # Without the reference (or its A/A twin) nothing can be compared, so their failure
@@ -367,8 +363,6 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
 def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:
     """probes.json: the variant's processes' records, once they are done writing (an A/A run
     that reused a server reads that server's records; a server still needed is live)."""
-    from evalpipe.probing import records as probe_records
-
     exposed = None
     if variant.launch.mode == "endpoint":
         path = artifacts.VariantDir(vdir).manifest
@@ -389,15 +383,11 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     the reference's, the running one. A server that dies stops the worker and fails the
     variant with its log's tail. ``servers``: the started ones, by variant; the caller
     stops them (`_stop_unneeded`)."""
-    from evalpipe.execution.launch import run_worker
-    from evalpipe.probing.records import probe_env, write_spec
-
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
     env = probe_env(variant.process_env(), write_spec(vdir, variant.name, names))
     if variant.launch.mode != "serve":
         return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
                           stall_timeout_s=limits.stall_of(variant), env=env)
-    from evalpipe.execution import serve
 
     vdir.mkdir(parents=True, exist_ok=True)
     vd = artifacts.VariantDir(vdir)
@@ -419,7 +409,6 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
         try:
             server.start(server_env)
         except OSError as err:  # the launcher or server command itself is missing
-            from evalpipe.execution.launch import VariantOutcome
 
             return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
                                   f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")
@@ -488,9 +477,6 @@ def _compare_and_report(
     gates: Any = None,
 ) -> tuple[int, RunDocument]:
     """compare_and_report, with run.json's content as it now stands."""
-    from evalpipe.pipeline.comparing import compare_run, write_outputs
-    from evalpipe.report.terminal import print_summary
-
     rd = artifacts.RunDir(run_dir)
     if info is None:  # a broken run.json: one sentence naming it
         info = read_run_document(rd.root) or RunDocument()
@@ -508,9 +494,6 @@ def _compare_and_report(
 
 def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
-    from evalpipe.pipeline.comparing import compare_across_runs, write_outputs
-    from evalpipe.report.terminal import print_summary
-
     comparison = compare_across_runs(a, b, gates=gates)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
     out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name

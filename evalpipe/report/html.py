@@ -12,6 +12,7 @@ from typing import Any
 
 from evalpipe.compare.verdict import Status
 from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, TokenSummary
+from evalpipe.report import plots
 from evalpipe.report.markdown import template_environment
 from evalpipe.report.view import build_view, show_controls
 
@@ -41,7 +42,6 @@ _NOT_DRAWN = {"png": None, "alt": "", "note": "Plots were not drawn for this pag
 def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The task's two plots, or for each a line saying why there is none."""
     # matplotlib is slow to import and only report.html needs it
-    from evalpipe.report import plots
 
     free: TokenSummary | None = data["free"]
     free_aa: TokenSummary | None = data["free_aa"]
@@ -69,8 +69,6 @@ def _plots(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-length and per-depth trend plots of a long-context task, or a line saying why there is none."""
-    from evalpipe.report import plots
-
     ab: TaskBreakdown = data["ab"]
     aa: TaskBreakdown | None = data["aa"]
     source, split = data["source"], data["split"]

@@ -23,8 +23,18 @@ from typing import Any, Literal
 from evalpipe.documents.manifest import Hardware, VariantManifest, write_manifest
 from evalpipe.documents.worker_job import TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.machine import describe
+from evalpipe.probes import runtime
+from evalpipe.redact import redact, redact_text
+from evalpipe.rundir import artifacts, integrity
+from evalpipe.rundir.artifacts import ANSWER_PREFIX, SCORE_PREFIX
+from evalpipe.tasks import configure as task_lookup
+from evalpipe.tasks.families import is_generated_ruler
+from evalpipe.tasks.index import task_manager
+from evalpipe.tasks.ruler import sample_columns
 from evalpipe.worker import engine_choice, fake_engine
-from evalpipe.worker.engines import Engine
+from evalpipe.worker import teacher as tf
+from evalpipe.worker.engines import Engine, decode_each
 from evalpipe.worker.journal import RequestJournal
 
 EXIT_OK, EXIT_USER, EXIT_FAILED = ExitCode.OK, ExitCode.USER_ERROR, ExitCode.FAILED
@@ -43,8 +53,6 @@ class Events:
         self._last_progress = 0.0
 
     def emit(self, event: str, **fields: Any) -> None:
-        from evalpipe.redact import redact_text
-
         # messages become run.json errors and console (CI log) lines: no URL passwords. Only
         # free text can quote one (an exception, a URL); the other fields are task and phase
         # names, kinds, counts and metrics the worker makes itself
@@ -100,8 +108,6 @@ def cann_version() -> str | None:
 
 
 def hardware() -> dict[str, Any]:
-    from evalpipe.machine import describe
-
     return describe()
 
 
@@ -127,10 +133,6 @@ def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
 def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tuple[list[dict], dict[str, list]]:
     """Turn lm-eval's logged samples (one entry per doc x filter) into samples rows
     (one per doc x repeat) and the matching token rows from the LM's captures."""
-    from evalpipe.rundir import artifacts
-    from evalpipe.rundir.artifacts import ANSWER_PREFIX, SCORE_PREFIX
-    from evalpipe.tasks.ruler import sample_columns
-
     by_doc: dict[int, list[dict]] = {}
     for entry in logged:
         by_doc.setdefault(int(entry["doc_id"]), []).append(entry)
@@ -195,11 +197,6 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
 
 
 def run(job: WorkerJob, events: Events) -> int:
-    from evalpipe.redact import redact
-    from evalpipe.rundir import artifacts, integrity
-    from evalpipe.tasks import configure as task_lookup
-    from evalpipe.tasks.index import task_manager
-
     out = artifacts.VariantDir(Path(job.output_dir))
     started = time.time()
     timings: dict[str, float] = {}
@@ -247,8 +244,6 @@ def run(job: WorkerJob, events: Events) -> int:
     # are generated here (RulerTooShort), both user errors.
     events.emit("stage", stage="tasks", message="resolving tasks")
     try:
-        from evalpipe.tasks.families import is_generated_ruler
-
         engine_args = job.engine_args
         generated = task_lookup.LongCtxData(
             str(engine_args.get("tokenizer") or engine_args["model"]), job.longctx, seed=job.seed
@@ -292,9 +287,10 @@ def run(job: WorkerJob, events: Events) -> int:
         save_manifest(engine=engine.info())
         events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
 
+    # lm_eval (also behind worker.lm) takes seconds to import: a job refused for its
+    # version, its tasks or its data is answered before it
     from lm_eval import simple_evaluate
 
-    from evalpipe.worker.engines import decode_each
     from evalpipe.worker.lm import CapturingLM
 
     current = {"task": ""}
@@ -409,10 +405,6 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
                    source_dir: str | None, target: Path, timing: str) -> tuple[int, str | None]:
     """Score the sequences of the variant in ``source_dir`` (ours when None) -> ``target``
     (teacher.parquet: the reference's; teacher_baseline.parquet: the baseline night's)."""
-    from evalpipe.rundir import artifacts
-    from evalpipe.worker import teacher as tf
-    from evalpipe.worker.engines import decode_each
-
     whose = "the baseline night's reference" if target.name == artifacts.TEACHER_BASELINE_PARQUET else "the reference's"
     events.emit("stage", stage="teacher", message=f"teacher forcing: scoring {whose} sequences")
     t0 = time.time()
@@ -473,8 +465,6 @@ def _exit_now(code: int) -> None:
     teardown ("terminate called without an active exception"), which would turn a
     finished variant into a failure. The path probes' record of this process is written
     first (os._exit runs no atexit hook)."""
-    from evalpipe.probes import runtime
-
     runtime.flush()
     sys.stdout.flush()
     sys.stderr.flush()

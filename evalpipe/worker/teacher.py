@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from evalpipe.errors import UserError
 from evalpipe.rundir import artifacts
+from evalpipe.rundir.integrity import verify_variant
 from evalpipe.worker.engines import Engine, ScoreRequest, in_order
 
 
@@ -63,8 +64,6 @@ def reference_sequences(samples: pa.Table, tokens: pa.Table) -> list[ReferenceSe
 def read_reference_sequences(reference_dir: Path) -> list[ReferenceSequence]:
     """The reference's generated sequences, from files that match its manifest (an
     ArtifactMismatch, a ValueError naming the file, for one altered since it finished)."""
-    from evalpipe.rundir.integrity import verify_variant
-
     vdir = artifacts.VariantDir(reference_dir)
     for path in (vdir.samples, vdir.tokens):
         if not path.is_file():
