@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator
 
 import jinja2
 import jinja2.meta
+import pyarrow.parquet as pq
 
 from evalpipe.errors import UserError
 
@@ -89,8 +90,6 @@ def _csv_columns(path: Path) -> tuple[set[str], int]:
 
 
 def _parquet_columns(path: Path) -> tuple[set[str], int]:
-    import pyarrow.parquet as pq
-
     try:
         meta = pq.read_metadata(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for damaged files

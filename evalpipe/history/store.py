@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -721,10 +724,6 @@ EXPORT_FORMATS = ("csv", "parquet")
 
 def export(history: History, path: Path, fmt: str) -> int:
     """Write :meth:`History.export_rows` as CSV or Parquet (atomically); returns the row count."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     if fmt not in EXPORT_FORMATS:
         raise HistoryError(f"export format {fmt!r} is not one of {', '.join(EXPORT_FORMATS)}; pass --format csv or --format parquet.")
     rows = history.export_rows()

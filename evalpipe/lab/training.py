@@ -25,6 +25,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 from evalpipe.data import gsm_synth, longctx
 from evalpipe.machine import describe
 from evalpipe.models.builtin import (
@@ -202,7 +204,6 @@ def _windows(spec: dict[str, Any], tok, corpus: Iterator[dict], n_windows: int):
     learns to stop), not on the questions themselves.
     """
 
-    import numpy as np
     import torch
 
 
@@ -251,7 +252,6 @@ def _windows(spec: dict[str, Any], tok, corpus: Iterator[dict], n_windows: int):
 def _put_row(ids, labels, i: int, tid, train) -> None:
     """Row i of a batch: the token ids, and as labels the next token where it is trained
     (position p predicts token p+1), -100 elsewhere."""
-    import numpy as np
     import torch
 
     n = len(tid)
@@ -261,7 +261,6 @@ def _put_row(ids, labels, i: int, tid, train) -> None:
 
 def _answer_windows(tok, pairs: list[tuple[str, str]]):
     """One padded batch of ``prompt + " " + answer + "\\n"``; loss on the answer and the newline."""
-    import numpy as np
     import torch
 
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -450,8 +452,6 @@ def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
 
 
 def render_junit(j: Judgement) -> str:
-    import xml.etree.ElementTree as ET
-
 
     cases: list[tuple[str, str, tuple[str, str] | None]] = [("tonight", "variants_vs_reference", _tonight_failure(j))]
     for e in j.vs_baseline:
@@ -501,8 +501,6 @@ def write_night(run_dir: Path, j: Judgement, dashboard: Path | None = None) -> d
 
 def dashboard_data(history: History, config_hash: str | None, title: str, dashboard_path: Path) -> dict[str, Any]:
     """The dashboard's input (evalpipe.report.dashboard), from the history."""
-    import os
-
     nights = history.runs(kind="nightly", config_hash=config_hash)
     ids = [n["run_id"] for n in nights]
 
@@ -688,8 +686,6 @@ def baseline_reference_dir(history: History, config_hash: str, reference: str) -
 
 def _append_ci_summary(result: NightResult) -> None:
     """CI systems that show a Markdown step summary name its file in $GITHUB_STEP_SUMMARY."""
-    import os
-
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if target:
         with open(target, "a", encoding="utf-8") as f:

@@ -6,6 +6,7 @@ after each), so a failure late in the run never loses what finished earlier.
 
 from __future__ import annotations
 
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -217,8 +218,6 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
 def mark_interrupted(run_dir: Path) -> None:
     """run.json of a run stopped by Ctrl-C or SIGTERM says so, with what had finished
     (instead of `running` forever)."""
-    import signal
-
 
     info = read_run_document(run_dir)
     if info is None or info.status != "running":

@@ -21,6 +21,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from evalpipe.documents.manifest import ArtifactEntry, VariantManifest, read_manifest
 from evalpipe.documents.worker_job import JOB_JSON
 from evalpipe.errors import UserError
@@ -61,8 +63,6 @@ def sha256_of(path: Path) -> tuple[str, int]:
 
 def parquet_rows(path: Path) -> int:
     """Row count from the Parquet footer (no column is read)."""
-    import pyarrow.parquet as pq
-
     return int(pq.read_metadata(path).num_rows)
 
 

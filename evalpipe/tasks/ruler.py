@@ -22,16 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import io
+import json
 import logging
 import os
 import random
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from evalpipe.errors import UserError
 from evalpipe.tasks.families import (
@@ -196,8 +201,6 @@ _SEED_LOCK = threading.Lock()
 def _seeded(seed: int, name: str, length: int) -> Iterator[None]:
     """Seed Python's and numpy's global generators (which lm-eval's RULER code draws
     from) per (seed, task, length), and give the caller's random state back afterwards."""
-    import numpy as np
-
     s = zlib.crc32(f"{seed}:{name}:{length}".encode())
     with _SEED_LOCK:
         py_state, np_state = random.getstate(), np.random.get_state()
@@ -240,8 +243,6 @@ def _no_nltk_download() -> Iterator[None]:
 def quiet_ruler_import():
     """Import lm-eval's RULER needle module without the nltk download and its prints
     (~8 s and ~1 GB on first import: lm-eval builds a 6-million-entry key word list)."""
-    import sys
-
     mod = sys.modules.get("lm_eval.tasks.ruler.prepare_niah")
     if mod is not None:
         return mod
@@ -498,9 +499,6 @@ def prebuild_ruler(cfg: dict[str, Any]) -> dict[str, Any]:
     Items are interleaved across lengths (item 0 of every length, then item 1, ...), so
     that lm-eval's ``limit`` (the first N docs) keeps every length rather than the
     shortest one only. ``cfg["custom_dataset"].sha256`` fingerprints the items."""
-    import hashlib
-    import json
-
     import datasets
 
     meta = dict(cfg["metadata"])

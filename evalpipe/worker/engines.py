@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from tqdm import tqdm
+
 from evalpipe.documents.manifest import EngineInfo
 from evalpipe.worker.journal import RequestJournal, request_key
 
@@ -87,8 +89,6 @@ class Engine(Protocol):
 
 def _progress_bar_factory(progress: ProgressFn | None):
     """vLLM takes a tqdm factory for its progress bar; ours forwards counts as events."""
-    from tqdm import tqdm
-
     class _Forwarding(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = False

@@ -9,6 +9,7 @@ engine.log). Exit codes: 0 ok, 2 user error (task, data), 3 engine or run failur
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -91,9 +92,6 @@ def software_versions() -> dict[str, str | None]:
 
 def cann_version() -> str | None:
     """The CANN toolkit's version on an Ascend machine (its install info file), else None."""
-    import glob
-    import os
-
     home = os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
     for path in sorted(glob.glob(os.path.join(home, "*", "ascend_toolkit_install.info"))) + [os.path.join(home, "version.cfg")]:
         try:
@@ -291,7 +289,7 @@ def run(job: WorkerJob, events: Events) -> int:
     # version, its tasks or its data is answered before it
     from lm_eval import simple_evaluate
 
-    from evalpipe.worker.lm import CapturingLM
+    from evalpipe.worker.lm import CapturingLM  # noqa: PLC0415 - lm_eval, see above
 
     current = {"task": ""}
     lm = CapturingLM(
