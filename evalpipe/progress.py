@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from evalpipe.documents.worker_events import DoneEvent, ErrorEvent, ProgressEvent, StageEvent, TaskDoneEvent, WorkerEvent
 
 
 class ProgressView:
@@ -26,14 +28,13 @@ class ProgressView:
             self._bars[key] = self._progress.add_task(" · ".join(key), total=total)
         return self._bars[key]
 
-    def handle(self, variant: str) -> Callable[[dict[str, Any]], None]:
-        def on_event(event: dict[str, Any]) -> None:
-            kind = event.get("event")
-            if kind == "stage" and event.get("stage") != "task":
-                self.console.print(f"  {event.get('message', '')}")
-            elif kind == "progress":
-                key = (variant, event.get("task", ""), event.get("phase", ""))
-                total, done = int(event.get("total") or 0), int(event.get("done") or 0)
+    def handle(self, variant: str) -> Callable[[WorkerEvent], None]:
+        def on_event(event: WorkerEvent) -> None:
+            if isinstance(event, StageEvent) and event.stage != "task":
+                self.console.print(f"  {event.message}")
+            elif isinstance(event, ProgressEvent):
+                key = (variant, event.task, event.phase)
+                total, done = event.total, event.done
                 if self.console.is_terminal:
                     self._progress_update(key, done, total)
                 else:
@@ -43,19 +44,19 @@ class ProgressView:
                     if step > self._logged_pct.get(key, -1):
                         self._logged_pct[key] = step
                         self.console.print(f"  {' · '.join(key)}: {done}/{total}")
-            elif kind == "task_done":
-                metrics = event.get("metrics") or {}
+            elif isinstance(event, TaskDoneEvent):
+                metrics = event.metrics
                 shown = ", ".join(
                     f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "_stderr" not in k and isinstance(v, float)
                 )
                 self.close()
-                self.console.print(f"  {event.get('task')}: {shown} ({event.get('seconds', 0):.1f}s)")
-            elif kind == "error":
+                self.console.print(f"  {event.task}: {shown} ({event.seconds:.1f}s)")
+            elif isinstance(event, ErrorEvent):
                 self.close()
-                self.console.print(f"  [red]{event.get('kind')} error:[/] {event.get('message')}")
-            elif kind == "done":
+                self.console.print(f"  [red]{event.kind} error:[/] {event.message}")
+            elif isinstance(event, DoneEvent):
                 self.close()
-                self.console.print(f"  done in {event.get('seconds', 0):.1f}s")
+                self.console.print(f"  done in {event.seconds:.1f}s")
 
         return on_event
 

@@ -284,6 +284,6 @@ def test_worker_events_redact_their_free_text_only(monkeypatch):
     events.progress("gsm8k_synth_4shot", "generate", 8, 8)
     events.emit("error", kind="engine", message=f"no server at http://bob:{URL_PASSWORD}@127.0.0.1:9/v1")
     progress, error = (json.loads(line) for line in events._out.getvalue().splitlines())
-    assert progress == {"event": "progress", "task": "gsm8k_synth_4shot", "phase": "generate", "done": 8, "total": 8}
+    assert progress == {"v": 1, "event": "progress", "task": "gsm8k_synth_4shot", "phase": "generate", "done": 8, "total": 8}
     assert error["message"] == "no server at http://bob:***@127.0.0.1:9/v1" and error["kind"] == "engine"
     assert scanned == [error["message"].replace("***", URL_PASSWORD)], "only the message is scanned"

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from evalpipe.cli import app
 from evalpipe.documents.manifest import EngineInfo, VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
-from evalpipe.errors import RunFailed
+from evalpipe.errors import ExitCode, RunFailed
 from evalpipe.history.store import HistoryError, open_history
 from evalpipe.pipeline.comparing import compare_across_runs, compare_run
 from evalpipe.rundir import artifacts, integrity
@@ -204,7 +204,7 @@ def test_the_worker_records_the_artifacts_when_it_finishes(tmp_path, monkeypatch
         def progress(self, *a):
             pass
 
-    assert main.run(job, Events()) == main.EXIT_OK
+    assert main.run(job, Events()) == ExitCode.OK
     manifest = artifacts.read_json(vdir.manifest)
     assert manifest["status"] == "ok" and manifest["timings"]["checksums_s"] >= 0
     assert sorted(manifest["artifacts"]) == ["job.json", "results.json", "samples.parquet", "tokens.parquet"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from processes import wait_gone
 
+from evalpipe.documents.worker_events import read_event
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution.launch import run_worker
 from evalpipe.execution.watchdog import Watchdog
@@ -23,31 +24,36 @@ def progress(done: int, total: int = 8, phase: str = "generate") -> dict:
     return {"event": "progress", "task": "gsm8k", "phase": phase, "done": done, "total": total}
 
 
+def _read(event: dict):
+    """The event as the parent reads it off the worker's stdout."""
+    return read_event(json.dumps(event))
+
+
 def test_not_armed_until_the_engine_is_up():
     dog = Watchdog(10)
-    dog.see({"event": "stage", "stage": "engine", "message": "starting engine"}, 0)
+    dog.see(_read({"event": "stage", "stage": "engine", "message": "starting engine"}), 0)
     assert not dog.stalled(1000), "a slow engine start is not the watchdog's business"
-    dog.see({"event": "stage", "stage": "engine_ready", "message": "engine ready"}, 100)
+    dog.see(_read({"event": "stage", "stage": "engine_ready", "message": "engine ready"}), 100)
     assert not dog.stalled(110) and dog.stalled(110.5)
 
 
 def test_only_a_finished_request_or_a_new_stage_counts_as_progress():
     dog = Watchdog(10)
-    dog.see(progress(1), 0)
-    dog.see(progress(1), 8)  # the same count again: no request finished
+    dog.see(_read(progress(1)), 0)
+    dog.see(_read(progress(1)), 8)  # the same count again: no request finished
     assert dog.stalled(10.5)
-    dog.see(progress(2), 10.5)
+    dog.see(_read(progress(2)), 10.5)
     assert not dog.stalled(20) and dog.stalled(21)
     assert "gsm8k generate 2/8 requests" in dog.describe(21)
-    dog.see(progress(0, 4, phase="loglikelihood"), 21)  # another phase starts from zero
+    dog.see(_read(progress(0, 4, phase="loglikelihood")), 21)  # another phase starts from zero
     assert not dog.stalled(30)
-    dog.see({"event": "stage", "stage": "teacher", "message": "teacher forcing"}, 30)
+    dog.see(_read({"event": "stage", "stage": "teacher", "message": "teacher forcing"}), 30)
     assert not dog.stalled(39) and "teacher forcing" in dog.describe(41)
 
 
 def test_no_limit_never_stalls():
     dog = Watchdog(None)
-    dog.see(progress(1), 0)
+    dog.see(_read(progress(1)), 0)
     assert not dog.stalled(1e9)
 
 

@@ -221,10 +221,10 @@ def _one_sentence(msg):
 
 
 def test_ruler_length_too_short_is_a_user_error_before_the_engine_starts(saved_tokenizer, tmp_path, monkeypatch):
-    from evalpipe.worker.main import EXIT_USER
+    from evalpipe.errors import ExitCode
 
     code, error, manifest = _run_step1(tmp_path, monkeypatch, saved_tokenizer, "ruler_vt", [RULER_LENGTH])
-    assert code == EXIT_USER and error["kind"] == "user"
+    assert code == ExitCode.USER_ERROR and error["kind"] == "user"
     assert re.match(rf"ruler_vt cannot fit an item into {RULER_LENGTH} tokens with this tokenizer: .*use a larger length "
                     rf"\(the lengths are `longctx.lengths` of the run config: {RULER_LENGTH}\)\.$", error["message"])
     assert _one_sentence(error["message"])
@@ -235,17 +235,17 @@ def test_hub_only_task_without_local_data_is_a_user_error_before_the_engine_star
     import datasets.config as dconfig
     import huggingface_hub.constants as hconst
 
-    from evalpipe.worker.main import EXIT_USER
+    from evalpipe.errors import ExitCode
 
     monkeypatch.setattr(dconfig, "HF_HUB_OFFLINE", True)  # as evalpipe's workers run (plan.DEFAULT_ENV)
     monkeypatch.setattr(dconfig, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
     monkeypatch.setattr(hconst, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     code, error, _ = _run_step1(tmp_path, monkeypatch, saved_tokenizer, "longbench_hotpotqa", [RULER_LENGTH])
-    assert code == EXIT_USER and error["kind"] == "user"
+    assert code == ExitCode.USER_ERROR and error["kind"] == "user"
     assert error["message"].startswith("task `longbench_hotpotqa` needs the hub dataset `Xnhyacinth/LongBench` (config `hotpotqa`)")
     assert str(tmp_path / "hf" / "datasets") in error["message"] and _one_sentence(error["message"])
     code, error, _ = _run_step1(tmp_path / "b", monkeypatch, saved_tokenizer, "ruler_qa_squad", [RULER_LENGTH])
-    assert code == EXIT_USER and "cannot run offline" in error["message"]
+    assert code == ExitCode.USER_ERROR and "cannot run offline" in error["message"]
 
 
 def test_ruler_sample_rows_carry_the_length_bucket_and_needle_depth(builtin_tokenizer, ruler_imported, tmp_path):

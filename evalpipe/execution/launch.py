@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import queue
 import shutil
@@ -23,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from evalpipe.documents.worker_events import ErrorEvent, WorkerEvent, read_event
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode
 from evalpipe.execution.watchdog import Watchdog
 from evalpipe.rundir import artifacts
 
-EventHandler = Callable[[dict[str, Any]], None]
+EventHandler = Callable[[WorkerEvent], None]
 
 # Between SIGTERM and SIGKILL for a worker's group (its engine shuts down in seconds).
 WORKER_GRACE_S = 15.0
@@ -202,10 +202,10 @@ def run_worker(
                     line = ""
                 if line is None:
                     break
-                event = _parse(line)
+                event = read_event(line) if line else None
                 if event is not None:
-                    if event.get("event") == "error":
-                        outcome.error = event.get("message")
+                    if isinstance(event, ErrorEvent):
+                        outcome.error = event.message
                     watchdog.see(event, time.monotonic())
                     on_event(event)
                 stop_if_interrupted()
@@ -250,13 +250,3 @@ def silent_exit_message(name: str, code: int, log: Path) -> str:
     }
     why = causes.get(number, "")
     return f"the worker of variant `{name}` {how}{why} without saying why.\nlast lines of {log}:\n{log_tail(log)}"
-
-
-def _parse(line: str) -> dict[str, Any] | None:
-    if not line:
-        return None
-    try:
-        event = json.loads(line)
-    except json.JSONDecodeError:
-        return None  # a stray print that escaped the redirection; engine.log has the rest
-    return event if isinstance(event, dict) else None

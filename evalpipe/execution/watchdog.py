@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from evalpipe.documents.worker_events import ProgressEvent, StageEvent, WorkerEvent
+
 # Stages that mean the engine is up and requests are being (or about to be) sent.
 ARMING_STAGES = frozenset({"engine_ready", "task", "teacher"})
 
@@ -22,16 +24,15 @@ class Watchdog:
     last: str | None = None  # the last progress (a request count or a stage), for the message
     _position: tuple[tuple[Any, ...], int] | None = None  # ((task, phase, total), done)
 
-    def see(self, event: dict[str, Any], now: float) -> None:
-        kind = event.get("event")
-        if kind == "stage" and (event.get("stage") in ARMING_STAGES or self.last_at is not None):
+    def see(self, event: WorkerEvent, now: float) -> None:
+        if isinstance(event, StageEvent) and (event.stage in ARMING_STAGES or self.last_at is not None):
             self.last_at, self._position = now, None
-            self.last = f"the stage `{event.get('message') or event.get('stage')}`"
-        elif kind == "progress":
-            key, done = (event.get("task"), event.get("phase"), event.get("total")), int(event.get("done") or 0)
+            self.last = f"the stage `{event.message or event.stage}`"
+        elif isinstance(event, ProgressEvent):
+            key, done = (event.task, event.phase, event.total), event.done
             if self._position is None or self._position[0] != key or done > self._position[1]:
                 self.last_at, self._position = now, (key, done)
-                self.last = f"{event.get('task') or 'task'} {event.get('phase')} {done}/{event.get('total')} requests"
+                self.last = f"{event.task or 'task'} {event.phase} {done}/{event.total} requests"
 
     def stalled(self, now: float) -> bool:
         return self.limit_s is not None and self.last_at is not None and now - self.last_at > self.limit_s

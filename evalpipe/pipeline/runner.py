@@ -21,6 +21,7 @@ from evalpipe.config.run_config import ConfigError
 from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.manifest import read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, read_run_document, write_run_document
+from evalpipe.documents.worker_events import StageEvent
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
 from evalpipe.execution import launch, serve
@@ -393,7 +394,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     launch = variant.launch
     if variant.server_of:
         server = servers[variant.server_of]
-        on_event({"event": "stage", "stage": "server", "message": f"reusing {variant.server_of}'s server at {server.url}"})
+        on_event(StageEvent(stage="server", message=f"reusing {variant.server_of}'s server at {server.url}"))
     else:
         port = launch.port or serve.free_port(launch.host)
         args_file = vdir / serve.SERVER_ARGS_FILE
@@ -412,7 +413,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
             return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
                                   f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")
         servers[variant.name] = server
-        on_event({"event": "stage", "stage": "server", "message": f"server starting at {server.url} (log: {vd.engine_log})"})
+        on_event(StageEvent(stage="server", message=f"server starting at {server.url} (log: {vd.engine_log})"))
     try:
         outcome = run_worker(
             variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, limits.timeout_s,

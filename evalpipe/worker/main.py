@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from evalpipe.documents.manifest import Hardware, VariantManifest, write_manifest
+from evalpipe.documents.worker_events import event_line, make_event
 from evalpipe.documents.worker_job import TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.machine import describe
@@ -38,7 +39,6 @@ from evalpipe.worker import teacher as tf
 from evalpipe.worker.engines import Engine, decode_each
 from evalpipe.worker.journal import RequestJournal
 
-EXIT_OK, EXIT_USER, EXIT_FAILED = ExitCode.OK, ExitCode.USER_ERROR, ExitCode.FAILED
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
 # the manifest's fields that hold values from the config, the environment or a server: redacted
 FROM_THE_CONFIG = ("argv", "env", "engine_args", "engine", "error")
@@ -58,7 +58,7 @@ class Events:
         # free text can quote one (an exception, a URL); the other fields are task and phase
         # names, kinds, counts and metrics the worker makes itself
         fields = {k: redact_text(v) if k in FREE_TEXT else v for k, v in fields.items()}
-        self._out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+        self._out.write(event_line(make_event(event, **fields)))
 
     def progress(self, task: str, phase: str, done: int, total: int) -> None:
         now = time.monotonic()
@@ -253,7 +253,7 @@ def run(job: WorkerJob, events: Events) -> int:
             task_cfgs.append(task_lookup.task_config(spec, Path(job.data_dir), generated=generated))
     except (UserError, FileNotFoundError) as err:
         events.emit("error", kind="user", message=str(err))
-        return finish("failed", EXIT_USER, error=str(err))
+        return finish("failed", ExitCode.USER_ERROR, error=str(err))
 
     save_manifest(data_files=data_file_hashes(task_cfgs))
 
@@ -271,12 +271,12 @@ def run(job: WorkerJob, events: Events) -> int:
         engine: Engine = engine_choice.build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
     except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
         events.emit("error", kind="user", message=str(err))
-        return finish("failed", EXIT_USER, error=str(err))
+        return finish("failed", ExitCode.USER_ERROR, error=str(err))
     except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
         traceback.print_exc()
         msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
         events.emit("error", kind="engine", message=msg)
-        return finish("failed", EXIT_FAILED, error=msg)
+        return finish("failed", ExitCode.FAILED, error=msg)
     timings["engine_start_s"] = time.time() - t0
     journal = getattr(engine, "journal", None)
     if journal is not None and journal.loaded:
@@ -331,10 +331,10 @@ def run(job: WorkerJob, events: Events) -> int:
                     "point the task at local files with `data_files:` in the run config."
                 )
                 events.emit("error", kind="user", message=msg)
-                return finish("failed", EXIT_USER, error=msg)
+                return finish("failed", ExitCode.USER_ERROR, error=msg)
             msg = f"task `{spec['task']}` failed: {type(err).__name__}: {text.splitlines()[0] if text else ''} (see {out.engine_log})"
             events.emit("error", kind="run", message=msg)
-            return finish("failed", EXIT_FAILED, error=msg)
+            return finish("failed", ExitCode.FAILED, error=msg)
         elapsed = time.time() - t0
         waited = getattr(engine, "ready_wait_s", None)
         if waited_before is None and waited is not None:
@@ -381,20 +381,20 @@ def run(job: WorkerJob, events: Events) -> int:
     if teacher.enabled:
         code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
                                      source_dir=teacher.reference_dir, target=out.teacher, timing="teacher_s")
-        if code == EXIT_OK and teacher.baseline_dir:
+        if code == ExitCode.OK and teacher.baseline_dir:
             # nightly: the baseline night's reference sequences too, so that tonight and the
             # baseline night are compared on the same forced tokens
             # (optional evidence: when it cannot be made the night is still judged, without it)
             extra, why = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
                                         source_dir=teacher.baseline_dir, target=out.teacher_baseline,
                                         timing="teacher_baseline_s")
-            if extra != EXIT_OK:
+            if extra != ExitCode.OK:
                 events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
-        if code != EXIT_OK:
+        if code != ExitCode.OK:
             return finish("failed", code, error=error, n_samples=len(all_rows))
     engine.close()
     timings["total_s"] = time.time() - started
-    code = finish("ok", EXIT_OK, n_samples=len(all_rows))
+    code = finish("ok", ExitCode.OK, n_samples=len(all_rows))
     events.emit("done", seconds=timings["total_s"])
     return code
 
@@ -413,7 +413,7 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
             sequences = tf.reference_sequences(samples_table, tokens_table)
     except UserError as err:
         events.emit("error", kind="user", message=str(err))
-        return EXIT_USER, str(err)
+        return ExitCode.USER_ERROR, str(err)
     try:
         table = tf.teacher_force(
             engine,
@@ -428,14 +428,14 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
         traceback.print_exc()
         msg = f"teacher forcing failed: {type(err).__name__}: {err} (see {out.engine_log})"
         events.emit("error", kind="run", message=msg)
-        return EXIT_FAILED, msg
+        return ExitCode.FAILED, msg
     artifacts.write_table(target, table)
     timings[timing] = time.time() - t0
     events.emit(
         "stage", stage="teacher_done",
         message=f"teacher forcing ({target.name}): {len(sequences)} sequences, {table.num_rows} positions in {timings[timing]:.1f}s",
     )
-    return EXIT_OK, None
+    return ExitCode.OK, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,18 +443,18 @@ def main(argv: list[str] | None = None) -> int:
     events = Events()
     if len(argv) != 1:
         events.emit("error", kind="user", message="usage: python -m evalpipe.worker.main JOB.json")
-        return EXIT_USER
+        return ExitCode.USER_ERROR
     try:
         job = read_job(Path(argv[0]))
     except UserError as err:
         events.emit("error", kind="user", message=str(err))
-        return EXIT_USER
+        return ExitCode.USER_ERROR
     try:
         return run(job, events)
     except Exception as err:  # noqa: BLE001 - report, never leave the parent guessing
         traceback.print_exc()
         events.emit("error", kind="run", message=f"worker crashed: {type(err).__name__}: {err}")
-        return EXIT_FAILED
+        return ExitCode.FAILED
 
 
 def _exit_now(code: int) -> None:
