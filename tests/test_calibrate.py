@@ -7,6 +7,7 @@ import pytest
 from evalpipe.commands.calibrate import calibration_config, control_variants, zoo
 from evalpipe.compare.calibration import CalibrationRow, SensitivityPoint
 from evalpipe.config.run_config import ConfigError, parse_config
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
 
@@ -62,7 +63,7 @@ def test_table_states_command_machine_and_outcomes():
         CalibrationRow("fault-x", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t",
                        "exact_match,strict-match", -0.02, -0.05, 0.01, 0.3, 100, 3, "a <bad> | bug"),
     ]
-    info = {"run_id": "cal", "hardware": {"cpus": 2, "machine": "x86_64", "system": "Linux"}, "versions": {"vllm": "0.32.0"}}
+    info = RunDocument(run_id="cal", hardware={"cpus": 2, "machine": "x86_64", "system": "Linux"}, versions={"vllm": "0.32.0"})
     text = render_calibration(rows, info, command="evalpipe calibrate --limit 100", seconds=600, run_dir=Path("x"))
     assert "`evalpipe calibrate --limit 100` (10 min" in text and "2 CPUs, x86_64" in text and "vllm 0.32.0" in text
     assert "**Harmful caught: 1/1. Benign kept clean: 1/1.**" in text
@@ -96,7 +97,7 @@ def test_sensitivity_and_false_alarm_sections_and_the_plot():
         _point(1e-4, 100, (), "EQUIVALENT", 0.01, False), _point(1e-4, 600, (), "EQUIVALENT", 0.05, False),
     ]
     firing = {"aa_pairs": {"teacher_kl_max": (0, 2)}, "benign": {"teacher_kl_max": (1, 5), "free_kl_max": (0, 0)}}
-    text = render_calibration(rows, {"run_id": "c"}, command="evalpipe calibrate", seconds=60, run_dir=Path("x"),
+    text = render_calibration(rows, RunDocument(run_id="c"), command="evalpipe calibrate", seconds=60, run_dir=Path("x"),
                               sensitivity=points, firing=firing, plot="calibration-sensitivity.png")
     assert "| 1e-3 | EQUIVALENT | — | DIVERGENT | teacher-forced |" in text
     assert "| teacher-forced | 1e-2 | 1e-3 |" in text and "| distributional | 1e-2 | 1e-2 |" in text

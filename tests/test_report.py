@@ -18,6 +18,7 @@ from rich.console import Console
 
 from evalpipe import report
 from evalpipe.documents.comparison import ComparisonDocument
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report import md_escape
 from evalpipe.report import view as report_view
 
@@ -29,16 +30,19 @@ HOSTILE = "<script>alert(1)</script> </td> & \"dq\" 'sq'\nnext line"
 
 RUN_INFO = {
     "run_id": "run-1",
-    "model": {"name": "tiny-layout", "revision": "abc"},
-    "fingerprints": {"model": "m123", "tasks": "t456"},
-    "variants": [
-        {"name": "legacy", "env": {"LAYOUT": "legacy", "OMP": "1"}},
-        {"name": "sp", "env": {"LAYOUT": "sp", "OMP": "1"}},
-    ],
+    "model": {"name": "tiny-layout", "path": "abc"},
+    "fingerprints": {"config_sha256": "m123", "code": "t456"},
+    "variants": ["legacy", "sp"],
+    "variant_settings": {"legacy": {"env": {"LAYOUT": "legacy", "OMP": "1"}}, "sp": {"env": {"LAYOUT": "sp", "OMP": "1"}}},
     "reference": "legacy",
-    "timings": {"legacy": {"total_s": 12.5}, "sp": {"total_s": 11.0}},
+    "timings": {"model_s": 12.5, "total_s": 11.0},
     "versions": {"vllm": "0.32.0"},
 }
+
+
+def as_run(run_info: dict[str, Any] | RunDocument | None) -> RunDocument | None:
+    """run.json as the renderers get it: the typed document."""
+    return run_info if run_info is None or isinstance(run_info, RunDocument) else RunDocument.model_validate(run_info)
 
 
 # ---------------------------------------------------------------------------
@@ -227,11 +231,11 @@ def as_document(d: dict[str, Any] | ComparisonDocument) -> ComparisonDocument:
 
 
 def render_markdown(compare: dict[str, Any] | ComparisonDocument, run_info: dict[str, Any] | None = None) -> str:
-    return report.render_markdown(as_document(compare), run_info)
+    return report.render_markdown(as_document(compare), as_run(run_info))
 
 
 def render_html(compare: dict[str, Any] | ComparisonDocument, run_info: dict[str, Any] | None = None, **kw: Any) -> str:
-    return report.render_html(as_document(compare), run_info, **kw)
+    return report.render_html(as_document(compare), as_run(run_info), **kw)
 
 
 def print_summary(compare: dict[str, Any] | ComparisonDocument, console: Console | None = None) -> None:
@@ -301,10 +305,10 @@ def test_markdown_gate_table_failing_first(md):
     "line",
     [
         # run header: model, fingerprints, only the settings that differ between variants, timings
-        "| model | tiny-layout (revision=abc) |",
-        "| fingerprint model | m123 |",
+        "| model | tiny-layout (path=abc) |",
+        "| fingerprint config\\_sha256 | m123 |",
         "| legacy | reference | env.LAYOUT=legacy |",
-        "| legacy.total\\_s | 12.5 |",
+        "| model\\_s | 12.5 |",
         "| legacy-aa | A/A noise floor | — |",
         "| A/A noise floor | legacy-aa vs legacy: EQUIVALENT |",
         "| scores gates | alpha=0.05, fail\\_on\\_significant=True, margin=0.01, require\\_equivalence=True |",

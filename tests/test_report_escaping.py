@@ -21,7 +21,7 @@ from dashboard_samples import sample_history
 from html_page import Page, parse_page
 from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
 from pydantic import ValidationError
-from test_report import RUN_INFO, as_document, make_compare
+from test_report import RUN_INFO, as_document, as_run, make_compare
 from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_summary, summary_text, trap_paths
 
 from evalpipe import report
@@ -66,11 +66,11 @@ def typed(value: Any, key: str | None = None) -> Any:
 
 
 def render_markdown(compare: dict, run_info: dict | None = None) -> str:
-    return report.render_markdown(as_document(typed(compare)), run_info)
+    return report.render_markdown(as_document(typed(compare)), as_run(run_info))
 
 
 def render_html(compare: dict, run_info: dict | None = None, **kw: Any) -> str:
-    return report.render_html(as_document(typed(compare)), run_info, **kw)
+    return report.render_html(as_document(typed(compare)), as_run(run_info), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_gate_status_and_ids_hold_no_text(hostile):
     """The fields that used to reach report.md raw (a gate's status, token and top-k ids, doc
     ids, gate values) are typed: a compare.json with text there is refused before any rendering."""
     with pytest.raises(ValidationError) as err:
-        report.render_markdown(as_document(hostile), RUN_INFO)
+        report.render_markdown(as_document(hostile), as_run(RUN_INFO))
     fields = {e["loc"][-1] for e in err.value.errors()}
     assert {"status", "measured", "doc_id", "token_a"} <= fields
 

@@ -242,7 +242,7 @@ def run_calibration(
     if from_run is not None and comparisons:
         write_outputs(run_dir, comparison, info)  # compare.json and the reports under today's gates
     text = render_calibration(
-        rows, info.as_mapping(), command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
+        rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,
         numerics=comparisons[0].numerics if comparisons else None,
     )

@@ -229,7 +229,7 @@ def write_outputs(
     compare.json is written first: the reports are renderings of it, so a failure
     while drawing a plot never loses the comparison itself."""
     rd = RunDir(Path(run_dir))
-    header = (run_info if run_info is not None else read_run_info(rd.root)).as_mapping()
+    header = run_info if run_info is not None else read_run_info(rd.root)
     data = run_comparison.document()
     write_comparison(rd.compare_json, data)
     artifacts.write_text(rd.junit_xml, render_junit(data))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from evalpipe.compare.calibration import DETECTORS, CalibrationRow, SensitivityPoint, smallest_caught, summarize
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, GATE_ORDER, TEACHER_GATES
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.verdict import fmt_delta
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.machine import one_line
 from evalpipe.report.markdown import md_escape
 
@@ -24,7 +25,7 @@ def _ci(lo: float | None, hi: float | None) -> str:
 
 def render_calibration(
     rows: Sequence[CalibrationRow],
-    run_info: dict[str, Any],
+    run: RunDocument,
     *,
     command: str,
     seconds: float,
@@ -38,8 +39,8 @@ def render_calibration(
     harmful = [r for r in rows if r.expected == "harmful"]
     benign = [r for r in rows if r.expected == "benign"]
     fallback = [r for r in rows if r.expected == "fallback"]
-    hw = run_info.get("hardware") or {}
-    versions = run_info.get("versions") or {}
+    hw = run.hardware or {}
+    versions = run.versions or {}
     metric = next((r.metric for r in rows if r.metric), "—")
     lines = [
         "# Calibration: what a PASS is worth",
@@ -53,7 +54,7 @@ def render_calibration(
         f"Regenerate: `{command}` ({seconds / 60:.0f} min on the machine below).",
         f"Machine: {one_line(hw)}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())),
-        f"Run: `{run_id(run_info, run_dir)}`; items per variant: {max((r.n_items for r in rows), default=0)}.",
+        f"Run: `{run_id(run, run_dir)}`; items per variant: {max((r.n_items for r in rows), default=0)}.",
         "",
         f"**Harmful caught: {sum(r.outcome == 'caught' for r in harmful)}/{len(harmful)}. "
         + (f"Fallbacks flagged INCONCLUSIVE: {sum(r.outcome == 'caught' for r in fallback)}/{len(fallback)}. " if fallback else "")
@@ -190,5 +191,5 @@ def sensitivity_plot(points: Sequence[SensitivityPoint]) -> bytes:
     return buf.getvalue()
 
 
-def run_id(run_info: dict[str, Any], run_dir: Path) -> str:
-    return str(run_info.get("run_id") or Path(run_dir).name)
+def run_id(run: RunDocument, run_dir: Path) -> str:
+    return run.run_id or Path(run_dir).name

@@ -12,6 +12,7 @@ from typing import Any
 
 from evalpipe.compare.verdict import Status
 from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, TokenSummary
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report import plots
 from evalpipe.report.markdown import template_environment
 from evalpipe.report.view import build_view, show_controls
@@ -90,11 +91,11 @@ def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def render_html(compare: ComparisonDocument, run_info: dict[str, Any] | None = None, *, plots: bool = True) -> str:
+def render_html(compare: ComparisonDocument, run: RunDocument | None = None, *, plots: bool = True) -> str:
     """report.html from the comparison and run.json. ``plots=False`` leaves the
     plots out (a line says so): drawing them is most of the page's cost, which a
     simulated history of many nights need not pay for every night."""
-    view = build_view(compare, run_info, html_text)
+    view = build_view(compare, run, html_text)
     for c in view["comparisons"]:
         for t in c["tasks"]:
             t["plots"] = _plots(t["data"]) if plots else [_NOT_DRAWN]

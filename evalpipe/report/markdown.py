@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 
 from evalpipe.documents.comparison import ComparisonDocument
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report.view import build_view, show_controls
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -50,9 +51,9 @@ def template_environment(autoescape: bool) -> jinja2.Environment:
     )
 
 
-def render_markdown(compare: ComparisonDocument, run_info: dict[str, Any] | None = None) -> str:
+def render_markdown(compare: ComparisonDocument, run: RunDocument | None = None) -> str:
     """report.md from the comparison and run.json; the same inputs give the same bytes."""
-    view = build_view(compare, run_info, md_escape)
+    view = build_view(compare, run, md_escape)
     # markdown, not HTML: every text in the view is already md_escape'd
     text = template_environment(autoescape=False).get_template(TEMPLATE_NAME).render(**view)
     # collapse runs of blank lines left by template control blocks

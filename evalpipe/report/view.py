@@ -39,8 +39,8 @@ from evalpipe.documents.comparison import (
     WorstExample,
 )
 from evalpipe.documents.manifest import ProbeSummary
+from evalpipe.documents.run_doc import RunDocument
 from evalpipe.redact import redact
-from evalpipe.rundir.artifacts import variant_names_from_info
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
 
@@ -660,21 +660,12 @@ def _model_text(model: Any) -> str | None:
     return str(model)
 
 
-def _variant_settings(run_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """name -> settings dict from run.json "variants" (list of objects or mapping) or "variant_settings"."""
-    out: dict[str, dict[str, Any]] = {}
-    v = run_info.get("variants")
-    if isinstance(v, dict):
-        out.update({str(k): s for k, s in v.items() if isinstance(s, dict)})
-    elif isinstance(v, list):
-        for item in v:
-            if isinstance(item, dict) and item.get("name"):
-                out[str(item["name"])] = {k: s for k, s in item.items() if k != "name"}
-    extra = run_info.get("variant_settings")
-    if isinstance(extra, dict):
-        for k, s in extra.items():
-            if isinstance(s, dict):
-                out.setdefault(str(k), {}).update(s)
+def _variant_settings(run: RunDocument) -> dict[str, dict[str, Any]]:
+    """name -> the settings run.json records for it (credentials redacted: a run.json of an
+    older evalpipe may keep them)."""
+    out: dict[str, dict[str, Any]] = {n: {} for n in run.variants}
+    for name, settings in run.variant_settings.items():
+        out[name] = redact(settings.model_dump(mode="json", exclude_none=True, exclude_defaults=True))
     return out
 
 
@@ -687,37 +678,33 @@ def _distinguishing(settings: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {n: "; ".join(f"{k}={_scalar(f[k])}" for k in keys if k in f) for n, f in flat.items()}
 
 
-def _run_header(compare: ComparisonDocument, run_info: dict[str, Any], esc: Esc) -> dict[str, Any]:
+def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict[str, Any]:
     reference = compare.reference
     compared = list(compare.variants)
     nf = compare.noise_floor
     aa = nf.variant if nf is not None else ""
 
     rows: list[tuple[str, str]] = [("run id", compare.run_id)]
-    model = _model_text(run_info.get("model"))
+    model = _model_text(redact(run.model.model_dump(mode="json", exclude_none=True)))
     if model:
         rows.append(("model", model))
-    fp = run_info.get("fingerprints", run_info.get("fingerprint"))
-    if isinstance(fp, dict):
-        rows.extend((f"fingerprint {k}", _scalar(v)) for k, v in sorted(flatten(fp).items()))
-    elif fp:
-        rows.append(("fingerprint", _scalar(fp)))
-    for key in ("status", "hardware"):
-        if run_info.get(key) is not None:
-            rows.append((key, _scalar(run_info[key])))
-    versions = run_info.get("versions")
-    if isinstance(versions, dict) and versions:
-        rows.append(("versions", ", ".join(f"{k} {_scalar(v)}" for k, v in sorted(versions.items()) if v is not None)))
+    rows.extend((f"fingerprint {k}", _scalar(v)) for k, v in sorted(run.fingerprints.model_dump(exclude_none=True).items()))
+    if run.status is not None:
+        rows.append(("status", _scalar(run.status)))
+    if run.hardware is not None:
+        rows.append(("hardware", _scalar(redact(run.hardware))))
+    if run.versions:
+        rows.append(("versions", ", ".join(f"{k} {_scalar(v)}" for k, v in sorted(run.versions.items()) if v is not None)))
     for group, values in sorted(compare.gates.model_dump(mode="json").items()):
         flat = flatten(values)
         rows.append((f"{group} gates", ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(flat.items()))))
     rows.append(("A/A noise floor", f"{aa} vs {reference}: {nf.status}" if nf is not None else "not run"))
 
-    names = variant_names_from_info(run_info) or []
+    names = list(run.variants)
     for n in [reference, *compared, aa]:
         if n and n not in names:
             names.append(n)
-    dist = _distinguishing(_variant_settings(run_info))
+    dist = _distinguishing(_variant_settings(run))
 
     def role(n: str) -> str:
         if n == reference:
@@ -726,10 +713,7 @@ def _run_header(compare: ComparisonDocument, run_info: dict[str, Any], esc: Esc)
             return "A/A noise floor"
         return "compared" if n in compared else "not compared"
 
-    timings = run_info.get("timings")
-    timing_rows = []
-    if isinstance(timings, dict):
-        timing_rows = [(esc(k), esc(_scalar(v))) for k, v in sorted(flatten(timings).items())]
+    timing_rows = [(esc(k), esc(_scalar(v))) for k, v in sorted(run.timings.model_dump(exclude_none=True).items())]
     return {
         "rows": [(esc(k), esc(v)) for k, v in rows],
         "variants": [{"name": esc(n), "role": role(n), "settings": esc(dist.get(n, ""))} for n in names],
@@ -980,10 +964,10 @@ def what_ran_view(compare: ComparisonDocument, esc: Esc) -> dict[str, Any] | Non
 # ---------------------------------------------------------------------------
 
 
-def build_view(compare: ComparisonDocument, run_info: dict[str, Any] | None, esc: Esc) -> dict[str, Any]:
+def build_view(compare: ComparisonDocument, run: RunDocument | None, esc: Esc) -> dict[str, Any]:
     """Everything a report shows, in the order it shows it."""
     # run.json is redacted when written; one from before that (or handed in) is redacted here
-    run_info = redact(run_info or {})
+    run = run if run is not None else RunDocument()
     nf = compare.noise_floor
     counts = gate_counts(compare)
     return {
@@ -1008,7 +992,7 @@ def build_view(compare: ComparisonDocument, run_info: dict[str, Any] | None, esc
         },
         "what_ran": what_ran_view(compare, esc),
         "numerics": esc(_numerics_line(compare)),
-        "header": _run_header(compare, run_info, esc),
+        "header": _run_header(compare, run, esc),
     }
 
 

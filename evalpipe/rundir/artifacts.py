@@ -173,21 +173,6 @@ def score_columns(table: pa.Table) -> list[str]:
     return [n for n in table.column_names if n.startswith(SCORE_PREFIX)]
 
 
-def variant_names_from_info(run_info: dict[str, Any]) -> list[str] | None:
-    """Variant names from run.json's "variants": a list of names, of {"name": ...} objects, or a mapping."""
-    v = run_info.get("variants")
-    if isinstance(v, dict):
-        return [str(k) for k in v]
-    if isinstance(v, list):
-        names = []
-        for item in v:
-            if isinstance(item, str):
-                names.append(item)
-            elif isinstance(item, dict) and item.get("name"):
-                names.append(str(item["name"]))
-        return names or None
-    return None
-
 
 class RunDir:
     """Paths inside one run directory; creates nothing by itself."""
