@@ -26,10 +26,10 @@ from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_sum
 
 from evalpipe import report
 from evalpipe.compare.code_paths import short
-from evalpipe.nightly.night import Judgement, render_summary
-from evalpipe.nightly.night import render_junit as nightly_junit
+from evalpipe.nightly.night import Judgement
 from evalpipe.report import md_escape, render_junit
 from evalpipe.report.dashboard import render_dashboard
+from evalpipe.report.nightly import render_night_junit, render_night_summary
 
 # Numbers a renderer formats as text (ids, positions, gate values): poisoned as strings.
 ID_LIKE = {"doc_id", "repeat", "pos", "token_a", "token_b", "score_a", "score_b", "measured", "threshold", "aa_value"}
@@ -166,7 +166,7 @@ def test_what_ran_md_keeps_hostile_names_inert(hostile_paths):
 
 
 def test_nightly_md_keeps_hostile_text_inert():
-    md = render_summary(_hostile_judgement(), dashboard=TEXT)  # type: ignore[arg-type]
+    md = render_night_summary(_hostile_judgement().to_document(), dashboard=TEXT)  # type: ignore[arg-type]
     assert_inert_markdown(md)
     assert md_escape(SCRIPT) in md
 
@@ -261,7 +261,7 @@ def test_junit_stays_well_formed_with_hostile_text(hostile):
 
 
 def test_nightly_junit_stays_well_formed_with_hostile_text():
-    root = _parse_xml(nightly_junit(_hostile_judgement()))
+    root = _parse_xml(render_night_junit(_hostile_judgement().to_document()))
     texts = [f.text or "" for f in root.iter("failure")]
     assert texts and any(SCRIPT in t and CDATA_END in t for t in texts)
     assert all(CONTROLS not in t for t in texts)

@@ -144,7 +144,7 @@ LAYERS = (
     ("compare",),  # pure comparison
     ("rundir", "documents"),  # the run directory and the typed documents in it
     ("config", "models", "tasks", "data"),  # what a run is made of
-    ("errors", "paths", "progress", "redact", "machine", "atomic_files"),  # small utilities
+    ("errors", "paths", "redact", "machine", "atomic_files"),  # small utilities
 )
 # Beside the layers: worker/ runs in the variant's interpreter and may use the layers from
 # the run directory down; the lab sits just below the commands (only calibrate imports it,

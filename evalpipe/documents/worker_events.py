@@ -1,5 +1,5 @@
 """The worker's events: one JSON object per line on the worker's stdout, read by the parent
-(evalpipe.execution.launch: the variant's error and the watchdog; evalpipe.progress: what
+(evalpipe.execution.launch: the variant's error and the watchdog; evalpipe.report.progress: what
 the terminal shows).
 
 The worker may run another evalpipe than the parent (a variant's own Python environment),

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +44,7 @@ from evalpipe.pipeline.comparing import load_artifacts, load_teacher, read_run_i
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
 from evalpipe.report.dashboard import render_dashboard
-from evalpipe.report.junit import xml_text
-from evalpipe.report.markdown import md_escape
+from evalpipe.report.nightly import render_night_junit, render_night_summary
 from evalpipe.report.view import flatten
 from evalpipe.rundir import artifacts
 
@@ -58,7 +56,6 @@ INCONCLUSIVE = Status.INCONCLUSIVE.value
 # proved nothing about its paths, and a run that did not finish outranks both.
 NIGHT_STATUSES = ("PASS", INCONCLUSIVE, "REGRESSION", "FAILED")
 EXIT_CODES = {"PASS": ExitCode.OK, "REGRESSION": ExitCode.DIVERGENT, "FAILED": ExitCode.FAILED, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
-NIGHT_ICONS = {"PASS": "✅", INCONCLUSIVE: "⚠️", "REGRESSION": "❌", "FAILED": "💥"}
 NIGHT_COLOURS = {"PASS": "green", INCONCLUSIVE: "yellow", "REGRESSION": "red", "FAILED": "red"}
 # token measures followed per task: (source, measure)
 TOKEN_SERIES = (("teacher", "kl_p99"), ("teacher", "kl_max"), ("free", "kl_max"), ("free", "n_hard_divergences"))
@@ -407,95 +404,12 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
 # ---------------------------------------------------------------------------
 
 
-def render_summary(j: Judgement, dashboard: Path | None = None) -> str:
-    """Markdown fit for a CI step summary."""
-    icon = NIGHT_ICONS[j.status]
-    lines = [f"## evalpipe nightly {md_escape(j.run_id)}: {icon} {j.status}", ""]
-    lines.append(f"- tonight's verdict (variants vs reference): **{md_escape(str(j.verdict))}**")
-    lines.append(f"- baseline night: {md_escape(j.baseline) if j.baseline else 'none yet (first passing night becomes it)'}")
-    if dashboard:
-        # not a code span: md_escape's backslashes would show inside one
-        lines.append(f"- dashboard: {md_escape(str(dashboard))}")
-    if j.reasons:
-        lines += ["", "### Why", ""] + [f"- {md_escape(r)}" for r in j.reasons]
-    if j.vs_baseline:
-        lines += ["", "### Against the baseline night", "", "| variant | baseline | status | flips (task metric: right→wrong / wrong→right, McNemar p) |", "|---|---|---|---|"]
-        for e in j.vs_baseline:
-            if e.get("error"):
-                lines.append(f"| {md_escape(e['variant'])} | {md_escape(str(e.get('baseline')))} | error | {md_escape(e['error'])} |")
-                continue
-            flips = "; ".join(
-                f"{md_escape(s['task'])} {md_escape(s['metric'])}: {s.get('a_right_b_wrong', 0)}/{s.get('a_wrong_b_right', 0)}, p {s.get('mcnemar_p', 1):.2g}"
-                for s in e["scores"]
-            )
-            lines.append(f"| {md_escape(e['variant'])} | {md_escape(e['baseline'])} | {md_escape(e['status'])} | {flips} |")
-        for e in j.vs_baseline:
-            for sc in e.get("scores") or []:
-                if sc.get("flipped"):
-                    items = ", ".join(f"doc {f.get('doc_id')}" + (f" repeat {f['repeat']}" if f.get("repeat") else "")
-                                      for f in sc["flipped"][:20])
-                    more = f" (+{len(sc['flipped']) - 20} more)" if len(sc["flipped"]) > 20 else ""
-                    lines.append(f"\n{md_escape(e['variant'])}, {md_escape(sc['task'])} {md_escape(sc['metric'])}: "
-                                 f"flipped {md_escape(items)}{more}")
-    shown = [c for c in j.changes if c["state"] in ("flagged", "pending")]
-    if shown:
-        lines += ["", "### Changes in the series", ""]
-        for c in shown:
-            lines.append(f"- **{c['state']}** {md_escape(c['summary'])}")
-            if c["bisect"]:
-                lines.append("  - changed between " + md_escape(f"{c['last_good']} and {c['first_bad']}") + ": "
-                             + "; ".join(md_escape(f"{b['component']}: {b['before']} → {b['after']}") for b in c["bisect"][:8]))
-            if c["flipped"]:
-                lines.append(f"  - {len(c['flipped'])} items changed, first: " + md_escape(", ".join(
-                    f"doc {f['doc_id']} ({f['before']:g}→{f['after']:g})" for f in c["flipped"][:10])))
-    return "\n".join(lines) + "\n"
-
-
-def render_junit(j: Judgement) -> str:
-
-    cases: list[tuple[str, str, tuple[str, str] | None]] = [("tonight", "variants_vs_reference", _tonight_failure(j))]
-    for e in j.vs_baseline:
-        cases.append(("vs_baseline", str(e["variant"]), _baseline_failure(e)))
-    for c in j.changes:
-        if c["state"] == "flagged" and c["regression"]:
-            cases.append(("series", f"{c['task']}[{c['metric']}].{c['variant']}", ("regression", c["summary"]) if c["open"] else None))
-    suite = ET.Element("testsuite", name=xml_text(f"evalpipe.nightly.night.{j.run_id}"), tests=str(len(cases)),
-                       failures=str(sum(1 for *_, bad in cases if bad)))
-    for classname, name, bad in cases:
-        case = ET.SubElement(suite, "testcase", classname=xml_text(classname), name=xml_text(name))
-        if bad:
-            kind, text = bad
-            ET.SubElement(case, "failure", message=xml_text(text.splitlines()[0][:500]), type=kind).text = xml_text(text)
-    root = ET.Element("testsuites", name="evalpipe.nightly.night")
-    root.append(suite)
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-def _tonight_failure(j: Judgement) -> tuple[str, str] | None:
-    """(failure type, text) of tonight's own verdict, None when it passed."""
-    if j.verdict is None or j.verdict in PASSING:
-        return None
-    if j.verdict == INCONCLUSIVE:
-        return "inconclusive", j.paths or "tonight's comparison proves nothing about the paths"
-    return "regression", f"verdict {j.verdict}" + (f"\n{j.paths}" if j.paths else "")
-
-
-def _baseline_failure(e: dict[str, Any]) -> tuple[str, str] | None:
-    """(failure type, text) of one variant against the baseline night, None when it passed."""
-    if e.get("error"):
-        return "error", str(e["error"])
-    if e.get("status") in PASSING:
-        return None
-    text = f"{e.get('status')}: " + "; ".join(e.get("reasons") or [])[:2000]
-    return ("inconclusive" if e.get("status") == INCONCLUSIVE else "regression"), text
-
-
 def write_night(run_dir: Path, j: Judgement, dashboard: Path | None = None) -> dict[str, Path]:
     paths = {"json": run_dir / NIGHTLY_JSON, "markdown": run_dir / NIGHTLY_MD, "junit": run_dir / NIGHTLY_JUNIT}
-    write_nightly_document(paths["json"], j.to_document())
-    artifacts.write_text(paths["markdown"], render_summary(j, dashboard))
-    artifacts.write_text(paths["junit"], render_junit(j))
+    write_nightly_document(paths["json"], j.to_document())  # first: the judgement outlives a failed rendering
+    doc = j.to_document()
+    artifacts.write_text(paths["markdown"], render_night_summary(doc, dashboard))
+    artifacts.write_text(paths["junit"], render_night_junit(doc))
     return paths
 
 
@@ -576,7 +490,7 @@ def build_dashboard(history: History, config_hash: str | None, title: str, path:
     return path
 
 
-__all__ = ["Judgement", "HistoryError", "judge", "write_night", "build_dashboard", "dashboard_data", "render_summary", "render_junit"]
+__all__ = ["Judgement", "HistoryError", "judge", "write_night", "build_dashboard", "dashboard_data", "render_night_summary", "render_night_junit"]
 
 
 # ---------------------------------------------------------------------------

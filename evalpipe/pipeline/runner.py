@@ -34,7 +34,7 @@ from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.probing import records as probe_records
 from evalpipe.probing.names import VariantNames, resolve_plan
 from evalpipe.probing.records import probe_env, write_spec
-from evalpipe.progress import ProgressView
+from evalpipe.report.progress import ProgressView
 from evalpipe.report.terminal import print_summary
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import lock_run_dir, unlock_run_dir
