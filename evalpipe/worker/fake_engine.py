@@ -11,12 +11,17 @@ real run's.
 The "model" is a deterministic function of the tokens so far: bytes are tokens (0..255,
 EOS 256), and each position's next-token distribution (its top-k, their logprobs, the
 argmax) comes from a 64-bit hash of the prefix. Decoding and scoring the same sequence
-therefore give the same logprobs, as a real engine's teacher forcing must.
+therefore give the same logprobs, as a real engine's teacher forcing must. Where the
+answer "starts" (the earliest end, ``diverge=K``) is read from the prefix too: the
+length of its trailing run of the tokens the fake writes (lower-case letters, digits,
+spaces), which after a prompt ending otherwise (GSM8K's ``Answer:``) is the number of
+tokens generated so far. A server that sees only token ids (fake_server.py) therefore
+answers as this engine does offline.
 
 Behaviours, comma-separated in ``EVALPIPE_FAKE_ENGINE`` (a variant's ``env:`` sets its own):
 
-  diverge=K       from the K-th generated (or scored continuation) token on, another
-                  distribution: a variant whose outputs differ from the reference's
+  diverge=K       from the K-th generated token on (the K-th of the trailing run above),
+                  another distribution: a variant whose outputs differ from the reference's
   delay=S         S seconds per request (a slow engine, for interrupts)
   hang_after=N    after N answered requests, never answer again (for the watchdog)
   exit_after=N    after N answered requests, the process ends: with exit=CODE (default 3)
@@ -43,6 +48,7 @@ EOS = 256
 VOCAB = 257
 # what the fake "model" writes: lower-case words, digits, spaces (always valid UTF-8)
 ALPHABET = [ord(c) for c in "abcdefghijklmnopqrstuvwxyz0123456789    "]
+WRITTEN = frozenset(ALPHABET)
 TOP_CANDIDATES = 20  # the most top-k a request can ask for
 MASK = (1 << 64) - 1
 
@@ -100,6 +106,11 @@ def _step(state: int, token: int) -> int:
 PREFIX_START = 0xCBF29CE484222325
 
 
+def _run(run: int, token: int) -> int:
+    """The prefix's trailing run of written tokens (``produced`` below) after one more token."""
+    return run + 1 if token in WRITTEN else 0
+
+
 @dataclass(frozen=True)
 class Position:
     """One position's next-token distribution: the candidates best first, their logprobs."""
@@ -116,8 +127,9 @@ class Position:
 
 
 def position(state: int, produced: int, diverge_at: int | None) -> Position:
-    """The distribution after a prefix with hash ``state``, ``produced`` tokens into the
-    continuation (a diverging variant draws from another stream from ``diverge_at`` on)."""
+    """The distribution after a prefix with hash ``state`` whose trailing run of written
+    tokens is ``produced`` long (a diverging variant draws from another stream from
+    ``diverge_at`` on)."""
     salt = 0x5EED if diverge_at is not None and produced >= diverge_at else 0
     r = _mix(state ^ salt)
     ids: list[int] = []
@@ -223,22 +235,22 @@ class FakeEngine:
         return self._each("generate", bodies, lambda i: self._generate_one(requests[i], topk), GenResult, progress)
 
     def _generate_one(self, req: GenRequest, topk: int) -> GenResult:
-        state = PREFIX_START
+        state, run = PREFIX_START, 0
         for t in req.prompt_token_ids:
-            state = _step(state, t)
+            state, run = _step(state, t), _run(run, t)
         ids: list[int] = []
         lps: list[float] = []
         top_ids: list[list[int]] = []
         top_lps: list[list[float]] = []
         finish = "length"
         while len(ids) < req.max_tokens:
-            pos = position(state, len(ids), self._behaviour.diverge_at)
+            pos = position(state, run, self._behaviour.diverge_at)
             tid = pos.ids[0]
             ids.append(tid)
             lps.append(pos.logprobs[0])
             top_ids.append(pos.ids[:topk])
             top_lps.append(pos.logprobs[:topk])
-            state = _step(state, tid)
+            state, run = _step(state, tid), _run(run, tid)
             if tid == EOS:
                 finish = "stop"
                 break
@@ -260,11 +272,11 @@ class FakeEngine:
         wanted = set(req.scored())
         result = ScoreResult(logprobs=[], is_greedy=[])
         found: dict[int, Position] = {}
-        state = PREFIX_START
+        state, run = PREFIX_START, 0
         for p, t in enumerate(req.token_ids):
             if p in wanted:
-                found[p] = position(state, p - req.start, self._behaviour.diverge_at)
-            state = _step(state, t)
+                found[p] = position(state, run, self._behaviour.diverge_at)
+            state, run = _step(state, t), _run(run, t)
         for p in req.scored():
             pos = found[p]
             token = req.token_ids[p]
