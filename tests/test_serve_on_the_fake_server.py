@@ -212,7 +212,7 @@ def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_art
         path = write_config(tmp_path, "endpoint", reference="offline", variants={
             "offline": {},
             "ep": {"launch": {"mode": "endpoint", "url": f"http://127.0.0.1:{port}", "api_key_env": "EP_KEY",
-                              "ready_timeout_s": 60}},
+                              "ready_timeout_s": 60}, "engine": SERVER_TOKENIZES},
         })
         proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", str(LIMIT),
                                "--run-id", "ep"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
@@ -240,9 +240,9 @@ def test_endpoint_mode_attaches_to_a_running_server_and_keeps_its_key_out_of_art
 
 # ---------------------------------------------------------------- signals and kills mid-run
 
-def start_served_run(tmp: Path, run_id: str, behaviour: str = "delay=0.3", limit: int = 8, **launch) -> tuple[subprocess.Popen, Path]:
+def start_served_run(tmp: Path, run_id: str, behaviour: str = "delay=0.3", limit: int = LIMIT, **launch) -> tuple[subprocess.Popen, Path]:
     """One served variant whose server answers slowly (``behaviour``), so it is caught mid-generation."""
-    path = write_config(tmp, run_id, reference="served", variants={"served": served(behaviour, **launch)})
+    path = write_config(tmp, run_id, reference="served", variants={"served": {**served(behaviour, **launch), "engine": SERVER_TOKENIZES}})
     proc = subprocess.Popen([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", str(limit),
                              "--run-id", run_id], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=fake_env())

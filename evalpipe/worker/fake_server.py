@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fake server: the engine failed to start: {err}", flush=True)
         return 1
     fake = FakeServer(args, engine)
-    httpd = ThreadingHTTPServer((str(args.get("host") or "127.0.0.1"), int(args["port"])), handler_for(fake))
+    host, port = str(args.get("host") or "127.0.0.1"), int(args["port"])
+    httpd = ThreadingHTTPServer((host, port), handler_for(fake))
     httpd.daemon_threads = True
     httpd.block_on_close = False  # a hung request must not keep a stopped server alive
 
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"fake server: serving {fake.model} on http://{httpd.server_address[0]}:{httpd.server_address[1]}", flush=True)
+    print(f"fake server: serving {fake.model} on http://{host}:{port}", flush=True)
     try:
         httpd.serve_forever()
     finally:
