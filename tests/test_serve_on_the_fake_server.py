@@ -31,13 +31,17 @@ import pytest
 import yaml
 from processes import processes_of, wait_gone
 
-from evalpipe import artifacts
-from evalpipe.config import aa_variant_name
+from evalpipe.config.run_config import aa_variant_name
+from evalpipe.documents.journal import JOURNAL_FILE
+from evalpipe.documents.worker_job import ServerJob
 from evalpipe.execution import serve
-from evalpipe.plan import RUN_ID_ENV
+from evalpipe.pipeline.plan import RUN_ID_ENV
+from evalpipe.rundir import artifacts
 from evalpipe.worker import fake_server
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
-from evalpipe.worker.journal import JOURNAL_FILE, RequestJournal
+from evalpipe.worker.engines import GenRequest, ScoreRequest
+from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, Behaviour, FakeEngine
+from evalpipe.worker.http_engine import HttpEngine
+from evalpipe.worker.journal import RequestJournal
 
 LIMIT = 4
 TOPK = 5
@@ -190,6 +194,35 @@ def test_the_watchdog_stops_a_hung_server_with_its_last_progress_and_log(run):
     assert status["seconds"] < 60, status
     manifest = json.loads((run_dir / "hung" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "made no progress" in manifest["error"]
+
+
+def test_the_fake_server_answers_as_the_fake_engine_offline(tmp_path):
+    """The HTTP engine on the fake server equals the fake engine in process, token for
+    token: generation (stop strings, top-k), scoring (chosen positions, off-list tokens),
+    a diverging behaviour, tokenizing, the EOS id."""
+    port = serve.free_port("127.0.0.1")
+    config = tmp_path / "server.yaml"
+    serve.write_server_args(config, {"model": "m", "max-model-len": 4096, "host": "127.0.0.1", "port": port})
+    server = subprocess.Popen([*FAKE_SERVER, "--config", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=fake_env(**{FAKE_ENGINE_ENV: "diverge=3"}), start_new_session=True)
+    try:
+        http = HttpEngine(ServerJob(url=f"http://127.0.0.1:{port}", ready_timeout_s=30))
+        offline = FakeEngine({}, Behaviour(diverge_at=3))
+        prompt = "Question: 3 apples and 4 pears?\nAnswer:"
+        ids = http.encode_many([prompt])[0]
+        assert ids == offline.encode(prompt) and http.eos_token_id == offline.eos_token_id
+        requests = [GenRequest(ids, 64, ["Question:"]), GenRequest(ids + [32], 30), GenRequest(ids, 5)]
+        generated = http.generate(requests, TOPK)
+        assert generated == offline.generate(requests, TOPK)
+        other = [t + 1 if t < 255 else 97 for t in generated[0].token_ids]
+        scored = [ScoreRequest(ids + generated[0].token_ids, start=len(ids)),
+                  ScoreRequest(ids + other, start=len(ids), positions=[5, len(ids), len(ids) + 2])]
+        assert http.score(scored, topk=TOPK) == offline.score(scored, topk=TOPK)
+        assert http.decode(generated[0].token_ids) == offline.decode(generated[0].token_ids)
+        assert http.info().server.version == fake_server.VERSION
+        http.close()
+    finally:
+        serve.stop_group(server, 10)
 
 
 def test_the_fake_server_refuses_to_start_without_its_variable(tmp_path):
