@@ -2,8 +2,9 @@
 (evalpipe/worker/fake_engine.py) in every worker: the runner, its workers' artifacts, the
 comparison and report, the watchdog, a killed worker, Ctrl-C, kill -9 / resume and a
 nightly's baseline, without starting vLLM. What only the real engine can show (its
-logprobs, teacher forcing inside vLLM, the path probes in vLLM's processes, serve mode,
-DP/TP) stays in the slow tests/test_e2e_*.py.
+logprobs, teacher forcing inside vLLM, the path probes in vLLM's processes, a served
+engine's own behaviour, DP/TP) stays in the slow tests/test_e2e_*.py; serve mode's
+lifecycle runs on the fake server (tests/test_serve_on_the_fake_server.py).
 
 One run of six variants serves most of the module:
   ref       the reference
