@@ -81,7 +81,7 @@ def test_info_file(tiny_builds):
     info = json.loads((a.path / builtin.INFO_FILE).read_text())
     assert info["name"] == "tiny-gsm"
     assert info["fingerprint"] == a.fingerprint
-    assert info["spec"]["seed"] == a.info["spec"]["seed"]
+    assert info["spec"]["seed"] == a.info.spec["seed"]
     assert info["spec"]["hidden_size"] == TINY["hidden_size"]
     for key in ("build_seconds", "torch_version", "final_loss"):
         assert key in info
@@ -89,10 +89,10 @@ def test_info_file(tiny_builds):
 
 def test_long_context_phase_trains_and_is_recorded(tiny_builds, tmp_path):
     a = tiny_builds[0]
-    loss = a.info["longctx_final_loss"]
+    loss = a.info.longctx_final_loss
     assert loss is not None and 0 < loss < 50
     without = training.build("tiny-gsm", spec_overrides={**TINY, "longctx_stages": []}, out_dir=tmp_path / "plain")
-    assert without.info["longctx_final_loss"] is None
+    assert without.info.longctx_final_loss is None
     assert (without.path / "model.safetensors").read_bytes() != (a.path / "model.safetensors").read_bytes()
     # the tokenizer does not depend on the phase
     assert (without.path / "tokenizer.json").read_bytes() == (a.path / "tokenizer.json").read_bytes()
@@ -271,3 +271,16 @@ def test_machine_description_names_the_cpu_and_its_vector_extensions():
     assert hw["cpu"] == "Example CPU 9000" and hw["isa"] == ["avx2", "avx512f"]
     assert one_line(hw).startswith("Example CPU 9000 (avx2, avx512f), ")
     assert one_line({"cpus": 2, "machine": "x86_64", "system": "Linux"}) == "2 CPUs, x86_64 Linux"
+
+
+def test_the_model_info_file_is_typed_and_a_foreign_one_refused_in_one_sentence(tmp_path):
+    """evalpipe-model.json is read as its model: the shipped file (written before it had a
+    version) reads as version 1; a file with a key this evalpipe does not know is refused."""
+    shipped = builtin.load_built(builtin.shipped_path("tiny-gsm"))
+    assert shipped is not None and shipped.info.version == 1 and shipped.info.built_on.cpu
+    raw = json.loads((builtin.shipped_path("tiny-gsm") / builtin.INFO_FILE).read_text())
+    (tmp_path / builtin.INFO_FILE).write_text(json.dumps({**raw, "colour": "blue"}))
+    with pytest.raises(builtin.ShippedModelError) as err:
+        builtin.load_built(tmp_path)
+    message = str(err.value)
+    assert "colour" in message and builtin.INFO_FILE in message and "\n" not in message

@@ -83,7 +83,7 @@ def _say_against_shipped(fingerprint: str, shipped: Path, say) -> None:
     if model.fingerprint == fingerprint:
         say(f"same fingerprint as the shipped files ({fingerprint[:12]})")
     else:
-        built_on = (model.info.get("built_on") or {}).get("cpu", "another machine")
+        built_on = model.info.built_on.cpu
         say(f"fingerprint {fingerprint[:12]} differs from the shipped {model.fingerprint[:12]} "
             f"(built on {built_on}); runs use the shipped files")
 

@@ -37,7 +37,9 @@ from evalpipe.models.builtin import (
     PAD,
     SPECIAL_TOKENS,
     UNK,
+    BuildMachine,
     BuiltModel,
+    ModelInfo,
     Progress,
     check_name,
     default_path,
@@ -113,7 +115,7 @@ def build(
                 raise
         finally:
             fcntl.flock(lock_fh.fileno(), fcntl.LOCK_UN)
-    return BuiltModel(path=target, fingerprint=info["fingerprint"], info=info)
+    return BuiltModel(path=target, fingerprint=info.fingerprint, info=info)
 
 
 def _make_readable(path: Path) -> None:
@@ -402,7 +404,7 @@ def _machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> dict[str, Any]:
+def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> ModelInfo:
     t0 = time.monotonic()
 
     import torch
@@ -472,23 +474,22 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> di
     _save_tokenizer(tok, out, model_max_length=spec["max_position_embeddings"])
 
     tail = losses[-max(1, len(losses) // 20):]
-    info = {
-        "name": name,
-        "spec": spec,
-        "spec_hash": spec_hash(name, spec),
-        "fingerprint": fingerprint_dir(out),
-        "fingerprint_files": [f for f in FINGERPRINT_FILES if (out / f).exists()],
-        "files": {f: file_sha256(out / f) for f in FINGERPRINT_FILES if (out / f).exists()},
-        "built_on": _machine(),
-        "n_params": n_params,
-        "build_seconds": round(time.monotonic() - t0, 2),
-        "torch_version": torch.__version__,
-        "transformers_version": _version("transformers"),
-        "final_loss": round(losses[-1], 6),
-        "final_loss_mean_tail": round(sum(tail) / len(tail), 6),
-        "longctx_final_loss": round(lc_losses[-1], 6) if lc_losses else None,
-    }
-
-    write_json(out / INFO_FILE, info)
-    say(f"[{info['build_seconds']:5.1f}s] saved {name} ({info['fingerprint'][:12]})")
+    info = ModelInfo(
+        name=name,
+        spec=spec,
+        spec_hash=spec_hash(name, spec),
+        fingerprint=fingerprint_dir(out),
+        fingerprint_files=[f for f in FINGERPRINT_FILES if (out / f).exists()],
+        files={f: file_sha256(out / f) or "" for f in FINGERPRINT_FILES if (out / f).exists()},
+        built_on=BuildMachine(**_machine()),
+        n_params=n_params,
+        build_seconds=round(time.monotonic() - t0, 2),
+        torch_version=str(torch.__version__),
+        transformers_version=_version("transformers"),
+        final_loss=round(losses[-1], 6),
+        final_loss_mean_tail=round(sum(tail) / len(tail), 6),
+        longctx_final_loss=round(lc_losses[-1], 6) if lc_losses else None,
+    )
+    write_json(out / INFO_FILE, info.model_dump(mode="json"))
+    say(f"[{info.build_seconds:5.1f}s] saved {name} ({info.fingerprint[:12]})")
     return info

@@ -33,9 +33,11 @@ import copy
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evalpipe.data import gsm_synth, longctx
 from evalpipe.errors import UserError
@@ -45,6 +47,7 @@ Progress = Callable[[str], None]
 
 BUILTIN_PREFIX = "builtin:"
 INFO_FILE = "evalpipe-model.json"
+MODEL_INFO_VERSION: Final = 1
 WEIGHT_FILES = ("model.safetensors",)
 TOKENIZER_FILES = ("special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -157,15 +160,51 @@ BUILTIN_MODELS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+class BuildMachine(BaseModel):
+    """The CPU and software a build ran on (training results depend on them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu: str
+    isa: list[str]
+    machine: str
+    cores: int
+    python: str
+
+
+class ModelInfo(BaseModel):
+    """evalpipe-model.json: what a build of a built-in model records (written by the lab's
+    training, read here to serve and verify the files). Version 1 is the first typed one;
+    the version-less files before it, the shipped ones among them, had the same fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = MODEL_INFO_VERSION
+    name: str
+    spec: dict[str, Any]
+    spec_hash: str
+    fingerprint: str
+    fingerprint_files: list[str]
+    files: dict[str, str]  # file name -> sha256, the fingerprinted files
+    built_on: BuildMachine
+    n_params: int
+    build_seconds: float
+    torch_version: str
+    transformers_version: str | None = None
+    final_loss: float
+    final_loss_mean_tail: float
+    longctx_final_loss: float | None = None
+
+
 @dataclass
 class BuiltModel:
     path: Path
     fingerprint: str
-    info: dict = field(default_factory=dict)
+    info: ModelInfo
 
     @property
     def name(self) -> str:
-        return self.info.get("name", self.path.name)
+        return self.info.name
 
 
 # ----------------------------------------------------------------------------- names & specs
@@ -233,8 +272,20 @@ def load_built(path: Path) -> BuiltModel | None:
     info_path = path / INFO_FILE
     if not info_path.exists():
         return None
-    info = json.loads(info_path.read_text(encoding="utf-8"))
-    return BuiltModel(path=path, fingerprint=info["fingerprint"], info=info)
+    remedy = f"restore it (git checkout -- {info_path}) or rebuild the model: {REGENERATE.format(name='NAME')}"
+    try:
+        raw = json.loads(info_path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ShippedModelError(f"{info_path} is not JSON ({err}); {remedy}") from None
+    if isinstance(raw, dict):
+        raw.setdefault("version", MODEL_INFO_VERSION)  # before the typed file: the same fields
+    try:
+        info = ModelInfo.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise ShippedModelError(f"{info_path}: {key}: {first['msg']}; {remedy}") from None
+    return BuiltModel(path=path, fingerprint=info.fingerprint, info=info)
 
 
 # ----------------------------------------------------------------------------- public entry points
@@ -263,15 +314,15 @@ def ensure_builtin(name: str, progress: Progress | None = None) -> BuiltModel:
             f"the shipped files of built-in model {name!r} are missing ({path / INFO_FILE}); "
             f"restore them from the repository (git checkout -- {path}) or rebuild them: {REGENERATE.format(name=name)}")
     want = spec_hash(name, model_spec(name))
-    if model.info.get("spec_hash") != want:
+    if model.info.spec_hash != want:
         raise ShippedModelError(
             f"the shipped {name} in {path} was built from another recipe (spec hash "
-            f"{model.info.get('spec_hash')}, evalpipe/models/builtin.py now gives {want}); "
+            f"{model.info.spec_hash}, evalpipe/models/builtin.py now gives {want}); "
             f"rebuild the shipped files: {REGENERATE.format(name=name)}")
     # The build recorded the fingerprint and these per-file digests from the same bytes,
     # so every fingerprinted file matching its digest is the fingerprint check: each file
     # is read once, and a mismatch names the file.
-    files = model.info.get("files", {})
+    files = model.info.files
     if sorted(files) != sorted(f for f in FINGERPRINT_FILES if (path / f).exists()) or not files:
         raise ShippedModelError(f"{path / INFO_FILE} does not list a sha256 for every model file; "
                                 f"restore the directory from the repository: git checkout -- {path}")
