@@ -209,35 +209,9 @@ def compare(
     margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
-    from evalpipe.config.run_config import load_gates
-    from evalpipe.pipeline.plan import split_csv
-    from evalpipe.pipeline.runner import compare_and_report, compare_two_runs
+    from evalpipe.commands.compare import compare_command
 
-    chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
-    if output is not None and output.exists() and not output.is_dir():
-        raise UserError(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.")
-    if len(targets) == 1:
-        run_dir = targets[0]
-        if not (run_dir / "run.json").is_file():
-            raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
-        chosen = split_csv(variants) or None
-        from contextlib import nullcontext
-
-        from evalpipe.rundir.lock import holding_run_dir
-
-        # it rewrites run.json and the reports there: not while a run or another compare writes them
-        with holding_run_dir(run_dir) if output is None else nullcontext():
-            code = compare_and_report(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)
-    elif len(targets) == 2:
-        if reference or variants:
-            raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
-        for t in targets:
-            if not (t / "manifest.json").is_file():
-                raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
-        code = compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates)
-    else:
-        raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
-    raise typer.Exit(code)
+    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin))
 
 
 @app.command()
@@ -273,17 +247,6 @@ def _writing_into(from_run: Optional[Path]):
     if from_run is None or not (from_run / "run.json").is_file():
         return nullcontext()  # no run there to protect (and no .lock to leave in a stray directory): the command says what is wrong
     return holding_run_dir(from_run, elsewhere=None)  # the run is given: waiting is the only way out
-
-
-def _run_gates(target: Path):
-    """The gates a run was made with (so --margin alone changes only the margin)."""
-    from evalpipe.pipeline.comparing import read_run_info
-
-    run_dir = target if (target / "run.json").is_file() else target.parent
-    try:
-        return read_run_info(run_dir).gates_of(str(run_dir / "run.json"))
-    except UserError:
-        return None
 
 
 @data_app.command("build")

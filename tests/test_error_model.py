@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 import evalpipe
 from evalpipe.cli import app
+from evalpipe.commands import compare as compare_command
 from evalpipe.config.run_config import ConfigError
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
-from evalpipe.pipeline import runner
 
 PACKAGE = Path(evalpipe.__file__).parent
 
@@ -26,10 +26,10 @@ def run_dir(tmp_path):
 
 
 def _compare_raising(monkeypatch, run_dir, error: BaseException):
-    def compare_and_report(*args, **kwargs):
+    def report_run(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(runner, "compare_and_report", compare_and_report)
+    monkeypatch.setattr(compare_command, "report_run", report_run)
     return CliRunner().invoke(app, ["compare", str(run_dir)])
 
 

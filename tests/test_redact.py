@@ -159,7 +159,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     from evalpipe.execution import serve
     from evalpipe.history.store import History, open_history
     from evalpipe.nightly import night as nightly
-    from evalpipe.pipeline.runner import compare_and_report
+    from evalpipe.pipeline.comparing import report_run
     from evalpipe.report.dashboard import render_dashboard
 
     for k, v in ENV_SECRETS.items():
@@ -176,7 +176,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     assert "http://bob:***@127.0.0.1:9/v1" in events
     # compare.json, report.md / .html, junit.xml, run.json again (the verdict)
     console = Console(file=io.StringIO(), width=200)
-    compare_and_report(run_dir, console)
+    report_run(run_dir, console)
     info = artifacts.read_json(run_dir / "run.json")
     assert info["config"]["launch"]["api_key_env"] == "EP_CREDS"  # the name stays, its value never appears
     assert info["variant_settings"]["legacy"]["launch"]["url"] == "http://alice:***@127.0.0.1:9/v1"
@@ -220,6 +220,7 @@ def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     one into the history (and reporting on it) must not copy them."""
     from evalpipe.config.run_config import Gates
     from evalpipe.documents.comparison import ComparisonDocument
+    from evalpipe.documents.run_doc import read_run_document
     from evalpipe.history.store import open_history
     from evalpipe.report import render_markdown
 
@@ -231,7 +232,7 @@ def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     assert MARK.encode() not in (tmp_path / "h.sqlite").read_bytes()
     empty = ComparisonDocument(run_id="old-run", reference="legacy", variants=["sp"], status="IDENTICAL", gates=Gates(),
                                noise_floor=None, comparisons=[])
-    md = render_markdown(empty, artifacts.read_json(run / "run.json"))
+    md = render_markdown(empty, read_run_document(run))
     assert MARK not in md and "http://a:\\*\\*\\*@h/v1" in md
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pyarrow as pa
+from rich.console import Console
 
 from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
 from evalpipe.compare.run import (
@@ -38,13 +39,15 @@ from evalpipe.compare.run import (
     compare_artifacts,
     with_margin,
 )
+from evalpipe.compare.verdict import Status
 from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents.comparison import write_comparison
 from evalpipe.documents.manifest import read_manifest
-from evalpipe.documents.run_doc import RunDocument, read_run_document
+from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
 from evalpipe.errors import UserError
 from evalpipe.probing.records import read_probes
 from evalpipe.report import render_html, render_junit, render_markdown
+from evalpipe.report.terminal import print_summary
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.rundir.integrity import verify_variant
@@ -236,3 +239,40 @@ def write_outputs(
     artifacts.write_text(rd.report_md, render_markdown(data, header))
     artifacts.write_text(rd.report_html, render_html(data, header, plots=plots))
     return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}
+
+
+def verdict_exit_code(status: str) -> int:
+    """0 identical or equivalent within the gates, 1 divergent, 4 inconclusive (nothing proven about the paths)."""
+    return Status(status).exit_code
+
+
+def report_run(
+    run_dir: Path,
+    console: Console,
+    info: RunDocument | None = None,
+    *,
+    reference: str | None = None,
+    variants: list[str] | None = None,
+    output: Path | None = None,
+    gates: Gates | None = None,
+) -> tuple[int, RunDocument]:
+    """Compare a run's stored artifacts, write compare.json and the reports (into ``output``,
+    default the run directory, whose run.json then records the verdict) and print the
+    summary: the end of a run, and `evalpipe compare RUN_DIR`. Returns the verdict's exit
+    code and run.json's content as it now stands."""
+    rd = artifacts.RunDir(run_dir)
+    if info is None:  # a broken run.json: one sentence naming it
+        info = read_run_document(rd.root) or RunDocument()
+    comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates)
+    verdict = comparison.status.value
+    if output is None:
+        info = info.updated(status="ok", verdict=verdict)
+        write_run_document(rd.run_json, info)
+    written = write_outputs(Path(output) if output is not None else rd.root, comparison, info)
+    print_summary(comparison.document(), console)
+    print_written(written, console)
+    return verdict_exit_code(verdict), info
+
+
+def print_written(written: dict[str, Path], console: Console) -> None:
+    console.print(f"report: {written['html']}  ({written['markdown'].name}, {written['compare'].name}, {written['junit'].name} beside it)")

@@ -15,7 +15,6 @@ from typing import Any
 
 from rich.console import Console
 
-from evalpipe.compare.verdict import Status
 from evalpipe.config.engine_args import EngineArgError, check_plan
 from evalpipe.config.run_config import ConfigError
 from evalpipe.documents.journal import JOURNAL_FILE
@@ -29,13 +28,12 @@ from evalpipe.execution.launch import VariantOutcome, run_worker, stop_if_interr
 from evalpipe.history.store import HistoryError, open_history
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
-from evalpipe.pipeline.comparing import compare_across_runs, compare_run, write_outputs
+from evalpipe.pipeline.comparing import report_run
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.probing import records as probe_records
 from evalpipe.probing.names import VariantNames, resolve_plan
 from evalpipe.probing.records import probe_env, write_spec
 from evalpipe.report.progress import ProgressView
-from evalpipe.report.terminal import print_summary
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import lock_run_dir, unlock_run_dir
 from evalpipe.rundir.resume import ResumeRefused, reopen
@@ -44,11 +42,6 @@ from evalpipe.tasks.index import TaskNotFound, check_task_names
 
 COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its traceback, beside the artifacts
 
-
-
-def verdict_exit_code(status: str) -> int:
-    """0 identical or equivalent within the gates, 1 divergent, 4 inconclusive (nothing proven about the paths)."""
-    return Status(status).exit_code
 
 
 def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
@@ -343,7 +336,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         console.print("one variant only: nothing to compare.")
         return ExitCode.OK
     try:
-        verdict_code, info = _compare_and_report(rd.root, console, info, variants=compared if failures else None)
+        verdict_code, info = report_run(rd.root, console, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
         # evalpipe's own error is its sentence; anything else is a bug, its traceback kept beside the artifacts
         if isinstance(err, EvalpipeError):
@@ -449,61 +442,3 @@ def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save) -> 
     save(status="failed", error=message, failed_variants=list(failures))
     codes = {code for _, code in failures.values()}
     raise failure(message, ExitCode.USER_ERROR if codes == {ExitCode.USER_ERROR} else ExitCode.FAILED)
-
-
-def compare_and_report(
-    run_dir: Path,
-    console: Console,
-    info: RunDocument | None = None,
-    *,
-    reference: str | None = None,
-    variants: list[str] | None = None,
-    output: Path | None = None,
-    gates: Any = None,
-) -> int:
-    """Compare stored artifacts and write compare.json + report.md (into `output`,
-    default the run directory). Needs no engine: this is `evalpipe compare`."""
-    return _compare_and_report(run_dir, console, info, reference=reference, variants=variants, output=output, gates=gates)[0]
-
-
-def _compare_and_report(
-    run_dir: Path,
-    console: Console,
-    info: RunDocument | None = None,
-    *,
-    reference: str | None = None,
-    variants: list[str] | None = None,
-    output: Path | None = None,
-    gates: Any = None,
-) -> tuple[int, RunDocument]:
-    """compare_and_report, with run.json's content as it now stands."""
-    rd = artifacts.RunDir(run_dir)
-    if info is None:  # a broken run.json: one sentence naming it
-        info = read_run_document(rd.root) or RunDocument()
-    comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates)
-    verdict = comparison.status.value
-    if output is None:
-        info = info.updated(status="ok", verdict=verdict)
-        write_run_document(rd.run_json, info)
-    out_dir = Path(output) if output is not None else rd.root
-    written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.document(), console)
-    _print_written(written, console)
-    return verdict_exit_code(verdict), info
-
-
-def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Any = None) -> int:
-    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
-    comparison = compare_across_runs(a, b, gates=gates)
-    name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
-    out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
-    info = RunDocument(run_id=comparison.run_id, reference=comparison.reference,
-                       variants=[comparison.reference, *comparison.variants])
-    written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.document(), console)
-    _print_written(written, console)
-    return verdict_exit_code(comparison.status.value)
-
-
-def _print_written(written: dict[str, Path], console: Console) -> None:
-    console.print(f"report: {written['html']}  ({written['markdown'].name}, {written['compare'].name}, {written['junit'].name} beside it)")

@@ -44,7 +44,7 @@ VERSION = {"version": "fake", "server": "evalpipe.worker.fake_server (tests only
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
-class RequestRefused(Exception):
+class _RequestRefused(Exception):
     """A request the server answers with 400 (as vLLM refuses one), with vLLM's wording."""
 
 
@@ -76,13 +76,13 @@ class FakeServer:
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("model", self.model) != self.model:
-            raise RequestRefused(f"The model `{body.get('model')}` does not exist.")
+            raise _RequestRefused(f"The model `{body.get('model')}` does not exist.")
         prompt = body["prompt"]
         ids = self.engine.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         for field in ("logprobs", "prompt_logprobs"):
             asked = body.get(field)
             if asked is not None and int(asked) > self.max_logprobs:
-                raise RequestRefused(f"Requested sample logprobs of {asked}, which is greater than max allowed: {self.max_logprobs}")
+                raise _RequestRefused(f"Requested sample logprobs of {asked}, which is greater than max allowed: {self.max_logprobs}")
         with self._lock:  # the fake engine answers one request at a time, as its scripted behaviours count them
             self._count += 1
             if body.get("prompt_logprobs") is not None:
@@ -144,7 +144,7 @@ def handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 return self._reply(401, {"error": "Unauthorized"})
             try:
                 answer = routes[self.path](body)
-            except (RequestRefused, KeyError, TypeError, ValueError) as err:
+            except (_RequestRefused, KeyError, TypeError, ValueError) as err:
                 return self._reply(400, {"object": "error", "message": f"{type(err).__name__}: {err}", "code": 400})
             self._reply(200, answer)
 

@@ -1,0 +1,64 @@
+"""`evalpipe compare`: the comparison and the reports again from stored artifacts, no engine
+— of one run directory (its own reference, or another; new gates) or of one variant of
+each of two runs (the same items, B against A)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+from rich.console import Console
+
+from evalpipe.config.run_config import Gates, load_gates
+from evalpipe.documents.run_doc import RunDocument
+from evalpipe.errors import UserError
+from evalpipe.pipeline.comparing import compare_across_runs, print_written, read_run_info, report_run, verdict_exit_code, write_outputs
+from evalpipe.pipeline.plan import split_csv
+from evalpipe.report.terminal import print_summary
+from evalpipe.rundir.lock import holding_run_dir
+
+
+def compare_command(targets: list[Path], console: Console, *, reference: str | None = None, variants: str | None = None,
+                    output: Path | None = None, gates: Path | None = None, margin: float | None = None) -> int:
+    """The verdict's exit code; bad arguments are one sentence (UserError)."""
+    chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
+    if output is not None and output.exists() and not output.is_dir():
+        raise UserError(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.")
+    if len(targets) == 1:
+        run_dir = targets[0]
+        if not (run_dir / "run.json").is_file():
+            raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
+        chosen = split_csv(variants) or None
+        # it rewrites run.json and the reports there: not while a run or another compare writes them
+        with holding_run_dir(run_dir) if output is None else nullcontext():
+            return report_run(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)[0]
+    if len(targets) == 2:
+        if reference or variants:
+            raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
+        for t in targets:
+            if not (t / "manifest.json").is_file():
+                raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
+        return compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates)
+    raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
+
+
+def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Gates | None = None) -> int:
+    """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
+    comparison = compare_across_runs(a, b, gates=gates)
+    name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
+    out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
+    info = RunDocument(run_id=comparison.run_id, reference=comparison.reference,
+                       variants=[comparison.reference, *comparison.variants])
+    written = write_outputs(out_dir, comparison, info)
+    print_summary(comparison.document(), console)
+    print_written(written, console)
+    return verdict_exit_code(comparison.status.value)
+
+
+def _run_gates(target: Path) -> Gates | None:
+    """The gates a run was made with (so --margin alone changes only the margin)."""
+    run_dir = target if (target / "run.json").is_file() else target.parent
+    try:
+        return read_run_info(run_dir).gates_of(str(run_dir / "run.json"))
+    except UserError:
+        return None
