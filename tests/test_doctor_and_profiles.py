@@ -4,8 +4,6 @@ made of that need no engine (the server's --config file, the HTTP client's parsi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +15,6 @@ from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, Launch, load
 from evalpipe.execution import serve
 
 PROFILES = DEFAULT_CONFIG.parent / "ascend"
-
-
-def process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A run that starts processes (a server's launcher) gets a process of its own; the
-    doctor and --dry-run start nothing and run in-process (tests/in_process.py)."""
-    return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_doctor_passes_on_the_default_config(tmp_path):
@@ -154,7 +146,7 @@ def test_a_missing_launcher_fails_the_variant_in_one_sentence(tmp_path):
     cfg = {"extends": str(DEFAULT_CONFIG), "output": str(tmp_path / "runs"), "noise_floor": False,
            "variants": {"sp": {"launch": {"mode": "serve", "launcher": ["no-such-launcher-xyz"]}}}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
-    proc = process("run", "gsm8k", "-c", str(tmp_path / "x.yaml"), "--variants", "sp", "--run-id", "l", cwd=tmp_path)
+    proc = evalpipe("run", "gsm8k", "-c", str(tmp_path / "x.yaml"), "--variants", "sp", "--run-id", "l", cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     flat = " ".join(proc.stderr.split())
     assert "variant `sp`: could not start its server `no-such-launcher-xyz" in flat and "launch.launcher" in flat
