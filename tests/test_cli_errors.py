@@ -1,5 +1,6 @@
 """Bad input ends in one clear sentence and exit code 2, never a traceback, and
-leaves nothing half-written behind."""
+leaves nothing half-written behind. In-process (tests/in_process.py); the first test
+shows the same from a process of its own."""
 
 import subprocess
 import sys
@@ -7,18 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from in_process import evalpipe
 
 GOOD = {
     "model": {"path": "builtin:tiny-gsm"},
     "variants": {"a": {}, "b": {"engine": {"max_num_seqs": 1}}},
     "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
 }
-
-
-def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
 
 
 def write(tmp_path: Path, data: dict) -> Path:
@@ -40,6 +36,10 @@ def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> Non
 def test_unknown_config_key(tmp_path):
     cfg = write(tmp_path, {**GOOD, "engnie": {}})
     assert_user_error(evalpipe("run", "gsm8k", "-c", str(cfg), cwd=tmp_path), "unknown key `engnie`", str(cfg))
+    # the same from `python -m evalpipe` itself (evalpipe.cli.main, as a user runs it)
+    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(cfg)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert_user_error(proc, "unknown key `engnie`", str(cfg))
 
 
 def test_missing_model_path(tmp_path):

@@ -1,17 +1,15 @@
 """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: variants of two runs, same items."""
 
-import subprocess
-import sys
-
 import pytest
 from fakes import make_samples, mutate, set_token, write_variant
+from in_process import evalpipe
 
 from evalpipe.errors import UserError
 from evalpipe.pipeline.comparing import compare_across_runs
 
 
 def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "evalpipe", "compare", *args], cwd=cwd, capture_output=True, text=True)
+    return evalpipe("compare", *args, cwd=cwd)
 
 
 def test_same_items_from_two_runs(tmp_path):

@@ -4,22 +4,17 @@ made of that need no engine (the server's --config file, the HTTP client's parsi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from in_process import evalpipe
 
 from evalpipe.commands import doctor
 from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, Launch, load_config
 from evalpipe.execution import serve
 
 PROFILES = DEFAULT_CONFIG.parent / "ascend"
-
-
-def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_doctor_passes_on_the_default_config(tmp_path):

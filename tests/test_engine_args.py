@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from in_process import evalpipe
 
 from evalpipe.config import engine_args as ea
 from evalpipe.config.run_config import DEFAULT_CONFIG
@@ -64,8 +65,7 @@ def test_run_with_a_misspelt_engine_argument_stops_before_any_engine_start(tmp_p
     cfg["output"] = str(tmp_path / "runs")
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--run-id", "t"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--run-id", "t", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert "variant `sp`: `max_num_seq` is not an engine argument" in out and "did you mean `max_num_seqs`?" in out

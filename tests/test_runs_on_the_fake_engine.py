@@ -4,7 +4,9 @@ comparison and report, the watchdog, a killed worker, Ctrl-C, kill -9 / resume a
 nightly's baseline, without starting vLLM. What only the real engine can show (its
 logprobs, teacher forcing inside vLLM, the path probes in vLLM's processes, a served
 engine's own behaviour, DP/TP) stays in the slow tests/test_e2e_*.py; serve mode's
-lifecycle runs on the fake server (tests/test_serve_on_the_fake_server.py).
+lifecycle runs on the fake server (tests/test_serve_on_the_fake_server.py). Where nobody
+signals evalpipe itself, it runs in the test's process (tests/in_process.py; its workers
+are processes all the same); Ctrl-C and kill -9 start `python -m evalpipe`.
 
 One run of six variants serves most of the module:
   ref       the reference
@@ -26,6 +28,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import in_process
 import pyarrow.compute as pc
 import pytest
 import yaml
@@ -65,9 +68,10 @@ def write_config(tmp: Path, name: str, variants: dict, reference: str) -> Path:
     return path
 
 
-def evalpipe(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=fake_env())
+def evalpipe(*args: str, cwd: Path, behaviour: str = "1") -> subprocess.CompletedProcess:
+    """A run whose parent process nobody signals, in-process (tests/in_process.py): its
+    workers and their guards are processes all the same. Ctrl-C and kill -9 start one."""
+    return in_process.evalpipe(*args, cwd=cwd, env={FAKE_ENGINE_ENV: behaviour})
 
 
 def comparison(run_dir: Path, name: str) -> dict:
@@ -383,10 +387,8 @@ def test_nightly_passes_its_first_night_and_flags_a_drift_from_the_baseline_nigh
     dashboard = tmp_path / "dashboard" / "index.html"
 
     def night(run_id: str, component: str, behaviour: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "evalpipe", "nightly", "-c", str(path), "--limit", "3", "--history", history,
-             "--dashboard", str(dashboard), "--component", f"vllm_ascend={component}", "--run-id", run_id],
-            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=fake_env(**{FAKE_ENGINE_ENV: behaviour}))
+        return evalpipe("nightly", "-c", str(path), "--limit", "3", "--history", history, "--dashboard", str(dashboard),
+                        "--component", f"vllm_ascend={component}", "--run-id", run_id, cwd=tmp_path, behaviour=behaviour)
 
     first = night("night-1", "good", "1")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

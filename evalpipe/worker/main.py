@@ -287,10 +287,16 @@ def run(job: WorkerJob, events: Events) -> int:
 
     # lm_eval (also behind worker.lm) takes seconds to import: a job refused for its
     # version, its tasks or its data is answered before it
-    from lm_eval import simple_evaluate
+    from lm_eval import evaluator, simple_evaluate
 
     from evalpipe.worker.lm import CapturingLM  # noqa: PLC0415 - lm_eval, see above
 
+    # lm-eval's report of the environment (torch's collect_env: `pip list` and other
+    # subprocesses, some 2 s a worker) lands in the part of its output results.json does not
+    # keep (see `results` below); the manifest records the versions that matter instead
+    evaluator.add_env_info = lambda storage: None
+    # the fake engine has no torch: importing torch only to seed it would cost 1.5 s a worker
+    torch_seed = None if isinstance(engine, fake_engine.FakeEngine) else job.seed
     current = {"task": ""}
     lm = CapturingLM(
         engine,
@@ -319,7 +325,7 @@ def run(job: WorkerJob, events: Events) -> int:
                 bootstrap_iters=1000,
                 random_seed=job.seed,
                 numpy_random_seed=job.seed,
-                torch_random_seed=job.seed,
+                torch_random_seed=torch_seed,
                 fewshot_random_seed=job.seed,
             )
         except Exception as err:  # noqa: BLE001
