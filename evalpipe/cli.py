@@ -129,7 +129,8 @@ def run(
         noise_floor=noise_floor,
         strict=not dry_run,
     )
-    from evalpipe.pipeline.runner import execute, preflight
+    from evalpipe.pipeline.preflight import preflight
+    from evalpipe.pipeline.runner import execute
 
     _check_time_limits(timeout, stall_timeout)
     if dry_run:

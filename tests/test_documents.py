@@ -346,17 +346,16 @@ def test_the_parent_marks_a_stopped_worker_s_manifest_failed_and_keeps_the_rest(
     """read -> copy with the change -> write: nothing the worker wrote is lost."""
     from types import SimpleNamespace
 
-    from evalpipe.pipeline import runner
-
+    from evalpipe.pipeline import bookkeeping
     running = _manifest().model_copy(update={"status": "running", "artifacts": None, "finished_at": None})
     path = tmp_path / MANIFEST_JSON
     write_manifest(path, running)
-    runner._close_manifest(tmp_path, SimpleNamespace(ok=False, error="made no progress for 60 s"))
+    bookkeeping.close_manifest(tmp_path, SimpleNamespace(ok=False, error="made no progress for 60 s"))
     closed = read_manifest(path)
     assert closed.status == "failed" and closed.error == "made no progress for 60 s" and closed.finished_at
     assert closed.model_copy(update={"status": "running", "error": None, "finished_at": None}) == running
     write_manifest(path, closed.model_copy(update={"status": "ok"}))
-    runner._close_manifest(tmp_path, SimpleNamespace(ok=False, error="late"))
+    bookkeeping.close_manifest(tmp_path, SimpleNamespace(ok=False, error="late"))
     assert read_manifest(path).status == "ok", "a worker that said it finished is not overruled"
 
 

@@ -38,7 +38,7 @@ def test_an_interrupted_run_says_so_in_run_json(tmp_path, monkeypatch):
     import signal
 
     from evalpipe.execution import launch
-    from evalpipe.pipeline.runner import mark_interrupted
+    from evalpipe.pipeline.bookkeeping import mark_interrupted
     from evalpipe.rundir import artifacts
 
     run_json = tmp_path / "run.json"

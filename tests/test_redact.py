@@ -123,9 +123,9 @@ def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
 def _worker_until_engine_start(plan, vdir: Path) -> str:
     """The real worker of an endpoint variant against a closed port: it writes its manifest
     and fails at the engine start (no engine needed); returns what it printed as events."""
-    from evalpipe.pipeline.runner import _job
+    from evalpipe.pipeline.jobs import worker_job
 
-    job = _job(plan, "sp", {"path": str(vdir / "no-model")}, vdir)
+    job = worker_job(plan, "sp", {"path": str(vdir / "no-model")}, vdir)
     job = job.model_copy(update={"tasks": []})  # lm-eval is not needed to get to the engine start
     job_path = vdir / JOB_JSON
     write_job(job_path, job)

@@ -6,7 +6,6 @@ after each), so a failure late in the run never loses what finished earlier.
 
 from __future__ import annotations
 
-import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -15,30 +14,26 @@ from typing import Any
 
 from rich.console import Console
 
-from evalpipe.config.engine_args import EngineArgError, check_plan
-from evalpipe.config.run_config import ConfigError
-from evalpipe.documents.journal import JOURNAL_FILE
-from evalpipe.documents.manifest import read_manifest, write_manifest
-from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, read_run_document, write_run_document
+from evalpipe.documents.manifest import read_manifest
+from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, write_run_document
 from evalpipe.documents.worker_events import StageEvent
-from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
-from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
-from evalpipe.execution import launch, serve
+from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
+from evalpipe.execution import serve
 from evalpipe.execution.launch import VariantOutcome, run_worker, stop_if_interrupted
 from evalpipe.history.store import HistoryError, open_history
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
-from evalpipe.paths import data_dir
+from evalpipe.pipeline.bookkeeping import close_manifest, mark_interrupted, open_run_dir, record_environment
 from evalpipe.pipeline.comparing import report_run
+from evalpipe.pipeline.jobs import worker_job
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
+from evalpipe.pipeline.preflight import preflight
 from evalpipe.probing import records as probe_records
-from evalpipe.probing.names import VariantNames, resolve_plan
+from evalpipe.probing.names import VariantNames
 from evalpipe.probing.records import probe_env, write_spec
 from evalpipe.report.progress import ProgressView
 from evalpipe.rundir import artifacts
-from evalpipe.rundir.lock import lock_run_dir, unlock_run_dir
-from evalpipe.rundir.resume import ResumeRefused, reopen
-from evalpipe.tasks.configure import task_config
-from evalpipe.tasks.index import TaskNotFound, check_task_names
+from evalpipe.rundir.lock import unlock_run_dir
+from evalpipe.rundir.resume import ResumeRefused
 
 COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its traceback, beside the artifacts
 
@@ -56,137 +51,6 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
         raise RunFailedOnUserInput(str(err)) from None
     console.print(f"[bold]model[/] builtin:{name} (shipped, fingerprint {model.fingerprint[:12]})")
     return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
-
-
-def _server_job(variant: PlannedVariant, url: str | None, model_path: str) -> ServerJob | None:
-    """What the worker's HTTP engine needs (the HTTP engine takes it as it is); None offline."""
-    launch = variant.launch
-    if launch.mode == "offline":
-        return None
-    args = variant.engine_args
-    return ServerJob(
-        tokenizer=str(args.get("tokenizer") or model_path),
-        tokenizer_args={k: args.get(k) for k in ("tokenizer_mode", "trust_remote_code", "tokenizer_revision")},
-        url=str(url if launch.mode == "serve" else launch.url),
-        model=launch.served_model_name,
-        api_key_env=launch.api_key_env,
-        concurrency=launch.concurrency,
-        request_timeout_s=launch.request_timeout_s,
-        retries=launch.retries,
-        ready_timeout_s=launch.ready_timeout_s,
-    )
-
-
-def _job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: Path, server_url: str | None = None) -> WorkerJob:
-    variant = plan.variant(variant_name)
-    engine_args = dict(variant.engine_args)
-    engine_args["model"] = model["path"]
-    reference = plan.variants[0]
-    teacher = TeacherJob(
-        enabled=plan.config.capture.teacher_forcing,
-        # The reference scores the sequences it has just generated; every later
-        # variant reads them from the reference's directory.
-        reference_dir=None if variant is reference else str(variant_dir.parent / reference.name),
-        prompt_positions=plan.config.capture.prompt_positions.model_dump(),
-        baseline_dir=None if plan.teacher_baseline_dir is None or variant.aa_of else str(plan.teacher_baseline_dir),
-    )
-    return WorkerJob(
-        variant=variant_name,
-        run_id=plan.run_id,
-        output_dir=str(variant_dir),
-        engine_kind="offline" if variant.launch.mode == "offline" else "http",
-        journal=JOURNAL_FILE,  # a file of the variant directory
-        launch_mode=variant.launch.mode,
-        # every variant's manifest hides the keys any variant reads (they share one environment)
-        secret_env=sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),
-        server=_server_job(variant, server_url, model["path"]),
-        engine_args=engine_args,
-        tasks=[t.spec.model_dump() for t in plan.tasks],
-        topk=plan.config.capture.topk,
-        seed=plan.config.seed,
-        data_dir=str(data_dir()),
-        reverse_order=variant.reverse_order,
-        longctx=plan.config.longctx.model_dump(mode="json"),
-        teacher=teacher,
-    )
-
-
-def _record_environment(info: RunDocument, variant: str, vdir: Path) -> RunDocument:
-    """Lift what the worker measured about its environment into run.json: the
-    reference's versions and hardware for the header, and every variant's versions
-    beside its settings, where a different build shows up as a difference."""
-    manifest_path = artifacts.VariantDir(vdir).manifest
-    if not manifest_path.is_file():
-        return info
-    manifest = read_manifest(manifest_path)
-    versions = {k: v for k, v in manifest.versions.items() if v is not None}
-    hardware = manifest.hardware.model_dump() if manifest.hardware is not None else None
-    settings = dict(info.variant_settings)
-    settings[variant] = settings[variant].model_copy(update={"versions": versions})
-    first = {k: v for k, v in (("versions", versions), ("hardware", hardware)) if k not in info.model_fields_set}
-    return info.updated(variant_settings=settings, **first)
-
-
-def _open_run_dir(rd: artifacts.RunDir, fresh: RunDocument) -> tuple[RunDocument, list[str]]:
-    """A new run directory, or the interrupted run's own one (same --run-id again, or
-    --resume): run.json's content and the variants kept from before. The directory's
-    lock is held from here until execute() returns."""
-    try:
-        rd.root.mkdir(parents=True)  # not exist_ok: of two runs started with one --run-id, one creates it
-    except FileExistsError:
-        if not rd.run_json.is_file():
-            raise ConfigError(f"run directory {rd.root} already exists and holds no run; choose another --output or run id.") from None
-
-        lock_run_dir(rd.root)  # a run still being written is refused here, before anything is read
-        return reopen(rd.root, fresh)
-    lock_run_dir(rd.root)
-    return fresh.updated(status="running", started_at=time.time(), variant_status={}, timings={}), []
-
-
-def _close_manifest(vdir: Path, outcome: Any) -> None:
-    """A worker that was stopped (watchdog, time limit, its server's death, a signal) could
-    not say so in its manifest: it is marked failed here, so no reader takes a variant
-    that stopped half-way for a running or finished one."""
-    if not outcome.ok:
-        _mark_stopped(artifacts.VariantDir(vdir), outcome.error)
-
-
-def _mark_stopped(vdir: artifacts.VariantDir, error: str) -> None:
-    if not vdir.manifest.is_file():
-        return
-    manifest = read_manifest(vdir.manifest)
-    if manifest.status == "running":
-        write_manifest(vdir.manifest, manifest.model_copy(update={"status": "failed", "error": error, "finished_at": time.time()}))
-
-
-def check_user_data(plan: RunPlan) -> None:
-    """The data files a config names (`data_files:` of a task entry), read here before any
-    engine starts: a broken line or a missing column is one sentence, not lm-eval's
-    words minutes later."""
-    for t in plan.tasks:
-        if not t.spec.data_files:
-            continue
-        try:
-            task_config(t.spec.model_dump(), data_dir())
-        except (UserError, FileNotFoundError) as err:
-            raise ConfigError(str(err)) from None
-
-
-def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
-    """What can be checked before anything starts (task names, every variant's engine
-    arguments against its own vLLM, every probed name in its own interpreter); ConfigError
-    on the first problem, else the probed names as each variant's interpreter knows them."""
-    try:
-        check_task_names([t.spec.task for t in plan.tasks])
-    except TaskNotFound as err:
-        raise ConfigError(str(err)) from None
-    check_user_data(plan)
-    say = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
-    try:
-        check_plan(plan.variants, say=say)
-    except EngineArgError as err:
-        raise ConfigError(str(err)) from None
-    return resolve_plan(plan.variants, say=say)
 
 
 def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
@@ -207,23 +71,6 @@ def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
         if record and plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
             record_in_history(plan, console)
         unlock_run_dir(plan.run_dir)  # taken by _execute once it had created the directory
-
-
-def mark_interrupted(run_dir: Path) -> None:
-    """run.json of a run stopped by Ctrl-C or SIGTERM says so, with what had finished
-    (instead of `running` forever)."""
-
-    info = read_run_document(run_dir)
-    if info is None or info.status != "running":
-        return
-    finished = [name for name, v in info.variant_status.items() if v.exit_code == 0]
-    by = "SIGTERM" if signal.SIGTERM in launch.interrupts else "SIGINT"  # the list of this process, read now
-    rd = artifacts.RunDir(run_dir)
-    for name in rd.variant_names():  # the variant that was running when the signal came
-        _mark_stopped(rd.variant(name), f"interrupted by {by}")
-    write_run_document(run_dir, info.updated(
-        status="interrupted", interrupted_by=by, interrupted_at=time.time(), finished_variants=finished,
-        error=f"interrupted by {by}; finished variants: {', '.join(finished) or 'none'}"))
 
 
 def history_url(plan: RunPlan) -> str | None:
@@ -259,7 +106,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
              names: dict[str, VariantNames]) -> int:
 
     rd = artifacts.RunDir(plan.run_dir)
-    info, kept = _open_run_dir(rd, run_info(plan, **(extra_info or {})))
+    info, kept = open_run_dir(rd, run_info(plan, **(extra_info or {})))
     write_run_document(rd.run_json, info)
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
@@ -300,7 +147,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             vdir = rd.root / variant.name
             if variant.name in kept:
                 console.print(f"[bold cyan]variant {variant.name}[/] kept from before the interruption")
-                info = _record_environment(info, variant.name, vdir)
+                info = record_environment(info, variant.name, vdir)
                 continue
             console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
             try:
@@ -311,9 +158,9 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 _stop_unneeded(servers, plan.variants[i + 1:])
             status = VariantStatus(exit_code=outcome.exit_code, seconds=round(outcome.seconds, 3), error=outcome.error,
                                    **({"stalled": True} if outcome.stalled else {}))
-            _close_manifest(vdir, outcome)
+            close_manifest(vdir, outcome)
             _gather_probes(variant, vdir, names[variant.name], servers)
-            info = _record_environment(info, variant.name, vdir)
+            info = record_environment(info, variant.name, vdir)
             save(variant_status={**info.variant_status, variant.name: status})
             stop_if_interrupted()
             if not outcome.ok:
@@ -379,7 +226,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
     env = probe_env(variant.process_env(), write_spec(vdir, variant.name, names))
     if variant.launch.mode != "serve":
-        return run_worker(variant, _job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
+        return run_worker(variant, worker_job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
                           stall_timeout_s=limits.stall_of(variant), env=env)
 
     vdir.mkdir(parents=True, exist_ok=True)
@@ -409,7 +256,7 @@ def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], 
         on_event(StageEvent(stage="server", message=f"server starting at {server.url} (log: {vd.engine_log})"))
     try:
         outcome = run_worker(
-            variant, _job(plan, variant.name, model, vdir, server.url), vdir, on_event, limits.timeout_s,
+            variant, worker_job(plan, variant.name, model, vdir, server.url), vdir, on_event, limits.timeout_s,
             log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=server.use,
             stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path, env=env,
         )

@@ -1,0 +1,46 @@
+"""What a plan can be checked for before any engine starts: task names, the data files a
+config names, every variant's engine arguments against its own vLLM, every probed name in
+its own interpreter. The first problem is one sentence (ConfigError)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from evalpipe.config.engine_args import EngineArgError, check_plan
+from evalpipe.config.run_config import ConfigError
+from evalpipe.errors import UserError
+from evalpipe.paths import data_dir
+from evalpipe.pipeline.plan import RunPlan
+from evalpipe.probing.names import VariantNames, resolve_plan
+from evalpipe.tasks.configure import task_config
+from evalpipe.tasks.index import TaskNotFound, check_task_names
+
+
+def check_user_data(plan: RunPlan) -> None:
+    """The data files a config names (`data_files:` of a task entry), read here before any
+    engine starts: a broken line or a missing column is one sentence, not lm-eval's
+    words minutes later."""
+    for t in plan.tasks:
+        if not t.spec.data_files:
+            continue
+        try:
+            task_config(t.spec.model_dump(), data_dir())
+        except (UserError, FileNotFoundError) as err:
+            raise ConfigError(str(err)) from None
+
+
+def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
+    """What can be checked before anything starts (task names, every variant's engine
+    arguments against its own vLLM, every probed name in its own interpreter); ConfigError
+    on the first problem, else the probed names as each variant's interpreter knows them."""
+    try:
+        check_task_names([t.spec.task for t in plan.tasks])
+    except TaskNotFound as err:
+        raise ConfigError(str(err)) from None
+    check_user_data(plan)
+    say = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
+    try:
+        check_plan(plan.variants, say=say)
+    except EngineArgError as err:
+        raise ConfigError(str(err)) from None
+    return resolve_plan(plan.variants, say=say)
