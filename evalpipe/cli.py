@@ -363,7 +363,7 @@ def history_show(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
-    from evalpipe.history.store import describe_what_ran
+    from evalpipe.history.records import describe_what_ran
 
     hist = _history(history, config, output)
     run = hist.run(run_id)

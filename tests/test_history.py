@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
+from evalpipe.history import records
 from evalpipe.history import store as h
 from evalpipe.history.store import HistoryError, open_history
 from tests.nightly_fakes import LAYER, MODEL, N_ITEMS, V1_VARIANT_COLUMNS, write_night, write_v1_history
@@ -168,9 +169,9 @@ def test_what_ran_is_recorded_per_variant(tmp_path, db):
     assert db.run("night-00")["verdict"] == "INCONCLUSIVE"
     sp = vs["sp"]["probes"]
     assert sp["layers"] == {LAYER: 3} and sp["collectives_per_forward"]["all_gather"] == {"counts": {"3": 48}, "forwards": 48}
-    assert h.describe_what_ran(sp) == ("LayoutForCausalLM; layers 3 LayoutDecoderLayer; "
+    assert records.describe_what_ran(sp) == ("LayoutForCausalLM; layers 3 LayoutDecoderLayer; "
                                        "per forward: all_gather 3; reduce_scatter 3")
-    assert h.describe_what_ran(None) == "not recorded (the run predates path probes)"
+    assert records.describe_what_ran(None) == "not recorded (the run predates path probes)"
     rows = {r["variant"]: r for r in db.export_rows()}
     assert rows["sp"]["variant_status"] == "INCONCLUSIVE" and rows["sp"]["path_status"] == "failed"
     assert rows["legacy"]["run_verdict"] == "INCONCLUSIVE"
@@ -179,5 +180,5 @@ def test_what_ran_is_recorded_per_variant(tmp_path, db):
 def test_collectives_whose_count_varies_are_shown_with_how_often():
     probes = {"models": ["m.Model"], "layers": {"m.Layer": 2},
               "collectives_per_forward": {"all_gather": {"counts": {"2": 40, "0": 8}, "forwards": 48}}}
-    assert h.describe_what_ran(probes) == "Model; layers 2 Layer; per forward: all_gather 2 in 40 of 48, 0 in 8 of 48"
-    assert h.describe_what_ran({"verifiable": False, "mode": "endpoint"}).startswith("not verifiable (endpoint mode")
+    assert records.describe_what_ran(probes) == "Model; layers 2 Layer; per forward: all_gather 2 in 40 of 48, 0 in 8 of 48"
+    assert records.describe_what_ran({"verifiable": False, "mode": "endpoint"}).startswith("not verifiable (endpoint mode")

@@ -22,7 +22,6 @@ Migrations are numbered; a database written by a newer evalpipe is refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import zlib
@@ -30,30 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from evalpipe.compare.code_paths import short
-from evalpipe.documents.comparison import Comparison, read_comparison
-from evalpipe.documents.manifest import VariantManifest, read_manifest
-from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
-from evalpipe.documents.run_doc import RunDocument, read_run_document
-from evalpipe.errors import UserError
-from evalpipe.redact import redact, redact_text
+from evalpipe.history import HistoryError
+from evalpipe.history.records import TOKEN_MEASURES, ItemScores, RunRecord, decode_items, encode_items, judgement_of, read_run
+from evalpipe.redact import redact_text
 from evalpipe.rundir import artifacts
-from evalpipe.rundir.artifacts import SCORE_PREFIX, RunDir, VariantDir
-from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
 
 DEFAULT_FILE = "history.sqlite"
-TOKEN_MEASURES = ("kl_p99", "kl_max", "n_hard_divergences", "n_near_tie_divergences", "n_divergent")
-
-
-class HistoryError(UserError):
-    """A history problem the user can fix, in one sentence."""
 
 
 # ---------------------------------------------------------------------------
@@ -239,234 +226,6 @@ def migrate(engine: Engine, where: str) -> int:
     return SCHEMA_VERSION
 
 
-# ---------------------------------------------------------------------------
-# reading a run directory
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ItemScores:
-    """One variant's per-item values of one task x metric, in the item set's order."""
-
-    task: str
-    metric: str
-    keys: tuple[tuple[int, int, str], ...]  # (doc_id, repeat, prompt_hash), sorted
-    values: np.ndarray  # float64, NaN where missing
-
-    @property
-    def digest(self) -> str:
-        text = "\n".join(f"{d}|{r}|{h}" for d, r, h in self.keys)
-        return hashlib.sha256(f"{self.task}\n{text}".encode()).hexdigest()
-
-    @property
-    def mean(self) -> float | None:
-        finite = self.values[~np.isnan(self.values)]
-        return float(finite.mean()) if finite.size else None
-
-    @property
-    def se(self) -> float | None:
-        finite = self.values[~np.isnan(self.values)]
-        return float(finite.std(ddof=1) / np.sqrt(finite.size)) if finite.size > 1 else None
-
-
-def encode_items(values: np.ndarray) -> tuple[str, bytes]:
-    """0/1 values as a bit string (1 319 GSM8K items: 165 bytes), anything else as float32."""
-    if values.size and np.all(np.isin(values, (0.0, 1.0))):
-        return "bits", np.packbits(values.astype(np.uint8)).tobytes()
-    return "f32", zlib.compress(values.astype("<f4").tobytes())
-
-
-def decode_items(encoding: str, data: bytes, n: int) -> np.ndarray:
-    if encoding == "bits":
-        return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n).astype(np.float64)
-    return np.frombuffer(zlib.decompress(data), dtype="<f4").astype(np.float64)
-
-
-def item_scores_of(vdir: VariantDir) -> list[ItemScores]:
-    """Every task x metric of a variant's samples.parquet, items sorted by (doc_id, repeat)."""
-    if not vdir.samples.is_file():
-        return []
-    table = artifacts.read_table(vdir.samples)
-    cols = table.to_pydict()
-    metrics = [c for c in table.column_names if c.startswith(SCORE_PREFIX)]
-    out = []
-    for task in sorted(set(cols["task"])):
-        rows = sorted(
-            (int(d), int(r), str(h), i)
-            for i, (t, d, r, h) in enumerate(zip(cols["task"], cols["doc_id"], cols["repeat"], cols["prompt_hash"]))
-            if t == task
-        )
-        keys = tuple((d, r, h) for d, r, h, _ in rows)
-        for col in metrics:
-            raw = [cols[col][i] for *_, i in rows]
-            if all(v is None for v in raw):
-                continue
-            values = np.array([np.nan if v is None else float(v) for v in raw], dtype=np.float64)
-            out.append(ItemScores(task, col[len(SCORE_PREFIX):], keys, values))
-    return out
-
-
-def _commit_of(version: str | None) -> str | None:
-    """The git commit in a PEP 440 local version (0.7.3.dev12+g1a2b3c4), if any."""
-    if not version or "+g" not in version:
-        return None
-    return version.split("+g", 1)[1].split(".", 1)[0] or None
-
-
-def components_of(manifest: VariantManifest, run_info: RunDocument, labels: dict[str, str]) -> dict[str, str]:
-    """What a variant ran on: measured versions (and the commits their versions carry),
-    evalpipe's code version, and the labels CI passes (``--component vllm_ascend=<sha>``),
-    which win over measured values of the same name."""
-    out: dict[str, str] = {}
-    for name, version in manifest.versions.items():
-        if version is None:
-            continue
-        out[name] = str(version)
-        commit = _commit_of(str(version))
-        if commit:
-            out[f"{name}_commit"] = commit
-    code = run_info.fingerprints.code
-    if code:
-        out["evalpipe"] = str(code)
-    out.update({str(k): str(v) for k, v in labels.items()})
-    return out
-
-
-def _token_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
-    if comparison is None:
-        return []
-    rows = []
-    for source, summaries in (("free", comparison.tokens), ("teacher", comparison.teacher or [])):
-        for t in summaries:
-            rows.append({
-                "task": t.task, "source": source,
-                **{m: (None if getattr(t, m) is None else float(getattr(t, m))) for m in TOKEN_MEASURES},
-                "n_samples": t.n_samples,
-            })
-    return rows
-
-
-def _gate_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
-    def num(x: float | None) -> float | None:
-        return float(x) if x is not None and np.isfinite(x) else None
-
-    return [{"gate": g.gate, "task": g.task, "metric": g.metric, "status": g.status,
-             "measured": num(g.measured), "threshold": num(g.threshold)} for g in (comparison.gates if comparison else [])]
-
-
-def _probes_summary(manifest: VariantManifest) -> dict[str, Any] | None:
-    """What the variant ran (the manifest's "probes" summary), None for a run from before
-    the probes; redacted like everything the history keeps (switch values come from the
-    engine's configuration)."""
-    return redact(manifest.probes.model_dump(mode="json")) if manifest.probes is not None else None
-
-
-def _path_status(comparison: Comparison | None) -> str | None:
-    """The path status of a comparison in compare.json, None for one without path probes."""
-    return comparison.paths.status if comparison is not None and comparison.paths is not None else None
-
-
-def describe_what_ran(probes: dict[str, Any] | None) -> str:
-    """One line for people: model class, decoder layers and collectives per forward pass
-    (the most frequent count of each kind, with how often when it varies)."""
-    if not probes:
-        return "not recorded (the run predates path probes)"
-    if probes.get("verifiable") is False:
-        return f"not verifiable ({probes.get('mode')} mode: the server runs outside evalpipe)"
-    models = ", ".join(short(str(m)) for m in probes.get("models") or []) or "no model seen"
-    layers = ", ".join(f"{n} {short(str(c))}" for c, n in sorted((probes.get("layers") or {}).items())) or "no decoder layers"
-    per_forward = "; ".join(_collective_text(kind, entry)
-                            for kind, entry in sorted((probes.get("collectives_per_forward") or {}).items()))
-    return f"{models}; layers {layers}; per forward: {per_forward or 'no collectives'}"
-
-
-def _collective_text(kind: str, entry: dict[str, Any]) -> str:
-    counts = sorted((entry.get("counts") or {}).items(), key=lambda kv: -kv[1])
-    forwards = entry.get("forwards")
-    if len(counts) == 1:
-        return f"{kind} {counts[0][0]}"
-    return f"{kind} " + ", ".join(f"{value} in {n} of {forwards}" for value, n in counts[:3]) + (", …" if len(counts) > 3 else "")
-
-
-@dataclass
-class RunRecord:
-    """Everything of one run directory that goes into the database."""
-
-    run: dict[str, Any]
-    variants: list[dict[str, Any]]  # each with "scores", "tokens", "gates" lists
-
-
-def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] | None = None) -> RunRecord:
-    rd = RunDir(Path(run_dir))
-    if not rd.run_json.is_file():
-        raise HistoryError(f"{rd.root} is not a run directory (it has no run.json); pass the directory `evalpipe run` wrote.")
-    try:
-        info = read_run_document(rd.root) or RunDocument()
-    except UserError as err:
-        raise HistoryError(str(err)) from None
-    try:
-        compare = read_comparison(rd.compare_json) if rd.compare_json.is_file() else None
-    except UserError as err:  # one of another schema: a history error, so recording a run only warns
-        raise HistoryError(str(err)) from None
-    labels = {**info.components, **(labels or {})}
-    kind = kind or info.kind or "run"
-    names = info.variants or rd.variant_names()
-    reference = info.reference or (names[0] if names else "")
-    aa = info.aa_variant
-    by_variant = {c.variant: c for c in compare.comparisons} if compare else {}
-    out_variants = []
-    for name in names:
-        vdir = rd.variant(name)
-        if not vdir.manifest.is_file():
-            continue
-        try:
-            verify_variant(vdir)  # a run whose files changed after it finished is not recorded as if it had produced them
-        except ArtifactMismatch as err:
-            raise HistoryError(str(err)) from None
-        manifest = read_manifest(vdir.manifest)
-        role = "reference" if name == reference else "aa" if name == aa else "variant"
-        comparison = (compare.noise_floor if compare else None) if role == "aa" else by_variant.get(name)
-        # run.json is redacted when written; a run directory from before that is not
-        entry = info.variant_settings.get(name)
-        # a path, differs between machines without meaning anything; the versions are components
-        setting = redact(entry.model_dump(mode="json", exclude_unset=True, exclude={"versions", "python"}) if entry else {})
-        out_variants.append({
-            "name": name, "role": role,
-            "status": None if role == "reference" or comparison is None else comparison.status,
-            "exit_code": info.variant_status[name].exit_code if name in info.variant_status else None,
-            "components": redact(components_of(manifest, info, labels)),
-            "settings": setting,
-            "probes": _probes_summary(manifest),
-            "path_status": None if role == "reference" else _path_status(comparison),
-            "scores": item_scores_of(vdir),
-            "tokens": _token_rows(comparison),
-            "gates": _gate_rows(comparison) if role == "variant" else [],
-        })
-    run = {
-        "run_id": info.run_id or rd.root.name,
-        "kind": kind,
-        "started_at": float(info.started_at or rd.run_json.stat().st_mtime),
-        "config_path": info.config_path,
-        "config_hash": info.fingerprints.config_sha256,
-        "code_version": info.fingerprints.code,
-        "model": info.model.name or info.model.path,
-        "model_fingerprint": info.model.fingerprint,
-        "task_selector": info.task_selector,
-        "status": info.status,
-        "verdict": info.verdict,
-        "reference": reference,
-        "aa_variant": aa,
-        "hardware": info.hardware,
-        "run_dir": str(rd.root.resolve()),
-    }
-    return RunRecord(run, out_variants)
-
-
-# ---------------------------------------------------------------------------
-# the store
-# ---------------------------------------------------------------------------
-
-
 def default_url(output_root: Path) -> str:
     return f"sqlite:///{Path(output_root).resolve() / DEFAULT_FILE}"
 
@@ -504,10 +263,10 @@ class History:
             keep = {}
             if old is not None:
                 # A re-import keeps the night's judgement (it is not in the run directory's
-                # artifacts unless nightly.json is; see _judgement_of).
+                # artifacts unless nightly.json is; see records.judgement_of).
                 keep = {"nightly_status": old.nightly_status, "baseline_run_id": old.baseline_run_id, "judgement": old.judgement}
                 self._delete(conn, old.id)
-            judged = _judgement_of(Path(rec.run["run_dir"]))
+            judged = judgement_of(Path(rec.run["run_dir"]))
             if judged:
                 keep = judged
             run_pk = _inserted_pk(conn.execute(runs.insert().values(**rec.run, **keep, recorded_at=time.time())))
@@ -679,18 +438,6 @@ def _inserted_pk(result: sa.CursorResult[Any]) -> Any:
     if key is None:
         raise RuntimeError("a single-row insert reported no primary key")
     return key[0]
-
-
-def _judgement_of(run_dir: Path) -> dict[str, Any] | None:
-    """A night's judgement as its run directory keeps it (nightly.json), so an import
-    rebuilds the night's status too."""
-    try:
-        night = read_nightly_document(run_dir / NIGHTLY_JSON)
-    except UserError as err:
-        raise HistoryError(str(err)) from None
-    if night is None:
-        return None
-    return {"nightly_status": night.status, "baseline_run_id": night.baseline, "judgement": night.judgement()}
 
 
 def open_history(url: str | None, output_root: Path) -> History:

@@ -39,7 +39,8 @@ from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
-from evalpipe.history.store import History, HistoryError, open_history
+from evalpipe.history import HistoryError
+from evalpipe.history.store import History, open_history
 from evalpipe.pipeline.comparing import load_artifacts, load_teacher, read_run_info, variant_numerics
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute

@@ -20,7 +20,8 @@ from evalpipe.documents.worker_events import StageEvent
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
 from evalpipe.execution import serve
 from evalpipe.execution.launch import VariantOutcome, run_worker, stop_if_interrupted
-from evalpipe.history.store import HistoryError, open_history
+from evalpipe.history import HistoryError
+from evalpipe.history.store import open_history
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.pipeline.bookkeeping import close_manifest, mark_interrupted, open_run_dir, record_environment
 from evalpipe.pipeline.comparing import report_run
