@@ -75,21 +75,6 @@ _STALL_OPT = typer.Option(
 )
 
 
-def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> None:
-    if not (run_dir / "run.json").is_file():
-        raise UserError(f"--resume {run_dir}: not a run directory (no run.json there); give the directory of the interrupted run.")
-    if run_id is not None and run_id != run_dir.name:
-        raise UserError(f"--resume {run_dir} and --run-id {run_id} name different runs; give one of them.")
-    if output is not None and output.resolve() != run_dir.parent.resolve():
-        raise UserError(f"--resume {run_dir} lies outside --output {output}; give one of them.")
-
-
-def _check_time_limits(timeout: float | None, stall_timeout: float | None) -> None:
-    for option, value in (("--timeout", timeout), ("--stall-timeout", stall_timeout)):
-        if value is not None and not value > 0:
-            raise UserError(f"{option} {value:g} must be a positive number of seconds.")
-
-
 @app.command()
 def run(
     tasks: str = typer.Argument(..., help="Task group of the config (gsm8k, ...), `all`, or an lm-eval task name; comma-separated for several."),
@@ -112,92 +97,11 @@ def run(
     ),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
-    from evalpipe.config.run_config import load_config
-    from evalpipe.pipeline.plan import make_plan
+    from evalpipe.commands.run import run_command
 
-    if resume is not None:
-        _check_resume(resume, run_id, output)
-        output, run_id = resume.parent, resume.name
-    plan = make_plan(
-        load_config(config),
-        str(config or "configs/default.yaml"),
-        tasks,
-        limit=limit,
-        variants=variants,
-        output=str(output) if output else None,
-        run_id=run_id,
-        noise_floor=noise_floor,
-        strict=not dry_run,
-    )
-    from evalpipe.pipeline.preflight import preflight
-    from evalpipe.pipeline.runner import execute
-
-    _check_time_limits(timeout, stall_timeout)
-    if dry_run:
-        from evalpipe.pipeline.plan import verify_here
-
-        _print_plan(plan)  # first: a profile for another machine still shows its commands and checks
-        _print_path_checks(plan)
-
-        def check() -> int:
-            verify_here(plan)
-            names = preflight(plan, console)  # every probed name looked up in its variant's interpreter
-            absent = {v: [n for n, e in found.names.items() if not e.found] for v, found in names.items()}
-            for variant, missing in absent.items():
-                if missing:
-                    console.print(f"note: {variant}'s interpreter lacks {', '.join(missing)} (other variants' names: "
-                                  "counted as never called there)", soft_wrap=True, markup=False)
-            console.print("every probed name exists where its variant runs")
-            return 0
-
-        raise typer.Exit(check())
-
-    raise typer.Exit(execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout))
-
-
-def _print_plan(plan) -> None:
-    from rich.table import Table
-
-    console.print(f"[bold]run[/] {plan.run_id} -> {plan.run_dir}")
-    console.print(f"[bold]model[/] {plan.model}")
-    from evalpipe.redact import api_key_names, redact, redact_env
-
-    keys = api_key_names(v.launch for v in plan.variants)
-    table = Table("variant", "python", "env", "engine args")
-    for v in plan.variants:
-        marker = " (reference)" if v.name == plan.reference else " (A/A, requests reversed)" if v.reverse_order else ""
-        # CI logs keep what a dry run prints: credentials redacted as in run.json
-        env = " ".join(f"{k}={val}" for k, val in redact_env(v.env_overrides, keys).items())
-        args = " ".join(f"{k}={val}" for k, val in sorted(redact(v.engine_args).items()))
-        table.add_row(v.name + marker, v.python, env, args)
-    console.print(table)
-    from evalpipe.execution.serve import planned_commands
-
-    model_path = plan.model
-    if plan.builtin_model:
-        from evalpipe.models.builtin import shipped_path
-
-        model_path = str(shipped_path(plan.builtin_model))
-    for v in plan.variants:
-        console.print(f"[bold]{v.name}[/] ({v.launch.mode}) runs:")
-        for line in planned_commands(v, model_path, plan.run_dir / v.name):
-            console.print(f"  {line}", soft_wrap=True)
-    tasks = Table("group", "task", "num_fewshot", "limit")
-    for t in plan.tasks:
-        tasks.add_row(t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))
-    console.print(tasks)
-    for note in plan.notes:
-        console.print(f"note: {note}")
-
-
-def _print_path_checks(plan) -> None:
-    from evalpipe.probing.names import checks_lines
-
-    console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
-    for v in plan.variants:
-        console.print(f"  [bold]{v.name}[/]")
-        for line in checks_lines(v):
-            console.print(f"    {line}", soft_wrap=True, markup=False)
+    raise typer.Exit(run_command(tasks, console, config=config, limit=limit, variants=variants, output=output, run_id=run_id,
+                                 timeout=timeout, stall_timeout=stall_timeout, noise_floor=noise_floor, dry_run=dry_run,
+                                 resume=resume))
 
 
 @app.command()
@@ -306,28 +210,17 @@ def nightly(
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
     the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
     tonight's run failed, 4 when it proves nothing about the code paths (INCONCLUSIVE)."""
+    from evalpipe.commands.run import check_time_limits
     from evalpipe.nightly.night import parse_components, print_night, run_night
 
     labels = parse_components(component)
-    _check_time_limits(timeout, stall_timeout)
+    check_time_limits(timeout, stall_timeout)
     with _writing_into(from_run):
         result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
                            dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
                            stall_timeout_s=stall_timeout, from_run=from_run)
     print_night(result, console)
     raise typer.Exit(result.exit_code)
-
-
-def _history(history: Optional[str], config: Optional[Path], output: Optional[Path]):
-    """The history the options name: --history, else the config's nightly.history, else
-    history.sqlite under the output root (--output, else the config's `output`)."""
-    from evalpipe.config.run_config import load_config
-    from evalpipe.history.store import open_history
-
-    cfg = load_config(config) if (config or history is None) else None
-    url = history or (cfg.nightly.history if cfg else None)
-    root = Path(output) if output else Path(cfg.output if cfg else "reports/runs")
-    return open_history(url, root)
 
 
 _HISTORY_OPT = typer.Option(None, "--history", help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
@@ -342,19 +235,9 @@ def history_list(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """Recorded runs and nights, oldest first."""
-    import time as _time
+    from evalpipe.commands.history import list_runs, open_history_for
 
-    from rich.table import Table
-
-    hist = _history(history, config, output)
-    rows = hist.runs(kind=kind)[-last:]
-    table = Table("run id", "kind", "started (UTC)", "status", "verdict", "nightly", "baseline", "config", title=f"history {hist.where}")
-    for r in rows:
-        table.add_row(r["run_id"], r["kind"], _time.strftime("%Y-%m-%d %H:%M", _time.gmtime(r["started_at"])), str(r["status"]),
-                      str(r["verdict"] or "-"), str(r["nightly_status"] or "-"), str(r["baseline_run_id"] or "-"), str(r["config_hash"] or "-")[:12])
-    console.print(table)
-    if not rows:
-        console.print("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; `evalpipe history import RUN_DIR...` adds existing ones.")
+    list_runs(open_history_for(history, config, output), console, kind=kind, last=last)
 
 
 @history_app.command("show")
@@ -363,22 +246,9 @@ def history_show(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
-    from evalpipe.history.records import describe_what_ran
+    from evalpipe.commands.history import open_history_for, show_run
 
-    hist = _history(history, config, output)
-    run = hist.run(run_id)
-    console.print(f"[bold]{run['run_id']}[/] ({run['kind']}) status {run['status']}, verdict {run['verdict']}, nightly {run['nightly_status'] or '-'}"
-                  f", baseline {run['baseline_run_id'] or '-'}\nrun directory {run['run_dir']}", soft_wrap=True)
-    for v in hist.variants_of(run_id):
-        comps = ", ".join(f"{k} {val}" for k, val in sorted((v["components"] or {}).items()))
-        console.print(f"  {v['name']} ({v['role']}) {v['status'] or ''}  {comps}", soft_wrap=True, markup=False)
-        paths = f"; paths {v['path_status']}" if v["path_status"] else ""
-        console.print(f"    ran: {describe_what_ran(v['probes'])}{paths}", soft_wrap=True, markup=False)
-    for s in hist.score_rows([run_id]):
-        se = f" ± {s['se']:.4f}" if s["se"] is not None else ""
-        console.print(f"    {s['variant']:<20} {s['task']} {s['metric']}: {s['mean']:.4f}{se} (n {s['n']})", markup=False)
-    for reason in (run.get("judgement") or {}).get("reasons") or []:
-        console.print(f"  - {reason}", soft_wrap=True, markup=False)
+    show_run(open_history_for(history, config, output), run_id, console)
 
 
 @history_app.command("export")
@@ -388,9 +258,10 @@ def history_export(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """One row per run x variant x task x metric (mean, SE, n, verdicts, components) for other tools."""
+    from evalpipe.commands.history import open_history_for
     from evalpipe.history.store import export
 
-    hist = _history(history, config, output)
+    hist = open_history_for(history, config, output)
     try:
         n = export(hist, path, fmt)
     except OSError as err:
@@ -405,7 +276,9 @@ def history_import(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """Record run directories in the history (again): the run directories are the source of truth."""
-    hist = _history(history, config, output)
+    from evalpipe.commands.history import open_history_for
+
+    hist = open_history_for(history, config, output)
     for d in run_dirs:
         try:
             run_id = hist.record(d, kind=kind)
@@ -438,7 +311,9 @@ def baseline_set(
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
     """Pin a baseline night (instead of the last passing one)."""
-    hist = _history(history, config, output)
+    from evalpipe.commands.history import open_history_for
+
+    hist = open_history_for(history, config, output)
     hist.pin_baseline(run_id, variant)
     console.print(f"baseline for {variant or 'every variant'}: {run_id}")
 

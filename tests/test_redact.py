@@ -155,7 +155,7 @@ def _all(text: str, sub: str) -> list[int]:
 
 
 def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
-    from evalpipe import cli
+    from evalpipe.commands import run as run_command
     from evalpipe.execution import serve
     from evalpipe.history.store import History, open_history
     from evalpipe.nightly import night as nightly
@@ -195,8 +195,8 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         server.start(plan.variant("sp").process_env())
     # what --dry-run prints (a CI log keeps it)
-    monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), width=400))
-    cli._print_plan(make_plan(config, "cfg.yaml", "gsm8k", output=str(tmp_path / "runs"), strict=False))
+    dry_run = Console(file=io.StringIO(), width=400)
+    run_command._print_plan(make_plan(config, "cfg.yaml", "gsm8k", output=str(tmp_path / "runs"), strict=False), dry_run)
 
     outputs = {"run.json", "compare.json", "report.md", "report.html", "junit.xml", "nightly.json", "nightly.md",
                "nightly-junit.xml", "dashboard.html", "sp/manifest.json", "sp/worker.log", "tp-engine.log"}
@@ -208,9 +208,9 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     job = (run_dir / "sp/job.json").read_text()
     assert len(_all(job, MARK)) == 3 and job.count(f"http://bob:{URL_PASSWORD}@") == 1 and f"engine_{MARK}" in job
     assert MARK.encode() not in (tmp_path / "history.sqlite").read_bytes()
-    for text in (events, console.file.getvalue(), cli.console.file.getvalue()):
+    for text in (events, console.file.getvalue(), dry_run.file.getvalue()):
         assert MARK not in text
-    assert "http://alice:***@127.0.0.1:9/v1" in cli.console.file.getvalue()
+    assert "http://alice:***@127.0.0.1:9/v1" in dry_run.file.getvalue()
     # what redaction leaves: the reports still tell the variants apart
     assert "env.LAYOUT=sp" in (run_dir / "report.md").read_text()
 

@@ -1,0 +1,105 @@
+"""`evalpipe run`: a plan from the config and the arguments, then either the run itself or,
+with --dry-run, the plan, the commands each variant will run and every check that can be
+made before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from evalpipe.config.run_config import load_config
+from evalpipe.errors import ExitCode, UserError
+from evalpipe.execution.serve import planned_commands
+from evalpipe.models.builtin import shipped_path
+from evalpipe.pipeline.plan import RunPlan, make_plan, verify_here
+from evalpipe.pipeline.preflight import preflight
+from evalpipe.pipeline.runner import execute
+from evalpipe.probing.names import checks_lines
+from evalpipe.redact import api_key_names, redact, redact_env
+
+
+def run_command(tasks: str, console: Console, *, config: Path | None = None, limit: int | None = None, variants: str | None = None,
+                output: Path | None = None, run_id: str | None = None, timeout: float | None = None,
+                stall_timeout: float | None = None, noise_floor: bool | None = None, dry_run: bool = False,
+                resume: Path | None = None) -> int:
+    """The run's exit code (the verdict's, or a failure's); bad arguments are one sentence."""
+    if resume is not None:
+        _check_resume(resume, run_id, output)
+        output, run_id = resume.parent, resume.name
+    plan = make_plan(
+        load_config(config),
+        str(config or "configs/default.yaml"),
+        tasks,
+        limit=limit,
+        variants=variants,
+        output=str(output) if output else None,
+        run_id=run_id,
+        noise_floor=noise_floor,
+        strict=not dry_run,
+    )
+    check_time_limits(timeout, stall_timeout)
+    if not dry_run:
+        return execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout)
+    _print_plan(plan, console)  # first: a profile for another machine still shows its commands and checks
+    _print_path_checks(plan, console)
+    verify_here(plan)
+    names = preflight(plan, console)  # every probed name looked up in its variant's interpreter
+    absent = {v: [n for n, e in found.names.items() if not e.found] for v, found in names.items()}
+    for variant, missing in absent.items():
+        if missing:
+            console.print(f"note: {variant}'s interpreter lacks {', '.join(missing)} (other variants' names: "
+                          "counted as never called there)", soft_wrap=True, markup=False)
+    console.print("every probed name exists where its variant runs")
+    return ExitCode.OK
+
+
+def check_time_limits(timeout: float | None, stall_timeout: float | None) -> None:
+    for option, value in (("--timeout", timeout), ("--stall-timeout", stall_timeout)):
+        if value is not None and not value > 0:
+            raise UserError(f"{option} {value:g} must be a positive number of seconds.")
+
+
+def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> None:
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"--resume {run_dir}: not a run directory (no run.json there); give the directory of the interrupted run.")
+    if run_id is not None and run_id != run_dir.name:
+        raise UserError(f"--resume {run_dir} and --run-id {run_id} name different runs; give one of them.")
+    if output is not None and output.resolve() != run_dir.parent.resolve():
+        raise UserError(f"--resume {run_dir} lies outside --output {output}; give one of them.")
+
+
+def _print_plan(plan: RunPlan, console: Console) -> None:
+    console.print(f"[bold]run[/] {plan.run_id} -> {plan.run_dir}")
+    console.print(f"[bold]model[/] {plan.model}")
+    keys = api_key_names(v.launch for v in plan.variants)
+    table = Table("variant", "python", "env", "engine args")
+    for v in plan.variants:
+        marker = " (reference)" if v.name == plan.reference else " (A/A, requests reversed)" if v.reverse_order else ""
+        # CI logs keep what a dry run prints: credentials redacted as in run.json
+        env = " ".join(f"{k}={val}" for k, val in redact_env(v.env_overrides, keys).items())
+        args = " ".join(f"{k}={val}" for k, val in sorted(redact(v.engine_args).items()))
+        table.add_row(v.name + marker, v.python, env, args)
+    console.print(table)
+    model_path = plan.model
+    if plan.builtin_model:
+        model_path = str(shipped_path(plan.builtin_model))
+    for v in plan.variants:
+        console.print(f"[bold]{v.name}[/] ({v.launch.mode}) runs:")
+        for line in planned_commands(v, model_path, plan.run_dir / v.name):
+            console.print(f"  {line}", soft_wrap=True)
+    tasks = Table("group", "task", "num_fewshot", "limit")
+    for t in plan.tasks:
+        tasks.add_row(t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))
+    console.print(tasks)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+
+
+def _print_path_checks(plan: RunPlan, console: Console) -> None:
+    console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
+    for v in plan.variants:
+        console.print(f"  [bold]{v.name}[/]")
+        for line in checks_lines(v):
+            console.print(f"    {line}", soft_wrap=True, markup=False)
