@@ -395,7 +395,7 @@ FILES = {
     """,
 }
 
-# what the spec names, as probe_names would have resolved it in the variant's interpreter
+# what the spec names, as probing.names would have resolved it in the variant's interpreter
 NAMES = [
     ResolvedName("fakeeng.layers.helper", "function", "fakeeng.layers.helper", "fakeeng.layers", "helper"),
     ResolvedName("fakeeng.layers.Layer.attend", "function", "fakeeng.layers.Layer.attend", "fakeeng.layers", "Layer.attend"),
