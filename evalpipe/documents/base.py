@@ -3,6 +3,8 @@ as one sentence that names the file and the key."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,3 +26,14 @@ def validated(model: type[M], data: Any, where: str, remedy: str, at: str = "") 
         first = err.errors()[0]
         key = ".".join(str(p) for p in (*([at] if at else []), *first["loc"]))
         raise UserError(f"{where}: {key}: {first['msg']}; {remedy}.") from None
+
+
+def read_json_object(path: Path, remedy: str) -> dict[str, Any]:
+    """The JSON object in ``path``, or a UserError: "<path> is not valid JSON (...); <remedy>."."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}); {remedy}.") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} should hold a JSON object; {remedy}.")
+    return raw

@@ -8,11 +8,10 @@ it had the same fields and is read as version 1.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from evalpipe.documents.base import Document, validated
+from evalpipe.documents.base import Document, read_json_object, validated
 from evalpipe.errors import UserError
 from evalpipe.rundir.artifacts import write_json
 
@@ -51,12 +50,7 @@ def read_nightly_document(path: Path) -> NightlyDocument | None:
     version is one sentence naming the file."""
     if not path.is_file():
         return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}); delete it, or judge the night again with `evalpipe nightly`.") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path} should hold a JSON object; delete it, or judge the night again with `evalpipe nightly`.")
+    raw = read_json_object(path, "delete it, or judge the night again with `evalpipe nightly`")
     # version-less: written before nightly.json had a version, with the same fields
     version = raw.setdefault("version", NIGHTLY_VERSION)
     if version != NIGHTLY_VERSION:

@@ -13,12 +13,11 @@ migrated explicitly by :func:`_migrate_unversioned`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from evalpipe.config.run_config import Expectations, Gates, aa_variant_name
-from evalpipe.documents.base import Document, validated
+from evalpipe.documents.base import Document, read_json_object, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact
 from evalpipe.rundir.artifacts import RUN_JSON, write_json
@@ -203,12 +202,7 @@ def read_run_document(where: Path) -> RunDocument | None:
     path = run_json_of(where)
     if not path.is_file():
         return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}); restore or delete it.") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path} should hold a JSON object; restore or delete it.")
+    raw = read_json_object(path, "restore or delete it")
     if "version" not in raw:
         raw = _migrate_unversioned(raw)
     elif raw["version"] != RUN_VERSION:
