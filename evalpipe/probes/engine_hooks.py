@@ -22,6 +22,7 @@ import importlib
 import sys
 from typing import Any, Callable
 
+from evalpipe.probes.capture import TensorCapture, layers_module
 from evalpipe.probes.patching import PostImportHooks, counting, resolve, wrap
 from evalpipe.probes.record import ModelRecord, ProcessRecord, class_name, jsonable
 
@@ -101,8 +102,9 @@ def attribute_path(root: Any, path: str) -> Any:
 
 class EngineHooks:
     def __init__(self, record: ProcessRecord, hooks: PostImportHooks, functions: list[dict[str, str]],
-                 predicates: list[dict[str, str]], config_paths: list[str]):
+                 predicates: list[dict[str, str]], config_paths: list[str], capture: TensorCapture | None = None):
         self.record = record
+        self.capture = capture
         self.hooks = hooks
         self.functions = functions
         self.predicates = predicates
@@ -210,6 +212,11 @@ class EngineHooks:
             self.record.models.append(entry)
             self.record.switches["attention_backends"] = backends
         self._read_switches(vllm_config)
+        if self.capture is not None and not getattr(type(model), "evalpipe_captures", False):
+            switches = self.record.switches
+            missing = self.capture.hook_model(model, int(switches.get("tp_rank") or 0),
+                                              int(switches.get("tensor_parallel_size") or 1))
+            self.record.errors.extend(f"capture: {m}" for m in missing)
         self._watch_forward(model, entry)
         self.record.write()
 
@@ -244,17 +251,23 @@ class EngineHooks:
 
     def _watch_forward(self, model: Any, entry: ModelRecord) -> None:
         record = self.record
+        capture = self.capture
         forward = model.forward
 
         def probed_forward(*args: Any, **kwargs: Any) -> Any:
             if self.compiling():
                 return forward(*args, **kwargs)
             snapshot = record.forward_started(entry, _tokens(args, kwargs))
+            if capture is not None:
+                capture.forward_started(_argument(args, kwargs, "input_ids", 0), _argument(args, kwargs, "positions", 1))
             try:
                 out = forward(*args, **kwargs)
             except BaseException:
                 record.forward_failed(entry, snapshot)
                 raise
+            finally:
+                if capture is not None:
+                    capture.forward_finished()
             record.forward_finished(entry, snapshot)
             return out
 
@@ -273,6 +286,10 @@ def _group_collective(kind: str, args: tuple) -> str | None:
     return f"{kind}@{name}"
 
 
+def _argument(args: tuple, kwargs: dict, name: str, index: int) -> Any:
+    return kwargs.get(name, args[index] if len(args) > index else None)
+
+
 def _tokens(args: tuple, kwargs: dict) -> int | None:
     """Tokens in this forward pass: the fewest that input_ids, positions and inputs_embeds
     (those given) hold, so a pass whose inputs are empty counts as empty; None: unknown."""
@@ -288,15 +305,13 @@ def _tokens(args: tuple, kwargs: dict) -> int | None:
 def decoder_layers(model: Any) -> dict[str, int]:
     """Class -> count of the decoder layers: the children of the first ModuleList named
     ``layers`` (vLLM's convention), pipeline-parallel placeholders left out."""
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "layers" and type(module).__name__ == "ModuleList":
-            counts: dict[str, int] = {}
-            for layer in module:
-                if type(layer).__name__ != "PPMissingLayer":
-                    key = class_name(type(layer))
-                    counts[key] = counts.get(key, 0) + 1
-            return counts
-    return {}
+    module = layers_module(model)
+    counts: dict[str, int] = {}
+    for layer in module if module is not None else ():
+        if type(layer).__name__ != "PPMissingLayer":
+            key = class_name(type(layer))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _backend_name(module: Any) -> str:

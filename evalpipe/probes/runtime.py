@@ -23,11 +23,13 @@ import time
 from typing import Any
 
 from evalpipe.probes import SCHEMA_VERSION
+from evalpipe.probes.capture import TensorCapture
 from evalpipe.probes.engine_hooks import EngineHooks
 from evalpipe.probes.patching import PostImportHooks
 from evalpipe.probes.record import ProcessRecord
 
 _record: ProcessRecord | None = None
+_capture: TensorCapture | None = None
 _flush_s = 0.5
 _flusher: threading.Thread | None = None
 _flusher_pid = 0
@@ -46,7 +48,7 @@ def read_spec(path: str) -> dict[str, Any]:
 
 
 def activate(spec_path: str) -> None:
-    global _record, _flush_s
+    global _record, _flush_s, _capture
     if _record is not None:
         return
     spec = read_spec(spec_path)
@@ -56,7 +58,9 @@ def activate(spec_path: str) -> None:
     hooks = PostImportHooks()
     for entry in spec.get("absent", []):
         record.absent[entry["name"]] = entry["why"]
-    EngineHooks(record, hooks, spec.get("functions", []), spec.get("predicates", []), spec.get("config_paths", [])).install()
+    _capture = TensorCapture(spec["capture"]) if spec.get("capture") else None
+    EngineHooks(record, hooks, spec.get("functions", []), spec.get("predicates", []), spec.get("config_paths", []),
+                _capture).install()
     # the writer thread only in processes that use vLLM, not in every interpreter that inherits the environment
     hooks.when_loaded("vllm", lambda _module: _start_flusher())
     hooks.install()
@@ -75,6 +79,18 @@ def collective(kind: str, group: str, *tensors: Any) -> None:
         _record.note(kind, group, tensors)
 
 
+def capturing() -> bool:
+    """Whether this forward pass is one `evalpipe localize` watches (cheap: call it first)."""
+    return _capture is not None and _capture.current() is not None
+
+
+def capture(module: str, layer: int, pieces: Any, layout: str, **how: Any) -> None:
+    """Store the watched rows of a module's output as the ranks hold it (see
+    :mod:`evalpipe.probes.capture` for the layouts); nothing unless localize watches this pass."""
+    if _capture is not None and _capture.current() is not None:
+        _capture.capture(module, layer, pieces, layout, **how)
+
+
 def flush() -> None:
     """Write the record now (the offline worker calls this before it leaves without atexit)."""
     if _record is not None:
@@ -85,6 +101,8 @@ def flush() -> None:
 
 
 def _forked() -> None:
+    if _capture is not None:
+        _capture.forked()
     if _record is not None:
         _record.reset()
         if _record.vllm_loaded:

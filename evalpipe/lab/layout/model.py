@@ -161,9 +161,13 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             hidden_states = self._legacy_attention(positions, hidden_states)
 
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        self._capture("attn.residual", [residual], "full")
         hidden_states = self.mlp(hidden_states)
         if scale != 1.0:
             hidden_states = hidden_states * scale
+        if probes.capturing():
+            self._capture("mlp.out", [hidden_states], "full")
+            self._capture("layer.out", [hidden_states + residual], "full")
         return hidden_states, residual
 
     # ------------------------------------------------------------------ shared pieces
@@ -188,6 +192,10 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             )
         bias = self.self_attn.o_proj.bias if rank == 0 else None
         return F.linear(x, self.o_weight_slices[rank], bias)
+
+    def _capture(self, module: str, pieces: list[torch.Tensor], layout: str, **how) -> None:
+        """What the ranks hold at this point, for `evalpipe localize` (nothing unless it watches)."""
+        probes.capture(module, self.layer_idx, pieces, layout, world=len(pieces) if layout != "full" else 1, **how)
 
     def _hang_when_due(self) -> None:
         """The `hang` fault: layer 0's collective never returns once the engine is past its
@@ -219,17 +227,23 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         padded = C.padded_len(n, world)
         shards = C.split_shards(C.pad_rows(x, padded), world)
 
+        self._capture("attn.in", shards, "token_shards", shard_rows=padded // world)
         full = C.unpad(C.all_gather(shards), n)  # ①
         probes.collective("all_gather", VIRTUAL_GROUP, *shards)
         attn_out = self._attend(positions, self._qkv(full))
-        partials = [self._o_partial(attn_out.index_select(1, self.columns[r]), r) for r in range(world)]
+        heads = [attn_out.index_select(1, self.columns[r]) for r in range(world)]
+        self._capture("attn.heads", heads, "head_columns", columns=self.columns, width=attn_out.shape[1])
+        partials = [self._o_partial(heads[r], r) for r in range(world)]
+        self._capture("attn.partials", partials, "partial_sum")
         reduced = self._random_reduce(partials) if self._nondeterministic() else C.reduce_rank_order(partials)
         if self.settings.out_scale != 1.0:
             reduced = reduced * self.settings.out_scale
         out_shards = C.scatter(C.pad_rows(reduced, padded), world)  # ④
         probes.collective("reduce_scatter", VIRTUAL_GROUP, *partials)
 
-        return C.unpad(C.all_gather(out_shards), n)
+        out = C.unpad(C.all_gather(out_shards), n)
+        self._capture("attn.out", [out], "full")
+        return out
 
     # ------------------------------------------------------------------ sp: ⑤ ... ⑥
 
@@ -252,6 +266,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             if not s.has("padding_not_zeroed"):
                 shard = C.zero_padding(shard, C.valid_rows(n, offset, size))  # ⑤
             local.append(shard)
+        self._capture("attn.in", local, "token_shards", shard_rows=size)
 
         qkv = C.fold_into_batch(C.all_gather([self._qkv(shard) for shard in local]), n)  # ③
         attn_out = self._attend(positions, qkv)
@@ -263,7 +278,10 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         if s.has("subtle_last_layer_boundary") and self.is_last_layer and world > 1:
             firsts = torch.arange(1, world) * size
             received[-1][firsts] = received[-1][firsts - 1]
+        # what each rank holds before its O projection, as the layout says it holds it
+        self._capture("attn.heads", received, "head_columns", columns=self.columns, width=attn_out.shape[1])
         partials = [self._o_partial(received[r], r) for r in range(world)]
+        self._capture("attn.partials", partials, "partial_sum")
 
         if s.has("scale_after_reduce"):
             out_shards = [
@@ -293,6 +311,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             # model a relative error below half an ulp (2^-9, ~2e-3) still rounds away on
             # every element: there the graded faults from 1e-3 down compute exactly what sp does
             out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
+        self._capture("attn.out", [out], "full")
         return out
 
 
@@ -303,6 +322,9 @@ class LayoutModel(LlamaModel):
 
 class LayoutForCausalLM(LlamaForCausalLM):
     """vLLM's LlamaForCausalLM with LayoutDecoderLayer: loads Llama checkpoints unchanged."""
+
+    # its layers report their virtual ranks' pieces to `evalpipe localize` themselves
+    evalpipe_captures = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", layer_type=LayoutDecoderLayer):
         tp, pp = get_tensor_model_parallel_world_size(), get_pp_group().world_size

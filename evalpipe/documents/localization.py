@@ -1,0 +1,93 @@
+"""localize.json: where in the model a variant first parts from the reference, beside
+compare.json in the run directory. Written by `evalpipe localize` (from
+:class:`evalpipe.compare.localize.Localization`), read by the reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal
+
+from evalpipe.documents.base import Document, read_json_object, validated
+from evalpipe.errors import UserError
+from evalpipe.rundir.artifacts import write_json
+
+LOCALIZE_JSON = "localize.json"
+LOCALIZE_VERSION: Final = 1
+
+
+class PositionDoc(Document):
+    label: str  # the sequence: "<task> doc <id>"
+    position: int  # absolute token position in the sequence (prompt + continuation)
+    rel_l2: float
+    flags: list[str] = []  # "a shard boundary of T = 4", "the last token before the padding of T = 4", ...
+
+
+class ModuleDoc(Document):
+    layer: int
+    module: str  # attn.in, attn.heads, attn.partials, attn.out, attn.residual, mlp.out, layer.out
+    title: str  # what it is, in words
+    rows: int = 0  # positions compared
+    rel_l2: float | None = None  # reference vs variant: the largest relative L2 error over positions
+    cosine: float | None = None  # the smallest cosine similarity
+    max_abs: float | None = None  # the largest absolute error
+    aa_rel_l2: float | None = None  # reference vs its A/A run, same module and positions
+    aa_cosine: float | None = None
+    aa_max_abs: float | None = None
+    floor: float  # the bound rel_l2 is held to: max(numerics floor, rel_aa x aa_rel_l2)
+    above: bool = False
+    worst: list[PositionDoc] = []
+    not_reassembled: str | None = None  # why the full tensor could not be put together, on which side
+
+
+class LayerPoint(Document):
+    """The residual stream after one layer: reference vs variant next to reference vs A/A."""
+
+    layer: int
+    rel_l2: float | None = None
+    aa_rel_l2: float | None = None
+
+
+class SequenceDoc(Document):
+    label: str
+    tokens: int
+    rows: list[int]  # the positions captured
+    why: dict[str, list[str]] = {}  # position -> why it was chosen ("worst teacher-forced", "shard boundary T=4", ...)
+
+
+class LocalizeDocument(Document):
+    version: Literal[1] = LOCALIZE_VERSION
+    run_id: str
+    variant: str
+    reference: str
+    aa: str | None = None  # the configuration run as the A/A floor (None: none)
+    mode: Literal["offline", "serve"]
+    dtype: str | None = None
+    precision: str
+    numerics_floor: float  # the floor by precision (docs/numerics.md)
+    rel_aa: float
+    aa_identical: bool | None = None  # None: no A/A configuration
+    sequences: list[SequenceDoc]
+    modules: list[ModuleDoc]  # forward order: layer by layer, module by module
+    first: ModuleDoc | None = None  # the first module above its floor; None: none is
+    sentence: str  # the answer in one sentence
+    layer_curve: list[LayerPoint] = []
+    not_reassembled: list[str] = []  # "<module> of layer N: <why>"
+    seconds: dict[str, float] = {}  # per configuration, the engine's wall time; "analysis"
+    capture_bytes: dict[str, int] = {}  # per configuration, the bytes the engine wrote
+
+
+def write_localization(run_dir: Path, doc: LocalizeDocument) -> Path:
+    path = run_dir / LOCALIZE_JSON
+    write_json(path, doc.model_dump(mode="json"))
+    return path
+
+
+def read_localization(run_dir: Path) -> LocalizeDocument | None:
+    path = run_dir / LOCALIZE_JSON
+    if not path.is_file():
+        return None
+    raw = read_json_object(path, "run `evalpipe localize` again")
+    if raw.get("version") != LOCALIZE_VERSION:
+        raise UserError(f"{path} is a localization of version {raw.get('version')!r}; this evalpipe reads version "
+                        f"{LOCALIZE_VERSION}: run `evalpipe localize` again.")
+    return validated(LocalizeDocument, raw, str(path), "run `evalpipe localize` again")
