@@ -120,6 +120,20 @@ def compare(
 
 
 @app.command()
+def localize(
+    run_dir: Path = typer.Argument(..., help="The run directory of a DIVERGENT run (reports/runs/<run_id>)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="Variant to localize (default: the first DIVERGENT one)."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Sequences to re-run, the most divergent teacher-forced ones (default: the config's localize.samples, 4)."),
+    positions: Optional[int] = typer.Option(None, "--positions", help="Worst teacher-forced positions kept per sequence, besides shard, block and last-token rows (default 8)."),
+    timeout: Optional[float] = _TIMEOUT_OPT,
+) -> None:
+    """Say where in the model a variant first parts from the reference: layer and module, against the A/A floor."""
+    from evalpipe.commands.localize import localize_command
+
+    raise typer.Exit(localize_command(run_dir, console, variant=variant, samples=samples, positions=positions, timeout=timeout))
+
+
+@app.command()
 def calibrate(
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="Layout-model config with the reference `legacy` (default: configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents per variant."),

@@ -8,15 +8,9 @@ from evalpipe.config.run_config import PromptPositions
 from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.errors import UserError
 from evalpipe.rundir import artifacts
+from evalpipe.rundir.sequences import ReferenceSequence, read_reference_sequences, reference_sequences, shard_boundaries
 from evalpipe.worker.engines import ScoreResult, token_budget_slices
-from evalpipe.worker.teacher import (
-    ReferenceSequence,
-    prompt_positions,
-    read_reference_sequences,
-    reference_sequences,
-    shard_boundaries,
-    teacher_force,
-)
+from evalpipe.worker.teacher import prompt_positions, teacher_force
 
 
 def _reference_tables():

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from evalpipe.commands.localize import localize_after_run
 from evalpipe.config.run_config import load_config
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
@@ -41,7 +42,10 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
     )
     check_time_limits(timeout, stall_timeout)
     if not dry_run:
-        return execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout)
+        code = execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout)
+        if code == ExitCode.DIVERGENT and plan.config.localize.when == "auto":
+            localize_after_run(plan.run_dir, console)
+        return code
     _print_plan(plan, console)  # first: a profile for another machine still shows its commands and checks
     _print_path_checks(plan, console)
     verify_here(plan)

@@ -50,8 +50,8 @@ class Side:
 
 @dataclass(frozen=True)
 class Boundaries:
-    """What makes a position special: the layouts the engines recorded, the configured
-    tensor-parallel sizes (layouts this machine cannot show) and the sparse block."""
+    """What makes a position special besides the layouts the engines recorded: the
+    configured tensor-parallel sizes (used when no layout was recorded) and the sparse block."""
 
     tp_sizes: tuple[int, ...] = ()
     sparse_block: int | None = None
@@ -207,7 +207,11 @@ def boundary_flags(position: int, batches: set[tuple[int, int, int, int]], token
     """Why ``position`` of a ``tokens``-long sequence is special. ``batches``: the forward
     passes' (start, tokens, world, shard rows) the engines recorded for it."""
     flags: set[str] = set()
-    layouts = set(batches) | {(0, tokens, t, -(-tokens // t)) for t in where.tp_sizes if t > 1}
+    # the layouts the engines recorded; the configured sizes only where none was (an engine
+    # whose shards no capture point sees): with both, a position near a 16-way boundary of
+    # a layout that never ran would be flagged for nothing
+    recorded = {b for b in batches if b[2] > 1}
+    layouts = set(batches) | (set() if recorded else {(0, tokens, t, -(-tokens // t)) for t in where.tp_sizes if t > 1})
     for start, n, world, size in layouts:
         if not start <= position < start + n or world < 2:
             continue

@@ -70,6 +70,12 @@ NOISY_AA_FLOORS: dict[str, dict[str, float]] = {
 }
 
 
+# `evalpipe localize`: the relative L2 error of one module's output (reference vs variant,
+# largest over the captured positions) that a correct change of summation order may still
+# make, per precision, where the A/A run is bitwise identical. Measured in docs/numerics.md.
+LOCALIZE_FLOORS: dict[str, float] = {FP32: 1e-5, HALF: 5e-2}
+
+
 @dataclass(frozen=True)
 class Numerics:
     """The reference's precision and what the A/A run showed.
@@ -95,6 +101,10 @@ class Numerics:
 
     def floor(self, gate: str) -> float:
         return float(self.floors()[gate])
+
+    @property
+    def localize_floor(self) -> float:
+        return LOCALIZE_FLOORS[self.precision]
 
     def describe(self) -> str:
         what = f"{self.dtype} ({self.source})" if self.known else f"precision unknown ({self.source}): half-precision floors"

@@ -393,6 +393,16 @@ class NoiseFloor(_Strict):
     )
 
 
+class Localize(_Strict):
+    """`evalpipe localize`: where in the model a divergence starts (docs/localize.md)."""
+
+    when: Literal["off", "auto"] = Field(
+        default="off", description="auto: localize every DIVERGENT variant right after `evalpipe run` compared it.")
+    samples: int = Field(default=4, ge=1, le=64, description="Sequences re-run: those with the largest teacher-forced divergence.")
+    positions: int = Field(default=8, ge=1, le=256, description="Worst teacher-forced positions kept per sequence (besides the shard, block and last-token rows).")
+    rel_aa: float = Field(default=3.0, gt=0, description="A module is above its floor when its difference exceeds max(numerics floor, rel_aa x the A/A's).")
+
+
 class Nightly(_Strict):
     """`evalpipe nightly`: what runs every night and how the history judges it."""
 
@@ -428,6 +438,7 @@ class RunConfig(_Strict):
     )
     gates: Gates = Gates()
     noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")
+    localize: Localize = Field(default_factory=Localize, description="`auto` or `off` (default), or a mapping: when and how `evalpipe localize` runs.")
     output: str = "reports/runs"
     seed: int = 1234
     nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
@@ -445,6 +456,11 @@ class RunConfig(_Strict):
                 raise ValueError(f"task group `{empty[0]}` is empty; list at least one task under it or remove the group")
             return {k: (v if isinstance(v, list) else [v]) for k, v in value.items()}
         return value
+
+    @field_validator("localize", mode="before")
+    @classmethod
+    def _localize_word(cls, value: Any) -> Any:
+        return {"when": value} if isinstance(value, str) else value
 
     @field_validator("noise_floor", mode="before")
     @classmethod

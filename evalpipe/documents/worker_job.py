@@ -56,6 +56,18 @@ class TeacherJob(Document):
     baseline_dir: str | None = None  # nightly: the baseline night's reference, scored too
 
 
+class LocalizeSequence(Document):
+    label: str
+    token_ids: list[int]
+
+
+class LocalizeJob(Document):
+    """`evalpipe localize`: prefill each sequence alone (no task runs); the engine's capture
+    points, set up by the probe spec, keep the chosen rows of every module."""
+
+    sequences: list[LocalizeSequence]
+
+
 class WorkerJob(Document):
     version: Literal[1] = JOB_VERSION
     variant: str
@@ -74,6 +86,7 @@ class WorkerJob(Document):
     reverse_order: bool = False
     longctx: dict[str, Any] | None = None  # config.LongCtxSpec as a mapping
     teacher: TeacherJob = TeacherJob()
+    localize: LocalizeJob | None = None
 
 
 def write_job(path: Path, job: WorkerJob) -> None:

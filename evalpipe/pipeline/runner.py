@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,19 @@ from rich.console import Console
 
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, write_run_document
-from evalpipe.documents.worker_events import StageEvent
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
-from evalpipe.execution import serve
-from evalpipe.execution.launch import VariantOutcome, run_worker, stop_if_interrupted
+from evalpipe.execution.launch import stop_if_interrupted
 from evalpipe.history import HistoryError
 from evalpipe.history.store import open_history
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.pipeline.bookkeeping import close_manifest, mark_interrupted, open_run_dir, record_environment
 from evalpipe.pipeline.comparing import report_run
-from evalpipe.pipeline.jobs import worker_job
+from evalpipe.pipeline.launching import Limits, run_variant, stop_unneeded
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.pipeline.preflight import preflight
 from evalpipe.probing import records as probe_records
 from evalpipe.probing.names import VariantNames
-from evalpipe.probing.records import probe_env, write_spec
+from evalpipe.probing.records import write_spec
 from evalpipe.report.progress import ProgressView
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import unlock_run_dir
@@ -91,18 +88,6 @@ def record_in_history(plan: RunPlan, console: Console) -> None:
                       f"({type(err).__name__}: {err}):\n{traceback.format_exc()}", soft_wrap=True, markup=False)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """The CLI's time limits of one variant: overall (--timeout) and without progress
-    (--stall-timeout; None: the variant's launch.stall_timeout_s)."""
-
-    timeout_s: float | None = None
-    stall_timeout_s: float | None = None
-
-    def stall_of(self, variant: PlannedVariant) -> float | None:
-        return self.stall_timeout_s if self.stall_timeout_s is not None else variant.launch.stall_timeout_s
-
-
 def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None,
              names: dict[str, VariantNames]) -> int:
 
@@ -152,11 +137,11 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 continue
             console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
             try:
-                outcome = _run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers,
-                                       names[variant.name])
+                outcome = run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers,
+                                      spec=write_spec(vdir, variant.name, names[variant.name]))
             finally:
                 view.close()
-                _stop_unneeded(servers, plan.variants[i + 1:])
+                stop_unneeded(servers, plan.variants[i + 1:])
             status = VariantStatus(exit_code=outcome.exit_code, seconds=round(outcome.seconds, 3), error=outcome.error,
                                    **({"stalled": True} if outcome.stalled else {}))
             close_manifest(vdir, outcome)
@@ -173,7 +158,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 failures[variant.name] = (error, failed.exit_code)
                 console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
     finally:
-        _stop_unneeded(servers, [])
+        stop_unneeded(servers, [])
 
     info = info.updated(timings=info.timings.model_copy(update={"total_s": time.time() - t0}))
     compared = [v.name for v in plan.variants if v.name not in failures]
@@ -215,65 +200,6 @@ def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, ser
         source=probe_records.records_dir(vdir.parent / variant.server_of) if variant.server_of else None,
         server_of=variant.server_of, live=server in servers, exposed=exposed,
     )
-
-
-def _run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
-                 servers: dict[str, Any], names: VariantNames):
-    """One variant's worker, and in serve mode its server around it: started first (the
-    worker resolves its tasks while the engine loads) or, for an A/A run that reuses
-    the reference's, the running one. A server that dies stops the worker and fails the
-    variant with its log's tail. ``servers``: the started ones, by variant; the caller
-    stops them (`_stop_unneeded`)."""
-    # every process the variant starts (worker, server, engine cores, workers) records what it ran
-    env = probe_env(variant.process_env(), write_spec(vdir, variant.name, names))
-    if variant.launch.mode != "serve":
-        return run_worker(variant, worker_job(plan, variant.name, model, vdir), vdir, on_event, limits.timeout_s,
-                          stall_timeout_s=limits.stall_of(variant), env=env)
-
-    vdir.mkdir(parents=True, exist_ok=True)
-    vd = artifacts.VariantDir(vdir)
-    launch = variant.launch
-    if variant.server_of:
-        server = servers[variant.server_of]
-        on_event(StageEvent(stage="server", message=f"reusing {variant.server_of}'s server at {server.url}"))
-    else:
-        port = launch.port or serve.free_port(launch.host)
-        args_file = vdir / serve.SERVER_ARGS_FILE
-        serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
-        server = serve.ServerProcess(
-            command=serve.server_command(variant.python, launch, args_file),
-            url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
-        )
-        server_env = dict(env)
-        if launch.api_key_env and server_env.get(launch.api_key_env):
-            server_env["VLLM_API_KEY"] = server_env[launch.api_key_env]
-        try:
-            server.start(server_env)
-        except OSError as err:  # the launcher or server command itself is missing
-
-            return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
-                                  f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")
-        servers[variant.name] = server
-        on_event(StageEvent(stage="server", message=f"server starting at {server.url} (log: {vd.engine_log})"))
-    try:
-        outcome = run_worker(
-            variant, worker_job(plan, variant.name, model, vdir, server.url), vdir, on_event, limits.timeout_s,
-            log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=server.use,
-            stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path, env=env,
-        )
-    finally:
-        server.client = None
-    if outcome.stalled:  # the hang is the server's: no later variant may use it
-        for name in [n for n, s in servers.items() if s is server]:
-            servers.pop(name).stop()
-    return outcome
-
-
-def _stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
-    """Stop every started server no later variant runs against."""
-    needed = {v.server_of for v in later if v.server_of}
-    for name in [n for n in servers if n not in needed]:
-        servers.pop(name).stop()
 
 
 def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save) -> int:

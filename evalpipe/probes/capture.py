@@ -132,9 +132,9 @@ class TensorCapture:
             return
         if layout not in LAYOUTS:
             raise ValueError(f"unknown capture layout {layout!r}")
-        ranks = [rank] if rank is not None else list(range(len(pieces)))
+        ranks: list[int | None] = [None] if layout == "full" else [rank] if rank is not None else list(range(len(pieces)))
         for i, (r, piece) in enumerate(zip(ranks, pieces)):
-            if layout == "token_shards":
+            if layout == "token_shards" and r is not None:
                 size = int(shard_rows or piece.shape[0])
                 rows = [p for p in fwd.rows if r * size <= p - fwd.start < (r + 1) * size]
                 local = [p - fwd.start - r * size for p in rows]

@@ -37,8 +37,9 @@ def records_dir(vdir: Path) -> Path:
     return vdir / PROBES_DIR
 
 
-def write_spec(vdir: Path, variant: str, names: VariantNames) -> Path:
-    """The spec the variant's processes read at start: what to count and read, where to write."""
+def write_spec(vdir: Path, variant: str, names: VariantNames, capture: dict[str, Any] | None = None) -> Path:
+    """The spec the variant's processes read at start: what to count and read, where to write;
+    ``capture``: the tensors `evalpipe localize` keeps (:mod:`evalpipe.probes.capture`)."""
     functions, predicates, config_paths, absent = [], [], [], []
     for entry in names.names.values():
         if not entry.found:
@@ -60,6 +61,7 @@ def write_spec(vdir: Path, variant: str, names: VariantNames) -> Path:
         "predicates": predicates,
         "config_paths": config_paths,
         "absent": absent,
+        **({"capture": capture} if capture is not None else {}),
     }
     path = records_dir(vdir) / SPEC_FILE
     artifacts.write_json(path, spec)

@@ -30,13 +30,14 @@ from evalpipe.probes import runtime
 from evalpipe.redact import redact, redact_text
 from evalpipe.rundir import artifacts, integrity
 from evalpipe.rundir.artifacts import ANSWER_PREFIX, SCORE_PREFIX
+from evalpipe.rundir.sequences import read_reference_sequences, reference_sequences
 from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
 from evalpipe.tasks.index import task_manager
 from evalpipe.tasks.ruler import sample_columns
 from evalpipe.worker import engine_choice, fake_engine
 from evalpipe.worker import teacher as tf
-from evalpipe.worker.engines import Engine, decode_each
+from evalpipe.worker.engines import Engine, ScoreRequest, decode_each
 from evalpipe.worker.journal import RequestJournal
 
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
@@ -285,6 +286,16 @@ def run(job: WorkerJob, events: Events) -> int:
         save_manifest(engine=engine.info())
         events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
 
+    if job.localize is not None:
+        code, error = _localize_phase(job, engine, events, timings)
+        engine.close()
+        if code != ExitCode.OK:
+            return finish("failed", code, error=error)
+        timings["total_s"] = time.time() - started
+        code = finish("ok", ExitCode.OK, n_samples=len(job.localize.sequences))
+        events.emit("done", seconds=timings["total_s"])
+        return code
+
     # lm_eval (also behind worker.lm) takes seconds to import: a job refused for its
     # version, its tasks or its data is answered before it
     from lm_eval import evaluator, simple_evaluate
@@ -414,9 +425,9 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
     t0 = time.time()
     try:
         if source_dir:
-            sequences = tf.read_reference_sequences(Path(source_dir))
+            sequences = read_reference_sequences(Path(source_dir))
         else:
-            sequences = tf.reference_sequences(samples_table, tokens_table)
+            sequences = reference_sequences(samples_table, tokens_table)
     except UserError as err:
         events.emit("error", kind="user", message=str(err))
         return ExitCode.USER_ERROR, str(err)
@@ -441,6 +452,29 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
         "stage", stage="teacher_done",
         message=f"teacher forcing ({target.name}): {len(sequences)} sequences, {table.num_rows} positions in {timings[timing]:.1f}s",
     )
+    return ExitCode.OK, None
+
+
+def _localize_phase(job: WorkerJob, engine: Engine, events: Events, timings: dict[str, float]) -> tuple[int, str | None]:
+    """Prefill each sequence on its own, so that every forward pass holds one sequence the
+    capture points recognise; what they keep is on disk when this returns."""
+    assert job.localize is not None  # the caller's condition
+    sequences = job.localize.sequences
+    events.emit("stage", stage="localize", message=f"localize: prefilling {len(sequences)} sequences one at a time")
+    t0 = time.time()
+    try:
+        for done, seq in enumerate(sequences):
+            events.progress("localize", "prefill", done, len(sequences))
+            request = ScoreRequest(token_ids=seq.token_ids, start=len(seq.token_ids) - 1, label=f"localize {seq.label}")
+            engine.score([request], topk=1)
+        events.progress("localize", "prefill", len(sequences), len(sequences))
+    except Exception as err:  # noqa: BLE001
+        traceback.print_exc()
+        msg = f"localize failed: {type(err).__name__}: {err} (see the engine log)"
+        events.emit("error", kind="run", message=msg)
+        return ExitCode.FAILED, msg
+    runtime.flush()
+    timings["localize_s"] = time.time() - t0
     return ExitCode.OK, None
 
 

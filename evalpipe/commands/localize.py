@@ -1,0 +1,44 @@
+"""`evalpipe localize RUN_DIR`: where in the model a DIVERGENT variant first parts from the
+reference (:mod:`evalpipe.pipeline.localizing`); and the same after `evalpipe run` when the
+config says `localize: auto`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from evalpipe.documents.comparison import read_comparison
+from evalpipe.errors import EvalpipeError, ExitCode, UserError
+from evalpipe.pipeline.launching import Limits
+from evalpipe.pipeline.localizing import Request, localize_run
+from evalpipe.rundir.artifacts import RunDir
+from evalpipe.rundir.lock import holding_run_dir
+
+
+def localize_command(run_dir: Path, console: Console, *, variant: str | None = None, samples: int | None = None,
+                     positions: int | None = None, timeout: float | None = None) -> int:
+    for name, value in (("--samples", samples), ("--positions", positions)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} {value}: give a positive number.")
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
+    with holding_run_dir(run_dir):  # it rewrites the reports: not while a run or a compare writes them
+        localize_run(run_dir, console, Request(variant, samples, positions), Limits(timeout_s=timeout))
+    return ExitCode.OK
+
+
+def localize_after_run(run_dir: Path, console: Console) -> None:
+    """`localize: auto`: every DIVERGENT variant of the run just compared. A failure here
+    costs a warning, never the finished run's verdict."""
+    rd = RunDir(run_dir)
+    if not rd.compare_json.is_file():
+        return
+    for comparison in read_comparison(rd.compare_json).comparisons:
+        if comparison.status != "DIVERGENT":
+            continue
+        try:
+            with holding_run_dir(run_dir):
+                localize_run(run_dir, console, Request(comparison.variant))
+        except EvalpipeError as err:
+            console.print(f"[yellow]warning:[/] localize of {comparison.variant} failed: {err}", soft_wrap=True)

@@ -1,0 +1,226 @@
+"""`evalpipe localize`'s pure parts: capture files, un-sharding, the per-module comparison
+against the A/A floor, the choice of sequences and positions. No engine (the end-to-end
+tests run the real one)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from evalpipe.compare.localize import Boundaries, Side, boundary_flags, format_positions, localize
+from evalpipe.compare.targets import choose_targets, teacher_divergence
+from evalpipe.compare.unshard import NotReassembled, Reassembled, reassemble
+from evalpipe.documents.captures import CapturedPiece, CaptureEntry, read_captures
+from evalpipe.errors import UserError
+from evalpipe.probes.capture import TensorCapture
+from evalpipe.rundir.sequences import ReferenceSequence
+
+WIDTH = 8
+
+
+def piece(values, *, module="attn.out", layer=0, layout="full", rank=None, world=1, rows=None, seq=0, shard_rows=None,
+          columns=None, width=WIDTH, start=0, tokens=16) -> CapturedPiece:
+    values = np.asarray(values, dtype=np.float32)
+    rows = list(range(len(values))) if rows is None else rows
+    entry = CaptureEntry(sequence=seq, label=f"t doc {seq}", module=module, layer=layer, layout=layout, rank=rank,
+                         world=world, rows=rows, batch_start=start, batch_tokens=tokens, shard_rows=shard_rows,
+                         columns=columns, width=width, shape=values.shape, offset=0, pid=1)
+    return CapturedPiece(entry, values)
+
+
+def full_tensor(rows=4, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(rows, WIDTH)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- un-sharding
+
+
+def test_token_shards_are_put_back_at_their_positions():
+    x = full_tensor(6)
+    pieces = [piece(x[[4, 5]], layout="token_shards", rank=1, world=2, rows=[4, 5], shard_rows=3),
+              piece(x[[0, 2]], layout="token_shards", rank=0, world=2, rows=[0, 2], shard_rows=3)]
+    got = reassemble(pieces)
+    assert isinstance(got, Reassembled)
+    assert got.rows.tolist() == [0, 2, 4, 5]
+    np.testing.assert_array_equal(got.values, x[[0, 2, 4, 5]])
+
+
+def test_head_columns_and_partial_sums_reassemble_the_full_tensor():
+    x = full_tensor()
+    cols = [[(0, 3)], [(3, 8)]]
+    pieces = [piece(x[:, 0:3], layout="head_columns", rank=0, world=2, columns=cols[0]),
+              piece(x[:, 3:8], layout="head_columns", rank=1, world=2, columns=cols[1])]
+    got = reassemble(pieces)
+    assert isinstance(got, Reassembled)
+    np.testing.assert_array_equal(got.values, x)
+
+    parts = [x * 0.25, x * 0.75]
+    summed = reassemble([piece(p, layout="partial_sum", rank=r, world=2) for r, p in enumerate(parts)])
+    assert isinstance(summed, Reassembled)
+    np.testing.assert_allclose(summed.values, x, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "pieces, why",
+    [
+        ([piece(full_tensor()[:, :4], layout="head_columns", rank=0, world=2, columns=[(0, 4)]),
+          piece(full_tensor()[:, 3:7], layout="head_columns", rank=1, world=2, columns=[(3, 7)])], "column 3 is held by more than one rank"),
+        ([piece(full_tensor()[:, :4], layout="head_columns", rank=0, world=2, columns=[(0, 4)]),
+          piece(full_tensor()[:, 4:7], layout="head_columns", rank=1, world=2, columns=[(4, 7)])], "column 7 is held by no rank"),
+        ([piece(full_tensor(), layout="partial_sum", rank=0, world=3)], "ranks 1, 2 of 3 wrote no piece"),
+        ([piece(full_tensor(), layout="replicated", rank=0, world=2),
+          piece(full_tensor(seed=1), layout="replicated", rank=1, world=2)], "rank 1's copy differs from rank 0's"),
+        ([piece(full_tensor(), layout="full"), piece(full_tensor(), layout="token_shards", rank=0, world=1, shard_rows=4)],
+         "several layouts"),
+    ],
+)
+def test_what_cannot_be_reassembled_is_said(pieces, why):
+    got = reassemble(pieces)
+    assert isinstance(got, NotReassembled) and why in got.why, got
+
+
+# ----------------------------------------------------------------------------- the comparison
+
+
+def _model(fault_layer=None, fault_module="attn.out", scale=1e-2, noise=0.0, seed=0):
+    """Pieces of a 3-layer model's capture points; a relative error ``scale`` injected at
+    (fault_layer, fault_module) and carried into every later module."""
+    rng = np.random.default_rng(seed)
+    out, hit = [], False
+    for layer in range(3):
+        for module in ("attn.in", "attn.heads", "attn.out", "layer.out"):
+            x = np.random.default_rng(100 * layer + len(module)).normal(size=(4, WIDTH)).astype(np.float32)
+            hit = hit or (layer, module) == (fault_layer, fault_module)
+            if hit:
+                x = x * (1 + scale)
+            if noise:
+                x = x + rng.normal(scale=noise, size=x.shape).astype(np.float32) * np.abs(x)
+            out.append(piece(x, module=module, layer=layer, rows=[3, 7, 8, 9], tokens=12))
+    return out
+
+
+def test_the_first_module_above_the_floor_is_the_fault_s():
+    result = localize(Side("legacy", _model()), Side("sp", _model(1, "attn.out")), Side("legacy-aa", _model()),
+                      labels={0: "t doc 0"}, tokens={0: 12}, numerics_floor=1e-5)
+    first = result.first
+    assert first is not None and (first.layer, first.module) == (1, "attn.out")
+    assert first.rel_l2 == pytest.approx(1e-2, rel=1e-3) and first.floor == 1e-5 and result.aa_identical is True
+    assert [m.above for m in result.modules[:5]] == [False] * 5  # layer 0 and layer 1 before attn.out
+    sentence = result.sentence()
+    assert sentence.startswith("first difference above the A/A floor: layer 1, attention output after the reduction")
+    curve = result.layer_curve()
+    assert [p.layer for p in curve] == [0, 1, 2] and curve[0].rel_l2 == 0 and curve[2].rel_l2 == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_a_noisy_a_a_raises_the_floor_and_nothing_is_localized():
+    noisy = dict(noise=1e-3)
+    result = localize(Side("legacy", _model()), Side("sp", _model(**noisy, seed=1)), Side("legacy-aa", _model(**noisy, seed=2)),
+                      labels={}, tokens={0: 12}, numerics_floor=1e-5)
+    assert result.aa_identical is False and result.first is None
+    assert all(m.floor > 1e-4 for m in result.modules)
+    assert result.sentence().startswith("no module above the A/A floor: 12 module outputs compared")
+
+
+def test_without_an_a_a_run_the_numerics_floor_alone_applies():
+    result = localize(Side("legacy", _model()), Side("sp", _model(0, "attn.heads", scale=1e-3)), None,
+                      labels={}, tokens={0: 12}, numerics_floor=1e-5)
+    assert result.aa is None and result.aa_identical is None
+    assert result.first is not None and (result.first.layer, result.first.module) == (0, "attn.heads")
+    assert "above the numerics floor" in result.sentence()
+
+
+def test_a_module_one_side_cannot_reassemble_is_named():
+    broken = [p for p in _model(1, "attn.out") if (p.entry.layer, p.entry.module) != (2, "attn.heads")]
+    broken.append(piece(full_tensor()[:, :4], module="attn.heads", layer=2, layout="head_columns", rank=0, world=2,
+                        columns=[(0, 4)], rows=[3, 7, 8, 9]))
+    result = localize(Side("legacy", _model()), Side("sp", broken), None, labels={}, tokens={0: 12}, numerics_floor=1e-5)
+    assert result.not_reassembled() == ["attn.heads of layer 2: sp: rank 1 of 2 wrote no piece"]
+
+
+def test_boundary_flags_come_from_the_recorded_layouts():
+    recorded = {(0, 10, 4, 3)}  # 10 tokens on 4 ranks: shards of 3 rows, padding after token 9
+    assert boundary_flags(2, recorded, 10, Boundaries()) == ("a shard boundary of T = 4",)
+    assert boundary_flags(3, recorded, 10, Boundaries()) == ("a shard boundary of T = 4",)
+    assert boundary_flags(4, recorded, 10, Boundaries()) == ()
+    assert boundary_flags(9, recorded, 10, Boundaries()) == ("a shard boundary of T = 4", "the last token before the padding of T = 4")
+    # configured sizes only where no layout was recorded; a later prefill chunk's first token
+    assert boundary_flags(7, set(), 16, Boundaries(tp_sizes=(2,))) == ("a shard boundary of T = 2",)
+    assert boundary_flags(7, recorded, 16, Boundaries(tp_sizes=(2,))) == ()
+    assert boundary_flags(8, {(8, 8, 1, 8)}, 16, Boundaries()) == ("the first token of a prefill chunk",)
+    assert boundary_flags(2047, set(), 4096, Boundaries(sparse_block=2048)) == ("a sparse-block boundary (2048)",)
+
+
+def test_positions_are_written_as_runs():
+    assert format_positions([2049, 2047, 2048, 12]) == "12, 2047–2049"
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def _teacher(rows: list[tuple[int, int, float]]) -> pa.Table:
+    return pa.table({"task": ["t"] * len(rows), "doc_id": [r[0] for r in rows], "repeat": [0] * len(rows),
+                     "pos": [r[1] for r in rows], "logprob": [r[2] for r in rows]})
+
+
+def test_the_most_divergent_sequences_and_their_worst_rows_are_chosen():
+    seqs = [ReferenceSequence("t", d, 0, prompt_token_ids=list(range(10)), continuation_ids=[1, 2, 3, 4]) for d in range(3)]
+    ref = _teacher([(d, p, -1.0) for d in range(3) for p in range(4)])
+    var = _teacher([(d, p, -1.0 - (0.5 if (d, p) == (2, 1) else 0.1 if (d, p) == (0, 3) else 0.0)) for d in range(3) for p in range(4)])
+    assert teacher_divergence(ref, var)[("t", 2, 0)][1] == (1, pytest.approx(0.5))
+    targets = choose_targets(seqs, ref, var, samples=2, positions=1, tp_sizes=(4,))
+    assert [t.label for t in targets] == ["t doc 2", "t doc 0"]
+    rows = targets[0].rows
+    # position 11 (continuation pos 1) is predicted from row 10
+    assert rows[10] == ["teacher-forced |Δlogprob| 0.5 at position 11"]
+    assert rows[9] == ["last prompt token"] and rows[13] == ["last token"]
+    # 14 tokens on 4 ranks: shards of 4, boundaries at 4, 8, 12
+    assert {3, 4, 7, 8, 11, 12} <= set(rows) and "first token of a shard (T = 4)" in rows[12]
+    assert targets[0].token_ids == list(range(10)) + [1, 2, 3, 4]
+
+
+# ----------------------------------------------------------------------------- the engine side
+
+
+def test_capture_points_keep_the_watched_rows_of_a_recognised_forward(tmp_path):
+    tokens = list(range(100, 112))
+    capture = TensorCapture({"dir": str(tmp_path), "sequences": [{"label": "t doc 0", "token_ids": tokens, "rows": [1, 5, 9]}]})
+    x = torch.arange(12 * WIDTH, dtype=torch.float32).reshape(12, WIDTH)
+    # a batch of two sequences, and a piece of another sequence: not watched
+    capture.forward_started(torch.tensor(tokens[:6] + tokens[:6]), torch.tensor(list(range(6)) * 2))
+    assert capture.current() is None
+    capture.forward_started(torch.tensor([1, 2, 3]), torch.arange(3))
+    assert capture.current() is None
+    # the second chunk of a chunked prefill: positions 4..11
+    capture.forward_started(torch.tensor(tokens[4:]), torch.arange(4, 12))
+    fwd = capture.current()
+    assert fwd is not None and (fwd.start, fwd.tokens, fwd.rows) == (4, 8, [5, 9])
+    capture.capture("attn.out", 0, [x[4:]], "full")
+    shards = list(x[4:].chunk(2))  # 8 rows on 2 ranks
+    capture.capture("attn.in", 0, shards, "token_shards", world=2, shard_rows=4)
+    capture.forward_finished()
+    capture.capture("attn.out", 1, [x], "full")  # outside a watched forward: nothing
+    pieces = read_captures(tmp_path)
+    assert [(p.entry.module, p.entry.rank, p.entry.rows) for p in pieces] == [("attn.out", None, [5, 9]), ("attn.in", 0, [5]),
+                                                                           ("attn.in", 1, [9])]
+    np.testing.assert_array_equal(pieces[0].values, x[[5, 9]].numpy())
+    got = reassemble(pieces[1:])
+    assert isinstance(got, Reassembled) and got.rows.tolist() == [5, 9]
+    np.testing.assert_array_equal(got.values, x[[5, 9]].numpy())
+
+
+def test_a_damaged_capture_is_one_sentence(tmp_path):
+    capture = TensorCapture({"dir": str(tmp_path), "sequences": [{"label": "s", "token_ids": [1, 2], "rows": [0, 1]}]})
+    capture.forward_started(torch.tensor([1, 2]), torch.arange(2))
+    capture.capture("attn.out", 0, [torch.ones(2, WIDTH)], "full")
+    index = next(tmp_path.glob("*.jsonl"))
+    index.with_suffix(".bin").write_bytes(b"\0" * 8)
+    with pytest.raises(UserError, match="points past the end"):
+        read_captures(tmp_path)
+    line = json.loads(index.read_text())
+    index.write_text(json.dumps({**line, "version": 9}) + "\n")
+    with pytest.raises(UserError, match="capture of version 9; this evalpipe reads version 1"):
+        read_captures(tmp_path)
