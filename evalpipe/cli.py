@@ -122,7 +122,7 @@ def compare(
 @app.command()
 def localize(
     run_dir: Path = typer.Argument(..., help="The run directory of a DIVERGENT run (reports/runs/<run_id>)."),
-    variant: Optional[str] = typer.Option(None, "--variant", help="Variant to localize (default: the first DIVERGENT one)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="Variant(s) to localize, comma-separated (default: the first DIVERGENT one)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Sequences to re-run, the most divergent teacher-forced ones (default: the config's localize.samples, 4)."),
     positions: Optional[int] = typer.Option(None, "--positions", help="Worst teacher-forced positions kept per sequence, besides shard, block and last-token rows (default 8)."),
     timeout: Optional[float] = _TIMEOUT_OPT,
@@ -144,6 +144,11 @@ def calibrate(
     from_run: Optional[Path] = typer.Option(
         None, "--from-run", help="Judge a finished calibration run (same -c and --faults) again without starting engines."
     ),
+    localize: bool = typer.Option(
+        True, "--localize/--no-localize",
+        help="Localize every entry (`evalpipe localize`; one engine start per entry) for the table's last column; "
+             "with --from-run, the run's localize.json is read instead.",
+    ),
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
     from evalpipe.commands.calibrate import run_calibration
@@ -152,7 +157,8 @@ def calibrate(
     names = split_csv(faults) or None
 
     with _writing_into(from_run):
-        code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run)
+        code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run,
+                               localize=localize)
     raise typer.Exit(code)
 
 

@@ -126,3 +126,21 @@ def test_table_states_the_command_and_every_entry(calibrated):
     assert "**Harmful caught: 2/2. Fallbacks flagged INCONCLUSIVE: 1/1. Benign kept clean: 3/3.**" in text
     for name in FAULTS:
         assert f"fault-{name.replace('_', chr(92) + '_')}" in text, name
+
+
+def test_every_compared_entry_is_localized_at_its_known_place(calibrated):
+    """`evalpipe localize` per entry (the reference started once for all): the harmful fault
+    and the graded error above the detection limit at their known layer and module, every
+    benign entry, the fallback and the engine controls at "none"."""
+    r = rows(calibrated)
+    assert (r["fault-heads_permuted"]["localized"], r["fault-heads_permuted"]["expected_place"]) == (
+        "layer 0 attn.heads", "layer 0 attn.heads")
+    assert (r["fault-attn_out_error_1e-3"]["localized"], r["fault-attn_out_error_1e-3"]["expected_place"]) == (
+        "layer 1 attn.out", "layer 1 attn.out")
+    for name in ("sp", "fault-sp_fallback", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
+        assert (r[name]["localized"], r[name]["expected_place"]) == ("none", "none"), (name, r[name])
+    assert r["fault-shard_offset_checked"]["localized"] is None  # its engine never ran
+    text = calibrated["table"].read_text()
+    assert "localized first (known place)" in text and "| layer 0 attn.heads (layer 0 attn.heads) ✓ |" in text
+    docs = json.loads((calibrated["dir"] / "localize.json").read_text())["localizations"]
+    assert {d["variant"] for d in docs} == set(r) - {"fault-shard_offset_checked"}

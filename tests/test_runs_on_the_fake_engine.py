@@ -410,3 +410,29 @@ def test_nightly_passes_its_first_night_and_flags_a_drift_from_the_baseline_nigh
     assert [n["run_id"] for n in hist.runs(kind="nightly")] == ["night-1", "night-2"]
     assert hist.variants_of("night-2")[0]["components"]["vllm_ascend"] == "bad"
     assert "night-2" in dashboard.read_text()
+
+
+def test_localize_reruns_the_configurations_and_says_when_an_engine_captured_nothing(run):
+    """`evalpipe localize` re-plans the run's reference and variant from run.json and starts
+    a localize job for each; the fake engine has no model whose layers could capture, which
+    is one sentence naming the configuration, not a comparison of nothing."""
+    proc = evalpipe("localize", str(run["dir"]), "--variant", "diverge", "--samples", "2", cwd=run["tmp"])
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 3, out
+    assert "localize diverge against ref: 2 sequences" in out
+    assert "localize: configuration ref captured nothing" in out and "Traceback" not in out
+    job = json.loads((run["dir"] / "localize" / "ref" / "job.json").read_text())
+    assert job["tasks"] == [] and len(job["localize"]["sequences"]) == 2
+    assert job["engine_args"]["enable_prefix_caching"] is False
+    assert not (run["dir"] / "localize.json").exists()
+
+
+def test_localize_auto_follows_a_divergent_run_and_a_failure_costs_a_warning(tmp_path):
+    path = write_config(tmp_path, "auto", reference="ref", variants={"ref": {}, "diverge": {"env": {FAKE_ENGINE_ENV: "diverge=3"}}})
+    cfg = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**cfg, "localize": "auto"}))
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", "2", "--run-id", "auto", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, out  # the verdict's code: DIVERGENT
+    assert "localize diverge against ref" in out and "warning: localize (diverge) failed" in out
+    assert (tmp_path / "runs" / "auto" / "compare.json").is_file()

@@ -14,6 +14,7 @@ docs/calibration.md with the sensitivity plot beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evalpipe.compare.calibration import (
+    CalibrationRow,
     SensitivityPoint,
     calibration_row,
     compare_first,
@@ -30,17 +32,20 @@ from evalpipe.compare.calibration import (
     failed_row,
     gate_firing,
     item_order,
+    place_name,
     sensitivity_point,
     summarize,
 )
 from evalpipe.compare.run import VariantComparison, compare_artifacts
 from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant, load_config
+from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
-from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, Fault
+from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, LAST_LAYER, Fault
 from evalpipe.lab.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
 from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
+from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
@@ -153,6 +158,7 @@ def run_calibration(
     run_id: str | None = None,
     output: Path | None = None,
     from_run: Path | None = None,
+    localize: bool = True,
 ) -> int:
     """Run the zoo and write the table; with ``from_run``, judge that finished calibration
     run again (same config and faults) without starting an engine: new gates, or a table
@@ -163,6 +169,7 @@ def run_calibration(
     faults = zoo(fault_names)
     config, expected = calibration_config(base, faults)
     graded = {f"fault-{f.name}": f.magnitude for f in faults if f.magnitude is not None}
+    places = {f"fault-{f.name}": f.place for f in faults}
     task_group = next(iter(config.tasks))
     started = time.time()
     if from_run is not None:
@@ -230,7 +237,8 @@ def run_calibration(
     for name in failed:
         kind, doc = expected.get(name, ("benign", ""))
         rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
-
+    if localize and comparisons:
+        rows = _localized(rows, run_dir, places, console, again=from_run is None)
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
@@ -262,13 +270,36 @@ def run_calibration(
     return 0 if counts["missed"] == 0 and counts["false alarm"] == 0 else 1
 
 
+def _localized(rows: list[CalibrationRow], run_dir: Path, places: dict[str, tuple[int, str] | None],
+               console: Console, *, again: bool) -> list[CalibrationRow]:
+    """Every compared entry through `evalpipe localize` (the reference and its A/A started
+    once for all; ``again`` false: the run's localize.json as it is): the first module above
+    the floor next to the entry's known place."""
+    names = tuple(r.variant for r in rows if r.status != "FAILED")
+    found = localize_run(run_dir, console, Request(names)) if again else read_localizations(run_dir)
+    docs = {d.variant: d for d in found}
+    out = []
+    for r in rows:
+        doc = docs.get(r.variant)
+        if doc is None:
+            out.append(r)
+            continue
+        last = max((m.layer for m in doc.modules), default=0)
+        known = places.get(r.variant)
+        expected = place_name(None, None) if known is None else place_name(last if known[0] == LAST_LAYER else known[0], known[1])
+        first = place_name(doc.first.layer, doc.first.module) if doc.first is not None else place_name(None, None)
+        out.append(dataclasses.replace(r, localized=first, expected_place=expected))
+    return out
+
+
 def _print_rows(rows, console: Console) -> None:
-    table = Table("variant", "expected", "verdict", "outcome", "detectors", "detection cost")
+    table = Table("variant", "expected", "verdict", "outcome", "detectors", "detection cost", "localized first")
     for r in rows:
         style = "green" if r.outcome in ("caught", "clean") else "yellow" if r.outcome == "not caught" else "bold red"
         table.add_row(
             r.variant, r.expected, r.status, f"[{style}]{r.outcome}[/]", ", ".join(r.detectors) or "—",
             "—" if r.detection_cost is None else str(r.detection_cost),
+            "—" if r.localized is None else f"{r.localized}" + {True: " ✓", False: f" ✗ (known: {r.expected_place})", None: ""}[r.placed],
         )
     console.print(table)
 

@@ -12,6 +12,7 @@ from evalpipe.documents.comparison import read_comparison
 from evalpipe.errors import EvalpipeError, ExitCode, UserError
 from evalpipe.pipeline.launching import Limits
 from evalpipe.pipeline.localizing import Request, localize_run
+from evalpipe.pipeline.plan import split_csv
 from evalpipe.rundir.artifacts import RunDir
 from evalpipe.rundir.lock import holding_run_dir
 
@@ -24,7 +25,7 @@ def localize_command(run_dir: Path, console: Console, *, variant: str | None = N
     if not (run_dir / "run.json").is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
     with holding_run_dir(run_dir):  # it rewrites the reports: not while a run or a compare writes them
-        localize_run(run_dir, console, Request(variant, samples, positions), Limits(timeout_s=timeout))
+        localize_run(run_dir, console, Request(tuple(split_csv(variant)), samples, positions), Limits(timeout_s=timeout))
     return ExitCode.OK
 
 
@@ -34,11 +35,11 @@ def localize_after_run(run_dir: Path, console: Console) -> None:
     rd = RunDir(run_dir)
     if not rd.compare_json.is_file():
         return
-    for comparison in read_comparison(rd.compare_json).comparisons:
-        if comparison.status != "DIVERGENT":
-            continue
-        try:
-            with holding_run_dir(run_dir):
-                localize_run(run_dir, console, Request(comparison.variant))
-        except EvalpipeError as err:
-            console.print(f"[yellow]warning:[/] localize of {comparison.variant} failed: {err}", soft_wrap=True)
+    divergent = tuple(c.variant for c in read_comparison(rd.compare_json).comparisons if c.status == "DIVERGENT")
+    if not divergent:
+        return
+    try:
+        with holding_run_dir(run_dir):
+            localize_run(run_dir, console, Request(divergent))
+    except EvalpipeError as err:
+        console.print(f"[yellow]warning:[/] localize ({', '.join(divergent)}) failed: {err}", soft_wrap=True)

@@ -56,6 +56,17 @@ class CalibrationRow:
     n_items: int
     detection_cost: int | None  # None: never DIVERGENT on any prefix (or not computed)
     doc: str = ""
+    # `evalpipe localize`: the first module above its floor ("layer 1 attn.out", "none"), and
+    # where the entry's known place is ("none" for a benign one); None: not localized
+    localized: str | None = None
+    expected_place: str | None = None
+
+    @property
+    def placed(self) -> bool | None:
+        """Whether localize named the entry's known place (None: not localized, or no known place)."""
+        if self.localized is None or self.expected_place is None:
+            return None
+        return self.localized == self.expected_place
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(self.__dict__)
@@ -315,6 +326,11 @@ def failed_row(variant: str, expected: str, error: str, doc: str = "") -> Calibr
         detection_cost=None,
         doc=f"{doc} Run failed: {error}".strip(),
     )
+
+
+def place_name(layer: int | None, module: str | None) -> str:
+    """How the table names a place: "layer 1 attn.out", or "none"."""
+    return "none" if layer is None or module is None else f"layer {layer} {module}"
 
 
 def summarize(rows: Sequence[CalibrationRow]) -> dict[str, int]:

@@ -1,6 +1,7 @@
-"""localize.json: where in the model a variant first parts from the reference, beside
-compare.json in the run directory. Written by `evalpipe localize` (from
-:class:`evalpipe.compare.localize.Localization`), read by the reports."""
+"""localize.json: where in the model each localized variant first parts from the
+reference, beside compare.json in the run directory. Written by `evalpipe localize` (from
+:class:`evalpipe.compare.localize.Localization`), read by the reports; localizing a
+variant again replaces its entry and keeps the others'."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class SequenceDoc(Document):
 
 
 class LocalizeDocument(Document):
-    version: Literal[1] = LOCALIZE_VERSION
+    """One variant's localization."""
+
     run_id: str
     variant: str
     reference: str
@@ -76,18 +78,26 @@ class LocalizeDocument(Document):
     capture_bytes: dict[str, int] = {}  # per configuration, the bytes the engine wrote
 
 
-def write_localization(run_dir: Path, doc: LocalizeDocument) -> Path:
+class LocalizeFile(Document):
+    version: Literal[1] = LOCALIZE_VERSION
+    localizations: list[LocalizeDocument]
+
+
+def write_localizations(run_dir: Path, docs: list[LocalizeDocument]) -> Path:
+    """localize.json with ``docs``, replacing earlier entries of the same variants."""
+    kept = [d for d in read_localizations(run_dir) if d.variant not in {n.variant for n in docs}]
     path = run_dir / LOCALIZE_JSON
-    write_json(path, doc.model_dump(mode="json"))
+    write_json(path, LocalizeFile(localizations=[*kept, *docs]).model_dump(mode="json"))
     return path
 
 
-def read_localization(run_dir: Path) -> LocalizeDocument | None:
+def read_localizations(run_dir: Path) -> list[LocalizeDocument]:
+    """The localizations of a run directory (none: an empty list)."""
     path = run_dir / LOCALIZE_JSON
     if not path.is_file():
-        return None
+        return []
     raw = read_json_object(path, "run `evalpipe localize` again")
     if raw.get("version") != LOCALIZE_VERSION:
         raise UserError(f"{path} is a localization of version {raw.get('version')!r}; this evalpipe reads version "
                         f"{LOCALIZE_VERSION}: run `evalpipe localize` again.")
-    return validated(LocalizeDocument, raw, str(path), "run `evalpipe localize` again")
+    return validated(LocalizeFile, raw, str(path), "run `evalpipe localize` again").localizations

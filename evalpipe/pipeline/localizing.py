@@ -52,12 +52,15 @@ CAPTURES = "captures"
 class Request:
     """What the user asked for (command line, or the config's `localize:` section)."""
 
-    variant: str | None = None
+    variants: tuple[str, ...] = ()  # none: the first DIVERGENT one
     samples: int | None = None
     positions: int | None = None
 
 
-def localize_run(run_dir: Path, console: Console, request: Request = Request(), limits: Limits = Limits()) -> schema.LocalizeDocument:
+def localize_run(run_dir: Path, console: Console, request: Request = Request(),
+                 limits: Limits = Limits()) -> list[schema.LocalizeDocument]:
+    """Localize the requested variants of a run: the reference and the A/A configuration are
+    started once for all of them, each variant once; localize.json and the reports updated."""
     rd = RunDir(Path(run_dir))
     info = read_run_document(rd.root)
     if info is None:
@@ -66,25 +69,25 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(), 
     reference = info.reference or (info.variants[0] if info.variants else None)
     if reference is None:
         raise UserError(f"{rd.run_json} names no variant; run `evalpipe run` again.")
-    variant = request.variant or _divergent_variant(rd, info)
     aa_name = info.noise_floor_of(reference)
-    if variant in (reference, aa_name) or variant not in info.variants:
-        others = [v for v in info.variants if v not in (reference, aa_name)]
-        raise UserError(f"--variant {variant}: not a variant compared in {rd.root} (the reference is {reference}); "
-                        f"choose one of: {', '.join(others) or 'none'}.")
+    variants = list(dict.fromkeys(request.variants)) or [_divergent_variant(rd)]
+    others = [v for v in info.variants if v not in (reference, aa_name)]
+    for variant in variants:
+        if variant not in others:
+            raise UserError(f"--variant {variant}: not a variant compared in {rd.root} (the reference is {reference}); "
+                            f"choose one of: {', '.join(others) or 'none'}.")
     samples = request.samples or config.localize.samples
     positions = request.positions or config.localize.positions
 
-    plan = _plan(config, info, rd, reference, variant, aa_name is not None)
+    plan = _plan(config, info, rd, reference, variants, aa_name is not None)
     endpoint = [v.name for v in plan.variants if v.launch.mode == "endpoint"]
     if endpoint:
         raise UserError(f"localize cannot capture inside {', '.join(endpoint)}: in endpoint mode evalpipe does not start "
                         "the server, so it cannot put capture points into its engine; localize a serve-mode or offline run.")
-    targets = _targets(rd, reference, variant, config, samples, positions)
-    console.print(f"[bold]localize[/] {variant} against {reference}"
+    targets = _merged([_targets(rd, reference, v, config, samples, positions) for v in variants])
+    console.print(f"[bold]localize[/] {', '.join(variants)} against {reference}"
                   + (f" and the A/A floor ({aa_name})" if aa_name else "") + f": {len(targets)} sequences, "
-                  f"{sum(len(t.rows) for t in targets)} positions, "
-                  f"{len(plan.variants)} engine start{'s' if len(plan.variants) > 1 else ''}")
+                  f"{sum(len(t.rows) for t in targets)} positions, {len(plan.variants)} engine starts")
     model = ensure_model(plan, console)
 
     seconds: dict[str, float] = {}
@@ -102,24 +105,29 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(), 
         view.close()
         stop_unneeded(servers, [])
 
-    t0 = time.monotonic()
     numerics = variant_numerics(VariantDir(rd.root / reference))
-    result = localize(
-        sides[reference], sides[variant], sides.get(aa_name) if aa_name else None,
-        labels={i: t.label for i, t in enumerate(targets)}, tokens={i: len(t.token_ids) for i, t in enumerate(targets)},
-        numerics_floor=numerics.localize_floor, rel_aa=config.localize.rel_aa,
-        where=Boundaries(tp_sizes=_tp_sizes(config, plan), sparse_block=config.longctx.sparse_block),
-    )
-    seconds["analysis"] = round(time.monotonic() - t0, 3)
-    doc = document(result, info, targets, mode=plan.variants[0].launch.mode, dtype=numerics.dtype,
-                   precision=numerics.precision, seconds=seconds, sizes=sizes)
-    path = schema.write_localization(rd.root, doc)
-    _render_reports(rd, doc)
-    console.print(f"[bold]{variant}[/]: {doc.sentence}", soft_wrap=True)
-    for line in doc.not_reassembled:
-        console.print(f"[yellow]not compared:[/] {line}", soft_wrap=True)
+    docs = []
+    for variant in variants:
+        t0 = time.monotonic()
+        result = localize(
+            sides[reference], sides[variant], sides.get(aa_name) if aa_name else None,
+            labels={i: t.label for i, t in enumerate(targets)}, tokens={i: len(t.token_ids) for i, t in enumerate(targets)},
+            numerics_floor=numerics.localize_floor, rel_aa=config.localize.rel_aa,
+            where=Boundaries(tp_sizes=_tp_sizes(config, plan), sparse_block=config.longctx.sparse_block),
+        )
+        used = [reference, *([aa_name] if aa_name else []), variant]
+        docs.append(document(result, info, targets, mode=plan.variants[0].launch.mode, dtype=numerics.dtype,
+                             precision=numerics.precision,
+                             seconds={**{n: seconds[n] for n in used}, "analysis": round(time.monotonic() - t0, 3)},
+                             sizes={n: sizes[n] for n in used}))
+    path = schema.write_localizations(rd.root, docs)
+    _render_reports(rd)
+    for doc in docs:
+        console.print(f"[bold]{doc.variant}[/]: {doc.sentence}", soft_wrap=True)
+        for line in doc.not_reassembled:
+            console.print(f"[yellow]not compared:[/] {line}", soft_wrap=True)
     console.print(f"localization: {path}  (report.md and report.html beside it have the section)")
-    return doc
+    return docs
 
 
 def document(result: Localization, info: RunDocument, targets: list[Target], *, mode: str, dtype: str | None,
@@ -149,7 +157,7 @@ def _config_of(info: RunDocument, rd: RunDir) -> RunConfig:
         raise UserError(f"{rd.run_json}: its config cannot be read by this evalpipe ({first}); run `evalpipe run` again.") from None
 
 
-def _divergent_variant(rd: RunDir, info: RunDocument) -> str:
+def _divergent_variant(rd: RunDir) -> str:
     if not rd.compare_json.is_file():
         raise UserError(f"{rd.root} has no compare.json; compare the run first (`evalpipe compare {rd.root}`) or "
                         "name the variant with --variant.")
@@ -161,12 +169,12 @@ def _divergent_variant(rd: RunDir, info: RunDocument) -> str:
     return divergent[0]
 
 
-def _plan(config: RunConfig, info: RunDocument, rd: RunDir, reference: str, variant: str, noise_floor: bool) -> RunPlan:
-    """The run's configurations, re-planned from its run.json: reference, A/A, variant."""
+def _plan(config: RunConfig, info: RunDocument, rd: RunDir, reference: str, variants: list[str], noise_floor: bool) -> RunPlan:
+    """The run's configurations, re-planned from its run.json: reference, A/A, variants."""
     config = config.model_copy(update={"reference": reference})
     try:
         plan = make_plan(config, info.config_path or str(rd.run_json), info.task_selector or "all",
-                         variants=",".join([reference, variant]), output=str(rd.root.parent), run_id=info.run_id or rd.root.name,
+                         variants=",".join([reference, *variants]), output=str(rd.root.parent), run_id=info.run_id or rd.root.name,
                          noise_floor=noise_floor)
     except ConfigError as err:
         raise UserError(f"cannot start {rd.root}'s configurations again: {err}") from None
@@ -194,6 +202,22 @@ def _targets(rd: RunDir, reference: str, variant: str, config: RunConfig, sample
     if not targets:
         raise UserError(f"{rd.root}: {variant} and {reference} share no teacher-forced sequence; nothing to localize.")
     return targets
+
+
+def _merged(per_variant: list[list[Target]]) -> list[Target]:
+    """One list of sequences for every configuration: each variant's most divergent ones,
+    with the rows any of them keeps (the reference's captures then serve them all)."""
+    merged: dict[tuple[str, int, int], Target] = {}
+    for targets in per_variant:
+        for t in targets:
+            known = merged.get(t.key)
+            if known is None:
+                merged[t.key] = t
+                continue
+            rows = {r: list(dict.fromkeys(known.rows.get(r, []) + t.rows.get(r, []))) for r in known.rows.keys() | t.rows.keys()}
+            merged[t.key] = dataclasses.replace(known, rows=dict(sorted(rows.items())),
+                                                divergence=max(known.divergence, t.divergence))
+    return list(merged.values())
 
 
 def _tp_sizes(config: RunConfig, plan: RunPlan) -> tuple[int, ...]:
@@ -236,11 +260,12 @@ def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: 
     return Side(planned.name, pieces)
 
 
-def _render_reports(rd: RunDir, doc: schema.LocalizeDocument) -> None:
-    """report.md and report.html again, with the localization (compare.json unchanged)."""
+def _render_reports(rd: RunDir) -> None:
+    """report.md and report.html again, with the localizations (compare.json unchanged)."""
     if not rd.compare_json.is_file():
         return
     data = read_comparison(rd.compare_json)
     header = read_run_document(rd.root) or RunDocument()
-    artifacts.write_text(rd.report_md, render_markdown(data, header, localization=doc))
-    artifacts.write_text(rd.report_html, render_html(data, header, localization=doc))
+    found = schema.read_localizations(rd.root)
+    artifacts.write_text(rd.report_md, render_markdown(data, header, localizations=found))
+    artifacts.write_text(rd.report_html, render_html(data, header, localizations=found))

@@ -71,8 +71,9 @@ def render_calibration(
         "(computed on this run's outputs: a smaller run batches its prompts differently, which",
         "matters for the faults tied to the batch layout).",
         "",
-        "| variant | expected | verdict | outcome | Δ score [95% CI] | McNemar p | detectors (failed gates) | detection cost |",
-        "|---|---|---|---|---:|---:|---|---:|",
+        *_localize_lines(rows),
+        "| variant | expected | verdict | outcome | Δ score [95% CI] | McNemar p | detectors (failed gates) | detection cost | localized first (known place) |",
+        "|---|---|---|---|---:|---:|---|---:|---|",
     ]
     for r in rows:
         gates = ", ".join(r.failed_gates)
@@ -80,13 +81,35 @@ def render_calibration(
         lines.append(
             f"| {md_escape(r.variant)} | {r.expected} | {r.status} | {r.outcome} | "
             f"{fmt_delta(r.delta)} {_ci(r.ci_low, r.ci_high)} | {_p(r.mcnemar_p)} | {md_escape(detectors)} | "
-            f"{'—' if r.detection_cost is None else r.detection_cost} |"
+            f"{'—' if r.detection_cost is None else r.detection_cost} | {_placed(r)} |"
         )
     lines += _sensitivity_section(sensitivity, plot) + _firing_section(firing)
     lines += ["", "## The entries", ""]
     for r in rows:
         lines.append(f"- **{md_escape(r.variant)}** ({r.expected}): {md_escape(r.doc)}")
     return "\n".join(lines) + "\n"
+
+
+def _placed(r: CalibrationRow) -> str:
+    if r.localized is None:
+        return "—"
+    mark = {True: "✓", False: "✗", None: ""}[r.placed]
+    return f"{r.localized} ({r.expected_place or '—'}) {mark}".rstrip()
+
+
+def _localize_lines(rows: Sequence[CalibrationRow]) -> list[str]:
+    """The localization column's summary, and the smallest graded error still placed right."""
+    judged = [r for r in rows if r.placed is not None]
+    if not judged:
+        return []
+    graded = sorted((r for r in judged if r.expected == "graded"), key=lambda r: r.variant)
+    placed = [r for r in graded if r.placed]
+    line = (f"`evalpipe localize` (the last column: the first module above its A/A floor, and in brackets the "
+            f"entry's known place) named the known place for {sum(bool(r.placed) for r in judged)}/{len(judged)} entries")
+    if graded:
+        line += (f"; of the graded errors it placed {', '.join(r.variant for r in placed) or 'none'} and missed "
+                 f"{', '.join(r.variant for r in graded if not r.placed) or 'none'}")
+    return [line + " (docs/localize.md).", ""]
 
 
 def _magnitude(m: float) -> str:

@@ -40,6 +40,12 @@ class Fault:
     magnitude: float | None = None  # graded faults: the relative error they inject
     hangs: bool = False  # tests of the watchdog only: the engine stops making progress
     falls_back: bool = False  # the variant silently runs another path: only the path probes can tell
+    # where `evalpipe localize` must find it first: (decoder layer, capture point); layer
+    # LAST_LAYER is the model's last. None: nowhere (benign, or the engine fails first)
+    place: tuple[int, str] | None = None
+
+
+LAST_LAYER = -1
 
 
 # Graded systematic errors for the sensitivity curve: the attention output of one decoder
@@ -62,6 +68,7 @@ def _graded(text: str) -> Fault:
         harmful=True,
         layout="sp",
         magnitude=float(text),
+        place=(GRADED_LAYER, "attn.out"),
         doc=(
             f"Graded systematic error: layer {GRADED_LAYER}'s attention output is multiplied by "
             f"(1 + {text}) after the reduce_scatter (⑥), every token, every batch. Harmful by "
@@ -78,6 +85,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "shard_offset",
             harmful=True,
+            place=(0, "attn.in"),
             layout="sp",
             doc=(
                 "A missing input check (⑤). Every rank reads its token shard one row later than its "
@@ -103,6 +111,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "double_reduce",
             harmful=True,
+            place=(0, "attn.out"),
             layout="sp",
             doc=(
                 "The reduction done twice: the O projection keeps its own all-reduce "
@@ -115,6 +124,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "heads_permuted",
             harmful=True,
+            place=(0, "attn.heads"),
             layout="sp",
             doc=(
                 "The all_to_all (⑥) sends head groups to the wrong ranks: the send buffer is viewed "
@@ -128,6 +138,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "scale_after_reduce",
             harmful=True,
+            place=(0, "attn.out"),
             layout="sp",
             needs_scale=True,
             out_scale=16384.0,
@@ -147,6 +158,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "padding_not_zeroed",
             harmful=True,
+            place=(0, "attn.heads"),
             layout="sp",
             doc=(
                 "Padding rows not zeroed (⑤ and the output's tail zeroing skipped). A shard's "
@@ -166,6 +178,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "residual_not_rescaled",
             harmful=True,
+            place=(0, "attn.residual"),
             layout="sp",
             needs_scale=True,
             out_scale=16384.0,
@@ -201,6 +214,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "reduce_bf16",
             harmful=True,
+            place=(0, "attn.out"),
             layout="sp",
             doc=(
                 "The reduce_scatter (⑥) communicates and accumulates in bfloat16 (8-bit mantissa) "
@@ -262,6 +276,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "subtle_last_layer_boundary",
             harmful=True,
+            place=(LAST_LAYER, "attn.heads"),
             layout="sp",
             doc=(
                 "Deliberately subtle: only on the last decoder layer, and only at the first token "
