@@ -42,6 +42,7 @@ from evalpipe.compare.run import (
 from evalpipe.compare.verdict import Status
 from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents.comparison import write_comparison
+from evalpipe.documents.localization import LocalizeDocument, read_localization
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
 from evalpipe.errors import UserError
@@ -225,19 +226,24 @@ def compare_across_runs(
 
 
 def write_outputs(
-    run_dir: Path, run_comparison: RunComparison, run_info: RunDocument | None = None, *, plots: bool = True
+    run_dir: Path, run_comparison: RunComparison, run_info: RunDocument | None = None, *, plots: bool = True,
+    localization: LocalizeDocument | None = None,
 ) -> dict[str, Path]:
     """Write compare.json, report.md, report.html and junit.xml atomically.
 
     compare.json is written first: the reports are renderings of it, so a failure
-    while drawing a plot never loses the comparison itself."""
+    while drawing a plot never loses the comparison itself. The reports carry
+    ``localization`` (default: the directory's localize.json, when `evalpipe localize`
+    wrote one) as their "Where it starts" section."""
     rd = RunDir(Path(run_dir))
     header = run_info if run_info is not None else read_run_info(rd.root)
     data = run_comparison.document()
     write_comparison(rd.compare_json, data)
+    if localization is None:
+        localization = read_localization(rd.root)
     artifacts.write_text(rd.junit_xml, render_junit(data))
-    artifacts.write_text(rd.report_md, render_markdown(data, header))
-    artifacts.write_text(rd.report_html, render_html(data, header, plots=plots))
+    artifacts.write_text(rd.report_md, render_markdown(data, header, localization))
+    artifacts.write_text(rd.report_html, render_html(data, header, plots=plots, localization=localization))
     return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}
 
 
@@ -268,8 +274,10 @@ def report_run(
     if output is None:
         info = info.updated(status="ok", verdict=verdict)
         write_run_document(rd.run_json, info)
-    written = write_outputs(Path(output) if output is not None else rd.root, comparison, info)
-    print_summary(comparison.document(), console)
+    # localize.json stays in the run directory when the reports go elsewhere (--output)
+    localization = read_localization(rd.root)
+    written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localization=localization)
+    print_summary(comparison.document(), console, localization=localization)
     print_written(written, console)
     return verdict_exit_code(verdict), info
 

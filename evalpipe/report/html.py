@@ -12,8 +12,9 @@ from typing import Any
 
 from evalpipe.compare.verdict import Status
 from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, TokenSummary
+from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.documents.run_doc import RunDocument
-from evalpipe.report import plots
+from evalpipe.report import localize, plots
 from evalpipe.report.markdown import template_environment
 from evalpipe.report.view import build_view, show_controls
 
@@ -91,11 +92,41 @@ def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def render_html(compare: ComparisonDocument, run: RunDocument | None = None, *, plots: bool = True) -> str:
-    """report.html from the comparison and run.json. ``plots=False`` leaves the
-    plots out (a line says so): drawing them is most of the page's cost, which a
-    simulated history of many nights need not pay for every night."""
+def _localization(doc: LocalizeDocument, draw: bool) -> dict[str, Any]:
+    """The "Where it starts" section: localize.view's content and its two plots."""
+    section = localize.view(doc, html_text)
+    if not draw:
+        section["plots"] = [dict(_NOT_DRAWN, id="")]
+        return section
+    section["plots"] = [
+        {
+            "id": "localize-heatmap",
+            "png": plots.localize_heatmap(doc),
+            "alt": "heatmap of layer by module: log10 of the relative L2 error over its floor, "
+                   "the first module above its floor outlined",
+            "note": "No module has a value to draw: nothing could be compared.",
+        },
+        {
+            "id": "localize-curve",
+            "png": plots.localize_curve(doc),
+            "alt": "relative L2 error of the residual stream after each layer: reference vs variant, "
+                   "reference vs A/A, and the floor",
+            "note": "No per-layer residual stream to draw.",
+        },
+    ]
+    return section
+
+
+def render_html(
+    compare: ComparisonDocument, run: RunDocument | None = None, *, plots: bool = True,
+    localization: LocalizeDocument | None = None,
+) -> str:
+    """report.html from the comparison and run.json (and localize.json's "Where it starts"
+    when given). ``plots=False`` leaves the plots out (a line says so): drawing them is
+    most of the page's cost, which a simulated history of many nights need not pay for
+    every night."""
     view = build_view(compare, run, html_text)
+    view["localization"] = _localization(localization, plots) if localization is not None else None
     for c in view["comparisons"]:
         for t in c["tasks"]:
             t["plots"] = _plots(t["data"]) if plots else [_NOT_DRAWN]

@@ -14,7 +14,9 @@ from typing import Any
 import jinja2
 
 from evalpipe.documents.comparison import ComparisonDocument
+from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.documents.run_doc import RunDocument
+from evalpipe.report.localize import markdown_section
 from evalpipe.report.view import build_view, show_controls
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -51,9 +53,13 @@ def template_environment(autoescape: bool) -> jinja2.Environment:
     )
 
 
-def render_markdown(compare: ComparisonDocument, run: RunDocument | None = None) -> str:
-    """report.md from the comparison and run.json; the same inputs give the same bytes."""
+def render_markdown(
+    compare: ComparisonDocument, run: RunDocument | None = None, localization: LocalizeDocument | None = None
+) -> str:
+    """report.md from the comparison and run.json (and localize.json's "Where it starts" when
+    given); the same inputs give the same bytes."""
     view = build_view(compare, run, md_escape)
+    view["localization"] = markdown_section(localization, md_escape) if localization is not None else None
     # markdown, not HTML: every text in the view is already md_escape'd
     text = template_environment(autoescape=False).get_template(TEMPLATE_NAME).render(**view)
     # collapse runs of blank lines left by template control blocks

@@ -12,11 +12,16 @@ import io
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator, NullLocator
 
 from evalpipe.documents.comparison import DepthRow, FreeFigures, GroupFigures, Histogram, LengthRow, TeacherFigures, TokenSummary
+from evalpipe.documents.localization import LocalizeDocument
+from evalpipe.report.localize import module_order
+from evalpipe.report.view import show_controls
 
 DPI = 90
 PANEL_SIZE = (3.6, 2.3)  # inches per panel
@@ -280,3 +285,107 @@ def depth_plot(
 ) -> str | None:
     """KL max and max |Δlogprob| per needle-depth bin, A/B beside A/A."""
     return _trend_plot(ab, aa, x_of=_depth_x, xlabel="needle depth", source=source, split=split, log2_x=False)
+
+
+# ---------------------------------------------------------------------------
+# localize.json: where a variant first parts from the reference
+# ---------------------------------------------------------------------------
+
+HEATMAP_CMAP = "RdBu_r"  # diverging: above the floor warm, below it cool, the floor itself white
+NO_VALUE = "#bdbdbd"
+MAX_DECADES = 6.0  # the colour scale's reach either side of the floor
+COLOR_FLOOR = "#555555"
+
+
+def _label(text: str) -> str:
+    """A name from the document as literal plot text: a ``$`` would start matplotlib's math mode."""
+    return show_controls(text).replace("$", r"\$")
+
+
+def _log_ratio(rel_l2: float | None, floor: float) -> float:
+    """log10(rel_l2 / floor), clipped to ±MAX_DECADES (an exact zero is as far below as the scale goes);
+    NaN without a value."""
+    if rel_l2 is None or not np.isfinite(rel_l2):
+        return float("nan")
+    if rel_l2 <= 0:
+        return -MAX_DECADES
+    if floor <= 0:
+        return MAX_DECADES
+    return float(np.clip(np.log10(rel_l2 / floor), -MAX_DECADES, MAX_DECADES))
+
+
+def localize_heatmap(doc: LocalizeDocument) -> str | None:
+    """Layer (rows) x module (columns, forward order): log10(rel L2 / floor), warm above the floor,
+    cells without a value grey, the first module above its floor outlined; None without any value."""
+    columns = module_order(doc)
+    layers = sorted({m.layer for m in doc.modules})
+    if not columns or not any(m.rel_l2 is not None for m in doc.modules):
+        return None
+    grid = np.full((len(layers), len(columns)), np.nan)
+    for m in doc.modules:
+        grid[layers.index(m.layer), columns.index(m.module)] = _log_ratio(m.rel_l2, m.floor)
+    finite = np.abs(grid[np.isfinite(grid)])
+    reach = max(1.0, float(finite.max()) if finite.size else 1.0)
+    cmap = colormaps[HEATMAP_CMAP].with_extremes(bad=NO_VALUE)
+    height = min(9.0, max(PANEL_SIZE[1], 0.22 * len(layers) + 1.3))
+    fig = Figure(figsize=(max(PANEL_SIZE[0], 0.55 * len(columns) + 2.2), height))
+    fig.subplots_adjust(left=0.12, right=0.88, top=1 - 0.3 / height, bottom=0.75 / height)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-reach, vmax=reach, aspect="auto", interpolation="nearest")
+    bar = fig.colorbar(image, ax=ax, fraction=0.06, pad=0.03)
+    bar.set_label("log10(rel L2 / floor)", fontsize=7)
+    bar.ax.tick_params(labelsize=6)
+    ax.set_xticks(range(len(columns)), [_label(c) for c in columns], rotation=45, ha="right", fontsize=6)
+    ticks = list(range(0, len(layers), -(-len(layers) // 12)))
+    ax.set_yticks(ticks, [str(layers[i]) for i in ticks])
+    ax.tick_params(axis="y", labelsize=6)
+    ax.set_ylabel("layer", fontsize=7)
+    first = doc.first
+    if first is not None and first.layer in layers and first.module in columns:
+        ax.add_patch(Rectangle((columns.index(first.module) - 0.5, layers.index(first.layer) - 0.5), 1, 1,
+                               fill=False, edgecolor="black", linewidth=2))
+        title = f"rel L2 over its floor (outlined: first above, layer {first.layer} {_label(first.module)})"
+    else:
+        title = "rel L2 over its floor (no module above it)"
+    if np.isnan(grid).any():
+        title += "; grey: no value"
+    ax.set_title(title, fontsize=8)
+    return _png(fig)
+
+
+def localize_curve(doc: LocalizeDocument) -> str | None:
+    """Per layer, the residual stream's rel L2: reference vs variant beside reference vs A/A, with
+    the floor (log y axis; exact zeros on a line at the bottom); None without any point."""
+    points = [p for p in doc.layer_curve if p.rel_l2 is not None or p.aa_rel_l2 is not None]
+    if not points:
+        return None
+    floors = [max(doc.numerics_floor, doc.rel_aa * p.aa_rel_l2) if p.aa_rel_l2 is not None else doc.numerics_floor
+              for p in points]
+    values = [v for p in points for v in (p.rel_l2, p.aa_rel_l2) if v is not None]
+    positive = [v for v in values + floors if v > 0]
+    bottom = min(positive) / 10 if positive else 1e-12
+    has_zero = any(v <= 0 for v in values)
+    fig = Figure(figsize=(PANEL_SIZE[0] * 1.5, PANEL_SIZE[1] + 0.3))
+    fig.subplots_adjust(left=0.12, right=0.97, top=0.88, bottom=0.18)
+    ax = fig.add_subplot(1, 1, 1)
+    layers = np.asarray([p.layer for p in points], dtype=float)
+    for label, attr, color in ((_label(f"{doc.reference} vs {doc.variant}"), "rel_l2", COLOR_AB),
+                               (_label(f"{doc.reference} vs A/A"), "aa_rel_l2", COLOR_AA)):
+        ys = np.asarray([np.nan if getattr(p, attr) is None else max(getattr(p, attr), bottom) for p in points])
+        if np.isfinite(ys).any():
+            ax.plot(layers, ys, "-", marker="o", markersize=3, linewidth=1, color=color, label=label)
+    ax.step(layers, floors, where="mid", linestyle="--", linewidth=1, color=COLOR_FLOOR, label="floor")
+    if has_zero:
+        ax.axhline(bottom, linestyle=":", linewidth=1, color="black", label="0 (bit-equal) drawn on this line")
+    if doc.first is not None:
+        ax.axvline(doc.first.layer, linewidth=0.8, color=COLOR_AB, alpha=0.5, label=f"first above: layer {doc.first.layer}")
+    ax.set_yscale("log")
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(bottom=bottom / 1.5, top=max(positive) * 3 if positive else 1.0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=6)
+    ax.set_title("residual stream after each layer: relative L2 error", fontsize=8)
+    ax.set_xlabel("layer", fontsize=7)
+    ax.set_ylabel("rel L2", fontsize=7)
+    ax.legend(fontsize=6, frameon=False, loc="best")
+    return _png(fig)

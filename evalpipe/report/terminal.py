@@ -13,6 +13,8 @@ from rich.text import Text
 
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import Comparison, ComparisonDocument, LengthRow
+from evalpipe.documents.localization import LocalizeDocument
+from evalpipe.report.localize import terminal_sentence
 from evalpipe.report.view import (
     DASH,
     fmt_num,
@@ -212,9 +214,12 @@ def _gates_passed_line(counts: Mapping[str, int], compare: ComparisonDocument) -
     return Text(f"all {passed} gates passed{skipped}", style="green")
 
 
-def print_summary(compare: ComparisonDocument, console: Console | None = None) -> None:
+def print_summary(
+    compare: ComparisonDocument, console: Console | None = None, *, localization: LocalizeDocument | None = None
+) -> None:
     """Verdict line, why the paths prove nothing (INCONCLUSIVE) and what ran, the scores and
-    token tables, then the failed gates (or that all passed)."""
+    token tables, then the failed gates (or that all passed), then where the difference
+    starts (localize.json) when given."""
     console = console or Console()
     console.print(Text.assemble(_text(f"{compare.run_id}: "), _text(compare.status, style=_style(compare.status))))
     nf = compare.noise_floor
@@ -242,3 +247,5 @@ def print_summary(compare: ComparisonDocument, console: Console | None = None) -
                 console.print(_text(f"  {c.variant}: {r}"))
             if len(reasons) > MAX_REASONS:
                 console.print(_text(f"  {c.variant}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))
+    if localization is not None:
+        console.print(Text.assemble(_text("where it starts: ", style="bold"), _text(terminal_sentence(localization))))
