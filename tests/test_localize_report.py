@@ -17,8 +17,8 @@ from evalpipe.documents.localization import (
     ModuleDoc,
     PositionDoc,
     SequenceDoc,
-    read_localization,
-    write_localization,
+    read_localizations,
+    write_localizations,
 )
 from evalpipe.report import localize as report_localize
 from evalpipe.report import plots
@@ -69,11 +69,11 @@ def localization(fault: bool = True, label: str = "gsm8k doc 3", variant: str = 
 
 @pytest.fixture(scope="module")
 def fault_html() -> str:
-    return render_html(as_document(make_compare()), as_run(RUN_INFO), localization=localization())
+    return render_html(as_document(make_compare()), as_run(RUN_INFO), localizations=[localization()])
 
 
 def _md(doc: LocalizeDocument | None) -> str:
-    return render_markdown(as_document(make_compare()), as_run(RUN_INFO), doc)
+    return render_markdown(as_document(make_compare()), as_run(RUN_INFO), [] if doc is None else [doc])
 
 
 def test_markdown_has_the_sentence_and_the_first_module_row():
@@ -107,7 +107,7 @@ def test_no_difference_renders_the_closest_modules_and_plots():
     assert png is not None and base64.b64decode(png).startswith(PNG_MAGIC)
     curve = plots.localize_curve(doc)
     assert curve is not None and base64.b64decode(curve).startswith(PNG_MAGIC)
-    html = render_html(as_document(identical_compare()), None, localization=doc)
+    html = render_html(as_document(identical_compare()), None, localizations=[doc])
     ids = {a.get("id") for tag, a in parse_page(html).starts if tag == "img"}
     assert {"localize-heatmap", "localize-curve"} <= ids
 
@@ -126,7 +126,7 @@ def test_html_has_the_sentence_the_heatmap_and_the_curve(fault_html):
 
 
 def test_html_without_plots_says_so():
-    html = render_html(as_document(make_compare()), as_run(RUN_INFO), plots=False, localization=localization())
+    html = render_html(as_document(make_compare()), as_run(RUN_INFO), plots=False, localizations=[localization()])
     assert "localize-heatmap" not in html and "Plots were not drawn" in html and FAULT_SENTENCE in html
 
 
@@ -135,7 +135,7 @@ def test_plots_of_missing_values_and_nothing():
     assert plots.localize_heatmap(doc) is not None
     empty = localization(fault=False).model_copy(update={"modules": [], "layer_curve": [], "first": None})
     assert plots.localize_heatmap(empty) is None and plots.localize_curve(empty) is None
-    html = render_html(as_document(make_compare()), None, localization=empty)
+    html = render_html(as_document(make_compare()), None, localizations=[empty])
     assert "No module has a value to draw" in html and "No per-layer residual stream to draw" in html
 
 
@@ -148,7 +148,7 @@ def test_untrusted_text_is_escaped():
     # the labels' pipes and newlines cannot break a table row
     rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert rows and {len(re.findall(r"(?<!\\)\|", line)) for line in rows} == {len(report_localize.COLUMNS) + 1}
-    html = render_html(as_document(make_compare()), as_run(RUN_INFO), localization=doc)
+    html = render_html(as_document(make_compare()), as_run(RUN_INFO), localizations=[doc])
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     page = parse_page(html)
     assert not [tag for tag, _ in page.starts if tag in ("script", "iframe")]
@@ -166,7 +166,7 @@ def test_terminal_sentence_and_summary():
     doc = localization()
     assert report_localize.terminal_sentence(doc) == "sp: " + FAULT_SENTENCE
     out = StringIO()
-    print_summary(as_document(make_compare()), Console(file=out, width=400), localization=doc)
+    print_summary(as_document(make_compare()), Console(file=out, width=400), localizations=[doc])
     assert "where it starts: sp: first difference above the A/A floor: layer 1" in out.getvalue()
 
 
@@ -178,8 +178,8 @@ def test_compare_keeps_the_section_from_localize_json(tmp_path):
 
     legacy = make_samples(3)
     run = write_run(tmp_path / "run", {"legacy": legacy, "sp": [s.copy() for s in legacy]})
-    write_localization(run, localization())
-    assert read_localization(run) == localization()
+    write_localizations(run, [localization()])
+    assert read_localizations(run) == [localization()]
     write_outputs(run, compare_run(run), plots=False)
     assert "## Where it starts" in (run / artifacts.REPORT_MD).read_text(encoding="utf-8")
     assert 'id="where-it-starts"' in (run / artifacts.REPORT_HTML).read_text(encoding="utf-8")

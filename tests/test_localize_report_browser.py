@@ -17,7 +17,7 @@ def test_where_it_starts_in_chromium(tmp_path):
 
     page = tmp_path / "report.html"
     doc = localization(label="gsm8k doc 3 " + SCRIPT)
-    artifacts.write_text(page, render_html(as_document(make_compare()), as_run(RUN_INFO), localization=doc))
+    artifacts.write_text(page, render_html(as_document(make_compare()), as_run(RUN_INFO), localizations=[doc]))
     with chromium() as driver:
         driver.get(page.as_uri())
         assert driver.execute_script("return window.__pwned") is None

@@ -42,7 +42,7 @@ from evalpipe.compare.run import (
 from evalpipe.compare.verdict import Status
 from evalpipe.config.run_config import Expectations, Gates
 from evalpipe.documents.comparison import write_comparison
-from evalpipe.documents.localization import LocalizeDocument, read_localization
+from evalpipe.documents.localization import LocalizeDocument, read_localizations
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
 from evalpipe.errors import UserError
@@ -227,23 +227,23 @@ def compare_across_runs(
 
 def write_outputs(
     run_dir: Path, run_comparison: RunComparison, run_info: RunDocument | None = None, *, plots: bool = True,
-    localization: LocalizeDocument | None = None,
+    localizations: Sequence[LocalizeDocument] | None = None,
 ) -> dict[str, Path]:
     """Write compare.json, report.md, report.html and junit.xml atomically.
 
     compare.json is written first: the reports are renderings of it, so a failure
     while drawing a plot never loses the comparison itself. The reports carry
-    ``localization`` (default: the directory's localize.json, when `evalpipe localize`
+    ``localizations`` (default: the directory's localize.json, when `evalpipe localize`
     wrote one) as their "Where it starts" section."""
     rd = RunDir(Path(run_dir))
     header = run_info if run_info is not None else read_run_info(rd.root)
     data = run_comparison.document()
     write_comparison(rd.compare_json, data)
-    if localization is None:
-        localization = read_localization(rd.root)
+    if localizations is None:
+        localizations = read_localizations(rd.root)
     artifacts.write_text(rd.junit_xml, render_junit(data))
-    artifacts.write_text(rd.report_md, render_markdown(data, header, localization))
-    artifacts.write_text(rd.report_html, render_html(data, header, plots=plots, localization=localization))
+    artifacts.write_text(rd.report_md, render_markdown(data, header, localizations))
+    artifacts.write_text(rd.report_html, render_html(data, header, plots=plots, localizations=localizations))
     return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}
 
 
@@ -275,9 +275,9 @@ def report_run(
         info = info.updated(status="ok", verdict=verdict)
         write_run_document(rd.run_json, info)
     # localize.json stays in the run directory when the reports go elsewhere (--output)
-    localization = read_localization(rd.root)
-    written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localization=localization)
-    print_summary(comparison.document(), console, localization=localization)
+    localizations = read_localizations(rd.root)
+    written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localizations=localizations)
+    print_summary(comparison.document(), console, localizations=localizations)
     print_written(written, console)
     return verdict_exit_code(verdict), info
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from evalpipe.compare.localize import Boundaries, Localization, Side, localize
 from evalpipe.compare.targets import Target, choose_targets
@@ -123,9 +124,9 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
     path = schema.write_localizations(rd.root, docs)
     _render_reports(rd)
     for doc in docs:
-        console.print(f"[bold]{doc.variant}[/]: {doc.sentence}", soft_wrap=True)
+        console.print(f"[bold]{escape(doc.variant)}[/]: {escape(doc.sentence)}", soft_wrap=True)
         for line in doc.not_reassembled:
-            console.print(f"[yellow]not compared:[/] {line}", soft_wrap=True)
+            console.print(f"[yellow]not compared:[/] {escape(line)}", soft_wrap=True)
     console.print(f"localization: {path}  (report.md and report.html beside it have the section)")
     return docs
 

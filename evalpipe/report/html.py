@@ -8,7 +8,7 @@ HTML and some model output holds them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from evalpipe.compare.verdict import Status
 from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, TokenSummary
@@ -92,22 +92,24 @@ def _length_plots(data: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _localization(doc: LocalizeDocument, draw: bool) -> dict[str, Any]:
-    """The "Where it starts" section: localize.view's content and its two plots."""
+def _localization(doc: LocalizeDocument, draw: bool, index: int = 0) -> dict[str, Any]:
+    """One variant's part of the "Where it starts" section: localize.view's content and its
+    two plots (the first variant's plots keep the plain ids)."""
+    suffix = f"-{index}" if index else ""
     section = localize.view(doc, html_text)
     if not draw:
         section["plots"] = [dict(_NOT_DRAWN, id="")]
         return section
     section["plots"] = [
         {
-            "id": "localize-heatmap",
+            "id": f"localize-heatmap{suffix}",
             "png": plots.localize_heatmap(doc),
             "alt": "heatmap of layer by module: log10 of the relative L2 error over its floor, "
                    "the first module above its floor outlined",
             "note": "No module has a value to draw: nothing could be compared.",
         },
         {
-            "id": "localize-curve",
+            "id": f"localize-curve{suffix}",
             "png": plots.localize_curve(doc),
             "alt": "relative L2 error of the residual stream after each layer: reference vs variant, "
                    "reference vs A/A, and the floor",
@@ -119,14 +121,14 @@ def _localization(doc: LocalizeDocument, draw: bool) -> dict[str, Any]:
 
 def render_html(
     compare: ComparisonDocument, run: RunDocument | None = None, *, plots: bool = True,
-    localization: LocalizeDocument | None = None,
+    localizations: Sequence[LocalizeDocument] = (),
 ) -> str:
     """report.html from the comparison and run.json (and localize.json's "Where it starts"
     when given). ``plots=False`` leaves the plots out (a line says so): drawing them is
     most of the page's cost, which a simulated history of many nights need not pay for
     every night."""
     view = build_view(compare, run, html_text)
-    view["localization"] = _localization(localization, plots) if localization is not None else None
+    view["localizations"] = [_localization(doc, plots, i) for i, doc in enumerate(localizations)]
     for c in view["comparisons"]:
         for t in c["tasks"]:
             t["plots"] = _plots(t["data"]) if plots else [_NOT_DRAWN]

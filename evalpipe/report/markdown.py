@@ -9,7 +9,7 @@ inject HTML (``<``/``>``) into a rendered page.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jinja2
 
@@ -54,12 +54,12 @@ def template_environment(autoescape: bool) -> jinja2.Environment:
 
 
 def render_markdown(
-    compare: ComparisonDocument, run: RunDocument | None = None, localization: LocalizeDocument | None = None
+    compare: ComparisonDocument, run: RunDocument | None = None, localizations: Sequence[LocalizeDocument] = ()
 ) -> str:
     """report.md from the comparison and run.json (and localize.json's "Where it starts" when
     given); the same inputs give the same bytes."""
     view = build_view(compare, run, md_escape)
-    view["localization"] = markdown_section(localization, md_escape) if localization is not None else None
+    view["localizations"] = [markdown_section(doc, md_escape) for doc in localizations]
     # markdown, not HTML: every text in the view is already md_escape'd
     text = template_environment(autoescape=False).get_template(TEMPLATE_NAME).render(**view)
     # collapse runs of blank lines left by template control blocks

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Sequence
 
 from rich import box
 from rich.console import Console
@@ -215,7 +215,7 @@ def _gates_passed_line(counts: Mapping[str, int], compare: ComparisonDocument) -
 
 
 def print_summary(
-    compare: ComparisonDocument, console: Console | None = None, *, localization: LocalizeDocument | None = None
+    compare: ComparisonDocument, console: Console | None = None, *, localizations: Sequence[LocalizeDocument] = ()
 ) -> None:
     """Verdict line, why the paths prove nothing (INCONCLUSIVE) and what ran, the scores and
     token tables, then the failed gates (or that all passed), then where the difference
@@ -247,5 +247,5 @@ def print_summary(
                 console.print(_text(f"  {c.variant}: {r}"))
             if len(reasons) > MAX_REASONS:
                 console.print(_text(f"  {c.variant}: \u2026 {len(reasons) - MAX_REASONS} more in report.md"))
-    if localization is not None:
-        console.print(Text.assemble(_text("where it starts: ", style="bold"), _text(terminal_sentence(localization))))
+    for doc in localizations:
+        console.print(Text.assemble(_text("where it starts: ", style="bold"), _text(terminal_sentence(doc))))
