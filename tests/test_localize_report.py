@@ -183,3 +183,13 @@ def test_compare_keeps_the_section_from_localize_json(tmp_path):
     write_outputs(run, compare_run(run), plots=False)
     assert "## Where it starts" in (run / artifacts.REPORT_MD).read_text(encoding="utf-8")
     assert 'id="where-it-starts"' in (run / artifacts.REPORT_HTML).read_text(encoding="utf-8")
+
+
+def test_localizing_a_variant_again_replaces_its_entry_and_every_variant_renders(tmp_path):
+    write_localizations(tmp_path, [localization(variant="sp")])
+    write_localizations(tmp_path, [localization(variant="other"), localization(variant="sp", sentence="again")])
+    docs = read_localizations(tmp_path)
+    assert [(d.variant, d.sentence) for d in docs] == [("other", FAULT_SENTENCE), ("sp", "again")]
+    html = render_html(as_document(make_compare()), as_run(RUN_INFO), localizations=docs)
+    assert html.count('id="where-it-starts"') == 1
+    assert 'id="localize-heatmap"' in html and 'id="localize-heatmap-1"' in html and "again" in html
