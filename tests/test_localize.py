@@ -224,3 +224,65 @@ def test_a_damaged_capture_is_one_sentence(tmp_path):
     index.write_text(json.dumps({**line, "version": 9}) + "\n")
     with pytest.raises(UserError, match="capture of version 9; this evalpipe reads version 1"):
         read_captures(tmp_path)
+
+
+class _Attention(torch.nn.Module):
+    """A rank's attention: its heads into o_proj, then (as the all-reduce would) every rank's sum."""
+
+    def __init__(self, heads_out: torch.Tensor, reduced: torch.Tensor):
+        super().__init__()
+        self.heads_out = heads_out  # this rank's heads' attention output, [tokens, width / T]
+        self.reduced = reduced
+        self.o_proj = torch.nn.Identity()
+
+    def forward(self, x):
+        self.o_proj(self.heads_out[: x.shape[0]])
+        return self.reduced[: x.shape[0]]
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, heads_out: torch.Tensor, reduced: torch.Tensor):
+        super().__init__()
+        self.self_attn = _Attention(heads_out, reduced)
+        self.mlp = torch.nn.Identity()
+
+    def forward(self, x, residual):
+        attn = self.self_attn(x)
+        return self.mlp(attn), x + residual
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, heads_out: torch.Tensor, reduced: torch.Tensor):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(heads_out, reduced)])
+
+    def forward(self, x):
+        return self.layers[0](x, torch.zeros_like(x))
+
+
+def test_generic_hooks_on_two_tensor_parallel_ranks_put_the_heads_back_together(tmp_path):
+    """Each rank's process hooks its own model: the o_proj input is its half of the heads
+    (head columns), the layer's and the MLP's outputs are replicated and must agree."""
+    tokens = list(range(50, 56))
+    spec = {"dir": str(tmp_path), "sequences": [{"label": "s", "token_ids": tokens, "rows": [0, 3, 5]}]}
+    full, reduced, x = torch.randn(6, WIDTH), torch.randn(6, WIDTH), torch.randn(6, WIDTH)
+    for rank in range(2):
+        capture = TensorCapture(spec)
+        capture.pid = 1000 + rank  # one process per rank
+        model = _Model(full[:, rank * WIDTH // 2:(rank + 1) * WIDTH // 2], reduced)
+        assert capture.hook_model(model, tp_rank=rank, tp_size=2) == []
+        capture.forward_started(torch.tensor(tokens), torch.arange(6))
+        model(x)
+        capture.forward_finished()
+    pieces = read_captures(tmp_path)
+    heads = reassemble([p for p in pieces if p.entry.module == "attn.heads"])
+    assert isinstance(heads, Reassembled) and heads.rows.tolist() == [0, 3, 5]
+    np.testing.assert_array_equal(heads.values, full[[0, 3, 5]].numpy())
+    assert {p.entry.layout for p in pieces if p.entry.module != "attn.heads"} == {"replicated"}
+    assert {p.entry.module for p in pieces} == {"attn.heads", "attn.out", "mlp.out", "layer.out"}
+    attn = reassemble([p for p in pieces if p.entry.module == "attn.out"])
+    assert isinstance(attn, Reassembled) and len({p.entry.rank for p in pieces if p.entry.module == "attn.out"}) == 2
+    np.testing.assert_array_equal(attn.values, reduced[[0, 3, 5]].numpy())
+    stream = reassemble([p for p in pieces if p.entry.module == "layer.out"])
+    assert isinstance(stream, Reassembled)
+    np.testing.assert_allclose(stream.values, (reduced + x)[[0, 3, 5]].numpy(), rtol=1e-6)

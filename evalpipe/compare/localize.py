@@ -141,8 +141,7 @@ class Localization:
             text += f", {'position' if len(worst) == 1 else 'positions'} {format_positions(worst)}"
         if flags:
             text += f" ({'; '.join(flags)})"
-        assert first.rel_l2 is not None  # above implies a value
-        return text + f"; relative L2 error {first.rel_l2:.2g} against a floor of {first.floor:.2g}."
+        return text + f"; relative L2 error {first.rel_l2 or 0:.2g} against a floor of {first.floor:.2g}."
 
     def not_reassembled(self) -> list[str]:
         return [f"{m.module} of layer {m.layer}: {m.not_reassembled}" for m in self.modules if m.not_reassembled]

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from evalpipe.documents.manifest import Hardware, VariantManifest, write_manifest
 from evalpipe.documents.worker_events import event_line, make_event
-from evalpipe.documents.worker_job import TeacherJob, WorkerJob, read_job
+from evalpipe.documents.worker_job import LocalizeJob, TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.machine import describe
 from evalpipe.probes import runtime
@@ -287,7 +287,7 @@ def run(job: WorkerJob, events: Events) -> int:
         events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
 
     if job.localize is not None:
-        code, error = _localize_phase(job, engine, events, timings)
+        code, error = _localize_phase(job.localize, engine, events, timings)
         engine.close()
         if code != ExitCode.OK:
             return finish("failed", code, error=error)
@@ -455,11 +455,10 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
     return ExitCode.OK, None
 
 
-def _localize_phase(job: WorkerJob, engine: Engine, events: Events, timings: dict[str, float]) -> tuple[int, str | None]:
+def _localize_phase(localize: LocalizeJob, engine: Engine, events: Events, timings: dict[str, float]) -> tuple[int, str | None]:
     """Prefill each sequence on its own, so that every forward pass holds one sequence the
     capture points recognise; what they keep is on disk when this returns."""
-    assert job.localize is not None  # the caller's condition
-    sequences = job.localize.sequences
+    sequences = localize.sequences
     events.emit("stage", stage="localize", message=f"localize: prefilling {len(sequences)} sequences one at a time")
     t0 = time.time()
     try:
