@@ -173,10 +173,12 @@ def _divergent_variant(rd: RunDir) -> str:
 def _plan(config: RunConfig, info: RunDocument, rd: RunDir, reference: str, variants: list[str], noise_floor: bool) -> RunPlan:
     """The run's configurations, re-planned from its run.json: reference, A/A, variants."""
     config = config.model_copy(update={"reference": reference})
+    # the run's own A/A settings when its config has them (else --noise-floor made it: the defaults)
+    configured = config.noise_floor is not None and config.noise_floor.enabled
     try:
         plan = make_plan(config, info.config_path or str(rd.run_json), info.task_selector or "all",
                          variants=",".join([reference, *variants]), output=str(rd.root.parent), run_id=info.run_id or rd.root.name,
-                         noise_floor=noise_floor)
+                         noise_floor=None if noise_floor and configured else noise_floor)
     except ConfigError as err:
         raise UserError(f"cannot start {rd.root}'s configurations again: {err}") from None
     # prefix caching off: a cached prefix is not computed again, so its rows could not be
