@@ -1,10 +1,10 @@
-"""`evalpipe localize` end to end on vLLM's real OpenAI server (CPU build), serve mode with
-the A/A configuration: a run of the default config whose variant carries a zoo fault
-(`heads_permuted`: the all_to_all hands each virtual rank another rank's heads) comes out
-DIVERGENT, and localize, started from the command line, names the fault's layer and
-module, each server's engine writing its captures, with the heatmap in report.html shown
-by headless Chromium. The offline path runs in tests/test_e2e_calibrate.py (every zoo entry
-localized against its known place)."""
+"""`evalpipe localize` end to end on the real engine, served and offline in one run: the
+reference and its A/A configuration behind vLLM's real OpenAI server (CPU build), the
+variant offline, carrying a zoo fault (`heads_permuted`: the all_to_all hands each
+virtual rank another rank's heads). The run comes out DIVERGENT; localize, started from
+the command line, names the fault's layer and module from the captures of each server's
+engine core and of the offline worker, and report.html shows the heatmap in headless
+Chromium. tests/test_e2e_calibrate.py localizes every zoo entry of its slice offline."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def localized(tmp_path_factory) -> dict:
         "variants": {
             "legacy": yaml.safe_load(DEFAULT_CONFIG.read_text())["variants"]["legacy"],
             "permuted": {"env": {"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": "heads_permuted"},
-                         "expect": {"called": [SP_PATH]}},
+                         "expect": {"called": [SP_PATH]}, "launch": {"mode": "offline"}},
         },
     }
     path = tmp / "served.yaml"
@@ -60,7 +60,8 @@ def test_the_fault_is_divergent_and_localize_names_its_layer_and_module(localize
         " ".join(loc.stdout.split()), loc.stdout
     doc = json.loads((localized["dir"] / "localize.json").read_text())["localizations"][0]
     assert doc["variant"] == "permuted" and doc["reference"] == "legacy" and doc["aa"] == "legacy-aa"
-    assert doc["mode"] == "serve" and len(doc["sequences"]) == 2
+    assert doc["modes"] == {"legacy": "serve", "legacy-aa": "serve", "permuted": "offline"}
+    assert len(doc["sequences"]) == 2
     assert (doc["first"]["layer"], doc["first"]["module"]) == (0, "attn.heads")
     # nothing before it moved, not even in the last bits: the fault is the first difference
     before = [m for m in doc["modules"] if m["layer"] == 0 and m["module"] == "attn.in"]
@@ -69,13 +70,13 @@ def test_the_fault_is_divergent_and_localize_names_its_layer_and_module(localize
     assert doc["not_reassembled"] == []
 
 
-def test_each_configuration_ran_its_own_server_whose_engine_captured(localized):
+def test_each_configuration_ran_its_own_engine_which_captured(localized):
     doc = json.loads((localized["dir"] / "localize.json").read_text())["localizations"][0]
     assert set(doc["seconds"]) == {"legacy", "legacy-aa", "permuted", "analysis"}
     for name in ("legacy", "legacy-aa", "permuted"):
         where = localized["dir"] / "localize" / name
         captures = list((where / "captures").glob("*.jsonl"))
-        assert len(captures) == 1, captures  # one engine process captured (TP 1)
+        assert len(captures) == 1, captures  # one engine process captured: the server's engine core, the offline worker
         assert (where / "engine.log").is_file() and doc["capture_bytes"][name] > 0
     # the A/A ran the same code on the same single-sequence batches: bitwise the reference
     assert doc["aa_identical"] is True

@@ -59,7 +59,7 @@ def localization(fault: bool = True, label: str = "gsm8k doc 3", variant: str = 
     first = next((m for m in modules if m.above), None)
     curve = [LayerPoint(layer=m.layer, rel_l2=m.rel_l2, aa_rel_l2=m.aa_rel_l2) for m in modules if m.module == "layer.out"]
     return LocalizeDocument(
-        run_id="run-1", variant=variant, reference="legacy", aa="legacy-aa", mode="offline", dtype="bfloat16",
+        run_id="run-1", variant=variant, reference="legacy", aa="legacy-aa", modes={"legacy": "offline", "legacy-aa": "offline", variant: "offline"}, dtype="bfloat16",
         precision="bf16", numerics_floor=FLOOR, rel_aa=3.0, aa_identical=False,
         sequences=[SequenceDoc(label=label, tokens=16, rows=[0, 7, 15], why={"7": ["worst teacher-forced"]})],
         modules=modules, first=first, sentence=sentence or (FAULT_SENTENCE if fault else NONE_SENTENCE),

@@ -436,3 +436,17 @@ def test_localize_auto_follows_a_divergent_run_and_a_failure_costs_a_warning(tmp
     assert proc.returncode == 1, out  # the verdict's code: DIVERGENT
     assert "localize diverge against ref" in out and "warning: localize (diverge) failed" in out
     assert (tmp_path / "runs" / "auto" / "compare.json").is_file()
+
+
+def test_localize_refuses_endpoint_mode_in_one_sentence(run, tmp_path):
+    """An endpoint's engine is not evalpipe's to start: no capture point can reach it."""
+    info = json.loads((run["dir"] / "run.json").read_text())
+    info["config"]["launch"] = {"mode": "endpoint", "url": "http://127.0.0.1:9/v1"}
+    where = tmp_path / "endpoint-run"
+    where.mkdir()
+    (where / "run.json").write_text(json.dumps(info))
+    proc = evalpipe("localize", str(where), "--variant", "diverge", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, out
+    assert "localize cannot capture inside ref, diverge: in endpoint mode evalpipe does not start the server" in out
+    assert not (where / "localize").exists() and "Traceback" not in out

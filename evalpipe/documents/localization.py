@@ -62,7 +62,7 @@ class LocalizeDocument(Document):
     variant: str
     reference: str
     aa: str | None = None  # the configuration run as the A/A floor (None: none)
-    mode: Literal["offline", "serve"]
+    modes: dict[str, Literal["offline", "serve"]]  # per configuration: how its engine ran
     dtype: str | None = None
     precision: str
     numerics_floor: float  # the floor by precision (docs/numerics.md)

@@ -18,7 +18,7 @@ import dataclasses
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
@@ -117,7 +117,9 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
             where=Boundaries(tp_sizes=_tp_sizes(config, plan), sparse_block=config.longctx.sparse_block),
         )
         used = [reference, *([aa_name] if aa_name else []), variant]
-        docs.append(document(result, info, targets, mode=plan.variants[0].launch.mode, dtype=numerics.dtype,
+        modes: dict[str, Literal["offline", "serve"]] = {
+            v.name: "serve" if v.launch.mode == "serve" else "offline" for v in plan.variants if v.name in used}
+        docs.append(document(result, info, targets, modes=modes, dtype=numerics.dtype,
                              precision=numerics.precision,
                              seconds={**{n: seconds[n] for n in used}, "analysis": round(time.monotonic() - t0, 3)},
                              sizes={n: sizes[n] for n in used}))
@@ -131,12 +133,12 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
     return docs
 
 
-def document(result: Localization, info: RunDocument, targets: list[Target], *, mode: str, dtype: str | None,
+def document(result: Localization, info: RunDocument, targets: list[Target], *, modes: dict[str, Literal["offline", "serve"]], dtype: str | None,
              precision: str, seconds: dict[str, float], sizes: dict[str, int]) -> schema.LocalizeDocument:
     first = result.first
     return schema.LocalizeDocument(
         run_id=info.run_id, variant=result.variant, reference=result.reference, aa=result.aa,
-        mode="serve" if mode == "serve" else "offline", dtype=dtype, precision=precision,
+        modes=modes, dtype=dtype, precision=precision,
         numerics_floor=result.numerics_floor, rel_aa=result.rel_aa, aa_identical=result.aa_identical,
         sequences=[schema.SequenceDoc(label=t.label, tokens=len(t.token_ids), rows=sorted(t.rows),
                                       why={str(k): v for k, v in t.rows.items()}) for t in targets],

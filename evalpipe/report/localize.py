@@ -120,7 +120,8 @@ def _row(m: ModuleDoc, esc: Esc, first: ModuleDoc | None) -> dict[str, Any]:
 def _configurations(doc: LocalizeDocument, esc: Esc) -> list[tuple[str, str]]:
     rows = [("reference", esc(doc.reference)), ("variant", esc(doc.variant)),
             ("A/A", esc(doc.aa) if doc.aa is not None else "none (the numerics floor alone)")]
-    engine = f"{esc(doc.mode)}, {esc(doc.precision)}" + (f" ({esc(doc.dtype)})" if doc.dtype else "")
+    modes = ", ".join(f"{esc(name)} {mode}" for name, mode in doc.modes.items())
+    engine = f"{modes}; {esc(doc.precision)}" + (f" ({esc(doc.dtype)})" if doc.dtype else "")
     rows.append(("engine", engine))
     rows.append(("sequences", f"{len(doc.sequences)}, {sum(len(s.rows) for s in doc.sequences)} positions captured"))
     return rows
