@@ -4,10 +4,12 @@ documents built here, no engine."""
 from __future__ import annotations
 
 import base64
+import io
 import re
 
 import pytest
 from html_page import parse_page
+from rich.console import Console
 from test_report import HOSTILE, RUN_INFO, as_document, as_run, identical_compare, make_compare
 
 from evalpipe.compare.localize import MODULES
@@ -159,8 +161,6 @@ def test_untrusted_text_is_escaped():
 def test_terminal_sentence_and_summary():
     from io import StringIO
 
-    from rich.console import Console
-
     from evalpipe.report.terminal import print_summary
 
     doc = localization()
@@ -180,7 +180,7 @@ def test_compare_keeps_the_section_from_localize_json(tmp_path):
     run = write_run(tmp_path / "run", {"legacy": legacy, "sp": [s.copy() for s in legacy]})
     write_localizations(run, [localization()])
     assert read_localizations(run) == [localization()]
-    write_outputs(run, compare_run(run), plots=False)
+    write_outputs(run, compare_run(run), plots=False, localizations=read_localizations(run))
     assert "## Where it starts" in (run / artifacts.REPORT_MD).read_text(encoding="utf-8")
     assert 'id="where-it-starts"' in (run / artifacts.REPORT_HTML).read_text(encoding="utf-8")
 
@@ -193,3 +193,20 @@ def test_localizing_a_variant_again_replaces_its_entry_and_every_variant_renders
     html = render_html(as_document(make_compare()), as_run(RUN_INFO), localizations=docs)
     assert html.count('id="where-it-starts"') == 1
     assert 'id="localize-heatmap"' in html and 'id="localize-heatmap-1"' in html and "again" in html
+
+
+def test_an_unreadable_localize_json_costs_a_warning_and_the_section_not_the_comparison(tmp_path):
+    from fakes import make_samples, write_run
+
+    from evalpipe.pipeline.comparing import report_run
+    from evalpipe.rundir import artifacts
+
+    legacy = make_samples(3)
+    run = write_run(tmp_path / "run", {"legacy": legacy, "sp": [s.copy() for s in legacy]})
+    (run / "localize.json").write_text('{"version": 7, "localizations": []}')
+    out = io.StringIO()
+    code, _ = report_run(run, Console(file=out, width=400))
+    assert code in (0, 1, 4)
+    assert "warning: the reports leave out where the divergence starts" in out.getvalue()
+    assert "localization of version 7; this evalpipe reads version 1" in out.getvalue()
+    assert "Where it starts" not in (run / artifacts.REPORT_MD).read_text(encoding="utf-8")

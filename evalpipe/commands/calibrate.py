@@ -44,7 +44,7 @@ from evalpipe.errors import RunFailed
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, LAST_LAYER, Fault
 from evalpipe.lab.layout.settings import LAYOUT_ENV
 from evalpipe.paths import PROJECT_ROOT
-from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
+from evalpipe.pipeline.comparing import compare_run, load_artifacts, readable_localizations, write_outputs
 from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
@@ -248,7 +248,8 @@ def run_calibration(
     if sensitivity:
         artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
     if from_run is not None and comparisons:
-        write_outputs(run_dir, comparison, info)  # compare.json and the reports under today's gates
+        # compare.json and the reports under today's gates
+        write_outputs(run_dir, comparison, info, localizations=readable_localizations(run_dir, console))
     text = render_calibration(
         rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import pyarrow as pa
 from rich.console import Console
+from rich.markup import escape
 
 from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
 from evalpipe.compare.run import (
@@ -227,20 +228,18 @@ def compare_across_runs(
 
 def write_outputs(
     run_dir: Path, run_comparison: RunComparison, run_info: RunDocument | None = None, *, plots: bool = True,
-    localizations: Sequence[LocalizeDocument] | None = None,
+    localizations: Sequence[LocalizeDocument] = (),
 ) -> dict[str, Path]:
     """Write compare.json, report.md, report.html and junit.xml atomically.
 
     compare.json is written first: the reports are renderings of it, so a failure
     while drawing a plot never loses the comparison itself. The reports carry
-    ``localizations`` (default: the directory's localize.json, when `evalpipe localize`
-    wrote one) as their "Where it starts" section."""
+    ``localizations`` (`evalpipe localize`'s, :func:`readable_localizations`) as their
+    "Where it starts" section."""
     rd = RunDir(Path(run_dir))
     header = run_info if run_info is not None else read_run_info(rd.root)
     data = run_comparison.document()
     write_comparison(rd.compare_json, data)
-    if localizations is None:
-        localizations = read_localizations(rd.root)
     artifacts.write_text(rd.junit_xml, render_junit(data))
     artifacts.write_text(rd.report_md, render_markdown(data, header, localizations))
     artifacts.write_text(rd.report_html, render_html(data, header, plots=plots, localizations=localizations))
@@ -275,11 +274,22 @@ def report_run(
         info = info.updated(status="ok", verdict=verdict)
         write_run_document(rd.run_json, info)
     # localize.json stays in the run directory when the reports go elsewhere (--output)
-    localizations = read_localizations(rd.root)
+    localizations = readable_localizations(rd.root, console)
     written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localizations=localizations)
     print_summary(comparison.document(), console, localizations=localizations)
     print_written(written, console)
     return verdict_exit_code(verdict), info
+
+
+def readable_localizations(run_dir: Path, console: Console) -> list[LocalizeDocument]:
+    """localize.json's localizations for the reports; one that cannot be read costs a warning
+    and the section, never the comparison."""
+    try:
+        return read_localizations(run_dir)
+    except UserError as err:
+        console.print(f"[yellow]warning:[/] the reports leave out where the divergence starts: {escape(str(err))}",
+                      soft_wrap=True)
+        return []
 
 
 def print_written(written: dict[str, Path], console: Console) -> None:

@@ -271,6 +271,6 @@ def _render_reports(rd: RunDir) -> None:
         return
     data = read_comparison(rd.compare_json)
     header = read_run_document(rd.root) or RunDocument()
-    found = schema.read_localizations(rd.root)
+    found = schema.read_localizations(rd.root)  # just written: readable
     artifacts.write_text(rd.report_md, render_markdown(data, header, localizations=found))
     artifacts.write_text(rd.report_html, render_html(data, header, localizations=found))

@@ -165,9 +165,9 @@ def view(doc: LocalizeDocument, esc: Esc) -> dict[str, Any]:
 
 
 def markdown_section(doc: LocalizeDocument, esc: Esc) -> str:
-    """The "## Where it starts" section of report.md."""
+    """One variant's part of report.md's "## Where it starts" section (the template writes the heading once)."""
     v = view(doc, esc)
-    lines = ["## Where it starts", "", f"**{v['variant']}**: {v['sentence']}", ""]
+    lines = [f"**{v['variant']}**: {v['sentence']}", ""]
     if v["rows"]:
         lines += [v["caption"], "",
                   "| " + " | ".join(COLUMNS) + " |",
