@@ -286,3 +286,22 @@ def test_generic_hooks_on_two_tensor_parallel_ranks_put_the_heads_back_together(
     stream = reassemble([p for p in pieces if p.entry.module == "layer.out"])
     assert isinstance(stream, Reassembled)
     np.testing.assert_allclose(stream.values, (reduced + x)[[0, 3, 5]].numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("written, when", [("localize: off", "off"), ("localize: auto", "auto"), ("localize: on", "auto"),
+                                           ("localize: {when: auto, samples: 2}", "auto")])
+def test_the_config_s_localize_word(tmp_path, written, when):
+    from evalpipe.config.run_config import DEFAULT_CONFIG, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"extends: {DEFAULT_CONFIG}\n{written}\n")
+    assert load_config(path).localize.when == when
+
+
+def test_a_bad_localize_value_is_one_sentence(tmp_path):
+    from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"extends: {DEFAULT_CONFIG}\nlocalize: sometimes\n")
+    with pytest.raises(ConfigError, match="localize"):
+        load_config(path)

@@ -460,6 +460,9 @@ class RunConfig(_Strict):
     @field_validator("localize", mode="before")
     @classmethod
     def _localize_word(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` / `on` as a boolean
+        if isinstance(value, bool):
+            return {"when": "auto" if value else "off"}
         return {"when": value} if isinstance(value, str) else value
 
     @field_validator("noise_floor", mode="before")
