@@ -23,12 +23,12 @@ WIDTH = 8
 
 
 def piece(values, *, module="attn.out", layer=0, layout="full", rank=None, world=1, rows=None, seq=0, shard_rows=None,
-          columns=None, width=WIDTH, start=0, tokens=16) -> CapturedPiece:
+          columns=None, width=WIDTH, start=0, tokens=16, scale=1.0) -> CapturedPiece:
     values = np.asarray(values, dtype=np.float32)
     rows = list(range(len(values))) if rows is None else rows
     entry = CaptureEntry(sequence=seq, label=f"t doc {seq}", module=module, layer=layer, layout=layout, rank=rank,
                          world=world, rows=rows, batch_start=start, batch_tokens=tokens, shard_rows=shard_rows,
-                         columns=columns, width=width, shape=values.shape, offset=0, pid=1)
+                         columns=columns, width=width, scale=scale, shape=values.shape, offset=0, pid=1)
     return CapturedPiece(entry, values)
 
 
@@ -62,6 +62,15 @@ def test_head_columns_and_partial_sums_reassemble_the_full_tensor():
     summed = reassemble([piece(p, layout="partial_sum", rank=r, world=2) for r, p in enumerate(parts)])
     assert isinstance(summed, Reassembled)
     np.testing.assert_allclose(summed.values, x, rtol=1e-6)
+
+
+def test_a_tensor_held_at_an_output_scale_is_compared_at_scale_one():
+    x = full_tensor()
+    got = reassemble([piece(x * 16384, scale=16384.0)])
+    assert isinstance(got, Reassembled)
+    np.testing.assert_array_equal(got.values, x)
+    mixed = reassemble([piece(x, layout="partial_sum", rank=0, world=2), piece(x, layout="partial_sum", rank=1, world=2, scale=2.0)])
+    assert isinstance(mixed, NotReassembled) and "several scales (1, 2)" in mixed.why
 
 
 @pytest.mark.parametrize(

@@ -30,9 +30,21 @@ class NotReassembled:
 
 
 def reassemble(pieces: list[CapturedPiece]) -> Reassembled | NotReassembled:
-    """The full tensor at the captured rows, from the pieces of one module, layer and sequence."""
+    """The full tensor at the captured rows, from the pieces of one module, layer and sequence,
+    at scale 1 (a piece held at an output scale is divided by it)."""
     if not pieces:
         return NotReassembled("nothing was captured")
+    scales = {p.entry.scale for p in pieces}
+    if len(scales) > 1:
+        return NotReassembled(f"its pieces are held at several scales ({', '.join(f'{s:g}' for s in sorted(scales))})")
+    got = _reassemble(pieces)
+    scale = scales.pop()
+    if isinstance(got, NotReassembled) or scale == 1.0:
+        return got
+    return Reassembled(got.rows, got.values / scale)
+
+
+def _reassemble(pieces: list[CapturedPiece]) -> Reassembled | NotReassembled:
     layouts = {p.entry.layout for p in pieces}
     if len(layouts) > 1:
         return NotReassembled(f"its pieces come in several layouts ({', '.join(sorted(layouts))})")

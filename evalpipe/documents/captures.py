@@ -38,6 +38,7 @@ class CaptureEntry(Document):
     shard_rows: int | None = None  # token_shards: rows per rank
     columns: list[tuple[int, int]] | None = None  # head_columns: runs [start, stop) of the full width
     width: int  # the full tensor's width
+    scale: float = 1.0  # the model holds this tensor at this factor: the comparison divides it out
     shape: tuple[int, int]
     offset: int
     dtype: Literal["float32"] = "float32"

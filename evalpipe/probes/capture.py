@@ -31,6 +31,9 @@ tensor (:mod:`evalpipe.compare.unshard`). Layouts:
 ``partial_sum``   rank r holds a partial sum of the full tensor (row-parallel products
                   before their reduction): the full tensor is the sum over ranks.
 
+A piece may also be held at a scale (``scale``: a model's output scale, neutral by
+construction): the full tensor is the piece divided by it.
+
 Files: ``<dir>/<pid>.jsonl`` (one line per stored piece) and ``<pid>.bin`` (its floats,
 float32 little-endian, back to back). Standard library only: tensors are reached through
 their own methods and torch through ``sys.modules``.
@@ -124,9 +127,11 @@ class TensorCapture:
 
     def capture(self, module: str, layer: int, pieces: Sequence[Any], layout: str, *, world: int = 1,
                 rank: int | None = None, shard_rows: int | None = None,
-                columns: Sequence[Sequence[int]] | None = None, width: int | None = None) -> None:
+                columns: Sequence[Sequence[int]] | None = None, width: int | None = None, scale: float = 1.0) -> None:
         """Store the kept rows of ``pieces`` (one tensor per rank, in rank order; or one piece
-        of rank ``rank`` of ``world``). ``columns``: per piece, the column indices it holds."""
+        of rank ``rank`` of ``world``). ``columns``: per piece, the column indices it holds;
+        ``scale``: the factor the model holds this tensor at (an output scale that is neutral
+        by construction), which the comparison divides out."""
         fwd = self.current()
         if fwd is None or not fwd.rows:
             return
@@ -149,7 +154,7 @@ class TensorCapture:
                 "module": module, "layer": int(layer), "layout": layout, "rank": r, "world": int(world),
                 "rows": rows, "batch_start": fwd.start, "batch_tokens": fwd.tokens,
                 "shard_rows": shard_rows, "columns": cols,
-                "width": int(width if width is not None else piece.shape[-1]),
+                "width": int(width if width is not None else piece.shape[-1]), "scale": float(scale),
             })
 
     def _write(self, piece: Any, local_rows: list[int], entry: dict[str, Any]) -> None:

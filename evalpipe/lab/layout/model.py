@@ -161,13 +161,15 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             hidden_states = self._legacy_attention(positions, hidden_states)
 
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        self._capture("attn.residual", [residual], "full")
+        # the residual stream is held at the output scale (neutral by construction): recorded
+        # with its pieces, so that localize compares it with an unscaled reference's
+        self._capture("attn.residual", [residual], "full", scale=scale)
         hidden_states = self.mlp(hidden_states)
         if scale != 1.0:
             hidden_states = hidden_states * scale
         if probes.capturing():
-            self._capture("mlp.out", [hidden_states], "full")
-            self._capture("layer.out", [hidden_states + residual], "full")
+            self._capture("mlp.out", [hidden_states], "full", scale=scale)
+            self._capture("layer.out", [hidden_states + residual], "full", scale=scale)
         return hidden_states, residual
 
     # ------------------------------------------------------------------ shared pieces
@@ -242,7 +244,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
         probes.collective("reduce_scatter", VIRTUAL_GROUP, *partials)
 
         out = C.unpad(C.all_gather(out_shards), n)
-        self._capture("attn.out", [out], "full")
+        self._capture("attn.out", [out], "full", scale=self.settings.out_scale)
         return out
 
     # ------------------------------------------------------------------ sp: ⑤ ... ⑥
@@ -311,7 +313,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             # model a relative error below half an ulp (2^-9, ~2e-3) still rounds away on
             # every element: there the graded faults from 1e-3 down compute exactly what sp does
             out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
-        self._capture("attn.out", [out], "full")
+        self._capture("attn.out", [out], "full", scale=self.settings.out_scale)
         return out
 
 
