@@ -314,3 +314,21 @@ def test_a_bad_localize_value_is_one_sentence(tmp_path):
     path.write_text(f"extends: {DEFAULT_CONFIG}\nlocalize: sometimes\n")
     with pytest.raises(ConfigError, match="localize"):
         load_config(path)
+
+
+def test_nan_or_inf_where_the_reference_is_finite_is_above_any_floor():
+    """An overflow (the zoo's scale_after_reduce) turns rows into inf / NaN: never a "no
+    difference" by way of a NaN comparison."""
+    ref = _model()
+    broken = _model()
+    values = broken[6].values.copy()  # layer 1, attn.out
+    values[1, 2], values[2, :] = np.inf, np.nan
+    broken[6] = CapturedPiece(broken[6].entry, values)
+    result = localize(Side("legacy", ref), Side("sp", broken), None, labels={0: "t doc 0"}, tokens={0: 12},
+                      numerics_floor=1e-5)
+    first = result.first
+    assert first is not None and (first.layer, first.module, first.nonfinite) == (1, "attn.out", 2)
+    assert first.rel_l2 == 0  # the rows both sides hold finite are equal
+    assert "NaN or inf at 2 positions where the reference is finite" in result.sentence()
+    doc = first.document()
+    assert doc.above and {w.position for w in doc.worst if w.rel_l2 is None} == {7, 8}

@@ -210,3 +210,10 @@ def test_an_unreadable_localize_json_costs_a_warning_and_the_section_not_the_com
     assert "warning: the reports leave out where the divergence starts" in out.getvalue()
     assert "localization of version 7; this evalpipe reads version 1" in out.getvalue()
     assert "Where it starts" not in (run / artifacts.REPORT_MD).read_text(encoding="utf-8")
+
+
+def test_a_finished_localization_is_written_over_an_unreadable_file_which_is_kept_aside(tmp_path):
+    (tmp_path / "localize.json").write_text('{"version": 1, "localizations": [{"mode": "offline"}]}')
+    path, aside = write_localizations(tmp_path, [localization(variant="sp")])
+    assert aside == tmp_path / "localize.json.unreadable" and "mode" in aside.read_text()
+    assert [d.variant for d in read_localizations(tmp_path)] == ["sp"] and path == tmp_path / "localize.json"

@@ -79,10 +79,11 @@ class ModuleDiff:
     floor: float = 0.0
     worst: tuple[Worst, ...] = ()
     not_reassembled: str | None = None
+    nonfinite: int = 0  # positions where the variant holds NaN or inf and the reference does not (or back)
 
     @property
     def above(self) -> bool:
-        return self.rel_l2 is not None and self.rel_l2 > self.floor
+        return self.nonfinite > 0 or (self.rel_l2 is not None and self.rel_l2 > self.floor)
 
     @property
     def title(self) -> str:
@@ -93,7 +94,10 @@ class ModuleDiff:
             layer=self.layer, module=self.module, title=self.title, rows=self.rows, rel_l2=self.rel_l2,
             cosine=self.cosine, max_abs=self.max_abs, aa_rel_l2=self.aa_rel_l2, aa_cosine=self.aa_cosine,
             aa_max_abs=self.aa_max_abs, floor=self.floor, above=self.above, not_reassembled=self.not_reassembled,
-            worst=[schema.PositionDoc(label=w.label, position=w.position, rel_l2=w.rel_l2, flags=list(w.flags))
+            nonfinite=self.nonfinite,
+            worst=[schema.PositionDoc(label=w.label, position=w.position,
+                                      rel_l2=w.rel_l2 if np.isfinite(w.rel_l2) else None,
+                                      flags=list(w.flags) + ([] if np.isfinite(w.rel_l2) else ["NaN or inf"]))
                    for w in self.worst],
         )
 
@@ -141,6 +145,8 @@ class Localization:
             text += f", {'position' if len(worst) == 1 else 'positions'} {format_positions(worst)}"
         if flags:
             text += f" ({'; '.join(flags)})"
+        if first.nonfinite:
+            return text + f"; NaN or inf at {first.nonfinite} position{'s' if first.nonfinite > 1 else ''} where the reference is finite."
         return text + f"; relative L2 error {first.rel_l2 or 0:.2g} against a floor of {first.floor:.2g}."
 
     def not_reassembled(self) -> list[str]:
@@ -181,25 +187,39 @@ class _Rows:
     rel_l2: list[float] = field(default_factory=list)
     cosine: list[float] = field(default_factory=list)
     max_abs: list[float] = field(default_factory=list)
+    # a row where one side holds NaN or inf that the other does not: its rel_l2 is inf, its
+    # cosine NaN (left out of the minimum)
+    nonfinite: list[bool] = field(default_factory=list)
 
     def add(self, label: str, sequence: int, a: Reassembled, b: Reassembled) -> None:
         common, ia, ib = np.intersect1d(a.rows, b.rows, return_indices=True)
         if not len(common):
             return
         x, y = a.values[ia], b.values[ib]
-        diff = y - x
-        norm_x, norm_y = np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)
-        self.rel_l2 += list(np.linalg.norm(diff, axis=1) / np.maximum(norm_x, _TINY))
-        self.cosine += list(np.sum(x * y, axis=1) / np.maximum(norm_x * norm_y, _TINY))
-        self.max_abs += list(np.abs(diff).max(axis=1))
+        finite = np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)
+        same = np.array([np.array_equal(x[i], y[i], equal_nan=True) for i in range(len(x))])
+        broken = ~finite & ~same
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(finite[:, None], y - x, 0.0)
+            norm_x, norm_y = np.linalg.norm(np.where(finite[:, None], x, 0.0), axis=1), np.linalg.norm(np.where(finite[:, None], y, 0.0), axis=1)
+            rel = np.linalg.norm(diff, axis=1) / np.maximum(norm_x, _TINY)
+            cos = np.sum(np.where(finite[:, None], x * y, 0.0), axis=1) / np.maximum(norm_x * norm_y, _TINY)
+        self.rel_l2 += list(np.where(broken, np.inf, rel))
+        self.cosine += list(np.where(broken, np.nan, np.where(finite, cos, 1.0)))
+        self.max_abs += list(np.where(broken, np.inf, np.abs(diff).max(axis=1)))
+        self.nonfinite += list(broken)
         self.labels += [label] * len(common)
         self.sequences += [sequence] * len(common)
         self.positions += [int(p) for p in common]
 
     def summary(self) -> tuple[float | None, float | None, float | None]:
-        if not self.rel_l2:
+        """Largest relative L2 and absolute error, smallest cosine, over the rows both sides
+        hold finite (or identical); the others are counted in ``nonfinite``."""
+        kept = [i for i, bad in enumerate(self.nonfinite) if not bad]
+        if not kept:
             return None, None, None
-        return float(max(self.rel_l2)), float(min(self.cosine)), float(max(self.max_abs))
+        return (float(max(self.rel_l2[i] for i in kept)), float(min(self.cosine[i] for i in kept)),
+                float(max(self.max_abs[i] for i in kept)))
 
 
 def boundary_flags(position: int, batches: set[tuple[int, int, int, int]], tokens: int, where: Boundaries) -> tuple[str, ...]:
@@ -278,7 +298,7 @@ def localize(reference: Side, variant: Side, aa: Side | None, *, labels: dict[in
         modules.append(ModuleDiff(
             layer=layer, module=module, rows=len(ab.rel_l2), rel_l2=rel, cosine=cos, max_abs=mx,
             aa_rel_l2=aa_rel, aa_cosine=aa_cos, aa_max_abs=aa_mx, floor=floor, worst=worst,
-            not_reassembled="; ".join(dict.fromkeys(problems)) or None,
+            not_reassembled="; ".join(dict.fromkeys(problems)) or None, nonfinite=int(sum(ab.nonfinite)),
         ))
     aa_identical = None if aa is None or not aa_values else all(v == 0 for v in aa_values)
     return Localization(variant=variant.name, reference=reference.name, aa=aa.name if aa is not None else None,

@@ -5,6 +5,7 @@ variant again replaces its entry and keeps the others'."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Final, Literal
 
@@ -19,7 +20,7 @@ LOCALIZE_VERSION: Final = 1
 class PositionDoc(Document):
     label: str  # the sequence: "<task> doc <id>"
     position: int  # absolute token position in the sequence (prompt + continuation)
-    rel_l2: float
+    rel_l2: float | None  # None: NaN or inf on one side only
     flags: list[str] = []  # "a shard boundary of T = 4", "the last token before the padding of T = 4", ...
 
 
@@ -38,6 +39,7 @@ class ModuleDoc(Document):
     above: bool = False
     worst: list[PositionDoc] = []
     not_reassembled: str | None = None  # why the full tensor could not be put together, on which side
+    nonfinite: int = 0  # positions with NaN or inf on one side only (then above, whatever rel_l2 says)
 
 
 class LayerPoint(Document):
@@ -83,12 +85,21 @@ class LocalizeFile(Document):
     localizations: list[LocalizeDocument]
 
 
-def write_localizations(run_dir: Path, docs: list[LocalizeDocument]) -> Path:
-    """localize.json with ``docs``, replacing earlier entries of the same variants."""
-    kept = [d for d in read_localizations(run_dir) if d.variant not in {n.variant for n in docs}]
+def write_localizations(run_dir: Path, docs: list[LocalizeDocument]) -> tuple[Path, Path | None]:
+    """localize.json with ``docs``, replacing earlier entries of the same variants; and where
+    an existing file this evalpipe cannot read was put aside (``localize.json.unreadable``:
+    never lost, never in the way of the finished localization), else None."""
     path = run_dir / LOCALIZE_JSON
+    aside = None
+    try:
+        earlier = read_localizations(run_dir)
+    except UserError:
+        aside = path.with_name(LOCALIZE_JSON + ".unreadable")
+        os.replace(path, aside)
+        earlier = []
+    kept = [d for d in earlier if d.variant not in {n.variant for n in docs}]
     write_json(path, LocalizeFile(localizations=[*kept, *docs]).model_dump(mode="json"))
-    return path
+    return path, aside
 
 
 def read_localizations(run_dir: Path) -> list[LocalizeDocument]:

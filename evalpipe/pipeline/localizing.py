@@ -123,7 +123,10 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
                              precision=numerics.precision,
                              seconds={**{n: seconds[n] for n in used}, "analysis": round(time.monotonic() - t0, 3)},
                              sizes={n: sizes[n] for n in used}))
-    path = schema.write_localizations(rd.root, docs)
+    path, aside = schema.write_localizations(rd.root, docs)
+    if aside is not None:
+        console.print(f"[yellow]warning:[/] the earlier {path.name} could not be read by this evalpipe; kept as {aside}",
+                      soft_wrap=True)
     _render_reports(rd)
     for doc in docs:
         console.print(f"[bold]{escape(doc.variant)}[/]: {escape(doc.sentence)}", soft_wrap=True)

@@ -53,7 +53,9 @@ def module_order(doc: LocalizeDocument) -> list[str]:
 
 
 def _ratio(m: ModuleDoc) -> float:
-    """How far a module is from its floor, for ranking (no value: the lowest)."""
+    """How far a module is from its floor, for ranking (no value: the lowest; NaN or inf: the highest)."""
+    if m.nonfinite:
+        return float("inf")
     if m.rel_l2 is None:
         return -1.0
     if m.floor <= 0:
@@ -105,7 +107,7 @@ def _row(m: ModuleDoc, esc: Esc, first: ModuleDoc | None) -> dict[str, Any]:
         "layer": str(m.layer),
         "module": esc(m.module),
         "title": esc(m.title),
-        "rel_l2": fmt_small(m.rel_l2),
+        "rel_l2": fmt_small(m.rel_l2) + (f" (NaN/inf at {m.nonfinite})" if m.nonfinite else ""),
         "aa_rel_l2": fmt_small(m.aa_rel_l2),
         "floor": fmt_small(m.floor),
         "cosine": fmt_cosine(m.cosine),

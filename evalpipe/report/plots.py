@@ -319,11 +319,13 @@ def localize_heatmap(doc: LocalizeDocument) -> str | None:
     cells without a value grey, the first module above its floor outlined; None without any value."""
     columns = module_order(doc)
     layers = sorted({m.layer for m in doc.modules})
-    if not columns or not any(m.rel_l2 is not None for m in doc.modules):
+    if not columns or not any(m.rel_l2 is not None or m.nonfinite for m in doc.modules):
         return None
     grid = np.full((len(layers), len(columns)), np.nan)
     for m in doc.modules:
-        grid[layers.index(m.layer), columns.index(m.module)] = _log_ratio(m.rel_l2, m.floor)
+        # NaN or inf where the reference is finite: as far above the floor as the scale goes
+        value = MAX_DECADES if m.nonfinite else _log_ratio(m.rel_l2, m.floor)
+        grid[layers.index(m.layer), columns.index(m.module)] = value
     finite = np.abs(grid[np.isfinite(grid)])
     reach = max(1.0, float(finite.max()) if finite.size else 1.0)
     cmap = colormaps[HEATMAP_CMAP].with_extremes(bad=NO_VALUE)
