@@ -25,6 +25,7 @@ import numpy as np
 from evalpipe.compare.unshard import NotReassembled, Reassembled, reassemble
 from evalpipe.documents import localization as schema
 from evalpipe.documents.captures import CapturedPiece
+from evalpipe.probes.capture import runs
 
 # Forward order inside a decoder layer, with what each capture point is.
 MODULES: dict[str, str] = {
@@ -155,13 +156,7 @@ class Localization:
 
 def format_positions(positions: list[int]) -> str:
     """[5, 6, 7, 12] -> "5–7, 12"."""
-    runs: list[list[int]] = []
-    for p in sorted(set(positions)):
-        if runs and runs[-1][1] == p - 1:
-            runs[-1][1] = p
-        else:
-            runs.append([p, p])
-    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+    return ", ".join(f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in runs(sorted(set(positions))))
 
 
 def _max(values: Iterable[float | None]) -> float | None:
@@ -197,8 +192,9 @@ class _Rows:
             return
         x, y = a.values[ia], b.values[ib]
         finite = np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)
-        same = np.array([np.array_equal(x[i], y[i], equal_nan=True) for i in range(len(x))])
-        broken = ~finite & ~same
+        broken = ~finite
+        for i in np.flatnonzero(broken):  # the same NaN / inf on both sides is no difference
+            broken[i] = not np.array_equal(x[i], y[i], equal_nan=True)
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.where(finite[:, None], y - x, 0.0)
             norm_x, norm_y = np.linalg.norm(np.where(finite[:, None], x, 0.0), axis=1), np.linalg.norm(np.where(finite[:, None], y, 0.0), axis=1)

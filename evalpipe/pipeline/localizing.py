@@ -95,16 +95,11 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
     sizes: dict[str, int] = {}
     sides: dict[str, Side] = {}
     view = ProgressView(console)
-    servers: dict[str, Any] = {}
-    try:
-        for planned in plan.variants:
-            t0 = time.monotonic()
-            sides[planned.name] = _capture(plan, planned, model, rd, targets, view, limits, servers, console)
-            seconds[planned.name] = round(time.monotonic() - t0, 2)
-            sizes[planned.name] = sum(p.values.nbytes for p in sides[planned.name].pieces)
-    finally:
-        view.close()
-        stop_unneeded(servers, [])
+    for planned in plan.variants:
+        t0 = time.monotonic()
+        sides[planned.name] = _capture(plan, planned, model, rd, targets, view, limits, console)
+        seconds[planned.name] = round(time.monotonic() - t0, 2)
+        sizes[planned.name] = sum(p.values.nbytes for p in sides[planned.name].pieces)
 
     numerics = variant_numerics(VariantDir(rd.root / reference))
     docs = []
@@ -238,8 +233,9 @@ def _tp_sizes(config: RunConfig, plan: RunPlan) -> tuple[int, ...]:
 
 
 def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: RunDir, targets: list[Target],
-             view: ProgressView, limits: Limits, servers: dict[str, Any], console: Console) -> Side:
-    """One configuration's engine started, the sequences prefilled, its captures read."""
+             view: ProgressView, limits: Limits, console: Console) -> Side:
+    """One configuration's engine started (its server stopped again before the next one's
+    starts), the sequences prefilled, its captures read."""
     vdir = rd.root / LOCALIZE_DIR / planned.name
     if vdir.exists():
         shutil.rmtree(vdir)
@@ -254,6 +250,7 @@ def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: 
         "localize": LocalizeJob(sequences=[LocalizeSequence(label=t.label, token_ids=t.token_ids) for t in targets]),
     })
     console.print(f"[bold cyan]configuration {planned.name}[/] {planned.description}".rstrip())
+    servers: dict[str, Any] = {}
     try:
         outcome = run_variant(plan, planned, model, vdir, view.handle(planned.name), limits, servers, spec=spec, job=job)
     finally:

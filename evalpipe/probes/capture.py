@@ -148,7 +148,7 @@ class TensorCapture:
                 local = [p - fwd.start for p in rows]
             if not rows:
                 continue
-            cols = None if columns is None else _runs(columns[i])
+            cols = None if columns is None else runs(columns[i])
             self._write(piece, local, {
                 "version": CAPTURE_VERSION, "sequence": fwd.sequence.index, "label": fwd.sequence.label,
                 "module": module, "layer": int(layer), "layout": layout, "rank": r, "world": int(world),
@@ -232,8 +232,9 @@ class TensorCapture:
         return hook
 
 
-def _runs(indices: Any) -> list[list[int]]:
-    """Column indices as runs [start, stop): 64 heads of 128 columns are 64 pairs, not 8192 ints."""
+def runs(indices: Any) -> list[list[int]]:
+    """Ascending indices as runs [start, stop): 64 heads of 128 columns are 64 pairs, not 8192
+    ints (also how localize writes positions: 2047–2049)."""
     values = [int(i) for i in (indices.tolist() if hasattr(indices, "tolist") else indices)]
     runs: list[list[int]] = []
     for v in values:
