@@ -1,0 +1,40 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins`` -> ``evalpipe_engine_patches``).
+
+vLLM calls :func:`register` in every process it starts: the API server, each engine core
+and each worker. Every patch is applied in all of them or in none, so the processes of
+one engine agree. Nothing happens unless a switch asks for it; a switch that asks for a
+CPU workaround on another platform is refused, since the workarounds were written for
+the CPU build's classes only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from evalpipe.engine_patches.switches import CPU_EP_ENV, requested
+
+
+def register() -> None:
+    wanted = requested(os.environ)
+    if not wanted.anything:
+        return
+    if wanted.cpu_ep:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            raise RuntimeError(f"{CPU_EP_ENV}=1 asks for vLLM CPU-build workarounds on a "
+                               f"{type(current_platform).__name__}; remove it from this variant's env.")
+        from evalpipe.engine_patches import cpu_collectives, cpu_experts
+
+        cpu_collectives.install()
+        cpu_experts.install()
+    if wanted.sp_moe != "vllm":
+        from evalpipe.engine_patches import sp_moe
+
+        if wanted.sp_moe == "replicated":
+            sp_moe.install_replicated()
+        else:
+            sp_moe.install_fixed()
+    sys.stderr.write(f"evalpipe engine patches active in process {os.getpid()}: "
+                     f"cpu_ep={int(wanted.cpu_ep)} sp_moe={wanted.sp_moe}\n")

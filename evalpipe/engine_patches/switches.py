@@ -1,0 +1,103 @@
+"""The environment switches of evalpipe's engine patches, and what each stands for.
+
+Pure Python (no torch, no vLLM): the planner validates a variant's values with
+:func:`check_env` before any engine starts, and doctor lists :data:`PATCHES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+# CPU gaps of vLLM's expert parallelism, worked around (both or neither: the second gap
+# only shows once the first is closed).
+CPU_EP_ENV = "EVALPIPE_CPU_EP"
+# The layout of a DeepSeek-V2-family MoE layer's tokens over the TP ranks at DP > 1 with
+# expert parallelism: vLLM's own choice ("vllm": sequence-parallel MoE, all-gather before
+# attention and reduce-scatter after it), or tokens replicated over TP with an all-reduce
+# after attention ("replicated": what vLLM runs when SP MoE is not used), at the same
+# DP/TP/EP. No engine argument switches this on CPU; see docs/sp-moe.md.
+SP_MOE_ENV = "EVALPIPE_SP_MOE"
+SP_MOE_VALUES = ("vllm", "replicated", "fixed")
+
+ON_VALUES = ("1", "on", "true")
+OFF_VALUES = ("", "0", "off", "false")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One change to vLLM: what it changes, why, for which version, asked for by which switch."""
+
+    name: str
+    switch: str
+    target: str  # the vLLM object it replaces or adds to
+    reason: str
+    written_for: str  # the vLLM version it was written and tested against
+    upstream: str  # where upstream tracks it
+
+
+VLLM_VERSION = "0.32.0"
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        name="cpu_all_gatherv",
+        switch=f"{CPU_EP_ENV}=1",
+        target="vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator.all_gatherv/reduce_scatterv",
+        reason="the CPU communicator has no uneven all-gather / reduce-scatter, which expert parallelism "
+               "(the allgather_reducescatter all2all) calls on every MoE layer",
+        written_for=VLLM_VERSION,
+        upstream="https://github.com/vllm-project/vllm/issues/57837 (expert parallel on CPU not functional)",
+    ),
+    Patch(
+        name="cpu_experts_expert_map",
+        switch=f"{CPU_EP_ENV}=1",
+        target="vllm.model_executor.layers.fused_moe.experts.cpu_moe.CPUUnquantizedExperts.apply",
+        reason="the CPU fused-MoE kernel ignores expert_map and indexes a rank's local expert weights "
+               "with global expert ids (out of bounds under expert parallelism)",
+        written_for=VLLM_VERSION,
+        upstream="https://github.com/vllm-project/vllm/issues/57837 (expert parallel on CPU not functional)",
+    ),
+    Patch(
+        name="sp_moe_replicated",
+        switch=f"{SP_MOE_ENV}=replicated",
+        target="vllm.config.parallel.ParallelConfig.use_sequence_parallel_moe",
+        reason="stands for the legacy layout of the mission's A/B: sequence-parallel MoE off at the "
+               "same DP/TP/EP, which no engine argument selects on CPU",
+        written_for=VLLM_VERSION,
+        upstream="none (an evalpipe switch, not a workaround)",
+    ),
+)
+
+
+def parse_bool(name: str, raw: str | None) -> bool:
+    value = (raw or "").strip().lower()
+    if value in ON_VALUES:
+        return True
+    if value in OFF_VALUES:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a switch value; use 1 (on) or 0 (off).")
+
+
+def parse_sp_moe(raw: str | None) -> str:
+    value = (raw or "vllm").strip().lower()
+    if value not in SP_MOE_VALUES:
+        raise ValueError(f"{SP_MOE_ENV}={raw!r} is not a layout; valid values: {', '.join(SP_MOE_VALUES)}.")
+    return value
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What a process's environment asks of the engine patches."""
+
+    cpu_ep: bool = False
+    sp_moe: str = "vllm"
+
+    @property
+    def anything(self) -> bool:
+        return self.cpu_ep or self.sp_moe != "vllm"
+
+
+def requested(environ: Mapping[str, str]) -> Requested:
+    """The switches in ``environ``; a ValueError with one sentence for a value that is none."""
+    return Requested(cpu_ep=parse_bool(CPU_EP_ENV, environ.get(CPU_EP_ENV)),
+                     sp_moe=parse_sp_moe(environ.get(SP_MOE_ENV)))
