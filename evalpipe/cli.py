@@ -125,12 +125,14 @@ def localize(
     variant: Optional[str] = typer.Option(None, "--variant", help="Variant(s) to localize, comma-separated (default: the first DIVERGENT one)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Sequences to re-run, the most divergent teacher-forced ones (default: the config's localize.samples, 4)."),
     positions: Optional[int] = typer.Option(None, "--positions", help="Worst teacher-forced positions kept per sequence, besides shard, block and last-token rows (default 8)."),
+    decode_steps: Optional[int] = typer.Option(None, "--decode-steps", help="Prefill each prompt, then decode N tokens one forward pass each and compare those too (default: the config's localize.decode_steps, 0: prefill only)."),
     timeout: Optional[float] = _TIMEOUT_OPT,
 ) -> None:
     """Say where in the model a variant first parts from the reference: layer and module, against the A/A floor."""
     from evalpipe.commands.localize import localize_command
 
-    raise typer.Exit(localize_command(run_dir, console, variant=variant, samples=samples, positions=positions, timeout=timeout))
+    raise typer.Exit(localize_command(run_dir, console, variant=variant, samples=samples, positions=positions,
+                                      decode_steps=decode_steps, timeout=timeout))
 
 
 @app.command()

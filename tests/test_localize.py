@@ -332,3 +332,49 @@ def test_nan_or_inf_where_the_reference_is_finite_is_above_any_floor():
     assert "NaN or inf at 2 positions where the reference is finite" in result.sentence()
     doc = first.document()
     assert doc.above and {w.position for w in doc.worst if w.rel_l2 is None} == {7, 8}
+
+
+def test_decode_mode_keeps_the_first_generated_tokens_rows():
+    seqs = [ReferenceSequence("t", 0, 0, prompt_token_ids=list(range(10)), continuation_ids=[1, 2, 3, 4])]
+    ref = _teacher([(0, p, -1.0) for p in range(4)])
+    targets = choose_targets(seqs, ref, ref, samples=1, positions=2, decode_steps=3)
+    rows = targets[0].rows
+    # no teacher-forced difference at all: the decode rows are kept regardless
+    assert [r for r, why in rows.items() if any("decode step" in w for w in why)] == [10, 11, 12]
+    assert rows[10] == ["decode step 1 (one token per forward pass)"] and targets[0].prompt_len == 10
+
+
+def test_an_sp_moe_layers_outputs_are_captured_as_shards_even_for_one_token(tmp_path):
+    """A one-token forward's TP shard has one row on each rank, the second a padding row: the
+    layer's flag, not the row count, says it is a shard, so only rank 0's row is kept."""
+    tokens = [7, 8, 9]
+    hidden = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    for rank in range(2):
+        capture = TensorCapture({"dir": str(tmp_path), "sequences": [{"label": "s", "token_ids": tokens, "rows": [2]}]})
+        capture.pid = 1000 + rank
+        layers = torch.nn.ModuleList([torch.nn.Module()])
+        layer = layers[0]
+        layer.use_sequence_parallel_moe = True
+        layer.self_attn = torch.nn.Linear(4, 4, bias=False)
+        layer.self_attn.o_proj = torch.nn.Identity()
+        layer.mlp = torch.nn.Identity()
+        model = torch.nn.Module()
+        model.layers = layers
+        assert capture.hook_model(model, tp_rank=rank, tp_size=2) == []
+        capture.forward_started(torch.tensor([9]), torch.tensor([2]))  # a decode step at position 2
+        shard = hidden if rank == 0 else torch.zeros(1, 4)  # rank 1 holds the padding row
+        layer.mlp(shard)
+        partial = hidden * (rank + 1)
+        for hook in layer.self_attn._forward_hooks.values():
+            hook(layer.self_attn, (hidden,), partial)
+        capture.forward_finished()
+    pieces = read_captures(tmp_path)
+    by_module = {}
+    for p in pieces:
+        by_module.setdefault(p.entry.module, []).append(p)
+    mlp = by_module["mlp.out"]
+    assert [(p.entry.layout, p.entry.rank, p.entry.rows) for p in mlp] == [("token_shards", 0, [2])]
+    np.testing.assert_array_equal(reassemble(mlp).values, hidden.numpy())
+    attn = reassemble(by_module["attn.out"])
+    assert isinstance(attn, Reassembled)
+    np.testing.assert_array_equal(attn.values, (hidden * 3).numpy())  # the ranks' partial sums added

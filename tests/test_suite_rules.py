@@ -144,6 +144,7 @@ LAYERS = (
     ("compare",),  # pure comparison
     ("rundir", "documents"),  # the run directory and the typed documents in it
     ("config", "models", "tasks", "data"),  # what a run is made of
+    ("engine_patches",),  # evalpipe's changes inside vLLM's processes (switches checked by config)
     ("errors", "paths", "redact", "machine", "atomic_files"),  # small utilities
 )
 # Beside the layers: worker/ runs in the variant's interpreter and may use the layers from

@@ -18,14 +18,16 @@ from evalpipe.rundir.lock import holding_run_dir
 
 
 def localize_command(run_dir: Path, console: Console, *, variant: str | None = None, samples: int | None = None,
-                     positions: int | None = None, timeout: float | None = None) -> int:
+                     positions: int | None = None, decode_steps: int | None = None, timeout: float | None = None) -> int:
     for name, value in (("--samples", samples), ("--positions", positions)):
         if value is not None and value < 1:
             raise UserError(f"{name} {value}: give a positive number.")
+    if decode_steps is not None and not 0 <= decode_steps <= 64:
+        raise UserError(f"--decode-steps {decode_steps}: give a number from 0 (prefill only) to 64.")
     if not (run_dir / "run.json").is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
     with holding_run_dir(run_dir):  # it rewrites the reports: not while a run or a compare writes them
-        localize_run(run_dir, console, Request(tuple(split_csv(variant)), samples, positions), Limits(timeout_s=timeout))
+        localize_run(run_dir, console, Request(tuple(split_csv(variant)), samples, positions, decode_steps), Limits(timeout_s=timeout))
     return ExitCode.OK
 
 

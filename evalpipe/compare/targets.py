@@ -52,9 +52,11 @@ def teacher_divergence(reference: pa.Table, variant: pa.Table) -> dict[tuple[str
 
 
 def choose_targets(sequences: list[ReferenceSequence], reference: pa.Table, variant: pa.Table, *, samples: int,
-                   positions: int, tp_sizes: tuple[int, ...] = (), sparse_block: int | None = None) -> list[Target]:
+                   positions: int, tp_sizes: tuple[int, ...] = (), sparse_block: int | None = None,
+                   decode_steps: int = 0) -> list[Target]:
     """The ``samples`` most divergent sequences with their kept rows (at most ``positions``
-    worst ones plus the boundary rows)."""
+    worst ones plus the boundary rows, and the first ``decode_steps`` generated tokens'
+    rows, which a decode-mode localize computes one forward pass each)."""
     divergence = teacher_divergence(reference, variant)
     ranked = sorted(
         (s for s in sequences if (s.task, s.doc_id, s.repeat) in divergence),
@@ -84,6 +86,8 @@ def choose_targets(sequences: list[ReferenceSequence], reference: pa.Table, vari
                 keep(edge - 1, f"last token of a sparse block ({sparse_block})")
                 keep(edge, f"first token of a sparse block ({sparse_block})")
         keep(n_prompt - 1, "last prompt token")
+        for step in range(decode_steps):
+            keep(n_prompt + step, f"decode step {step + 1} (one token per forward pass)")
         keep(total - 1, "last token")
         targets.append(Target(
             label=f"{seq.task} doc {seq.doc_id}" + (f" repeat {seq.repeat}" if seq.repeat else ""),

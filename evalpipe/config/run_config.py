@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evalpipe.data.longctx import LongCtxSpec
+from evalpipe.engine_patches.switches import requested
 from evalpipe.errors import UserError
 from evalpipe.paths import PROJECT_ROOT
 from evalpipe.probes import COLLECTIVE_KINDS
@@ -230,6 +231,13 @@ class Expectations(_Strict):
         return self.model_dump(mode="json", exclude={"same_path"})
 
 
+def _engine_switches_valid(value: dict[str, str]) -> dict[str, str]:
+    # evalpipe's own engine switches are refused here, before any engine starts, rather than
+    # inside the engine processes after a minute of start-up
+    requested(value)
+    return value
+
+
 class Variant(_Strict):
     description: str = ""
     env: dict[str, str] = Field(default_factory=dict)
@@ -242,6 +250,7 @@ class Variant(_Strict):
     )
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
+    _env_switches = field_validator("env")(_engine_switches_valid)
 
 
 class TaskSpec(_Strict):
@@ -401,6 +410,10 @@ class Localize(_Strict):
     samples: int = Field(default=4, ge=1, le=64, description="Sequences re-run: those with the largest teacher-forced divergence.")
     positions: int = Field(default=8, ge=1, le=256, description="Worst teacher-forced positions kept per sequence (besides the shard, block and last-token rows).")
     rel_aa: float = Field(default=3.0, gt=0, description="A module is above its floor when its difference exceeds max(numerics floor, rel_aa x the A/A's).")
+    decode_steps: int = Field(
+        default=0, ge=0, le=64,
+        description="0: prefill each sequence whole (teacher forced). N > 0: prefill its prompt, then decode N tokens one "
+        "forward pass each, and keep those rows too: for a fault that only one-token forward passes show (docs/localize.md).")
 
 
 class Nightly(_Strict):
@@ -444,6 +457,7 @@ class RunConfig(_Strict):
     nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
+    _env_switches = field_validator("env")(_engine_switches_valid)
 
     @field_validator("tasks", mode="before")
     @classmethod

@@ -59,6 +59,7 @@ class TeacherJob(Document):
 class LocalizeSequence(Document):
     label: str
     token_ids: list[int]
+    prompt_len: int = 0  # where generation starts (decode mode)
 
 
 class LocalizeJob(Document):
@@ -66,6 +67,9 @@ class LocalizeJob(Document):
     points, set up by the probe spec, keep the chosen rows of every module."""
 
     sequences: list[LocalizeSequence]
+    # 0: prefill each sequence whole; N: prefill its prompt and decode N tokens greedily,
+    # one forward pass each (the capture points match a one-token pass like any piece)
+    decode_steps: int = 0
 
 
 class WorkerJob(Document):

@@ -78,6 +78,6 @@ def install() -> None:
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
     if CpuCommunicator.all_gatherv is DeviceCommunicatorBase.all_gatherv:
-        CpuCommunicator.all_gatherv = all_gatherv  # type: ignore[method-assign]
+        CpuCommunicator.all_gatherv = all_gatherv  # type: ignore[method-assign,assignment]
     if CpuCommunicator.reduce_scatterv is DeviceCommunicatorBase.reduce_scatterv:
-        CpuCommunicator.reduce_scatterv = reduce_scatterv  # type: ignore[method-assign]
+        CpuCommunicator.reduce_scatterv = reduce_scatterv  # type: ignore[method-assign,assignment]

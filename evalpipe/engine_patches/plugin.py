@@ -12,7 +12,19 @@ from __future__ import annotations
 import os
 import sys
 
+from evalpipe.engine_patches import cpu_collectives, cpu_experts, sp_moe
 from evalpipe.engine_patches.switches import CPU_EP_ENV, requested
+
+# What register() changed in this process, for the path probes: a variant's config expects
+# `evalpipe.engine_patches.plugin.installed()` to name its patches in every process that
+# builds the model, so a switch that reached no engine (the plugin not installed in that
+# interpreter, a typo in the variable's name) cannot pass as the path it claims.
+_INSTALLED: list[str] = []
+
+
+def installed() -> list[str]:
+    """The names of the patches (switches.PATCHES) active in this process, sorted."""
+    return sorted(_INSTALLED)
 
 
 def register() -> None:
@@ -25,16 +37,14 @@ def register() -> None:
         if not current_platform.is_cpu():
             raise RuntimeError(f"{CPU_EP_ENV}=1 asks for vLLM CPU-build workarounds on a "
                                f"{type(current_platform).__name__}; remove it from this variant's env.")
-        from evalpipe.engine_patches import cpu_collectives, cpu_experts
-
         cpu_collectives.install()
         cpu_experts.install()
+        _INSTALLED.extend(["cpu_all_gatherv", "cpu_experts_expert_map"])
     if wanted.sp_moe != "vllm":
-        from evalpipe.engine_patches import sp_moe
-
         if wanted.sp_moe == "replicated":
             sp_moe.install_replicated()
         else:
             sp_moe.install_fixed()
+        _INSTALLED.append(f"sp_moe_{wanted.sp_moe}")
     sys.stderr.write(f"evalpipe engine patches active in process {os.getpid()}: "
                      f"cpu_ep={int(wanted.cpu_ep)} sp_moe={wanted.sp_moe}\n")

@@ -13,7 +13,10 @@ layer code.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
+import textwrap
 
 
 def install_replicated() -> None:
@@ -85,10 +88,6 @@ def input_is_sequence_parallel(vllm_config, layer_idx: int) -> bool:  # noqa: AN
 
 
 def install_fixed() -> None:
-    import functools
-    import inspect
-    import textwrap
-
     from vllm.model_executor.models import deepseek_v2
 
     layer_class = deepseek_v2.DeepseekV2DecoderLayer
@@ -101,7 +100,7 @@ def install_fixed() -> None:
         namespace: dict = {}
         exec(compile(source, f"<evalpipe fix of {qualname}>", "exec"), deepseek_v2.__dict__, namespace)  # noqa: S102
         forward = functools.wraps(original)(namespace["forward"])
-        forward.__evalpipe_patch__ = True
+        forward.__evalpipe_patch__ = True  # type: ignore[attr-defined]
         owner.forward = forward
     original_init = layer_class.__init__
 

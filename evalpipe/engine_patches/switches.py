@@ -66,6 +66,15 @@ PATCHES: tuple[Patch, ...] = (
         written_for=VLLM_VERSION,
         upstream="none (an evalpipe switch, not a workaround)",
     ),
+    Patch(
+        name="sp_moe_fixed",
+        switch=f"{SP_MOE_ENV}=fixed",
+        target="vllm.model_executor.models.deepseek_v2.DeepseekV2DecoderLayer.forward, DeepseekV2Model.forward",
+        reason="a fix of vLLM's own: whether hidden states are a TP shard is read from the row count, which "
+               "cannot tell a one-token batch from its shard (docs/sp-moe.md)",
+        written_for=VLLM_VERSION,
+        upstream="docs/sp-moe.md (bug report with a minimal reproduction)",
+    ),
 )
 
 

@@ -56,6 +56,7 @@ class Request:
     variants: tuple[str, ...] = ()  # none: the first DIVERGENT one
     samples: int | None = None
     positions: int | None = None
+    decode_steps: int | None = None  # None: the config's
 
 
 def localize_run(run_dir: Path, console: Console, request: Request = Request(),
@@ -79,13 +80,14 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
                             f"choose one of: {', '.join(others) or 'none'}.")
     samples = request.samples or config.localize.samples
     positions = request.positions or config.localize.positions
+    decode_steps = config.localize.decode_steps if request.decode_steps is None else request.decode_steps
 
     plan = _plan(config, info, rd, reference, variants, aa_name is not None)
     endpoint = [v.name for v in plan.variants if v.launch.mode == "endpoint"]
     if endpoint:
         raise UserError(f"localize cannot capture inside {', '.join(endpoint)}: in endpoint mode evalpipe does not start "
                         "the server, so it cannot put capture points into its engine; localize a serve-mode or offline run.")
-    targets = _merged([_targets(rd, reference, v, config, samples, positions) for v in variants])
+    targets = _merged([_targets(rd, reference, v, config, samples, positions, decode_steps) for v in variants])
     console.print(f"[bold]localize[/] {', '.join(variants)} against {reference}"
                   + (f" and the A/A floor ({aa_name})" if aa_name else "") + f": {len(targets)} sequences, "
                   f"{sum(len(t.rows) for t in targets)} positions, {len(plan.variants)} engine starts")
@@ -97,7 +99,7 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
     view = ProgressView(console)
     for planned in plan.variants:
         t0 = time.monotonic()
-        sides[planned.name] = _capture(plan, planned, model, rd, targets, view, limits, console)
+        sides[planned.name] = _capture(plan, planned, model, rd, targets, decode_steps, view, limits, console)
         seconds[planned.name] = round(time.monotonic() - t0, 2)
         sizes[planned.name] = sum(p.values.nbytes for p in sides[planned.name].pieces)
 
@@ -191,7 +193,8 @@ def _plan(config: RunConfig, info: RunDocument, rd: RunDir, reference: str, vari
     return plan
 
 
-def _targets(rd: RunDir, reference: str, variant: str, config: RunConfig, samples: int, positions: int) -> list[Target]:
+def _targets(rd: RunDir, reference: str, variant: str, config: RunConfig, samples: int, positions: int,
+             decode_steps: int) -> list[Target]:
     tables = []
     for name in (reference, variant):
         path = VariantDir(rd.root / name).teacher
@@ -201,7 +204,8 @@ def _targets(rd: RunDir, reference: str, variant: str, config: RunConfig, sample
         tables.append(artifacts.read_table(path))
     sequences = read_reference_sequences(rd.root / reference)
     targets = choose_targets(sequences, tables[0], tables[1], samples=samples, positions=positions,
-                             tp_sizes=tuple(config.longctx.tp_sizes), sparse_block=config.longctx.sparse_block)
+                             tp_sizes=tuple(config.longctx.tp_sizes), sparse_block=config.longctx.sparse_block,
+                             decode_steps=decode_steps)
     if not targets:
         raise UserError(f"{rd.root}: {variant} and {reference} share no teacher-forced sequence; nothing to localize.")
     return targets
@@ -233,7 +237,7 @@ def _tp_sizes(config: RunConfig, plan: RunPlan) -> tuple[int, ...]:
 
 
 def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: RunDir, targets: list[Target],
-             view: ProgressView, limits: Limits, console: Console) -> Side:
+             decode_steps: int, view: ProgressView, limits: Limits, console: Console) -> Side:
     """One configuration's engine started (its server stopped again before the next one's
     starts), the sequences prefilled, its captures read."""
     vdir = rd.root / LOCALIZE_DIR / planned.name
@@ -247,7 +251,8 @@ def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: 
     })
     job = worker_job(plan, planned.name, model, vdir).model_copy(update={
         "tasks": [], "journal": None, "teacher": TeacherJob(),
-        "localize": LocalizeJob(sequences=[LocalizeSequence(label=t.label, token_ids=t.token_ids) for t in targets]),
+        "localize": LocalizeJob(sequences=[LocalizeSequence(label=t.label, token_ids=t.token_ids, prompt_len=t.prompt_len)
+                                           for t in targets], decode_steps=decode_steps),
     })
     console.print(f"[bold cyan]configuration {planned.name}[/] {planned.description}".rstrip())
     servers: dict[str, Any] = {}

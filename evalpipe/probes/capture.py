@@ -17,7 +17,8 @@ Two kinds of capture points:
 - generic, for any other model: forward hooks on each decoder layer (vLLM's
   ``model.layers``) and its ``self_attn``, ``self_attn.o_proj`` (its input: the rank's
   heads before the output projection) and ``mlp``, with the tensor-parallel rank the
-  process holds.
+  process holds; in a layer that sets vLLM's ``use_sequence_parallel_moe`` the attention
+  output is a partial sum and the MLP and layer outputs are token shards.
 
 What a rank holds is recorded as it is, with its layout; the parent reassembles the full
 tensor (:mod:`evalpipe.compare.unshard`). Layouts:
@@ -185,39 +186,51 @@ class TensorCapture:
         for index, layer in enumerate(layers):
             if type(layer).__name__ == "PPMissingLayer":
                 continue
-            layer.register_forward_hook(self._layer_hook(index, tp_rank, tp_size))
+            # vLLM's own flag of a sequence-parallel MoE layer (DeepseekV2DecoderLayer and kin):
+            # its attention's output is each rank's partial sum (reduce-scattered after the
+            # hook), its MLP and layer outputs are token shards of ceil(N / TP) rows. Read from
+            # the layer, never guessed from a row count: a one-token batch's shard has as many
+            # rows as the batch.
+            sharded = tp_size > 1 and bool(getattr(layer, "use_sequence_parallel_moe", False))
+            layer.register_forward_hook(self._layer_hook(index, tp_rank, tp_size, sharded))
             attn = getattr(layer, "self_attn", None)
             mlp = getattr(layer, "mlp", None)
             o_proj = getattr(attn, "o_proj", None)
             if attn is None or mlp is None or o_proj is None:
                 missing.append(f"layer {index}: no self_attn / self_attn.o_proj / mlp")
                 continue
-            attn.register_forward_hook(self._output_hook("attn.out", index, tp_rank, tp_size))
-            mlp.register_forward_hook(self._output_hook("mlp.out", index, tp_rank, tp_size))
+            attn.register_forward_hook(self._output_hook("attn.out", index, tp_rank, tp_size,
+                                                         "partial_sum" if sharded else "replicated"))
+            mlp.register_forward_hook(self._output_hook("mlp.out", index, tp_rank, tp_size,
+                                                        "token_shards" if sharded else "replicated"))
             o_proj.register_forward_pre_hook(self._heads_hook(index, tp_rank, tp_size))
         return missing
 
-    def _replicated(self, module: str, layer: int, tensor: Any, tp_rank: int, tp_size: int) -> None:
-        if tp_size > 1:
-            self.capture(module, layer, [tensor], "replicated", rank=tp_rank, world=tp_size)
-        else:
+    def _rank_piece(self, module: str, layer: int, tensor: Any, tp_rank: int, tp_size: int, layout: str) -> None:
+        """One rank's tensor in ``layout`` (replicated, partial_sum or token_shards); without
+        tensor parallelism the whole tensor."""
+        if tp_size == 1:
             self.capture(module, layer, [tensor], "full")
+        elif layout == "token_shards":
+            self.capture(module, layer, [tensor], layout, rank=tp_rank, world=tp_size, shard_rows=int(tensor.shape[0]))
+        else:
+            self.capture(module, layer, [tensor], layout, rank=tp_rank, world=tp_size)
 
-    def _layer_hook(self, index: int, tp_rank: int, tp_size: int):
+    def _layer_hook(self, index: int, tp_rank: int, tp_size: int, sharded: bool):
         def hook(_module: Any, _args: Any, output: Any) -> None:
             if self.current() is None:
                 return
             hidden, residual = (output[0], output[1]) if isinstance(output, tuple) else (output, None)
             stream = hidden if residual is None else hidden + residual
-            self._replicated("layer.out", index, stream, tp_rank, tp_size)
+            self._rank_piece("layer.out", index, stream, tp_rank, tp_size, "token_shards" if sharded else "replicated")
         return hook
 
-    def _output_hook(self, module: str, index: int, tp_rank: int, tp_size: int):
+    def _output_hook(self, module: str, index: int, tp_rank: int, tp_size: int, layout: str):
         def hook(_module: Any, _args: Any, output: Any) -> None:
             if self.current() is None:
                 return
             tensor = output[0] if isinstance(output, tuple) else output
-            self._replicated(module, index, tensor, tp_rank, tp_size)
+            self._rank_piece(module, index, tensor, tp_rank, tp_size, layout)
         return hook
 
     def _heads_hook(self, index: int, tp_rank: int, tp_size: int):

@@ -37,7 +37,7 @@ from evalpipe.tasks.index import task_manager
 from evalpipe.tasks.ruler import sample_columns
 from evalpipe.worker import engine_choice, fake_engine
 from evalpipe.worker import teacher as tf
-from evalpipe.worker.engines import Engine, ScoreRequest, decode_each
+from evalpipe.worker.engines import Engine, GenRequest, ScoreRequest, decode_each
 from evalpipe.worker.journal import RequestJournal
 
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
@@ -456,17 +456,26 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
 
 
 def _localize_phase(localize: LocalizeJob, engine: Engine, events: Events, timings: dict[str, float]) -> tuple[int, str | None]:
-    """Prefill each sequence on its own, so that every forward pass holds one sequence the
-    capture points recognise; what they keep is on disk when this returns."""
+    """Prefill each sequence on its own (or, in decode mode, its prompt and then a few tokens
+    one forward pass each), so that every forward pass holds one sequence the capture
+    points recognise; what they keep is on disk when this returns."""
     sequences = localize.sequences
-    events.emit("stage", stage="localize", message=f"localize: prefilling {len(sequences)} sequences one at a time")
+    steps = localize.decode_steps
+    how = f"prefilling {len(sequences)} prompts and decoding {steps} tokens" if steps else f"prefilling {len(sequences)} sequences"
+    events.emit("stage", stage="localize", message=f"localize: {how}, one sequence at a time")
     t0 = time.time()
     try:
         for done, seq in enumerate(sequences):
-            events.progress("localize", "prefill", done, len(sequences))
-            request = ScoreRequest(token_ids=seq.token_ids, start=len(seq.token_ids) - 1, label=f"localize {seq.label}")
-            engine.score([request], topk=1)
-        events.progress("localize", "prefill", len(sequences), len(sequences))
+            events.progress("localize", "decode" if steps else "prefill", done, len(sequences))
+            if steps:
+                # greedy, as the run generated: the tokens match the reference's sequence (and
+                # so its captures) up to where this configuration's own output departs from it
+                engine.generate([GenRequest(prompt_token_ids=seq.token_ids[:seq.prompt_len], max_tokens=steps,
+                                            label=f"localize {seq.label}")], topk=1)
+            else:
+                engine.score([ScoreRequest(token_ids=seq.token_ids, start=len(seq.token_ids) - 1,
+                                           label=f"localize {seq.label}")], topk=1)
+        events.progress("localize", "decode" if steps else "prefill", len(sequences), len(sequences))
     except Exception as err:  # noqa: BLE001
         traceback.print_exc()
         msg = f"localize failed: {type(err).__name__}: {err} (see the engine log)"
