@@ -153,7 +153,6 @@ print(CpuCommunicator.all_gatherv.__module__, getattr(CPUUnquantizedExperts.appl
 
 @pytest.mark.parametrize(("env", "expected"), [
     ({}, "vllm.distributed.device_communicators.base_device_communicator False False False False"),
-    ({CPU_EP_ENV: "1"}, "evalpipe.engine_patches.cpu_collectives True False False False"),
     ({SP_MOE_ENV: "replicated"}, "vllm.distributed.device_communicators.base_device_communicator False True False False"),
     ({CPU_EP_ENV: "1", SP_MOE_ENV: "fixed"}, "evalpipe.engine_patches.cpu_collectives True False True True"),
 ])

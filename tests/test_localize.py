@@ -378,3 +378,19 @@ def test_an_sp_moe_layers_outputs_are_captured_as_shards_even_for_one_token(tmp_
     attn = reassemble(by_module["attn.out"])
     assert isinstance(attn, Reassembled)
     np.testing.assert_array_equal(attn.values, (hidden * 3).numpy())  # the ranks' partial sums added
+
+
+def test_the_forward_passes_of_a_sequence_are_reassembled_each_then_joined():
+    """A prefill and two decode steps of one sequence on 2 replicated ranks (and a decode step
+    seen twice): every row once, each from its own forward pass."""
+    x = full_tensor(12)
+    prefill = [piece(x[[3, 9]], layout="replicated", rank=r, world=2, rows=[3, 9], start=0, tokens=10) for r in (1, 0)]
+    steps = [piece(x[[p]], layout="replicated", rank=r, world=2, rows=[p], start=p, tokens=1)
+             for p in (10, 11) for r in (0, 1)]
+    again = piece(x[[10]], layout="replicated", rank=0, world=2, rows=[10], start=10, tokens=1)
+    got = reassemble(prefill + steps + [again])
+    assert isinstance(got, Reassembled) and got.rows.tolist() == [3, 9, 10, 11]
+    np.testing.assert_array_equal(got.values, x[[3, 9, 10, 11]].astype(np.float64))
+    # a forward pass a rank is missing from is named by its positions
+    broken = reassemble(prefill + steps[:3])
+    assert isinstance(broken, NotReassembled) and broken.why.startswith("in the forward pass of positions 11-11, rank 1")

@@ -31,9 +31,30 @@ class NotReassembled:
 
 def reassemble(pieces: list[CapturedPiece]) -> Reassembled | NotReassembled:
     """The full tensor at the captured rows, from the pieces of one module, layer and sequence,
-    at scale 1 (a piece held at an output scale is divided by it)."""
+    at scale 1 (a piece held at an output scale is divided by it). The pieces of each forward
+    pass (a prefill chunk, a decode step) are reassembled on their own, then their rows
+    joined; a row two forward passes computed (a retried request) counts once."""
     if not pieces:
         return NotReassembled("nothing was captured")
+    by_forward: dict[tuple[int, int], list[CapturedPiece]] = {}
+    for p in pieces:
+        by_forward.setdefault((p.entry.batch_start, p.entry.batch_tokens), []).append(p)
+    if len(by_forward) == 1:
+        return _reassemble_forward(pieces)
+    rows: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for (start, tokens), group in sorted(by_forward.items()):
+        got = _reassemble_forward(group)
+        if isinstance(got, NotReassembled):
+            return NotReassembled(f"in the forward pass of positions {start}-{start + tokens - 1}, {got.why}")
+        rows.append(got.rows)
+        values.append(got.values)
+    all_rows = np.concatenate(rows)
+    kept, first = np.unique(all_rows, return_index=True)
+    return Reassembled(kept, np.concatenate(values)[first])
+
+
+def _reassemble_forward(pieces: list[CapturedPiece]) -> Reassembled | NotReassembled:
     scales = {p.entry.scale for p in pieces}
     if len(scales) > 1:
         return NotReassembled(f"its pieces are held at several scales ({', '.join(f'{s:g}' for s in sorted(scales))})")
