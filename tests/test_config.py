@@ -49,6 +49,9 @@ def test_bool_env_values_are_lowercase_strings():
         (lambda d: d.update(capture={"topk": 0}), "capture.topk"),
         (lambda d: d["variants"]["b"].update(engine={"model": "x"}), "sets engine.model"),
         (lambda d: d["tasks"].update(all={"task": "x"}), "`all` is reserved"),
+        # evalpipe's own engine switches are checked when the config is read, not in the engine
+        (lambda d: d["variants"]["b"].update(env={"EVALPIPE_SP_MOE": "sp"}),
+         "`variants.b.env`: EVALPIPE_SP_MOE='sp' is not a layout; valid values: vllm, replicated, fixed"),
     ],
 )
 def test_bad_configs_name_the_problem(mutate, fragment):

@@ -203,7 +203,12 @@ def test_capture_points_keep_the_watched_rows_of_a_recognised_forward(tmp_path):
     assert capture.current() is None
     capture.forward_started(torch.tensor([1, 2, 3]), torch.arange(3))
     assert capture.current() is None
-    # the second chunk of a chunked prefill: positions 4..11
+    # a chunk that does not continue a captured piece: its earlier positions are not known
+    capture.forward_started(torch.tensor(tokens[4:]), torch.arange(4, 12))
+    assert capture.current() is None
+    # a chunked prefill: positions 0..3, then 4..11
+    capture.forward_started(torch.tensor(tokens[:4]), torch.arange(4))
+    capture.forward_finished()
     capture.forward_started(torch.tensor(tokens[4:]), torch.arange(4, 12))
     fwd = capture.current()
     assert fwd is not None and (fwd.start, fwd.tokens, fwd.rows) == (4, 8, [5, 9])
@@ -361,6 +366,8 @@ def test_an_sp_moe_layers_outputs_are_captured_as_shards_even_for_one_token(tmp_
         model = torch.nn.Module()
         model.layers = layers
         assert capture.hook_model(model, tp_rank=rank, tp_size=2) == []
+        capture.forward_started(torch.tensor([7, 8]), torch.arange(2))  # the prompt (row 2 not in it)
+        capture.forward_finished()
         capture.forward_started(torch.tensor([9]), torch.tensor([2]))  # a decode step at position 2
         shard = hidden if rank == 0 else torch.zeros(1, 4)  # rank 1 holds the padding row
         layer.mlp(shard)
@@ -394,3 +401,18 @@ def test_the_forward_passes_of_a_sequence_are_reassembled_each_then_joined():
     # a forward pass a rank is missing from is named by its positions
     broken = reassemble(prefill + steps[:3])
     assert isinstance(broken, NotReassembled) and broken.why.startswith("in the forward pass of positions 11-11, rank 1")
+
+
+def test_a_decode_step_counts_only_while_the_steps_before_it_were_the_sequences():
+    tokens = [5, 6, 7, 8, 9, 10]
+    capture = TensorCapture({"dir": "unused", "sequences": [{"label": "s", "token_ids": tokens, "rows": [3, 4, 5]}]})
+    capture.forward_started(torch.tensor(tokens[:3]), torch.arange(3))  # the prompt
+    assert capture.current() is not None
+    capture.forward_started(torch.tensor([8]), torch.tensor([3]))  # decode step 1: the sequence's token
+    assert capture.current() is not None and capture.current().rows == [3]
+    capture.forward_started(torch.tensor([99]), torch.tensor([4]))  # the engine generated another token
+    assert capture.current() is None
+    capture.forward_started(torch.tensor([10]), torch.tensor([5]))  # matches again, but attends to position 4's 99
+    assert capture.current() is None
+    capture.forward_started(torch.tensor(tokens[:3]), torch.arange(3))  # the sequence again from the start
+    assert capture.current() is not None

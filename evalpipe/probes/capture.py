@@ -85,6 +85,11 @@ class TensorCapture:
         self.lock = threading.Lock()
         self.pid = os.getpid()
         self.written = 0
+        # per watched sequence, the end of the last piece this process captured: a later piece
+        # counts only if it continues there, since its attention reads the earlier positions'
+        # keys and values (a decode step after the engine generated another token than the
+        # sequence's is not the sequence any more, even where its own token matches again)
+        self.reached: dict[int, int] = {}
 
     def forked(self) -> None:
         """A forked child writes files of its own."""
@@ -104,7 +109,8 @@ class TensorCapture:
         self.local.forward = None
 
     def match(self, input_ids: Any, positions: Any) -> Forward | None:
-        """The watched piece these tokens are, or None."""
+        """The watched piece these tokens are (from position 0, or continuing the last piece of
+        the same sequence), or None."""
         if input_ids is None or positions is None or getattr(positions, "ndim", 0) != 1:
             return None
         n = int(input_ids.shape[-1])
@@ -120,7 +126,8 @@ class TensorCapture:
                 continue
             if ids is None:
                 ids = [int(t) for t in input_ids.reshape(-1).tolist()]
-            if seq.token_ids[start : start + n] == ids:
+            if seq.token_ids[start : start + n] == ids and (start == 0 or self.reached.get(seq.index) == start):
+                self.reached[seq.index] = start + n
                 return Forward(seq, start, n)
         return None
 
