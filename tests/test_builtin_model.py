@@ -150,7 +150,7 @@ def test_names_and_errors():
     assert not builtin.is_builtin("meta-llama/Llama-3.2-1B")
     assert not builtin.is_builtin("/models/tiny-gsm")
     assert builtin.builtin_name("builtin:tiny-gsm") == "tiny-gsm"
-    assert "tiny-gsm" in builtin.BUILTIN_MODELS
+    assert {"tiny-gsm", "tiny-moe"} <= set(builtin.BUILTIN_MODELS)
     with pytest.raises(UserError, match="tiny-gsm"):
         builtin.ensure_builtin("no-such-model")
     with pytest.raises(UserError, match="unknown spec key"):
@@ -199,12 +199,13 @@ def _tiny_recipe(monkeypatch, shipped_root):
     monkeypatch.setattr(builtin, "SHIPPED_DIR", shipped_root)
 
 
-def test_shipped_model_matches_its_recorded_fingerprint_and_the_current_recipe(builtin_model_dir):
-    model = builtin.ensure_builtin("builtin:tiny-gsm")
-    assert model.path == builtin_model_dir == builtin.SHIPPED_DIR / "tiny-gsm"
+@pytest.mark.parametrize("name", sorted(builtin.BUILTIN_MODELS))
+def test_shipped_model_matches_its_recorded_fingerprint_and_the_current_recipe(name):
+    model = builtin.ensure_builtin(f"builtin:{name}")
+    assert model.path == builtin.SHIPPED_DIR / name
     info = json.loads((model.path / builtin.INFO_FILE).read_text())
     assert builtin.fingerprint_dir(model.path) == info["fingerprint"] == model.fingerprint
-    assert info["spec_hash"] == builtin.spec_hash("tiny-gsm", builtin.model_spec("tiny-gsm"))
+    assert info["spec_hash"] == builtin.spec_hash(name, builtin.model_spec(name))
     # the fingerprint covers everything an engine reads, and every such file is recorded
     assert sorted(info["files"]) == list(builtin.FINGERPRINT_FILES)
     for fname, digest in info["files"].items():
@@ -212,12 +213,74 @@ def test_shipped_model_matches_its_recorded_fingerprint_and_the_current_recipe(b
     assert info["built_on"]["cpu"] and info["torch_version"]
 
 
-def test_readme_records_the_shipped_fingerprint(builtin_model_dir):
+@pytest.mark.parametrize("name", sorted(builtin.BUILTIN_MODELS))
+def test_readme_records_the_shipped_fingerprint(name):
     from evalpipe.paths import PROJECT_ROOT
 
-    fingerprint = builtin.ensure_builtin("tiny-gsm").fingerprint
+    fingerprint = builtin.ensure_builtin(name).fingerprint
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
     assert fingerprint in readme, "record the shipped model's fingerprint in the README"
+
+
+def test_tiny_gsm_is_the_one_runs_are_checked_with(builtin_model_dir):
+    assert builtin_model_dir == builtin.SHIPPED_DIR / "tiny-gsm"
+
+
+def _moe_layers(cfg: dict) -> list[int]:
+    return list(range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]))
+
+
+def test_shipped_tiny_moe_has_what_vllms_deepseek_layer_needs():
+    """vLLM's CPU DeepSeek layer (MLA + MoE) at tensor parallel 2 and expert parallel 4:
+    the MLA decode kernel takes a 576-wide latent head only, the aux-free gate needs its
+    correction bias in the weights, and heads and experts must split evenly."""
+    from safetensors import safe_open
+
+    path = builtin.ensure_builtin("tiny-moe").path
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLM"] and cfg["model_type"] == "deepseek_v3"
+    assert cfg["kv_lora_rank"] == 512 and cfg["qk_rope_head_dim"] == 64
+    assert cfg["topk_method"] == "noaux_tc" and cfg["scoring_func"] == "sigmoid"
+    assert cfg["n_group"] == 1 and cfg["topk_group"] == 1 and cfg["norm_topk_prob"] is True
+    assert cfg["n_routed_experts"] % 4 == 0 and cfg["num_attention_heads"] % 2 == 0
+    assert cfg["first_k_dense_replace"] >= 1 and _moe_layers(cfg)
+    assert cfg["max_position_embeddings"] >= 4096
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"]  # read by transformers 4 and 5
+    assert cfg["tie_word_embeddings"] is False  # vLLM's DeepSeek model loads lm_head itself
+    with safe_open(str(path / "model.safetensors"), "np") as fh:
+        keys = set(fh.keys())
+    assert "lm_head.weight" in keys
+    for layer in _moe_layers(cfg):
+        assert f"model.layers.{layer}.mlp.gate.e_score_correction_bias" in keys, layer
+        for expert in range(cfg["n_routed_experts"]):  # one tensor per expert, as vLLM's loader maps them
+            assert f"model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight" in keys, (layer, expert)
+    # same tokenizer recipe as tiny-gsm: prompts tokenize alike
+    gsm = builtin.ensure_builtin("tiny-gsm").path
+    assert (path / "tokenizer.json").read_bytes() == (gsm / "tokenizer.json").read_bytes()
+
+
+# tiny-moe's code path in a few seconds: the latent and rope widths stay as vLLM needs them
+TINY_MOE = {**{k: v for k, v in TINY.items() if k != "head_dim"}, "hidden_size": 64, "num_key_value_heads": 2,
+            "moe_intermediate_size": 32, "num_hidden_layers": 2, "steps": 3, "longctx_stages": []}
+
+
+def test_a_deepseek_v3_build_saves_the_gate_bias_and_the_vllm_config_keys(tmp_path):
+    from safetensors import safe_open
+
+    model = training.build("tiny-moe", spec_overrides=TINY_MOE, out_dir=tmp_path / "moe")
+    cfg = json.loads((model.path / "config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (cfg["topk_method"], cfg["scoring_func"], cfg["kv_lora_rank"]) == ("noaux_tc", "sigmoid", 512)
+    assert cfg.get("num_nextn_predict_layers", 0) == 0  # no multi-token-prediction layer to load
+    with safe_open(str(model.path / "model.safetensors"), "np") as fh:
+        assert "model.layers.1.mlp.gate.e_score_correction_bias" in set(fh.keys())
+    assert model.info.n_params > 0 and model.info.spec["arch"] == "deepseek_v3"
+
+
+def test_an_unknown_architecture_is_refused_in_one_sentence(tmp_path):
+    with pytest.raises(UserError, match="unknown arch 'gpt2'.*deepseek_v3, llama"):
+        training.build("tiny-gsm", spec_overrides={**TINY, "arch": "gpt2"}, out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
 
 
 def test_ship_then_serve_round_trip(tmp_path, monkeypatch):

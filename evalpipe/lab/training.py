@@ -23,11 +23,12 @@ import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from evalpipe.data import gsm_synth, longctx
+from evalpipe.errors import UserError
 from evalpipe.machine import describe
 from evalpipe.models.builtin import (
     BOS,
@@ -404,11 +405,66 @@ def _machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
+def _model_config(spec: dict[str, Any], tok) -> tuple[Any, Any]:
+    """The transformers config and model class of the spec's ``arch``; what every
+    architecture shares (vocabulary, special tokens, width, rope) is set here once."""
+    common = {
+        "vocab_size": tok.get_vocab_size(),
+        "hidden_size": spec["hidden_size"],
+        "intermediate_size": spec["intermediate_size"],
+        "num_hidden_layers": spec["num_hidden_layers"],
+        "num_attention_heads": spec["num_attention_heads"],
+        "num_key_value_heads": spec["num_key_value_heads"],
+        "max_position_embeddings": spec["max_position_embeddings"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(spec["rope_theta"])},
+        "rms_norm_eps": spec["rms_norm_eps"],
+        "tie_word_embeddings": spec["tie_word_embeddings"],
+        "initializer_range": spec["initializer_range"],
+        "bos_token_id": tok.token_to_id(BOS),
+        "eos_token_id": tok.token_to_id(EOS),
+        "pad_token_id": tok.token_to_id(PAD),
+        # transformers 5 takes torch_dtype (its old name of dtype) through **kwargs; kept rather than
+        # dtype= because older transformers 4 releases, which a vLLM build may bring, know only torch_dtype
+        "torch_dtype": "float32",
+    }
+    arch = spec["arch"]
+    if arch not in _ARCHITECTURES:
+        raise UserError(f"unknown arch {arch!r} in the recipe; known: {', '.join(sorted(_ARCHITECTURES))}")
+    return _ARCHITECTURES[arch](spec, common)
+
+
+def _llama(spec: dict[str, Any], common: dict[str, Any]) -> tuple[Any, Any]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaConfig(**common, head_dim=spec["head_dim"]), LlamaForCausalLM
+
+
+def _deepseek_v3(spec: dict[str, Any], common: dict[str, Any]) -> tuple[Any, Any]:
+    """MLA attention and a routed MoE. ``topk_method`` and ``scoring_func`` are not
+    transformers fields (its router is always the aux-free sigmoid one); they go into
+    config.json because vLLM's DeepSeek loader reads them to expect the
+    ``e_score_correction_bias`` of every MoE gate."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    keys = ("moe_intermediate_size", "first_k_dense_replace", "n_routed_experts", "n_shared_experts",
+            "num_experts_per_tok", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+            "topk_method", "scoring_func", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+            "qk_nope_head_dim", "v_head_dim", "rope_interleave", "hidden_act")
+    return DeepseekV3Config(**common, **{k: spec[k] for k in keys}, num_mtp_layers=0), DeepseekV3ForCausalLM
+
+
+# spec["arch"] -> (spec, shared config fields) -> (transformers config, model class)
+_ARCHITECTURES: dict[str, Callable[[dict[str, Any], dict[str, Any]], tuple[Any, Any]]] = {
+    "llama": _llama,
+    "deepseek_v3": _deepseek_v3,
+}
+
+
 def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> ModelInfo:
     t0 = time.monotonic()
 
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig
 
 
     out.mkdir(parents=True, exist_ok=True)
@@ -423,31 +479,12 @@ def _build_into(out: Path, name: str, spec: dict[str, Any], say: Progress) -> Mo
     say(f"[{time.monotonic() - t0:5.1f}s] data: {n_windows} windows x {spec['seq_len']} tokens, "
         f"{n_trained} trained positions")
 
-    cfg = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=spec["hidden_size"],
-        intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        head_dim=spec["head_dim"],
-        max_position_embeddings=spec["max_position_embeddings"],
-        rope_parameters={"rope_type": "default", "rope_theta": float(spec["rope_theta"])},
-        rms_norm_eps=spec["rms_norm_eps"],
-        tie_word_embeddings=spec["tie_word_embeddings"],
-        initializer_range=spec["initializer_range"],
-        bos_token_id=tok.token_to_id(BOS),
-        eos_token_id=tok.token_to_id(EOS),
-        pad_token_id=tok.token_to_id(PAD),
-        # transformers 5 takes torch_dtype (its old name of dtype) through **kwargs, which its typed signature leaves out;
-        # kept rather than dtype= because older transformers 4 releases, which a vLLM build may bring, know only torch_dtype
-        torch_dtype="float32",  # type: ignore[call-arg]
-    )
+    cfg, model_class = _model_config(spec, tok)
     losses: list[float] = []
     with _torch_threads(spec["torch_threads"]):
         torch.manual_seed(spec["seed"])
         # transformers declares to() with functools.wraps(nn.Module.to): the checker sees the unbound method's signature
-        model = LlamaForCausalLM(cfg).to(torch.float32)  # type: ignore[arg-type]
+        model = model_class(cfg).to(torch.float32)
         n_params = sum(p.numel() for p in model.parameters())
         say(f"[{time.monotonic() - t0:5.1f}s] model: {n_params / 1e6:.2f}M parameters")
         opt = _optimizer(model, spec, spec["lr"])
