@@ -14,6 +14,7 @@ import sys
 
 from evalpipe.engine_patches import cpu_collectives, cpu_experts, sp_moe
 from evalpipe.engine_patches.switches import CPU_EP_ENV, requested
+from evalpipe.errors import UserError
 
 # What register() changed in this process, for the path probes: a variant's config expects
 # `evalpipe.engine_patches.plugin.installed()` to name its patches in every process that
@@ -35,7 +36,7 @@ def register() -> None:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
-            raise RuntimeError(f"{CPU_EP_ENV}=1 asks for vLLM CPU-build workarounds on a "
+            raise UserError(f"{CPU_EP_ENV}=1 asks for vLLM CPU-build workarounds on a "
                                f"{type(current_platform).__name__}; remove it from this variant's env.")
         cpu_collectives.install()
         cpu_experts.install()

@@ -18,6 +18,8 @@ import inspect
 import re
 import textwrap
 
+from evalpipe.errors import UserError
+
 
 def install_replicated() -> None:
     from vllm.config.parallel import ParallelConfig
@@ -51,7 +53,7 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-class SourceChanged(RuntimeError):
+class SourceChanged(UserError):
     """vLLM's source no longer holds the text a patch replaces: the patch needs a look."""
 
 
