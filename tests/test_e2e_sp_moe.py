@@ -71,9 +71,9 @@ def test_the_probes_show_sp_exactly_where_vllm_puts_it_and_the_skipped_gathers(s
         gathers = m["per_forward"]["all_gather@tp"]  # forwards with 2 gathers; the rest have none
         without = m["forwards"] - gathers.get("2", 0)
         assert without > 0 and m["per_forward"]["reduce_scatter@tp"] == {"2": m["forwards"]}
-        # the forwards without them held one token each (min and max of their token counts)
-        tokens = m["per_forward_tokens"]["reduce_scatter@tp"]["2"]
-        assert tokens[1] >= 1
+        # the passes without them held exactly one token each; those with them, more
+        ranges = m["per_forward_token_range"]["all_gather@tp"]
+        assert ranges["0"] == [1, 1] and ranges["2"][0] >= 2, ranges
     fixed = _worker_forwards(run_dir, "sp_fixed")
     assert all(m["per_forward"]["all_gather@tp"] == {"2": m["forwards"]} for m in fixed)
 

@@ -799,6 +799,7 @@ def test_a_name_first_seen_in_a_later_pass_keeps_the_sizes_of_the_passes_without
     rec.forward_finished(model, snapshot)
     assert model.per_forward["all_gather"] == {"1": 1}, "the zeros stay implied: forwards minus the sum"
     assert model.per_forward_tokens["all_gather"] == {"0": [11, 12], "1": [13]}
+    assert model.per_forward_token_range["all_gather"] == {"0": [11, 12], "1": [13, 13]}
 
 
 def test_forward_tokens_are_bounded():
@@ -1008,3 +1009,7 @@ def test_the_passes_behind_each_count_keep_their_sizes():
         rec.forward_finished(model, snapshot)
     assert model.per_forward["all_gather"] == {"3": 3}
     assert model.per_forward_tokens["all_gather"] == {"3": [512, 1, 1], "0": [7, 9]}
+    # every pass counts in the ranges, not only the first few
+    for tokens in (1, 2, 300):
+        rec.forward_finished(model, rec.forward_started(model, tokens))
+    assert model.per_forward_token_range["all_gather"] == {"3": [1, 512], "0": [1, 300]}

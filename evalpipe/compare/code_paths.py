@@ -53,6 +53,7 @@ class ModelProbe(_Doc):
     forward_tokens: list[int]
     per_forward: dict[str, dict[str, int]]  # name -> {calls in one forward: forward passes}; "other": the rest
     per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: tokens of the first such passes}
+    per_forward_token_range: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: [fewest, most] tokens}
 
 
 class ProcessProbe(_Doc):

@@ -88,6 +88,10 @@ class ModelRecord:
         self.forward_tokens: list[int] = []
         self.per_forward: dict[str, dict[str, int]] = {}
         self.per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {count: tokens of the first passes}
+        # name -> {count: [fewest, most] tokens of every pass with that count}: whether a count
+        # belongs to one batch size exactly (a collective skipped in every one-token pass)
+        self.per_forward_token_range: dict[str, dict[str, list[int]]] = {}
+        self.token_range: list[int] | None = None  # [fewest, most] tokens over every pass so far
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +105,7 @@ class ModelRecord:
             "forward_tokens": self.forward_tokens,
             "per_forward": self.per_forward,
             "per_forward_tokens": self.per_forward_tokens,
+            "per_forward_token_range": self.per_forward_token_range,
         }
 
 
@@ -211,6 +216,8 @@ class ProcessRecord:
                     # first seen in this pass: the earlier passes called it zero times (a zero
                     # stays implied in the histogram: forwards minus its sum), sized here
                     model.per_forward_tokens.setdefault(name, {})["0"] = model.forward_tokens[:SHAPES_KEPT]
+                    if model.token_range is not None:
+                        model.per_forward_token_range.setdefault(name, {})["0"] = list(model.token_range)
                 _bump(model.per_forward.setdefault(name, {}), seen[name])
             model.running_forwards -= 1
             model.forwards += 1
@@ -220,9 +227,14 @@ class ProcessRecord:
                 # which passes made which counts: an odd count (a fallback in some passes) is
                 # then found by its batches' sizes (names seen before count this pass's zeros)
                 for name in model.per_forward:
-                    kept = model.per_forward_tokens.setdefault(name, {}).setdefault(str(seen.get(name, 0)), [])
+                    count = str(seen.get(name, 0))
+                    kept = model.per_forward_tokens.setdefault(name, {}).setdefault(count, [])
                     if len(kept) < SHAPES_KEPT:
                         kept.append(tokens)
+                    span = model.per_forward_token_range.setdefault(name, {}).setdefault(count, [tokens, tokens])
+                    span[0], span[1] = min(span[0], tokens), max(span[1], tokens)
+                span = model.token_range or [tokens, tokens]
+                model.token_range = [min(span[0], tokens), max(span[1], tokens)]
             self.dirty = True
 
     # ------------------------------------------------------------------ writing
