@@ -160,6 +160,9 @@ def test_boundary_flags_come_from_the_recorded_layouts():
     assert boundary_flags(7, set(), 16, Boundaries(tp_sizes=(2,))) == ("a shard boundary of T = 2",)
     assert boundary_flags(7, recorded, 16, Boundaries(tp_sizes=(2,))) == ()
     assert boundary_flags(8, {(8, 8, 1, 8)}, 16, Boundaries()) == ("the first token of a prefill chunk",)
+    # a decode step on 2 ranks: its one token, then the padding row of rank 1's shard
+    assert boundary_flags(8, {(8, 1, 2, 1)}, 16, Boundaries()) == (
+        "a one-token forward pass (a decode step)", "the last token before the padding of T = 2")
     assert boundary_flags(2047, set(), 4096, Boundaries(sparse_block=2048)) == ("a sparse-block boundary (2048)",)
 
 

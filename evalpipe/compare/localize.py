@@ -235,7 +235,9 @@ def boundary_flags(position: int, batches: set[tuple[int, int, int, int]], token
             flags.add(f"a shard boundary of T = {world}")
         if n % world and position == start + n - 1:
             flags.add(f"the last token before the padding of T = {world}")
-    if any(start > 0 and position == start for start, _n, _w, _s in batches):
+    if any(start == position and n == 1 for start, n, _w, _s in batches):
+        flags.add("a one-token forward pass (a decode step)")
+    elif any(start > 0 and position == start for start, _n, _w, _s in batches):
         flags.add("the first token of a prefill chunk")
     block = where.sparse_block
     if block and position > 0 and (position % block == 0 or (position + 1) % block == 0):
