@@ -27,6 +27,21 @@ def test_doctor_passes_on_the_default_config(tmp_path):
     assert not (tmp_path / "runs").exists()  # starts nothing, writes no run
 
 
+def test_doctor_checks_the_engine_patches_a_variant_asks_for(tmp_path):
+    """configs/sp_moe.yaml asks for evalpipe's CPU workarounds and SP-MoE switch: doctor checks
+    in the variant's interpreter that vLLM will load the plugin and that every patch still
+    fits the installed vLLM (once per interpreter, a line per variant)."""
+    config = DEFAULT_CONFIG.with_name("sp_moe.yaml")
+    proc = evalpipe("doctor", "gsm8k", "-c", str(config), "--output", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    for variant in ("replicated", "sp", "sp_fixed"):
+        for patch in ("plugin evalpipe_engine_patches -> evalpipe.engine_patches.plugin:register",
+                      "cpu_all_gatherv CpuCommunicator still lacks", "cpu_experts_expert_map", "sp_moe_fixed"):
+            assert any(line.startswith(f"PASS {variant} engine patch: {patch}") for line in lines), (variant, patch, lines)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_doctor_on_the_ascend_profile_says_what_is_missing(tmp_path):
     proc = evalpipe("doctor", "-c", str(PROFILES / "glm5-dsa-a3.yaml"), "--output", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
