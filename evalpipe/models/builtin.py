@@ -169,8 +169,13 @@ _LONGCTX_STAGES: list[dict[str, Any]] = [
 # Tried once, trained with tiny-gsm's schedule unchanged (300 GSM steps at lr 4e-3, then
 # its long-context phase): GSM answer loss at the end of the phase 0.76 (tiny-gsm: 0.19),
 # strict-match 0.00 (0/50, vLLM TP 1 fp32): the answers keep the format and the steps but
-# copy and compute the numbers wrong. The next things to try (not tried): a wider model or
-# more GSM steps, a lower lr for the MoE layers, hidden 192 like tiny-gsm.
+# copy and compute the numbers wrong.
+# Tried next (not shipped yet: the figures of docs/sp-moe.md were measured on the shipped
+# build): hidden 192, intermediate 512, everything else the same (3.20 M parameters):
+# 7 min 09 s on an idle machine (0.57 s per GSM step), final loss 0.35, strict-match 0.28
+# (14/50, vLLM TP 1 fp32, native rotary), passkey 2/3, multikey 0/3, vartrack 0/3 at
+# 2047-2049 tokens (`python -m evalpipe.lab.build tiny-moe --set hidden_size=192
+# --set intermediate_size=512 --out-dir DIR`, then `evalpipe run gsm8k` on DIR).
 # Speed: 0.65 s per GSM step on an idle machine (a 10-step build), about the cost of a
 # tiny-gsm step, so an idle build should take about 8 min; the shipped build took 47 min
 # wall (2817 s recorded) with other vLLM engines sharing the 2 cores (load 5-10): GSM
