@@ -94,18 +94,24 @@ class Check:
     detail: str
 
 
-def probe_interpreter(v: PlannedVariant, timeout_s: float = 300) -> tuple[dict[str, Any] | None, str]:
-    """(what the interpreter imports, "") or (None, why it could not be asked)."""
+def ask_interpreter(v: PlannedVariant, script: str, mark: str, timeout_s: float = 300) -> tuple[Any, str]:
+    """Run ``script`` under the variant's interpreter and environment: (the JSON it printed
+    after ``mark``, "") or (None, why it could not be asked)."""
     try:
-        proc = subprocess.run([v.python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run([v.python, "-c", script], capture_output=True, text=True, timeout=timeout_s,
                               env={**v.process_env(), "VLLM_LOGGING_LEVEL": "ERROR"})
     except (OSError, subprocess.TimeoutExpired) as err:
         return None, f"{v.python} did not run: {err}"
-    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(_MARK)), None)
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(mark)), None)
     if proc.returncode != 0 or line is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"{v.python} failed: {last}"
-    return json.loads(line[len(_MARK):]), ""
+    return json.loads(line[len(mark):]), ""
+
+
+def probe_interpreter(v: PlannedVariant, timeout_s: float = 300) -> tuple[dict[str, Any] | None, str]:
+    """(what the interpreter imports, "") or (None, why it could not be asked)."""
+    return ask_interpreter(v, _PROBE, _MARK, timeout_s)
 
 
 def _package_line(name: str, info: dict[str, Any] | None) -> tuple[bool, str]:
@@ -254,17 +260,10 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
 def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tuple[str, bool, str]]:
     """evalpipe's engine patches (docs/sp-moe.md) checked in the variant's interpreter: the
     plugin is registered there, and each patch still applies and is still needed."""
-    script = "from evalpipe.engine_patches.checks import main; main()"
-    try:
-        proc = subprocess.run([v.python, "-c", script], capture_output=True, text=True, timeout=timeout_s,
-                              env={**v.process_env(), "VLLM_LOGGING_LEVEL": "ERROR"})
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return [("checks", False, f"{v.python} did not run: {err}")]
-    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(PATCHES_MARK)), None)
-    if proc.returncode != 0 or line is None:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return [("checks", False, f"{v.python} cannot check the engine patches: {last}")]
-    return [(str(name), bool(ok), str(detail)) for name, ok, detail in json.loads(line[len(PATCHES_MARK):])]
+    results, why = ask_interpreter(v, "from evalpipe.engine_patches.checks import main; main()", PATCHES_MARK, timeout_s)
+    if results is None:
+        return [("checks", False, f"cannot check the engine patches: {why}")]
+    return [(str(name), bool(ok), str(detail)) for name, ok, detail in results]
 
 
 def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:

@@ -13,7 +13,7 @@ import os
 import sys
 
 from evalpipe.engine_patches import cpu_collectives, cpu_experts, sp_moe
-from evalpipe.engine_patches.switches import CPU_EP_ENV, requested
+from evalpipe.engine_patches.switches import CPU_EP_ENV, PATCHES, requested
 from evalpipe.errors import UserError
 
 # What register() changed in this process, for the path probes: a variant's config expects
@@ -37,10 +37,10 @@ def register() -> None:
 
         if not current_platform.is_cpu():
             raise UserError(f"{CPU_EP_ENV}=1 asks for vLLM CPU-build workarounds on a "
-                               f"{type(current_platform).__name__}; remove it from this variant's env.")
+                            f"{type(current_platform).__name__}; remove it from this variant's env.")
         cpu_collectives.install()
         cpu_experts.install()
-        _INSTALLED.extend(["cpu_all_gatherv", "cpu_experts_expert_map"])
+        _INSTALLED.extend(p.name for p in PATCHES if p.switch == f"{CPU_EP_ENV}=1")
     if wanted.sp_moe != "vllm":
         if wanted.sp_moe == "replicated":
             sp_moe.install_replicated()
