@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import sys
 import traceback
+import unicodedata
 from pathlib import Path
 from typing import Any, Optional
 
+import rich.markup
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -62,8 +64,30 @@ app.add_typer(baseline_app, name="baseline")
 
 
 
+def _path(option: str):
+    """How every path on the command line is read: `~` expanded (as a shell would, also
+    when the path is quoted or comes from a variable), an empty one refused -- Path("")
+    is the current directory, so `--output "$UNSET"` would write there."""
+
+    def parse(value: Any) -> Path:
+        if isinstance(value, Path):  # a default
+            return value
+        text = str(value)
+        if not text.strip():
+            raise UserError(f"{option} is empty; give a path, or leave {option} out for its default.")
+        return Path(text).expanduser()
+
+    return parse
+
+
+def _one_line(message: str) -> str:
+    """The error sentence on one line: a control character in a value it quotes (a path from
+    an environment variable ending in a newline) is shown escaped, not acted on."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in message)
+
+
 def _fail(message: str, code: int) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {rich.markup.escape(_one_line(message))}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -78,10 +102,10 @@ _STALL_OPT = typer.Option(
 @app.command()
 def run(
     tasks: str = typer.Argument(..., help="Task group of the config (gsm8k, ...), `all`, or an lm-eval task name; comma-separated for several."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Run config YAML (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to run (default: all of the config)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Output root (default: the config's `output`, reports/runs)."),
+    output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root (default: the config's `output`, reports/runs)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: time-task-confighash)."),
     timeout: Optional[float] = _TIMEOUT_OPT,
     stall_timeout: Optional[float] = _STALL_OPT,
@@ -92,7 +116,7 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan, check task names and engine arguments, and exit without starting anything."),
     resume: Optional[Path] = typer.Option(
         None, "--resume",
-        help="Continue the interrupted run in this run directory (the same as giving its --run-id again): "
+        parser=_path("--resume"), help="Continue the interrupted run in this run directory (the same as giving its --run-id again): "
              "finished variants are kept after their artifacts are verified, the others run again.",
     ),
 ) -> None:
@@ -106,11 +130,11 @@ def run(
 
 @app.command()
 def compare(
-    targets: list[Path] = typer.Argument(..., help="RUN_DIR, or RUN_A/VARIANT RUN_B/VARIANT to compare variants of two runs (B against A)."),
+    targets: list[Path] = typer.Argument(..., parser=_path("RUN_DIR"), help="RUN_DIR, or RUN_A/VARIANT RUN_B/VARIANT to compare variants of two runs (B against A)."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Variant to compare against (default: the run's reference)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to compare (default: all of the run)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json, report.md/.html and junit.xml (default: the run directory; across runs: reports/compare/A-vs-B)."),
-    gates: Optional[Path] = typer.Option(None, "--gates", help="YAML with the gates to apply (a run config's `gates:` or the mapping itself); default: the run's own."),
+    output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Where to write compare.json, report.md/.html and junit.xml (default: the run directory; across runs: reports/compare/A-vs-B)."),
+    gates: Optional[Path] = typer.Option(None, "--gates", parser=_path("--gates"), help="YAML with the gates to apply (a run config's `gates:` or the mapping itself); default: the run's own."),
     margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
@@ -121,7 +145,7 @@ def compare(
 
 @app.command()
 def localize(
-    run_dir: Path = typer.Argument(..., help="The run directory of a DIVERGENT run (reports/runs/<run_id>)."),
+    run_dir: Path = typer.Argument(..., parser=_path("RUN_DIR"), help="The run directory of a DIVERGENT run (reports/runs/<run_id>)."),
     variant: Optional[str] = typer.Option(None, "--variant", help="Variant(s) to localize, comma-separated (default: the first DIVERGENT one)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Sequences to re-run, the most divergent teacher-forced ones (default: the config's localize.samples, 4)."),
     positions: Optional[int] = typer.Option(None, "--positions", help="Worst teacher-forced positions kept per sequence, besides shard, block and last-token rows (default 8)."),
@@ -137,14 +161,14 @@ def localize(
 
 @app.command()
 def calibrate(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Layout-model config with the reference `legacy` (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Layout-model config with the reference `legacy` (default: configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents per variant."),
     faults: Optional[str] = typer.Option(None, "--faults", help="Comma-separated zoo entries (default: all)."),
-    table: Path = typer.Option(Path("docs/calibration.md"), "--table", help="Where to write the calibration table."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Output root of the run (default: the config's `output`)."),
+    table: Path = typer.Option(Path("docs/calibration.md"), "--table", parser=_path("--table"), help="Where to write the calibration table."),
+    output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of the run (default: the config's `output`)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory."),
     from_run: Optional[Path] = typer.Option(
-        None, "--from-run", help="Judge a finished calibration run (same -c and --faults) again without starting engines."
+        None, "--from-run", parser=_path("--from-run"), help="Judge a finished calibration run (same -c and --faults) again without starting engines."
     ),
     localize: bool = typer.Option(
         True, "--localize/--no-localize",
@@ -156,7 +180,7 @@ def calibrate(
     from evalpipe.commands.calibrate import run_calibration
     from evalpipe.pipeline.plan import split_csv
 
-    names = split_csv(faults) or None
+    names = split_csv(faults, "--faults") or None
 
     with _writing_into(from_run):
         code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run,
@@ -191,9 +215,9 @@ def data_build(
 @app.command()
 def doctor(
     tasks: str = typer.Argument("all", help="Task groups or tasks whose data to check (default: every group of the config)."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Run config YAML (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: configs/default.yaml)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to check (default: all of the config)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Output root whose free disk is checked (default: the config's `output`)."),
+    output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root whose free disk is checked (default: the config's `output`)."),
 ) -> None:
     """Check, without starting any engine, what a run needs: interpreters, vLLM (and the
     NPU stack), devices, model files, task data, ports, endpoints, disk. Exit 0 when
@@ -217,17 +241,17 @@ def doctor(
 
 @app.command()
 def nightly(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Run config YAML with a `nightly:` section (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML with a `nightly:` section (default: configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task (default: the config's nightly.limit)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants (default: the config's nightly.variants, else all)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Output root of tonight's run (default: the config's `output`)."),
+    output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of tonight's run (default: the config's `output`)."),
     history: Optional[str] = typer.Option(None, "--history", help="SQLAlchemy URL of the history (default: the config's nightly.history, else history.sqlite under the output root)."),
-    dashboard: Optional[Path] = typer.Option(None, "--dashboard", help="Where to write the dashboard (default: the config's nightly.dashboard, else reports/nightly/index.html)."),
+    dashboard: Optional[Path] = typer.Option(None, "--dashboard", parser=_path("--dashboard"), help="Where to write the dashboard (default: the config's nightly.dashboard, else reports/nightly/index.html)."),
     component: Optional[list[str]] = typer.Option(None, "--component", help="NAME=VERSION of a component tonight's build used (repeatable), e.g. vllm_ascend=<commit>; named in the bisect hint."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of tonight's run directory (default: nightly-<UTC time>)."),
     timeout: Optional[float] = _TIMEOUT_OPT,
     stall_timeout: Optional[float] = _STALL_OPT,
-    from_run: Optional[Path] = typer.Option(None, "--from-run", help="Judge a finished run directory as tonight's night instead of running one."),
+    from_run: Optional[Path] = typer.Option(None, "--from-run", parser=_path("--from-run"), help="Judge a finished run directory as tonight's night instead of running one."),
 ) -> None:
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
     the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
@@ -246,8 +270,8 @@ def nightly(
 
 
 _HISTORY_OPT = typer.Option(None, "--history", help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
-_CONFIG_OPT = typer.Option(None, "-c", "--config", help="Config whose nightly.history / output to use (default: configs/default.yaml).")
-_OUTPUT_OPT = typer.Option(None, "--output", help="Output root holding history.sqlite (default: the config's `output`).")
+_CONFIG_OPT = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config whose nightly.history / output to use (default: configs/default.yaml).")
+_OUTPUT_OPT = typer.Option(None, "--output", parser=_path("--output"), help="Output root holding history.sqlite (default: the config's `output`).")
 
 
 @history_app.command("list")
@@ -275,7 +299,7 @@ def history_show(
 
 @history_app.command("export")
 def history_export(
-    path: Path = typer.Option(..., "-o", "--out", help="File to write."),
+    path: Path = typer.Option(..., "-o", "--out", parser=_path("--out"), help="File to write."),
     fmt: str = typer.Option("csv", "--format", help="csv or parquet."),
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
@@ -293,7 +317,7 @@ def history_export(
 
 @history_app.command("import")
 def history_import(
-    run_dirs: list[Path] = typer.Argument(..., help="Run directories to (re)record; the database is rebuilt from them."),
+    run_dirs: list[Path] = typer.Argument(..., parser=_path("RUN_DIR"), help="Run directories to (re)record; the database is rebuilt from them."),
     kind: Optional[str] = typer.Option(None, "--kind", help="Record them as `run` or `nightly` (default: what their run.json says)."),
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
@@ -315,8 +339,8 @@ def history_simulate(
     fault_night: int = typer.Option(30, "--fault-night", help="First night with the fault (0-based; the nights before it are A/A nights)."),
     fix_night: int = typer.Option(33, "--fix-night", help="First night after the fix."),
     limit: int = typer.Option(40, "--limit", help="Items per night (two real runs of this size are made)."),
-    output: Path = typer.Option(Path("reports/simulated"), "--output", help="Where the nights, their history and dashboard go."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="Config of the real runs (default: configs/default.yaml)."),
+    output: Path = typer.Option(Path("reports/simulated"), "--output", parser=_path("--output"), help="Where the nights, their history and dashboard go."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config of the real runs (default: configs/default.yaml)."),
 ) -> None:
     """A documented demo: nights in which nothing changes, a layout fault switching on
     (recorded as a new vllm_ascend build), then the fix; prints what the detector flagged."""

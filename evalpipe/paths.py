@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 CACHE_ENV = "EVALPIPE_CACHE"
@@ -25,3 +26,14 @@ def data_dir() -> Path:
     """Generated data sets; relative `data_files` in task YAMLs resolve against this."""
     env = os.environ.get(DATA_ENV)
     return Path(env).expanduser().resolve() if env else cache_dir() / "data"
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+PLAIN_NAME_RULE = "letters, digits, `.`, `_`, `+` and `-` (no `/` or `..`), starting with a letter or digit"
+
+
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` can name one directory under another. Run ids, variant names and
+    task group names all become directories (reports/runs/<run>/<variant>/...), so one rule
+    keeps a name from planning itself into another's directory or into the run's root."""
+    return bool(_PLAIN_NAME.fullmatch(name)) and ".." not in name

@@ -188,3 +188,25 @@ def test_an_expectation_naming_a_function_that_does_not_exist_is_refused_before_
     dry = evalpipe("run", "gsm8k", "-c", str(cfg), "--no-noise-floor", "--dry-run", cwd=tmp_path)
     assert_user_error(dry, "does not exist")
     assert f"never called: {typo}" in dry.stdout, "the dry run lists what will be checked before it looks names up"
+
+
+def test_paths_on_the_command_line_expand_the_home_directory_like_a_shell(tmp_path):
+    """`-c "~/x.yaml"` (quoted, or from a variable) is the file in the home directory, and
+    `--output "~/runs"` plans there -- not a directory named `~` in the current one."""
+    home = tmp_path / "home"
+    home.mkdir()
+    write(home, GOOD)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = evalpipe("run", "gsm8k", "-c", "~/run.yaml", "--output", "~/runs", "--dry-run", cwd=work, env={"HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert str(home / "runs") in " ".join(proc.stdout.split())
+    assert not (work / "~").exists() and not (home / "runs").exists()
+
+
+def test_an_error_sentence_stays_on_one_line_whatever_it_quotes(tmp_path):
+    """A value with a newline or markup-like brackets (from an environment variable, a file
+    name) is shown as it is, escaped, in the one line of the error."""
+    proc = evalpipe("run", "gsm8k", "-c", "no[bold]such\n.yaml", cwd=tmp_path)
+    assert_user_error(proc, "no[bold]such\\n.yaml does not exist")
+    assert len(proc.stderr.strip().splitlines()) == 1

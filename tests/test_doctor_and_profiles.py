@@ -85,7 +85,7 @@ def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="makes a cycle"):
         load_config(tmp_path / "a.yaml")
     (tmp_path / "c.yaml").write_text("extends: nowhere.yaml\n")
-    with pytest.raises(ConfigError, match=r"nowhere.yaml \(extended by .*c.yaml\) does not exist"):
+    with pytest.raises(ConfigError, match=r"nowhere.yaml \(named by `extends:` in .*c.yaml\) does not exist; fix `extends:` in .*c.yaml"):
         load_config(tmp_path / "c.yaml")
 
 

@@ -29,6 +29,18 @@ def test_switches_default_to_nothing_and_refuse_unknown_values():
         requested({CPU_EP_ENV: "yes please"})
 
 
+def test_the_layout_models_switches_are_checked_with_the_zoos_own_names():
+    from evalpipe.engine_patches.switches import LAYOUT_FAULT_NAMES, check_env
+    from evalpipe.lab.layout.faults import FAULTS
+
+    assert LAYOUT_FAULT_NAMES == tuple(FAULTS)  # the planner's list is the zoo's
+    check_env({"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": "none, shard_offset"})
+    with pytest.raises(ValueError, match=r"EVALPIPE_LAYOUT='SP' is not a layout; valid values: legacy, sp"):
+        check_env({"EVALPIPE_LAYOUT": "SP"})
+    with pytest.raises(ValueError, match=r"unknown fault 'shard_ofset'"):
+        check_env({"EVALPIPE_LAYOUT_FAULT": "shard_ofset"})
+
+
 # ----------------------------------------------------------------------------- collectives on gloo
 
 

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from evalpipe.engine_patches.switches import LAYOUTS
 from evalpipe.lab.layout import collectives as C
 from evalpipe.lab.layout.faults import FAULTS, parse_faults
-from evalpipe.lab.layout.settings import LAYOUTS, resolve
+from evalpipe.lab.layout.settings import resolve
 
 T = 4
 HEADS, HEAD_DIM, HIDDEN = 6, 8, 24

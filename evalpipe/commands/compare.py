@@ -28,7 +28,7 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
         run_dir = targets[0]
         if not (run_dir / "run.json").is_file():
             raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
-        chosen = split_csv(variants) or None
+        chosen = split_csv(variants, "--variants") or None
         # it rewrites run.json and the reports there: not while a run or another compare writes them
         with holding_run_dir(run_dir) if output is None else nullcontext():
             return report_run(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)[0]

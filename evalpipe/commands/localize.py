@@ -27,7 +27,7 @@ def localize_command(run_dir: Path, console: Console, *, variant: str | None = N
     if not (run_dir / "run.json").is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
     with holding_run_dir(run_dir):  # it rewrites the reports: not while a run or a compare writes them
-        localize_run(run_dir, console, Request(tuple(split_csv(variant)), samples, positions, decode_steps), Limits(timeout_s=timeout))
+        localize_run(run_dir, console, Request(tuple(split_csv(variant, "--variant")), samples, positions, decode_steps), Limits(timeout_s=timeout))
     return ExitCode.OK
 
 

@@ -65,8 +65,22 @@ POSITIVE_INT_ARGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", 
                      "pipeline_parallel_size", "data_parallel_size", "block_size", "max_logprobs")
 
 
+# vLLM's ModelDType (vllm/config/model.py) as a config spells it; vLLM refuses anything else
+# only once the engine reads the model
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+
+def dtype_problem(value: object) -> str | None:
+    """Why vLLM would refuse ``value`` as its dtype (None when it takes it)."""
+    if value in DTYPES:
+        return None
+    return f"is {value!r}; vLLM takes one of {', '.join(DTYPES)}"
+
+
 def check_values(variant: str, engine_args: dict) -> None:
-    """One sentence for the first size argument that is not a positive integer."""
+    """One sentence for the first size argument that is not a positive integer, or a dtype vLLM does not know."""
+    if "dtype" in engine_args and (problem := dtype_problem(engine_args["dtype"])):
+        raise EngineArgError(f"variant `{variant}`: engine argument `dtype` {problem} (fix it in `model.dtype` or under `engine:`).")
     for key in POSITIVE_INT_ARGS:
         value = engine_args.get(key)
         if value is None:

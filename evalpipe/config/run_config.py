@@ -9,26 +9,27 @@ different Python interpreter), the tasks, what to capture, and where to write.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evalpipe.config.engine_args import dtype_problem
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.yaml_source import read_yaml_file
 from evalpipe.data.longctx import LongCtxSpec
-from evalpipe.engine_patches.switches import requested
-from evalpipe.errors import UserError
-from evalpipe.paths import PROJECT_ROOT
+from evalpipe.engine_patches.switches import check_env
+from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
+from evalpipe.paths import PLAIN_NAME_RULE, PROJECT_ROOT, is_plain_name
 from evalpipe.probes import COLLECTIVE_KINDS
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
 
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-
-
-class ConfigError(UserError):
-    """A problem the user fixes in their config or arguments (exit code 2)."""
 
 
 class _Strict(BaseModel):
@@ -40,11 +41,32 @@ class ModelSpec(_Strict):
     tokenizer: str | None = Field(default=None, description="Tokenizer path if it differs from the model's.")
     dtype: str = Field(default="auto", description="vLLM dtype; a variant may override it through its engine args.")
 
+    @field_validator("path")
+    @classmethod
+    def _builtin_name_known(cls, value: str) -> str:
+        # the one check of the model that needs nothing of this machine: a dry run for a cluster makes it too
+        if value.startswith(BUILTIN_PREFIX) and value[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+            known = ", ".join(f"{BUILTIN_PREFIX}{n}" for n in BUILTIN_MODELS)
+            raise ValueError(f"{value!r} names no built-in model; known: {known}")
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype_vllm_knows(cls, value: str) -> str:
+        if problem := dtype_problem(value):
+            raise ValueError(f"the dtype {problem}")
+        return value
+
 
 def _env_values_as_strings(value: Any) -> Any:
     # YAML turns `VLLM_X: 1` into an int and `true` into a bool; an environment holds strings.
     if isinstance(value, dict):
         for k, v in value.items():
+            if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+                # the OS cannot hold such a name: the process would fail to start, after the plan passed
+                raise ValueError(f"{k!r} is not an environment variable name (a non-empty string without `=`); fix the key")
+            if isinstance(v, str) and "\0" in v:
+                raise ValueError(f"the value of `{k}` holds a NUL character, which no environment variable can; remove it")
             if isinstance(v, (list, dict)):
                 raise ValueError(f"`{k}` is a {type(v).__name__}; an environment variable holds one string (quote it, e.g. \"a,b\")")
         return {
@@ -234,7 +256,7 @@ class Expectations(_Strict):
 def _engine_switches_valid(value: dict[str, str]) -> dict[str, str]:
     # evalpipe's own engine switches are refused here, before any engine starts, rather than
     # inside the engine processes after a minute of start-up
-    requested(value)
+    check_env(value)
     return value
 
 
@@ -452,12 +474,17 @@ class RunConfig(_Strict):
     gates: Gates = Gates()
     noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")
     localize: Localize = Field(default_factory=Localize, description="`auto` or `off` (default), or a mapping: when and how `evalpipe localize` runs.")
-    output: str = "reports/runs"
+    output: str = Field(default="reports/runs", min_length=1, description="Output root of the run directories (`~` expands).")
     seed: int = 1234
     nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
     _env_switches = field_validator("env")(_engine_switches_valid)
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _variant_names_are_plain(cls, value: Any) -> Any:
+        return _plain_names(value, "variant name", "it names the variant's directory in the run")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -465,6 +492,7 @@ class RunConfig(_Strict):
         if isinstance(value, dict):
             if not value:
                 raise ValueError("no task groups; add one, e.g. `gsm8k: [{task: gsm8k_synth_4shot, num_fewshot: 4}]`")
+            _plain_names(value, "task group name", "it is chosen on the command line and names files of the run")
             empty = [k for k, v in value.items() if v is None or v == []]
             if empty:
                 raise ValueError(f"task group `{empty[0]}` is empty; list at least one task under it or remove the group")
@@ -535,6 +563,16 @@ class RunConfig(_Strict):
         return aa_variant_name(self.reference_name)
 
 
+def _plain_names(value: Any, what: str, why: str) -> Any:
+    if isinstance(value, dict):
+        for name in value:
+            if not isinstance(name, str):  # YAML reads `1:` or `on:` as a number or a boolean
+                raise ValueError(f"{what} {name!r} is read as a {type(name).__name__}; quote it (\"{name}\")")
+            if not is_plain_name(name):
+                raise ValueError(f"{what} {name!r} is not a plain directory name ({why}); use {PLAIN_NAME_RULE}")
+    return value
+
+
 def merged_expectations(shared: dict[str, Any], own: dict[str, Any], where: str = "") -> Expectations:
     try:
         return Expectations.model_validate(deep_merge(shared, own))
@@ -570,11 +608,19 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    first = _union_error(err.errors()) or err.errors()[0]
+def _format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
+    errors = err.errors()
+    # an unknown key is said before a missing one: `Model:` is why `model` is missing
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = _union_error(errors) or (unknown or errors)[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
-        return f"{source}: unknown key `{where}`; remove it or fix its spelling (see configs/default.yaml for the known keys)."
+        key = str(first["loc"][-1])
+        meant = _meant_key(key, _known_keys(model or RunConfig, first["loc"][:-1]))
+        if meant is None:
+            return f"{source}: unknown key `{where}`; remove it or fix its spelling (see configs/default.yaml for the known keys)."
+        why = " (keys are case-sensitive)" if meant.lower() == key.lower() else ""
+        return f"{source}: unknown key `{where}`; did you mean `{meant}`{why}?"
     if first["type"] == "missing":
         return f"{source}: required key `{where}` is missing; add it."
     msg = first["msg"].removeprefix("Value error, ")
@@ -584,6 +630,35 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         msg = f"{msg}; fix it"
     msg = msg if msg.endswith(".") else msg + "."
     return f"{source}: `{where}`: {msg}" if where != "(top level)" else f"{source}: {msg}"
+
+
+def _known_keys(model: type[BaseModel], parents: Sequence[Any]) -> list[str]:
+    """The keys a mapping at ``parents`` (a location in ``model``'s data) may hold: a
+    model's fields, through nested models and mappings of models (`variants.<name>`)."""
+    current: Any = model
+    for part in parents:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        elif typing.get_origin(current) in (dict, list):
+            current = typing.get_args(current)[-1]
+        else:
+            return []
+        # `X | None` -> X
+        members = [a for a in typing.get_args(current) if a is not type(None)] if typing.get_origin(current) in (typing.Union, types.UnionType) else [current]
+        current = members[0] if len(members) == 1 else None
+    return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
+
+
+def _meant_key(key: str, known: list[str]) -> str | None:
+    """The known key an unknown one was meant to be: another case of it, or a near spelling."""
+    same = [k for k in known if k.lower() == key.lower()]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 # pydantic's names of union members in an error's location (`float`, `literal['auto']`,
@@ -622,19 +697,15 @@ def _load_mapping(path: Path, chain: list[Path]) -> Any:
     """The YAML at ``path`` with its ``extends:`` chain resolved: the named config
     (relative to this file) is the base, this file's keys merge into it (mappings key by
     key, anything else replaces; a key set to null removes the base's, e.g. a variant)."""
-    where = f" (extended by {chain[-1]})" if chain else ""
+    if chain:  # named by an `extends:`: the fix is in the extending file, not on the command line
+        where, fix = f" (named by `extends:` in {chain[-1]})", f"fix `extends:` in {chain[-1]} to name a YAML file"
+    else:
+        where, fix = "", "pass a YAML file with -c/--config"
     if path.is_dir():
-        raise ConfigError(f"config {path}{where} is a directory; pass a YAML file with -c/--config (e.g. {path / 'default.yaml'}).")
+        raise ConfigError(f"config {path}{where} is a directory; {fix} (e.g. {path / 'default.yaml'}).")
     if not path.is_file():
-        raise ConfigError(f"config file {path}{where} does not exist; pass an existing YAML file with -c/--config.")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"config file {path}{where} is not UTF-8 text (byte {err.start} cannot be decoded); pass a YAML file.") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(err, 'problem', err)}; fix the syntax.") from None
+        raise ConfigError(f"config file {path}{where} does not exist; {fix}.")
+    data = read_yaml_file(path, f"config file {path}{where}", fix)
     if not isinstance(data, dict) or "extends" not in data:
         return data
     base_name = data.pop("extends")
@@ -672,14 +743,7 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
             raise ConfigError(f"gates file {path} is a directory; pass a YAML file with a `gates:` mapping to --gates.")
         if not path.is_file():
             raise ConfigError(f"gates file {path} does not exist; pass a YAML file with a `gates:` mapping.")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"gates file {path} is not UTF-8 text (byte {err.start} cannot be decoded); pass a YAML file to --gates.") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"{path}: invalid YAML{at} ({getattr(err, 'problem', err)}); fix the syntax.") from None
+        data = read_yaml_file(path, f"gates file {path}", "pass a YAML file to --gates")
         data = data.get("gates", data) if isinstance(data, dict) else data
         if not isinstance(data, dict):
             found = "an empty file" if data is None else f"a {type(data).__name__}"
@@ -687,7 +751,7 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
         try:
             gates = Gates.model_validate(data)
         except ValidationError as err:
-            raise ConfigError(_format_validation_error(err, str(path)).replace("see configs/default.yaml", "see the gates section of configs/default.yaml")) from None
+            raise ConfigError(_format_validation_error(err, str(path), Gates).replace("see configs/default.yaml", "see the gates section of configs/default.yaml")) from None
     if margin is not None:
         if margin <= 0:
             raise ConfigError(f"--margin must be positive (a score difference on the metric's scale, e.g. 0.01); got {margin}.")

@@ -1,7 +1,8 @@
 """The environment switches of evalpipe's engine patches, and what each stands for.
 
 Pure Python (no torch, no vLLM): the planner validates a variant's values with
-:func:`check_env` before any engine starts, and doctor lists :data:`PATCHES`.
+:func:`check_env` before any engine starts (the layout model's switches too), and doctor
+lists :data:`PATCHES`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ CPU_EP_ENV = "EVALPIPE_CPU_EP"
 # DP/TP/EP. No engine argument switches this on CPU; see docs/sp-moe.md.
 SP_MOE_ENV = "EVALPIPE_SP_MOE"
 SP_MOE_VALUES = ("vllm", "replicated", "fixed")
+
+# The reference layout model's switches (evalpipe/lab/layout, evalpipe's other code inside
+# vLLM's processes): which layout it runs, and which faults of its zoo are on. The names
+# are the zoo's (lab/layout/faults.py; a test keeps the two equal): the planner refuses an
+# unknown one before any engine starts, the model when it is built.
+LAYOUT_ENV = "EVALPIPE_LAYOUT"
+LAYOUTS = ("legacy", "sp")
+LAYOUT_FAULT_ENV = "EVALPIPE_LAYOUT_FAULT"
+LAYOUT_FAULT_NAMES = (
+    "shard_offset", "shard_offset_checked", "double_reduce", "heads_permuted", "scale_after_reduce",
+    "padding_not_zeroed", "residual_not_rescaled", "tree_reduce", "reduce_fp64", "reduce_bf16",
+    "nondeterministic_reduce", "hang", "sp_fallback", "subtle_last_layer_boundary",
+    "attn_out_error_1e-1", "attn_out_error_1e-2", "attn_out_error_1e-3", "attn_out_error_1e-4", "attn_out_error_1e-5",
+)
 
 ON_VALUES = ("1", "on", "true")
 OFF_VALUES = ("", "0", "off", "false")
@@ -110,3 +125,32 @@ def requested(environ: Mapping[str, str]) -> Requested:
     """The switches in ``environ``; a ValueError with one sentence for a value that is none."""
     return Requested(cpu_ep=parse_bool(CPU_EP_ENV, environ.get(CPU_EP_ENV)),
                      sp_moe=parse_sp_moe(environ.get(SP_MOE_ENV)))
+
+
+def parse_layout(raw: str | None) -> str:
+    """``EVALPIPE_LAYOUT`` -> the layout model's layout (ValueError for another value)."""
+    layout = (raw or "legacy").strip()
+    if layout not in LAYOUTS:
+        raise ValueError(f"{LAYOUT_ENV}={raw!r} is not a layout; valid values: {', '.join(LAYOUTS)}.")
+    return layout
+
+
+def parse_faults(raw: str | None) -> frozenset[str]:
+    """``EVALPIPE_LAYOUT_FAULT`` -> a set of the zoo's fault names (ValueError for another name)."""
+    names = [p.strip() for p in (raw or "").split(",") if p.strip()]
+    names = [n for n in names if n.lower() != "none"]
+    unknown = [n for n in names if n not in LAYOUT_FAULT_NAMES]
+    if unknown:
+        raise ValueError(f"{LAYOUT_FAULT_ENV}: unknown fault {unknown[0]!r}; valid names: none, " + ", ".join(LAYOUT_FAULT_NAMES) + ".")
+    return frozenset(names)
+
+
+def check_env(environ: Mapping[str, str]) -> None:
+    """Every evalpipe switch in ``environ`` has a value its reader takes; a ValueError
+    with one sentence otherwise. The planner calls this, so a wrong value is refused
+    before an engine spends a minute starting."""
+    requested(environ)
+    if LAYOUT_ENV in environ:
+        parse_layout(environ[LAYOUT_ENV])
+    if LAYOUT_FAULT_ENV in environ:
+        parse_faults(environ[LAYOUT_FAULT_ENV])

@@ -46,6 +46,8 @@ def open_run_dir(rd: artifacts.RunDir, fresh: RunDocument) -> tuple[RunDocument,
 
         lock_run_dir(rd.root)  # a run still being written is refused here, before anything is read
         return reopen(rd.root, fresh)
+    except OSError as err:  # what no check beforehand can tell (/proc, a read-only mount, a full disk)
+        raise ConfigError(f"cannot create the run directory {rd.root} ({err.strerror or err}); pass another --output.") from None
     lock_run_dir(rd.root)
     return fresh.updated(status="running", started_at=time.time(), variant_status={}, timings={}), []
 

@@ -22,7 +22,7 @@ from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseF
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
 from evalpipe.models.builtin import BUILTIN_MODELS
-from evalpipe.paths import PROJECT_ROOT
+from evalpipe.paths import PLAIN_NAME_RULE, PROJECT_ROOT, is_plain_name
 from evalpipe.redact import api_key_names, redact
 from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
 
@@ -92,17 +92,29 @@ class RunPlan:
         return next(v for v in self.variants if v.name == name)
 
 
-def split_csv(csv: str | None) -> list[str]:
-    """"a, b,,c" -> ["a", "b", "c"] (command-line lists)."""
-    return [p.strip() for p in (csv or "").split(",") if p.strip()]
+def split_csv(csv: str | None, option: str) -> list[str]:
+    """A command-line list: "a, b" -> ["a", "b"]; None (the option not given) -> [].
+    An empty list or item is refused rather than read as "all" (`--variants "$UNSET"` in a
+    CI script must not run every variant), and so is a name given twice."""
+    if csv is None:
+        return []
+    names = [p.strip() for p in csv.split(",")]
+    if not csv.strip():
+        raise ConfigError(f"{option} is empty; name at least one, comma-separated (e.g. a,b), or leave {option} out.")
+    if not all(names):
+        raise ConfigError(f"{option} {csv!r} has an empty item; separate the names with single commas (e.g. a,b).")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{option} names `{twice}` twice; list each once.")
+    return names
 
 
 def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[PlannedTask]:
     """`gsm8k` -> that group of the config; `all` -> every group; any other name -> that
     lm-eval task with its own defaults. Comma-separated selectors combine."""
-    names = split_csv(selector)
-    if not names:
+    if not selector.strip():
         raise ConfigError("no task given; name a task group of the config (e.g. gsm8k), `all`, or an lm-eval task.")
+    names = split_csv(selector, "the task list")
     chosen: list[PlannedTask] = []
     for name in names:
         if name == "all":
@@ -196,16 +208,10 @@ def _code_version() -> str:
         return "unknown"
 
 
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
-
-
 def check_run_id(run_id: str) -> None:
-    """A run id names one directory under the output root: no separators, no `..`."""
-    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise ConfigError(
-            f"--run-id {run_id!r} is not a plain directory name; use letters, digits, `.`, `_`, `+` and `-` "
-            "(no `/` or `..`), starting with a letter or digit."
-        )
+    """A run id names one directory under the output root (evalpipe.paths.is_plain_name)."""
+    if not is_plain_name(run_id):
+        raise ConfigError(f"--run-id {run_id!r} is not a plain directory name; use {PLAIN_NAME_RULE}.")
 
 
 def check_output_root(root: Path, what: str) -> None:
@@ -237,7 +243,7 @@ def make_plan(
         check_model(config.model.path, config_path)
     tasks = select_tasks(config, task_selector, limit)
 
-    names = split_csv(variants) or list(config.variants)
+    names = split_csv(variants, "--variants") or list(config.variants)
     unknown = [n for n in names if n not in config.variants]
     if unknown:
         raise ConfigError(
@@ -285,7 +291,7 @@ def make_plan(
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+').replace('/', '_')[:24]}-{digest[:6]}"
     for pv in planned:
         pv.run_id = run_id
-    root = Path(output or config.output)
+    root = Path(output or config.output).expanduser()
     if not root.is_absolute():
         root = Path.cwd() / root
     check_output_root(root, "--output" if output else f"`output` of {config_path}")

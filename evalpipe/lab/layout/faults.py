@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAULT_ENV = "EVALPIPE_LAYOUT_FAULT"
+from evalpipe.engine_patches.switches import LAYOUT_FAULT_ENV as FAULT_ENV
+from evalpipe.engine_patches.switches import parse_faults
+
+__all__ = ["FAULT_ENV", "FAULTS", "Fault", "parse_faults"]
 
 
 @dataclass(frozen=True)
@@ -296,15 +299,3 @@ FAULTS: dict[str, Fault] = {
 def graded_magnitude(faults: frozenset[str]) -> float:
     """The relative error of the graded fault among ``faults`` (0.0 when there is none)."""
     return sum(FAULTS[n].magnitude or 0.0 for n in faults)
-
-
-def parse_faults(value: str | None) -> frozenset[str]:
-    """``EVALPIPE_LAYOUT_FAULT`` -> a set of known fault names (ValueError otherwise)."""
-    names = [p.strip() for p in (value or "").split(",") if p.strip()]
-    names = [n for n in names if n.lower() != "none"]
-    unknown = [n for n in names if n not in FAULTS]
-    if unknown:
-        raise ValueError(
-            f"{FAULT_ENV}: unknown fault {unknown[0]!r}; valid names: none, " + ", ".join(FAULTS) + "."
-        )
-    return frozenset(names)

@@ -16,10 +16,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from evalpipe.engine_patches.switches import LAYOUT_ENV, parse_layout
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, parse_faults
 
-LAYOUT_ENV = "EVALPIPE_LAYOUT"
-LAYOUTS = ("legacy", "sp")
 DEFAULT_TP = 4
 
 
@@ -40,9 +39,7 @@ class LayoutSettings:
 
 def resolve(hf_config: Any, environ: Mapping[str, str] | None = None) -> LayoutSettings:
     env = os.environ if environ is None else environ
-    layout = (env.get(LAYOUT_ENV) or "legacy").strip()
-    if layout not in LAYOUTS:
-        raise ValueError(f"{LAYOUT_ENV}={layout!r} is not a layout; valid values: {', '.join(LAYOUTS)}.")
+    layout = parse_layout(env.get(LAYOUT_ENV))
     faults = parse_faults(env.get(FAULT_ENV))
 
     num_heads = int(hf_config.num_attention_heads)
