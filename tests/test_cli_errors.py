@@ -2,6 +2,7 @@
 leaves nothing half-written behind. In-process (tests/in_process.py); the first test
 shows the same from a process of its own."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 from in_process import evalpipe
+
+from evalpipe.paths import cache_dir
 
 GOOD = {
     "model": {"path": "builtin:tiny-gsm"},
@@ -198,7 +201,8 @@ def test_paths_on_the_command_line_expand_the_home_directory_like_a_shell(tmp_pa
     write(home, GOOD)
     work = tmp_path / "work"
     work.mkdir()
-    proc = evalpipe("run", "gsm8k", "-c", "~/run.yaml", "--output", "~/runs", "--dry-run", cwd=work, env={"HOME": str(home)})
+    caches = {"EVALPIPE_CACHE": str(cache_dir()), "HF_HOME": os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))}
+    proc = evalpipe("run", "gsm8k", "-c", "~/run.yaml", "--output", "~/runs", "--dry-run", cwd=work, env={"HOME": str(home), **caches})
     assert proc.returncode == 0, proc.stderr
     assert str(home / "runs") in " ".join(proc.stdout.split())
     assert not (work / "~").exists() and not (home / "runs").exists()

@@ -186,8 +186,8 @@ def _tiny_moe_spec() -> dict[str, Any]:
     spec.update({
         "arch": "deepseek_v3",
         # model: shaped for vLLM's DeepSeek-V2/V3 layer on CPU at TP 2 x EP 4 (see the notes)
-        "hidden_size": 128,
-        "intermediate_size": 384,  # the dense MLP of the first layer
+        "hidden_size": 192,
+        "intermediate_size": 512,  # the dense MLP of the first layer
         "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
