@@ -181,6 +181,9 @@ class RunRecord:
 
     run: dict[str, Any]
     variants: list[dict[str, Any]]  # each with "scores", "tokens", "gates" lists
+    # the night's judgement its directory keeps (nightly.json), read with the rest so a
+    # broken one is refused before anything is written; None: not a judged night
+    judgement: dict[str, Any] | None = None
 
 
 def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] | None = None) -> RunRecord:
@@ -246,7 +249,7 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
         "hardware": info.hardware,
         "run_dir": str(rd.root.resolve()),
     }
-    return RunRecord(run, out_variants)
+    return RunRecord(run, out_variants, judgement_of(rd.root))
 
 
 # ---------------------------------------------------------------------------
