@@ -112,11 +112,17 @@ def compare(
     output: Optional[Path] = typer.Option(None, "--output", help="Where to write compare.json, report.md/.html and junit.xml (default: the run directory; across runs: reports/compare/A-vs-B)."),
     gates: Optional[Path] = typer.Option(None, "--gates", help="YAML with the gates to apply (a run config's `gates:` or the mapping itself); default: the run's own."),
     margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
+    unverified: bool = typer.Option(
+        False, "--unverified",
+        help="Compare a variant whose manifest.json is missing (its files are then checked against nothing); "
+             "the reports name it and the verdict is INCONCLUSIVE (exit 4). Without it such a variant is refused.",
+    ),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
     from evalpipe.commands.compare import compare_command
 
-    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin))
+    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
+                                     unverified=unverified))
 
 
 @app.command()

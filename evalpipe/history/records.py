@@ -207,10 +207,11 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
     out_variants = []
     for name in names:
         vdir = rd.variant(name)
-        if not vdir.manifest.is_file():
-            continue
+        if not vdir.manifest.is_file() and not vdir.samples.is_file():
+            continue  # a variant that never got going: nothing of it to record
         try:
-            verify_variant(vdir)  # a run whose files changed after it finished is not recorded as if it had produced them
+            # a run whose files changed after it finished, or lost a manifest, is not recorded as if it had produced them
+            verify_variant(vdir)
         except ArtifactMismatch as err:
             raise HistoryError(str(err)) from None
         manifest = read_manifest(vdir.manifest)
