@@ -136,11 +136,17 @@ def compare(
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Where to write compare.json, report.md/.html and junit.xml (default: the run directory; across runs: reports/compare/A-vs-B)."),
     gates: Optional[Path] = typer.Option(None, "--gates", parser=_path("--gates"), help="YAML with the gates to apply (a run config's `gates:` or the mapping itself); default: the run's own."),
     margin: Optional[float] = typer.Option(None, "--margin", help="TOST equivalence margin for the scores, on the metric's scale (0.01 = 1 point)."),
+    unverified: bool = typer.Option(
+        False, "--unverified",
+        help="Compare a variant whose manifest.json is missing (its files are then checked against nothing); "
+             "the reports name it and the verdict is INCONCLUSIVE (exit 4). Without it such a variant is refused.",
+    ),
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
     from evalpipe.commands.compare import compare_command
 
-    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin))
+    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
+                                     unverified=unverified))
 
 
 @app.command()
@@ -280,10 +286,11 @@ def history_list(
     last: int = typer.Option(30, "-n", "--last", min=1, help="Show the last N entries."),
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
-    """Recorded runs and nights, oldest first."""
-    from evalpipe.commands.history import list_runs, open_history_for
+    """Recorded runs and nights, oldest first (reads the history, never creates it)."""
+    from evalpipe.commands.history import check_kind, list_runs, open_history_for
 
-    list_runs(open_history_for(history, config, output), console, kind=kind, last=last)
+    check_kind(kind)
+    list_runs(open_history_for(history, config, output, access="read"), console, kind=kind, last=last)
 
 
 @history_app.command("show")
@@ -294,7 +301,7 @@ def history_show(
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
     from evalpipe.commands.history import open_history_for, show_run
 
-    show_run(open_history_for(history, config, output), run_id, console)
+    show_run(open_history_for(history, config, output, access="read"), run_id, console)
 
 
 @history_app.command("export")
@@ -305,9 +312,10 @@ def history_export(
 ) -> None:
     """One row per run x variant x task x metric (mean, SE, n, verdicts, components) for other tools."""
     from evalpipe.commands.history import open_history_for
-    from evalpipe.history.store import export
+    from evalpipe.history.store import check_export_format, export
 
-    hist = open_history_for(history, config, output)
+    check_export_format(fmt)
+    hist = open_history_for(history, config, output, access="read")
     try:
         n = export(hist, path, fmt)
     except OSError as err:
@@ -321,16 +329,15 @@ def history_import(
     kind: Optional[str] = typer.Option(None, "--kind", help="Record them as `run` or `nightly` (default: what their run.json says)."),
     history: Optional[str] = _HISTORY_OPT, config: Optional[Path] = _CONFIG_OPT, output: Optional[Path] = _OUTPUT_OPT,
 ) -> None:
-    """Record run directories in the history (again): the run directories are the source of truth."""
-    from evalpipe.commands.history import open_history_for
+    """Record run directories in the history (again): the run directories are the source of truth.
+    Every one is read and verified before the history is opened (or created)."""
+    from evalpipe.commands.history import open_history_for, read_runs
 
-    hist = open_history_for(history, config, output)
-    for d in run_dirs:
-        try:
-            run_id = hist.record(d, kind=kind)
-        except OSError as err:
-            raise UserError(f"cannot record {d}: {err.strerror or err}; pass a readable run directory.") from None
-        console.print(f"recorded {run_id} ({d})")
+    records = read_runs(run_dirs, kind)
+    hist = open_history_for(history, config, output, access="create")
+    for d, rec in zip(run_dirs, records):
+        hist.write(rec)
+        console.print(f"recorded {rec.run['run_id']} ({d})")
 
 
 @history_app.command("simulate")
@@ -359,7 +366,7 @@ def baseline_set(
     """Pin a baseline night (instead of the last passing one)."""
     from evalpipe.commands.history import open_history_for
 
-    hist = open_history_for(history, config, output)
+    hist = open_history_for(history, config, output, access="update")
     hist.pin_baseline(run_id, variant)
     console.print(f"baseline for {variant or 'every variant'}: {run_id}")
 

@@ -46,6 +46,10 @@ def _write_data_files(root: Path) -> None:
     (root / "empty.jsonl").write_text("")
     (root / "data.txt").write_text("What is 1 + 1?\n")
     (root / "list.jsonl").write_text('["question", "answer"]\n')
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": ["q1"], "answer": ["#### 1"]}), root / "table.jsonl")  # Parquet under a text name
 
 
 # (case id, config file content: dict | str | bytes | "DIR" | None (no -c), extra args, fragments of the error)
@@ -136,6 +140,8 @@ CASES = [
     ("tasks-twice", GOOD, ["--task-selector", "gsm8k,gsm8k", "--dry-run"], ["the task list names `gsm8k` twice"]),
     ("output-empty", GOOD, ["--output", "", "--dry-run"], ["--output is empty"]),
     ("config-path-newline", None, ["-c", "nosuch.yaml\n", "--dry-run"], ["nosuch.yaml\\n does not exist"]),
+    ("data-parquet-as-jsonl", with_(tasks=data_task("table.jsonl")), [],
+     ["table.jsonl is a Parquet file, not .jsonl text; rename it to table.parquet"]),
     ("python-missing", with_(variants={"a": {}, "b": {"python": "/nonexistent/bin/python"}}), [], ["/nonexistent/bin/python"]),
     ("python-without-vllm", with_(variants={"a": {}, "b": {"python": BASE_PYTHON}}), [],
      [f"{BASE_PYTHON} cannot import vllm", "point the variant's `python:` at one that has it"]),
@@ -282,6 +288,9 @@ COMPARE_CASES = [
     ("output-is-a-file", ["run", "--output", "a-file"], None, ["--output a-file is a file, not a directory"]),
     ("artifact-truncated", ["run"], "tokens.parquet", ["run/sp/tokens.parquet does not match its manifest", "re-run the variant or restore the file"]),
     ("artifact-deleted", ["run"], "samples.parquet:delete", ["run/sp/samples.parquet does not match its manifest (the file is missing"]),
+    ("manifest-deleted", ["run"], "manifest.json:delete",
+     ["run/sp/manifest.json is missing, so nothing shows that the files of variant 'sp' are what it wrote",
+      "compare it unverified with `evalpipe compare --unverified` (verdict INCONCLUSIVE)"]),
 ]
 
 
@@ -309,3 +318,46 @@ def test_bad_compare_input(tmp_path, monkeypatch, case, args, tamper, fragments)
 def test_the_compare_corpus_covers_items_gates_and_artifacts():
     ids = {c[0] for c in COMPARE_CASES}
     assert {"not-a-run", "items-differ", "gates-bad-yaml", "gates-unknown-key", "gates-wrong-type", "artifact-truncated"} <= ids
+
+
+# ---------------------------------------------------------------------------
+# commands that only read (history list / show / export), and checks that come before
+# the first write (history import, export's format, data build's names): one sentence,
+# and nothing created, no directory, no empty database, no first data set.
+# ---------------------------------------------------------------------------
+
+MISSING_DB = "sqlite:///HERE/no/such/dir/history.sqlite"
+
+# (case id, arguments (HERE: the test's directory), fragments of the error)
+READ_CASES = [
+    ("history-list-missing", ["history", "list", "--history", MISSING_DB],
+     ["there is no history at sqlite:///HERE/no/such/dir/history.sqlite", "`evalpipe history import RUN_DIR...` create it"]),
+    ("history-show-missing", ["history", "show", "night-00", "--history", MISSING_DB], ["there is no history at"]),
+    ("history-export-missing", ["history", "export", "-o", "HERE/out.csv", "--history", MISSING_DB], ["there is no history at"]),
+    ("history-list-default-missing", ["history", "list", "--output", "HERE/runs"],
+     ["HERE/runs/history.sqlite does not exist"]),
+    ("baseline-set-missing", ["baseline", "set", "night-00", "--history", MISSING_DB], ["there is no history at"]),
+    ("history-export-format", ["history", "export", "--format", "xml", "-o", "HERE/out.xml", "--history", "sqlite:///HERE/h.sqlite"],
+     ["export format 'xml' is not one of csv, parquet"]),
+    ("history-import-not-a-run", ["history", "import", "HERE", "--history", "sqlite:///HERE/h.sqlite"],
+     ["HERE is not a run directory (it has no run.json)"]),
+    ("history-import-kind", ["history", "import", "HERE", "--kind", "nighty", "--history", "sqlite:///HERE/h.sqlite"],
+     ["--kind 'nighty' is not one of run, nightly"]),
+    ("history-postgres-no-server", ["history", "list", "--history", "postgresql://"],
+     ["history URL 'postgresql://' names no database server and no database",
+      "postgresql+psycopg://USER@HOST[:PORT]/DATABASE"]),
+    ("data-build-unknown", ["data", "build", "gsm8k_synth", "nosuch"],
+     ["unknown generated data set `nosuch` (known: gsm8k_synth); nothing was built"]),
+]
+
+
+@pytest.mark.parametrize("case,args,fragments", READ_CASES, ids=[c[0] for c in READ_CASES])
+def test_bad_read_input_creates_nothing(tmp_path, monkeypatch, case, args, fragments):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    args = [a.replace("HERE", str(here)) for a in args]
+    env = {"EVALPIPE_DATA_DIR": str(here / "data"), "PGHOST": None}
+    flat = assert_one_sentence(CliRunner().invoke(app, args, env=env), [f.replace("HERE", str(here)) for f in fragments])
+    print(f"{case}: {flat}")
+    assert sorted(here.rglob("*")) == [], "nothing is created by a command that refused"

@@ -43,3 +43,31 @@ def test_bad_files_are_one_sentence_naming_the_file(tmp_path, name, content, fra
     with pytest.raises(DataFileError) as err:
         check_data_files("t", {"test": str(path)}, {"doc_to_text": "{{question}}{{answer}}", "doc_to_target": "{{answer}}{{question}}"})
     assert fragment in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["table.jsonl", "table.json", "table.csv"])
+def test_a_parquet_file_named_as_text_is_called_parquet(tmp_path, name):
+    """Read as text it would be 'not UTF-8 (byte N)'; the magic bytes say what it is and the fix."""
+    path = tmp_path / name
+    pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), path)
+    with pytest.raises(DataFileError) as err:
+        columns_of(path)
+    stem = name.split(".")[0]
+    assert str(err.value) == (f"data file {path} is a Parquet file, not .{name.split('.')[1]} text; rename it to "
+                              f"{stem}.parquet (and the `data_files` entry with it).")
+    renamed = path.rename(tmp_path / f"{stem}.parquet")
+    assert columns_of(renamed) == ({"question", "answer"}, 1)
+
+
+def test_data_build_checks_every_name_before_writing(tmp_path):
+    from in_process import evalpipe
+
+    data = tmp_path / "data"
+    proc = evalpipe("data", "build", "gsm8k_synth", "nosuch", cwd=tmp_path, env={"EVALPIPE_DATA_DIR": str(data)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    flat = " ".join(proc.stderr.split())
+    assert flat == ("error: unknown generated data set `nosuch` (known: gsm8k_synth); nothing was built, "
+                    "name only known sets."), flat
+    assert not data.exists(), "the first, known, set was not written either"
+    proc = evalpipe("data", "build", "gsm8k_synth", cwd=tmp_path, env={"EVALPIPE_DATA_DIR": str(data)})
+    assert proc.returncode == 0 and (data / "gsm8k_synth").is_dir(), proc.stderr

@@ -161,6 +161,43 @@ def test_a_schema_1_database_upgrades_in_place_and_keeps_its_runs(tmp_path):
     assert new["sp"]["path_status"] == "verified" and new["sp"]["probes"]["models"] == [MODEL]
 
 
+def test_a_history_opened_to_read_is_never_created_migrated_or_written(tmp_path):
+    missing = tmp_path / "no" / "dir" / "h.sqlite"
+    for access in ("read", "update"):
+        with pytest.raises(HistoryError, match=rf"^there is no history at sqlite:///{missing} \({missing} does not exist\); "):
+            open_history(f"sqlite:///{missing}", tmp_path, access=access)
+    assert not (tmp_path / "no").exists()
+    # a schema 1 database is read as it is: not upgraded, the later columns read as None
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    write_v1_history(url, write_night(tmp_path / "runs", 0))
+    before = (tmp_path / "old.sqlite").read_bytes()
+    db = open_history(url, tmp_path, access="read")
+    assert db.version == 1 and [r["run_id"] for r in db.runs()] == ["night-00"]
+    sp = next(v for v in db.variants_of("night-00") if v["name"] == "sp")
+    assert sp["status"] == "IDENTICAL" and sp["probes"] is None and sp["path_status"] is None
+    assert db.export_rows() == db.score_rows() == []  # read through the v1 columns (write_v1_history stores no scores)
+    with pytest.raises(sa.exc.OperationalError, match="readonly database"):  # SQLite itself refuses
+        db.pin_baseline("night-00")
+    db.engine.dispose()
+    assert (tmp_path / "old.sqlite").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.sqlite", "runs"]
+    # a newer schema is refused by readers too
+    with sa.create_engine(url).begin() as conn:
+        conn.execute(h.schema_version.insert().values(version=99, description="future", applied_at=0.0))
+    with pytest.raises(HistoryError, match="schema version 99, newer than"):
+        open_history(url, tmp_path, access="read")
+
+
+def test_an_import_reads_every_run_before_writing(tmp_path, db):
+    """A night whose nightly.json is broken is refused while reading, before the database
+    is touched (the judgement used to be read inside the write)."""
+    run_dir = write_night(tmp_path / "runs", 0)
+    (run_dir / "nightly.json").write_text("{broken")
+    with pytest.raises(HistoryError, match="nightly.json"):
+        h.read_run(run_dir)
+    assert db.runs() == []
+
+
 def test_what_ran_is_recorded_per_variant(tmp_path, db):
     db.record(write_night(tmp_path, 0, probes=True, sp_ran="legacy"))
     vs = {v["name"]: v for v in db.variants_of("night-00")}

@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from evalpipe.history import store as h
-from evalpipe.history.store import open_history
+from evalpipe.history.store import HistoryError, open_history
 from evalpipe.nightly import night as nightly
 from tests.nightly_fakes import MODEL, V1_VARIANT_COLUMNS, write_night, write_v1_history
 from tests.postgres_server import postgres_server
@@ -65,4 +65,24 @@ def test_postgres_schema_1_database_upgrades_in_place(tmp_path, pg_url):
     db.record(write_night(tmp_path / "runs", 1, probes=True, sp_ran="legacy"))
     sp = next(v for v in db.variants_of("night-01") if v["name"] == "sp")
     assert sp["path_status"] == "failed" and sp["status"] == "INCONCLUSIVE" and sp["probes"]["models"] == [MODEL]
+    db.engine.dispose()
+
+
+def test_postgres_readers_create_no_schema_and_write_nothing(tmp_path, pg_url):
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("CREATE DATABASE history_empty"))
+    admin.dispose()
+    url = pg_url.rsplit("/", 1)[0] + "/history_empty"
+    with pytest.raises(HistoryError, match=r"holds no evalpipe history \(it has no schema_version table\); "):
+        open_history(url, tmp_path, access="read")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == [], "no schema was created"
+    engine.dispose()
+    open_history(url, tmp_path).record(write_night(tmp_path / "runs", 0))
+    db = open_history(url, tmp_path, access="read")
+    assert [r["run_id"] for r in db.runs()] == ["night-00"]
+    with pytest.raises(sa.exc.InternalError, match="read-only transaction"):  # the server itself refuses
+        db.pin_baseline("night-00")
     db.engine.dispose()

@@ -138,7 +138,125 @@ def test_a_manifest_without_the_record_is_accepted(tmp_path):
     verify_variant(run_dir / "sp")
     assert compare_run(run_dir).status.value == "DIVERGENT"
     assert open_history(None, tmp_path / "history").record(run_dir) == "run"
-    verify_variant(tmp_path / "no-such-variant")  # no manifest: the reader says what is missing
+
+
+def identical_run(root: Path, *, noise_floor: bool = False) -> Path:
+    """legacy vs sp with the same outputs (IDENTICAL, every gate passes), both recorded."""
+    s = make_samples(8)
+    names = ["legacy", "sp", *(["legacy-aa"] if noise_floor else [])]
+    run_dir = write_run(root, dict.fromkeys(names, s), reference="legacy", run_info={"status": "ok"},
+                        noise_floor="legacy-aa" if noise_floor else None)
+    for name in names:
+        record_artifacts(RunDir(run_dir).variant(name))
+    return run_dir
+
+
+def missing_sentence(vdir: Path, fix: str) -> str:
+    return (f"{vdir / 'manifest.json'} is missing, so nothing shows that the files of variant {vdir.name!r} are what "
+            f"it wrote; {fix}.")
+
+
+UNVERIFIED_FIX = ("restore it or re-run the variant, or compare it unverified with `evalpipe compare --unverified` "
+                  "(verdict INCONCLUSIVE)")
+
+
+def test_a_deleted_manifest_is_refused_not_compared_unverified(tmp_path, monkeypatch):
+    """The hole: sp/manifest.json deleted used to be compared unchecked and judged a pass."""
+    run_dir = identical_run(tmp_path / "run")
+    assert compare_run(run_dir).status.value == "IDENTICAL"
+    (run_dir / "sp" / "manifest.json").unlink()
+    run_json = (run_dir / "run.json").read_bytes()
+    with pytest.raises(integrity.ManifestMissing) as err:
+        verify_variant(run_dir / "sp")
+    assert str(err.value) == missing_sentence(run_dir / "sp", "restore it or re-run the variant")
+    with pytest.raises(integrity.ManifestMissing, match=re.escape(missing_sentence(run_dir / "sp", UNVERIFIED_FIX))):
+        compare_run(run_dir)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["compare", str(run_dir)])
+    assert res.exit_code == 2, res.output
+    assert one_error_line(res.stderr or res.output) == missing_sentence(run_dir / "sp", UNVERIFIED_FIX)
+    assert not (run_dir / "compare.json").exists() and (run_dir / "run.json").read_bytes() == run_json
+    # the history refuses it too (it has no --unverified), and no database is created for it
+    res = CliRunner().invoke(app, ["history", "import", str(run_dir), "--output", str(tmp_path / "history")])
+    assert res.exit_code == 2, res.output
+    assert one_error_line(res.stderr or res.output) == missing_sentence(run_dir / "sp", "restore it or re-run the variant")
+    assert not (tmp_path / "history").exists()
+    # and so does teacher forcing from a reference that lost its manifest
+    from evalpipe.rundir.sequences import read_reference_sequences
+
+    (run_dir / "legacy" / "manifest.json").unlink()
+    with pytest.raises(integrity.ManifestMissing, match="legacy/manifest.json is missing"):
+        read_reference_sequences(run_dir / "legacy")
+
+
+def test_compare_unverified_says_so_everywhere_and_is_no_pass(tmp_path, monkeypatch):
+    """--unverified reads it; compare.json, the reports, junit.xml and the terminal name the
+    variant, and the verdict is INCONCLUSIVE (exit 4), what the outputs said kept beside it."""
+    run_dir = identical_run(tmp_path / "run")
+    (run_dir / "sp" / "manifest.json").unlink()
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["compare", str(run_dir), "--unverified"], terminal_width=400)
+    assert res.exit_code == 4, res.output
+    out = " ".join(res.stdout.split())
+    assert out.startswith("run: INCONCLUSIVE Compared unverified (--unverified): sp had no manifest.json, so its files "
+                          "were not checked against what the engine wrote; every comparison that read it is INCONCLUSIVE, "
+                          "whatever the outputs say."), out
+    assert "sp vs legacy: compared unverified (the outputs alone: IDENTICAL)" in out
+    assert "all 4 output gates passed (5 skipped), but sp was compared unverified: INCONCLUSIVE" in out
+    assert "paths prove nothing" not in out
+    doc = artifacts.read_json(run_dir / "compare.json")
+    assert doc["status"] == "INCONCLUSIVE" and doc["unverified"] == ["sp"]
+    (c,) = doc["comparisons"]
+    assert c["status"] == "INCONCLUSIVE" and c["outputs_status"] == "IDENTICAL" and c["unverified"] == ["sp"]
+    reason = ("compared unverified (--unverified): 'sp' had no manifest.json, so nothing shows its files are what its "
+              "engine wrote")
+    assert c["reasons"][0] == reason and c["reasons"][1].startswith("the outputs alone would be IDENTICAL")
+    assert all(g["status"] != "fail" for g in c["gates"]), "the gates stay what the outputs say"
+    assert artifacts.read_json(run_dir / "run.json")["verdict"] == "INCONCLUSIVE"
+    md, html = (run_dir / "report.md").read_text(), (run_dir / "report.html").read_text()
+    assert "**Compared unverified (--unverified): sp had no manifest.json" in md and reason in md
+    assert "paths prove nothing" not in md and "path probes do not show" not in md
+    assert "Compared unverified (--unverified): sp had no manifest.json" in html
+    junit = (run_dir / "junit.xml").read_text()
+    assert 'classname="sp.artifacts" name="verified"' in junit and 'type="unverified"' in junit
+    assert 'failures="1"' in junit
+    # a verified comparison's compare.json has no such key
+    res = CliRunner().invoke(app, ["compare", str(identical_run(tmp_path / "clean"))])
+    assert res.exit_code == 0 and "unverified" not in (tmp_path / "clean" / "compare.json").read_text()
+
+
+def test_unverified_divergent_reference_and_noise_floor(tmp_path):
+    # a DIVERGENT comparison read unverified proves nothing either: INCONCLUSIVE, DIVERGENT kept as what the outputs said
+    run_dir = finished_run(tmp_path / "run")
+    (run_dir / "sp" / "manifest.json").unlink()
+    (c,) = compare_run(run_dir, unverified=True).comparisons
+    assert c.status.value == "INCONCLUSIVE" and c.verdict.outputs.value == "DIVERGENT" and c.unverified == ("sp",)
+    # an A/A run without its manifest bounds every comparison's gates: all of them are unverified
+    run_dir = identical_run(tmp_path / "nf", noise_floor=True)
+    (run_dir / "legacy-aa" / "manifest.json").unlink()
+    with pytest.raises(integrity.ManifestMissing, match="legacy-aa/manifest.json is missing"):
+        compare_run(run_dir)
+    rc = compare_run(run_dir, unverified=True)
+    assert rc.noise_floor.unverified == ("legacy-aa",) and rc.comparisons[0].unverified == ("legacy-aa",)
+    assert rc.status.value == "INCONCLUSIVE" and rc.unverified == ["legacy-aa"]
+    # the reference without one: every variant compared with it is unverified
+    run_dir = identical_run(tmp_path / "ref")
+    (run_dir / "legacy" / "manifest.json").unlink()
+    (c,) = compare_run(run_dir, unverified=True).comparisons
+    assert c.unverified == ("legacy",) and c.status.value == "INCONCLUSIVE"
+
+
+def test_compare_across_runs_refuses_a_side_without_its_manifest(tmp_path, monkeypatch):
+    a, b = identical_run(tmp_path / "run1"), identical_run(tmp_path / "run2")
+    (b / "legacy" / "manifest.json").unlink()
+    with pytest.raises(integrity.ManifestMissing):
+        compare_across_runs(a / "legacy", b / "legacy")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["compare", str(a / "legacy"), str(b / "legacy")])
+    assert res.exit_code == 2 and "is not a variant directory (no manifest.json)" in one_error_line(res.stderr or res.output)
+    res = CliRunner().invoke(app, ["compare", str(a / "legacy"), str(b / "legacy"), "--unverified", "--output", "out"])
+    assert res.exit_code == 4, res.output
+    assert artifacts.read_json(tmp_path / "out" / "compare.json")["unverified"] == ["run2/legacy"]
 
 
 def test_a_file_added_after_the_variant_finished_is_refused(tmp_path):

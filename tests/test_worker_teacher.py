@@ -82,6 +82,9 @@ def test_old_reference_without_prompt_ids_gives_one_clear_sentence(tmp_path):
     vdir = artifacts.VariantDir(tmp_path / "ref")
     artifacts.write_table(vdir.samples, samples)
     artifacts.write_table(vdir.tokens, tokens)
+    with pytest.raises(UserError, match="ref/manifest.json is missing"):  # nothing to check its files against
+        read_reference_sequences(vdir.root)
+    write_manifest(vdir.manifest, VariantManifest(variant="ref", status="ok"))  # from before the artifacts record
     with pytest.raises(UserError, match="no prompt_token_ids column .* re-run the reference variant"):
         read_reference_sequences(vdir.root)
     with pytest.raises(UserError, match="does not exist"):

@@ -19,8 +19,11 @@ from evalpipe.rundir.lock import holding_run_dir
 
 
 def compare_command(targets: list[Path], console: Console, *, reference: str | None = None, variants: str | None = None,
-                    output: Path | None = None, gates: Path | None = None, margin: float | None = None) -> int:
-    """The verdict's exit code; bad arguments are one sentence (UserError)."""
+                    output: Path | None = None, gates: Path | None = None, margin: float | None = None,
+                    unverified: bool = False) -> int:
+    """The verdict's exit code; bad arguments are one sentence (UserError). ``unverified``
+    (--unverified): a variant without manifest.json is compared as it is, and its verdict is
+    INCONCLUSIVE (exit 4) naming it, instead of being refused."""
     chosen_gates = load_gates(gates, margin, base=_run_gates(targets[0]) if targets else None)
     if output is not None and output.exists() and not output.is_dir():
         raise UserError(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.")
@@ -31,20 +34,23 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
         chosen = split_csv(variants, "--variants") or None
         # it rewrites run.json and the reports there: not while a run or another compare writes them
         with holding_run_dir(run_dir) if output is None else nullcontext():
-            return report_run(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates)[0]
+            return report_run(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates,
+                              unverified=unverified)[0]
     if len(targets) == 2:
         if reference or variants:
             raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
         for t in targets:
-            if not (t / "manifest.json").is_file():
+            # --unverified: a variant directory is known by its samples when its manifest is gone
+            if not ((t / "manifest.json").is_file() or (unverified and (t / "samples.parquet").is_file())):
                 raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
-        return compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates)
+        return compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates, unverified=unverified)
     raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
 
 
-def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Gates | None = None) -> int:
+def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Gates | None = None,
+                     unverified: bool = False) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
-    comparison = compare_across_runs(a, b, gates=gates)
+    comparison = compare_across_runs(a, b, gates=gates, unverified=unverified)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
     out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
     info = RunDocument(run_id=comparison.run_id, reference=comparison.reference,

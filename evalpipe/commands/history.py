@@ -1,4 +1,5 @@
-"""`evalpipe history`: which history the options name, and what `list` and `show` print."""
+"""`evalpipe history`: which history the options name (opened read-only by the commands that
+only read), what `list` and `show` print, and the run directories `import` reads first."""
 
 from __future__ import annotations
 
@@ -9,17 +10,40 @@ from rich.console import Console
 from rich.table import Table
 
 from evalpipe.config.run_config import load_config
-from evalpipe.history.records import describe_what_ran
-from evalpipe.history.store import History, open_history
+from evalpipe.errors import UserError
+from evalpipe.history import HistoryError
+from evalpipe.history.records import RunRecord, describe_what_ran, read_run
+from evalpipe.history.store import Access, History, open_history
+
+KINDS = ("run", "nightly")
 
 
-def open_history_for(history: str | None, config: Path | None, output: Path | None) -> History:
+def open_history_for(history: str | None, config: Path | None, output: Path | None, *, access: Access) -> History:
     """The history the options name: --history, else the config's nightly.history, else
-    history.sqlite under the output root (--output, else the config's `output`)."""
+    history.sqlite under the output root (--output, else the config's `output`); opened for
+    ``access`` (a command that only reads never creates or changes it)."""
     cfg = load_config(config) if (config or history is None) else None
     url = history or (cfg.nightly.history if cfg else None)
     root = Path(output) if output else Path(cfg.output if cfg else "reports/runs")
-    return open_history(url, root)
+    return open_history(url, root, access=access)
+
+
+def check_kind(kind: str | None) -> None:
+    if kind is not None and kind not in KINDS:
+        raise HistoryError(f"--kind {kind!r} is not one of {', '.join(KINDS)}; pass --kind run or --kind nightly.")
+
+
+def read_runs(run_dirs: list[Path], kind: str | None) -> list[RunRecord]:
+    """Every run directory to import, read and verified before the history is opened:
+    one that is not a run refuses the import before anything is written."""
+    check_kind(kind)
+    out = []
+    for d in run_dirs:
+        try:
+            out.append(read_run(d, kind=kind))
+        except OSError as err:
+            raise UserError(f"cannot record {d}: {err.strerror or err}; pass a readable run directory.") from None
+    return out
 
 
 def list_runs(hist: History, console: Console, *, kind: str | None, last: int) -> None:

@@ -30,7 +30,7 @@ compare.json of other runs has no such key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 
@@ -65,6 +65,8 @@ class VariantComparison:
     shifts: tuple[ShiftTest, ...] | None = None  # distributional tests; None without A/A or teacher data
     paths: PathJudgement | None = None  # what ran on each side, judged (None: not asked, a bare table comparison)
     what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)  # reference, variant
+    # the sides read without a manifest (`compare --unverified`), the A/A run's when it set the bounds
+    unverified: tuple[str, ...] = ()
 
     @property
     def status(self) -> Status:
@@ -95,6 +97,7 @@ class VariantComparison:
             outputs_status=None if self.verdict.outputs is None else self.verdict.outputs.value,
             paths=None if self.paths is None else self.paths.document(self.what_ran),
             by_length=None if self.by_length is None else self.by_length.document(),
+            unverified=list(self.unverified) or None,
         )
 
 
@@ -116,6 +119,12 @@ class RunComparison:
     def variants(self) -> list[str]:
         return [c.variant for c in self.comparisons]
 
+    @property
+    def unverified(self) -> list[str]:
+        """Every variant read without its manifest, in the order the comparisons name them."""
+        every = [c.unverified for c in (self.noise_floor, *self.comparisons) if c is not None]
+        return list(dict.fromkeys(name for names in every for name in names))
+
     def document(self) -> schema.ComparisonDocument:
         return schema.ComparisonDocument(
             run_id=self.run_id,
@@ -125,6 +134,7 @@ class RunComparison:
             gates=self.gates,
             noise_floor=None if self.noise_floor is None else self.noise_floor.document(),
             comparisons=[c.document() for c in self.comparisons],
+            unverified=self.unverified or None,
         )
 
     def to_json(self) -> str:
@@ -142,6 +152,7 @@ class VariantArtifacts:
     teacher: pa.Table | None
     probes: VariantProbes | None = None  # None: the run predates path probes
     expect: Expectations | None = None
+    verified: bool = True  # False: read without its manifest (`compare --unverified`)
 
     @property
     def path_side(self) -> PathSide:
@@ -177,6 +188,7 @@ def compare_tables(
     aa: VariantComparison | None = None,
     numerics: Numerics | None = None,
     paths: tuple[PathSide, PathSide] | None = None,
+    unverified: Sequence[str] = (),
 ) -> VariantComparison:
     """Score + token comparison, gates and verdict of two in-memory variants (A = reference).
 
@@ -187,7 +199,9 @@ def compare_tables(
     ``aa`` is the A/A comparison whose values set the gates' relative bounds and
     against which the distributional tests run; ``numerics`` the reference's precision
     (None: unknown, the half-precision floors apply); ``paths`` what each side's probes
-    recorded and its expectations (None: not judged), which may make the verdict INCONCLUSIVE.
+    recorded and its expectations (None: not judged), which may make the verdict INCONCLUSIVE;
+    ``unverified`` the sides read without their manifest, which makes it INCONCLUSIVE (so does
+    an A/A comparison with such a side: its figures bound the gates).
     """
     gates = with_margin(gates, margin)
     numerics = (numerics or Numerics()).with_aa(_aa_identical(aa))
@@ -222,6 +236,8 @@ def compare_tables(
         verdict = verdict.with_paths(judged.inconclusive, judged.reasons)
         names = profile_names(paths)
         what_ran = (summarize(paths[0].probes, names), summarize(paths[1].probes, names))
+    unread = tuple(dict.fromkeys([*unverified, *(aa.unverified if aa is not None else ())]))
+    verdict = verdict.unverified(unread)
     return VariantComparison(
         reference=label_a,
         variant=label_b,
@@ -236,6 +252,7 @@ def compare_tables(
         shifts=None if shifts is None else tuple(shifts),
         paths=judged,
         what_ran=what_ran,
+        unverified=unread,
     )
 
 
@@ -287,6 +304,7 @@ def compare_artifacts(
         aa=aa,
         numerics=numerics,
         paths=(a.path_side, b.path_side),
+        unverified=[side.name for side in (a, b) if not side.verified],
     )
 
 

@@ -7,7 +7,9 @@ compare) or a failing gate (:mod:`evalpipe.compare.gates`).
 EQUIVALENT: not identical, but every gate passes.
 INCONCLUSIVE: whatever the outputs say, nothing was proven about the declared paths: a
 side did not run the path its expectations declare, cannot be verified, or both sides
-ran the same code (:mod:`evalpipe.compare.code_paths`, applied by :func:`with_paths`).
+ran the same code (:mod:`evalpipe.compare.code_paths`, applied by :func:`with_paths`);
+or a side was compared unverified, without the manifest its files are checked against
+(`evalpipe compare --unverified`, applied by :func:`Verdict.unverified`).
 
 The gates are evaluated for every verdict, IDENTICAL included, so that a CI report
 can show one test case per task x gate whatever the outcome.
@@ -84,6 +86,25 @@ class Verdict:
             return self
         said = f"the outputs alone would be {self.status.value}" + (f": {self.reasons[0]}" if self.reasons else "")
         return Verdict(Status.INCONCLUSIVE, (*reasons, said, *self.reasons[1:]), self.gates, outputs=self.status)
+
+    def unverified(self, names: Sequence[str]) -> "Verdict":
+        """INCONCLUSIVE, the unverified sides named first, when a side's files could not be
+        checked against its manifest (``names``: those sides); else unchanged. Files nobody
+        vouches for prove nothing either way: an EQUIVALENT from them is no pass (exit 0), a
+        DIVERGENT no finding; what they said stays in ``outputs`` and the gates stay."""
+        if not names:
+            return self
+        reason = unverified_reason(names)
+        if self.status is Status.INCONCLUSIVE:
+            return Verdict(Status.INCONCLUSIVE, (reason, *self.reasons), self.gates, outputs=self.outputs)
+        return self.with_paths(True, [reason])
+
+
+def unverified_reason(names: Sequence[str]) -> str:
+    """The first reason of a comparison read without a side's manifest."""
+    sides = ", ".join(repr(n) for n in names)
+    whose = "its files are what its engine" if len(names) == 1 else "their files are what their engines"
+    return f"compared unverified (--unverified): {sides} had no manifest.json, so nothing shows {whose} wrote"
 
 
 # ---------------------------------------------------------------------------

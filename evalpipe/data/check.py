@@ -97,6 +97,14 @@ def _parquet_columns(path: Path) -> tuple[set[str], int]:
     return set(meta.schema.names), meta.num_rows
 
 
+PARQUET_MAGIC = b"PAR1"  # the first (and last) four bytes of every Parquet file
+
+
+def is_parquet(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+
+
 READERS = {".jsonl": _jsonl_columns, ".json": _json_columns, ".csv": _csv_columns, ".parquet": _parquet_columns}
 
 
@@ -109,6 +117,10 @@ def columns_of(path: Path) -> tuple[set[str], int]:
     reader = READERS.get(path.suffix.lower())
     if reader is None:
         raise DataFileError(f"data file {path} has the unsupported type {path.suffix or '(none)'}; use {', '.join(SUPPORTED)}.")
+    if reader is not _parquet_columns and is_parquet(path):
+        # read as text it would be "not UTF-8 (byte N)", which names neither the cause nor the fix
+        raise DataFileError(f"data file {path} is a Parquet file, not {path.suffix} text; rename it to {path.stem}.parquet "
+                            "(and the `data_files` entry with it).")
     try:
         return reader(path)
     except UnicodeDecodeError as err:

@@ -27,11 +27,15 @@ def ensure_dataset_file(relative: Path, data_dir: Path) -> Path:
 
 
 def build_all(data_dir: Path, names: list[str] | None = None) -> list[Path]:
-    """Write every generated data set (or the named ones); returns their directories."""
+    """Write every generated data set (or the named ones); returns their directories.
+    Every name is checked before the first set is written."""
+    chosen = names or sorted(GENERATED)
+    unknown = [name for name in chosen if name not in GENERATED]
+    if unknown:
+        raise UserError(f"unknown generated data set{'s' if len(unknown) > 1 else ''} {', '.join(f'`{n}`' for n in unknown)} "
+                        f"(known: {', '.join(sorted(GENERATED))}); nothing was built, name only known sets.")
     out = []
-    for name in names or sorted(GENERATED):
-        if name not in GENERATED:
-            raise UserError(f"unknown generated data set `{name}`; known: {', '.join(sorted(GENERATED))}.")
+    for name in dict.fromkeys(chosen):
         GENERATED[name](Path(data_dir) / name)
         out.append(Path(data_dir) / name)
     return out

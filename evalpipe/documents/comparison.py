@@ -379,6 +379,10 @@ class Comparison(Document):
     paths: Paths | None  # None: a bare table comparison (not judged)
     # long-context tasks only; other runs' files have no such key
     by_length: list[TaskBreakdown] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # the sides compared without their manifest.json (`evalpipe compare --unverified`; the A/A
+    # variant too when it bounded the gates): the status is then INCONCLUSIVE. Verified
+    # comparisons have no such key
+    unverified: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ComparisonDocument(Document):
@@ -390,6 +394,9 @@ class ComparisonDocument(Document):
     gates: Gates
     noise_floor: Comparison | None  # the A/A comparison, not in the status
     comparisons: list[Comparison]
+    # every variant compared without its manifest.json (`evalpipe compare --unverified`);
+    # a verified run's file has no such key
+    unverified: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 def comparison_json(doc: ComparisonDocument) -> str:

@@ -181,6 +181,9 @@ class RunRecord:
 
     run: dict[str, Any]
     variants: list[dict[str, Any]]  # each with "scores", "tokens", "gates" lists
+    # the night's judgement its directory keeps (nightly.json), read with the rest so a
+    # broken one is refused before anything is written; None: not a judged night
+    judgement: dict[str, Any] | None = None
 
 
 def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] | None = None) -> RunRecord:
@@ -204,10 +207,11 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
     out_variants = []
     for name in names:
         vdir = rd.variant(name)
-        if not vdir.manifest.is_file():
-            continue
+        if not vdir.manifest.is_file() and not vdir.samples.is_file():
+            continue  # a variant that never got going: nothing of it to record
         try:
-            verify_variant(vdir)  # a run whose files changed after it finished is not recorded as if it had produced them
+            # a run whose files changed after it finished, or lost a manifest, is not recorded as if it had produced them
+            verify_variant(vdir)
         except ArtifactMismatch as err:
             raise HistoryError(str(err)) from None
         manifest = read_manifest(vdir.manifest)
@@ -246,7 +250,7 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
         "hardware": info.hardware,
         "run_dir": str(rd.root.resolve()),
     }
-    return RunRecord(run, out_variants)
+    return RunRecord(run, out_variants, judgement_of(rd.root))
 
 
 # ---------------------------------------------------------------------------

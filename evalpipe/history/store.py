@@ -23,11 +23,13 @@ Migrations are numbered; a database written by a newer evalpipe is refused.
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -36,7 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from evalpipe.history import HistoryError
-from evalpipe.history.records import TOKEN_MEASURES, ItemScores, RunRecord, decode_items, encode_items, judgement_of, read_run
+from evalpipe.history.records import TOKEN_MEASURES, ItemScores, RunRecord, decode_items, encode_items, read_run
 from evalpipe.redact import redact_text
 from evalpipe.rundir import artifacts
 
@@ -208,15 +210,19 @@ def current_version(conn: Connection) -> int:
     return int(conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0)
 
 
-def migrate(engine: Engine, where: str) -> int:
-    with engine.begin() as conn:
-        schema_version.create(conn, checkfirst=True)
-        found = current_version(conn)
+def _newer_refused(found: int, where: str) -> None:
     if found > SCHEMA_VERSION:
         raise HistoryError(
             f"history database {where} has schema version {found}, newer than this evalpipe's {SCHEMA_VERSION}; "
             "upgrade evalpipe or use another --history."
         )
+
+
+def migrate(engine: Engine, where: str) -> int:
+    with engine.begin() as conn:
+        schema_version.create(conn, checkfirst=True)
+        found = current_version(conn)
+    _newer_refused(found, where)
     for step in MIGRATIONS:
         if step.version <= found:
             continue
@@ -243,10 +249,13 @@ def shown_url(url: str) -> str:
 class History:
     """One history database. Open with :func:`open_history`."""
 
-    def __init__(self, engine: Engine, url: str):
+    def __init__(self, engine: Engine, url: str, version: int = SCHEMA_VERSION):
         self.engine = engine
         self.url = url
         self.where = shown_url(url)
+        # the schema it has: one opened to read is not migrated, and its queries ask only
+        # for the columns that version has (the others read as None)
+        self.version = version
 
     # -- writing ------------------------------------------------------------
 
@@ -266,9 +275,8 @@ class History:
                 # artifacts unless nightly.json is; see records.judgement_of).
                 keep = {"nightly_status": old.nightly_status, "baseline_run_id": old.baseline_run_id, "judgement": old.judgement}
                 self._delete(conn, old.id)
-            judged = judgement_of(Path(rec.run["run_dir"]))
-            if judged:
-                keep = judged
+            if rec.judgement:
+                keep = rec.judgement
             run_pk = _inserted_pk(conn.execute(runs.insert().values(**rec.run, **keep, recorded_at=time.time())))
             for v in rec.variants:
                 vpk = _inserted_pk(conn.execute(variants.insert().values(
@@ -346,9 +354,12 @@ class History:
         return dict(row._mapping)
 
     def variants_of(self, run_id: str) -> list[dict[str, Any]]:
-        q = sa.select(variants).join(runs, variants.c.run_pk == runs.c.id).where(runs.c.run_id == run_id).order_by(variants.c.id)
+        present = [c for c in variants.columns if _since(c) <= self.version]
+        q = (sa.select(*present).join(runs, variants.c.run_pk == runs.c.id).where(runs.c.run_id == run_id)
+             .order_by(variants.c.id))
+        absent = {c.name: None for c in variants.columns if _since(c) > self.version}
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            return [{**absent, **r._mapping} for r in conn.execute(q)]
 
     def score_rows(self, run_ids: Sequence[str] | None = None, *, with_items: bool = False) -> list[dict[str, Any]]:
         """One row per run x variant x task x metric (with the decoded per-item values on request)."""
@@ -440,39 +451,99 @@ def _inserted_pk(result: sa.CursorResult[Any]) -> Any:
     return key[0]
 
 
-def open_history(url: str | None, output_root: Path) -> History:
-    """Open (creating and migrating as needed) the history at ``url``, default
-    ``<output_root>/history.sqlite``; one-sentence HistoryError when it cannot."""
+# How a command uses the history. "create": it records runs (run, nightly, history import),
+# so the database and its directory are created and migrated as needed. "update": it
+# changes an existing one (baseline set): migrated, never created. "read": it only reads
+# (history list, show, export): never created, migrated or written; SQLite is opened
+# read-only and every PostgreSQL transaction is read-only.
+Access = Literal["create", "update", "read"]
+WHAT_RECORDS = "`evalpipe run`, `evalpipe nightly` and `evalpipe history import RUN_DIR...` create it"
+
+
+def open_history(url: str | None, output_root: Path, *, access: Access = "create") -> History:
+    """Open the history at ``url``, default ``<output_root>/history.sqlite``, for ``access``
+    (see :data:`Access`); one-sentence HistoryError when it cannot."""
     url = url or default_url(output_root)
     where = shown_url(url)
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError:
         raise HistoryError(f"history URL {redact_text(url)!r} is not an SQLAlchemy URL; use e.g. sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db.") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database:
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    socket_only = _names_no_server(parsed)
+    if socket_only and not parsed.database:
+        # libpq would try a local Unix socket and report that socket's absence
+        raise HistoryError(f"history URL {where!r} names no database server and no database; "
+                           "write it as postgresql+psycopg://USER@HOST[:PORT]/DATABASE.")
+    sqlite_file = _sqlite_file(parsed)
+    if sqlite_file is not None:
+        if access == "create":
+            sqlite_file.parent.mkdir(parents=True, exist_ok=True)
+        elif not sqlite_file.is_file():
+            raise HistoryError(f"there is no history at {where} ({sqlite_file} does not exist); {WHAT_RECORDS}, "
+                               "or pass the --history / --output of an existing one.")
     try:
-        # a database server that does not answer must not hold a finished run for minutes
-        connect_args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
-        engine = sa.create_engine(url, future=True, connect_args=connect_args)
-        migrate(engine, where)
+        engine = _engine(url, parsed, sqlite_file, read_only=access == "read")
+        version = _readable_version(engine, where) if access == "read" else migrate(engine, where)
     except HistoryError:
         raise
     except ModuleNotFoundError as err:
         raise HistoryError(f"history {where} needs the Python package {err.name!r}; install it (PostgreSQL: pip install 'psycopg[binary]').") from None
     except sa.exc.SQLAlchemyError as err:
         reason = redact_text(str(getattr(err, "orig", None) or err).strip().splitlines()[0])
-        raise HistoryError(f"cannot open the history database {where} ({reason}); check --history / the config's nightly.history.") from None
-    return History(engine, url)
+        fix = ("the URL names no host, so a local Unix socket was tried: add the server, postgresql+psycopg://USER@HOST/DATABASE"
+               if socket_only else "check --history / the config's nightly.history")
+        raise HistoryError(f"cannot open the history database {where} ({reason}); {fix}.") from None
+    return History(engine, url, version)
+
+
+def _names_no_server(url: sa.engine.URL) -> bool:
+    """A PostgreSQL URL with no host (nor PGHOST): libpq then tries a local Unix socket."""
+    return url.get_backend_name() == "postgresql" and not (url.host or "host" in url.query or os.environ.get("PGHOST"))
+
+
+def _sqlite_file(url: sa.engine.URL) -> Path | None:
+    """The file of an SQLite URL (None: another database, or SQLite in memory)."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database)
+
+
+def _engine(url: str, parsed: sa.engine.URL, sqlite_file: Path | None, *, read_only: bool) -> Engine:
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        # a database server that does not answer must not hold a finished run for minutes
+        connect_args["connect_timeout"] = 10
+        if read_only:
+            connect_args["options"] = "-c default_transaction_read_only=on"
+    if read_only and sqlite_file is not None:
+        uri = f"{sqlite_file.resolve().as_uri()}?mode=ro"  # mode=ro: SQLite itself refuses any write
+        return sa.create_engine(url, future=True, creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False))
+    return sa.create_engine(url, future=True, connect_args=connect_args)
+
+
+def _readable_version(engine: Engine, where: str) -> int:
+    """The schema version of a history opened to read; one that holds none is refused."""
+    with engine.connect() as conn:
+        found = current_version(conn)
+    if found == 0:
+        raise HistoryError(f"{where} holds no evalpipe history (it has no schema_version table); {WHAT_RECORDS}, "
+                           "or pass the --history of the database they record into.")
+    _newer_refused(found, where)
+    return found
 
 
 EXPORT_FORMATS = ("csv", "parquet")
 
 
-def export(history: History, path: Path, fmt: str) -> int:
-    """Write :meth:`History.export_rows` as CSV or Parquet (atomically); returns the row count."""
+def check_export_format(fmt: str) -> None:
+    """Refuse an unknown export format (before any history is opened)."""
     if fmt not in EXPORT_FORMATS:
         raise HistoryError(f"export format {fmt!r} is not one of {', '.join(EXPORT_FORMATS)}; pass --format csv or --format parquet.")
+
+
+def export(history: History, path: Path, fmt: str) -> int:
+    """Write :meth:`History.export_rows` as CSV or Parquet (atomically); returns the row count."""
+    check_export_format(fmt)
     rows = history.export_rows()
     table = pa.Table.from_pylist(rows) if rows else pa.table({"run_id": pa.array([], pa.string())})
     sink = pa.BufferOutputStream()

@@ -20,6 +20,11 @@ gates (see :mod:`evalpipe.compare.gates`).
 Teacher forcing: ``<variant>/teacher.parquet`` holds the reference's continuations
 scored by that variant; it is optional, and compared when both sides have one
 (:func:`evalpipe.compare.run.compare_tables`).
+
+Verified reading: every variant's files are checked against its manifest before they are
+read (:func:`evalpipe.rundir.integrity.verify_variant`), and a variant without a manifest is
+refused, unless ``unverified`` (`evalpipe compare --unverified`): it is then read as it is,
+and every comparison that used it is INCONCLUSIVE and names it (compare.json "unverified").
 """
 
 from __future__ import annotations
@@ -96,14 +101,21 @@ def load_teacher(vdir: VariantDir, path: Path | None = None) -> pa.Table | None:
     return _read(vdir, path, _TOKENS_REQUIRED) if path.is_file() else None
 
 
-def load_artifacts(vdir: VariantDir, name: str | None = None, expect: Expectations | None = None) -> VariantArtifacts:
+UNVERIFIED_FIX = "restore it or re-run the variant, or compare it unverified with `evalpipe compare --unverified` (verdict INCONCLUSIVE)"
+
+
+def load_artifacts(vdir: VariantDir, name: str | None = None, expect: Expectations | None = None, *,
+                   unverified: bool = False) -> VariantArtifacts:
     """The artifacts of one variant directory (named ``name``, default the directory name),
-    checked against its manifest first (a file changed since the variant finished is refused),
+    checked against its manifest first (a file changed since the variant finished, or a
+    missing manifest, is refused; with ``unverified`` a missing manifest is read, and said),
     with its path probes' records (probes.json) and the expectations they are judged by."""
-    verify_variant(vdir)
+    if not vdir.root.is_dir():
+        raise UserError(f"variant {vdir.name!r} has no directory in {_where(vdir)}; was it part of this run?")
+    verified = verify_variant(vdir, allow_unverified=unverified, fix=UNVERIFIED_FIX)
     samples, tokens = load_variant(vdir)
     return VariantArtifacts(name or vdir.name, samples, tokens, load_teacher(vdir), probes=read_probes(vdir.root),
-                            expect=expect)
+                            expect=expect, verified=verified)
 
 
 def variant_numerics(vdir: VariantDir) -> Numerics:
@@ -133,6 +145,7 @@ def compare_variants(
     margin: float | None = None,
     gates: Gates | None = None,
     aa: VariantComparison | None = None,
+    unverified: bool = False,
 ) -> VariantComparison:
     """Compare variant ``b`` against reference ``a`` from their artifacts (teacher.parquet included).
 
@@ -140,7 +153,8 @@ def compare_variants(
     across runs where both directories have the same name.
     """
     return compare_artifacts(
-        load_artifacts(a, label_a), load_artifacts(b, label_b), worst_k=worst_k, gates=with_margin(gates, margin), aa=aa
+        load_artifacts(a, label_a, unverified=unverified), load_artifacts(b, label_b, unverified=unverified),
+        worst_k=worst_k, gates=with_margin(gates, margin), aa=aa,
     )
 
 
@@ -152,13 +166,15 @@ def compare_run(
     worst_k: int = 5,
     margin: float | None = None,
     gates: Gates | None = None,
+    unverified: bool = False,
 ) -> RunComparison:
     """Compare every non-reference variant of ``run_dir`` with the reference.
 
     Defaults: reference = run.json "reference" (else the first variant); variants =
     run.json "variants" (else every sub-directory with a manifest.json); gates =
     run.json "config"."gates" (else the defaults). With a noise floor in run.json the
-    A/A comparison runs first and bounds the others (module docstring).
+    A/A comparison runs first and bounds the others (module docstring). ``unverified``:
+    variants without a manifest are read (module docstring).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -177,7 +193,7 @@ def compare_run(
     where = str(rd.run_json)
 
     def side(name: str) -> VariantArtifacts:
-        return load_artifacts(rd.variant(name), expect=info.expectations_of(name, where))
+        return load_artifacts(rd.variant(name), expect=info.expectations_of(name, where), unverified=unverified)
 
     ref_side = side(ref)
     numerics = variant_numerics(rd.variant(ref))
@@ -193,7 +209,8 @@ def compare_run(
 
 
 def compare_across_runs(
-    a: Path, b: Path, *, worst_k: int = 5, margin: float | None = None, gates: Gates | None = None
+    a: Path, b: Path, *, worst_k: int = 5, margin: float | None = None, gates: Gates | None = None,
+    unverified: bool = False,
 ) -> RunComparison:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: B against A as reference.
 
@@ -215,7 +232,8 @@ def compare_across_runs(
         # code, so IDENTICAL outputs answer the question instead of proving "nothing compared";
         # each side is still held to its own expectations
         expect_b = expect_b.model_copy(update={"same_path": True})
-    side_a, side_b = load_artifacts(va, label_a, expect_a), load_artifacts(vb, label_b, expect_b)
+    side_a = load_artifacts(va, label_a, expect_a, unverified=unverified)
+    side_b = load_artifacts(vb, label_b, expect_b, unverified=unverified)
     check_same_items(side_a.samples, side_b.samples, label_a, label_b)
     vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates, numerics=variant_numerics(va))
     return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)
@@ -260,15 +278,16 @@ def report_run(
     variants: list[str] | None = None,
     output: Path | None = None,
     gates: Gates | None = None,
+    unverified: bool = False,
 ) -> tuple[int, RunDocument]:
     """Compare a run's stored artifacts, write compare.json and the reports (into ``output``,
     default the run directory, whose run.json then records the verdict) and print the
-    summary: the end of a run, and `evalpipe compare RUN_DIR`. Returns the verdict's exit
-    code and run.json's content as it now stands."""
+    summary: the end of a run, and `evalpipe compare RUN_DIR` (``unverified``: its
+    --unverified). Returns the verdict's exit code and run.json's content as it now stands."""
     rd = artifacts.RunDir(run_dir)
     if info is None:  # a broken run.json: one sentence naming it
         info = read_run_document(rd.root) or RunDocument()
-    comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates)
+    comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates, unverified=unverified)
     verdict = comparison.status.value
     if output is None:
         info = info.updated(status="ok", verdict=verdict)

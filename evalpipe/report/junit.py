@@ -5,7 +5,9 @@ Suites are comparisons ("evalpipe.<reference>-vs-<variant>"), cases are gates
 for the paths (classname "<variant>.path", name "expectations"): it fails (type
 "inconclusive") when an expectation failed or both sides ran the same code, passes
 when each side's path is verified, and is skipped, with the note, when the probes
-recorded nothing. A comparison without gate results (nothing to compare) gets one
+recorded nothing. A comparison with a side read without its manifest (`compare
+--unverified`) gets a failing case for it (classname "<variant>.artifacts", name
+"verified", type "unverified"). A comparison without gate results (nothing to compare) gets one
 "verdict" case that fails unless its status is IDENTICAL or EQUIVALENT, so it still
 gates; so does an INCONCLUSIVE comparison none of whose other cases failed.
 """
@@ -65,6 +67,14 @@ def _path_case(variant: str, c: Comparison) -> Case | None:
     return Case(f"{variant}.path", "expectations", outcome, first, "\n".join(reasons), "inconclusive")
 
 
+def _unverified_case(variant: str, c: Comparison) -> Case | None:
+    """The case of the sides compared without their manifest; None for a verified comparison."""
+    if not c.unverified:
+        return None
+    first = c.reasons[0] if c.reasons else f"compared unverified: {', '.join(c.unverified)}"
+    return Case(f"{variant}.artifacts", "verified", "fail", first, first, "unverified")
+
+
 def _verdict_case(variant: str, c: Comparison) -> Case:
     outcome = "pass" if c.status in PASSING_STATUSES else "fail"
     kind = "inconclusive" if c.status == INCONCLUSIVE else "gate"
@@ -73,9 +83,9 @@ def _verdict_case(variant: str, c: Comparison) -> Case:
 
 def _cases(c: Comparison) -> list[Case]:
     cases = _gate_cases(c.variant, c.gates)
-    path = _path_case(c.variant, c)
-    if path is not None:
-        cases.append(path)
+    for extra in (_path_case(c.variant, c), _unverified_case(c.variant, c)):
+        if extra is not None:
+            cases.append(extra)
     # without gates the verdict is the only case; an INCONCLUSIVE comparison must fail CI even
     # when its gates passed and its paths were not judged
     unfailed_inconclusive = c.status == INCONCLUSIVE and all(k.outcome != "fail" for k in cases)

@@ -24,6 +24,8 @@ from evalpipe.report.view import (
     path_reasons,
     paths_inconclusive,
     show_controls,
+    unverified_note,
+    unverified_only,
     what_ran_view,
 )
 
@@ -168,10 +170,13 @@ def failed_gates_table(compare: ComparisonDocument) -> Table | None:
 
 def _path_lines(c: Comparison) -> list[str]:
     """Why an INCONCLUSIVE comparison proves nothing: its path reasons (the comparison's own
-    reasons when its paths do not say)."""
+    reasons when its paths do not say), or that it was compared unverified."""
     reasons = path_reasons(c) if paths_inconclusive(c) else list(c.reasons)
+    if c.unverified and paths_inconclusive(c):
+        reasons = [c.reasons[0], *reasons]  # the unverified sides, first of its reasons
     outputs = f" (the outputs alone: {c.outputs_status})" if c.outputs_status else ""
-    head = f"{c.variant} vs {c.reference}: the paths prove nothing{outputs}"
+    what = "compared unverified" if unverified_only(c) else "the paths prove nothing"
+    head = f"{c.variant} vs {c.reference}: {what}{outputs}"
     lines = [_plain(head)] + [f"  - {_plain(r)}" for r in reasons[:MAX_REASONS]]
     if len(reasons) > MAX_REASONS:
         lines.append(f"  \u2026 {len(reasons) - MAX_REASONS} more in report.md")
@@ -207,6 +212,11 @@ def _print_paths(compare: ComparisonDocument, console: Console) -> None:
 def _gates_passed_line(counts: Mapping[str, int], compare: ComparisonDocument) -> Text:
     skipped = f" ({counts['skip']} skipped)" if counts["skip"] else ""
     passed = counts["total"] - counts["skip"]
+    if compare.unverified:
+        # the gates see outputs only, and nothing vouches for these: no pass
+        return Text(f"all {passed} output gates passed{skipped}, but {', '.join(compare.unverified)} "
+                    f"{'was' if len(compare.unverified) == 1 else 'were'} compared unverified: "
+                    f"{Status.INCONCLUSIVE.value}", style=PATH_STYLE)
     if inconclusive_variants(compare):
         # the gates see outputs only; reading "passed" here would take an unproven run for a pass
         return Text(f"all {passed} output gates passed{skipped}, but the paths prove nothing: "
@@ -225,6 +235,8 @@ def print_summary(
     nf = compare.noise_floor
     if nf is not None:
         console.print(Text.assemble(_text(f"A/A noise floor ({nf.variant}): "), _text(nf.status, style=_style(nf.status))))
+    if compare.unverified:
+        console.print(_text(unverified_note(compare), style="bold yellow"))
     _print_paths(compare, console)
     console.print(scores_table(compare))
     console.print(tokens_table(compare))

@@ -614,16 +614,23 @@ def gate_counts(compare: ComparisonDocument) -> dict[str, int]:
     return counts
 
 
-def _gates_summary(counts: Mapping[str, int], inconclusive: Sequence[str]) -> str:
+def _gates_summary(counts: Mapping[str, int], inconclusive: Sequence[str], unverified: Sequence[str] = ()) -> str:
     if not counts["total"]:
         return "No gate was evaluated."
     skipped = f", {counts['skip']} skipped" if counts["skip"] else ""
     if counts["fail"]:
         return f"{counts['fail']} of {counts['total']} gates failed{skipped}."
+    # the gates judge outputs only: passing them is no pass when the paths prove nothing, or
+    # when the outputs are files nothing vouches for
+    buts = []
     if inconclusive:
-        # the gates judge outputs only: passing them is no pass when the paths prove nothing
-        return (f"All {counts['total'] - counts['skip']} evaluated output gates passed{skipped}, but the paths of "
-                f"{', '.join(inconclusive)} prove nothing: {Status.INCONCLUSIVE.value} (see What ran).")
+        buts.append(f"the paths of {', '.join(inconclusive)} prove nothing")
+    if unverified:
+        buts.append(f"{', '.join(unverified)} {'was' if len(unverified) == 1 else 'were'} compared unverified (no manifest.json)")
+    if buts:
+        see = " (see What ran)" if inconclusive else ""
+        return (f"All {counts['total'] - counts['skip']} evaluated output gates passed{skipped}, but "
+                f"{' and '.join(buts)}: {Status.INCONCLUSIVE.value}{see}.")
     return f"All {counts['total'] - counts['skip']} evaluated gates passed{skipped}."
 
 
@@ -759,8 +766,26 @@ def judged_entries(compare: ComparisonDocument) -> list[tuple[Comparison, bool]]
     return [(c, False) for c in compare.comparisons] + ([(nf, True)] if nf is not None else [])
 
 
+def unverified_only(c: Comparison) -> bool:
+    """INCONCLUSIVE only because a side was compared without its manifest (its paths say nothing against it)."""
+    return bool(c.unverified) and not paths_inconclusive(c)
+
+
 def inconclusive_variants(compare: ComparisonDocument) -> list[str]:
-    return [c.variant for c in compare.comparisons if c.status == Status.INCONCLUSIVE.value]
+    """The variants whose paths prove nothing (INCONCLUSIVE for another reason than being compared unverified)."""
+    return [c.variant for c in compare.comparisons if c.status == Status.INCONCLUSIVE.value and not unverified_only(c)]
+
+
+def unverified_note(compare: ComparisonDocument) -> str:
+    """The reports' first words when variants were compared without their manifest; "" otherwise."""
+    names = compare.unverified or []
+    if not names:
+        return ""
+    sides = ", ".join(names)
+    whose = "its files were" if len(names) == 1 else "their files were"
+    return (f"Compared unverified (--unverified): {sides} had no manifest.json, so {whose} not checked against "
+            f"what the engine wrote; every comparison that read {'it' if len(names) == 1 else 'them'} is "
+            f"{Status.INCONCLUSIVE.value}, whatever the outputs say.")
 
 
 def _side_summary(c: Comparison, side: str) -> ProbeSummary | None:
@@ -973,7 +998,8 @@ def build_view(compare: ComparisonDocument, run: RunDocument | None, esc: Esc) -
     return {
         "run_id": esc(compare.run_id),
         "status": esc(compare.status),
-        "verdict_note": esc(INCONCLUSIVE_NOTE) if compare.status == Status.INCONCLUSIVE.value else "",
+        "unverified_note": esc(unverified_note(compare)),
+        "verdict_note": esc(INCONCLUSIVE_NOTE) if inconclusive_variants(compare) and compare.status == Status.INCONCLUSIVE.value else "",
         "comparisons": [_comparison_view(c, nf, esc) for c in compare.comparisons],
         "noise_floor": (
             {
@@ -988,7 +1014,7 @@ def build_view(compare: ComparisonDocument, run: RunDocument | None, esc: Esc) -
         "gates": {
             "rows": _gate_rows(compare, esc),
             "counts": counts,
-            "summary": esc(_gates_summary(counts, inconclusive_variants(compare))),
+            "summary": esc(_gates_summary(counts, inconclusive_variants(compare), compare.unverified or [])),
         },
         "what_ran": what_ran_view(compare, esc),
         "numerics": esc(_numerics_line(compare)),

@@ -13,6 +13,14 @@ call it first, so a file truncated, edited or replaced after the run is refused 
 sentence instead of being compared or recorded as if the engine had produced it; a
 resumed run calls it on the variants it keeps. Variant directories written before this
 record existed have no ``"artifacts"`` entry and are accepted as they are.
+
+A variant directory without manifest.json has nothing its files can be checked against:
+deleting the manifest must not turn a refused comparison into an unchecked one, so it is
+refused too (:class:`ManifestMissing`). Only `evalpipe compare --unverified` reads such a
+directory, and its verdict then says so and is INCONCLUSIVE
+(:func:`evalpipe.compare.verdict.Verdict.unverified`). A run in progress, and a resumed
+run, never read a variant without one: the worker writes it first, and resume starts such
+a variant again (:mod:`evalpipe.rundir.resume`).
 """
 
 from __future__ import annotations
@@ -49,6 +57,10 @@ _CHUNK = 1 << 20  # streaming: a 128k-token trace is never held in memory to be 
 
 class ArtifactMismatch(UserError):
     """A variant directory that does not match its manifest, in one sentence (a user error, exit code 2)."""
+
+
+class ManifestMissing(ArtifactMismatch):
+    """A variant directory without manifest.json: nothing to check its files against."""
 
 
 def sha256_of(path: Path) -> tuple[str, int]:
@@ -91,24 +103,34 @@ def _rows_or_none(path: Path) -> int | None:
         return None
 
 
-def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = None) -> None:
+def missing_manifest(vdir: VariantDir, fix: str = "restore it or re-run the variant") -> ManifestMissing:
+    return ManifestMissing(f"{vdir.manifest} is missing, so nothing shows that the files of variant {vdir.name!r} "
+                           f"are what it wrote; {fix}.")
+
+
+def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = None, *,
+                   allow_unverified: bool = False, fix: str | None = None) -> bool:
     """Check every file the variant's manifest records (present, same size, rows and
     sha256) and that no file of :data:`VERIFIED_FILES` was added after it finished;
-    :class:`ArtifactMismatch` naming the first file that differs. A directory without a
-    manifest, or whose manifest has no ``"artifacts"`` record (older runs, failed
-    variants), passes: there is nothing to check it against. ``manifest``: its content,
-    when the caller has read it already (resume keeps what it verified)."""
+    :class:`ArtifactMismatch` naming the first file that differs. A manifest without an
+    ``"artifacts"`` record (a run from before the record) passes: there is nothing to
+    check it against. A directory without a manifest is refused (:class:`ManifestMissing`,
+    its sentence ending with ``fix`` when given) unless ``allow_unverified``. True: checked;
+    False: read unverified. ``manifest``: its content, when the caller has read it already
+    (resume keeps what it verified)."""
     vdir = vdir if isinstance(vdir, VariantDir) else VariantDir(Path(vdir))
     if manifest is None:
         if not vdir.manifest.is_file():
-            return
+            if allow_unverified:
+                return False
+            raise missing_manifest(vdir) if fix is None else missing_manifest(vdir, fix)
         try:
             manifest = read_manifest(vdir.manifest)
         except UserError as err:
             raise ArtifactMismatch(str(err)) from None
     record = manifest.artifacts
     if record is None:
-        return
+        return True
     for name, entry in sorted(record.items()):
         if Path(name).name != name or name == MANIFEST_JSON:
             raise ArtifactMismatch(f"{vdir.manifest} records the artifact {name!r}, which is not a file of the variant; restore it or re-run the variant.")
@@ -120,6 +142,7 @@ def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = N
                 f"{path} is not in its manifest (the variant finished without it, so it was added afterwards); "
                 "delete it or re-run the variant."
             )
+    return True
 
 
 def _verify_file(path: Path, entry: ArtifactEntry) -> None:
