@@ -28,10 +28,12 @@ def ensure_dataset_file(relative: Path, data_dir: Path) -> Path:
 
 def build_all(data_dir: Path, names: list[str] | None = None) -> list[Path]:
     """Write every generated data set (or the named ones); returns their directories."""
+    chosen = names or sorted(GENERATED)
+    unknown = [name for name in chosen if name not in GENERATED]
+    if unknown:  # before the first write: a refused command line leaves nothing behind
+        raise UserError(f"unknown generated data set `{unknown[0]}`; known: {', '.join(sorted(GENERATED))}.")
     out = []
-    for name in names or sorted(GENERATED):
-        if name not in GENERATED:
-            raise UserError(f"unknown generated data set `{name}`; known: {', '.join(sorted(GENERATED))}.")
+    for name in chosen:
         GENERATED[name](Path(data_dir) / name)
         out.append(Path(data_dir) / name)
     return out
