@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
@@ -63,7 +64,8 @@ app.add_typer(baseline_app, name="baseline")
 
 
 def _fail(message: str, code: int) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    # the message quotes what the user gave (a variant `[/]`, a path): text, not markup
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
