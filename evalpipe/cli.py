@@ -64,8 +64,10 @@ app.add_typer(baseline_app, name="baseline")
 
 
 def _fail(message: str, code: int) -> None:
-    # the message quotes what the user gave (a variant `[/]`, a path): text, not markup
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    # the message quotes what the user gave (a variant `[/]`, a path with a newline): text, not
+    # markup, on one line, with every character shown (the terminal would drop control characters)
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    err_console.print(f"[bold red]error:[/] {escape(shown)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
