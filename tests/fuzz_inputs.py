@@ -329,7 +329,7 @@ def refusal(stderr: str) -> tuple[str | None, str]:
     line `error: ...` and nothing else ("evalpipe"), or the command line's usage error:
     its Usage and Try lines and one message in the box ("usage"); else (None, what is
     wrong with it)."""
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    lines = [ln for ln in stderr.split("\n") if ln.strip()]  # line feeds only: what a terminal breaks lines at
     errors = [ln for ln in lines if ln.startswith("error:")]
     if errors:
         if len(lines) != 1:

@@ -323,15 +323,19 @@ class Arg:
     param: str = ""  # the positional's or the option's parameter, as usage errors name it
     aliases: tuple[str, ...] = ()
     pinned: bool = False  # the command's own words and --dry-run: never dropped or changed
-    names_a_thing: bool = False  # its value names a file, variant, run ...: an empty one is a mistake
+    blank: tuple[str, ...] = ()  # values that name nothing: always a mistake
 
 
-def opt(name: str, value: str | None = None, *, aliases: tuple[str, ...] = (), names: bool = False) -> Arg:
-    return Arg((name,) if value is None else (name, value), name.lstrip("-"), (name, *aliases), names_a_thing=names)
+def opt(name: str, value: str | None = None, *, aliases: tuple[str, ...] = (), names: bool = False, listed: bool = False) -> Arg:
+    """An option; ``names``: its value names a file, run, variant ...; ``listed``: a comma-separated list of them."""
+    long = max((name, *aliases), key=len).lstrip("-")
+    return Arg((name,) if value is None else (name, value), long, (name, *aliases, long),
+               blank=_BLANK if listed else ("", " ") if names else ())
 
 
-def pos(value: str, param: str) -> Arg:
-    return Arg((value,), param, (param, param.upper()))
+def pos(value: str, param: str, *shown: str) -> Arg:
+    """A positional argument (each names a task, run, file ...); ``shown``: how the command's sentences call it (RUN_DIR ...)."""
+    return Arg((value,), param, (param, param.upper(), *shown), blank=("", " "))
 
 
 def word(*words: str) -> Arg:
@@ -359,7 +363,7 @@ def run_command_lines(draw: st.DrawFn) -> list[Arg]:
     variants = draw(st.lists(st.sampled_from(_variants_of(config)), min_size=1, max_size=3, unique=True))
     return [word("run"), pos(draw(st.sampled_from(task_groups(config))), "tasks"), word("--dry-run"),
             *([opt("-c", f"configs/{config}", aliases=("--config",), names=True)] if given else []),
-            *_some(draw, [opt("--output", "OUT", names=True), opt("--limit", "3"), opt("--variants", ",".join(variants), names=True),
+            *_some(draw, [opt("--output", "OUT", names=True), opt("--limit", "3"), opt("--variants", ",".join(variants), names=True, listed=True),
                           opt("--run-id", "fz-1", names=True), opt("--timeout", "60"), opt("--stall-timeout", "30"),
                           opt(draw(st.sampled_from(["--noise-floor", "--no-noise-floor"])))])]
 
@@ -367,11 +371,11 @@ def run_command_lines(draw: st.DrawFn) -> list[Arg]:
 @st.composite
 def compare_command_lines(draw: st.DrawFn) -> list[Arg]:
     if draw(st.booleans()):
-        return [word("compare"), pos("runs/night-00", "targets"),
-                *_some(draw, [opt("--reference", "legacy", names=True), opt("--variants", "sp", names=True),
+        return [word("compare"), pos("runs/night-00", "targets", "RUN_DIR"),
+                *_some(draw, [opt("--reference", "legacy", names=True), opt("--variants", "sp", names=True, listed=True),
                               opt("--output", "cmp-out", names=True), opt("--gates", "gates.yaml", names=True),
                               opt("--margin", "0.02")])]
-    return [word("compare"), pos("runs/night-00/legacy", "targets"), pos("runs/night-01/legacy", "targets"),
+    return [word("compare"), pos("runs/night-00/legacy", "targets", "RUN_A/VARIANT"), pos("runs/night-01/legacy", "targets", "RUN_B/VARIANT"),
             *_some(draw, [opt("--output", "cmp-out", names=True), opt("--gates", "gates.yaml", names=True), opt("--margin", "0.02")])]
 
 
@@ -390,8 +394,8 @@ def history_command_lines(draw: st.DrawFn) -> list[Arg]:
 def localize_and_data_command_lines(draw: st.DrawFn) -> list[Arg]:
     if draw(st.booleans()):
         return [word("data", "build"), *_some(draw, [pos("gsm8k_synth", "names")])]
-    return [word("localize"), pos("runs/loc", "run_dir"),
-            *_some(draw, [opt("--variant", "sp", names=True), opt("--samples", "2"), opt("--positions", "4"),
+    return [word("localize"), pos("runs/loc", "run_dir", "run directory"),
+            *_some(draw, [opt("--variant", "sp", names=True, listed=True), opt("--samples", "2"), opt("--positions", "4"),
                           opt("--decode-steps", "0"), opt("--timeout", "30")])]
 
 
@@ -417,7 +421,7 @@ class ArgMutation:
         the one-letter option click reads out of a value that starts with `-`."""
         out = [*self.dropped, *(alias for a in self.args for alias in a.aliases)]
         for w in self.typed()[1:]:
-            out += [f"`{w}`", f"'{w}'", w, *w.split("="), *([w[:2]] if w.startswith("-") and not w.startswith("--") else [])]
+            out += [f"`{w}`", f"'{w}'", repr(w), repr(w)[1:-1], w, *w.split("="), *([w[:2]] if w.startswith("-") and not w.startswith("--") else [])]
         return [a for a in out if a.strip()]
 
 
@@ -463,12 +467,12 @@ def mutated(draw: st.DrawFn, lines: st.SearchStrategy[list[Arg]]) -> ArgMutation
         described = f"{' '.join(a.words)} dropped"
     elif kind in ("value", "duplicate") and (len(a.words) == 2 or not a.words[0].startswith("-")):
         value = draw(_cli_values())
-        new = Arg((*a.words[:-1], value), a.param, a.aliases, names_a_thing=a.names_a_thing)
+        new = Arg((*a.words[:-1], value), a.param, a.aliases, blank=a.blank)
         if kind == "value":
             out[i] = new
         else:
             out.insert(i + 1, new)
-        if a.names_a_thing and value in _BLANK:
+        if value in a.blank:
             must = f"{name} is given {value!r}"
         if name in CLOSED_OPTIONS and value not in CLOSED_OPTIONS[name]:
             must = f"{name} {value!r} is none of {', '.join(sorted(CLOSED_OPTIONS[name]))}"
