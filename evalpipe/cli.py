@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import traceback
-import unicodedata
 from pathlib import Path
 from typing import Any, Optional
 
@@ -81,9 +80,10 @@ def _path(option: str):
 
 
 def _one_line(message: str) -> str:
-    """The error sentence on one line: a control character in a value it quotes (a path from
-    an environment variable ending in a newline) is shown escaped, not acted on."""
-    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in message)
+    """The error sentence on one line with every character shown: a newline or control
+    character in a value it quotes (a path from an environment variable) appears escaped,
+    where a terminal would break the line or drop it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def _fail(message: str, code: int) -> None:

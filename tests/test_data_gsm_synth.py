@@ -137,3 +137,11 @@ def test_stale_or_edited_files_are_regenerated(tmp_path):
     gsm_synth.ensure_splits(tmp_path)
     assert paths["test"].read_bytes() == good
     assert paths["train"].stat().st_mtime_ns == mtime_train, "files that already match are left alone"
+
+
+def test_data_build_refuses_an_unknown_name_before_writing_any(tmp_path):
+    from in_process import evalpipe
+
+    proc = evalpipe("data", "build", "gsm8k_synth", "gsm9k", cwd=tmp_path, env={"EVALPIPE_DATA_DIR": str(tmp_path / "data")})
+    assert proc.returncode == 2 and "unknown generated data set `gsm9k`" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists(), "a refused command line writes nothing"
