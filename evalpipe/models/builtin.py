@@ -166,20 +166,17 @@ _LONGCTX_STAGES: list[dict[str, Any]] = [
 # is always that one and saves the buffer); 4 heads and 8 experts split over tensor
 # parallel 2 and expert parallel 4; vLLM's DeepSeek model has its own lm_head (no tied
 # embeddings). qk_nope/v widths 32, q_lora_rank None (a plain q_proj), dense first layer.
-# Tried once, trained with tiny-gsm's schedule unchanged (300 GSM steps at lr 4e-3, then
-# its long-context phase): GSM answer loss at the end of the phase 0.76 (tiny-gsm: 0.19),
-# strict-match 0.00 (0/50, vLLM TP 1 fp32): the answers keep the format and the steps but
-# copy and compute the numbers wrong.
-# Tried next (not shipped yet: the figures of docs/sp-moe.md were measured on the shipped
-# build): hidden 192, intermediate 512, everything else the same (3.20 M parameters):
-# 7 min 09 s on an idle machine (0.57 s per GSM step), final loss 0.35, strict-match 0.28
-# (14/50, vLLM TP 1 fp32, native rotary), passkey 2/3, multikey 0/3, vartrack 0/3 at
-# 2047-2049 tokens (`python -m evalpipe.lab.build tiny-moe --set hidden_size=192
-# --set intermediate_size=512 --out-dir DIR`, then `evalpipe run gsm8k` on DIR).
-# Speed: 0.65 s per GSM step on an idle machine (a 10-step build), about the cost of a
-# tiny-gsm step, so an idle build should take about 8 min; the shipped build took 47 min
-# wall (2817 s recorded) with other vLLM engines sharing the 2 cores (load 5-10): GSM
-# phase 1143 s, long-context stages 1270 s and 390 s.
+# Tried first, at hidden 128 / intermediate 384 (2.22 M parameters) with tiny-gsm's schedule
+# unchanged (300 GSM steps at lr 4e-3, then its long-context phase): GSM answer loss 0.76 at
+# the end of the phase (tiny-gsm: 0.19), strict-match 0.00 (0/50, vLLM TP 1 fp32): the answers
+# kept the format and the steps but copied and computed the numbers wrong.
+# Shipped: hidden 192, intermediate 512, everything else the same (3.20 M parameters),
+# final loss 0.35 (`python -m evalpipe.lab.build tiny-moe --set hidden_size=192 --set
+# intermediate_size=512 --out-dir DIR` before it became the recipe): strict-match 0.28 (14/50,
+# vLLM TP 1 fp32, native rotary), passkey 2/3, multikey 0/3, vartrack 0/3 at 2047-2049 tokens.
+# Speed on the 2-core AMD EPYC: 0.57 s per GSM step and 7 min 09 s for the whole build on an
+# idle machine; the shipped build took 47 min (2841 s recorded) with two other jobs running
+# tests on the cores (GSM phase 1065 s, long-context stages 1520 s and 250 s).
 def _tiny_moe_spec() -> dict[str, Any]:
     spec = _tiny_gsm_spec()  # same tokenizer, data and long-context recipe: prompts tokenize alike
     del spec["head_dim"]  # MLA sets its own head sizes
