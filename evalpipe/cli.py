@@ -7,6 +7,7 @@ Exit codes (evalpipe.errors.ExitCode): 0 identical or equivalent (or ok), 1 dive
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -63,6 +64,9 @@ app.add_typer(baseline_app, name="baseline")
 
 
 
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits for one name and a whole path
+
+
 def _path(option: str):
     """How every path on the command line is read: `~` expanded (as a shell would, also
     when the path is quoted or comes from a variable), an empty one refused -- Path("")
@@ -74,7 +78,12 @@ def _path(option: str):
         text = str(value)
         if not text.strip():
             raise UserError(f"{option} is empty; give a path, or leave {option} out for its default.")
-        return Path(text).expanduser()
+        path = Path(text).expanduser()
+        # the OS refuses a longer name with ENAMETOOLONG wherever evalpipe first touches it
+        if len(os.fsencode(path)) > _PATH_MAX or any(len(os.fsencode(part)) > _NAME_MAX for part in path.parts):
+            raise UserError(f"{option} is longer than a path can be (a name above {_NAME_MAX} bytes, or above {_PATH_MAX} "
+                            "in all); give a shorter path.")
+        return path
 
     return parse
 

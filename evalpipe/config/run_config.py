@@ -709,7 +709,7 @@ def _load_mapping(path: Path, chain: list[Path]) -> Any:
     if not isinstance(data, dict) or "extends" not in data:
         return data
     base_name = data.pop("extends")
-    if not isinstance(base_name, str):
+    if not isinstance(base_name, str) or not base_name.strip():
         raise ConfigError(f"{path}: `extends` must be the path of another config file; got {base_name!r}.")
     base_path = (path.parent / base_name).resolve()
     if base_path in chain or base_path == path.resolve():

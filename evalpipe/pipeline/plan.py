@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalpipe.config.engine_args import check_values
 from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
@@ -92,8 +93,9 @@ class RunPlan:
         return next(v for v in self.variants if v.name == name)
 
 
-def split_csv(csv: str | None, option: str) -> list[str]:
+def split_csv(csv: str | None, option: str, plain_names: bool = True) -> list[str]:
     """A command-line list: "a, b" -> ["a", "b"]; None (the option not given) -> [].
+    With ``plain_names`` every item must be a name a config can define (variants, faults).
     An empty list or item is refused rather than read as "all" (`--variants "$UNSET"` in a
     CI script must not run every variant), and so is a name given twice."""
     if csv is None:
@@ -103,6 +105,10 @@ def split_csv(csv: str | None, option: str) -> list[str]:
         raise ConfigError(f"{option} is empty; name at least one, comma-separated (e.g. a,b), or leave {option} out.")
     if not all(names):
         raise ConfigError(f"{option} {csv!r} has an empty item; separate the names with single commas (e.g. a,b).")
+    odd = next((n for n in names if not is_plain_name(n)), None) if plain_names else None
+    if odd is not None:  # variant and fault names: what a config could not have defined
+        shown = odd if len(odd) <= 40 else odd[:40] + "..."
+        raise ConfigError(f"{option} item {shown!r} is not a name; names use {PLAIN_NAME_RULE}.")
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
         raise ConfigError(f"{option} names `{twice}` twice; list each once.")
@@ -114,7 +120,7 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
     lm-eval task with its own defaults. Comma-separated selectors combine."""
     if not selector.strip():
         raise ConfigError("no task given; name a task group of the config (e.g. gsm8k), `all`, or an lm-eval task.")
-    names = split_csv(selector, "the task list")
+    names = split_csv(selector, "the task list", plain_names=False)  # lm-eval's task names have their own rules
     chosen: list[PlannedTask] = []
     for name in names:
         if name == "all":
@@ -275,6 +281,9 @@ def make_plan(
             )
         )
 
+    for pv in planned:  # sizes and dtype first: the checks below compute with them
+        if pv.launch.mode != "endpoint":
+            check_values(pv.name, pv.engine_args)
     _check_longctx(config, tasks, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
     if nf is not None and nf.enabled:
