@@ -214,3 +214,13 @@ def test_an_error_sentence_stays_on_one_line_whatever_it_quotes(tmp_path):
     proc = evalpipe("run", "gsm8k", "-c", "no[bold]such\n.yaml", cwd=tmp_path)
     assert_user_error(proc, "no[bold]such\\n.yaml does not exist")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_plan_shows_markup_like_values_as_text(tmp_path):
+    """A config's values are text: an env value or description holding `[/]` or `[bold]`
+    is printed as written, never read as rich markup (which would crash the printout)."""
+    variants = {"a": {"description": "[/] odd"}, "b": {"env": {"X": "[/]", "Y": "[bold]y"}}}
+    cfg = write(tmp_path, {**GOOD, "variants": variants, "output": str(tmp_path / "runs")})
+    proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "X=[/]" in proc.stdout and "Y=[bold]y" in proc.stdout

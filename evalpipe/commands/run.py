@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from evalpipe.commands.localize import localize_after_run
 from evalpipe.config.run_config import load_config
@@ -75,8 +77,9 @@ def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> Non
 
 
 def _print_plan(plan: RunPlan, console: Console) -> None:
-    console.print(f"[bold]run[/] {plan.run_id} -> {plan.run_dir}")
-    console.print(f"[bold]model[/] {plan.model}")
+    # every value here comes from the user's config (an env value `[/]` is text, not markup)
+    console.print(f"[bold]run[/] {escape(plan.run_id)} -> {escape(str(plan.run_dir))}")
+    console.print(f"[bold]model[/] {escape(plan.model)}")
     keys = api_key_names(v.launch for v in plan.variants)
     table = Table("variant", "python", "env", "engine args")
     for v in plan.variants:
@@ -84,26 +87,26 @@ def _print_plan(plan: RunPlan, console: Console) -> None:
         # CI logs keep what a dry run prints: credentials redacted as in run.json
         env = " ".join(f"{k}={val}" for k, val in redact_env(v.env_overrides, keys).items())
         args = " ".join(f"{k}={val}" for k, val in sorted(redact(v.engine_args).items()))
-        table.add_row(v.name + marker, v.python, env, args)
+        table.add_row(*(Text(cell) for cell in (v.name + marker, v.python, env, args)))
     console.print(table)
     model_path = plan.model
     if plan.builtin_model:
         model_path = str(shipped_path(plan.builtin_model))
     for v in plan.variants:
-        console.print(f"[bold]{v.name}[/] ({v.launch.mode}) runs:")
+        console.print(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:")
         for line in planned_commands(v, model_path, plan.run_dir / v.name):
-            console.print(f"  {line}", soft_wrap=True)
+            console.print(f"  {line}", soft_wrap=True, markup=False)
     tasks = Table("group", "task", "num_fewshot", "limit")
     for t in plan.tasks:
-        tasks.add_row(t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))
+        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))))
     console.print(tasks)
     for note in plan.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
 
 
 def _print_path_checks(plan: RunPlan, console: Console) -> None:
     console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
     for v in plan.variants:
-        console.print(f"  [bold]{v.name}[/]")
+        console.print(f"  [bold]{escape(v.name)}[/]")
         for line in checks_lines(v):
             console.print(f"    {line}", soft_wrap=True, markup=False)

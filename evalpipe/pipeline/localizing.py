@@ -254,7 +254,7 @@ def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: 
         "localize": LocalizeJob(sequences=[LocalizeSequence(label=t.label, token_ids=t.token_ids, prompt_len=t.prompt_len)
                                            for t in targets], decode_steps=decode_steps),
     })
-    console.print(f"[bold cyan]configuration {planned.name}[/] {planned.description}".rstrip())
+    console.print(f"[bold cyan]configuration {planned.name}[/] {escape(planned.description)}".rstrip())
     servers: dict[str, Any] = {}
     try:
         outcome = run_variant(plan, planned, model, vdir, view.handle(planned.name), limits, servers, spec=spec, job=job)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, write_run_document
@@ -135,7 +136,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 console.print(f"[bold cyan]variant {variant.name}[/] kept from before the interruption")
                 info = record_environment(info, variant.name, vdir)
                 continue
-            console.print(f"[bold cyan]variant {variant.name}[/] {variant.description}".rstrip())
+            console.print(f"[bold cyan]variant {variant.name}[/] {escape(variant.description)}".rstrip())
             try:
                 outcome = run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers,
                                       spec=write_spec(vdir, variant.name, names[variant.name]))
