@@ -106,8 +106,8 @@ CASES = [
     ("model-empty-dir", with_(model={"path": "EMPTYMODEL"}), [], ["is not a complete model: config.json is missing and no weights"]),
     ("model-no-weights", with_(model={"path": "NOWEIGHTS"}), [], ["is not a complete model: no weights"]),
     ("variants-unknown", GOOD, ["--variants", "a,c"], ["variant `c` is not defined"]),
-    ("markup-in-value", GOOD, ["--variants", "a,[/]"], ["variant `[/]` is not defined"]),  # shown as typed, not as markup
-    ("control-in-value", GOOD, ["--variants", "a,b\nc\x08"], ["variant `b\\nc\\x08` is not defined"]),  # one line, every character shown
+    ("markup-in-value", GOOD, ["--variants", "a,[/]"], ["--variants item '[/]' is not a name"]),  # shown as typed, not as markup
+    ("control-in-value", GOOD, ["--variants", "a,b\nc\x08"], ["--variants item 'b\\nc\\x08' is not a name"]),  # one line, every character shown
     ("data-broken-line", with_(tasks=data_task("bad.jsonl")), [], ["bad.jsonl, line 2: not valid JSON"]),
     ("data-missing-column", with_(tasks=data_task("cols.jsonl")), [], ["cols.jsonl", "lacks the column question", "doc_to_text"]),
     ("data-empty", with_(tasks=data_task("empty.jsonl")), [], ["empty.jsonl", "has no items"]),
