@@ -88,6 +88,18 @@ def _path(option: str):
     return parse
 
 
+def _given(option: str):
+    """A text option given empty (`--history "$UNSET"`) is refused, not read as its default."""
+
+    def parse(value: Any) -> str:
+        text = str(value)
+        if not text.strip():
+            raise UserError(f"{option} is empty; give a value, or leave {option} out for its default.")
+        return text
+
+    return parse
+
+
 def _one_line(message: str) -> str:
     """The error sentence on one line with every character shown: a newline or control
     character in a value it quotes (a path from an environment variable) appears escaped,
@@ -140,7 +152,7 @@ def run(
 @app.command()
 def compare(
     targets: list[Path] = typer.Argument(..., parser=_path("RUN_DIR"), help="RUN_DIR, or RUN_A/VARIANT RUN_B/VARIANT to compare variants of two runs (B against A)."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="Variant to compare against (default: the run's reference)."),
+    reference: Optional[str] = typer.Option(None, "--reference", parser=_given("--reference"), help="Variant to compare against (default: the run's reference)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to compare (default: all of the run)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Where to write compare.json, report.md/.html and junit.xml (default: the run directory; across runs: reports/compare/A-vs-B)."),
     gates: Optional[Path] = typer.Option(None, "--gates", parser=_path("--gates"), help="YAML with the gates to apply (a run config's `gates:` or the mapping itself); default: the run's own."),
@@ -260,7 +272,7 @@ def nightly(
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task (default: the config's nightly.limit)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants (default: the config's nightly.variants, else all)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of tonight's run (default: the config's `output`)."),
-    history: Optional[str] = typer.Option(None, "--history", help="SQLAlchemy URL of the history (default: the config's nightly.history, else history.sqlite under the output root)."),
+    history: Optional[str] = typer.Option(None, "--history", parser=_given("--history"), help="SQLAlchemy URL of the history (default: the config's nightly.history, else history.sqlite under the output root)."),
     dashboard: Optional[Path] = typer.Option(None, "--dashboard", parser=_path("--dashboard"), help="Where to write the dashboard (default: the config's nightly.dashboard, else reports/nightly/index.html)."),
     component: Optional[list[str]] = typer.Option(None, "--component", help="NAME=VERSION of a component tonight's build used (repeatable), e.g. vllm_ascend=<commit>; named in the bisect hint."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of tonight's run directory (default: nightly-<UTC time>)."),
@@ -284,7 +296,7 @@ def nightly(
     raise typer.Exit(result.exit_code)
 
 
-_HISTORY_OPT = typer.Option(None, "--history", help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
+_HISTORY_OPT = typer.Option(None, "--history", parser=_given("--history"), help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
 _CONFIG_OPT = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config whose nightly.history / output to use (default: configs/default.yaml).")
 _OUTPUT_OPT = typer.Option(None, "--output", parser=_path("--output"), help="Output root holding history.sqlite (default: the config's `output`).")
 

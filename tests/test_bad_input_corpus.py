@@ -267,6 +267,8 @@ def _truncate(root: Path, name: str) -> None:
 # (case id, compare arguments (relative to the fixture root), tampering or None, fragments of the error)
 COMPARE_CASES = [
     ("not-a-run", ["notrun"], None, ["notrun is not a run directory (no run.json)"]),
+    ("reference-empty", ["run", "--reference", ""], None, ["--reference is empty"]),
+    ("run-dir-empty", [""], None, ["RUN_DIR is empty"]),
     ("missing-run", ["nowhere"], None, ["nowhere is not a run directory"]),
     ("variant-as-run", ["r1/legacy"], None, ["r1/legacy is not a run directory"]),
     ("run-as-variant", ["run", "r1/legacy"], None, ["run is not a variant directory (no manifest.json)"]),
@@ -337,6 +339,7 @@ MISSING_DB = "sqlite:///HERE/no/such/dir/history.sqlite"
 
 # (case id, arguments (HERE: the test's directory), fragments of the error)
 READ_CASES = [
+    ("history-url-empty", ["history", "list", "--history", ""], ["--history is empty"]),
     ("history-list-missing", ["history", "list", "--history", MISSING_DB],
      ["there is no history at sqlite:///HERE/no/such/dir/history.sqlite", "`evalpipe history import RUN_DIR...` create it"]),
     ("history-show-missing", ["history", "show", "night-00", "--history", MISSING_DB], ["there is no history at"]),
