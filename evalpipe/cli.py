@@ -72,13 +72,12 @@ def _path(option: str):
     when the path is quoted or comes from a variable), an empty one refused -- Path("")
     is the current directory, so `--output "$UNSET"` would write there."""
 
+    given = _given(option, "a path")
+
     def parse(value: Any) -> Path:
         if isinstance(value, Path):  # a default
             return value
-        text = str(value)
-        if not text.strip():
-            raise UserError(f"{option} is empty; give a path, or leave {option} out for its default.")
-        path = Path(text).expanduser()
+        path = Path(given(value)).expanduser()
         # the OS refuses a longer name with ENAMETOOLONG wherever evalpipe first touches it
         if len(os.fsencode(path)) > _PATH_MAX or any(len(os.fsencode(part)) > _NAME_MAX for part in path.parts):
             raise UserError(f"{option} is longer than a path can be (a name above {_NAME_MAX} bytes, or above {_PATH_MAX} "
@@ -88,13 +87,13 @@ def _path(option: str):
     return parse
 
 
-def _given(option: str):
+def _given(option: str, what: str = "a value"):
     """A text option given empty (`--history "$UNSET"`) is refused, not read as its default."""
 
     def parse(value: Any) -> str:
         text = str(value)
         if not text.strip():
-            raise UserError(f"{option} is empty; give a value, or leave {option} out for its default.")
+            raise UserError(f"{option} is empty; give {what}, or leave {option} out for its default.")
         return text
 
     return parse
