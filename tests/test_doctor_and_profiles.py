@@ -39,7 +39,24 @@ def test_doctor_checks_the_engine_patches_a_variant_asks_for(tmp_path):
         for patch in ("plugin evalpipe_engine_patches -> evalpipe.engine_patches.plugin:register",
                       "cpu_all_gatherv CpuCommunicator still lacks", "cpu_experts_expert_map", "sp_moe_fixed"):
             assert any(line.startswith(f"PASS {variant} engine patch: {patch}") for line in lines), (variant, patch, lines)
+        # vLLM's own CPU platform, asked in the variant's interpreter, builds the backend the config pins
+        assert any(line.startswith(f"PASS {variant} attention backend vLLM's CPU platform builds CPU_MLA for this MLA model")
+                   and line.endswith("float32, as expected") for line in lines), (variant, lines)
     assert not (tmp_path / "runs").exists()
+
+
+def test_doctor_fails_a_variant_whose_expected_attention_backend_this_processor_will_not_build(tmp_path):
+    """The same on every processor kind: CPU_MLA pinned, AMX_MLA expected."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"extends": str(DEFAULT_CONFIG.with_name("rotary_control.yaml")),
+                                      "variants": {"custom_op": {"expect": {"switches": {"attention_backends": ["AMX_MLA"]}}}}}))
+    proc = evalpipe("doctor", "gsm8k", "-c", str(config), "--output", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    failed = [line for line in lines if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].startswith("FAIL custom_op attention backend vLLM's CPU platform builds CPU_MLA"), failed
+    assert "says ['AMX_MLA']: the run would be INCONCLUSIVE" in failed[0], failed
+    assert any(line.startswith("PASS native attention backend") for line in lines)
 
 
 def test_doctor_on_the_ascend_profile_says_what_is_missing(tmp_path):

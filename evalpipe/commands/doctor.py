@@ -29,6 +29,7 @@ from evalpipe.execution.serve import port_is_free
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
 from evalpipe.pipeline.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
+from evalpipe.probing import backends
 from evalpipe.probing.names import check_variant, checks_lines, probed_names, resolve
 from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
@@ -248,6 +249,10 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
         if model_path is not None:
             problems = model_dir_problems(model_path, v.engine_args)
             add(v.name, "model", not problems, f"{model_path}: " + ("; ".join(problems) if problems else "config.json, weights, tokenizer"))
+            if device in ("auto", "cpu") and not problems:
+                backend = check_attention_backend(v, model_path)
+                if backend is not None:
+                    add(v.name, "attention backend", *backend)
         if v.launch.mode == "serve":
             if v.launch.port is None:
                 add(v.name, "port", True, f"a free port on {v.launch.host} is chosen at start")
@@ -264,6 +269,25 @@ def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tupl
     if results is None:
         return [("checks", False, f"cannot check the engine patches: {why}")]
     return [(str(name), bool(ok), str(detail)) for name, ok, detail in results]
+
+
+_backend_answers: dict[str, backends.BackendChoice | str | None] = {}
+
+
+def check_attention_backend(v: PlannedVariant, model_path: Path) -> tuple[bool, str] | None:
+    """The attention backend vLLM's CPU build will pick on this processor, against the
+    model's dtype and the variant's expectations (evalpipe.probing.backends)."""
+    env = v.process_env()
+    # variants that share an interpreter and the model's settings get one answer (seconds each)
+    key = json.dumps([v.python, env.get("PYTHONPATH", ""), backends.request(model_path, v.engine_args)], sort_keys=True, default=str)
+    if key not in _backend_answers:
+        _backend_answers[key] = backends.ask(v.python, env, model_path, v.engine_args)
+    choice = _backend_answers[key]
+    if choice is None:
+        return None  # not vLLM's CPU platform: the probes record what the device built
+    if isinstance(choice, str):
+        return False, choice
+    return backends.judge(choice, backends.expected_backends(v.expect.switches))
 
 
 def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:

@@ -50,8 +50,11 @@ STANDARD_SWITCHES = {
     "cudagraph_mode": "compilation_config.cudagraph_mode",
     "additional_config": "additional_config",
 }
-# Read from the built model rather than the config.
-MODEL_SWITCHES = ("attention_backends",)
+# Read from the built model rather than the config. cpu_kernels: the kernels vLLM's CPU
+# build chose by processor (attention ISA, GEMM), read at the first forward pass, once the
+# attention metadata builder has set them; the same config picks AMX kernels on one x86
+# kind and vector ones on another (docs/sp-moe.md#the-kernels-follow-the-processor).
+MODEL_SWITCHES = ("attention_backends", "cpu_kernels")
 # Ranks as vLLM's parallel state knows them: name -> (group getter, attribute).
 RANKS = {
     "tp_rank": ("get_tp_group", "rank_in_group"),
@@ -254,9 +257,19 @@ class EngineHooks:
         capture = self.capture
         forward = model.forward
 
+        kernels_read = False
+
         def probed_forward(*args: Any, **kwargs: Any) -> Any:
+            nonlocal kernels_read
             if self.compiling():
                 return forward(*args, **kwargs)
+            if not kernels_read:
+                kernels_read = True
+                found = cpu_kernels(model)
+                if found:
+                    with record.lock:
+                        record.switches["cpu_kernels"] = found
+                        record.dirty = True
             snapshot = record.forward_started(entry, _tokens(args, kwargs))
             if capture is not None:
                 capture.forward_started(_argument(args, kwargs, "input_ids", 0), _argument(args, kwargs, "positions", 1))
@@ -321,3 +334,29 @@ def _backend_name(module: Any) -> str:
         return str(get_name()) if callable(get_name) else str(backend)
     except Exception:  # noqa: BLE001
         return getattr(backend, "__name__", str(backend))
+
+
+def cpu_kernels(model: Any) -> dict[str, list[str]]:
+    """The processor-chosen kernels of vLLM's CPU build in ``model``: the attention layers'
+    ISA (``amx``, ``vec``, ``vec16``, ...) and the GEMM each linear layer dispatches to
+    (``onednn_mm``, ``weight_packed_linear_cpu`` ...); empty on other platforms."""
+    isa: set[str] = set()
+    linear: set[str] = set()
+    for module in model.modules():
+        value = getattr(module, "isa", None)
+        if isinstance(value, str):
+            isa.add(value)
+        gemm = getattr(module, "cpu_linear", None)
+        if callable(gemm):
+            linear.add(_kernel_name(gemm))
+    return {key: sorted(names) for key, names in (("attention_isa", isa), ("linear", linear)) if names}
+
+
+def _kernel_name(fn: Any) -> str:
+    name = str(getattr(fn, "__name__", type(fn).__name__))
+    code = getattr(fn, "__code__", None)
+    if name == "<lambda>" and code is not None:
+        # vLLM binds each layer's GEMM as a lambda over one op: name the op it calls
+        called = [n for n in code.co_names if n != "ops"]
+        return called[-1] if called else name
+    return name

@@ -735,7 +735,7 @@ def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict
 # The switches that decide how the model is laid out over processes: a row each, equal or not.
 LAYOUT_SWITCHES = (
     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
-    "all2all_backend", "use_sequence_parallel_moe", "attention_backends", "dtype",
+    "all2all_backend", "use_sequence_parallel_moe", "attention_backends", "cpu_kernels", "dtype",
 )
 NOT_RECORDED_CELL = "not recorded"
 ENDPOINT_CELL = "not verifiable (endpoint)"
