@@ -107,3 +107,24 @@ def test_expected_backends_reads_the_switch_as_configs_write_it():
     assert backends.expected_backends({}) is None
     assert backends.expected_backends({"attention_backends": "CPU_MLA"}) == ["CPU_MLA"]
     assert backends.expected_backends({"attention_backends": ["CPU_MLA"], "dtype": "float32"}) == ["CPU_MLA"]
+
+
+def test_the_probes_name_the_kernels_the_processor_chose():
+    """What the what-ran table's cpu_kernels row shows: the attention ISA vLLM's CPU build set
+    on each layer, and the op each linear layer's GEMM lambda calls."""
+    import torch
+
+    from evalpipe.probes.engine_hooks import cpu_kernels
+
+    class Ops:
+        @staticmethod
+        def onednn_mm(handler, x, bias):
+            return x
+
+    ops = Ops()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model[0].isa = "amx"
+    model[0].cpu_linear = lambda x, weight, bias: ops.onednn_mm(None, x, bias)
+    model[1].cpu_linear = torch.nn.functional.linear
+    assert cpu_kernels(model) == {"attention_isa": ["amx"], "linear": ["linear", "onednn_mm"]}
+    assert cpu_kernels(torch.nn.Sequential(torch.nn.ReLU())) == {}  # another platform: nothing to show
