@@ -190,7 +190,11 @@ def calibrate(
     config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Layout-model config with the reference `legacy` (default: configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents per variant."),
     faults: Optional[str] = typer.Option(None, "--faults", help="Comma-separated zoo entries (default: all)."),
-    table: Path = typer.Option(Path("docs/calibration.md"), "--table", parser=_path("--table"), help="Where to write the calibration table."),
+    table: Optional[Path] = typer.Option(
+        None, "--table", parser=_path("--table"),
+        help="Where to write the calibration table (default: docs/calibration.md of the source checkout evalpipe runs from; "
+             "installed from a wheel, calibration.md in the current directory).",
+    ),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of the run (default: the config's `output`)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory."),
     from_run: Optional[Path] = typer.Option(
@@ -250,9 +254,10 @@ def doctor(
     everything passes, 2 otherwise."""
     from evalpipe.commands.doctor import run_checks
     from evalpipe.config.run_config import load_config
+    from evalpipe.install import config_label
     from evalpipe.pipeline.plan import make_plan
 
-    plan = make_plan(load_config(config), str(config or "configs/default.yaml"), tasks, variants=variants,
+    plan = make_plan(load_config(config), config_label(config), tasks, variants=variants,
                      output=str(output) if output else None, strict=False)
 
     def say(check) -> None:
