@@ -118,3 +118,15 @@ def test_setup_py_bundles_what_install_looks_for():
     assert set(shipped) == set(typing.get_args(install.Shipped))
     manifest = (CHECKOUT / "MANIFEST.in").read_text().split()  # an sdist must carry them to its wheel
     assert all(f"{name}" in manifest for name in shipped)
+
+
+def test_an_installed_package_refuses_to_replace_its_shipped_model_files(monkeypatch, capsys):
+    from evalpipe.lab import build
+
+    def ship(*_a, **_k):
+        raise AssertionError("--ship trained and replaced the installed package's files")
+
+    monkeypatch.setattr(build, "checkout_root", lambda: None)
+    monkeypatch.setattr(build, "ship", ship)
+    assert build.main(["tiny-gsm", "--ship"]) == 2
+    assert "installed package" in capsys.readouterr().err
