@@ -139,6 +139,14 @@ def test_doctor_and_a_run_from_an_unrelated_directory(installed):
     assert Path(info["config_path"]) == (installed["site"] / "evalpipe" / "_bundled" / "configs" / "default.yaml").resolve()
     assert info["fingerprints"]["code"] == __version__, "the wheel's version, no git of whatever directory it sits in"
     assert re.search(r"^wheel: (IDENTICAL|EQUIVALENT)$", run.stdout, re.M), run.stdout[-3000:]  # the verdict line
+    manifests = sorted(run_dir.glob("*/manifest.json"))
+    assert len(manifests) == 3, manifests  # legacy, its A/A and sp
+    for path in manifests:  # what each worker ran: the wheel's code and model, on a path of evalpipe alone
+        manifest = json.loads(path.read_text())
+        assert Path(manifest["argv"][0]).resolve().is_relative_to(installed["site"]), manifest["argv"]
+        assert Path(manifest["engine_args"]["model"]).resolve().is_relative_to(installed["site"])
+        entries = [Path(p) for p in manifest["env"]["PYTHONPATH"].split(os.pathsep)]
+        assert not any(p == CHECKOUT or p.name == "site-packages" for p in entries), entries
 
     after = {name: _files(root, skip) for name, (root, skip) in watched.items()}
     for name in watched:
