@@ -30,8 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalpipe.config.run_config import DEFAULT_CONFIG  # noqa: E402
 from evalpipe.documents.manifest import read_manifest  # noqa: E402
+from evalpipe.install import default_config  # noqa: E402
 
 SP_PATH = "evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention"
 
@@ -43,8 +43,8 @@ def evalpipe(*args: str, cwd: Path) -> tuple[float, subprocess.CompletedProcess]
 
 
 def make_run(tmp: Path, limit: int, fault: str) -> tuple[Path, float]:
-    default = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    cfg = {"extends": str(DEFAULT_CONFIG), "output": str(tmp / "runs"),
+    default = yaml.safe_load(default_config().read_text())
+    cfg = {"extends": str(default_config()), "output": str(tmp / "runs"),
            "variants": {"legacy": default["variants"]["legacy"],
                         "fault": {"env": {"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": fault},
                                   "expect": {"called": [SP_PATH]}}}}

@@ -26,9 +26,9 @@ print(time.perf_counter() - t, len(manager.all_tasks))
 
 
 def _time(with_lm_eval: bool) -> tuple[float, int]:
-    from evalpipe.tasks.index import TASKS_DIR
+    from evalpipe.install import shipped_dir
 
-    out = subprocess.run([sys.executable, "-c", PROBE, str(TASKS_DIR), "1" if with_lm_eval else "0"],
+    out = subprocess.run([sys.executable, "-c", PROBE, str(shipped_dir("tasks")), "1" if with_lm_eval else "0"],
                          capture_output=True, text=True, check=True).stdout.split()
     return float(out[0]), int(out[1])
 

@@ -122,7 +122,7 @@ _STALL_OPT = typer.Option(
 @app.command()
 def run(
     tasks: str = typer.Argument(..., help="Task group of the config (gsm8k, ...), `all`, or an lm-eval task name; comma-separated for several."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: the shipped configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to run (default: all of the config)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root (default: the config's `output`, reports/runs)."),
@@ -187,10 +187,14 @@ def localize(
 
 @app.command()
 def calibrate(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Layout-model config with the reference `legacy` (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Layout-model config with the reference `legacy` (default: the shipped configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents per variant."),
     faults: Optional[str] = typer.Option(None, "--faults", help="Comma-separated zoo entries (default: all)."),
-    table: Path = typer.Option(Path("docs/calibration.md"), "--table", parser=_path("--table"), help="Where to write the calibration table."),
+    table: Optional[Path] = typer.Option(
+        None, "--table", parser=_path("--table"),
+        help="Where to write the calibration table (default: docs/calibration.md of the source checkout evalpipe runs from; "
+             "installed from a wheel, calibration.md in the current directory).",
+    ),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of the run (default: the config's `output`)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory."),
     from_run: Optional[Path] = typer.Option(
@@ -241,7 +245,7 @@ def data_build(
 @app.command()
 def doctor(
     tasks: str = typer.Argument("all", help="Task groups or tasks whose data to check (default: every group of the config)."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: the shipped configs/default.yaml)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to check (default: all of the config)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root whose free disk is checked (default: the config's `output`)."),
 ) -> None:
@@ -250,9 +254,10 @@ def doctor(
     everything passes, 2 otherwise."""
     from evalpipe.commands.doctor import run_checks
     from evalpipe.config.run_config import load_config
+    from evalpipe.install import config_label
     from evalpipe.pipeline.plan import make_plan
 
-    plan = make_plan(load_config(config), str(config or "configs/default.yaml"), tasks, variants=variants,
+    plan = make_plan(load_config(config), config_label(config), tasks, variants=variants,
                      output=str(output) if output else None, strict=False)
 
     def say(check) -> None:
@@ -267,7 +272,7 @@ def doctor(
 
 @app.command()
 def nightly(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML with a `nightly:` section (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML with a `nightly:` section (default: the shipped configs/default.yaml)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task (default: the config's nightly.limit)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants (default: the config's nightly.variants, else all)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of tonight's run (default: the config's `output`)."),
@@ -296,7 +301,7 @@ def nightly(
 
 
 _HISTORY_OPT = typer.Option(None, "--history", parser=_given("--history"), help="SQLAlchemy URL (default: the config's nightly.history, else history.sqlite under the output root).")
-_CONFIG_OPT = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config whose nightly.history / output to use (default: configs/default.yaml).")
+_CONFIG_OPT = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config whose nightly.history / output to use (default: the shipped configs/default.yaml).")
 _OUTPUT_OPT = typer.Option(None, "--output", parser=_path("--output"), help="Output root holding history.sqlite (default: the config's `output`).")
 
 
@@ -367,7 +372,7 @@ def history_simulate(
     fix_night: int = typer.Option(33, "--fix-night", help="First night after the fix."),
     limit: int = typer.Option(40, "--limit", help="Items per night (two real runs of this size are made)."),
     output: Path = typer.Option(Path("reports/simulated"), "--output", parser=_path("--output"), help="Where the nights, their history and dashboard go."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config of the real runs (default: configs/default.yaml)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Config of the real runs (default: the shipped configs/default.yaml)."),
 ) -> None:
     """A documented demo: nights in which nothing changes, a layout fault switching on
     (recorded as a new vllm_ascend build), then the fix; prints what the detector flagged."""

@@ -9,8 +9,6 @@ from pathlib import Path
 CACHE_ENV = "EVALPIPE_CACHE"
 DATA_ENV = "EVALPIPE_DATA_DIR"
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
 
 def cache_dir() -> Path:
     """Root of evalpipe's cache: $EVALPIPE_CACHE, else ~/.cache/evalpipe."""

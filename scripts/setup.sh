@@ -3,8 +3,9 @@
 #   bash scripts/setup.sh           # idempotent; re-run after pulling
 #   bash scripts/setup.sh --tests   # also PostgreSQL and headless Chromium (Debian packages) for the tests
 #   PYTHON=python3.11 bash scripts/setup.sh
-# On an accelerator machine do not use this: install evalpipe (`pip install -e .`)
-# into the environment that already has vllm (+ vllm-ascend, torch_npu).
+# On an accelerator machine do not use this: install evalpipe's wheel (`pip wheel --no-deps .`
+# here, then `pip install evalpipe-*.whl` there) into the environment that already has vllm
+# (+ vllm-ascend, torch_npu); docs/installing.md, also for a machine without network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -3,6 +3,7 @@ what it does to a verdict (evalpipe.compare.numerics, the `auto` floors of the g
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from fakes import make_samples, mutate, perturb_topk, tables, token_table
@@ -11,9 +12,8 @@ from evalpipe.compare import Status, compare_tables
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, TEACHER_GATES
 from evalpipe.compare.numerics import FLOORS, FP32, HALF, NOISY_AA_FLOORS, Numerics, numerics_from_engine_args
 from evalpipe.config.run_config import Gates, TokenGates, Tolerance
-from evalpipe.paths import PROJECT_ROOT
 
-DOC = PROJECT_ROOT / "docs" / "numerics.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
 
 
 def test_every_token_and_distributional_gate_has_a_floor_per_precision_and_fp32_is_never_looser():

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, deep_merge, load_config, parse_config
+from evalpipe.config.run_config import ConfigError, deep_merge, load_config, parse_config
+from evalpipe.install import default_config
 
 MINIMAL = {
     "model": {"path": "builtin:tiny-gsm"},
@@ -12,7 +13,7 @@ MINIMAL = {
 
 
 def test_shipped_configs_parse():
-    for path in sorted((DEFAULT_CONFIG.parent).glob("*.yaml")):
+    for path in sorted((default_config().parent).glob("*.yaml")):
         cfg = load_config(path)
         assert cfg.variants, path
 

@@ -11,10 +11,11 @@ import yaml
 from in_process import evalpipe
 
 from evalpipe.commands import doctor
-from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, Launch, load_config
+from evalpipe.config.run_config import ConfigError, Launch, load_config
 from evalpipe.execution import serve
+from evalpipe.install import default_config
 
-PROFILES = DEFAULT_CONFIG.parent / "ascend"
+PROFILES = default_config().parent / "ascend"
 
 
 def test_doctor_passes_on_the_default_config(tmp_path):
@@ -31,7 +32,7 @@ def test_doctor_checks_the_engine_patches_a_variant_asks_for(tmp_path):
     """configs/sp_moe.yaml asks for evalpipe's CPU workarounds and SP-MoE switch: doctor checks
     in the variant's interpreter that vLLM will load the plugin and that every patch still
     fits the installed vLLM (once per interpreter, a line per variant)."""
-    config = DEFAULT_CONFIG.with_name("sp_moe.yaml")
+    config = default_config().with_name("sp_moe.yaml")
     proc = evalpipe("doctor", "gsm8k", "-c", str(config), "--output", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
@@ -108,18 +109,18 @@ def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
 
 def test_extends_merges_mappings_and_null_removes_a_key(tmp_path):
     (tmp_path / "x.yaml").write_text(yaml.safe_dump({
-        "extends": str(DEFAULT_CONFIG), "engine": {"max_num_seqs": 2},
+        "extends": str(default_config()), "engine": {"max_num_seqs": 2},
         "variants": {"sp": None, "new": {"env": {"EVALPIPE_LAYOUT": "sp"}}},
     }))
     cfg = load_config(tmp_path / "x.yaml")
-    base = load_config(DEFAULT_CONFIG)
+    base = load_config(default_config())
     assert list(cfg.variants) == ["legacy", "new"] and cfg.engine["max_num_seqs"] == 2
     assert cfg.engine["hf_overrides"] == base.engine["hf_overrides"]  # the rest of the mapping is kept
-    assert list(load_config(DEFAULT_CONFIG.parent / "data_parallel.yaml").variants) == ["dp1", "dp2"]
+    assert list(load_config(default_config().parent / "data_parallel.yaml").variants) == ["dp1", "dp2"]
 
 
 def test_variant_launch_errors_name_the_variant(tmp_path):
-    cfg = {"extends": str(DEFAULT_CONFIG), "variants": {"sp": {"launch": {"mode": "endpoint"}}}}
+    cfg = {"extends": str(default_config()), "variants": {"sp": {"launch": {"mode": "endpoint"}}}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match="variant `sp`: launch: mode `endpoint` needs `url`"):
         load_config(tmp_path / "x.yaml")
@@ -175,7 +176,7 @@ def test_server_command_takes_the_launcher_and_command():
 
 
 def test_a_missing_launcher_fails_the_variant_in_one_sentence(tmp_path):
-    cfg = {"extends": str(DEFAULT_CONFIG), "output": str(tmp_path / "runs"), "noise_floor": False,
+    cfg = {"extends": str(default_config()), "output": str(tmp_path / "runs"), "noise_floor": False,
            "variants": {"sp": {"launch": {"mode": "serve", "launcher": ["no-such-launcher-xyz"]}}}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(cfg))
     proc = evalpipe("run", "gsm8k", "-c", str(tmp_path / "x.yaml"), "--variants", "sp", "--run-id", "l", cwd=tmp_path)

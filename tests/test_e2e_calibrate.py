@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ FAULTS = ["heads_permuted", "sp_fallback", "shard_offset_checked", "attn_out_err
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("calibrate")
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    cfg = yaml.safe_load(default_config().read_text())
     ref = cfg["reference"]
     # The reference, `sp` (benign, and the path the faults declare) and the faults: every
     # engine start costs half a minute here.

@@ -10,13 +10,13 @@ import sys
 import pytest
 from processes import wait_gone
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
 
 
 def test_dp1_vs_dp2_runs_and_passes(tmp_path):
-    config = DEFAULT_CONFIG.parent / "data_parallel.yaml"
+    config = default_config().parent / "data_parallel.yaml"
     proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(config), "--limit", "8",
                            "--no-noise-floor", "--output", str(tmp_path), "--run-id", "dp"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=1200)

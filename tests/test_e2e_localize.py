@@ -18,7 +18,7 @@ import pytest
 import yaml
 from browser import chromium
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ SP_PATH = "evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention"
 def localized(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("localize")
     cfg = {
-        "extends": str(DEFAULT_CONFIG.with_name("serve.yaml")),
+        "extends": str(default_config().with_name("serve.yaml")),
         "output": str(tmp / "runs"),
         # the run's A/A reuses the reference's server (one start less); localize starts one of
         # its own for it all the same (a shared server would mix its captures with the reference's)
@@ -38,7 +38,7 @@ def localized(tmp_path_factory) -> dict:
         "engine": {"max_num_seqs": 2},
         "launch": {"concurrency": 1},
         "variants": {
-            "legacy": yaml.safe_load(DEFAULT_CONFIG.read_text())["variants"]["legacy"],
+            "legacy": yaml.safe_load(default_config().read_text())["variants"]["legacy"],
             "permuted": {"env": {"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": "heads_permuted"},
                          "expect": {"called": [SP_PATH]}, "launch": {"mode": "offline"}},
         },

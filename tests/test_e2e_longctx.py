@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
 from evalpipe.data.longctx import LongCtxSpec, target_lengths
+from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ PROBES = ["longctx_passkey", "longctx_multikey", "longctx_vartrack"]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("longctx")
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    cfg = yaml.safe_load(default_config().read_text())
     ref = cfg["reference"]
     other = next(n for n in cfg["variants"] if n != ref)
     cfg["variants"][f"fault-{FAULT}"] = {"env": {"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": FAULT}}

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def run(tmp_path_factory):
             path = tmp / f"{name}_{split}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             files.setdefault(name, {})[split] = str(path)
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    cfg = yaml.safe_load(default_config().read_text())
     cfg["tasks"] = {
         "other": [
             {"task": "arc_easy", "data_files": files["arc"]},

@@ -28,14 +28,15 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from evalpipe.config.run_config import DEFAULT_CONFIG, load_config
+from evalpipe.config.run_config import load_config
 from evalpipe.documents.journal import JOURNAL_FILE
+from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
 
 LIMIT = 24
-CONFIGS = DEFAULT_CONFIG.parent
+CONFIGS = default_config().parent
 
 
 def evalpipe(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -47,7 +48,7 @@ def evalpipe(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.Complet
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("e2e")
-    default = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    default = yaml.safe_load(default_config().read_text())
     control = yaml.safe_load((CONFIGS / "dtype_control.yaml").read_text())
     ref = default["reference"]
     other = next(n for n in default["variants"] if n != ref)
@@ -247,7 +248,7 @@ def test_a_forgotten_plugin_line_is_inconclusive_naming_the_missing_path(run):
     outputs are IDENTICAL; evalpipe must not call that a pass."""
     tmp = run["tmp"]
     cfg = tmp / "forgot.yaml"
-    cfg.write_text(yaml.safe_dump({"extends": str(DEFAULT_CONFIG), "output": str(tmp / "runs"),
+    cfg.write_text(yaml.safe_dump({"extends": str(default_config()), "output": str(tmp / "runs"),
                                    "engine": {"hf_overrides": {"architectures": None}}}))
     proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--limit", "4", "--no-noise-floor", "--run-id", "forgot", cwd=tmp)
     assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]

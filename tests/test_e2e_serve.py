@@ -24,7 +24,7 @@ import pytest
 import yaml
 from processes import wait_gone
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ STALL = 30
 
 def write_config(tmp: Path, name: str, **overrides) -> Path:
     """The default config with ``overrides`` merged in (the runs pick their variants with --variants)."""
-    cfg = {"extends": str(DEFAULT_CONFIG), "output": str(tmp / "runs"), "noise_floor": False, **overrides}
+    cfg = {"extends": str(default_config()), "output": str(tmp / "runs"), "noise_floor": False, **overrides}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -13,7 +13,7 @@ import in_process
 import pytest
 import yaml
 
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ LIMIT = 4
 def sp_run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("sp_moe")
     cfg = {
-        "extends": str(DEFAULT_CONFIG.with_name("sp_moe.yaml")),
+        "extends": str(default_config().with_name("sp_moe.yaml")),
         "output": str(tmp / "runs"),
         "noise_floor": False,
         "localize": "off",

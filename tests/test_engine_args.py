@@ -12,7 +12,7 @@ import yaml
 from in_process import evalpipe
 
 from evalpipe.config import engine_args as ea
-from evalpipe.config.run_config import DEFAULT_CONFIG
+from evalpipe.install import default_config
 
 KNOWN = {"max_num_seqs", "max_model_len", "enforce_eager", "hf_overrides", "additional_config"}
 
@@ -60,7 +60,7 @@ def test_interpreter_without_vllm_is_refused_in_one_sentence(tmp_path, monkeypat
 
 
 def test_run_with_a_misspelt_engine_argument_stops_before_any_engine_start(tmp_path):
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    cfg = yaml.safe_load(default_config().read_text())
     cfg["variants"]["sp"]["engine"] = {"max_num_seq": 8}
     cfg["output"] = str(tmp_path / "runs")
     path = tmp_path / "typo.yaml"

@@ -308,18 +308,20 @@ def test_generic_hooks_on_two_tensor_parallel_ranks_put_the_heads_back_together(
 @pytest.mark.parametrize("written, when", [("localize: off", "off"), ("localize: auto", "auto"), ("localize: on", "auto"),
                                            ("localize: {when: auto, samples: 2}", "auto")])
 def test_the_config_s_localize_word(tmp_path, written, when):
-    from evalpipe.config.run_config import DEFAULT_CONFIG, load_config
+    from evalpipe.config.run_config import load_config
+    from evalpipe.install import default_config
 
     path = tmp_path / "c.yaml"
-    path.write_text(f"extends: {DEFAULT_CONFIG}\n{written}\n")
+    path.write_text(f"extends: {default_config()}\n{written}\n")
     assert load_config(path).localize.when == when
 
 
 def test_a_bad_localize_value_is_one_sentence(tmp_path):
-    from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, load_config
+    from evalpipe.config.run_config import ConfigError, load_config
+    from evalpipe.install import default_config
 
     path = tmp_path / "c.yaml"
-    path.write_text(f"extends: {DEFAULT_CONFIG}\nlocalize: sometimes\n")
+    path.write_text(f"extends: {default_config()}\nlocalize: sometimes\n")
     with pytest.raises(ConfigError, match="localize"):
         load_config(path)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,9 +20,8 @@ from pydantic import ValidationError
 
 from evalpipe.data import longctx as lc
 from evalpipe.errors import UserError
-from evalpipe.paths import PROJECT_ROOT
 
-TASKS = PROJECT_ROOT / "tasks" / "longctx"
+TASKS = Path(__file__).resolve().parents[1] / "tasks" / "longctx"
 
 # Small but complete: round lengths, all edge kinds (511, 512, 513, 515, 527).
 SMALL = lc.LongCtxSpec(lengths=(512, 1024), sparse_block=512, items_per_length=3)

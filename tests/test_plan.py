@@ -1,10 +1,11 @@
 import sys
+from pathlib import Path
 
 import pytest
 
 from evalpipe.config.run_config import ConfigError, parse_config
 from evalpipe.documents.run_doc import NoiseFloorEntry
-from evalpipe.paths import PROJECT_ROOT
+from evalpipe.install import worker_import_dir
 from evalpipe.pipeline.plan import DEFAULT_ENV, make_plan, run_info, select_tasks
 
 CONFIG = {
@@ -34,7 +35,7 @@ def test_variants_get_merged_engine_args_env_and_interpreter(tmp_path):
     assert sp.python == sys.executable
     env = sp.process_env()
     assert env["LAYOUT"] == "sp" and env["SHARED"] == "2"
-    assert env["PYTHONPATH"].split(":")[0] == str(PROJECT_ROOT), "workers import this checkout"
+    assert env["PYTHONPATH"].split(":")[0] == str(worker_import_dir()) == str(Path(__file__).resolve().parents[1]), "workers import this checkout"
     assert p.run_dir.parent == tmp_path
 
 

@@ -108,9 +108,8 @@ def test_structures():
 def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
     """No setting of the shipped configs looks like a credential: their run.json is unchanged."""
     from evalpipe.config.run_config import load_config
-    from evalpipe.paths import PROJECT_ROOT
 
-    for path in sorted((PROJECT_ROOT / "configs").rglob("*.yaml")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")):
         plan = make_plan(load_config(path), str(path), "all", strict=False, output=str(tmp_path))
         assert REDACTED not in run_info(plan).model_dump_json(), path
 

@@ -145,7 +145,7 @@ LAYERS = (
     ("rundir", "documents"),  # the run directory and the typed documents in it
     ("config", "models", "tasks", "data"),  # what a run is made of
     ("engine_patches",),  # evalpipe's changes inside vLLM's processes (switches checked by config)
-    ("errors", "paths", "redact", "machine", "atomic_files"),  # small utilities
+    ("errors", "paths", "install", "redact", "machine", "atomic_files"),  # small utilities
 )
 # Beside the layers: worker/ runs in the variant's interpreter and may use the layers from
 # the run directory down; the lab sits just below the commands (only calibrate imports it,

@@ -61,14 +61,17 @@ def test_lm_eval_tasks_by_name(tmp_path):
 def test_the_project_s_own_tasks_are_found_without_indexing_lm_eval_s():
     """Indexing lm-eval's ~15,000 task files costs ~10 s in every worker: only a task that is
     not one of the project's own needs it, and each index is built once per process."""
-    from evalpipe.tasks.index import TASKS_DIR, task_manager
+    from evalpipe.install import shipped_dir
+    from evalpipe.tasks.index import task_manager
+
+    tasks_dir = str(shipped_dir("tasks"))
 
     own = task_manager(names=["gsm8k_synth_4shot", "longctx_passkey"])
     assert "gsm8k_synth_4shot" in own.all_tasks and "hellaswag" not in own.all_tasks
     full = task_manager(names=["gsm8k_synth_4shot", "hellaswag"])
     assert "hellaswag" in full.all_tasks and "gsm8k_synth_4shot" in full.all_tasks
-    assert task_manager() is full is task_manager(str(TASKS_DIR)) is task_manager(str(TASKS_DIR), ["gsm8k"])
-    assert task_manager(str(TASKS_DIR), ["longctx_vartrack"]) is own
+    assert task_manager() is full is task_manager(tasks_dir) is task_manager(tasks_dir, ["gsm8k"])
+    assert task_manager(tasks_dir, ["longctx_vartrack"]) is own
 
 
 def _save_tokenizer(path):

@@ -37,13 +37,13 @@ from evalpipe.compare.calibration import (
     summarize,
 )
 from evalpipe.compare.run import VariantComparison, compare_artifacts
-from evalpipe.config.run_config import DEFAULT_CONFIG, ConfigError, RunConfig, Variant, load_config
+from evalpipe.config.run_config import ConfigError, RunConfig, Variant, load_config
 from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
+from evalpipe.install import checkout_root, default_config
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, LAST_LAYER, Fault
 from evalpipe.lab.layout.settings import LAYOUT_ENV
-from evalpipe.paths import PROJECT_ROOT
 from evalpipe.pipeline.comparing import compare_run, load_artifacts, readable_localizations, write_outputs
 from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import make_plan
@@ -51,7 +51,13 @@ from evalpipe.pipeline.runner import execute
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
 from evalpipe.rundir import artifacts
 
-DEFAULT_TABLE = PROJECT_ROOT / "docs" / "calibration.md"
+
+def default_table() -> Path:
+    """The project's docs/calibration.md when evalpipe runs from its source checkout (the
+    table is part of the project's documentation); a built install has no docs of its own
+    to update, so there it is calibration.md in the current directory."""
+    root = checkout_root()
+    return root / "docs" / "calibration.md" if root is not None else Path("calibration.md")
 
 
 def zoo(names: list[str] | None = None) -> list[Fault]:
@@ -153,7 +159,7 @@ def run_calibration(
     config_path: Path | None,
     limit: int | None,
     fault_names: list[str] | None,
-    table_path: Path,
+    table_path: Path | None,
     console: Console,
     run_id: str | None = None,
     output: Path | None = None,
@@ -164,7 +170,8 @@ def run_calibration(
     run again (same config and faults) without starting an engine: new gates, or a table
     whose writing failed after hours of engine time."""
 
-    path = Path(config_path) if config_path else DEFAULT_CONFIG
+    path = Path(config_path) if config_path else default_config()
+    table_path = table_path or default_table()
     base = load_config(path)
     faults = zoo(fault_names)
     config, expected = calibration_config(base, faults)

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +27,7 @@ from evalpipe.documents.worker_job import ServerJob
 from evalpipe.engine_patches.checks import MARK as PATCHES_MARK
 from evalpipe.engine_patches.switches import requested
 from evalpipe.execution.serve import port_is_free
+from evalpipe.install import PACKAGE_DIR, code_version, shipped_dir
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
 from evalpipe.pipeline.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
@@ -77,6 +79,9 @@ def package(mod):
 out = {"python": platform.python_version()}
 for mod in ("vllm", "vllm_ascend", "torch", "torch_npu"):
     out[mod] = package(mod)
+spec = importlib.util.find_spec("evalpipe")  # the workers' evalpipe: this install's, through PYTHONPATH
+out["evalpipe"] = {"path": os.path.realpath(os.path.dirname(spec.origin)) if spec and spec.origin else None,
+                   "plugins": sorted(e.name for e in metadata.entry_points(group="vllm.general_plugins") if e.value.startswith("evalpipe."))}
 if out["torch_npu"] and "error" not in out["torch_npu"]:
     import torch
     out["npu_count"] = torch.npu.device_count()
@@ -122,6 +127,20 @@ def _package_line(name: str, info: dict[str, Any] | None) -> tuple[bool, str]:
         return False, f"{name} fails to import: {info['error']}"
     commit = f", commit {info['commit'][:12]}" if info.get("commit") else ""
     return True, f"{name} {info.get('version') or '?'}{commit} ({info['path']})"
+
+
+def check_evalpipe(info: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether the variant's interpreter imports this evalpipe (a `python:` of another
+    environment may hold its own, or none) and sees the vLLM plugins it registers."""
+    ours = sorted(e.name for e in metadata.entry_points(group="vllm.general_plugins") if e.value.startswith("evalpipe."))
+    where = f"shipped configs and tasks in {shipped_dir('configs').parent}"
+    if not info or info.get("path") != str(PACKAGE_DIR):
+        found = info.get("path") if info else None
+        return False, f"the interpreter imports evalpipe from {found or 'nowhere'}, not from this install ({PACKAGE_DIR})"
+    if not ours or info.get("plugins") != ours:
+        return False, (f"the interpreter sees evalpipe's vLLM plugins {info.get('plugins') or 'none'}, this install declares {ours or 'none'}; "
+                       "install evalpipe (pip install, not only a path to the checkout) so that vLLM loads them")
+    return True, f"evalpipe {code_version()} from {PACKAGE_DIR} (vLLM plugins: {', '.join(ours)}); {where}"
 
 
 def cann_version() -> str | None:
@@ -232,6 +251,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
         if info is None:
             continue
         add(v.name, "vllm", *_package_line("vllm", info.get("vllm")))
+        add(v.name, "evalpipe", *check_evalpipe(info.get("evalpipe")))
         add(v.name, "path probes", *check_probe_names(v, plan))
         if requested(v.env_overrides).anything:
             if v.python not in patch_checks:

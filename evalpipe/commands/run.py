@@ -15,6 +15,7 @@ from evalpipe.commands.localize import localize_after_run
 from evalpipe.config.run_config import load_config
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
+from evalpipe.install import config_label
 from evalpipe.models.builtin import shipped_path
 from evalpipe.pipeline.plan import RunPlan, make_plan, verify_here
 from evalpipe.pipeline.preflight import preflight
@@ -33,7 +34,7 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
         output, run_id = resume.parent, resume.name
     plan = make_plan(
         load_config(config),
-        str(config or "configs/default.yaml"),
+        config_label(config),
         tasks,
         limit=limit,
         variants=variants,

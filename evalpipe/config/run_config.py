@@ -24,12 +24,11 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.yaml_source import read_yaml_file
 from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.engine_patches.switches import check_env
+from evalpipe.install import default_config
 from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
-from evalpipe.paths import PLAIN_NAME_RULE, PROJECT_ROOT, is_plain_name
+from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
 from evalpipe.probes import COLLECTIVE_KINDS
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
-
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 
 
 class _Strict(BaseModel):
@@ -689,7 +688,7 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
 
 
 def load_config(path: str | Path | None = None) -> RunConfig:
-    path = Path(path) if path is not None else DEFAULT_CONFIG
+    path = Path(path) if path is not None else default_config()
     return parse_config(_load_mapping(path, []), str(path))
 
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.install import PACKAGE_DIR, checkout_root
 from evalpipe.lab.training import build, ship
 from evalpipe.models.builtin import BUILTIN_MODELS, builtin_name, load_built, shipped_path
 
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.ship and (args.overrides or args.out_dir):
         print("error: --ship builds the default recipe into the package; drop --set and --out-dir", file=sys.stderr)
+        return ExitCode.USER_ERROR
+    if args.ship and checkout_root() is None:  # an installed package's files are the wheel's, not a source
+        print(f"error: --ship replaces the shipped files of a source checkout, and this evalpipe ({PACKAGE_DIR}) is an "
+              "installed package; run it in the checkout (pip install -e .)", file=sys.stderr)
         return ExitCode.USER_ERROR
 
     stdout = sys.stdout

@@ -41,6 +41,7 @@ from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
 from evalpipe.history import HistoryError
 from evalpipe.history.store import History, open_history
+from evalpipe.install import config_label
 from evalpipe.pipeline.comparing import load_artifacts, load_teacher, read_run_info, variant_numerics
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
@@ -565,7 +566,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
         output_root = run_dir.parent
     else:
         chosen = variants or (",".join(spec.variants) if spec.variants else None)
-        plan = make_plan(cfg, str(config_path or "configs/default.yaml"), spec.tasks, limit=limit or spec.limit,
+        plan = make_plan(cfg, config_label(config_path), spec.tasks, limit=limit or spec.limit,
                          variants=chosen, output=str(output) if output else None,
                          run_id=run_id or time.strftime("nightly-%Y%m%d-%H%M%S", time.gmtime()))
         run_dir, output_root = plan.run_dir, plan.run_dir.parent
@@ -581,7 +582,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
             if not (run_dir / "run.json").is_file():
                 raise
     history = open_history(history_url or spec.history, output_root)
-    title = f"evalpipe nightly: {config_path or 'configs/default.yaml'}"
+    title = f"evalpipe nightly: {config_label(config_path)}"
     result = record_and_judge(history, run_dir, labels=labels, alpha=spec.alpha, min_nights=spec.min_nights,
                               dashboard=Path(dashboard or spec.dashboard or DEFAULT_DASHBOARD), title=title)
     _append_ci_summary(result)

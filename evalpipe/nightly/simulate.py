@@ -39,6 +39,7 @@ from evalpipe.config.run_config import load_config
 from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
 from evalpipe.history.store import open_history
+from evalpipe.install import config_label
 from evalpipe.nightly.night import NightResult, record_and_judge
 from evalpipe.pipeline.comparing import compare_run, write_outputs
 from evalpipe.pipeline.plan import make_plan
@@ -86,7 +87,7 @@ def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tu
             sp = cfg.variants[FAULT_VARIANT]
             this = cfg.model_copy(update={"variants": {**cfg.variants, FAULT_VARIANT: sp.model_copy(update={"env": {**sp.env, "EVALPIPE_LAYOUT_FAULT": FAULT}})}})
         # the fault run needs only the variant the fault is in: the nights take the others from the good run
-        plan = make_plan(this, str(config or "configs/default.yaml"), cfg.nightly.tasks, limit=limit, output=str(root),
+        plan = make_plan(this, config_label(config), cfg.nightly.tasks, limit=limit, output=str(root),
                          run_id=run_dir.name, noise_floor=name == "good", variants=None if name == "good" else FAULT_VARIANT)
         console.print(f"[bold]simulation source[/] {name}: a real run of {cfg.nightly.tasks} (--limit {limit})")
         execute(plan, console, record=False)

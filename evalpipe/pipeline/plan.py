@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,8 +21,9 @@ from evalpipe.config.engine_args import check_values
 from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
+from evalpipe.install import code_version, worker_import_dir
 from evalpipe.models.builtin import BUILTIN_MODELS
-from evalpipe.paths import PLAIN_NAME_RULE, PROJECT_ROOT, is_plain_name
+from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
 from evalpipe.redact import api_key_names, redact
 from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
 
@@ -63,8 +63,8 @@ class PlannedVariant:
         # Marks every process started for this run (inherited by servers' and engines'
         # children), so what a run leaves behind can be found.
         env[RUN_ID_ENV] = self.run_id
-        # The worker imports evalpipe from this checkout, whatever interpreter runs it.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        # The worker imports this evalpipe (checkout or built install), whatever interpreter runs it.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(worker_import_dir()), env.get("PYTHONPATH", "")) if p)
         return env
 
 
@@ -201,17 +201,6 @@ def check_model(model: str, config_path: str) -> None:
         f"{config_path}: model path `{model}` does not exist; set `model.path` to a local model directory "
         "(config.json + weights) or to builtin:tiny-gsm."
     )
-
-
-def _code_version() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True, text=True, timeout=5, check=False,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def check_run_id(run_id: str) -> None:
@@ -450,7 +439,7 @@ def run_info(plan: RunPlan, **more: Any) -> RunDocument:
         "run_id": plan.run_id,
         "config_path": plan.config_path,
         "config": plan.config.model_dump(mode="json"),
-        "fingerprints": {"config_sha256": plan.config_sha256, "code": _code_version()},
+        "fingerprints": {"config_sha256": plan.config_sha256, "code": code_version()},
         "task_selector": plan.task_selector,
         "tasks": [t.to_job() for t in plan.tasks],
         "reference": plan.reference,

@@ -21,7 +21,7 @@ from evalpipe.data.check import check_data_files
 from evalpipe.data.registry import ensure_dataset_file
 from evalpipe.errors import UserError
 from evalpipe.tasks import families, hub_data, ruler
-from evalpipe.tasks.index import TASKS_DIR, check_task_names, task_manager
+from evalpipe.tasks.index import check_task_names, task_manager
 
 _BUILDER_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
@@ -123,7 +123,7 @@ def _builder_for(data_files: Any) -> str:
 
 
 def task_config(
-    spec: dict[str, Any], data_dir: Path, tasks_dir: str = str(TASKS_DIR), generated: GeneratedData | None = None
+    spec: dict[str, Any], data_dir: Path, tasks_dir: str | None = None, generated: GeneratedData | None = None
 ) -> str | dict[str, Any]:
     """What to hand lm-eval for one TaskSpec: the task's full config dict with our
     overrides applied, or just its name when it is a group or a Python-defined task.

@@ -11,9 +11,7 @@ import functools
 from typing import Sequence
 
 from evalpipe.errors import UserError
-from evalpipe.paths import PROJECT_ROOT
-
-TASKS_DIR = PROJECT_ROOT / "tasks"
+from evalpipe.install import shipped_dir
 
 
 class TaskNotFound(UserError):
@@ -27,10 +25,12 @@ def _indexed(tasks_dir: str, with_lm_eval: bool):
     return TaskManager(include_path=tasks_dir, include_defaults=with_lm_eval)
 
 
-def task_manager(tasks_dir: str = str(TASKS_DIR), names: Sequence[str] | None = None):
+def task_manager(tasks_dir: str | None = None, names: Sequence[str] | None = None):
     """lm-eval's TaskManager over ``tasks_dir`` (built once per process). When every one of
     ``names`` is a single task of ``tasks_dir``, lm-eval's own ~15,000 task files are
-    left out of the index: building that costs about 10 s, once in every worker."""
+    left out of the index: building that costs about 10 s, once in every worker.
+    ``tasks_dir`` defaults to the shipped tasks/ (evalpipe.install)."""
+    tasks_dir = tasks_dir or str(shipped_dir("tasks"))
     if names:
         from lm_eval.tasks._index import Kind
 
@@ -40,8 +40,9 @@ def task_manager(tasks_dir: str = str(TASKS_DIR), names: Sequence[str] | None = 
     return _indexed(tasks_dir, True)
 
 
-def check_task_names(names: list[str], tasks_dir: str = str(TASKS_DIR)) -> None:
+def check_task_names(names: list[str], tasks_dir: str | None = None) -> None:
     """Raise TaskNotFound naming the first unknown task, with the closest known names."""
+    tasks_dir = tasks_dir or str(shipped_dir("tasks"))
     known = set(task_manager(tasks_dir, names).all_tasks)
     for name in names:
         if name not in known:
