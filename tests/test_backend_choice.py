@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.config.run_config import DEFAULT_CONFIG, load_config
+from evalpipe.config.run_config import load_config
+from evalpipe.engine_patches import backend_choice
+from evalpipe.install import default_config
 from evalpipe.models.builtin import ensure_builtin
 from evalpipe.pipeline.plan import make_plan
-from evalpipe.probes import backend_choice
 from evalpipe.probing import backends
 
-CONFIGS = sorted(DEFAULT_CONFIG.parent.glob("*.yaml"))
+CONFIGS = sorted(default_config().parent.glob("*.yaml"))
 KINDS = {"AMD EPYC kind (no AMX)": False, "Intel Xeon kind (AMX tiles)": True}
 
 
@@ -43,7 +44,7 @@ def _mla_variants() -> list[tuple[str, str]]:
 
 
 def _plan_variant(config_name: str, variant: str, tmp_path: Path):
-    plan = make_plan(load_config(DEFAULT_CONFIG.with_name(config_name)), config_name, "gsm8k", run_id="r",
+    plan = make_plan(load_config(default_config().with_name(config_name)), config_name, "gsm8k", run_id="r",
                      output=str(tmp_path), noise_floor=False)
     return next(v for v in plan.variants if v.name == variant)
 

@@ -49,7 +49,7 @@ def test_doctor_checks_the_engine_patches_a_variant_asks_for(tmp_path):
 def test_doctor_fails_a_variant_whose_expected_attention_backend_this_processor_will_not_build(tmp_path):
     """The same on every processor kind: CPU_MLA pinned, AMX_MLA expected."""
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"extends": str(DEFAULT_CONFIG.with_name("rotary_control.yaml")),
+    config.write_text(yaml.safe_dump({"extends": str(default_config().with_name("rotary_control.yaml")),
                                       "variants": {"custom_op": {"expect": {"switches": {"attention_backends": ["AMX_MLA"]}}}}}))
     proc = evalpipe("doctor", "gsm8k", "-c", str(config), "--output", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -4,7 +4,7 @@ vLLM's CPU build chooses kernels by processor: for an MLA model (DeepSeek family
 it builds AMX_MLA on a CPU with AMX tiles and CPU_MLA elsewhere, and AMX_MLA takes
 bfloat16 weights only. A config that runs on one x86 kind then fails at engine start on
 another, or (with bfloat16) silently runs another kernel. :func:`ask` has the variant's
-own vLLM say what it will build (:mod:`evalpipe.probes.backend_choice`); :func:`judge`
+own vLLM say what it will build (:mod:`evalpipe.engine_patches.backend_choice`); :func:`judge`
 holds that against the model's dtype and the variant's ``expect.switches.attention_backends``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from evalpipe.probes.backend_choice import MARK
+from evalpipe.engine_patches.backend_choice import MARK
 
 EXPECTED_KEY = "attention_backends"  # the switch the probes record from the built model
 
@@ -54,7 +54,7 @@ def ask(python: str, env: dict[str, str], model_path: Path, engine_args: dict[st
     """The backend the variant's vLLM will build here, why it could not say, or None when
     its vLLM is not on the CPU platform (an accelerator build chooses per device at start)."""
     try:
-        proc = subprocess.run([python, "-m", "evalpipe.probes.backend_choice"], input=json.dumps(request(model_path, engine_args)),
+        proc = subprocess.run([python, "-m", "evalpipe.engine_patches.backend_choice"], input=json.dumps(request(model_path, engine_args)),
                               capture_output=True, text=True, timeout=timeout_s, env={**env, "VLLM_LOGGING_LEVEL": "ERROR"})
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"{python} did not run: {err}"

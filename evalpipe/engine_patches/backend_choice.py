@@ -1,6 +1,6 @@
 """Ask a variant's own vLLM which attention backend its CPU platform will build, on this processor.
 
-    python -m evalpipe.probes.backend_choice < request.json
+    python -m evalpipe.engine_patches.backend_choice < request.json
 
 ``request.json``: ``{"model": path, "dtype": ..., "attention_backend": name or null,
 "hf_overrides": {...}, "trust_remote_code": bool}``. Prints one line, ``EVALPIPE_BACKEND_CHOICE {...}``:
@@ -14,7 +14,7 @@ float32 config that runs on an AMD EPYC fails at engine start on an Intel Xeon. 
 lives in vLLM and changes with it; the variant's interpreter is the one that will apply it.
 Only the CPU platform is asked: an accelerator build picks per device, at start.
 
-Runs in the variant's interpreter: standard library and that interpreter's vLLM.
+Runs in the variant's interpreter (as engine_patches.checks does): standard library and that interpreter's vLLM.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ def choose(request: dict[str, Any]) -> dict[str, Any]:
 
     if not current_platform.is_cpu():
         return {"platform": str(current_platform.device_name)}
+    # architectures that plugins register (evalpipe's layout model among them) exist only after this
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
     model = ModelConfig(model=request["model"], dtype=request.get("dtype") or "auto",
                         hf_overrides=request.get("hf_overrides") or {},
                         trust_remote_code=bool(request.get("trust_remote_code")))
