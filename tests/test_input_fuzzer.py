@@ -151,34 +151,17 @@ def _write_template(root: Path) -> None:
     """runs/night-00 and night-01 (legacy, legacy-aa, sp; their artifacts recorded as a
     worker records them), their history, a gates file, and runs/loc: a DIVERGENT run with
     default.yaml as its config and what localize reads (teacher-forced scores, prompts)."""
-    from fakes import mutate, record_artifacts, set_column, write_run
-    from nightly_fakes import base_samples, faulty, write_night
+    from fakes import record_artifacts
+    from nightly_fakes import write_localizable_run, write_night
 
-    from evalpipe.documents.run_doc import read_run_document, write_run_document
     from evalpipe.history.store import open_history
-    from evalpipe.pipeline.comparing import compare_run, write_outputs
-    from evalpipe.rundir import artifacts
     from evalpipe.rundir.artifacts import RunDir
 
     runs = root / "runs"
     for i in range(2):
         write_night(runs, i)
-    good = base_samples()
-    forced = good
-    for doc in range(0, 20, 3):
-        forced = mutate(forced, doc, lambda s: s.copy(logprobs=[lp - 0.5 for lp in s.logprobs]))
-    config = load_config(CONFIGS / "default.yaml").model_dump(mode="json")
-    write_run(runs / "loc", {"legacy": good, "legacy-aa": good, "sp": faulty(good)}, reference="legacy", noise_floor="legacy-aa",
-              teachers={"legacy": good, "legacy-aa": good, "sp": forced}, run_info={"status": "ok", "kind": "run", "config": config})
-    for variant in ("legacy", "legacy-aa", "sp"):
-        vdir = RunDir(runs / "loc").variant(variant)
-        table = artifacts.read_table(vdir.samples)
-        artifacts.write_table(vdir.samples, set_column(table, "prompt_token_ids", [[1, 2, 3, 4]] * table.num_rows))
-    comparison = compare_run(runs / "loc")
-    info = read_run_document(runs / "loc").updated(verdict=comparison.status.value)
-    write_run_document(runs / "loc", info)
-    write_outputs(runs / "loc", comparison, info)
-    for name in ("night-00", "night-01", "loc"):
+    write_localizable_run(runs / "loc", load_config(CONFIGS / "default.yaml").model_dump(mode="json"))
+    for name in ("night-00", "night-01"):
         for variant in ("legacy", "legacy-aa", "sp"):
             record_artifacts(RunDir(runs / name).variant(variant))
     hist = open_history(f"sqlite:///{root / 'hist' / 'history.sqlite'}", runs)

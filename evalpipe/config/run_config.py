@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evalpipe.config.engine_args import dtype_problem
 from evalpipe.config.errors import ConfigError
+from evalpipe.config.option_bounds import check_option
 from evalpipe.config.yaml_source import read_yaml_file
 from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.engine_patches.switches import check_env
@@ -753,7 +754,11 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
         except ValidationError as err:
             raise ConfigError(_format_validation_error(err, str(path), Gates).replace("see configs/default.yaml", "see the gates section of configs/default.yaml")) from None
     if margin is not None:
-        if margin <= 0:
-            raise ConfigError(f"--margin must be positive (a score difference on the metric's scale, e.g. 0.01); got {margin}.")
-        gates = gates.model_copy(update={"scores": gates.scores.model_copy(update={"margin": margin})})
+        check_option("--margin", margin, ScoreGates, "margin", "gates.scores.margin")
+        data = gates.model_dump()
+        data["scores"]["margin"] = margin
+        try:  # every rule of the key, not only its bounds: --margin is `gates.scores.margin` given on the command line
+            gates = Gates.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(_format_validation_error(err, "--margin", Gates)) from None
     return gates
