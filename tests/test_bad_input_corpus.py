@@ -102,6 +102,8 @@ CASES = [
     ("stall-timeout-zero", GOOD, ["--stall-timeout", "0"], ["--stall-timeout 0 is out of range: give a positive number (the bounds of the config key `launch.stall_timeout_s`)"]),
     ("stall-timeout-nan", GOOD, ["--stall-timeout", "nan"], ["--stall-timeout nan is out of range"]),
     ("launch-stall-timeout", with_(launch={"stall_timeout_s": -5}), [], ["launch.stall_timeout_s"]),
+    ("localize-samples-bool", with_(localize={"samples": True}), ["--dry-run"],
+     ["`localize`: `samples` is true, where a number is wanted; give a number"]),  # pydantic would read it as 1
     ("run-id-escape", GOOD, ["--run-id", "../../escape"], ["--run-id '../../escape' is not a plain directory name"]),
     ("run-id-slash", GOOD, ["--run-id", "a/b"], ["is not a plain directory name"]),
     ("run-id-dots", GOOD, ["--run-id", ".."], ["is not a plain directory name"]),
@@ -253,6 +255,7 @@ def _compare_fixture(root: Path) -> None:
         "type.yaml": yaml.safe_dump({"scores": {"margin": "wide"}}),
         "union.yaml": yaml.safe_dump({"tokens": {"teacher_kl_max": {"abs": "big"}}}),
         "range.yaml": yaml.safe_dump({"scores": {"alpha": 0.7}}),
+        "bool.yaml": "scores: {margin: yes}\n",
         "list.yaml": "- scores\n- tokens\n",
         "empty.yaml": "",
     }
@@ -291,6 +294,7 @@ COMPARE_CASES = [
     ("gates-wrong-type", ["run", "--gates", "type.yaml"], None, ["`scores.margin`", "valid number", "got 'wide'"]),
     ("gates-wrong-type-union", ["run", "--gates", "union.yaml"], None, ["`tokens.teacher_kl_max.abs`: Input should be a valid number or 'auto', got 'big'"]),
     ("gates-out-of-range", ["run", "--gates", "range.yaml"], None, ["`scores.alpha`", "got 0.7"]),
+    ("gates-bool", ["run", "--gates", "bool.yaml"], None, ["`scores`: `margin` is true, where a number is wanted"]),
     ("gates-list", ["run", "--gates", "list.yaml"], None, ["list.yaml: expected a mapping", "found a list"]),
     ("gates-empty", ["run", "--gates", "empty.yaml"], None, ["empty.yaml: expected a mapping", "found an empty file"]),
     ("gates-binary", ["run", "--gates", "binary.yaml"], None, ["binary.yaml is not UTF-8 text"]),
@@ -440,6 +444,8 @@ WRITE_CASES = [
      ["run directory runs/loc cannot be written (Permission denied); make it writable, or write the reports elsewhere with --output."]),
     ("nightly-from-run-read-only", ["nightly", "-c", str(CONFIG), "--from-run", "runs/loc", "--history", "sqlite:///h.sqlite"],
      "read-only", ["run directory runs/loc cannot be written (Permission denied); make it writable."]),
+    ("nightly-from-run-not-a-run", ["nightly", "-c", str(CONFIG), "--from-run", "runs", "--history", "sqlite:///h.sqlite"], None,
+     ["--from-run runs is not a run directory (no run.json)"]),
     ("run-json-broken", ["localize", "runs/loc"], "run.json:garbage",
      ["runs/loc/run.json is not valid JSON", "restore it from a copy, or run the tasks again with `evalpipe run`"]),
 ]

@@ -33,8 +33,26 @@ from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHE
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 
 
+def _wants_a_number(annotation: Any) -> bool:
+    """A field of numbers (int, float, or either with None or a word) that takes no bool."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    return bool(set(args) & {int, float}) and bool not in args
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, data: Any) -> Any:
+        # pydantic takes true for 1 and false for 0, so `samples: true` or `margin: yes` would
+        # be read as a number nobody wrote; YAML makes a bool of more words than `true`
+        if isinstance(data, dict):
+            for name, value in data.items():
+                info = cls.model_fields.get(name) if isinstance(name, str) else None
+                if isinstance(value, bool) and info is not None and _wants_a_number(info.annotation):
+                    raise ValueError(f"`{name}` is {str(value).lower()}, where a number is wanted; give a number")
+        return data
 
 
 class ModelSpec(_Strict):

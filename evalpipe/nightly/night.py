@@ -561,7 +561,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
     if from_run is not None:
         run_dir = Path(from_run)
         if not (run_dir / "run.json").is_file():
-            raise HistoryError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
+            raise HistoryError(f"--from-run {run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
         output_root = run_dir.parent
     else:
         chosen = variants or (",".join(spec.variants) if spec.variants else None)
