@@ -697,3 +697,22 @@ def test_the_interpreter_lookups_are_answered_from_the_shipped_names():
     assert known["evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention"] == "function"
     assert not any(n.startswith("vllm_ascend.") for n in known), "names this interpreter cannot import stay unknown, as for real"
     assert {"max_model_len", "hf_overrides", "data_parallel_size"} <= shipped_engine_args()
+
+
+def test_the_block_oracle_and_the_option_bounds():
+    from fuzz_inputs import KNOWN_GAPS
+
+    good = Block({"samples": 2})
+    assert good.must_accept and good.must_refuse is None
+    bad = Block({})
+    bad.bad("`samples: 0` is outside its bounds")
+    assert not bad.must_accept and bad.must_refuse == "`samples: 0` is outside its bounds"
+    for gap in KNOWN_GAPS:  # a known gap is asserted neither way ...
+        pending = Block({})
+        pending.bad("why", gap, key="per_forward")
+        assert pending.must_refuse is None and not pending.must_accept and gap in pending.gaps
+    unknown = Block({})
+    unknown.bad("why", "a rule now in place")  # ... a gap no longer listed is a must-refuse
+    assert unknown.must_refuse == "why"
+    assert outside_bounds("--positions", "1000000") and outside_bounds("--samples", "0") and outside_bounds("--margin", "nan")
+    assert not outside_bounds("--positions", "256") and not outside_bounds("--decode-steps", "0") and not outside_bounds("--limit", "x")
