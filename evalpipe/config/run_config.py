@@ -26,7 +26,7 @@ from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.engine_patches.switches import check_env
 from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, PROJECT_ROOT, is_plain_name
-from evalpipe.probes import COLLECTIVE_KINDS
+from evalpipe.probes.collectives import COLLECTIVE_KINDS, collective_problem, looks_collective
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
 
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -130,11 +130,34 @@ class Launch(LaunchFields):
         return self
 
 
+def whole_count(value: Any, what: str) -> int:
+    """A count as a config writes it: a whole number, 0 or more. YAML's `true` is refused
+    (pydantic would read it as 1), as are 2.0 and "2"."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be a whole number, 0 or more; got {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be 0 or more; got {value}")
+    return value
+
+
 class CountRange(_Strict):
-    """Calls per forward pass between ``min`` and ``max`` (either may be left out)."""
+    """Calls per forward pass between ``min`` and ``max`` (either may be left out, not both)."""
 
     min: int | None = Field(default=None, ge=0)
     max: int | None = Field(default=None, ge=0)
+
+    @field_validator("min", "max", mode="before")
+    @classmethod
+    def _whole(cls, value: Any, info: Any) -> Any:
+        return None if value is None else whole_count(value, f"`{info.field_name}`")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "CountRange":
+        if self.min is None and self.max is None:
+            raise ValueError("a range needs `min`, `max` or both (without either every count holds)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"the range's min {self.min} is above its max {self.max} (no count holds); swap them")
+        return self
 
     def holds(self, n: int) -> bool:
         return (self.min is None or n >= self.min) and (self.max is None or n <= self.max)
@@ -155,7 +178,8 @@ def _dotted(name: str) -> bool:
 
 
 def collective_key(name: str) -> bool:
-    """``all_gather`` or ``all_gather@tp``: a collective kind, optionally on one group."""
+    """``all_gather`` or ``all_gather@tp``: a collective kind, optionally on one group (a
+    record's key; an expectation's is also checked against the probes' vocabulary)."""
     kind, at, group = name.partition("@")
     return kind in COLLECTIVE_KINDS and (not at or group.isidentifier())
 
@@ -176,7 +200,7 @@ class Expectations(_Strict):
     )
     model: str | None = Field(default=None, description="Class vLLM must instantiate in every process that builds a model (module.Class).")
     engine_processes: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, strict=True,
         description="How many processes build the model: one per engine (data-parallel rank) times its tensor- and "
         "pipeline-parallel workers.",
     )
@@ -209,15 +233,27 @@ class Expectations(_Strict):
                 raise ValueError(f"`{name}` is not a dotted name such as package.module.Class.method")
         return value
 
-    @field_validator("per_forward")
+    @field_validator("engine_processes", mode="before")
     @classmethod
-    def _counted_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for name in value:
-            if not collective_key(name) and not (_dotted(name) and not name.endswith("()")):
-                raise ValueError(
-                    f"`{name}` is neither a collective kind ({', '.join(COLLECTIVE_KINDS)}, optionally `@group`) "
-                    "nor a dotted function name"
-                )
+    def _processes_counted(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"must be a whole number of processes, 1 or more; got {value!r}")
+        return value
+
+    @field_validator("per_forward", mode="before")
+    @classmethod
+    def _counted_names(cls, value: Any) -> Any:
+        for name, count in value.items() if isinstance(value, dict) else ():
+            if not isinstance(name, str):
+                raise ValueError(f"{name!r} is read as a {type(name).__name__}; name a collective or a function")
+            if looks_collective(name):
+                if problem := collective_problem(name):
+                    raise ValueError(problem)
+            elif not _dotted(name) or name.endswith("()"):
+                raise ValueError(f"`{name}` is neither a collective kind ({', '.join(COLLECTIVE_KINDS)}, optionally `@group`) "
+                                 "nor a dotted function name")
+            if not isinstance(count, dict):
+                whole_count(count, f"the count of `{name}`")
         return value
 
     @field_validator("switches")
@@ -530,6 +566,8 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"variant `{self.aa_name}` collides with the name of the A/A noise-floor run; rename it or set noise_floor: false."
             )
+        # the shared `expect:` on its own first: its error is its own, not the first variant's
+        merged_expectations(self.expect, {})
         for name, variant in self.variants.items():
             if "model" in variant.engine:
                 raise ValueError(f"variant `{name}` sets engine.model; set the model once under `model:`.")
@@ -580,13 +618,13 @@ def merged_expectations(shared: dict[str, Any], own: dict[str, Any], where: str 
         errors = err.errors()
         # a per_forward count is `int | CountRange`: a mapping is meant as a range, so its own
         # error says what is wrong, not "should be a valid integer"
-        ranged = [e for e in errors if "CountRange" in e["loc"]]
+        ranged = [e for e in errors if any("CountRange" in str(p) for p in e["loc"])]
         first = ranged[0] if ranged else errors[0]
-        key = ".".join(str(p) for p in first["loc"] if p not in ("int", "CountRange"))
+        key = ".".join(str(p) for p in first["loc"] if p != "int" and "CountRange" not in str(p))
         if first["type"] == "extra_forbidden":
             raise ValueError(f"{where}unknown key `expect.{key}`; the keys are {', '.join(Expectations.model_fields)}.") from None
         what = first["msg"].removeprefix("Value error, ")
-        raise ValueError(f"{where}`expect.{key}`: {what}.") from None
+        raise ValueError(f"{where}`expect.{key}`: {what}{'' if what.endswith(('.', '?')) else '.'}") from None
 
 
 AA_SUFFIX = "-aa"
@@ -628,7 +666,7 @@ def _format_validation_error(err: ValidationError, source: str, model: type[Base
         msg = f"{msg}, got {first.get('input')!r}; fix it"  # pydantic says what is wanted, not what was found
     elif first["type"] != "value_error":
         msg = f"{msg}; fix it"
-    msg = msg if msg.endswith(".") else msg + "."
+    msg = msg if msg.endswith((".", "?")) else msg + "."
     return f"{source}: `{where}`: {msg}" if where != "(top level)" else f"{source}: {msg}"
 
 
