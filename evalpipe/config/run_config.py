@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 import types
 import typing
@@ -355,6 +356,31 @@ class Capture(_Strict):
 
 AUTO: Final = "auto"
 
+# The distributional gates' sign-flip test draws this many random flips beyond 16 samples
+# (evalpipe.compare.distribution), so its p-value is never below 1 / (1 + this): an alpha at
+# or under that leaves those gates unable to fail.
+SIGN_FLIP_RESAMPLES: Final = 9999
+SMALLEST_SIGN_FLIP_P: Final = 1 / (1 + SIGN_FLIP_RESAMPLES)
+
+
+def margin_problem(margin: float) -> str | None:
+    """Why a TOST margin leaves the score equivalence gate unable to fail, or None. The
+    margin is on the metric's scale; the scores compared are 0/1 per item (exact_match,
+    accuracy), whose paired difference never exceeds 1."""
+    if not math.isfinite(margin) or margin <= 0:
+        return f"must be positive and finite (a score difference on the metric's scale, e.g. 0.01); got {margin}"
+    if margin >= 1:
+        return (f"must be below 1: no paired difference of a 0/1 metric (exact_match, accuracy) exceeds 1, so a margin "
+                f"of {margin:g} leaves the equivalence gate unable to fail; use e.g. 0.01 (1 point)")
+    return None
+
+
+def _bound(value: Any, what: str) -> Any:
+    """A gate's floor or multiple: finite and >= 0 (a bound of infinity, or NaN, is never exceeded)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a finite number >= 0{what}; got {value} (the gate could never fail)")
+    return value
+
 
 class Tolerance(_Strict):
     """A gate on one token metric: fail when measured > max(abs, rel_aa x the A/A value).
@@ -371,10 +397,13 @@ class Tolerance(_Strict):
 
     @field_validator("abs")
     @classmethod
-    def _non_negative(cls, v: float | str) -> float | str:
-        if not isinstance(v, str) and v < 0:
-            raise ValueError("must be >= 0 or `auto`")
-        return v
+    def _finite_floor(cls, v: float | str) -> float | str:
+        return _bound(v, " or `auto`")
+
+    @field_validator("rel_aa")
+    @classmethod
+    def _finite_multiple(cls, v: float | None) -> float | None:
+        return _bound(v, " or null")
 
     def floor(self, auto_floor: float) -> float:
         return auto_floor if self.abs == AUTO else float(self.abs)
@@ -387,10 +416,17 @@ class Tolerance(_Strict):
 
 
 class ScoreGates(_Strict):
-    margin: float = Field(default=0.01, gt=0, description="TOST equivalence margin on the metric's scale (0.01 = 1 point of accuracy).")
+    margin: float = Field(default=0.01, description="TOST equivalence margin on the metric's scale (0.01 = 1 point of accuracy); below 1.")
     alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Level of McNemar's test and of TOST (TOST uses the 1 - 2 alpha interval).")
     require_equivalence: bool = Field(default=True, description="Fail a task x metric whose paired difference is not shown equivalent within +-margin (TOST).")
     fail_on_significant: bool = Field(default=True, description="Fail a task x metric whose paired difference is significant (McNemar exact p < alpha).")
+
+    @field_validator("margin")
+    @classmethod
+    def _margin_can_fail(cls, v: float) -> float:
+        if problem := margin_problem(v):
+            raise ValueError(problem)
+        return v
 
 
 class TokenGates(_Strict):
@@ -422,7 +458,7 @@ class DistributionGates(_Strict):
     significant (p < alpha) and larger than its floor. They need an A/A run."""
 
     enabled: bool = True
-    alpha: float = Field(default=1e-3, gt=0, lt=0.5, description="Level of the sign-flip permutation tests (per task and test).")
+    alpha: float = Field(default=1e-3, lt=0.5, description=f"Level of the sign-flip permutation tests (per task and test); above {SMALLEST_SIGN_FLIP_P:g}, their smallest p-value.")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence of the reported effect interval.")
     dlogprob_shift: float | Literal["auto"] = Field(
         default=AUTO, description="Floor on |mean signed shift| of the forced token's logprob, nats; `auto`: by precision (docs/numerics.md)."
@@ -430,6 +466,19 @@ class DistributionGates(_Strict):
     kl_shift: float | Literal["auto"] = Field(
         default=AUTO, description="Floor on the mean per-position KL above A/A, nats; `auto`: by precision (docs/numerics.md)."
     )
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_above_the_smallest_p(cls, v: float) -> float:
+        if not v > SMALLEST_SIGN_FLIP_P:
+            raise ValueError(f"must be above {SMALLEST_SIGN_FLIP_P:g}, the smallest p-value the sign-flip test gives with "
+                             f"{SIGN_FLIP_RESAMPLES} random flips (at or below it the gates could never fail); got {v}")
+        return v
+
+    @field_validator("dlogprob_shift", "kl_shift")
+    @classmethod
+    def _finite_floor(cls, v: float | str) -> float | str:
+        return _bound(v, " or `auto`")
 
     def floor(self, test: str, auto_floor: float) -> float:
         value = getattr(self, test)
@@ -467,7 +516,7 @@ class Localize(_Strict):
         default="off", description="auto: localize every DIVERGENT variant right after `evalpipe run` compared it.")
     samples: int = Field(default=4, ge=1, le=64, description="Sequences re-run: those with the largest teacher-forced divergence.")
     positions: int = Field(default=8, ge=1, le=256, description="Worst teacher-forced positions kept per sequence (besides the shard, block and last-token rows).")
-    rel_aa: float = Field(default=3.0, gt=0, description="A module is above its floor when its difference exceeds max(numerics floor, rel_aa x the A/A's).")
+    rel_aa: float = Field(default=3.0, gt=0, allow_inf_nan=False, description="A module is above its floor when its difference exceeds max(numerics floor, rel_aa x the A/A's).")
     decode_steps: int = Field(
         default=0, ge=0, le=64,
         description="0: prefill each sequence whole (teacher forced). N > 0: prefill its prompt, then decode N tokens one "
@@ -791,7 +840,7 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
         except ValidationError as err:
             raise ConfigError(_format_validation_error(err, str(path), Gates).replace("see configs/default.yaml", "see the gates section of configs/default.yaml")) from None
     if margin is not None:
-        if margin <= 0:
-            raise ConfigError(f"--margin must be positive (a score difference on the metric's scale, e.g. 0.01); got {margin}.")
+        if problem := margin_problem(margin):
+            raise ConfigError(f"--margin {problem}.")
         gates = gates.model_copy(update={"scores": gates.scores.model_copy(update={"margin": margin})})
     return gates
