@@ -109,7 +109,8 @@ def test_the_layout_models_collectives_are_in_the_vocabulary():
     ({"min": 3, "max": 1}, "the range's min 3 is above its max 1 (no count holds); swap them"),
     ({"min": -1}, "`min` must be 0 or more; got -1"),
     ({"max": True}, "`max` must be a whole number, 0 or more; got True"),
-    ({}, "a range needs `min`, `max` or both (without either every count holds)"),
+    ({}, "a range needs a `max`, or a `min` above 0 (without either every count holds)"),
+    ({"min": 0}, "a range needs a `max`, or a `min` above 0 (without either every count holds)"),
 ])
 def test_a_count_is_a_whole_number_and_a_range_is_ordered(count, said):
     text = error_of({"per_forward": {"all_gather": count}})

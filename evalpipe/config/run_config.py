@@ -154,8 +154,8 @@ class CountRange(_Strict):
 
     @model_validator(mode="after")
     def _bounded(self) -> "CountRange":
-        if self.min is None and self.max is None:
-            raise ValueError("a range needs `min`, `max` or both (without either every count holds)")
+        if not self.min and self.max is None:
+            raise ValueError("a range needs a `max`, or a `min` above 0 (without either every count holds)")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"the range's min {self.min} is above its max {self.max} (no count holds); swap them")
         return self
@@ -195,7 +195,7 @@ class Expectations(_Strict):
     """
 
     same_path: bool = Field(
-        default=False,
+        default=False, strict=True,
         description="The variant is meant to run the reference's code (an A/A pair): identical outputs with the same "
         "probe profile then pass instead of being INCONCLUSIVE.",
     )
