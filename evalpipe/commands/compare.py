@@ -39,6 +39,9 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
     if len(targets) == 2:
         if reference or variants:
             raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
+        if targets[0].resolve() == targets[1].resolve():
+            raise UserError(f"both arguments name {targets[0]}: a variant against its own files compares nothing; "
+                            "pass the variant directories of two runs.")
         for t in targets:
             # --unverified: a variant directory is known by its samples when its manifest is gone
             if not ((t / "manifest.json").is_file() or (unverified and (t / "samples.parquet").is_file())):

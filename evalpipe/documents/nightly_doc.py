@@ -35,6 +35,7 @@ class NightlyDocument(Document):
     # history's database and the dashboard hold them.
     changes: list[dict[str, Any]] = []
     paths: str | None = None  # why tonight's own comparison proves nothing about the paths
+    compared: bool = True  # False: the night had nothing to compare (INCONCLUSIVE)
 
     def judgement(self) -> dict[str, Any]:
         """The judgement as the history stores it (without the file's version)."""
