@@ -19,6 +19,8 @@ import json
 import math
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -382,3 +384,307 @@ def record(path: str, entry: dict[str, Any]) -> None:
     """Append one failing example to the collection file (EVALPIPE_FUZZ_COLLECT)."""
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry, ensure_ascii=False, default=repr) + "\n")
+
+
+# ---------------------------------------------------------------------------
+# Blocks: a config's `localize:` and `expect:`, a --gates file. Each is built from
+# good parts (must be accepted when all are good) and bad ones (must be refused), and
+# parts of a known gap: a rule evalpipe does not enforce yet, neither asserted (listed
+# in KNOWN_GAPS with what it is waiting for; removing an entry turns its cases into
+# must-refuse ones).
+# ---------------------------------------------------------------------------
+
+# gap -> why it is not enforced yet; removing an entry turns its cases into must-refuse ones.
+# The rules once listed here are in place (their tags stay on their cases: negative-count,
+# unordered-range, bool-as-count, unfailable-threshold, nan-threshold).
+KNOWN_GAPS: dict[str, str] = {
+    "top-level-expect-shadowed": "a key of the top-level `expect:` that every variant sets itself is never checked: a "
+                                 "name there that exists nowhere is accepted (the deep profile finds it)",
+}
+
+
+@dataclass
+class Block:
+    """One generated block; ``doc`` its YAML document."""
+
+    doc: Any
+    parts: list[str] = field(default_factory=list)  # what was put in, for the report
+    anchors: list[str] = field(default_factory=list)
+    reasons: list[tuple[str, str, str | None]] = field(default_factory=list)  # (key, why bad, its gap) of each bad part
+    shadowed: set[str] = field(default_factory=set)  # keys whose value another part of the config replaces unread
+
+    def bad(self, why: str, gap: str | None = None, key: str = "") -> None:
+        """A part that must be refused (or, when ``gap`` is still in KNOWN_GAPS, is not yet)."""
+        self.reasons.append((key, why, gap))
+
+    @property
+    def gaps(self) -> list[str]:
+        out = [gap for key, _, gap in self.reasons if gap is not None and gap in KNOWN_GAPS]
+        if "top-level-expect-shadowed" in KNOWN_GAPS:
+            out += ["top-level-expect-shadowed" for key, _, _ in self.reasons if key in self.shadowed]
+        return out
+
+    @property
+    def must_refuse(self) -> str | None:
+        return next((why for key, why, gap in self.reasons if (gap is None or gap not in KNOWN_GAPS)
+                     and not (key in self.shadowed and "top-level-expect-shadowed" in KNOWN_GAPS)), None)
+
+    @property
+    def must_accept(self) -> bool:
+        return not self.reasons
+
+    def describe(self) -> str:
+        return "; ".join(self.parts) + (f" [known gaps: {', '.join(self.gaps)}]" if self.gaps else "")
+
+
+def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        doc = doc.setdefault(key, {})
+    doc[path[-1]] = value
+
+
+def _leaves(model: type, at: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(path, field) of every field of ``model`` that holds a value (nested models walked into)."""
+    from pydantic import BaseModel
+
+    out = []
+    for name, info in model.model_fields.items():  # type: ignore[attr-defined]
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _leaves(ann, (*at, name))
+        else:
+            out.append(((*at, name), info))
+    return out
+
+
+def _bounds(info: Any) -> tuple[float | None, bool, float | None, bool]:
+    lower = upper = None
+    lower_in = upper_in = True
+    for m in info.metadata:
+        for attr, is_lower, inclusive in (("ge", True, True), ("gt", True, False), ("le", False, True), ("lt", False, False)):
+            if hasattr(m, attr):
+                if is_lower:
+                    lower, lower_in = getattr(m, attr), inclusive
+                else:
+                    upper, upper_in = getattr(m, attr), inclusive
+    return lower, lower_in, upper, upper_in
+
+
+def _kinds(info: Any) -> set[Any]:
+    """The plain types (and Literal values) a field takes."""
+    args = typing.get_args(info.annotation) if typing.get_origin(info.annotation) in (typing.Union, types.UnionType) else (info.annotation,)
+    out: set[Any] = set()
+    for a in args:
+        if typing.get_origin(a) is typing.Literal:
+            out |= {("literal", v) for v in typing.get_args(a)}
+        else:
+            out.add(a)
+    return out
+
+
+@st.composite
+def field_part(draw: st.DrawFn, block: Block, path: tuple[str, ...], info: Any, *, threshold: bool) -> Any:
+    """A value for one field, good or bad; ``block`` learns which. ``threshold``: a gate's
+    number (a margin, a floor, a multiple), where inf and nan make the gate unfailable."""
+    kinds = _kinds(info)
+    lower, lower_in, upper, upper_in = _bounds(info)
+    name = ".".join(path)
+    literals = [v for k in kinds if isinstance(k, tuple) for v in [k[1]]]
+    numeric = int if int in kinds else float if float in kinds else None
+    good = draw(st.booleans())
+    if bool in kinds:
+        if good:
+            return draw(st.booleans())
+        value = draw(st.sampled_from(["maybe", [True], {"x": 1}, 2]))
+        block.bad(f"`{name}: {value!r}` is not true or false")
+        return value
+    if numeric is None:  # a closed set of words
+        if good and literals:
+            return draw(st.sampled_from(literals))
+        value = draw(st.sampled_from(["x", "", 7, [1]]))
+        block.bad(f"`{name}: {value!r}` is none of {literals}")
+        return value
+    if good:
+        choices: list[Any] = list(literals)
+        low = lower if lower is not None else 0
+        top = upper if upper is not None else max(low, 0) + (1 if numeric is float else 8)
+        if numeric is int:
+            choices += sorted({int(low) + (0 if lower_in else 1), int(top) - (0 if upper_in else 1)})
+        else:
+            top = min(top, 0.9) if threshold else top  # a margin of 1 or more can never fail on a 0/1 metric
+            choices += [low + (top - low) * f for f in (0.1, 0.5, 0.9)]
+        if type(None) in kinds:
+            choices.append(None)
+        return draw(st.sampled_from(choices))
+    bad: list[Any] = ["wide", [1], {"x": 1}]
+    if lower is not None:
+        bad.append(lower - 1 if lower_in else lower)
+    if upper is not None:
+        bad.append(upper + 1 if upper_in else upper)
+    if numeric is int:
+        bad.append(1.5)
+    if threshold and path[-1] == "margin":
+        bad.append(1.0)  # a difference of a whole 0/1 metric: no score difference exceeds it
+    bad += [True, math.inf, math.nan]
+    value = draw(st.sampled_from(bad))
+    if value is True:
+        block.bad(f"`{name}: true` where a number is wanted")
+    elif isinstance(value, float) and math.isnan(value):
+        if lower is None and upper is None:
+            block.bad(f"`{name}: nan`", "nan-threshold" if threshold else None)
+        else:
+            block.bad(f"`{name}: nan` is outside its bounds")
+    elif value == 1.0 and path[-1] == "margin":
+        block.bad(f"`{name}: 1` makes the score gate unfailable on a 0/1 metric", "unfailable-threshold")
+    elif value == math.inf:
+        if upper is not None:
+            block.bad(f"`{name}: inf` is above {upper}")
+        elif threshold:
+            block.bad(f"`{name}: inf` makes the gate unfailable", "unfailable-threshold")
+        else:
+            block.bad(f"`{name}: inf` is no finite setting")
+    else:
+        block.bad(f"`{name}: {value!r}` is not a number within its bounds")
+    return value
+
+
+@st.composite
+def model_blocks(draw: st.DrawFn, model: type, *, threshold: bool = False, skip: tuple[str, ...] = ()) -> Block:
+    """A block of ``model``'s keys: one to three fields set, good or bad, or an unknown key."""
+    block = Block({})
+    leaves = [(p, info) for p, info in _leaves(model) if not set(p) & set(skip)]
+    for path, info in draw(st.lists(st.sampled_from(leaves), min_size=1, max_size=3, unique_by=lambda x: x[0])):
+        value = draw(field_part(block, path, info, threshold=threshold))
+        _set(block.doc, path, value)
+        block.parts.append(f"{'.'.join(path)}: {value!r}")
+        block.anchors += [p for p in path] + [".".join(path)]
+    if draw(st.integers(0, 4)) == 0:
+        path = draw(st.sampled_from(leaves))[0]
+        typo = (*path[:-1], path[-1].upper() if draw(st.booleans()) else path[-1][:-1] + "x")
+        _set(block.doc, typo, 1)
+        block.parts.append(f"unknown key {'.'.join(typo)}")
+        block.anchors += [typo[-1], ".".join(typo)]
+        block.bad(f"unknown key `{'.'.join(typo)}`")
+    return block
+
+
+def _shipped_names(kind: str) -> list[str]:
+    return sorted(n for n, k in shipped_probe_names().items() if (k == "class") == (kind == "class") and not n.endswith("()"))
+
+
+SHIPPED_COLLECTIVES = ["all_gather", "reduce_scatter", "all_to_all"]  # what the layout model's probes record
+
+
+@st.composite
+def expect_blocks(draw: st.DrawFn) -> Block:
+    """An `expect:` block: each key good (names the shipped configs use, counts, ordered
+    ranges) or bad (names that are no dotted name, unknown ones, wrong types, negative
+    counts, unordered ranges, `true` for a count, unknown keys)."""
+    block = Block({})
+    classes, functions = _shipped_names("class"), _shipped_names("function")
+    keys = draw(st.lists(st.sampled_from(["same_path", "model", "engine_processes", "layers", "called", "not_called",
+                                          "per_forward", "switches", "unknown"]), min_size=1, max_size=3, unique=True))
+    for key in keys:
+        good = draw(st.booleans())
+        value: Any
+        if key == "same_path":
+            value = draw(st.booleans()) if good else draw(st.sampled_from(["maybe", [True], 2]))
+            good or block.bad(f"`same_path: {value!r}` is not true or false")
+        elif key == "model":
+            value = draw(st.sampled_from(classes)) if good else draw(st.sampled_from(
+                ["LayoutForCausalLM", "evalpipe.lab.layout.model.NoSuchModel", "nosuch.module.Class", 3, "a..b", "x.y()"]))
+            good or block.bad(f"`model: {value!r}` names no class of the variant's interpreter")
+        elif key == "engine_processes":
+            value = draw(st.sampled_from([1, 2, 4])) if good else draw(st.sampled_from([0, -1, 1.5, "two", True]))
+            if not good:
+                block.bad(f"`engine_processes: {value!r}` is not a count of at least 1")
+        elif key in ("layers", "called", "not_called"):
+            pool = classes if key == "layers" else functions
+            if good:
+                value = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=True))
+            else:
+                value = draw(st.sampled_from([["attention"], ["evalpipe.lab.layout.model.nope"], ["nosuch.module.fn"],
+                                              "evalpipe.lab.layout.model.LayoutDecoderLayer._nope", [3], {"x": 1}, ["a b.c"]]))
+                block.bad(f"`{key}: {value!r}` names no function of the variant's interpreter")
+        elif key == "per_forward":
+            value = {}
+            for name in draw(st.lists(st.sampled_from([*SHIPPED_COLLECTIVES, *functions]), min_size=1, max_size=3, unique=True)):
+                count: Any
+                if good:
+                    count = draw(st.one_of(st.integers(0, 6), st.builds(lambda a, b: {"min": a, "max": a + b}, st.integers(0, 3), st.integers(0, 3))))
+                else:
+                    bad = draw(st.sampled_from(["count", "name"]))
+                    if bad == "name":
+                        name = draw(st.sampled_from(["all_gathr", "allgather", "all_gather@", "all_gather@t p", "x"]))
+                        count = 0
+                        block.bad(f"`per_forward` key {name!r} is no collective kind nor a dotted function name")
+                    else:
+                        count = draw(st.sampled_from([-1, -3, True, 1.5, "three", {"min": 3, "max": 1}, {"min": -1}, {"mn": 1}]))
+                        if count is True:
+                            block.bad(f"`per_forward.{name}: true`", "bool-as-count")
+                        elif count in (-1, -3):
+                            block.bad(f"`per_forward.{name}: {count}` is a negative count", "negative-count")
+                        elif count == {"min": 3, "max": 1}:
+                            block.bad(f"`per_forward.{name}: {count}` has its minimum above its maximum", "unordered-range")
+                        else:
+                            block.bad(f"`per_forward.{name}: {count!r}` is not a count nor a {{min, max}} range")
+                value[name] = count
+                block.anchors.append(name)
+        elif key == "switches":
+            value = draw(st.sampled_from([{"tensor_parallel_size": 1}, {"dtype": "float32"}])) if good else draw(
+                st.sampled_from([{"bogus": 1}, {"tensor parallel size": 1}, [1], "x"]))
+            good or block.bad(f"`switches: {value!r}` holds no switch the probes read")
+        else:
+            key, value = draw(st.sampled_from(["calld", "Called", "per_forwards", "expect"])), []
+            block.bad(f"unknown key `{key}`")
+        block.doc[key] = value
+        block.parts.append(f"{key}: {value!r}")
+        block.anchors.append(key)
+        block.reasons = [(key if not k else k, why, gap) for k, why, gap in block.reasons]
+    return block
+
+
+
+def with_block(config: str, where: tuple[str, ...], block: Block) -> str:
+    """The shipped ``config`` with ``block`` at ``where`` (its keys merged over what is there)."""
+    doc = parsed(config)
+    target = doc
+    for key in where[:-1]:
+        target = target.setdefault(key, {})
+    old = target.get(where[-1])
+    if isinstance(old, dict) and isinstance(block.doc, dict):
+        target[where[-1]] = {**old, **block.doc}
+    else:
+        target[where[-1]] = block.doc
+    return _dump(doc)
+
+
+def gates_file(block: Block, wrapped: bool) -> str:
+    return _dump({"gates": block.doc} if wrapped else block.doc)
+
+
+# Options that set the same quantity as a config key: (model, field) of the key
+BOUNDED_OPTIONS = {"--positions": ("Localize", "positions"), "--samples": ("Localize", "samples"),
+                   "--decode-steps": ("Localize", "decode_steps"), "--limit": ("TaskSpec", "limit"),
+                   "--stall-timeout": ("LaunchFields", "stall_timeout_s"), "--margin": ("ScoreGates", "margin")}
+# bounds a field's own validator holds (not its metadata): (lower, included, upper, included)
+VALIDATED_BOUNDS = {"--margin": (0, False, 1, False)}  # a margin of 1 or more no 0/1 score difference exceeds
+
+
+def outside_bounds(option: str, value: str) -> str | None:
+    """Why ``value`` of a bounded option can only be a mistake (outside its key's bounds), else None."""
+    from evalpipe.config import run_config
+
+    if option not in BOUNDED_OPTIONS:
+        return None
+    model, name = BOUNDED_OPTIONS[option]
+    info = getattr(run_config, model).model_fields[name]
+    try:
+        number = int(value) if int in _kinds(info) else float(value)
+    except ValueError:
+        return None  # not a number: the command line's parser says so
+    lower, lower_in, upper, upper_in = VALIDATED_BOUNDS.get(option) or _bounds(info)
+    if math.isnan(number) or (lower is not None and (number < lower if lower_in else number <= lower)) or (
+            upper is not None and (number > upper if upper_in else number >= upper)):
+        return f"{option} {value} is outside the bounds of its config key"
+    return None

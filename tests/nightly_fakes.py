@@ -17,7 +17,7 @@ from evalpipe.documents.run_doc import read_run_document, write_run_document
 from evalpipe.pipeline.comparing import compare_run, write_outputs
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import PROBES_JSON, RunDir
-from tests.fakes import FakeSample, make_samples, mutate, set_token, update_manifest, write_run
+from tests.fakes import FakeSample, make_samples, mutate, record_artifacts, set_column, set_token, update_manifest, write_run
 
 DAY = 86400.0
 T0 = 1_780_000_000.0
@@ -139,3 +139,27 @@ def write_v1_history(url: str, run_dir: Path) -> None:
         for v in rec.variants:
             conn.execute(h.variants.insert().values(run_pk=run_pk, **{k: v[k] for k in V1_VARIANT_COLUMNS[2:]}))
     engine.dispose()
+
+
+def write_localizable_run(run_dir: Path, config: dict[str, Any]) -> Path:
+    """A DIVERGENT run (legacy, its A/A legacy-aa, and sp) with what `evalpipe localize`
+    reads: ``config`` (a run config's document) in run.json, teacher-forced scores that
+    differ for sp, the reference's prompt token ids, compare.json, and every variant's
+    artifacts recorded in its manifest."""
+    good = base_samples()
+    forced = good
+    for doc in range(0, 20, 3):
+        forced = mutate(forced, doc, lambda s: s.copy(logprobs=[lp - 0.5 for lp in s.logprobs]))
+    write_run(run_dir, {"legacy": good, "legacy-aa": good, "sp": faulty(good)}, reference="legacy", noise_floor="legacy-aa",
+              teachers={"legacy": good, "legacy-aa": good, "sp": forced}, run_info={"status": "ok", "kind": "run", "config": config})
+    for variant in ("legacy", "legacy-aa", "sp"):
+        vdir = RunDir(run_dir).variant(variant)
+        table = artifacts.read_table(vdir.samples)
+        artifacts.write_table(vdir.samples, set_column(table, "prompt_token_ids", [[1, 2, 3, 4]] * table.num_rows))
+    comparison = compare_run(run_dir)
+    info = read_run_document(run_dir).updated(verdict=comparison.status.value)
+    write_run_document(run_dir, info)
+    write_outputs(run_dir, comparison, info)
+    for variant in ("legacy", "legacy-aa", "sp"):
+        record_artifacts(RunDir(run_dir).variant(variant))
+    return run_dir

@@ -4,7 +4,11 @@ In-process (typer's runner): every case fails before anything starts."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -89,15 +93,17 @@ CASES = [
     ("task-unknown", GOOD, ["--task-selector", "gsm9k_synth"], ["gsm9k_synth"]),
     ("task-empty", GOOD, ["--task-selector", ""], ["task"]),
     ("task-commas", GOOD, ["--task-selector", ",,"], ["task"]),
-    ("limit-zero", GOOD, ["--limit", "0"], ["--limit must be a positive number"]),
-    ("limit-negative", GOOD, ["--limit", "-3"], ["--limit must be a positive number"]),
+    ("limit-zero", GOOD, ["--limit", "0"], ["--limit 0 is out of range: give a positive whole number (the bounds of the config key `tasks.<group>.<n>.limit`)"]),
+    ("limit-negative", GOOD, ["--limit", "-3"], ["--limit -3 is out of range"]),
     ("limit-text", GOOD, ["--limit", "ten"], ["--limit"]),
-    ("timeout-zero", GOOD, ["--timeout", "0"], ["--timeout 0 must be a positive number"]),
-    ("timeout-negative", GOOD, ["--timeout", "-1"], ["--timeout -1 must be a positive number"]),
+    ("timeout-zero", GOOD, ["--timeout", "0"], ["--timeout 0 is out of range: give a positive number of seconds"]),
+    ("timeout-negative", GOOD, ["--timeout", "-1"], ["--timeout -1 is out of range"]),
     ("timeout-text", GOOD, ["--timeout", "soon"], ["--timeout"]),
-    ("stall-timeout-zero", GOOD, ["--stall-timeout", "0"], ["--stall-timeout 0 must be a positive number"]),
-    ("stall-timeout-nan", GOOD, ["--stall-timeout", "nan"], ["--stall-timeout nan must be a positive number"]),
+    ("stall-timeout-zero", GOOD, ["--stall-timeout", "0"], ["--stall-timeout 0 is out of range: give a positive number (the bounds of the config key `launch.stall_timeout_s`)"]),
+    ("stall-timeout-nan", GOOD, ["--stall-timeout", "nan"], ["--stall-timeout nan is out of range"]),
     ("launch-stall-timeout", with_(launch={"stall_timeout_s": -5}), [], ["launch.stall_timeout_s"]),
+    ("localize-samples-bool", with_(localize={"samples": True}), ["--dry-run"],
+     ["`localize.samples`: got true where a number is wanted; give a number"]),  # pydantic would read it as 1
     ("run-id-escape", GOOD, ["--run-id", "../../escape"], ["--run-id '../../escape' is not a plain directory name"]),
     ("run-id-slash", GOOD, ["--run-id", "a/b"], ["is not a plain directory name"]),
     ("run-id-dots", GOOD, ["--run-id", ".."], ["is not a plain directory name"]),
@@ -249,6 +255,7 @@ def _compare_fixture(root: Path) -> None:
         "type.yaml": yaml.safe_dump({"scores": {"margin": "wide"}}),
         "union.yaml": yaml.safe_dump({"tokens": {"teacher_kl_max": {"abs": "big"}}}),
         "range.yaml": yaml.safe_dump({"scores": {"alpha": 0.7}}),
+        "bool.yaml": "scores: {margin: yes}\n",
         "list.yaml": "- scores\n- tokens\n",
         "empty.yaml": "",
     }
@@ -287,12 +294,13 @@ COMPARE_CASES = [
     ("gates-wrong-type", ["run", "--gates", "type.yaml"], None, ["`scores.margin`", "valid number", "got 'wide'"]),
     ("gates-wrong-type-union", ["run", "--gates", "union.yaml"], None, ["`tokens.teacher_kl_max.abs`: Input should be a valid number or 'auto', got 'big'"]),
     ("gates-out-of-range", ["run", "--gates", "range.yaml"], None, ["`scores.alpha`", "got 0.7"]),
+    ("gates-bool", ["run", "--gates", "bool.yaml"], None, ["`scores.margin`: got true where a number is wanted"]),
     ("gates-list", ["run", "--gates", "list.yaml"], None, ["list.yaml: expected a mapping", "found a list"]),
     ("gates-empty", ["run", "--gates", "empty.yaml"], None, ["empty.yaml: expected a mapping", "found an empty file"]),
     ("gates-binary", ["run", "--gates", "binary.yaml"], None, ["binary.yaml is not UTF-8 text"]),
     ("gates-directory", ["run", "--gates", "gatesdir"], None, ["gatesdir is a directory"]),
     ("gates-missing", ["run", "--gates", "nope.yaml"], None, ["nope.yaml does not exist"]),
-    ("margin-negative", ["run", "--margin", "-0.5"], None, ["--margin must be positive"]),
+    ("margin-negative", ["run", "--margin", "-0.5"], None, ["--margin must be positive and finite"]),
     ("margin-text", ["run", "--margin", "wide"], None, ["--margin"]),
     ("output-is-a-file", ["run", "--output", "a-file"], None, ["--output a-file is a file, not a directory"]),
     ("artifact-truncated", ["run"], "tokens.parquet", ["run/sp/tokens.parquet does not match its manifest", "re-run the variant or restore the file"]),
@@ -371,3 +379,144 @@ def test_bad_read_input_creates_nothing(tmp_path, monkeypatch, case, args, fragm
     flat = assert_one_sentence(CliRunner().invoke(app, args, env=env), [f.replace("HERE", str(here)) for f in fragments])
     print(f"{case}: {flat}")
     assert sorted(here.rglob("*")) == [], "nothing is created by a command that refused"
+
+
+# ---------------------------------------------------------------------------
+# Commands that write into an existing run directory (localize, compare, nightly
+# --from-run): refused before they print a plan or start anything, nothing written.
+# An option that sets the same quantity as a config key has the key's bounds.
+# ---------------------------------------------------------------------------
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+@pytest.fixture(scope="module")
+def loc_template(tmp_path_factory):
+    """runs/loc (a DIVERGENT run localize can read) in a directory every user can read:
+    a read-only case runs as `nobody` when the tests run as root (see read_only)."""
+    from nightly_fakes import write_localizable_run
+
+    from evalpipe.config.run_config import load_config
+
+    root = tmp_path_factory.mktemp("loc")
+    write_localizable_run(root / "runs" / "loc", load_config(CONFIG).model_dump(mode="json"))
+    return root
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` cannot be written meanwhile: its write bits off and, when the tests run as
+    root (whom permissions do not stop), this process's effective user `nobody`, which can
+    read what the test wrote (0644/0755 under a directory made traversable) but write none of it."""
+    mode = path.stat().st_mode
+    path.chmod(0o555)
+    root = os.geteuid() == 0
+    if root:
+        os.seteuid(65534)
+    try:
+        yield
+    finally:
+        if root:
+            os.seteuid(0)
+        path.chmod(mode)
+
+
+def _engines_must_not_start(*args, **kwargs):
+    raise AssertionError("a refused localize reached its engines")
+
+
+# (case id, arguments (relative to a copy of the template: runs/loc), tampering, fragments of the error)
+WRITE_CASES = [
+    ("localize-positions-huge", ["localize", "runs/loc", "--positions", "1000000"], None,
+     ["--positions 1000000 is out of range: give a whole number from 1 to 256 (the bounds of the config key `localize.positions`)"]),
+    ("localize-samples-huge", ["localize", "runs/loc", "--samples", "65"], None,
+     ["--samples 65 is out of range: give a whole number from 1 to 64", "`localize.samples`"]),
+    ("localize-decode-steps", ["localize", "runs/loc", "--decode-steps", "-1"], None,
+     ["--decode-steps -1 is out of range: give a whole number from 0 to 64", "`localize.decode_steps`"]),
+    ("localize-no-manifest", ["localize", "runs/loc", "--variant", "sp"], "sp/manifest.json",
+     ["runs/loc/sp/manifest.json is missing, so nothing shows that the files of variant 'sp' are what it wrote",
+      "restore it or re-run the variant"]),
+    ("localize-reference-no-manifest", ["localize", "runs/loc", "--variant", "sp"], "legacy/manifest.json",
+     ["runs/loc/legacy/manifest.json is missing"]),
+    ("localize-read-only", ["localize", "runs/loc", "--variant", "sp"], "read-only",
+     ["run directory runs/loc cannot be written (Permission denied); make it writable."]),
+    ("compare-read-only", ["compare", "runs/loc"], "read-only",
+     ["run directory runs/loc cannot be written (Permission denied); make it writable, or write the reports elsewhere with --output."]),
+    ("nightly-from-run-read-only", ["nightly", "-c", str(CONFIG), "--from-run", "runs/loc", "--history", "sqlite:///h.sqlite"],
+     "read-only", ["run directory runs/loc cannot be written (Permission denied); make it writable."]),
+    ("nightly-from-run-not-a-run", ["nightly", "-c", str(CONFIG), "--from-run", "runs", "--history", "sqlite:///h.sqlite"], None,
+     ["--from-run runs is not a run directory (no run.json)"]),
+    ("run-json-broken", ["localize", "runs/loc"], "run.json:garbage",
+     ["runs/loc/run.json is not valid JSON", "restore it from a copy, or run the tasks again with `evalpipe run`"]),
+]
+
+
+@pytest.mark.parametrize("case,args,tamper,fragments", WRITE_CASES, ids=[c[0] for c in WRITE_CASES])
+def test_bad_input_to_a_command_that_writes_into_a_run(loc_template, monkeypatch, case, args, tamper, fragments):
+    here = Path(tempfile.mkdtemp(prefix="evalpipe-corpus-"))  # not under pytest's own (0700) directories: `nobody` may enter it
+    try:
+        here.chmod(0o755)
+        shutil.copytree(loc_template / "runs", here / "runs")
+        run = here / "runs" / "loc"
+        name, _, how = (tamper or "").partition(":")
+        if how == "garbage":
+            (run / name).write_text("{not json")
+        elif name and name != "read-only":
+            (run / name).unlink()
+        monkeypatch.setattr("evalpipe.pipeline.localizing.ensure_model", _engines_must_not_start)
+        before = _snapshot(here)
+        with read_only(run) if name == "read-only" else contextlib.nullcontext():
+            res = _invoke_in(here, args)
+        flat = assert_one_sentence(res, fragments)
+        print(f"{case}: {flat}")
+        assert _snapshot(here) == before, "nothing is written by a command that refused"
+    finally:
+        shutil.rmtree(here, ignore_errors=True)
+
+
+def _invoke_in(here: Path, args: list[str]):
+    before = os.getcwd()
+    os.chdir(here)
+    try:
+        return CliRunner().invoke(app, args, env={"HOME": str(here), "EVALPIPE_DATA_DIR": str(here / "data")})
+    finally:
+        os.chdir(before)
+
+
+# (command line up to the option, the option, the config model and field of its twin key, the key);
+# --margin and `gates.scores.margin` share a rule of their own (run_config.margin_problem)
+TWINS = [
+    (["localize", "runs/loc"], "--samples", "Localize", "samples", "localize.samples"),
+    (["localize", "runs/loc"], "--positions", "Localize", "positions", "localize.positions"),
+    (["localize", "runs/loc"], "--decode-steps", "Localize", "decode_steps", "localize.decode_steps"),
+    (["run", "gsm8k", "--dry-run", "-c", str(CONFIG)], "--limit", "TaskSpec", "limit", "tasks.<group>.<n>.limit"),
+    (["nightly", "-c", str(CONFIG)], "--limit", "TaskSpec", "limit", "tasks.<group>.<n>.limit"),
+    (["calibrate", "-c", str(CONFIG)], "--limit", "TaskSpec", "limit", "tasks.<group>.<n>.limit"),
+    (["run", "gsm8k", "--dry-run", "-c", str(CONFIG)], "--stall-timeout", "LaunchFields", "stall_timeout_s", "launch.stall_timeout_s"),
+    (["nightly", "-c", str(CONFIG)], "--stall-timeout", "LaunchFields", "stall_timeout_s", "launch.stall_timeout_s"),
+]
+
+
+@pytest.mark.parametrize("prefix,option,model,field,key", TWINS, ids=[f"{t[0][0]} {t[1]}" for t in TWINS])
+def test_an_option_and_its_config_key_refuse_the_same_values(loc_template, tmp_path, monkeypatch, prefix, option, model, field, key):
+    """Just outside each bound of the key: the config refuses it, and so does the option, naming the key."""
+    import pydantic
+
+    from evalpipe.config import run_config
+
+    cls = getattr(run_config, model)
+    lower = upper = None
+    for m in cls.model_fields[field].metadata:
+        lower = getattr(m, "ge", None) if hasattr(m, "ge") else (getattr(m, "gt", None) if hasattr(m, "gt") else lower)
+        upper = getattr(m, "le", None) if hasattr(m, "le") else (getattr(m, "lt", None) if hasattr(m, "lt") else upper)
+    assert lower is not None, f"{model}.{field} has no lower bound"
+    whole = cls.model_fields[field].annotation in (int, int | None)
+    outside = [lower - 1] + ([upper + 1] if upper is not None else [])
+    shutil.copytree(loc_template / "runs", tmp_path / "runs")
+    monkeypatch.setattr("evalpipe.pipeline.localizing.ensure_model", _engines_must_not_start)
+    for value in outside:
+        value = int(value) if whole else value
+        with pytest.raises(pydantic.ValidationError):
+            cls.model_validate({"task": "t", field: value} if model == "TaskSpec" else {field: value})
+        res = _invoke_in(tmp_path, [*prefix, option, str(value)])
+        assert_one_sentence(res, [f"{option} {value:g} is out of range", f"`{key}`"])

@@ -245,14 +245,14 @@ def test_per_forward_exact():
 
 def test_per_forward_partial_fallback_shows_the_zeros():
     # the new path in 3 of 4 forward passes of one process, none in the other's 2
-    probes = side(proc(model(forwards=4, per_forward={"all_to_all@ep": {"3": 3}})),
+    probes = side(proc(model(forwards=4, per_forward={"dispatch@ep": {"3": 3}})),
                   proc(model(forwards=2, per_forward={}), pid=2))
-    assert per_forward_counts(probes, "all_to_all@ep") == ({"3": 3, "0": 3}, 6)
-    assert check({"per_forward": {"all_to_all@ep": 3}}, probes).failures == (
-        "variant `v` was expected to make 3 all_to_all@ep call(s) in every forward pass; "
+    assert per_forward_counts(probes, "dispatch@ep") == ({"3": 3, "0": 3}, 6)
+    assert check({"per_forward": {"dispatch@ep": 3}}, probes).failures == (
+        "variant `v` was expected to make 3 dispatch@ep call(s) in every forward pass; "
         "seen 3 in 3 of 6, 0 in 3 of 6 forward passes",)
-    assert not check({"per_forward": {"all_to_all@ep": {"min": 1}}}, probes).ok
-    assert check({"per_forward": {"all_to_all@ep": {"max": 3}}}, probes).ok
+    assert not check({"per_forward": {"dispatch@ep": {"min": 1}}}, probes).ok
+    assert check({"per_forward": {"dispatch@ep": {"max": 3}}}, probes).ok
 
 
 def test_per_forward_ranges_and_other():
@@ -265,7 +265,7 @@ def test_per_forward_ranges_and_other():
         "forward passes",)
     # more distinct counts than a record keeps: "other" never matches
     many = side(proc(model(forwards=4, per_forward={"all_gather": {"2": 2, "other": 2}})))
-    assert not check({"per_forward": {"all_gather": {"min": 0}}}, many).ok
+    assert not check({"per_forward": {"all_gather": {"min": 0, "max": 9}}}, many).ok
     # more than four distinct counts are cut short
     spread = side(proc(model(forwards=5, per_forward={"all_gather": {str(i): 1 for i in range(1, 6)}})))
     assert check({"per_forward": {"all_gather": 1}}, spread).failures[0].endswith(
@@ -494,6 +494,34 @@ def test_same_path_declares_an_a_a_pair():
     assert Expectations(model=MODEL).claims() == Expectations(model=MODEL, same_path=True).claims()
     judged = judge_paths(ref, var, outputs_identical=True)
     assert judged.status == VERIFIED and not judged.inconclusive
+
+
+def test_same_path_fails_when_the_variant_ran_other_code():
+    ref = PathSide("base", Expectations(called=[FN]), side(proc(model(), calls={FN: 3}), names={FN: FN}))
+    other = side(proc(model(layers={OLD_LAYER: 2}), calls={FN: 3}), names={FN: FN})
+    judged = judge_paths(ref, PathSide("base-aa", Expectations(called=[FN], same_path=True), other), outputs_identical=True)
+    assert judged.status == FAILED and judged.inconclusive
+    assert judged.reasons == (
+        "variant `base-aa` was declared to run the reference's code (same_path) but ran other code than `base`: "
+        f"decoder layer classes `{OLD_LAYER}` (the reference: `{LAYER}`)",)
+    # a configured function the reference called and the A/A run never did is other code too
+    silent = side(proc(model(), calls={}), names={FN: FN})
+    assert judge_paths(ref, PathSide("base-aa", Expectations(same_path=True), silent), True).status == FAILED
+    # counts per forward pass depend on the batches, which an A/A run rearranges: not a difference
+    rearranged = side(proc(model(per_forward={"all_gather": {"2": 3, "0": 1}}), calls={FN: 3}), names={FN: FN})
+    assert judge_paths(ref, PathSide("base-aa", Expectations(same_path=True), rearranged), True).status == VERIFIED
+
+
+def test_different_resolved_settings_are_a_comparison():
+    # an A/B of engine settings alone (max_num_seqs 64 against 7), no expectations, IDENTICAL outputs
+    a = side(proc(model(), switches={"max_num_seqs": 64, "dtype": "float32"}))
+    b = side(proc(model(), switches={"max_num_seqs": 7, "dtype": "float32"}))
+    judged = judge_paths(PathSide("big", None, a), PathSide("small", None, b), outputs_identical=True)
+    assert judged.status == VERIFIED and not judged.inconclusive and judged.same_profile is True
+    assert judged.reasons == ("the engines resolved different settings: max_num_seqs 64 \u2192 7",)
+    # the same code with the same resolved settings proves nothing
+    same = side(proc(model(), switches={"max_num_seqs": 64, "dtype": "float32"}))
+    assert judge_paths(PathSide("big", None, a), PathSide("again", None, same), True).status == SAME_CODE
 
 
 @pytest.mark.parametrize("missing", ["reference", "variant", "both"])

@@ -52,6 +52,13 @@ def test_arguments_must_be_variant_directories(tmp_path):
     assert proc.returncode == 2 and "is not a variant directory" in proc.stderr
 
 
+def test_a_variant_against_its_own_directory_compares_nothing(tmp_path):
+    a = write_variant(tmp_path / "run1", "legacy", make_samples(2))
+    proc = cli(str(a.root), str(tmp_path / "run1" / "." / "legacy"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "a variant against its own files compares nothing" in " ".join(proc.stderr.split())
+
+
 def test_changed_prompts_are_a_clear_user_error(tmp_path):
     from fakes import set_column
 

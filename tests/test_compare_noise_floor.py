@@ -92,7 +92,7 @@ def test_gates_come_from_run_json_unless_given(tmp_path):
 
 def test_invalid_gates_in_run_json_are_one_sentence(tmp_path):
     root = _noise_run(tmp_path, run_info={"config": {"gates": {"scores": {"margn": 0.1}}}})
-    with pytest.raises(UserError, match=r"run.json: config.gates.scores.margn: Extra inputs are not permitted; fix or remove it."):
+    with pytest.raises(UserError, match=r"run.json: config.gates.scores.margn: Extra inputs are not permitted; fix it, or restore it from a copy."):
         compare_run(root)
 
 

@@ -96,7 +96,7 @@ def test_metric_only_on_one_side():
 def test_status_helpers():
     assert worst_status([Status.IDENTICAL, Status.DIVERGENT]) is Status.DIVERGENT
     assert worst_status([Status.EQUIVALENT, Status.IDENTICAL]) is Status.EQUIVALENT
-    assert worst_status([]) is Status.IDENTICAL
+    assert worst_status([]) is Status.INCONCLUSIVE, "no comparison is no pass"
     # a divergence found outranks a comparison that proved nothing: the run is then DIVERGENT
     assert [s.value for s in sorted(Status, key=lambda s: s.severity)] == ["IDENTICAL", "EQUIVALENT", "INCONCLUSIVE", "DIVERGENT"]
     assert worst_status([Status.INCONCLUSIVE, Status.DIVERGENT]) is Status.DIVERGENT

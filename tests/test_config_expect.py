@@ -45,15 +45,84 @@ def test_unknown_key_names_the_keys():
     keys = ", ".join(Expectations.model_fields)
     assert error_of({"calld": ["pkg.m.f"]}) == f"my.yaml: variant `b`: unknown key `expect.calld`; the keys are {keys}."
     assert {"same_path", "model", "layers", "called", "not_called", "per_forward", "switches"} <= set(Expectations.model_fields)
-    # a typo in the shared expectations is reported (for the first variant that merges it)
-    assert error_of(shared={"modle": "pkg.m.M"}).startswith("my.yaml: variant `a`: unknown key `expect.modle`;")
+    # a typo in the shared expectations is reported as the top-level `expect:`'s, not as the first variant's
+    assert error_of(shared={"modle": "pkg.m.M"}).startswith("my.yaml: unknown key `expect.modle`;")
+    assert error_of(shared={"per_forward": {"all_gather": -1}}) == (
+        "my.yaml: `expect.per_forward`: the count of `all_gather` must be 0 or more; got -1.")
 
 
-@pytest.mark.parametrize("key", ["allgather", "all_gather@t-p", "pkg.m.f()", "f", "all gather"])
-def test_per_forward_key_is_a_collective_kind_or_a_function(key):
-    assert error_of({"per_forward": {key: 1}}) == (
-        f"my.yaml: variant `b`: `expect.per_forward`: `{key}` is neither a collective kind (all_reduce, all_gather, "
+def test_a_dotted_per_forward_key_is_a_function():
+    assert error_of({"per_forward": {"pkg.m.f()": 1}}) == (
+        "my.yaml: variant `b`: `expect.per_forward`: `pkg.m.f()` is neither a collective kind (all_reduce, all_gather, "
         "reduce_scatter, all_to_all, gather, dispatch, combine, optionally `@group`) nor a dotted function name.")
+
+
+@pytest.mark.parametrize("key, meant", [
+    ("allgather", "all_gather"), ("all gather", "all_gather"), ("all_gather@t-p", "all_gather@tp"),
+    ("all_gather@TP", "all_gather@tp"), ("all_to_all@tp", "all_to_all"), ("gather@virtual", "all_gather@virtual"),
+    ("all_gather@", "all_gather"), ("reduce_scater@tp", "reduce_scatter@tp"),
+])
+def test_a_collective_the_probes_never_record_is_refused_with_the_closest_name(key, meant):
+    # a count of 0 of a name no record holds would hold whatever the engine did
+    text = error_of({"per_forward": {key: 0}})
+    assert text.startswith(f"my.yaml: variant `b`: `expect.per_forward`: the probes never record `{key}`: "), text
+    assert text.endswith(f"; did you mean `{meant}`?"), text
+
+
+def test_the_vocabulary_is_what_the_recorder_records():
+    from evalpipe.probes import collectives, engine_hooks
+
+    # one list: the hooks count with the tables the check reads
+    assert engine_hooks.TORCH_COLLECTIVES is collectives.TORCH_COLLECTIVES
+    assert engine_hooks.GROUP_COLLECTIVES is collectives.GROUP_COLLECTIVES
+    names = collectives.recorded_names()
+    assert "all_gather@tp" in names and "all_to_all@torch" in names and "all_to_all@virtual" in names
+    assert "all_to_all@tp" not in names and "gather@torch" not in names and "gather@virtual" not in names
+    assert engine_hooks._torch_collective("all_reduce", ()) in names
+    for name in names:  # every name the recorder can write is one an expectation may name
+        assert config({"per_forward": {name: 1}}).variant_expect("b").per_forward[name] == 1
+
+
+def test_the_layout_models_collectives_are_in_the_vocabulary():
+    # what evalpipe/lab/layout/model.py reports, read from its source (importing it needs vLLM)
+    import re
+    from pathlib import Path
+
+    import evalpipe
+    from evalpipe.probes.collectives import VIRTUAL_GROUP, is_recorded
+    from evalpipe.probes.record import ProcessRecord
+
+    source = (Path(evalpipe.__file__).parent / "lab" / "layout" / "model.py").read_text(encoding="utf-8")
+    kinds = set(re.findall(r'probes\.collective\("(\w+)", VIRTUAL_GROUP', source))
+    assert kinds == {"all_gather", "reduce_scatter", "all_to_all", "all_reduce"}, kinds
+    assert all(is_recorded(f"{k}@{VIRTUAL_GROUP}") for k in kinds)
+    with pytest.raises(ValueError, match="not in the probes' vocabulary"):
+        ProcessRecord("/nonexistent", "v").note("gather", VIRTUAL_GROUP, ())
+
+
+@pytest.mark.parametrize("count, said", [
+    (-1, "the count of `all_gather` must be 0 or more; got -1"),
+    (True, "the count of `all_gather` must be a whole number, 0 or more; got True"),
+    (False, "the count of `all_gather` must be a whole number, 0 or more; got False"),
+    (2.5, "the count of `all_gather` must be a whole number, 0 or more; got 2.5"),
+    ("2", "the count of `all_gather` must be a whole number, 0 or more; got '2'"),
+    ({"min": 3, "max": 1}, "the range's min 3 is above its max 1 (no count holds); swap them"),
+    ({"min": -1}, "`min` must be 0 or more; got -1"),
+    ({"max": True}, "`max` must be a whole number, 0 or more; got True"),
+    ({}, "a range needs a `max`, or a `min` above 0 (without either every count holds)"),
+    ({"min": 0}, "a range needs a `max`, or a `min` above 0 (without either every count holds)"),
+])
+def test_a_count_is_a_whole_number_and_a_range_is_ordered(count, said):
+    text = error_of({"per_forward": {"all_gather": count}})
+    assert text.startswith("my.yaml: variant `b`: `expect.per_forward"), text
+    assert said in text, text
+
+
+@pytest.mark.parametrize("value", [True, False, 0, -2, 1.5, "2"])
+def test_engine_processes_is_a_positive_whole_number(value):
+    assert error_of({"engine_processes": value}) == (
+        f"my.yaml: variant `b`: `expect.engine_processes`: must be a whole number of processes, 1 or more; got {value!r}.")
+    assert config({"engine_processes": 2}).variant_expect("b").engine_processes == 2
 
 
 @pytest.mark.parametrize("key", ["all_gather", "all_gather@tp", "all_to_all@virtual", "combine", "pkg.m.Class.forward"])
@@ -67,13 +136,8 @@ def test_collective_key():
 
 
 def test_a_collective_with_an_empty_group_is_refused():
-    # BUG (evalpipe/config/run_config.py, collective_key): "all_gather@" passes (partition gives an empty
-    # group, read as "no group"), but no record ever holds an "all_gather@" key, so the
-    # expectation is accepted and then fails every run with "seen 0 in N of N forward passes".
-    # Suggested fix: `kind, sep, group = name.partition("@")` and require `group.isidentifier()`
-    # when `sep` is set.
     assert not collective_key("all_gather@")
-    assert "is neither a collective kind" in error_of({"per_forward": {"all_gather@": 1}})
+    assert "nothing follows `@`" in error_of({"per_forward": {"all_gather@": 1}})
 
 
 def test_unknown_short_switch_name():

@@ -307,7 +307,7 @@ def test_a_journal_line_from_before_the_version_is_read_and_a_cut_one_skipped(tm
 
 @pytest.mark.parametrize("line, fragment", [
     ('{"v": 2, "key": "k", "answer": {}}', "line 2 is a journal entry of version 2; this evalpipe reads version 1"),
-    ('{"v": 1, "key": "k", "answer": {}, "at": 5}', "line 2: at: Extra inputs are not permitted; delete the journal"),
+    ('{"v": 1, "key": "k", "answer": {}, "at": 5}', "line 2: at: Extra inputs are not permitted; move the journal out of the variant directory"),
     ('{"v": 1, "answer": {}}', "line 2: key: Field required"),
     ('[1, 2]', "line 2 is not a journal entry (a JSON object)"),
 ])
@@ -402,7 +402,7 @@ def test_a_run_document_redacts_what_it_writes(tmp_path):
 
 
 @pytest.mark.parametrize("edit, fragment", [
-    (lambda d: d.update(verdikt="OK"), "run.json: verdikt: Extra inputs are not permitted; fix or remove it."),
+    (lambda d: d.update(verdikt="OK"), "run.json: verdikt: Extra inputs are not permitted; fix it, or restore it from a copy."),
     (lambda d: d["noise_floor"].update(name="x"), "run.json: noise_floor.name: Extra inputs are not permitted"),
     (lambda d: d["variant_settings"]["sp"].update(pyhton="/x"), "run.json: variant_settings.sp.pyhton: Extra inputs"),
     (lambda d: d.update(version=2), "is a run.json of version 2; this evalpipe reads version 1"),

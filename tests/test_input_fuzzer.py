@@ -37,11 +37,16 @@ import typer
 from fuzz_inputs import (
     BAD_NAMES,
     CONFIGS,
+    Block,
     Mutation,
     bad_values,
     changed,
     config_mutations,
+    expect_blocks,
+    gates_file,
+    model_blocks,
     names_any,
+    outside_bounds,
     record,
     refusal,
     shipped_configs,
@@ -49,12 +54,13 @@ from fuzz_inputs import (
     shipped_probe_names,
     snapshot,
     task_groups,
+    with_block,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from in_process import evalpipe
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.run_config import Gates, Localize, load_config
 from evalpipe.probing.names import ResolvedName
 
 # ---------------------------------------------------------------------------
@@ -147,38 +153,26 @@ def _localize_reached_its_engines(*args: Any, **kwargs: Any) -> None:
     raise typer.Exit(0)
 
 
+def _night_reached_its_engines(*args: Any, **kwargs: Any) -> None:
+    typer.echo("fuzz: nightly accepted its input (stopped before tonight's run)")
+    raise typer.Exit(0)
+
+
 def _write_template(root: Path) -> None:
     """runs/night-00 and night-01 (legacy, legacy-aa, sp; their artifacts recorded as a
     worker records them), their history, a gates file, and runs/loc: a DIVERGENT run with
     default.yaml as its config and what localize reads (teacher-forced scores, prompts)."""
-    from fakes import mutate, record_artifacts, set_column, write_run
-    from nightly_fakes import base_samples, faulty, write_night
+    from fakes import record_artifacts
+    from nightly_fakes import write_localizable_run, write_night
 
-    from evalpipe.documents.run_doc import read_run_document, write_run_document
     from evalpipe.history.store import open_history
-    from evalpipe.pipeline.comparing import compare_run, write_outputs
-    from evalpipe.rundir import artifacts
     from evalpipe.rundir.artifacts import RunDir
 
     runs = root / "runs"
     for i in range(2):
         write_night(runs, i)
-    good = base_samples()
-    forced = good
-    for doc in range(0, 20, 3):
-        forced = mutate(forced, doc, lambda s: s.copy(logprobs=[lp - 0.5 for lp in s.logprobs]))
-    config = load_config(CONFIGS / "default.yaml").model_dump(mode="json")
-    write_run(runs / "loc", {"legacy": good, "legacy-aa": good, "sp": faulty(good)}, reference="legacy", noise_floor="legacy-aa",
-              teachers={"legacy": good, "legacy-aa": good, "sp": forced}, run_info={"status": "ok", "kind": "run", "config": config})
-    for variant in ("legacy", "legacy-aa", "sp"):
-        vdir = RunDir(runs / "loc").variant(variant)
-        table = artifacts.read_table(vdir.samples)
-        artifacts.write_table(vdir.samples, set_column(table, "prompt_token_ids", [[1, 2, 3, 4]] * table.num_rows))
-    comparison = compare_run(runs / "loc")
-    info = read_run_document(runs / "loc").updated(verdict=comparison.status.value)
-    write_run_document(runs / "loc", info)
-    write_outputs(runs / "loc", comparison, info)
-    for name in ("night-00", "night-01", "loc"):
+    write_localizable_run(runs / "loc", load_config(CONFIGS / "default.yaml").model_dump(mode="json"))
+    for name in ("night-00", "night-01"):
         for variant in ("legacy", "legacy-aa", "sp"):
             record_artifacts(RunDir(runs / name).variant(variant))
     hist = open_history(f"sqlite:///{root / 'hist' / 'history.sqlite'}", runs)
@@ -210,6 +204,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         mp.setattr("evalpipe.commands.run.execute", _engine_guard)
         mp.setattr("evalpipe.pipeline.launching.run_variant", _engine_guard)
         mp.setattr("evalpipe.pipeline.localizing.ensure_model", _localize_reached_its_engines)
+        mp.setattr("evalpipe.nightly.night.execute", _night_reached_its_engines)
         yield w
 
 
@@ -226,6 +221,7 @@ class Case:
     anchors: list[str]  # a refusal names one of these
     files: list[str] = field(default_factory=list)  # ... or one of these and a `key`
     must_refuse: str | None = None
+    must_accept: bool = False  # good input: refusing it is as wrong as accepting a bad one
     accepted: tuple[int, ...] = (0,)
     writes_when_accepted: bool = False  # compare, export, data build: their output is the point
     output_root: Path | None = None  # run: where the user put the run directories
@@ -251,6 +247,8 @@ def judge(world: World, ex: Example, case: Case, test: str) -> None:
             problems.append(f"the sentence names none of {case.anchors[:6]!r}")
     elif case.must_refuse and proc.returncode in case.accepted:
         problems.append(f"accepted although {case.must_refuse}")
+    if case.must_accept and proc.returncode not in case.accepted:
+        problems.append("refused although every part of it is good")
     new = changed(before, after)
     if new and (proc.returncode != 0 or not case.writes_when_accepted):
         problems.append(f"created or changed {new[:5]}")
@@ -308,6 +306,56 @@ def test_every_shipped_config_with_one_thing_wrong(world: World, mutation: Mutat
         judge(world, ex, Case(args, mutation.anchors, files, mutation.must_refuse,
                               output_root=ex.base / "out" if output else None, described=mutation.describe()),
               "config")
+
+
+# ---------------------------------------------------------------------------
+# Blocks: `expect:` (top level and a variant's), `localize:`, --gates files
+# ---------------------------------------------------------------------------
+
+
+def _block_case(args: list[str], block: Block, files: list[str], described: str, anchors_extra: tuple[str, ...] | list[str] = (),
+                **kw: Any) -> Case:
+    return Case(args, [*block.anchors, *anchors_extra, "expect", "localize", "gates"], files, block.must_refuse, must_accept=block.must_accept,
+                described=f"{described}: {block.describe()}", **kw)
+
+
+@given(block=expect_blocks(), data=st.data())
+@fuzzing(40)
+def test_expect_blocks(world: World, block: Block, data: st.DataObject) -> None:
+    config = data.draw(st.sampled_from(["default.yaml", "data_parallel.yaml", "numerics_bf16.yaml"]), label="config")
+    variant = data.draw(st.sampled_from([None, *_variants_of(config)]), label="variant")
+    where = ("expect",) if variant is None else ("variants", variant, "expect")
+    if variant is None:  # a top-level key every variant sets itself
+        own = [set(v.expect) for v in load_config(CONFIGS / config).variants.values()]
+        block.shadowed = set.intersection(*own)
+    with world.example() as ex:
+        (ex.cwd / "configs" / config).write_text(with_block(config, where, block), encoding="utf-8")
+        args = ["run", task_groups(config)[0], "-c", f"configs/{config}", "--dry-run", "--output", str(ex.base / "out")]
+        judge(world, ex, _block_case(args, block, [config], f"{config} {'.'.join(where)}", output_root=ex.base / "out",
+                                     anchors_extra=[variant] if variant else []), "expect")
+
+
+@given(block=model_blocks(Localize), word=st.sampled_from([None, None, None, "auto", "off", True, False, "on", "sometimes", ""]))
+@fuzzing(25)
+def test_localize_blocks(world: World, block: Block, word: str | bool | None) -> None:
+    if word is not None:  # the one-word form (YAML's bare on/off are true/false)
+        block = Block(word, [f"localize: {word!r}"], anchors=["localize", "when", "localize.when"])
+        if word not in ("auto", "off", True, False):
+            block.bad(f"`localize: {word!r}` is none of auto, off")
+    with world.example() as ex:
+        (ex.cwd / "configs" / "default.yaml").write_text(with_block("default.yaml", ("localize",), block), encoding="utf-8")
+        args = ["run", "gsm8k", "-c", "configs/default.yaml", "--dry-run", "--output", str(ex.base / "out")]
+        judge(world, ex, _block_case(args, block, ["default.yaml"], "default.yaml localize", output_root=ex.base / "out"), "localize-block")
+
+
+@given(block=model_blocks(Gates, threshold=True), wrapped=st.booleans(), output=st.booleans())
+@fuzzing(30)
+def test_gates_files(world: World, block: Block, wrapped: bool, output: bool) -> None:
+    with world.example(with_runs=True) as ex:
+        (ex.cwd / "fuzz-gates.yaml").write_text(gates_file(block, wrapped), encoding="utf-8")
+        args = ["compare", "runs/night-00", "--gates", "fuzz-gates.yaml", *(["--output", "cmp-out"] if output else [])]
+        judge(world, ex, _block_case(args, block, ["fuzz-gates.yaml"], f"--gates ({'under gates:' if wrapped else 'bare'})",
+                                     accepted=(0, 1, 4), writes_when_accepted=True), "gates")
 
 
 # ---------------------------------------------------------------------------
@@ -395,8 +443,29 @@ def localize_and_data_command_lines(draw: st.DrawFn) -> list[Arg]:
     if draw(st.booleans()):
         return [word("data", "build"), *_some(draw, [pos("gsm8k_synth", "names")])]
     return [word("localize"), pos("runs/loc", "run_dir", "run directory"),
-            *_some(draw, [opt("--variant", "sp", names=True, listed=True), opt("--samples", "2"), opt("--positions", "4"),
-                          opt("--decode-steps", "0"), opt("--timeout", "30")])]
+            *_some(draw, [opt("--variant", "sp", names=True, listed=True), opt("--samples", draw(st.sampled_from(["2", "64"]))),
+                          opt("--positions", draw(st.sampled_from(["4", "256"]))), opt("--decode-steps", draw(st.sampled_from(["0", "64"]))),
+                          opt("--timeout", "30")])]
+
+
+@st.composite
+def nightly_command_lines(draw: st.DrawFn) -> list[Arg]:
+    """Tonight's run (it stops where the run would start) or judging a finished one (--from-run)."""
+    config = [opt("-c", "configs/default.yaml", aliases=("--config",), names=True)]
+    if draw(st.booleans()):
+        return [word("nightly"), opt("--from-run", "runs/night-01", names=True), opt("--history", "HIST", names=True),
+                *_some(draw, [*config, opt("--dashboard", "dash/index.html", names=True), opt("--component", "vllm=abc123")])]
+    variants = draw(st.lists(st.sampled_from(_variants_of("default.yaml")), min_size=2, max_size=3, unique=True))
+    return [word("nightly"), opt("--output", "OUT", names=True), opt("--history", "HIST", names=True),
+            *_some(draw, [*config, opt("--limit", "3"), opt("--variants", ",".join(variants), names=True, listed=True),
+                          opt("--run-id", "fz-night", names=True), opt("--timeout", "60"), opt("--stall-timeout", "30"),
+                          opt("--component", "vllm_ascend=abc123"), opt("--dashboard", "dash/index.html", names=True)])]
+
+
+@st.composite
+def baseline_command_lines(draw: st.DrawFn) -> list[Arg]:
+    return [word("baseline", "set"), pos(draw(st.sampled_from(["night-00", "night-01"])), "run_id"), opt("--history", "HIST", names=True),
+            *_some(draw, [opt("--variant", draw(st.sampled_from(["legacy", "sp"])), names=True)])]
 
 
 _BLANK = ("", " ", ",", ",,", " , ")
@@ -428,7 +497,8 @@ class ArgMutation:
 def _cli_values() -> st.SearchStrategy[str]:
     return st.one_of(bad_values().map(lambda v: v if isinstance(v, str) else "" if v is None else str(v)),
                      st.sampled_from([*_BLANK, "a,a", "legacy,legacy", "sp,sp,sp", "-1", "0", "1e999", "inf", "-inf", "nan",
-                                      "--dry-run", "-c", *BAD_NAMES]))
+                                      "--dry-run", "-c", *BAD_NAMES]),
+                     st.sampled_from(["65", "257", "1000000", "1", "0.5", "1.0"]))  # around the bounds of the options with config keys
 
 
 def _applies(kind: str, a: Arg) -> bool:
@@ -474,6 +544,7 @@ def mutated(draw: st.DrawFn, lines: st.SearchStrategy[list[Arg]]) -> ArgMutation
             out.insert(i + 1, new)
         if value in a.blank:
             must = f"{name} is given {value!r}"
+        must = must or outside_bounds(name, value)
         if name in CLOSED_OPTIONS and value not in CLOSED_OPTIONS[name]:
             must = f"{name} {value!r} is none of {', '.join(sorted(CLOSED_OPTIONS[name]))}"
         described = f"{name} -> {value!r}" + (" (given twice)" if kind == "duplicate" else "")
@@ -570,6 +641,24 @@ def test_localize_and_data_build_command_lines(world: World, m: ArgMutation) -> 
         judge(world, ex, _command_case(ex, m, writes=data), "localize/data")
 
 
+@given(m=mutated(nightly_command_lines()))
+@fuzzing(30)
+def test_nightly_command_lines(world: World, m: ArgMutation) -> None:
+    with world.example(with_runs=True) as ex:
+        case = _command_case(ex, m, accepted=(0, 1, 4), writes=True)
+        case.anchors += ["--history", "--output", "--from-run"]
+        judge(world, ex, case, "nightly")
+
+
+@given(m=mutated(baseline_command_lines()))
+@fuzzing(20)
+def test_baseline_command_lines(world: World, m: ArgMutation) -> None:
+    with world.example(with_runs=True) as ex:
+        case = _command_case(ex, m, writes=True)
+        case.anchors += ["--history", "--output"]
+        judge(world, ex, case, "baseline")
+
+
 # ---------------------------------------------------------------------------
 # The fuzzer's own parts
 # ---------------------------------------------------------------------------
@@ -608,3 +697,22 @@ def test_the_interpreter_lookups_are_answered_from_the_shipped_names():
     assert known["evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention"] == "function"
     assert not any(n.startswith("vllm_ascend.") for n in known), "names this interpreter cannot import stay unknown, as for real"
     assert {"max_model_len", "hf_overrides", "data_parallel_size"} <= shipped_engine_args()
+
+
+def test_the_block_oracle_and_the_option_bounds():
+    from fuzz_inputs import KNOWN_GAPS
+
+    good = Block({"samples": 2})
+    assert good.must_accept and good.must_refuse is None
+    bad = Block({})
+    bad.bad("`samples: 0` is outside its bounds")
+    assert not bad.must_accept and bad.must_refuse == "`samples: 0` is outside its bounds"
+    for gap in KNOWN_GAPS:  # a known gap is asserted neither way ...
+        pending = Block({})
+        pending.bad("why", gap, key="per_forward")
+        assert pending.must_refuse is None and not pending.must_accept and gap in pending.gaps
+    unknown = Block({})
+    unknown.bad("why", "a rule now in place")  # ... a gap no longer listed is a must-refuse
+    assert unknown.must_refuse == "why"
+    assert outside_bounds("--positions", "1000000") and outside_bounds("--samples", "0") and outside_bounds("--margin", "nan")
+    assert not outside_bounds("--positions", "256") and not outside_bounds("--decode-steps", "0") and not outside_bounds("--limit", "x")

@@ -23,6 +23,8 @@ PYTHON = str(PROJECT / ".venv" / "bin" / "python")
 FILES = {
     "pnpkg/__init__.py": "from pnpkg.impl import f  # a re-export\n",
     "pnpkg/impl.py": """
+        import json
+
         CONST = 3
 
 
@@ -85,7 +87,7 @@ GOOD = ["pnpkg.impl.f", "pnpkg.f", "pnpkg.impl.K.m", "pnpkg.impl.Sub.m", "pnpkg.
         "pnpkg.impl.K", "pnpkg.impl.enabled()", "parallel_config.tensor_parallel_size",
         "parallel_config.use_sequence_parallel_moe", "additional_config.enable_x"]
 BAD = ["pnpkg.impl.K.p", "pnpkg.impl.CONST", "pnpkg.impl.missing", "pnpkg.impl.K.missing", "nopkg.mod.f",
-       "pnpkg.broken.f", "parallel_config.nope", "speculative_config.num_tokens"]
+       "pnpkg.broken.f", "parallel_config.nope", "speculative_config.num_tokens", "pnpkg.impl", "pnpkg.impl.json"]
 
 
 @pytest.fixture
@@ -140,6 +142,10 @@ def test_resolve_names_in_the_variants_interpreter(world):
     assert errors["pnpkg.impl.K.p"] == "is a property, not a function or method"
     assert errors["pnpkg.impl.CONST"] == "is a int, not a function or method"
     assert errors["pnpkg.impl.missing"] == "does not exist: pnpkg.impl has no attribute `missing`"
+    # a module (a package's, or one a module imported) is said to be one, not "does not exist"
+    assert errors["pnpkg.impl"] == "is a module, not a function (name one of its functions, e.g. pnpkg.impl.<function>)"
+    assert errors["pnpkg.impl.json"] == ("is a module, not a function (name one of its functions, e.g. "
+                                         "pnpkg.impl.json.<function>)")
     assert errors["pnpkg.impl.K.missing"] == "does not exist: pnpkg.impl.K has no attribute `missing`"
     assert errors["nopkg.mod.f"].startswith("cannot be imported: ModuleNotFoundError: no module of nopkg.mod.f can be imported")
     # a module that exists but imports something missing says what is missing
@@ -202,6 +208,8 @@ FOUND = {
     "pkg.m.Layer": ResolvedName("pkg.m.Layer", "class", "pkg.m.Layer", "pkg.m", "Layer"),
     "pkg.m.gone": ResolvedName("pkg.m.gone", "function", error="does not exist: pkg.m has no attribute `gone`"),
     "pkg.m.on()": ResolvedName("pkg.m.on()", "predicate", "pkg.m.on()", "pkg.m", "on"),
+    "pkg.mod": ResolvedName("pkg.mod", "function", error="is a module, not a function (name one of its functions, e.g. "
+                                                         "pkg.mod.<function>)"),
 }
 
 
@@ -223,6 +231,9 @@ def test_check_variant_accepts_what_exists_and_ignores_names_it_was_not_given():
      "under /py"),
     ({"per_forward": {"pkg.m.Model": 1}}, "`expect.per_forward` names `pkg.m.Model`, which is a class"),
     ({"switches": {"pkg.m.gone": 1}}, "`expect.switches` names `pkg.m.gone`, which does not exist"),
+    ({"called": ["pkg.mod"]}, "`expect.called` names `pkg.mod`, which is a module, not a function (name one of its "
+                              "functions, e.g. pkg.mod.<function>) under /py"),
+    ({"model": "pkg.mod"}, "`expect.model` names `pkg.mod`, which is a module, not a class (name the class defined in it"),
 ])
 def test_check_variant_refuses_in_one_sentence(expect, message):
     with pytest.raises(ConfigError) as err:

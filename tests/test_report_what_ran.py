@@ -71,7 +71,8 @@ TRAP_FAILURES = {
 }
 OUTPUTS_LINE = f"the outputs alone would be IDENTICAL: {TASK}: 4/4 samples bitwise identical (137 tokens, ids and logprobs)"
 SAME_CODE_REASON = ("the variants ran the same code: nothing was compared (same model and layer classes, functions "
-                    "called and collectives per forward pass, IDENTICAL outputs, and no expectation tells `legacy` and "
+                    "called and collectives per forward pass, same settings resolved by the engine, IDENTICAL "
+                    "outputs, and no expectation tells `legacy` and "
                     "`sp` apart); declare what each path must show under `expect:`, or `expect: {same_path: true}` "
                     "for a pair meant to be an A/A")
 NOT_RECORDED_NOTE = "path not verified: `legacy`, `sp` ran before evalpipe recorded path probes"

@@ -374,11 +374,22 @@ def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(tmp
     assert_resumed_to_the_uninterrupted_artifacts(run_dir, done, attempts=len(KILL_POINTS))
 
 
+def test_a_run_of_the_reference_alone_compared_nothing_and_does_not_pass(tmp_path):
+    path = write_config(tmp_path, "alone", reference="ref", variants={"ref": {}, "other": {}})
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--variants", "ref", "--limit", "2", "--run-id", "alone", cwd=tmp_path)
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = " ".join(proc.stdout.split())
+    assert "INCONCLUSIVE only the reference `ref` ran: nothing was compared, so nothing is proven;" in said, said
+    info = json.loads((tmp_path / "runs" / "alone" / "run.json").read_text())
+    assert info["status"] == "ok" and info.get("verdict") is None
+
+
 # ---------------------------------------------------------------- nightly
 
 def test_nightly_passes_its_first_night_and_flags_a_drift_from_the_baseline_night(tmp_path):
     """`evalpipe nightly`'s own branches on two nights of one variant: the first has no
-    baseline and passes; the second, whose engine draws other tokens from the 3rd on,
+    baseline and compares nothing, so it is INCONCLUSIVE (exit 4), never a pass, yet the
+    baseline of the next; the second, whose engine draws other tokens from the 3rd on,
     teacher-forces the baseline night's sequences too and is a REGRESSION (exit 1)."""
     path = write_config(tmp_path, "nightly", reference="ref", variants={"ref": {}})
     cfg = yaml.safe_load(path.read_text())
@@ -391,8 +402,11 @@ def test_nightly_passes_its_first_night_and_flags_a_drift_from_the_baseline_nigh
                         "--component", f"vllm_ascend={component}", "--run-id", run_id, cwd=tmp_path, behaviour=behaviour)
 
     first = night("night-1", "good", "1")
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "nightly night-1: PASS (no baseline yet)" in first.stdout
+    assert first.returncode == 4, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "nightly night-1: INCONCLUSIVE (no baseline yet)" in first.stdout
+    assert "tonight compared nothing: the variant selection leaves no variant to compare with the reference `ref`" in (
+        " ".join(first.stdout.split()))
+    assert json.loads((tmp_path / "runs" / "night-1" / "nightly.json").read_text())["compared"] is False
     assert not (tmp_path / "runs" / "night-1" / "ref" / "teacher_baseline.parquet").exists()
     second = night("night-2", "bad", "diverge=3")
     assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]

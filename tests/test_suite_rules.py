@@ -211,3 +211,25 @@ def test_no_import_circle():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as err:
         raise AssertionError(f"import circle: {' -> '.join(err.args[1])}") from None
+
+
+def _messages(tree: ast.AST) -> list[ast.Constant]:
+    """The string literals of a module but its docstrings (what a user can be told)."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_message_offers_deleting_as_the_way_forward():
+    """A run's files are its evidence: a message says how to restore, redo or move aside
+    what is in the way, never to delete it (`restore or delete run.json` once did)."""
+    import re
+
+    advice = re.compile(r"(?i)\b(delete|erase)\b|\brm -|\bremove (the|its|this) (file|journal|directory|run|manifest)")
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in _messages(ast.parse(path.read_text(encoding="utf-8"))):
+            if advice.search(node.value):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value[:100]!r}")
+    assert found == [], found

@@ -264,7 +264,7 @@ def test_a_file_added_after_the_variant_finished_is_refused(tmp_path):
     extra = run_dir / "sp" / "teacher_baseline.parquet"
     extra.write_bytes((run_dir / "sp" / "teacher.parquet").read_bytes())
     with pytest.raises(ArtifactMismatch, match=rf"^{re.escape(str(extra))} is not in its manifest \(the variant finished "
-                                               r"without it, so it was added afterwards\); delete it or re-run the variant\.$"):
+                                               r"without it, so it was added afterwards\); move it out of the variant directory or re-run the variant\.$"):
         compare_run(run_dir)
     (run_dir / "sp" / "notes.txt").write_text("not an artifact")  # what no reader reads is not checked
     extra.unlink()
@@ -375,7 +375,8 @@ def test_a_second_process_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path
         # `evalpipe compare` would rewrite run.json and the reports: refused, exit 2, nothing written
         monkeypatch.chdir(tmp_path)
         res = CliRunner().invoke(app, ["compare", str(run_dir)])
-        assert res.exit_code == 2 and one_error_line(res.stderr or res.output) == str(err.value)
+        assert res.exit_code == 2 and one_error_line(res.stderr or res.output) == str(err.value).replace(
+            "(another --run-id or --output)", "with --output").replace("write elsewhere", "write the reports elsewhere")
         assert not (run_dir / "compare.json").exists()
         # reading it into another directory needs no lock
         res = CliRunner().invoke(app, ["compare", str(run_dir), "--output", str(tmp_path / "elsewhere")])

@@ -33,12 +33,15 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
             raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
         chosen = split_csv(variants, "--variants") or None
         # it rewrites run.json and the reports there: not while a run or another compare writes them
-        with holding_run_dir(run_dir) if output is None else nullcontext():
+        with holding_run_dir(run_dir, elsewhere="or write the reports elsewhere with --output") if output is None else nullcontext():
             return report_run(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates,
                               unverified=unverified)[0]
     if len(targets) == 2:
         if reference or variants:
             raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
+        if targets[0].resolve() == targets[1].resolve():
+            raise UserError(f"both arguments name {targets[0]}: a variant against its own files compares nothing; "
+                            "pass the variant directories of two runs.")
         for t in targets:
             # --unverified: a variant directory is known by its samples when its manifest is gone
             if not ((t / "manifest.json").is_file() or (unverified and (t / "samples.parquet").is_file())):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from evalpipe.config.option_bounds import check_option
+from evalpipe.config.run_config import Localize
 from evalpipe.documents.comparison import read_comparison
 from evalpipe.errors import EvalpipeError, ExitCode, UserError
 from evalpipe.pipeline.launching import Limits
@@ -19,14 +21,12 @@ from evalpipe.rundir.lock import holding_run_dir
 
 def localize_command(run_dir: Path, console: Console, *, variant: str | None = None, samples: int | None = None,
                      positions: int | None = None, decode_steps: int | None = None, timeout: float | None = None) -> int:
-    for name, value in (("--samples", samples), ("--positions", positions)):
-        if value is not None and value < 1:
-            raise UserError(f"{name} {value}: give a positive number.")
-    if decode_steps is not None and not 0 <= decode_steps <= 64:
-        raise UserError(f"--decode-steps {decode_steps}: give a number from 0 (prefill only) to 64.")
+    for option, value, field in (("--samples", samples, "samples"), ("--positions", positions, "positions"),
+                                 ("--decode-steps", decode_steps, "decode_steps")):
+        check_option(option, value, Localize, field, f"localize.{field}")
     if not (run_dir / "run.json").is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
-    with holding_run_dir(run_dir):  # it rewrites the reports: not while a run or a compare writes them
+    with holding_run_dir(run_dir, elsewhere=None):  # it rewrites the reports: not while a run or a compare writes them
         localize_run(run_dir, console, Request(tuple(split_csv(variant, "--variant")), samples, positions, decode_steps), Limits(timeout_s=timeout))
     return ExitCode.OK
 
@@ -41,7 +41,7 @@ def localize_after_run(run_dir: Path, console: Console) -> None:
     if not divergent:
         return
     try:
-        with holding_run_dir(run_dir):
+        with holding_run_dir(run_dir, elsewhere=None):
             localize_run(run_dir, console, Request(divergent))
     except EvalpipeError as err:
         console.print(f"[yellow]warning:[/] localize ({', '.join(divergent)}) failed: {err}", soft_wrap=True)

@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from evalpipe.commands.localize import localize_after_run
-from evalpipe.config.run_config import load_config
+from evalpipe.config.option_bounds import check_option
+from evalpipe.config.run_config import LaunchFields, load_config
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label
@@ -63,9 +64,9 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
 
 
 def check_time_limits(timeout: float | None, stall_timeout: float | None) -> None:
-    for option, value in (("--timeout", timeout), ("--stall-timeout", stall_timeout)):
-        if value is not None and not value > 0:
-            raise UserError(f"{option} {value:g} must be a positive number of seconds.")
+    if timeout is not None and not timeout > 0:  # no config key sets it
+        raise UserError(f"--timeout {timeout:g} is out of range: give a positive number of seconds.")
+    check_option("--stall-timeout", stall_timeout, LaunchFields, "stall_timeout_s", "launch.stall_timeout_s")
 
 
 def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> None:

@@ -11,9 +11,10 @@ versioned). Here, with no file read or written:
 - :func:`profile`: what code a variant ran, as far as the probes see it (model and layer
   classes, functions called, collectives per forward pass);
 - :func:`judge_paths`: both sides of a comparison -> ``verified`` (each side's evidence
-  holds), ``failed`` (an expectation failed, or a side cannot be verified: endpoint mode,
-  no records), ``same_code`` (no expectation tells the sides apart, the profiles are the
-  same and the outputs IDENTICAL: nothing was compared), or ``not_recorded`` (a run
+  holds), ``failed`` (an expectation failed, a side cannot be verified: endpoint mode,
+  no records, or a side declared ``same_path`` ran other code), ``same_code`` (no
+  expectation tells the sides apart, the profiles and the engines' resolved settings are
+  the same and the outputs IDENTICAL: nothing was compared), or ``not_recorded`` (a run
   from before the probes existed: said, not judged);
 - :func:`apply_paths`: the verdict made INCONCLUSIVE when the paths say so.
 """
@@ -364,9 +365,44 @@ class PathJudgement:
 
 
 SAME_CODE_REASON = ("the variants ran the same code: nothing was compared (same model and layer classes, functions "
-                    "called and collectives per forward pass, IDENTICAL outputs, and no expectation tells `{a}` and "
+                    "called and collectives per forward pass, same settings resolved by the engine, IDENTICAL "
+                    "outputs, and no expectation tells `{a}` and "
                     "`{b}` apart); declare what each path must show under `expect:`, or `expect: {{same_path: true}}` "
                     "for a pair meant to be an A/A")
+
+
+def resolved_settings(probes: VariantProbes) -> dict[str, tuple[str, ...]]:
+    """Each switch the engine resolved (``max_num_seqs``, ``dtype``, a vllm_config path ...)
+    -> its distinct values over the processes that built a model, as JSON texts."""
+    seen: dict[str, set[str]] = {}
+    for p in probes.builders:
+        for key, value in p.switches.items():
+            seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True))
+    return {k: tuple(sorted(v)) for k, v in sorted(seen.items())}
+
+
+def settings_differences(a: VariantProbes, b: VariantProbes) -> list[str]:
+    """``name a -> b`` for each switch the two sides' engines resolved differently."""
+    sa, sb = resolved_settings(a), resolved_settings(b)
+    missing = ("not recorded",)
+    return [f"{key} {', '.join(sa.get(key, missing))} → {', '.join(sb.get(key, missing))}"
+            for key in sorted(set(sa) | set(sb)) if sa.get(key) != sb.get(key)]
+
+
+def _path_differences(reference: VariantProbes, variant: VariantProbes) -> list[str]:
+    """What tells two sides' code apart whatever their batches were: the model and layer
+    classes, and which of the configured names were called (counts per forward pass
+    depend on the batches, which an A/A run rearranges on purpose)."""
+    a, b = profile(reference), profile(variant)
+    configured = {c for probes in (reference, variant) for c in probes.names.values() if c}
+    out = []
+    for label, x, y in (("model classes", a.model_classes, b.model_classes),
+                        ("decoder layer classes", a.layer_classes, b.layer_classes),
+                        ("configured functions called", a.called & configured, b.called & configured)):
+        if x != y:
+            out.append(f"{label} {', '.join(f'`{n}`' for n in sorted(y)) or 'none'} (the reference: "
+                       f"{', '.join(f'`{n}`' for n in sorted(x)) or 'none'})")
+    return out
 
 
 def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool) -> PathJudgement:
@@ -379,12 +415,22 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
     failures = tuple(f for c in checks for f in c.failures)
     if failures:
         return PathJudgement(FAILED, failures, checks)
-    same = profile(reference.probes) == profile(variant.probes)  # type: ignore[arg-type]
+    ref_probes, var_probes = reference.probes, variant.probes
+    assert ref_probes is not None and var_probes is not None  # narrowed above
+    same = profile(ref_probes) == profile(var_probes)
     claims_differ = (reference.expect or Expectations()).claims() != (variant.expect or Expectations()).claims()
     meant_same = variant.expect is not None and variant.expect.same_path
-    if same and outputs_identical and not claims_differ and not meant_same:
+    if meant_same and (differs := _path_differences(ref_probes, var_probes)):
+        return PathJudgement(FAILED, (f"variant `{variant.variant}` was declared to run the reference's code "
+                                      f"(same_path) but ran other code than `{reference.variant}`: {'; '.join(differs)}",),
+                             checks, same)
+    # the same code with other resolved settings (max_num_seqs 7 against 64) is an A/B of those settings
+    settings = settings_differences(ref_probes, var_probes)
+    if same and outputs_identical and not claims_differ and not meant_same and not settings:
         return PathJudgement(SAME_CODE, (SAME_CODE_REASON.format(a=reference.variant, b=variant.variant),), checks, same)
     evidence = tuple(f"{c.variant}: {'; '.join(c.evidence)}" for c in checks if c.evidence)
+    if settings and not meant_same:
+        evidence += (f"the engines resolved different settings: {'; '.join(settings)}",)
     return PathJudgement(VERIFIED, evidence, checks, same)
 
 

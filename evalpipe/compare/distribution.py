@@ -43,10 +43,11 @@ import numpy as np
 from scipy import stats
 
 from evalpipe.compare.scores import to_jsonable
+from evalpipe.config.run_config import SIGN_FLIP_RESAMPLES
 from evalpipe.documents import comparison as schema
 
 EXACT_MAX_SAMPLES = 16
-N_RESAMPLES = 9999
+N_RESAMPLES = SIGN_FLIP_RESAMPLES  # the config bounds alpha by the smallest p-value it allows
 SEED = 0
 TESTS = ("dlogprob_shift", "kl_shift")
 ALTERNATIVE = {"dlogprob_shift": "two-sided", "kl_shift": "greater"}

@@ -79,10 +79,7 @@ from evalpipe.documents import comparison as schema
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SCORE_GATES = ("score_equivalence", "score_mcnemar")
-FREE_GATES = ("free_hard_divergences", "free_kl_max")
-TEACHER_GATES = ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips")
 DISTRIBUTION_GATES = ("teacher_dlogprob_shift", "teacher_kl_shift")
-GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES + DISTRIBUTION_GATES
 # Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
 POINTERS_IN_DETAIL = 3
 NO_TEACHER = "no teacher-forced data (teacher.parquet missing on one side)"
@@ -332,6 +329,13 @@ TEACHER_MEASURES = (
     _TokenMeasure("teacher_kl_max", "kl_max", "worst at", _kl_positions),
     _TokenMeasure("teacher_hard_top1_flips", "n_top1_hard", "first at", _top1_positions, True),
 )
+
+
+FREE_GATES = tuple(m.gate for m in FREE_MEASURES)
+TEACHER_GATES = tuple(m.gate for m in TEACHER_MEASURES)
+# Every gate evaluate_gates can produce, in report order: the registry the reports, the
+# history and the rule that every gate can fail (tests/test_every_check_can_fail.py) read.
+GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES + DISTRIBUTION_GATES
 
 
 def _aa_value(m: _TokenMeasure, aa: Mapping[str, TaskTokenSummary] | None, task: str) -> float | None:

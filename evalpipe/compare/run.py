@@ -42,7 +42,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
-from evalpipe.config.run_config import Expectations, Gates
+from evalpipe.config.run_config import Expectations, Gates, margin_problem
 from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
 
@@ -169,6 +169,8 @@ def with_margin(gates: Gates | None, margin: float | None) -> Gates:
     gates = Gates() if gates is None else gates
     if margin is None:
         return gates
+    if problem := margin_problem(margin):  # model_copy validates nothing
+        raise UserError(f"the score margin {problem}.")
     return gates.model_copy(update={"scores": gates.scores.model_copy(update={"margin": margin})})
 
 

@@ -23,13 +23,15 @@ from enum import Enum
 from typing import Iterable, Sequence
 
 from evalpipe.compare.distribution import ShiftTest
-from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
+from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.tokens import TaskTokenSummary
 from evalpipe.config.run_config import Gates
 from evalpipe.errors import ExitCode
 
+NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
+                  "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")
 MINUS = "\u2212"
 ARROW = "\u2192"
 
@@ -68,8 +70,9 @@ STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1,
 
 
 def worst_status(statuses: Iterable[Status]) -> Status:
+    """The worst of several comparisons' statuses; of none, INCONCLUSIVE (nothing compared is no pass)."""
     statuses = list(statuses)
-    return max(statuses, key=lambda s: s.severity) if statuses else Status.IDENTICAL
+    return max(statuses, key=lambda s: s.severity) if statuses else Status.INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -311,6 +314,9 @@ def decide(
     failing = [g.detail for g in results if g.failed]
     if failing or f.structural:
         return Verdict(Status.DIVERGENT, tuple(failing + f.structural + f.differences), results)
+    if f.differences and not any(g.status == PASS for g in results):
+        # different outputs that no gate could judge (the score gates off, the others skipped): nothing shows them equivalent
+        return Verdict(Status.INCONCLUSIVE, (NO_GATE_JUDGED + f" ({gates_summary(results)})", *f.differences), results)
     if f.differences:
         return Verdict(Status.EQUIVALENT, tuple(f.differences + [gates_summary(results)]), results)
     return Verdict(Status.IDENTICAL, tuple(f.evidence), results)

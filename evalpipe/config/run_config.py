@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 import types
 import typing
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from evalpipe.config.engine_args import dtype_problem
 from evalpipe.config.errors import ConfigError
@@ -27,12 +28,29 @@ from evalpipe.engine_patches.switches import check_env
 from evalpipe.install import default_config
 from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
-from evalpipe.probes import COLLECTIVE_KINDS
+from evalpipe.probes.collectives import COLLECTIVE_KINDS, collective_problem, looks_collective
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
+
+
+def _wants_a_number(annotation: Any) -> bool:
+    """A field of numbers (int, float, or either with None or a word) that takes no bool."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    return bool(set(args) & {int, float}) and bool not in args
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # before every field's own check (a subclass's validators run first and may say it more precisely)
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true for 1 and false for 0, so `samples: true` or `margin: yes` would
+        # be read as a number nobody wrote; YAML makes a bool of more words than `true`
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _wants_a_number(field.annotation):
+            raise ValueError(f"got {str(value).lower()} where a number is wanted; give a number")
+        return value
 
 
 class ModelSpec(_Strict):
@@ -129,11 +147,34 @@ class Launch(LaunchFields):
         return self
 
 
+def whole_count(value: Any, what: str) -> int:
+    """A count as a config writes it: a whole number, 0 or more. YAML's `true` is refused
+    (pydantic would read it as 1), as are 2.0 and "2"."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be a whole number, 0 or more; got {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be 0 or more; got {value}")
+    return value
+
+
 class CountRange(_Strict):
-    """Calls per forward pass between ``min`` and ``max`` (either may be left out)."""
+    """Calls per forward pass between ``min`` and ``max`` (either may be left out, not both)."""
 
     min: int | None = Field(default=None, ge=0)
     max: int | None = Field(default=None, ge=0)
+
+    @field_validator("min", "max", mode="before")
+    @classmethod
+    def _whole(cls, value: Any, info: Any) -> Any:
+        return None if value is None else whole_count(value, f"`{info.field_name}`")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "CountRange":
+        if not self.min and self.max is None:
+            raise ValueError("a range needs a `max`, or a `min` above 0 (without either every count holds)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"the range's min {self.min} is above its max {self.max} (no count holds); swap them")
+        return self
 
     def holds(self, n: int) -> bool:
         return (self.min is None or n >= self.min) and (self.max is None or n <= self.max)
@@ -154,7 +195,8 @@ def _dotted(name: str) -> bool:
 
 
 def collective_key(name: str) -> bool:
-    """``all_gather`` or ``all_gather@tp``: a collective kind, optionally on one group."""
+    """``all_gather`` or ``all_gather@tp``: a collective kind, optionally on one group (a
+    record's key; an expectation's is also checked against the probes' vocabulary)."""
     kind, at, group = name.partition("@")
     return kind in COLLECTIVE_KINDS and (not at or group.isidentifier())
 
@@ -169,13 +211,13 @@ class Expectations(_Strict):
     """
 
     same_path: bool = Field(
-        default=False,
+        default=False, strict=True,
         description="The variant is meant to run the reference's code (an A/A pair): identical outputs with the same "
         "probe profile then pass instead of being INCONCLUSIVE.",
     )
     model: str | None = Field(default=None, description="Class vLLM must instantiate in every process that builds a model (module.Class).")
     engine_processes: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, strict=True,
         description="How many processes build the model: one per engine (data-parallel rank) times its tensor- and "
         "pipeline-parallel workers.",
     )
@@ -208,15 +250,27 @@ class Expectations(_Strict):
                 raise ValueError(f"`{name}` is not a dotted name such as package.module.Class.method")
         return value
 
-    @field_validator("per_forward")
+    @field_validator("engine_processes", mode="before")
     @classmethod
-    def _counted_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for name in value:
-            if not collective_key(name) and not (_dotted(name) and not name.endswith("()")):
-                raise ValueError(
-                    f"`{name}` is neither a collective kind ({', '.join(COLLECTIVE_KINDS)}, optionally `@group`) "
-                    "nor a dotted function name"
-                )
+    def _processes_counted(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"must be a whole number of processes, 1 or more; got {value!r}")
+        return value
+
+    @field_validator("per_forward", mode="before")
+    @classmethod
+    def _counted_names(cls, value: Any) -> Any:
+        for name, count in value.items() if isinstance(value, dict) else ():
+            if not isinstance(name, str):
+                raise ValueError(f"{name!r} is read as a {type(name).__name__}; name a collective or a function")
+            if looks_collective(name):
+                if problem := collective_problem(name):
+                    raise ValueError(problem)
+            elif not _dotted(name) or name.endswith("()"):
+                raise ValueError(f"`{name}` is neither a collective kind ({', '.join(COLLECTIVE_KINDS)}, optionally `@group`) "
+                                 "nor a dotted function name")
+            if not isinstance(count, dict):
+                whole_count(count, f"the count of `{name}`")
         return value
 
     @field_validator("switches")
@@ -318,6 +372,31 @@ class Capture(_Strict):
 
 AUTO: Final = "auto"
 
+# The distributional gates' sign-flip test draws this many random flips beyond 16 samples
+# (evalpipe.compare.distribution), so its p-value is never below 1 / (1 + this): an alpha at
+# or under that leaves those gates unable to fail.
+SIGN_FLIP_RESAMPLES: Final = 9999
+SMALLEST_SIGN_FLIP_P: Final = 1 / (1 + SIGN_FLIP_RESAMPLES)
+
+
+def margin_problem(margin: float) -> str | None:
+    """Why a TOST margin leaves the score equivalence gate unable to fail, or None. The
+    margin is on the metric's scale; the scores compared are 0/1 per item (exact_match,
+    accuracy), whose paired difference never exceeds 1."""
+    if not math.isfinite(margin) or margin <= 0:
+        return f"must be positive and finite (a score difference on the metric's scale, e.g. 0.01); got {margin}"
+    if margin >= 1:
+        return (f"must be below 1: no paired difference of a 0/1 metric (exact_match, accuracy) exceeds 1, so a margin "
+                f"of {margin:g} leaves the equivalence gate unable to fail; use e.g. 0.01 (1 point)")
+    return None
+
+
+def _bound(value: Any, what: str) -> Any:
+    """A gate's floor or multiple: finite and >= 0 (a bound of infinity, or NaN, is never exceeded)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a finite number >= 0{what}; got {value} (the gate could never fail)")
+    return value
+
 
 class Tolerance(_Strict):
     """A gate on one token metric: fail when measured > max(abs, rel_aa x the A/A value).
@@ -334,10 +413,13 @@ class Tolerance(_Strict):
 
     @field_validator("abs")
     @classmethod
-    def _non_negative(cls, v: float | str) -> float | str:
-        if not isinstance(v, str) and v < 0:
-            raise ValueError("must be >= 0 or `auto`")
-        return v
+    def _finite_floor(cls, v: float | str) -> float | str:
+        return _bound(v, " or `auto`")
+
+    @field_validator("rel_aa")
+    @classmethod
+    def _finite_multiple(cls, v: float | None) -> float | None:
+        return _bound(v, " or null")
 
     def floor(self, auto_floor: float) -> float:
         return auto_floor if self.abs == AUTO else float(self.abs)
@@ -350,10 +432,17 @@ class Tolerance(_Strict):
 
 
 class ScoreGates(_Strict):
-    margin: float = Field(default=0.01, gt=0, description="TOST equivalence margin on the metric's scale (0.01 = 1 point of accuracy).")
+    margin: float = Field(default=0.01, description="TOST equivalence margin on the metric's scale (0.01 = 1 point of accuracy); below 1.")
     alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Level of McNemar's test and of TOST (TOST uses the 1 - 2 alpha interval).")
     require_equivalence: bool = Field(default=True, description="Fail a task x metric whose paired difference is not shown equivalent within +-margin (TOST).")
     fail_on_significant: bool = Field(default=True, description="Fail a task x metric whose paired difference is significant (McNemar exact p < alpha).")
+
+    @field_validator("margin")
+    @classmethod
+    def _margin_can_fail(cls, v: float) -> float:
+        if problem := margin_problem(v):
+            raise ValueError(problem)
+        return v
 
 
 class TokenGates(_Strict):
@@ -385,7 +474,7 @@ class DistributionGates(_Strict):
     significant (p < alpha) and larger than its floor. They need an A/A run."""
 
     enabled: bool = True
-    alpha: float = Field(default=1e-3, gt=0, lt=0.5, description="Level of the sign-flip permutation tests (per task and test).")
+    alpha: float = Field(default=1e-3, lt=0.5, description=f"Level of the sign-flip permutation tests (per task and test); above {SMALLEST_SIGN_FLIP_P:g}, their smallest p-value.")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence of the reported effect interval.")
     dlogprob_shift: float | Literal["auto"] = Field(
         default=AUTO, description="Floor on |mean signed shift| of the forced token's logprob, nats; `auto`: by precision (docs/numerics.md)."
@@ -393,6 +482,19 @@ class DistributionGates(_Strict):
     kl_shift: float | Literal["auto"] = Field(
         default=AUTO, description="Floor on the mean per-position KL above A/A, nats; `auto`: by precision (docs/numerics.md)."
     )
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_above_the_smallest_p(cls, v: float) -> float:
+        if not v > SMALLEST_SIGN_FLIP_P:
+            raise ValueError(f"must be above {SMALLEST_SIGN_FLIP_P:g}, the smallest p-value the sign-flip test gives with "
+                             f"{SIGN_FLIP_RESAMPLES} random flips (at or below it the gates could never fail); got {v}")
+        return v
+
+    @field_validator("dlogprob_shift", "kl_shift")
+    @classmethod
+    def _finite_floor(cls, v: float | str) -> float | str:
+        return _bound(v, " or `auto`")
 
     def floor(self, test: str, auto_floor: float) -> float:
         value = getattr(self, test)
@@ -430,7 +532,7 @@ class Localize(_Strict):
         default="off", description="auto: localize every DIVERGENT variant right after `evalpipe run` compared it.")
     samples: int = Field(default=4, ge=1, le=64, description="Sequences re-run: those with the largest teacher-forced divergence.")
     positions: int = Field(default=8, ge=1, le=256, description="Worst teacher-forced positions kept per sequence (besides the shard, block and last-token rows).")
-    rel_aa: float = Field(default=3.0, gt=0, description="A module is above its floor when its difference exceeds max(numerics floor, rel_aa x the A/A's).")
+    rel_aa: float = Field(default=3.0, gt=0, allow_inf_nan=False, description="A module is above its floor when its difference exceeds max(numerics floor, rel_aa x the A/A's).")
     decode_steps: int = Field(
         default=0, ge=0, le=64,
         description="0: prefill each sequence whole (teacher forced). N > 0: prefill its prompt, then decode N tokens one "
@@ -529,6 +631,8 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"variant `{self.aa_name}` collides with the name of the A/A noise-floor run; rename it or set noise_floor: false."
             )
+        # the shared `expect:` on its own first: its error is its own, not the first variant's
+        merged_expectations(self.expect, {})
         for name, variant in self.variants.items():
             if "model" in variant.engine:
                 raise ValueError(f"variant `{name}` sets engine.model; set the model once under `model:`.")
@@ -579,13 +683,13 @@ def merged_expectations(shared: dict[str, Any], own: dict[str, Any], where: str 
         errors = err.errors()
         # a per_forward count is `int | CountRange`: a mapping is meant as a range, so its own
         # error says what is wrong, not "should be a valid integer"
-        ranged = [e for e in errors if "CountRange" in e["loc"]]
+        ranged = [e for e in errors if any("CountRange" in str(p) for p in e["loc"])]
         first = ranged[0] if ranged else errors[0]
-        key = ".".join(str(p) for p in first["loc"] if p not in ("int", "CountRange"))
+        key = ".".join(str(p) for p in first["loc"] if p != "int" and "CountRange" not in str(p))
         if first["type"] == "extra_forbidden":
             raise ValueError(f"{where}unknown key `expect.{key}`; the keys are {', '.join(Expectations.model_fields)}.") from None
         what = first["msg"].removeprefix("Value error, ")
-        raise ValueError(f"{where}`expect.{key}`: {what}.") from None
+        raise ValueError(f"{where}`expect.{key}`: {what}{'' if what.endswith(('.', '?')) else '.'}") from None
 
 
 AA_SUFFIX = "-aa"
@@ -627,7 +731,7 @@ def _format_validation_error(err: ValidationError, source: str, model: type[Base
         msg = f"{msg}, got {first.get('input')!r}; fix it"  # pydantic says what is wanted, not what was found
     elif first["type"] != "value_error":
         msg = f"{msg}; fix it"
-    msg = msg if msg.endswith(".") else msg + "."
+    msg = msg if msg.endswith((".", "?")) else msg + "."
     return f"{source}: `{where}`: {msg}" if where != "(top level)" else f"{source}: {msg}"
 
 
@@ -752,7 +856,7 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
         except ValidationError as err:
             raise ConfigError(_format_validation_error(err, str(path), Gates).replace("see configs/default.yaml", "see the gates section of configs/default.yaml")) from None
     if margin is not None:
-        if margin <= 0:
-            raise ConfigError(f"--margin must be positive (a score difference on the metric's scale, e.g. 0.01); got {margin}.")
+        if problem := margin_problem(margin):  # the rule of `gates.scores.margin` itself
+            raise ConfigError(f"--margin {problem}.")
         gates = gates.model_copy(update={"scores": gates.scores.model_copy(update={"margin": margin})})
     return gates

@@ -19,7 +19,7 @@ from evalpipe.errors import UserError
 
 JOURNAL_FILE = "requests.journal.jsonl"  # in the variant directory
 JOURNAL_LINE_VERSION: Final = 1
-REMEDY = "delete the journal to ask every request again"
+REMEDY = "move the journal out of the variant directory to ask every request again"
 
 
 class JournalLine(Document):

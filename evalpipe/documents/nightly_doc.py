@@ -35,10 +35,15 @@ class NightlyDocument(Document):
     # history's database and the dashboard hold them.
     changes: list[dict[str, Any]] = []
     paths: str | None = None  # why tonight's own comparison proves nothing about the paths
+    compared: bool = True  # False: the night had nothing to compare (INCONCLUSIVE)
 
     def judgement(self) -> dict[str, Any]:
         """The judgement as the history stores it (without the file's version)."""
         return self.model_dump(exclude={"version"})
+
+
+# the judgement is derived from the run directory: judged again, it is written again (never deleted to get on)
+NIGHTLY_REMEDY = "restore it from a copy, or move it out of the run directory and judge the night again with `evalpipe nightly --from-run RUN_DIR`"
 
 
 def write_nightly_document(path: Path, doc: NightlyDocument) -> None:
@@ -50,10 +55,10 @@ def read_nightly_document(path: Path) -> NightlyDocument | None:
     version is one sentence naming the file."""
     if not path.is_file():
         return None
-    raw = read_json_object(path, "delete it, or judge the night again with `evalpipe nightly`")
+    raw = read_json_object(path, NIGHTLY_REMEDY)
     # version-less: written before nightly.json had a version, with the same fields
     version = raw.setdefault("version", NIGHTLY_VERSION)
     if version != NIGHTLY_VERSION:
         raise UserError(f"{path} is a nightly.json of version {version!r}; this evalpipe reads version {NIGHTLY_VERSION}: "
                         "judge the night again with this evalpipe.")
-    return validated(NightlyDocument, raw, str(path), "delete it, or judge the night again with `evalpipe nightly`")
+    return validated(NightlyDocument, raw, str(path), NIGHTLY_REMEDY)

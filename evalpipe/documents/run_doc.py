@@ -23,7 +23,7 @@ from evalpipe.redact import redact
 from evalpipe.rundir.artifacts import RUN_JSON, write_json
 
 RUN_VERSION: Final = 1
-REMEDY = "fix or remove it"
+REMEDY = "fix it, or restore it from a copy"
 
 RunStatus = Literal["running", "ok", "failed", "interrupted"]
 
@@ -202,7 +202,7 @@ def read_run_document(where: Path) -> RunDocument | None:
     path = run_json_of(where)
     if not path.is_file():
         return None
-    raw = read_json_object(path, "restore or delete it")
+    raw = read_json_object(path, "restore it from a copy, or run the tasks again with `evalpipe run`")
     if "version" not in raw:
         raw = _migrate_unversioned(raw)
     elif raw["version"] != RUN_VERSION:

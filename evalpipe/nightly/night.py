@@ -12,7 +12,8 @@ The night is a REGRESSION when (1) fails, when a variant drifted from its baseli
 down, a token measure going up). It is INCONCLUSIVE when nothing else failed but (1) or
 a variant's (2) proves nothing about the code paths (a variant did not run the path its
 config declares, or cannot be verified): a night that silently ran another path must
-not pass. Its evidence goes to nightly.json / nightly.md /
+not pass; and when it compared nothing at all (one variant, no baseline night yet). Such
+a night, with no other reason, may still be the baseline of the next. Its evidence goes to nightly.json / nightly.md /
 nightly-junit.xml in the run directory, the history database and the dashboard; a
 flagged change names the components that changed between the last good night and
 the first bad one (the bisect hint).
@@ -76,6 +77,7 @@ class Judgement:
     vs_baseline: list[dict[str, Any]] = field(default_factory=list)
     changes: list[dict[str, Any]] = field(default_factory=list)
     paths: str | None = None  # why tonight's own comparison proves nothing about the paths
+    compared: bool = True  # False: neither tonight's variants nor a baseline night gave anything to compare
 
     def fail(self, reason: str, status: str = "REGRESSION") -> None:
         if NIGHT_STATUSES.index(status) > NIGHT_STATUSES.index(self.status):
@@ -90,6 +92,7 @@ class Judgement:
         return {
             "run_id": self.run_id, "status": self.status, "verdict": self.verdict, "baseline": self.baseline,
             "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes, "paths": self.paths,
+            "compared": self.compared,
         }
 
 
@@ -108,8 +111,24 @@ def baseline_of(history: History, variant: str, nights: list[dict[str, Any]], to
     if tonight is not None:
         started = history.run(tonight)["started_at"]
         nights = [n for n in nights if n["run_id"] != tonight and n["started_at"] <= started]
-    passing = [n for n in nights if n.get("nightly_status") == "PASS"]
+    passing = [n for n in nights if n.get("nightly_status") == "PASS" or _only_compared_nothing(n)]
     return passing[-1]["run_id"] if passing else None
+
+
+def _only_compared_nothing(night: dict[str, Any]) -> bool:
+    """A night INCONCLUSIVE for the one reason that it had nothing to compare (the first night
+    of a one-variant series): it proves nothing, but it showed no fault either, so the next
+    night may be judged against it."""
+    judgement = night.get("judgement") or {}
+    return (night.get("nightly_status") == INCONCLUSIVE and judgement.get("compared") is False
+            and len(judgement.get("reasons") or []) == 1)
+
+
+def nothing_compared(reference: str | None) -> str:
+    """Why a night that compared nothing is not a pass."""
+    return (f"tonight compared nothing: the variant selection leaves no variant to compare with the reference "
+            f"`{reference}` and no earlier night to compare it with, so nothing is proven; select two variants or more "
+            "(nightly.variants or --variants), or pin a baseline night (`evalpipe baseline set RUN_ID`)")
 
 
 def _flat(d: Any) -> dict[str, str]:
@@ -389,6 +408,9 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
         elif entry["status"] not in PASSING:
             first = entry["reasons"][0] if entry["reasons"] else ""
             j.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
+    if tonight.get("status") == "ok" and tonight.get("verdict") is None and not any("error" not in e for e in j.vs_baseline):
+        j.compared = False
+        j.fail(nothing_compared(tonight.get("reference")), INCONCLUSIVE)
     j.changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
     for c in j.changes:
         if c["state"] == "flagged" and c["flipped"]:
@@ -562,7 +584,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
     if from_run is not None:
         run_dir = Path(from_run)
         if not (run_dir / "run.json").is_file():
-            raise HistoryError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
+            raise HistoryError(f"--from-run {run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
         output_root = run_dir.parent
     else:
         chosen = variants or (",".join(spec.variants) if spec.variants else None)

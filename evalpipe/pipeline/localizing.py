@@ -43,6 +43,7 @@ from evalpipe.report import render_html, render_markdown
 from evalpipe.report.progress import ProgressView
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RunDir, VariantDir
+from evalpipe.rundir.integrity import verify_variant
 from evalpipe.rundir.sequences import read_reference_sequences
 
 LOCALIZE_DIR = "localize"  # RUN_DIR/localize/<configuration>/: job, logs, probe records, captures
@@ -197,6 +198,8 @@ def _targets(rd: RunDir, reference: str, variant: str, config: RunConfig, sample
              decode_steps: int) -> list[Target]:
     tables = []
     for name in (reference, variant):
+        # what is read must be what the variant wrote: a variant without its manifest is refused as compare refuses it
+        verify_variant(VariantDir(rd.root / name))
         path = VariantDir(rd.root / name).teacher
         if not path.is_file():
             raise UserError(f"localize needs the teacher-forced scores of {name} ({path} is missing); run with "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.engine_args import check_values
+from evalpipe.config.option_bounds import check_option
 from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
@@ -130,8 +131,7 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
         else:
             chosen.append(PlannedTask(name, TaskSpec(task=name)))
     if limit is not None:
-        if limit <= 0:
-            raise ConfigError(f"--limit must be a positive number of documents; got {limit}.")
+        check_option("--limit", limit, TaskSpec, "limit", "tasks.<group>.<n>.limit")
         chosen = [PlannedTask(t.group, t.spec.model_copy(update={"limit": limit})) for t in chosen]
     seen: set[str] = set()
     unique = []

@@ -167,8 +167,9 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         if failures:
             return _fail_run(info, failures, save)
         save(status="ok", verdict=None)
-        console.print("one variant only: nothing to compare.")
-        return ExitCode.OK
+        aa = next((v.name for v in plan.variants if v.aa_of), None)
+        console.print(f"[bold yellow]INCONCLUSIVE[/] {escape(nothing_compared(plan.variants[0].name, aa))}", soft_wrap=True)
+        return ExitCode.INCONCLUSIVE
     try:
         verdict_code, info = report_run(rd.root, console, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
@@ -185,6 +186,14 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
         save(status="failed", verdict=None, error=message, **({"failed_variants": list(failures)} if failures else {}))
         raise RunFailed(message) from None  # a run that ended without its verdict: exit 3
     return _fail_run(info, failures, save) if failures else verdict_code
+
+
+def nothing_compared(reference: str, aa: str | None) -> str:
+    """The sentence of a run that had no second variant to compare (exit 4: it proves nothing)."""
+    also = f" (with its A/A run `{aa}`)" if aa else ""
+    return (f"only the reference `{reference}` ran{also}: nothing was compared, so nothing is proven; run at least one "
+            "variant besides the reference (--variants), or compare this run's variant with another run's: "
+            "`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`")
 
 
 def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:

@@ -34,7 +34,3 @@ SPEC_ENV = "EVALPIPE_PROBES"
 SPEC_FILE = "spec.json"
 SCHEMA_VERSION: Final = 1  # Final: the parent's models type it as Literal[1]
 SITE_DIR = Path(__file__).resolve().with_name("site")
-
-# What a collective is counted as, whichever function performed it; an expectation may
-# also name the group: ``all_gather@tp``, ``all_to_all@virtual``.
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "dispatch", "combine")

@@ -23,6 +23,7 @@ import sys
 from typing import Any, Callable
 
 from evalpipe.probes.capture import TensorCapture, layers_module
+from evalpipe.probes.collectives import GROUP_COLLECTIVES, TORCH_COLLECTIVES, TORCH_GROUP
 from evalpipe.probes.patching import PostImportHooks, counting, resolve, wrap
 from evalpipe.probes.record import ModelRecord, ProcessRecord, class_name, jsonable
 
@@ -65,25 +66,6 @@ RANKS = {
     "world_rank": ("get_world_group", "rank_in_group"),
 }
 
-TORCH_COLLECTIVES = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "all_to_all": "all_to_all",
-    "all_to_all_single": "all_to_all",
-}
-GROUP_COLLECTIVES = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "all_gatherv": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatterv": "reduce_scatter",
-    "gather": "gather",
-    "dispatch": "dispatch",
-    "combine": "combine",
-}
 TP_WRAPPERS = {
     "tensor_model_parallel_all_reduce": "all_reduce",
     "tensor_model_parallel_all_gather": "all_gather",
@@ -288,7 +270,7 @@ class EngineHooks:
 
 
 def _torch_collective(kind: str, _args: tuple) -> str:
-    return f"{kind}@torch"
+    return f"{kind}@{TORCH_GROUP}"
 
 
 def _group_collective(kind: str, args: tuple) -> str | None:

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from evalpipe.probes import SCHEMA_VERSION
+from evalpipe.probes.collectives import is_recorded
 
 SHAPES_KEPT = 3
 HISTOGRAM_VALUES = 16
@@ -164,8 +165,10 @@ class ProcessRecord:
 
     def note(self, kind: str, group: str, tensors: tuple) -> None:
         """A collective that has no function of its own to wrap (the layout model's virtual ones)."""
-        name = f"{group}:{kind}"
-        self.leave(self.enter(name, f"{kind}@{group}", tensors, {}))
+        collective = f"{kind}@{group}"
+        if not is_recorded(collective):  # an expectation could not name it: a bug of the caller
+            raise ValueError(f"`{collective}` is not in the probes' vocabulary (evalpipe.probes.collectives)")
+        self.leave(self.enter(f"{group}:{kind}", collective, tensors, {}))
 
     # ------------------------------------------------------------------ forward passes
 

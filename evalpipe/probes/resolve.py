@@ -19,6 +19,7 @@ checks is its whole cost, so the parent caches its answer.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -48,11 +49,21 @@ def _import_prefix(parts: list[str]) -> tuple[Any, int]:
     raise ModuleNotFoundError(f"no module of {'.'.join(parts)} can be imported ({last_error})")
 
 
+def _is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module or package (found without importing it)."""
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except Exception:  # noqa: BLE001 - a parent that is no package, or does not import: not a module here
+        return False
+
+
 def resolve_callable(name: str) -> dict[str, Any]:
     dotted = name[:-2] if name.endswith("()") else name
     parts = dotted.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         return {"error": "is not a dotted name such as package.module.Class.method"}
+    if _is_module(dotted):
+        return {"error": f"is a module, not a function (name one of its functions, e.g. {dotted}.<function>)"}
     try:
         module, n = _import_prefix(parts)
     except Exception as err:  # noqa: BLE001 - any import failure is this name's answer
@@ -67,6 +78,8 @@ def resolve_callable(name: str) -> dict[str, Any]:
         if i < len(parts) - 1:
             owner = getattr(owner, part)
     raw = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    if inspect.ismodule(raw):
+        return {"error": f"is a module, not a function (name one of its functions, e.g. {dotted}.<function>)"}
     if isinstance(raw, property) or not callable(raw):
         return {"error": f"is a {type(raw).__name__}, not a function or method"}
     attr_path = parts[n:]

@@ -119,7 +119,9 @@ def check_variant(variant: str, python: str, expect: Expectations, found: dict[s
             if entry is None:
                 continue
             problem = entry.error
-            if problem is None and key in ("model", "layers") and entry.kind != "class":
+            if problem is not None and key in ("model", "layers") and problem.startswith("is a module"):
+                problem = "is a module, not a class (name the class defined in it, module.Class)"
+            elif problem is None and key in ("model", "layers") and entry.kind != "class":
                 problem = "is not a class"
             elif problem is None and key not in ("model", "layers") and entry.kind == "class":
                 problem = "is a class, not a function (name one of its methods, e.g. Class.forward)"

@@ -140,7 +140,7 @@ def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = N
         if name not in record and path.is_file():
             raise ArtifactMismatch(
                 f"{path} is not in its manifest (the variant finished without it, so it was added afterwards); "
-                "delete it or re-run the variant."
+                "move it out of the variant directory or re-run the variant."
             )
     return True
 

@@ -74,9 +74,7 @@ from evalpipe.lab.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, graded
 from evalpipe.lab.layout.plugin import ARCHITECTURE
 from evalpipe.lab.layout.settings import LayoutSettings, resolve
 from evalpipe.probes import runtime as probes
-
-# The group name under which the virtual ranks' collectives reach the path probes.
-VIRTUAL_GROUP = "virtual"
+from evalpipe.probes.collectives import VIRTUAL_GROUP  # the virtual ranks' collectives reach the probes under it
 
 # Under the vllm logger namespace so the line lands in the engine log with vLLM's own.
 logger = init_logger(f"vllm.{__name__}")
