@@ -142,5 +142,5 @@ def worker_import_dir() -> Path:
         raise UserError(f"cannot make the workers' import directory {target} ({err.strerror}); "
                         f"set EVALPIPE_CACHE to a writable directory.") from None
     if not linked():
-        raise UserError(f"{target} does not link to this evalpipe ({PACKAGE_DIR}); delete it and run again.")
+        raise UserError(f"{target} does not link to this evalpipe ({PACKAGE_DIR}); it holds only links, which evalpipe makes anew: move it aside and run again.")
     return target

@@ -279,6 +279,16 @@ def test_rows_of_a_verified_run():
                        "calls of LayoutDecoderLayer._legacy_attention", "calls of LayoutDecoderLayer._sp_attention"}
 
 
+def test_the_kernels_the_processor_chose_get_a_row_wherever_recorded():
+    """Equal on both sides or not: another x86 kind runs the same config on other kernels."""
+    d = pass_compare()
+    d["comparisons"][0]["paths"]["what_ran"]["b"]["switches"]["cpu_kernels"] = {"attention_isa": ["amx"], "linear": ["onednn_mm"]}
+    r = rows(d)
+    assert list(r).index("cpu_kernels") == list(r).index("dtype") + 1
+    assert r["cpu_kernels"][0] == "—" and "amx" in r["cpu_kernels"][1]
+    assert "cpu_kernels" in {row["label"] for row in table(d)["rows"] if row["differs"]}
+
+
 def test_several_counts_per_forward_pass_and_absent_functions():
     d = pass_compare()
     b = d["comparisons"][0]["paths"]["what_ran"]["b"]

@@ -735,8 +735,11 @@ def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict
 # The switches that decide how the model is laid out over processes: a row each, equal or not.
 LAYOUT_SWITCHES = (
     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
-    "all2all_backend", "use_sequence_parallel_moe", "attention_backends", "cpu_kernels", "dtype",
+    "all2all_backend", "use_sequence_parallel_moe", "attention_backends", "dtype",
 )
+# The kernels vLLM's CPU build chose by processor (the probes' cpu_kernels): a row wherever
+# recorded, equal or not, since the same config runs other kernels on another x86 kind.
+PROCESSOR_SWITCHES = ("cpu_kernels",)
 NOT_RECORDED_CELL = "not recorded"
 ENDPOINT_CELL = "not verifiable (endpoint)"
 PATH_SENTENCES = {
@@ -926,8 +929,10 @@ def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
         rows.append(("collectives per forward pass", _no_collectives_cell))
     rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, lambda s: s.calls)]
     rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
+    switches = set(_names_in(recorded, lambda s: s.switches))
+    rows += [(name, partial(_switch_cell, name)) for name in PROCESSOR_SWITCHES if name in switches]
     # any other switch only where the sides disagree: the table shows what sets them apart
-    for name in sorted(set(_names_in(recorded, lambda s: s.switches)) - set(LAYOUT_SWITCHES)):
+    for name in sorted(switches - set(LAYOUT_SWITCHES) - set(PROCESSOR_SWITCHES)):
         cell = partial(_switch_cell, name)
         if _differs([cell(col.values) for col in recorded]):
             rows.append((name, cell))
