@@ -354,8 +354,10 @@ def test_evalpipe_killed_with_sigkill_takes_its_worker_and_server_along_and_the_
     assert answered >= 1, "the journal should hold the answers that had arrived"
     again, _ = start_served_run(tmp_path, run_id)
     out, err = again.communicate(timeout=300)
-    assert again.returncode == 0, out[-2000:] + err[-2000:]
+    # the reference alone: finished, compared with nothing (exit 4, INCONCLUSIVE)
+    assert again.returncode == 4, out[-2000:] + err[-2000:]
     assert "continuing the interrupted run; no variant had finished" in " ".join(out.split())
+    assert "only the reference `served` ran: nothing was compared" in " ".join(out.split())
     journal = json.loads((run_dir / "served" / "manifest.json").read_text())["engine"]["journal"]
     assert journal["answers_found"] == answered and journal["answers_reused"] == answered, journal
     assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"

@@ -12,7 +12,8 @@ versioned). Here, with no file read or written:
   classes, functions called, collectives per forward pass);
 - :func:`judge_paths`: both sides of a comparison -> ``verified`` (each side's evidence
   holds), ``failed`` (an expectation failed, a side cannot be verified: endpoint mode,
-  no records, or a side declared ``same_path`` ran other code), ``same_code`` (no
+  no records, or a side declaring ``same_path`` and the reference's own expectations ran
+  other code), ``same_code`` (no
   expectation tells the sides apart, the profiles and the engines' resolved settings are
   the same and the outputs IDENTICAL: nothing was compared), or ``not_recorded`` (a run
   from before the probes existed: said, not judged);
@@ -420,7 +421,9 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
     same = profile(ref_probes) == profile(var_probes)
     claims_differ = (reference.expect or Expectations()).claims() != (variant.expect or Expectations()).claims()
     meant_same = variant.expect is not None and variant.expect.same_path
-    if meant_same and (differs := _path_differences(ref_probes, var_probes)):
+    # a variant claiming the reference's own path must show it; one with claims of its own is
+    # held to those (a night whose variant holds another build's path claims that path)
+    if meant_same and not claims_differ and (differs := _path_differences(ref_probes, var_probes)):
         return PathJudgement(FAILED, (f"variant `{variant.variant}` was declared to run the reference's code "
                                       f"(same_path) but ran other code than `{reference.variant}`: {'; '.join(differs)}",),
                              checks, same)
