@@ -396,11 +396,8 @@ def record(path: str, entry: dict[str, Any]) -> None:
 
 # gap -> why it is not enforced yet; removing an entry turns its cases into must-refuse ones.
 # The rules once listed here are in place (their tags stay on their cases: negative-count,
-# unordered-range, bool-as-count, unfailable-threshold, nan-threshold).
-KNOWN_GAPS: dict[str, str] = {
-    "top-level-expect-shadowed": "a key of the top-level `expect:` that every variant sets itself is never checked: a "
-                                 "name there that exists nowhere is accepted (the deep profile finds it)",
-}
+# unordered-range, bool-as-count, unfailable-threshold, nan-threshold, top-level-expect-shadowed).
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @dataclass
@@ -411,7 +408,6 @@ class Block:
     parts: list[str] = field(default_factory=list)  # what was put in, for the report
     anchors: list[str] = field(default_factory=list)
     reasons: list[tuple[str, str, str | None]] = field(default_factory=list)  # (key, why bad, its gap) of each bad part
-    shadowed: set[str] = field(default_factory=set)  # keys whose value another part of the config replaces unread
 
     def bad(self, why: str, gap: str | None = None, key: str = "") -> None:
         """A part that must be refused (or, when ``gap`` is still in KNOWN_GAPS, is not yet)."""
@@ -420,14 +416,11 @@ class Block:
     @property
     def gaps(self) -> list[str]:
         out = [gap for key, _, gap in self.reasons if gap is not None and gap in KNOWN_GAPS]
-        if "top-level-expect-shadowed" in KNOWN_GAPS:
-            out += ["top-level-expect-shadowed" for key, _, _ in self.reasons if key in self.shadowed]
         return out
 
     @property
     def must_refuse(self) -> str | None:
-        return next((why for key, why, gap in self.reasons if (gap is None or gap not in KNOWN_GAPS)
-                     and not (key in self.shadowed and "top-level-expect-shadowed" in KNOWN_GAPS)), None)
+        return next((why for key, why, gap in self.reasons if gap is None or gap not in KNOWN_GAPS), None)
 
     @property
     def must_accept(self) -> bool:

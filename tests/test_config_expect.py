@@ -246,3 +246,24 @@ def test_expectations_names_and_claims():
     assert e.declares() and not Expectations().declares() and not Expectations(same_path=True).declares()
     assert "same_path" not in e.claims() and e.claims()["per_forward"] == {"all_gather": 1, "pkg.m.h": 2}
     assert Expectations(per_forward={"all_gather": 2}).claims() != Expectations(per_forward={"all_gather": {"min": 2, "max": 2}}).claims()
+
+
+def test_a_top_level_key_every_variant_replaces_is_refused():
+    """Lists and values replace, mappings merge key by key: a shared entry no variant keeps checks nothing."""
+    def both(shared: dict, a: dict, b: dict) -> str:
+        data = copy.deepcopy(MINIMAL)
+        data["expect"], data["variants"]["a"]["expect"], data["variants"]["b"]["expect"] = shared, a, b
+        with pytest.raises(ConfigError) as err:
+            parse_config(data, "my.yaml")
+        return str(err.value)
+
+    called = {"called": ["nosuch.module.fn"]}
+    said = both(called, {"called": ["m.f"]}, {"called": ["m.g"]})
+    assert "the top-level `expect.called` is replaced by every variant's own, so it is never checked" in said, said
+    said = both({"switches": {"dtype": "float32", "tensor_parallel_size": 2}}, {"switches": {"dtype": "bfloat16"}},
+                {"switches": {"dtype": "float16", "data_parallel_size": 2}})
+    assert "`expect.switches.dtype` is replaced" in said, said
+    # kept by one variant, or merged with other keys: checked, so accepted
+    assert config({"called": ["m.g"]}, called).variant_expect("a").called == ["nosuch.module.fn"]
+    kept = config({"switches": {"data_parallel_size": 2}}, {"switches": {"dtype": "float32"}})
+    assert kept.variant_expect("b").switches == {"dtype": "float32", "data_parallel_size": 2}

@@ -633,6 +633,10 @@ class RunConfig(_Strict):
             )
         # the shared `expect:` on its own first: its error is its own, not the first variant's
         merged_expectations(self.expect, {})
+        shadowed = shadowed_keys(self.expect, [v.expect for v in self.variants.values()])
+        if shadowed:
+            raise ValueError(f"the top-level `expect.{shadowed[0]}` is replaced by every variant's own, so it is never checked; "
+                             "move what it says into the variants' `expect:` or remove it.")
         for name, variant in self.variants.items():
             if "model" in variant.engine:
                 raise ValueError(f"variant `{name}` sets engine.model; set the model once under `model:`.")
@@ -674,6 +678,20 @@ def _plain_names(value: Any, what: str, why: str) -> Any:
             if not is_plain_name(name):
                 raise ValueError(f"{what} {name!r} is not a plain directory name ({why}); use {PLAIN_NAME_RULE}")
     return value
+
+
+def shadowed_keys(shared: dict[str, Any], owns: Sequence[dict[str, Any]], prefix: str = "") -> list[str]:
+    """Dotted keys of ``shared`` that every one of ``owns`` replaces (deep_merge: mappings
+    merge key by key, anything else replaces), so that no merged result holds them."""
+    found = []
+    for key, value in shared.items():
+        if not owns or not all(key in own for own in owns):
+            continue
+        if isinstance(value, dict) and all(isinstance(own[key], dict) for own in owns):
+            found += shadowed_keys(value, [own[key] for own in owns], f"{prefix}{key}.")
+        else:
+            found.append(f"{prefix}{key}")
+    return found
 
 
 def merged_expectations(shared: dict[str, Any], own: dict[str, Any], where: str = "") -> Expectations:
