@@ -24,6 +24,7 @@ import httpx
 from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.documents.worker_job import ServerJob
+from evalpipe.engine_patches.backend_choice import MARK as BACKEND_MARK
 from evalpipe.engine_patches.checks import MARK as PATCHES_MARK
 from evalpipe.engine_patches.switches import requested
 from evalpipe.execution.serve import port_is_free
@@ -100,11 +101,11 @@ class Check:
     detail: str
 
 
-def ask_interpreter(v: PlannedVariant, script: str, mark: str, timeout_s: float = 300) -> tuple[Any, str]:
-    """Run ``script`` under the variant's interpreter and environment: (the JSON it printed
-    after ``mark``, "") or (None, why it could not be asked)."""
+def ask_interpreter(v: PlannedVariant, script: str, mark: str, timeout_s: float = 300, stdin: str | None = None) -> tuple[Any, str]:
+    """Run ``script`` under the variant's interpreter and environment (``stdin`` its input):
+    (the JSON it printed after ``mark``, "") or (None, why it could not be asked)."""
     try:
-        proc = subprocess.run([v.python, "-c", script], capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run([v.python, "-c", script], input=stdin, capture_output=True, text=True, timeout=timeout_s,
                               env={**v.process_env(), "VLLM_LOGGING_LEVEL": "ERROR"})
     except (OSError, subprocess.TimeoutExpired) as err:
         return None, f"{v.python} did not run: {err}"
@@ -238,6 +239,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
 
     probes: dict[str, tuple[dict[str, Any] | None, str]] = {}
     patch_checks: dict[str, list[tuple[str, bool, str]]] = {}
+    backend_answers: dict[str, backends.BackendChoice | str | None] = {}
     for v in plan.variants:
         if v.launch.mode == "endpoint":
             add(v.name, "endpoint", *check_endpoint(v))
@@ -270,7 +272,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             problems = model_dir_problems(model_path, v.engine_args)
             add(v.name, "model", not problems, f"{model_path}: " + ("; ".join(problems) if problems else "config.json, weights, tokenizer"))
             if device in ("auto", "cpu") and not problems:
-                backend = check_attention_backend(v, model_path)
+                backend = check_attention_backend(v, model_path, backend_answers)
                 if backend is not None:
                     add(v.name, "attention backend", *backend)
         if v.launch.mode == "serve":
@@ -291,18 +293,17 @@ def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tupl
     return [(str(name), bool(ok), str(detail)) for name, ok, detail in results]
 
 
-_backend_answers: dict[str, backends.BackendChoice | str | None] = {}
-
-
-def check_attention_backend(v: PlannedVariant, model_path: Path) -> tuple[bool, str] | None:
+def check_attention_backend(v: PlannedVariant, model_path: Path,
+                            answers: dict[str, backends.BackendChoice | str | None]) -> tuple[bool, str] | None:
     """The attention backend vLLM's CPU build will pick on this processor, against the
-    model's dtype and the variant's expectations (evalpipe.probing.backends)."""
-    env = v.process_env()
-    # variants that share an interpreter and the model's settings get one answer (seconds each)
-    key = json.dumps([v.python, env.get("PYTHONPATH", ""), backends.request(model_path, v.engine_args)], sort_keys=True, default=str)
-    if key not in _backend_answers:
-        _backend_answers[key] = backends.ask(v.python, env, model_path, v.engine_args)
-    choice = _backend_answers[key]
+    model's dtype and the variant's expectations (evalpipe.probing.backends). ``answers``:
+    this doctor run's, by interpreter and request (variants that share them ask once)."""
+    request = json.dumps(backends.request(model_path, v.engine_args), sort_keys=True, default=str)
+    key = json.dumps([v.python, v.process_env().get("PYTHONPATH", ""), request])
+    if key not in answers:
+        answer, why = ask_interpreter(v, "from evalpipe.engine_patches.backend_choice import main; main()", BACKEND_MARK, stdin=request)
+        answers[key] = why if answer is None else backends.answered(answer)
+    choice = answers[key]
     if choice is None:
         return None  # not vLLM's CPU platform: the probes record what the device built
     if isinstance(choice, str):

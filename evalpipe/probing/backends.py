@@ -4,20 +4,17 @@ vLLM's CPU build chooses kernels by processor: for an MLA model (DeepSeek family
 it builds AMX_MLA on a CPU with AMX tiles and CPU_MLA elsewhere, and AMX_MLA takes
 bfloat16 weights only. A config that runs on one x86 kind then fails at engine start on
 another, or (with bfloat16) silently runs another kernel. :func:`ask` has the variant's
-own vLLM say what it will build (:mod:`evalpipe.engine_patches.backend_choice`); :func:`judge`
+own vLLM say what it will build (:mod:`evalpipe.engine_patches.backend_choice`, run by
+`evalpipe doctor` in the variant's interpreter; :func:`answered` reads its answer); :func:`judge`
 holds that against the model's dtype and the variant's ``expect.switches.attention_backends``.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-
-from evalpipe.engine_patches.backend_choice import MARK
 
 EXPECTED_KEY = "attention_backends"  # the switch the probes record from the built model
 
@@ -49,19 +46,10 @@ def request(model_path: Path, engine_args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def ask(python: str, env: dict[str, str], model_path: Path, engine_args: dict[str, Any],
-        timeout_s: float = 300) -> BackendChoice | str | None:
-    """The backend the variant's vLLM will build here, why it could not say, or None when
-    its vLLM is not on the CPU platform (an accelerator build chooses per device at start)."""
-    try:
-        proc = subprocess.run([python, "-m", "evalpipe.engine_patches.backend_choice"], input=json.dumps(request(model_path, engine_args)),
-                              capture_output=True, text=True, timeout=timeout_s, env={**env, "VLLM_LOGGING_LEVEL": "ERROR"})
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"{python} did not run: {err}"
-    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(MARK)), None)
-    if line is None:
-        return f"{python} failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
-    answer = json.loads(line[len(MARK):])
+def answered(answer: dict[str, Any]) -> BackendChoice | str | None:
+    """What the variant's vLLM said (backend_choice's JSON): its choice, why it could not
+    say, or None when it is not on the CPU platform (an accelerator build chooses per
+    device, at start)."""
     if "error" in answer:
         return f"vLLM could not say which attention backend it will build: {answer['error']}"
     if "platform" in answer:
