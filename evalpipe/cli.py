@@ -112,6 +112,11 @@ def _fail(message: str, code: int) -> None:
 
 
 _TIMEOUT_OPT = typer.Option(None, "--timeout", help="Stop a variant that runs longer than this many seconds.")
+_CLUSTER_OPT = typer.Option(
+    None, "--cluster", parser=_given("--cluster"),
+    help="Run the variants at once on this Ray cluster (HOST:PORT of its head, ray://HOST:PORT or auto; `off`: here, "
+         "one after another); default: the config's cluster.address.",
+)
 _STALL_OPT = typer.Option(
     None, "--stall-timeout",
     help="Stop a variant whose engine, once up, finishes no request for this many seconds (a hang); "
@@ -139,13 +144,14 @@ def run(
         parser=_path("--resume"), help="Continue the interrupted run in this run directory (the same as giving its --run-id again): "
              "finished variants are kept after their artifacts are verified, the others run again.",
     ),
+    cluster: Optional[str] = _CLUSTER_OPT,
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
     from evalpipe.commands.run import run_command
 
     raise typer.Exit(run_command(tasks, console, config=config, limit=limit, variants=variants, output=output, run_id=run_id,
                                  timeout=timeout, stall_timeout=stall_timeout, noise_floor=noise_floor, dry_run=dry_run,
-                                 resume=resume))
+                                 resume=resume, cluster=cluster))
 
 
 @app.command()

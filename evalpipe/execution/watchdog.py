@@ -15,6 +15,9 @@ from evalpipe.documents.worker_events import ProgressEvent, StageEvent, WorkerEv
 
 # Stages that mean the engine is up and requests are being (or about to be) sent.
 ARMING_STAGES = frozenset({"engine_ready", "task", "teacher"})
+# The variant waits for another (on a cluster, the reference it teacher-forces): its
+# silence is that variant's time, not a hang; the next arming stage arms it again.
+DISARMING_STAGES = frozenset({"waiting"})
 
 
 @dataclass
@@ -25,7 +28,9 @@ class Watchdog:
     _position: tuple[tuple[Any, ...], int] | None = None  # ((task, phase, total), done)
 
     def see(self, event: WorkerEvent, now: float) -> None:
-        if isinstance(event, StageEvent) and (event.stage in ARMING_STAGES or self.last_at is not None):
+        if isinstance(event, StageEvent) and event.stage in DISARMING_STAGES:
+            self.last_at, self._position, self.last = None, None, None
+        elif isinstance(event, StageEvent) and (event.stage in ARMING_STAGES or self.last_at is not None):
             self.last_at, self._position = now, None
             self.last = f"the stage `{event.message or event.stage}`"
         elif isinstance(event, ProgressEvent):

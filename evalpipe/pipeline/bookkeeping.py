@@ -18,7 +18,7 @@ from evalpipe.rundir.lock import lock_run_dir
 from evalpipe.rundir.resume import reopen
 
 
-def record_environment(info: RunDocument, variant: str, vdir: Path) -> RunDocument:
+def record_environment(info: RunDocument, variant: str, vdir: Path, *, header: bool = False) -> RunDocument:
     """Lift what the worker measured about its environment into run.json: the
     reference's versions and hardware for the header, and every variant's versions
     beside its settings, where a different build shows up as a difference."""
@@ -30,7 +30,8 @@ def record_environment(info: RunDocument, variant: str, vdir: Path) -> RunDocume
     hardware = manifest.hardware.model_dump() if manifest.hardware is not None else None
     settings = dict(info.variant_settings)
     settings[variant] = settings[variant].model_copy(update={"versions": versions})
-    first = {k: v for k, v in (("versions", versions), ("hardware", hardware)) if k not in info.model_fields_set}
+    # the header's are the reference's (``header``), whenever it finishes (on a cluster the others may finish first)
+    first = {k: v for k, v in (("versions", versions), ("hardware", hardware)) if header or k not in info.model_fields_set}
     return info.updated(variant_settings=settings, **first)
 
 

@@ -43,6 +43,7 @@ def worker_job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_
         reference_dir=None if variant is reference else str(variant_dir.parent / reference.name),
         prompt_positions=plan.config.capture.prompt_positions.model_dump(),
         baseline_dir=None if plan.teacher_baseline_dir is None or variant.aa_of else str(plan.teacher_baseline_dir),
+        wait_for_reference=plan.config.cluster.enabled and variant is not reference,
     )
     return WorkerJob(
         variant=variant_name,

@@ -8,13 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.worker_events import StageEvent
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution import serve
 from evalpipe.execution.launch import VariantOutcome, run_worker
+from evalpipe.pipeline.bookkeeping import close_manifest
 from evalpipe.pipeline.jobs import worker_job
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan
-from evalpipe.probing.records import probe_env
+from evalpipe.probing import records as probe_records
+from evalpipe.probing.names import VariantNames
+from evalpipe.probing.records import probe_env, write_spec
 from evalpipe.rundir import artifacts
 
 
@@ -94,3 +98,31 @@ def stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
     needed = {v.server_of for v in later if v.server_of}
     for name in [n for n in servers if n not in needed]:
         servers.pop(name).stop()
+
+
+def run_and_close(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
+                  servers: dict[str, Any], names: VariantNames) -> VariantOutcome:
+    """One variant from start to its closed directory: its processes run, its manifest says
+    how they ended, its processes' probe records gathered into probes.json. The same steps
+    here (a local run) and on a cluster node (:mod:`evalpipe.pipeline.node_actor`)."""
+    outcome = run_variant(plan, variant, model, vdir, on_event, limits, servers,
+                          spec=write_spec(vdir, variant.name, names))
+    close_manifest(vdir, outcome)
+    gather_probes(variant, vdir, names, servers)
+    return outcome
+
+
+def gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:
+    """probes.json: the variant's processes' records, once they are done writing (an A/A run
+    that reused a server reads that server's records; a server still needed is live)."""
+    exposed = None
+    if variant.launch.mode == "endpoint":
+        path = artifacts.VariantDir(vdir).manifest
+        engine = read_manifest(path).engine if path.is_file() else None
+        exposed = engine.model_dump(mode="json") if engine is not None else {}
+    server = variant.server_of or variant.name
+    probe_records.gather(
+        vdir, variant.name, variant.launch.mode, names,
+        source=probe_records.records_dir(vdir.parent / variant.server_of) if variant.server_of else None,
+        server_of=variant.server_of, live=server in servers, exposed=exposed,
+    )

@@ -14,21 +14,19 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from evalpipe.documents.manifest import read_manifest
-from evalpipe.documents.run_doc import RunDocument, RunModel, VariantStatus, write_run_document
+from evalpipe.documents.run_doc import RunDocument, RunModel, VariantPlacement, VariantStatus, write_run_document
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
-from evalpipe.execution.launch import stop_if_interrupted
+from evalpipe.execution.launch import VariantOutcome, stop_if_interrupted
 from evalpipe.history import HistoryError
 from evalpipe.history.store import open_history
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
-from evalpipe.pipeline.bookkeeping import close_manifest, mark_interrupted, open_run_dir, record_environment
+from evalpipe.pipeline.bookkeeping import mark_interrupted, open_run_dir, record_environment
 from evalpipe.pipeline.comparing import report_run
-from evalpipe.pipeline.launching import Limits, run_variant, stop_unneeded
+from evalpipe.pipeline.launching import Limits, run_and_close, stop_unneeded
+from evalpipe.pipeline.on_cluster import run_on_cluster
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.pipeline.preflight import preflight
-from evalpipe.probing import records as probe_records
 from evalpipe.probing.names import VariantNames
-from evalpipe.probing.records import write_spec
 from evalpipe.report.progress import ProgressView
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import unlock_run_dir
@@ -128,38 +126,32 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     # are compared, so one broken build does not throw away an hour of the others.
     essential = {v.name for v in plan.variants[:1]} | {v.name for v in plan.variants if v.aa_of}
     failures: dict[str, tuple[str, int]] = {}
-    servers: dict[str, Any] = {}
-    try:
-        for i, variant in enumerate(plan.variants):
-            vdir = rd.root / variant.name
-            if variant.name in kept:
-                console.print(f"[bold cyan]variant {variant.name}[/] kept from before the interruption")
-                info = record_environment(info, variant.name, vdir)
-                continue
-            console.print(f"[bold cyan]variant {variant.name}[/] {escape(variant.description)}".rstrip())
-            try:
-                outcome = run_variant(plan, variant, model, vdir, view.handle(variant.name), limits, servers,
-                                      spec=write_spec(vdir, variant.name, names[variant.name]))
-            finally:
-                view.close()
-                stop_unneeded(servers, plan.variants[i + 1:])
-            status = VariantStatus(exit_code=outcome.exit_code, seconds=round(outcome.seconds, 3), error=outcome.error,
-                                   **({"stalled": True} if outcome.stalled else {}))
-            close_manifest(vdir, outcome)
-            _gather_probes(variant, vdir, names[variant.name], servers)
-            info = record_environment(info, variant.name, vdir)
-            save(variant_status={**info.variant_status, variant.name: status})
-            stop_if_interrupted()
-            if not outcome.ok:
-                error = outcome.error or f"variant {variant.name} failed"
-                failed = failure(error, outcome.exit_code)
-                if variant.name in essential:
-                    save(status="failed", error=error)
-                    raise failed
-                failures[variant.name] = (error, failed.exit_code)
-                console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
-    finally:
-        stop_unneeded(servers, [])
+
+    def record(variant: PlannedVariant, outcome: VariantOutcome, placement: VariantPlacement | None = None) -> None:
+        """A variant's end in run.json; an essential variant's failure ends the run (raised)."""
+        nonlocal info
+        vdir = rd.root / variant.name
+        status = VariantStatus(exit_code=outcome.exit_code, seconds=round(outcome.seconds, 3), error=outcome.error,
+                               **({"stalled": True} if outcome.stalled else {}))
+        info = record_environment(info, variant.name, vdir, header=variant is plan.variants[0])
+        more = {"placements": {**info.placements, variant.name: placement}} if placement is not None else {}
+        save(variant_status={**info.variant_status, variant.name: status}, **more)
+        if not outcome.ok:
+            error = outcome.error or f"variant {variant.name} failed"
+            failed = failure(error, outcome.exit_code)
+            if variant.name in essential:
+                save(status="failed", error=error)
+                raise failed
+            failures[variant.name] = (error, failed.exit_code)
+            console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
+
+    for name in kept:
+        console.print(f"[bold cyan]variant {name}[/] kept from before the interruption")
+        info = record_environment(info, name, rd.root / name, header=name == plan.variants[0].name)
+    if plan.config.cluster.enabled:
+        run_on_cluster(plan, model, rd, names, limits, console, kept, record)
+    else:
+        _run_here(plan, model, rd, names, limits, console, view, kept, record)
 
     info = info.updated(timings=info.timings.model_copy(update={"total_s": time.time() - t0}))
     compared = [v.name for v in plan.variants if v.name not in failures]
@@ -196,20 +188,25 @@ def nothing_compared(reference: str, aa: str | None) -> str:
             "`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`")
 
 
-def _gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, servers: dict[str, Any]) -> None:
-    """probes.json: the variant's processes' records, once they are done writing (an A/A run
-    that reused a server reads that server's records; a server still needed is live)."""
-    exposed = None
-    if variant.launch.mode == "endpoint":
-        path = artifacts.VariantDir(vdir).manifest
-        engine = read_manifest(path).engine if path.is_file() else None
-        exposed = engine.model_dump(mode="json") if engine is not None else {}
-    server = variant.server_of or variant.name
-    probe_records.gather(
-        vdir, variant.name, variant.launch.mode, names,
-        source=probe_records.records_dir(vdir.parent / variant.server_of) if variant.server_of else None,
-        server_of=variant.server_of, live=server in servers, exposed=exposed,
-    )
+def _run_here(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames], limits: Limits,
+              console: Console, view: ProgressView, kept: list[str], record) -> None:
+    """The variants one after another in this machine's processes (the default)."""
+    servers: dict[str, Any] = {}
+    try:
+        for i, variant in enumerate(plan.variants):
+            if variant.name in kept:
+                continue
+            console.print(f"[bold cyan]variant {variant.name}[/] {escape(variant.description)}".rstrip())
+            try:
+                outcome = run_and_close(plan, variant, model, rd.root / variant.name, view.handle(variant.name), limits,
+                                        servers, names[variant.name])
+            finally:
+                view.close()
+                stop_unneeded(servers, plan.variants[i + 1:])
+            record(variant, outcome)
+            stop_if_interrupted()
+    finally:
+        stop_unneeded(servers, [])
 
 
 def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save) -> int:

@@ -5,14 +5,18 @@ from __future__ import annotations
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from evalpipe.documents.worker_events import DoneEvent, ErrorEvent, ProgressEvent, StageEvent, TaskDoneEvent, WorkerEvent
 
 
 class ProgressView:
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, lines: bool = False):
+        """``lines``: one line per event, each naming its variant (variants running at once,
+        on a cluster: no redrawn bars)."""
         self.console = console
+        self.lines = lines
         self._progress: Progress | None = None
         self._bars: dict[tuple[str, str, str], TaskID] = {}
         self._logged_pct: dict[tuple[str, str, str], int] = {}
@@ -30,12 +34,13 @@ class ProgressView:
 
     def handle(self, variant: str) -> Callable[[WorkerEvent], None]:
         def on_event(event: WorkerEvent) -> None:
+            who = f"{variant}: " if self.lines else ""
             if isinstance(event, StageEvent) and event.stage != "task":
-                self.console.print(f"  {event.message}")
+                self.console.print(f"  {who}{event.message}", markup=False)
             elif isinstance(event, ProgressEvent):
                 key = (variant, event.task, event.phase)
                 total, done = event.total, event.done
-                if self.console.is_terminal:
+                if self.console.is_terminal and not self.lines:
                     self._progress_update(key, done, total)
                 else:
                     # Plain logs (CI): one line per 25% instead of a redrawn bar.
@@ -50,13 +55,13 @@ class ProgressView:
                     f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "_stderr" not in k and isinstance(v, float)
                 )
                 self.close()
-                self.console.print(f"  {event.task}: {shown} ({event.seconds:.1f}s)")
+                self.console.print(f"  {who}{event.task}: {shown} ({event.seconds:.1f}s)", markup=False)
             elif isinstance(event, ErrorEvent):
                 self.close()
-                self.console.print(f"  [red]{event.kind} error:[/] {event.message}")
+                self.console.print(f"  {who}[red]{event.kind} error:[/] {escape(event.message)}")
             elif isinstance(event, DoneEvent):
                 self.close()
-                self.console.print(f"  done in {event.seconds:.1f}s")
+                self.console.print(f"  {who}done in {event.seconds:.1f}s", markup=False)
 
         return on_event
 

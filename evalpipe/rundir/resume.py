@@ -69,6 +69,7 @@ def _comparable(info: RunDocument, key: str) -> Any:
     value = _plain(info.model_dump(mode="json")[key])
     if key == "config" and isinstance(value, dict):
         value.pop("output", None)  # where the run lives, not what it is (--resume names it directly)
+        value.pop("cluster", None)  # where its variants run: a run begun on a cluster may be finished here
     return value
 
 

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from evalpipe.documents.manifest import Hardware, VariantManifest, write_manifest
+from evalpipe.documents.manifest import Hardware, VariantManifest, read_manifest, write_manifest
 from evalpipe.documents.worker_events import event_line, make_event
 from evalpipe.documents.worker_job import LocalizeJob, TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
@@ -416,6 +416,23 @@ def run(job: WorkerJob, events: Events) -> int:
     return code
 
 
+def wait_for_reference(reference_dir: Path, events: Events, poll_s: float = 1.0) -> None:
+    """Until the reference (running beside this variant, on a cluster) has ended: its
+    manifest then says ok, or why it failed (a UserError: nothing to teacher-force)."""
+    path = artifacts.VariantDir(reference_dir).manifest
+    said = False
+    while True:
+        manifest = read_manifest(path) if path.is_file() else None
+        if manifest is not None and manifest.status == "ok" and manifest.artifacts is not None:
+            return
+        if manifest is not None and manifest.status == "failed":
+            raise UserError(f"teacher forcing needs the reference's sequences, but the reference failed ({manifest.error})")
+        if not said:  # the watchdog is not armed while this variant waits for another
+            events.emit("stage", stage="waiting", message="waiting for the reference's sequences (teacher forcing)")
+            said = True
+        time.sleep(poll_s)
+
+
 def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, tokens_table, out, events: Events, timings, *,
                    source_dir: str | None, target: Path, timing: str) -> tuple[int, str | None]:
     """Score the sequences of the variant in ``source_dir`` (ours when None) -> ``target``
@@ -424,6 +441,10 @@ def _teacher_phase(job: WorkerJob, teacher: TeacherJob, engine, samples_table, t
     events.emit("stage", stage="teacher", message=f"teacher forcing: scoring {whose} sequences")
     t0 = time.time()
     try:
+        if source_dir and teacher.wait_for_reference and target.name == artifacts.TEACHER_PARQUET:
+            wait_for_reference(Path(source_dir), events)
+            events.emit("stage", stage="teacher", message=f"teacher forcing: scoring {whose} sequences")
+            t0 = time.time()
         if source_dir:
             sequences = read_reference_sequences(Path(source_dir))
         else:

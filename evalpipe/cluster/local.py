@@ -1,0 +1,162 @@
+"""A Ray cluster of several nodes on this machine's loopback: the cluster the tests and the
+benchmark run on, and a way to try a cluster run on a laptop.
+
+    python -m evalpipe.cluster.local up --node CPU=1,node_a=1 --node CPU=1,node_b=1 --dir /tmp/evp-ray
+    python -m evalpipe.cluster.local down --dir /tmp/evp-ray
+
+Every node is a real `ray start` (the head with the GCS, each with its own raylet,
+object store and resources), pinned to 127.0.0.1 (:mod:`evalpipe.cluster.loopback`):
+nothing listens on the network. Ray's token authentication is off for it (only this
+machine can reach it). Every process of the cluster, and whatever its actors start,
+carries :data:`MARK_ENV` in its environment, which is how `down` finds them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MARK_ENV = "EVALPIPE_LOCAL_RAY_CLUSTER"
+ADDRESS_FILE = "address"
+
+
+@dataclass
+class LocalCluster:
+    root: Path
+    address: str
+    nodes: list[dict[str, float]] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        """What a driver of this cluster needs in its environment."""
+        return {"RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": self.address}
+
+    def stop(self) -> None:
+        stop_marked(self.root)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _node_args(resources: dict[str, float]) -> list[str]:
+    cpus = resources.get("CPU", 1.0)
+    custom = {k: v for k, v in resources.items() if k != "CPU"}
+    args = ["--num-cpus", f"{int(cpus)}", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+            "--object-store-memory", str(96 * 1024 * 1024)]
+    if custom:
+        args += ["--resources", json.dumps(custom)]
+    return args
+
+
+def start(nodes: list[dict[str, float]], root: Path, python: str = sys.executable, timeout_s: float = 120.0) -> LocalCluster:
+    """Start the head (the first node) and the other nodes; return once all are up."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, MARK_ENV: str(root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    base = [python, "-m", "evalpipe.cluster.ray_cli", "start"]
+    # the temp dir is short: Ray's Unix sockets live under it (108 bytes at most)
+    head = base + ["--head", "--port", str(port), "--temp-dir", str(root / "t"), "--include-dashboard=false",
+                   "--ray-client-server-port", str(_free_port())] + _node_args(nodes[0])
+    try:
+        for i, resources in enumerate(nodes):
+            command = head if i == 0 else base + ["--address", address] + _node_args(resources)
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0:
+                raise RuntimeError(f"`ray start` of local node {i} failed (exit {done.returncode}):\n"
+                                   f"{(done.stdout + done.stderr)[-2000:]}")
+        _wait_for_nodes(address, len(nodes), env, python, timeout_s)
+    except BaseException:
+        stop_marked(root)
+        raise
+    (root / ADDRESS_FILE).write_text(address)
+    return LocalCluster(root, address, nodes)
+
+
+def _wait_for_nodes(address: str, count: int, env: dict[str, str], python: str, timeout_s: float) -> None:
+    probe = ("import ray,sys;from evalpipe.cluster.loopback import pin_to_loopback;pin_to_loopback();"
+             f"ray.init(address={address!r},_node_ip_address='127.0.0.1',logging_level='ERROR',log_to_driver=False);"
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    deadline = time.monotonic() + timeout_s
+    seen = "0"
+    while time.monotonic() < deadline:
+        done = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=timeout_s)
+        seen = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "?"
+        if seen == str(count):
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"the local Ray cluster at {address} has {seen} of {count} nodes after {timeout_s:g}s")
+
+
+def marked_pids(root: Path) -> list[int]:
+    """Processes whose environment carries this cluster's mark (Linux /proc)."""
+    needle = f"{MARK_ENV}={root}".encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read() + b"\0":
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def stop_marked(root: Path, grace_s: float = 10.0) -> None:
+    for pid in marked_pids(root):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while marked_pids(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in marked_pids(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _parse_node(text: str) -> dict[str, float]:
+    resources = {}
+    for part in text.split(","):
+        name, _, amount = part.partition("=")
+        resources[name.strip()] = float(amount)
+    return resources
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.cluster.local", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    up = sub.add_parser("up", help="start the nodes; prints the address")
+    up.add_argument("--node", action="append", required=True, help="one node's resources, e.g. CPU=1,node_a=1 (repeat per node)")
+    up.add_argument("--dir", required=True, type=Path, help="the cluster's directory (short: Ray's sockets live in it)")
+    down = sub.add_parser("down", help="stop every process of the cluster")
+    down.add_argument("--dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    if args.verb == "up":
+        cluster = start([_parse_node(n) for n in args.node], args.dir.resolve())
+        print(cluster.address)
+        print(f"drivers need RAY_AUTH_MODE=disabled; stop it with: python -m evalpipe.cluster.local down --dir {args.dir}",
+              file=sys.stderr)
+        return 0
+    stop_marked(args.dir.resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
