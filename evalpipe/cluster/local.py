@@ -107,28 +107,29 @@ def marked_pids(root: Path) -> list[int]:
         if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue  # a zombie is gone but for its parent's wait
             with open(f"/proc/{name}/environ", "rb") as fh:
                 if needle in fh.read() + b"\0":
                     found.append(int(name))
-        except OSError:
+        except (OSError, IndexError):
             continue
     return found
 
 
-def stop_marked(root: Path, grace_s: float = 10.0) -> None:
-    for pid in marked_pids(root):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while marked_pids(root) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in marked_pids(root):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def stop_marked(root: Path, grace_s: float = 5.0) -> None:
+    """SIGTERM every process of the cluster, SIGKILL what is left after ``grace_s``, and
+    return once none is left (a killed process leaves /proc a moment later)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for pid in marked_pids(root):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while marked_pids(root) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def _parse_node(text: str) -> dict[str, float]:

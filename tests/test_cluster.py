@@ -1,0 +1,246 @@
+"""`evalpipe run` on a real Ray cluster of three nodes on 127.0.0.1 (tests/ray_cluster.py), with
+the fake engine in every worker (what only vLLM shows on a cluster is tests/test_e2e_cluster.py):
+the variants at once on distinct nodes give the local run's verdict and byte-identical
+artifacts, with the nodes' scratch directories or a shared run directory; a served variant
+on a remote node; a variant the cluster cannot place fails alone, in one sentence; a killed
+actor fails only its variant and --resume finishes it; Ctrl-C stops every node's processes.
+After each run no evalpipe actor, placement group or worker process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import in_process
+import pytest
+import yaml
+from processes import wait_gone
+from ray_cluster import leftovers, local_cluster
+
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.integrity import sha256_of, verify_variant
+from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+
+LIMIT = 4
+TASK = "gsm8k_synth_4shot"
+TABLES = (artifacts.SAMPLES_PARQUET, artifacts.TOKENS_PARQUET, artifacts.TEACHER_PARQUET)
+FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fake_server"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster() as up:
+        yield up
+
+
+def write_config(tmp: Path, name: str, variants: dict, cluster: dict | None, **overrides) -> Path:
+    cfg = {
+        "model": {"path": "builtin:tiny-gsm"},
+        "engine": {"max_model_len": 4096, "seed": 0},
+        "output": str(tmp / "runs"),
+        "noise_floor": False,
+        # on a cluster the driver's environment stays here: the config's reaches every node
+        "env": {FAKE_ENGINE_ENV: "1"},
+        "capture": {"topk": 5, "teacher_forcing": True, "prompt_positions": {"min_prompt_tokens": 1 << 16}},
+        "reference": next(iter(variants)),
+        "variants": variants,
+        "tasks": {"gsm8k": [{"task": TASK, "num_fewshot": 4}]},
+        **({"cluster": cluster} if cluster is not None else {}),
+        **overrides,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return in_process.evalpipe(*args, cwd=cwd, env={"RAY_AUTH_MODE": "disabled"})
+
+
+def run_json(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def assert_nothing_left(cluster, run_id: str) -> None:
+    assert wait_gone(run_id, 30) == [], f"processes of run {run_id} outlived it"
+    left = leftovers(cluster)
+    assert left["actors"] == [] and left["groups"] == [], left
+    assert left["nodes"] == 3
+
+
+AB = {
+    "ref": {},
+    "other": {"env": {FAKE_ENGINE_ENV: "diverge=3"}},
+}
+
+
+@pytest.fixture(scope="module")
+def local_and_cluster(cluster, tmp_path_factory) -> dict:
+    """The same A/B with its A/A run (three variants) here, one after another, and on the
+    cluster, each variant on a node of its own (artifacts back through Ray)."""
+    tmp = tmp_path_factory.mktemp("ab")
+    spread = {"address": cluster.address, "distinct_nodes": True, "scratch": str(tmp / "scratch")}
+    path = write_config(tmp, "ab", AB, spread, noise_floor=True)
+    here = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "here", "--cluster", "off", cwd=tmp)
+    there = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "there", cwd=tmp)
+    return {"tmp": tmp, "here": here, "there": there, "path": path}
+
+
+def test_the_variants_run_at_once_on_three_nodes_with_the_local_verdict(cluster, local_and_cluster):
+    here, there = local_and_cluster["here"], local_and_cluster["there"]
+    assert here.returncode == 1, here.stdout[-3000:] + here.stderr[-3000:]  # DIVERGENT: `other` differs
+    assert there.returncode == here.returncode, there.stdout[-3000:] + there.stderr[-3000:]
+    runs = local_and_cluster["tmp"] / "runs"
+    local, remote = run_json(runs / "here"), run_json(runs / "there")
+    assert remote["verdict"] == local["verdict"] == "DIVERGENT"
+    assert "placements" not in local
+    placed = remote["placements"]
+    assert set(placed) == {"ref", "ref-aa", "other"}
+    assert len({p["node_id"] for p in placed.values()}) == 3, "distinct_nodes: every variant on a node of its own"
+    assert all(p["resources"].get("CPU") == 1.0 and not p["shared_filesystem"] for p in placed.values())
+    assert "3 unit(s)" in there.stdout and "runs on node" in there.stdout
+    assert_nothing_left(cluster, "there")
+    assert not any((local_and_cluster["tmp"] / "scratch").rglob("*.parquet")), "the nodes' scratch copies were cleared"
+
+
+def test_the_cluster_run_writes_the_local_runs_bytes(local_and_cluster):
+    runs = local_and_cluster["tmp"] / "runs"
+    for variant in ("ref", "ref-aa", "other"):
+        vdir = artifacts.VariantDir(runs / "there" / variant)
+        verify_variant(vdir)  # every artifact against the manifest written on its node
+        assert vdir.engine_log.is_file() and vdir.engine_log.stat().st_size > 0, "the node's log came back"
+        assert (vdir.root / artifacts.PROBES_JSON).is_file()
+        for table in TABLES:
+            assert sha256_of(vdir.root / table) == sha256_of(runs / "here" / variant / table), f"{variant}/{table}"
+    compared = json.loads((runs / "there" / "compare.json").read_text())
+    assert [(c["variant"], c["status"], c["reasons"]) for c in compared["comparisons"]] == \
+        [(c["variant"], c["status"], c["reasons"]) for c in json.loads((runs / "here" / "compare.json").read_text())["comparisons"]]
+
+
+def test_a_shared_run_directory_gives_the_same_bytes(cluster, local_and_cluster):
+    tmp = local_and_cluster["tmp"]
+    path = write_config(tmp, "shared", AB, {"address": cluster.address, "shared_filesystem": True}, noise_floor=True)
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "shared", cwd=tmp)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = tmp / "runs"
+    assert all(p["shared_filesystem"] for p in run_json(runs / "shared")["placements"].values())
+    for variant in ("ref", "ref-aa", "other"):
+        verify_variant(artifacts.VariantDir(runs / "shared" / variant))
+        for table in TABLES:
+            assert sha256_of(runs / "shared" / variant / table) == sha256_of(runs / "here" / variant / table)
+    assert_nothing_left(cluster, "shared")
+
+
+def test_a_served_variant_runs_on_the_node_it_asks_for(cluster, tmp_path):
+    variants = {
+        "offline": {"resources": {"CPU": 1, "node_a": 1}},
+        "served": {"launch": {"mode": "serve", "command": FAKE_SERVER}, "engine": {"tokenizer": "no-local-tokenizer"},
+                   "resources": {"CPU": 1, "node_c": 1}, "expect": {"same_path": True}},
+    }
+    path = write_config(tmp_path, "served", variants, {"address": cluster.address})
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "served", cwd=tmp_path)
+    info = run_json(tmp_path / "runs" / "served")
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    assert info["variant_status"]["served"]["exit_code"] == 0
+    assert info["placements"]["served"]["resources"].get("node_c") == 1.0
+    assert info["placements"]["offline"]["resources"].get("node_a") == 1.0
+    served = artifacts.VariantDir(tmp_path / "runs" / "served" / "served")
+    verify_variant(served)
+    assert served.engine_log.is_file() and served.worker_log.is_file(), "the server's and the worker's logs came back"
+    assert_nothing_left(cluster, "served")
+
+
+def test_a_variant_the_cluster_cannot_place_fails_alone_in_one_sentence(cluster, tmp_path):
+    variants = {"ref": {}, "same": {"expect": {"same_path": True}}, "nowhere": {"resources": {"node_z": 1}}}
+    path = write_config(tmp_path, "nowhere", variants, {"address": cluster.address, "placement_timeout_s": 3})
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "nowhere", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    err = " ".join(done.stderr.split())
+    assert "could not be placed on the Ray cluster" in err and "{node_z: 1}" in err and "3 nodes" in err, err
+    assert "Traceback" not in done.stderr
+    info = run_json(tmp_path / "runs" / "nowhere")
+    assert info["failed_variants"] == ["nowhere"]
+    assert info["variant_status"]["same"]["exit_code"] == 0, "the other variants ran and were compared"
+    assert info["verdict"]
+    assert_nothing_left(cluster, "nowhere")
+
+
+def start(args: list[str], cwd: Path, err) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "evalpipe", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=err,
+                            text=True, start_new_session=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, err) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if needle in line:
+            return
+    err.seek(0)
+    raise AssertionError(f"the run ended before `{needle}`: {proc.wait()} {err.read()[-3000:]}")
+
+
+_KILL_ACTOR = """
+import ray, sys
+from evalpipe.cluster.loopback import pin_to_loopback
+pin_to_loopback()
+ray.init(address=sys.argv[1], _node_ip_address="127.0.0.1", logging_level="ERROR", log_to_driver=False)
+ray.kill(ray.get_actor(sys.argv[2], namespace="evalpipe"))
+"""
+
+
+def test_a_killed_actor_fails_only_its_variant_and_resume_finishes_it(cluster, tmp_path):
+    variants = {"ref": {}, "slow": {"env": {FAKE_ENGINE_ENV: "delay=0.4"}, "expect": {"same_path": True}}}
+    path = write_config(tmp_path, "killed", variants, {"address": cluster.address})
+    args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "killed"]
+    with open(tmp_path / "err", "w+") as err:
+        proc = start(args, tmp_path, err)
+        try:
+            wait_for_line(proc, f"slow · {TASK} · generate:", err)
+            subprocess.run([sys.executable, "-c", _KILL_ACTOR, cluster.address, "killed/slow"], check=True, timeout=60,
+                           env={**os.environ, **cluster.env()})
+            assert proc.wait(timeout=120) == 3
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        err.seek(0)
+        said = " ".join(err.read().split())
+    assert "the Ray actor running variant slow" in said and "died" in said and "--resume" in said, said[-2000:]
+    run_dir = tmp_path / "runs" / "killed"
+    info = run_json(run_dir)
+    assert info["failed_variants"] == ["slow"] and info["variant_status"]["ref"]["exit_code"] == 0
+    assert_nothing_left(cluster, "killed")  # the actor's guard took its worker down with it
+
+    resumed = evalpipe(*args, "--resume", str(run_dir), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "kept (finished, artifacts verified): ref" in " ".join(resumed.stdout.split())
+    info = run_json(run_dir)
+    assert info["status"] == "ok" and info["verdict"] == "IDENTICAL"
+    assert set(info["placements"]) == {"ref", "slow"}
+    verify_variant(artifacts.VariantDir(run_dir / "slow"))
+    assert_nothing_left(cluster, "killed")
+
+
+def test_ctrl_c_stops_every_nodes_processes_and_leaves_nothing_on_the_cluster(cluster, tmp_path):
+    variants = {"ref": {"env": {FAKE_ENGINE_ENV: "delay=0.5"}}, "b": {"env": {FAKE_ENGINE_ENV: "delay=0.5"}}}
+    path = write_config(tmp_path, "ctrl-c", variants, {"address": cluster.address, "distinct_nodes": True})
+    with open(tmp_path / "err", "w+") as err:
+        proc = start(["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "ctrl-c"], tmp_path, err)
+        try:
+            wait_for_line(proc, f"· {TASK} · generate:", err)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=120) == 130
+            stopped_in = time.monotonic() - started
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert stopped_in < 60, stopped_in
+    info = run_json(tmp_path / "runs" / "ctrl-c")
+    assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGINT"
+    assert_nothing_left(cluster, "ctrl-c")
