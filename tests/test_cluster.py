@@ -105,6 +105,9 @@ def test_the_variants_run_at_once_on_three_nodes_with_the_local_verdict(cluster,
     assert len({p["node_id"] for p in placed.values()}) == 3, "distinct_nodes: every variant on a node of its own"
     assert all(p["resources"].get("CPU") == 1.0 and not p["shared_filesystem"] for p in placed.values())
     assert "3 unit(s)" in there.stdout and "runs on node" in there.stdout
+    report = (runs / "there" / "report.md").read_text()
+    for name, p in placed.items():
+        assert f"{name} ran on" in report and p["node_id"][:12] in report, "the report says where each variant ran"
     assert_nothing_left(cluster, "there")
     assert not any((local_and_cluster["tmp"] / "scratch").rglob("*.parquet")), "the nodes' scratch copies were cleared"
 

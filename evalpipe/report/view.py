@@ -706,6 +706,10 @@ def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict
         flat = flatten(values)
         rows.append((f"{group} gates", ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(flat.items()))))
     rows.append(("A/A noise floor", f"{aa} vs {reference}: {nf.status}" if nf is not None else "not run"))
+    for name, placed in run.placements.items():  # a run on a Ray cluster: where each variant ran
+        resources = ", ".join(f"{k} {v:g}" for k, v in sorted(placed.resources.items()))
+        rows.append((f"{name} ran on", f"{placed.hostname} ({placed.node_ip}, Ray node {placed.node_id[:12]}) with "
+                                       f"{resources or 'no resources'}; cluster {placed.cluster}"))
 
     names = list(run.variants)
     for n in [reference, *compared, aa]:
