@@ -159,19 +159,36 @@ def test_a_served_variant_runs_on_the_node_it_asks_for(cluster, tmp_path):
     assert_nothing_left(cluster, "served")
 
 
-def test_a_variant_the_cluster_cannot_place_fails_alone_in_one_sentence(cluster, tmp_path):
-    variants = {"ref": {}, "same": {"expect": {"same_path": True}}, "nowhere": {"resources": {"node_z": 1}}}
+def test_a_variant_the_cluster_cannot_place_or_that_hangs_fails_alone(cluster, tmp_path):
+    """One variant asks for a resource no node has, another hangs (its node's watchdog stops
+    it): both fail in one sentence each, the others run and are compared."""
+    variants = {"ref": {}, "same": {"expect": {"same_path": True}}, "nowhere": {"resources": {"node_z": 1}},
+                "hung": {"env": {FAKE_ENGINE_ENV: "hang_after=2"}, "launch": {"stall_timeout_s": 3}}}
     path = write_config(tmp_path, "nowhere", variants, {"address": cluster.address, "placement_timeout_s": 3})
     done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "nowhere", cwd=tmp_path)
-    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     err = " ".join(done.stderr.split())
     assert "could not be placed on the Ray cluster" in err and "{node_z: 1}" in err and "3 nodes" in err, err
     assert "Traceback" not in done.stderr
     info = run_json(tmp_path / "runs" / "nowhere")
-    assert info["failed_variants"] == ["nowhere"]
+    assert sorted(info["failed_variants"]) == ["hung", "nowhere"]
+    assert info["variant_status"]["hung"]["stalled"] is True and "made no progress" in info["variant_status"]["hung"]["error"]
     assert info["variant_status"]["same"]["exit_code"] == 0, "the other variants ran and were compared"
     assert info["verdict"]
     assert_nothing_left(cluster, "nowhere")
+
+
+def test_a_failed_reference_stops_the_variants_running_beside_it(cluster, tmp_path):
+    variants = {"ref": {"env": {FAKE_ENGINE_ENV: "exit_after=2"}}, "slow": {"env": {FAKE_ENGINE_ENV: "delay=1"}}}
+    path = write_config(tmp_path, "ref-fails", variants, {"address": cluster.address})
+    started = time.monotonic()
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", "16", "--run-id", "ref-fails", cwd=tmp_path)
+    took = time.monotonic() - started
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    info = run_json(tmp_path / "runs" / "ref-fails")
+    assert info["status"] == "failed" and "ref" in info["error"]
+    assert took < 16, f"`slow` (16 s of requests) was not stopped when the reference failed ({took:.0f}s)"
+    assert_nothing_left(cluster, "ref-fails")
 
 
 def start(args: list[str], cwd: Path, err) -> subprocess.Popen:

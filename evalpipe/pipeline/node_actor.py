@@ -72,6 +72,11 @@ class UnitActor:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = job.driver_omp_threads
+        # An engine that asks for vLLM's Ray executor or Ray data parallelism joins this
+        # cluster (its ray.init reads RAY_ADDRESS) and places its ranks there itself.
+        import ray
+
+        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
     def place(self) -> NodePlace:
         import ray
