@@ -145,13 +145,18 @@ def run(
              "finished variants are kept after their artifacts are verified, the others run again.",
     ),
     cluster: Optional[str] = _CLUSTER_OPT,
+    concurrency: Optional[int] = typer.Option(
+        None, "--concurrency", help="On a cluster: variants running at once (default: the config's cluster.concurrency, else all)."),
+    distinct_nodes: Optional[bool] = typer.Option(
+        None, "--distinct-nodes/--any-nodes",
+        help="On a cluster: every variant on a node of its own, all placed at once (default: the config's cluster.distinct_nodes)."),
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
     from evalpipe.commands.run import run_command
 
     raise typer.Exit(run_command(tasks, console, config=config, limit=limit, variants=variants, output=output, run_id=run_id,
                                  timeout=timeout, stall_timeout=stall_timeout, noise_floor=noise_floor, dry_run=dry_run,
-                                 resume=resume, cluster=cluster))
+                                 resume=resume, cluster=cluster, concurrency=concurrency, distinct_nodes=distinct_nodes))
 
 
 @app.command()

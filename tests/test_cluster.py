@@ -164,12 +164,13 @@ def test_a_variant_the_cluster_cannot_place_or_that_hangs_fails_alone(cluster, t
     it): both fail in one sentence each, the others run and are compared."""
     variants = {"ref": {}, "same": {"expect": {"same_path": True}}, "nowhere": {"resources": {"node_z": 1}},
                 "hung": {"env": {FAKE_ENGINE_ENV: "hang_after=2"}, "launch": {"stall_timeout_s": 3}}}
-    path = write_config(tmp_path, "nowhere", variants, {"address": cluster.address, "placement_timeout_s": 3})
+    path = write_config(tmp_path, "nowhere", variants, {"address": cluster.address, "placement_timeout_s": 7})
     done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "nowhere", cwd=tmp_path)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     err = " ".join(done.stderr.split())
     assert "could not be placed on the Ray cluster" in err and "{node_z: 1}" in err and "3 nodes" in err, err
     assert "Traceback" not in done.stderr
+    assert "variant nowhere waits to be placed ({node_z: 1}" in " ".join(done.stdout.split()), "it said it was waiting"
     info = run_json(tmp_path / "runs" / "nowhere")
     assert sorted(info["failed_variants"]) == ["hung", "nowhere"]
     assert info["variant_status"]["hung"]["stalled"] is True and "made no progress" in info["variant_status"]["hung"]["error"]
@@ -264,3 +265,31 @@ def test_ctrl_c_stops_every_nodes_processes_and_leaves_nothing_on_the_cluster(cl
     info = run_json(tmp_path / "runs" / "ctrl-c")
     assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGINT"
     assert_nothing_left(cluster, "ctrl-c")
+
+
+def test_a_driver_killed_by_sigkill_leaves_nothing_and_resume_finishes_the_run(cluster, tmp_path):
+    """kill -9 of evalpipe itself: Ray ends the actors its job owned and removes its placement
+    groups, each actor's guard takes its worker down; --resume runs what had not finished."""
+    variants = {"ref": {}, "slow": {"env": {FAKE_ENGINE_ENV: "delay=0.4"}, "expect": {"same_path": True}}}
+    path = write_config(tmp_path, "kill-9", variants, {"address": cluster.address})
+    args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "kill-9"]
+    with open(tmp_path / "err", "w+") as err:
+        proc = start(args, tmp_path, err)
+        try:
+            wait_for_line(proc, f"slow · {TASK} · generate:", err)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while (left := leftovers(cluster)) != {"actors": [], "groups": [], "nodes": 3} and time.monotonic() < deadline:
+        time.sleep(2)
+    assert left == {"actors": [], "groups": [], "nodes": 3}
+    assert wait_gone("kill-9", 30) == []
+    run_dir = tmp_path / "runs" / "kill-9"
+    resumed = evalpipe(*args, "--resume", str(run_dir), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    info = run_json(run_dir)
+    assert info["status"] == "ok" and info["verdict"] == "IDENTICAL"
+    assert_nothing_left(cluster, "kill-9")

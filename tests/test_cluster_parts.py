@@ -161,3 +161,19 @@ def test_vllms_cpu_build_cannot_run_an_engine_over_ray_nodes():
     from vllm.platforms.cpu import CpuPlatform
 
     assert CpuPlatform.ray_device_key == ""
+
+
+def test_concurrency_and_distinct_nodes_on_the_command_line():
+    cfg = config(cluster={"address": "auto", "distinct_nodes": True})
+    assert with_cluster(cfg, None, concurrency=2).cluster.concurrency == 2
+    assert not with_cluster(cfg, None, concurrency=2).cluster.distinct_nodes, "--concurrency alone lifts the spread"
+    spread = with_cluster(config(cluster={"address": "auto", "concurrency": 2}), None, distinct_nodes=True)
+    assert spread.cluster.distinct_nodes and spread.cluster.concurrency is None
+    with pytest.raises(UserError, match="remove one of the two"):
+        with_cluster(cfg, None, concurrency=2, distinct_nodes=True)
+    with pytest.raises(UserError, match="out of range"):
+        with_cluster(cfg, None, concurrency=0)
+    with pytest.raises(UserError, match="applies to a run on a Ray cluster"):
+        with_cluster(config(), None, distinct_nodes=True)
+    with pytest.raises(ConfigError, match="remove one of the two"):
+        config(cluster={"address": "auto", "distinct_nodes": True, "concurrency": 3})

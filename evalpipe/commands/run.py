@@ -6,18 +6,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from evalpipe.cluster.session import describe_resources
 from evalpipe.commands.localize import localize_after_run
+from evalpipe.config.cluster import ClusterSettings
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.run_config import LaunchFields, RunConfig, load_config
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label
 from evalpipe.models.builtin import shipped_path
+from evalpipe.pipeline.on_cluster import demand_of, units_of
 from evalpipe.pipeline.plan import RunPlan, make_plan, verify_here
 from evalpipe.pipeline.preflight import preflight
 from evalpipe.pipeline.runner import execute
@@ -28,14 +32,16 @@ from evalpipe.redact import api_key_names, redact, redact_env
 def run_command(tasks: str, console: Console, *, config: Path | None = None, limit: int | None = None, variants: str | None = None,
                 output: Path | None = None, run_id: str | None = None, timeout: float | None = None,
                 stall_timeout: float | None = None, noise_floor: bool | None = None, dry_run: bool = False,
-                resume: Path | None = None, cluster: str | None = None) -> int:
+                resume: Path | None = None, cluster: str | None = None, concurrency: int | None = None,
+                distinct_nodes: bool | None = None) -> int:
     """The run's exit code (the verdict's, or a failure's); bad arguments are one sentence.
-    ``cluster``: --cluster, over the config's cluster.address (`off`: run here)."""
+    ``cluster``: --cluster, over the config's cluster.address (`off`: run here); ``concurrency``
+    and ``distinct_nodes``: over the config's cluster settings."""
     if resume is not None:
         _check_resume(resume, run_id, output)
         output, run_id = resume.parent, resume.name
     plan = make_plan(
-        with_cluster(load_config(config), cluster),
+        with_cluster(load_config(config), cluster, concurrency=concurrency, distinct_nodes=distinct_nodes),
         config_label(config),
         tasks,
         limit=limit,
@@ -64,14 +70,35 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
     return ExitCode.OK
 
 
-def with_cluster(config: RunConfig, cluster: str | None) -> RunConfig:
-    """The config with --cluster applied (None: the option was not given)."""
-    if cluster is None:
+def with_cluster(config: RunConfig, cluster: str | None, *, concurrency: int | None = None,
+                 distinct_nodes: bool | None = None) -> RunConfig:
+    """The config with --cluster, --concurrency and --distinct-nodes applied (None: not given)."""
+    if cluster is not None:
+        if not cluster.strip() or any(c.isspace() for c in cluster):
+            raise UserError(f"--cluster {cluster!r} is not a cluster address; give HOST:PORT of the Ray head, "
+                            "ray://HOST:PORT, auto, or off.")
+        config = config.on_cluster(None if cluster == "off" else cluster)
+    if concurrency is None and distinct_nodes is None:
         return config
-    if not cluster.strip() or any(c.isspace() for c in cluster):
-        raise UserError(f"--cluster {cluster!r} is not a cluster address; give HOST:PORT of the Ray head, ray://HOST:PORT, "
-                        "auto, or off.")
-    return config.on_cluster(None if cluster == "off" else cluster)
+    if not config.cluster.enabled:
+        given = "--concurrency" if concurrency is not None else "--distinct-nodes"
+        raise UserError(f"{given} applies to a run on a Ray cluster, and this one runs here; give --cluster ADDRESS "
+                        "(or `cluster.address` in the config), or leave it out.")
+    if concurrency is not None and concurrency < 1:
+        raise UserError(f"--concurrency {concurrency} is out of range: give 1 or more variants at once.")
+    settings = config.cluster.model_dump()
+    if concurrency is not None:
+        settings["concurrency"] = concurrency
+        settings["distinct_nodes"] = False if distinct_nodes is None else distinct_nodes
+    if distinct_nodes is not None:
+        settings["distinct_nodes"] = distinct_nodes
+        if distinct_nodes and concurrency is None:
+            settings["concurrency"] = None
+    try:
+        checked = ClusterSettings.model_validate(settings)
+    except ValidationError as err:
+        raise UserError(f"--concurrency and --distinct-nodes: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    return config.model_copy(update={"cluster": checked})
 
 
 def check_time_limits(timeout: float | None, stall_timeout: float | None) -> None:
@@ -115,6 +142,22 @@ def _print_plan(plan: RunPlan, console: Console) -> None:
     console.print(tasks)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
+    _print_cluster_plan(plan, console)
+
+
+def _print_cluster_plan(plan: RunPlan, console: Console) -> None:
+    cluster = plan.config.cluster
+    if not cluster.enabled:
+        return
+    units = units_of(plan, kept=[])
+    how = ("all at once, each on a node of its own" if cluster.distinct_nodes
+           else f"up to {cluster.concurrency or len(units)} at once")
+    where = ("the shared run directory" if cluster.shared_filesystem
+             else f"scratch {cluster.scratch} on each node, brought back through Ray")
+    console.print(f"cluster {cluster.address}: {len(units)} unit(s) {how}, writing to {where}", markup=False, soft_wrap=True)
+    for unit in units:
+        console.print(f"  {' + '.join(v.name for v in unit)} asks for {describe_resources(demand_of(plan, unit))}",
+                      markup=False, soft_wrap=True)
 
 
 def _print_path_checks(plan: RunPlan, console: Console) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # What each variant asks of its node when the config names nothing: one CPU for the
 # worker that drives the engine (the engine's own devices are the variant's `resources`).
@@ -55,6 +55,13 @@ class ClusterSettings(BaseModel):
                                        description="How long a variant waits for the cluster to place it before it fails.")
 
     _resources = field_validator("resources", mode="before")(_check_resources)
+
+    @model_validator(mode="after")
+    def _spread_places_all_at_once(self) -> "ClusterSettings":
+        if self.distinct_nodes and self.concurrency is not None:
+            raise ValueError("`distinct_nodes` places every variant at once, each on a node of its own, so "
+                             "`concurrency` cannot limit them; remove one of the two.")
+        return self
 
     @property
     def enabled(self) -> bool:
