@@ -140,22 +140,25 @@ def test_a_shared_run_directory_gives_the_same_bytes(cluster, local_and_cluster)
     assert_nothing_left(cluster, "shared")
 
 
-def test_a_served_variant_runs_on_the_node_it_asks_for(cluster, tmp_path):
+def test_a_served_variant_runs_on_the_node_it_asks_for_with_its_aa_run_on_its_server(cluster, tmp_path):
     variants = {
-        "offline": {"resources": {"CPU": 1, "node_a": 1}},
         "served": {"launch": {"mode": "serve", "command": FAKE_SERVER}, "engine": {"tokenizer": "no-local-tokenizer"},
-                   "resources": {"CPU": 1, "node_c": 1}, "expect": {"same_path": True}},
+                   "resources": {"CPU": 1, "node_c": 1}},
+        "offline": {"resources": {"CPU": 1, "node_a": 1}, "expect": {"same_path": True}},
     }
-    path = write_config(tmp_path, "served", variants, {"address": cluster.address})
+    path = write_config(tmp_path, "served", variants, {"address": cluster.address}, noise_floor={"reuse_server": True})
     done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "served", cwd=tmp_path)
     info = run_json(tmp_path / "runs" / "served")
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
-    assert info["variant_status"]["served"]["exit_code"] == 0
-    assert info["placements"]["served"]["resources"].get("node_c") == 1.0
-    assert info["placements"]["offline"]["resources"].get("node_a") == 1.0
+    assert {n: s["exit_code"] for n, s in info["variant_status"].items()} == {"served": 0, "served-aa": 0, "offline": 0}
+    placed = info["placements"]
+    assert placed["served"]["resources"].get("node_c") == 1.0 and placed["offline"]["resources"].get("node_a") == 1.0
+    assert placed["served-aa"]["node_id"] == placed["served"]["node_id"], "the A/A run used its reference's server"
+    assert "served + served-aa" in done.stdout
     served = artifacts.VariantDir(tmp_path / "runs" / "served" / "served")
     verify_variant(served)
     assert served.engine_log.is_file() and served.worker_log.is_file(), "the server's and the worker's logs came back"
+    verify_variant(artifacts.VariantDir(tmp_path / "runs" / "served" / "served-aa"))
     assert_nothing_left(cluster, "served")
 
 

@@ -70,18 +70,22 @@ def start(nodes: list[dict[str, float]], root: Path, python: str = sys.executabl
     head = base + ["--head", "--port", str(port), "--temp-dir", str(root / "t"), "--include-dashboard=false",
                    "--ray-client-server-port", str(_free_port())] + _node_args(nodes[0])
     try:
-        for i, resources in enumerate(nodes):
-            command = head if i == 0 else base + ["--address", address] + _node_args(resources)
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-            if done.returncode != 0:
-                raise RuntimeError(f"`ray start` of local node {i} failed (exit {done.returncode}):\n"
-                                   f"{(done.stdout + done.stderr)[-2000:]}")
+        _run_start(head, env, timeout_s, "the head node")
+        # one after another: nodes of one machine that join at once time out in Ray's start-up
+        for i, resources in enumerate(nodes[1:], start=1):
+            _run_start(base + ["--address", address] + _node_args(resources), env, timeout_s, f"local node {i}")
         _wait_for_nodes(address, len(nodes), env, python, timeout_s)
     except BaseException:
         stop_marked(root)
         raise
     (root / ADDRESS_FILE).write_text(address)
     return LocalCluster(root, address, nodes)
+
+
+def _run_start(command: list[str], env: dict[str, str], timeout_s: float, what: str) -> None:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"`ray start` of {what} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}")
 
 
 def _wait_for_nodes(address: str, count: int, env: dict[str, str], python: str, timeout_s: float) -> None:
