@@ -130,13 +130,17 @@ class _Cluster:
             self._follow(unit, actor, place, delivered)
         except PlacementFailed as err:
             self._fail_rest(unit, delivered, str(err), ExitCode.USER_ERROR, place)
-        except Exception as err:  # noqa: BLE001 - the actor or its node died (RayActorError ...), or Ray itself failed
+        except Exception as err:  # noqa: BLE001 - whatever it was, it ends this unit only
             where = f" on node {place.hostname} ({place.node_ip})" if place is not None else ""
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            self._fail_rest(unit, delivered, f"the Ray actor running variant {label}{where} died or could not be "
-                            f"reached ({type(err).__name__}: {first}); its node's logs are in Ray's session directory "
-                            "(/tmp/ray/session_latest/logs); `evalpipe run --resume` runs it again",
-                            ExitCode.FAILED, place)
+            if isinstance(err, self.ray.exceptions.RayError):  # the actor or its node died, or Ray itself failed
+                why = (f"the Ray actor running variant {label}{where} died or could not be reached "
+                       f"({type(err).__name__}: {first}); its node's logs are in Ray's session directory "
+                       "(/tmp/ray/session_latest/logs); `evalpipe run --resume` runs it again")
+            else:
+                why = (f"running variant {label}{where} through Ray failed ({type(err).__name__}: {first}); "
+                       "`evalpipe run --resume` runs it again")
+            self._fail_rest(unit, delivered, why, ExitCode.FAILED, place)
         finally:
             if actor is not None:
                 self._let_go(actor)
