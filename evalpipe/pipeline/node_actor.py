@@ -43,6 +43,7 @@ class UnitJob:
     names: dict[str, VariantNames]
     limits: Limits
     driver_omp_threads: str | None  # the driver's OMP_NUM_THREADS (Ray sets its own in actors)
+    scratch: bool  # run_dir is this unit's copy on its node (not the shared run directory)
 
 
 @dataclass
@@ -60,6 +61,8 @@ class UnitActor:
 
     def __init__(self, job: UnitJob):
         self.job = job
+        if job.scratch:  # an earlier attempt's copy (a driver killed mid-run): the driver sends what it kept
+            shutil.rmtree(job.plan.run_dir.parent, ignore_errors=True)
         self.events: list[tuple[str, str]] = []  # (variant, event JSON), in order
         self.outcomes: dict[str, VariantOutcome] = {}
         self.failure: str | None = None  # a bug in the actor itself

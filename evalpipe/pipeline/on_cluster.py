@@ -157,7 +157,7 @@ class _Cluster:
             node_baseline = node_dir.parent / "baseline" / baseline.name
         job = UnitJob(plan=for_node(self.plan, node_dir, node_baseline), variants=[v.name for v in unit],
                       model=self.model, names={v.name: self.names[v.name] for v in unit}, limits=self.limits,
-                      driver_omp_threads=os.environ.get("OMP_NUM_THREADS"))
+                      driver_omp_threads=os.environ.get("OMP_NUM_THREADS"), scratch=not self.settings.shared_filesystem)
         resources = dict(slot.resources)
         cpus = resources.pop("CPU", 0.0)
         gpus = resources.pop("GPU", 0.0)
@@ -169,8 +169,13 @@ class _Cluster:
         ).remote(job)
         with self.lock:
             self.actors.append(actor)
-        if baseline is not None and node_baseline is not None and not self.settings.shared_filesystem:
-            self.ray.get(actor.put_dir.remote(str(node_baseline), transfer.pack(baseline)))
+        if not self.settings.shared_filesystem:
+            if baseline is not None and node_baseline is not None:
+                self.ray.get(actor.put_dir.remote(str(node_baseline), transfer.pack(baseline)))
+            for variant in unit:  # a resumed variant starts from what the run directory kept of it (its journal)
+                kept = self.rd.root / variant.name
+                if kept.is_dir():
+                    self.ray.get(actor.put_dir.remote(variant.name, transfer.pack(kept)))
         return actor
 
     def _follow(self, unit: list[PlannedVariant], actor: Any, place: NodePlace, delivered: set[str]) -> None:
