@@ -170,16 +170,33 @@ def test_a_variant_the_cluster_cannot_place_or_that_hangs_fails_alone(cluster, t
     path = write_config(tmp_path, "nowhere", variants, {"address": cluster.address, "placement_timeout_s": 7})
     done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "nowhere", cwd=tmp_path)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
-    err = " ".join(done.stderr.split())
-    assert "could not be placed on the Ray cluster" in err and "{node_z: 1}" in err and "3 nodes" in err, err
     assert "Traceback" not in done.stderr
-    assert "variant nowhere waits to be placed ({node_z: 1}" in " ".join(done.stdout.split()), "it said it was waiting"
     info = run_json(tmp_path / "runs" / "nowhere")
+    err = info["variant_status"]["nowhere"]["error"]
+    assert "could not be placed on the Ray cluster" in err and "{node_z: 1}" in err and "3 nodes" in err, err
+    hung = info["variant_status"]["hung"]["error"]
+    assert str(tmp_path / "runs" / "nowhere" / "hung" / "engine.log") in hung, "the log is named where it is now"
+    assert "variant nowhere waits to be placed ({node_z: 1}" in " ".join(done.stdout.split()), "it said it was waiting"
     assert sorted(info["failed_variants"]) == ["hung", "nowhere"]
     assert info["variant_status"]["hung"]["stalled"] is True and "made no progress" in info["variant_status"]["hung"]["error"]
     assert info["variant_status"]["same"]["exit_code"] == 0, "the other variants ran and were compared"
     assert info["verdict"]
     assert_nothing_left(cluster, "nowhere")
+
+
+def test_more_variants_than_the_cluster_holds_run_as_capacity_frees(cluster, tmp_path):
+    """Four variants of one CPU each on three one-CPU nodes: the fourth waits for one of the
+    run's own to end, longer than the placement timeout (which counts only while none of the
+    run's variants is running), then runs; all four are compared."""
+    slow = {"env": {FAKE_ENGINE_ENV: "delay=1"}, "expect": {"same_path": True}}
+    variants = {"ref": dict(slow), "b": dict(slow), "c": dict(slow), "d": dict(slow)}
+    path = write_config(tmp_path, "four", variants, {"address": cluster.address, "placement_timeout_s": 2})
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "four", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "waits to be placed ({CPU: 1}; until the run's other variants end)" in " ".join(done.stdout.split())
+    info = run_json(tmp_path / "runs" / "four")
+    assert info["verdict"] == "IDENTICAL" and set(info["placements"]) == {"ref", "b", "c", "d"}
+    assert_nothing_left(cluster, "four")
 
 
 def test_a_failed_reference_stops_the_variants_running_beside_it(cluster, tmp_path):

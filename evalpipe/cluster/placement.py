@@ -35,9 +35,12 @@ class Slot:
 
 
 def wait_ready(ray: Any, group: Any, *, what: str, asked: str, address: str, timeout_s: float,
-               say: Callable[[str], None], cancelled: Callable[[], bool]) -> None:
-    """Block until ``group`` is placed; PlacementFailed (after removing it) when ``timeout_s``
-    passes, KeyboardInterrupt-free: ``cancelled`` ends the wait early (the run is stopping)."""
+               say: Callable[[str], None], cancelled: Callable[[], bool],
+               busy: Callable[[], bool] = lambda: False) -> None:
+    """Block until ``group`` is placed; PlacementFailed (after removing it) once ``timeout_s``
+    has passed without ``busy()`` (the run's own other variants holding what it waits for:
+    it then waits for them, however long they run). ``cancelled`` ends the wait early (the
+    run is stopping)."""
     started = time.monotonic()
     next_line = started + 5.0  # a placement that takes a moment says nothing
     ready = group.ready()
@@ -47,6 +50,8 @@ def wait_ready(ray: Any, group: Any, *, what: str, asked: str, address: str, tim
             ray.get(ready)
             return
         now = time.monotonic()
+        if busy():
+            started = now
         if cancelled():
             raise PlacementFailed(f"{what} was not placed: the run is stopping")
         if now - started > timeout_s:
@@ -57,8 +62,8 @@ def wait_ready(ray: Any, group: Any, *, what: str, asked: str, address: str, tim
                 f"{asked}, and the cluster has {have}; lower `resources:` (cluster.resources or the variant's), "
                 "free or add nodes, or raise cluster.placement_timeout_s.")
         if now >= next_line:
-            say(f"{what} waits to be placed ({asked}; {now - started:.0f}s of {timeout_s:g}s); the cluster has "
-                f"{describe_cluster(ray)}")
+            waits = "until the run's other variants end" if busy() else f"{now - started:.0f}s of {timeout_s:g}s"
+            say(f"{what} waits to be placed ({asked}; {waits}); the cluster has {describe_cluster(ray)}")
             next_line = now + WAIT_LINE_EVERY_S
 
 

@@ -86,6 +86,7 @@ class _Cluster:
         self.lock = threading.Lock()
         self.actors: list[Any] = []
         self.groups: list[Any] = []
+        self.running = 0  # units placed and not ended: while any runs, a waiting unit waits for it
         self.reference = plan.variants[0].name
         # the reference's finished directory, packed, for the nodes that do not share ours
         self.reference_pack: bytes | None = None
@@ -112,6 +113,7 @@ class _Cluster:
         actor = None
         own_group = slot is None
         place: NodePlace | None = None
+        counted = False
         try:
             if self.stopping.is_set():
                 raise PlacementFailed("not started: the run is stopping")
@@ -122,7 +124,10 @@ class _Cluster:
                     self.groups.append(slot.group)
                 wait_ready(self.ray, slot.group, what=f"variant {label}", asked=describe_resources(demand),
                            address=self.address, timeout_s=self.settings.placement_timeout_s, say=self.say,
-                           cancelled=self.stopping.is_set)
+                           cancelled=self.stopping.is_set, busy=lambda: self.running > 0)
+            with self.lock:
+                self.running += 1
+            counted = True
             actor = self._start_actor(unit, slot)
             place = self.ray.get(actor.place.remote())
             self.say(f"variant {label} runs on node {place.hostname} ({place.node_ip}, {place.node_id[:12]}) "
@@ -146,6 +151,9 @@ class _Cluster:
                 self._let_go(actor)
             if own_group and slot is not None:
                 release(self.ray, slot.group)
+            if counted:
+                with self.lock:
+                    self.running -= 1
 
     def _start_actor(self, unit: list[PlannedVariant], slot: Slot) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -198,7 +206,7 @@ class _Cluster:
                 needs_reference = False
             for name, outcome in outcomes.items():
                 if name not in delivered:
-                    self._bring_back(actor, self.plan.variant(name), outcome, placement)
+                    self._bring_back(actor, unit, self.plan.variant(name), outcome, placement)
                     delivered.add(name)
             if crash is not None:
                 raise RuntimeError(f"evalpipe's actor failed: {crash.strip().splitlines()[-1]}\n{crash}")
@@ -211,7 +219,7 @@ class _Cluster:
                 raise TimeoutError(f"it did not stop within {STOP_WAIT_S:g}s of being asked to")
             time.sleep(POLL_S)
 
-    def _bring_back(self, actor: Any, variant: PlannedVariant, outcome: VariantOutcome,
+    def _bring_back(self, actor: Any, unit: list[PlannedVariant], variant: PlannedVariant, outcome: VariantOutcome,
                     placement: VariantPlacement) -> None:
         """The variant's directory into the run directory (a no-op on a shared filesystem),
         then the runner records it."""
@@ -220,6 +228,8 @@ class _Cluster:
             transfer.unpack_into(packed, self.rd.root / variant.name)
             if variant.name == self.reference and outcome.ok:
                 self.reference_pack = packed
+            if outcome.error:  # its log tails name files where they are now, not on the node
+                outcome.error = outcome.error.replace(str(self.node_run_dir(unit)), str(self.rd.root))
         if variant.name == self.reference:
             self.reference_done.set()
         self.finished.put((variant, outcome, placement))
