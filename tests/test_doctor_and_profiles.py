@@ -97,6 +97,20 @@ def test_profiles_load_and_two_nodes_extends_one_node():
     assert one.gates.scores.margin == 0.015 and max(one.longctx.lengths) == 131072
 
 
+def test_the_cluster_profile_places_each_ascend_engine_on_an_a3_node_of_its_own(tmp_path):
+    one = load_config(PROFILES / "glm5-dsa-a3.yaml")
+    cluster = load_config(PROFILES / "glm5-dsa-cluster.yaml")
+    assert cluster.engine == one.engine and cluster.variants == one.variants, "the same A/B, placed"
+    assert cluster.cluster.enabled and cluster.cluster.distinct_nodes and cluster.cluster.resources["NPU"] == 16
+    proc = evalpipe("run", "gsm8k", "-c", str(PROFILES / "glm5-dsa-cluster.yaml"), "--dry-run", "--output", str(tmp_path),
+                    cwd=tmp_path)
+    out = " ".join(proc.stdout.split())
+    assert "cluster auto: 3 unit(s) all at once, each on a node of its own" in out
+    for name in ("legacy", "legacy-aa", "sp"):
+        assert f"{name} asks for {{CPU: 8, NPU: 16}}" in out
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
     (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
