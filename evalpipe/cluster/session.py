@@ -4,6 +4,8 @@ what the cluster has, in the words a failure sentence needs."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +16,9 @@ from evalpipe.errors import UserError
 NAMESPACE = "evalpipe"
 # Resources that say nothing about a node's capacity for a variant.
 _BOOKKEEPING = ("memory", "object_store_memory")
+# How long the head's port may take to accept a connection: Ray's own attempt at a dead
+# address retries for minutes before it gives up.
+REACH_TIMEOUT_S = 5.0
 
 
 class ClusterUnavailable(UserError):
@@ -36,6 +41,9 @@ def connect(address: str) -> Any:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    unreachable = _port_problem(address)
+    if unreachable is not None:
+        raise ClusterUnavailable(_cannot_reach(address, unreachable))
     kwargs: dict[str, Any] = {}
     if is_loopback(address) and not address.startswith("ray://"):
         pin_to_loopback()
@@ -45,10 +53,46 @@ def connect(address: str) -> Any:
                  configure_logging=False, **kwargs)
     except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, its own auth errors ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ClusterUnavailable(
-            f"cannot reach the Ray cluster at {address} ({first}); start it (`ray start --head` on its head node) "
-            "or give its address with `cluster.address` / --cluster (HOST:PORT of the head, ray://HOST:PORT or auto).") from None
+        raise ClusterUnavailable(_cannot_reach(address, first)) from None
     return ray
+
+
+def _cannot_reach(address: str, why: str) -> str:
+    return (f"cannot reach the Ray cluster at {address} ({why}); start it (`ray start --head` on its head node) "
+            "or give its address with `cluster.address` / --cluster (HOST:PORT of the head, ray://HOST:PORT or auto).")
+
+
+def head_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) the address connects to first: the GCS of HOST:PORT, the Ray Client
+    server of ray://HOST:PORT, for `auto` the cluster RAY_ADDRESS or the last `ray start`
+    on this machine names; None when that is not known here."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or ""
+        if not address or address == "auto":
+            try:
+                from ray._private.utils import read_ray_address  # where `ray start` recorded its head
+
+                address = read_ray_address() or ""
+            except Exception:  # noqa: BLE001 - a private API: without it, Ray looks for itself
+                return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _port_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """Why nothing answers at the address's head port (None: something does, or the port is
+    not known here and Ray finds it itself)."""
+    endpoint = head_endpoint(address)
+    if endpoint is None:
+        return None
+    host, port = endpoint
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return f"nothing answers on {host}:{port}: {err.strerror or type(err).__name__}"
 
 
 def disconnect() -> None:
@@ -91,7 +135,12 @@ def describe_cluster(ray: Any) -> str:
         free_by_node = {node_id: dict(res) for node_id, res in available_resources_per_node().items()}
     except Exception:  # noqa: BLE001 - a private API: without it, totals only
         free_by_node = {}
-    described = [n.describe(free_by_node.get(n.node_id)) if free_by_node else n.describe() for n in live]
+    return describe_nodes(live, free_by_node or None)
+
+
+def describe_nodes(live: list[NodeCapacity], free_by_node: dict[str, dict[str, float]] | None = None) -> str:
+    """The nodes and what each has (of its total; free now too when ``free_by_node`` is known)."""
+    described = [n.describe(free_by_node.get(n.node_id)) if free_by_node is not None else n.describe() for n in live]
     return f"{len(live)} node{'s' if len(live) != 1 else ''}: " + "; ".join(described)
 
 
