@@ -259,16 +259,19 @@ def doctor(
     config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML (default: the shipped configs/default.yaml)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants to check (default: all of the config)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root whose free disk is checked (default: the config's `output`)."),
+    cluster: Optional[str] = _CLUSTER_OPT,
 ) -> None:
     """Check, without starting any engine, what a run needs: interpreters, vLLM (and the
-    NPU stack), devices, model files, task data, ports, endpoints, disk. Exit 0 when
+    NPU stack), devices, model files, task data, ports, endpoints, disk, and on a Ray
+    cluster the cluster (reachable, versions, placement, what each node has). Exit 0 when
     everything passes, 2 otherwise."""
     from evalpipe.commands.doctor import run_checks
+    from evalpipe.commands.run import with_cluster
     from evalpipe.config.run_config import load_config
     from evalpipe.install import config_label
     from evalpipe.pipeline.plan import make_plan
 
-    plan = make_plan(load_config(config), config_label(config), tasks, variants=variants,
+    plan = make_plan(with_cluster(load_config(config), cluster), config_label(config), tasks, variants=variants,
                      output=str(output) if output else None, strict=False)
 
     def say(check) -> None:

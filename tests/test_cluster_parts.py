@@ -177,3 +177,34 @@ def test_concurrency_and_distinct_nodes_on_the_command_line():
         with_cluster(config(), None, distinct_nodes=True)
     with pytest.raises(ConfigError, match="remove one of the two"):
         config(cluster={"address": "auto", "distinct_nodes": True, "concurrency": 3})
+
+
+def _node(i: int, **total: float):
+    from evalpipe.cluster.session import NodeCapacity
+
+    return NodeCapacity(node_id=f"n{i}" * 8, ip="10.0.0.%d" % i, hostname=f"h{i}", total=total, alive=True)
+
+
+def test_placeable_is_a_matching_of_units_to_nodes():
+    from evalpipe.cluster.checks import unplaceable
+
+    nodes = [_node(1, NPU=16, a=1), _node(2, NPU=16), _node(3, NPU=8)]
+    three = [("x", {"NPU": 16.0}), ("y", {"NPU": 8.0}), ("z", {"NPU": 16.0, "a": 1.0})]
+    assert unplaceable(three, nodes, distinct=True) == [], "z on n1, x on n2, y on n3"
+    crowded = [("x", {"NPU": 16.0}), ("y", {"NPU": 16.0}), ("z", {"NPU": 16.0})]
+    assert unplaceable(crowded, nodes, distinct=False) == []
+    assert "cannot each have a node of their own among 3" in unplaceable(crowded, nodes, distinct=True)[0]
+    assert unplaceable([("w", {"NPU": 32.0})], nodes, distinct=False) == \
+        ["w asks for {NPU: 32}, which no live node has in all"]
+
+
+def test_every_node_that_differs_from_the_driver_is_named():
+    from evalpipe.cluster.checks import NodeFacts, version_problems
+
+    driver = NodeFacts("d", "drv", "2.60.0", "0.9", "3.11", {})
+    same = NodeFacts("a" * 16, "h1", "2.60.0", "0.9", "3.11", {})
+    old = NodeFacts("b" * 16, "h2", "2.59.0", None, "3.11", {})
+    assert version_problems(driver, [same]) == []
+    assert version_problems(driver, [same, old]) == [
+        "node h2 (bbbbbbbbbbbb) has Ray 2.59.0, the driver 2.60.0",
+        "node h2 (bbbbbbbbbbbb) has evalpipe not installed, the driver 0.9"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata
@@ -21,6 +23,8 @@ from typing import Any, Callable
 
 import httpx
 
+from evalpipe.cluster.checks import NodeFacts, fits, gather, unplaceable, version_problems
+from evalpipe.cluster.session import ClusterUnavailable, connect, describe_cluster, describe_nodes, describe_resources, disconnect, nodes
 from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.documents.worker_job import ServerJob
@@ -31,6 +35,7 @@ from evalpipe.execution.serve import port_is_free
 from evalpipe.install import PACKAGE_DIR, code_version, shipped_dir
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
+from evalpipe.pipeline.on_cluster import demand_of, units_of
 from evalpipe.pipeline.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
 from evalpipe.probing import backends
 from evalpipe.probing.names import check_variant, checks_lines, probed_names, resolve
@@ -281,7 +286,60 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             else:
                 free_port = port_is_free(v.launch.host, v.launch.port)
                 add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))
+    if plan.config.cluster.enabled:
+        _check_cluster(plan, model_path, add)
     return checks
+
+
+def _check_cluster(plan: RunPlan, model_path: Path | None, add) -> None:
+    """The Ray cluster the run will use: reachable, the same versions on every node, every
+    variant placeable, its interpreter and the model present where it may run."""
+    address = str(plan.config.cluster.address)
+    try:
+        ray = connect(address)
+    except ClusterUnavailable as err:
+        add("cluster", "reachable", False, f"{err} (the other cluster checks need it)")
+        return
+    try:
+        live = [n for n in nodes(ray) if n.alive]
+        add("cluster", "reachable", bool(live), f"{address}: {describe_cluster(ray)}")
+        if not live:
+            return
+        units = units_of(plan, kept=[])
+        demands = [(" + ".join(v.name for v in unit), demand_of(plan, unit)) for unit in units]
+        problems = unplaceable(demands, live, plan.config.cluster.distinct_nodes)
+        add("cluster", "placeable", not problems,
+            "; ".join(problems) + f"; the cluster has {describe_nodes(live)}" if problems
+            else f"{len(units)} unit(s) fit{' on distinct nodes' if plan.config.cluster.distinct_nodes else ''}: "
+                 + ", ".join(f"{name} {describe_resources(d)}" for name, d in demands))
+        paths = sorted({v.python for v in plan.variants if v.launch.mode != "endpoint"}
+                       | ({str(model_path)} if model_path is not None else set()))
+        facts = {f.node_id: f for f in gather(ray, live, paths)}
+        mine = NodeFacts(node_id="driver", hostname=socket.gethostname(), ray=ray.__version__, evalpipe=facts_version(),
+                         python=".".join(platform.python_version_tuple()[:2]), present={})
+        differ = version_problems(mine, list(facts.values()))
+        add("cluster", "versions", not differ,
+            "; ".join(differ) + "; install the driver's versions on every node" if differ
+            else f"Ray {mine.ray}, evalpipe {mine.evalpipe}, Python {mine.python} on all {len(facts)} node(s)")
+        for unit, (_, demand) in zip(units, demands):
+            hosts = [n for n in live if fits(demand, n.total)]
+            for variant in unit:
+                wanted = [variant.python] + ([str(model_path)] if model_path is not None else [])
+                missing = [f"{path} on {facts[n.node_id].hostname} ({n.node_id[:12]})"
+                           for n in hosts for path in wanted if not facts[n.node_id].present.get(path, False)]
+                add(variant.name, "on its nodes", not missing,
+                    "missing: " + "; ".join(missing) + " (every node that may run it needs them at the driver's paths)"
+                    if missing else f"interpreter and model present on the {len(hosts)} node(s) that can run it")
+    finally:
+        disconnect()
+
+
+def facts_version() -> str | None:
+    """This evalpipe's distribution version, as node_facts reads it on a node."""
+    try:
+        return metadata.version("evalpipe")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tuple[str, bool, str]]:
