@@ -286,7 +286,7 @@ def doctor(
 
 @app.command()
 def nightly(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML with a `nightly:` section (default: the shipped configs/default.yaml)."),
+    config: Optional[list[Path]] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML with a `nightly:` section (default: the shipped configs/default.yaml); repeat for several configs' nights (at once when they run on a Ray cluster)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task (default: the config's nightly.limit)."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated variants (default: the config's nightly.variants, else all)."),
     output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Output root of tonight's run (default: the config's `output`)."),
@@ -297,19 +297,36 @@ def nightly(
     timeout: Optional[float] = _TIMEOUT_OPT,
     stall_timeout: Optional[float] = _STALL_OPT,
     from_run: Optional[Path] = typer.Option(None, "--from-run", parser=_path("--from-run"), help="Judge a finished run directory as tonight's night instead of running one."),
+    cluster: Optional[str] = _CLUSTER_OPT,
 ) -> None:
     """Run tonight's matrix, record it, judge it against the variants, the baseline night and
     the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
     tonight's run failed, 4 when it proves nothing about the code paths (INCONCLUSIVE)."""
-    from evalpipe.commands.run import check_time_limits
+    from evalpipe.commands.run import check_time_limits, with_cluster
+    from evalpipe.config.run_config import load_config
+    from evalpipe.install import default_config as default_config_path
     from evalpipe.nightly.night import parse_components, print_night, run_night
 
     labels = parse_components(component)
     check_time_limits(timeout, stall_timeout)
+    configs: list[Path] = config or []
+    for one in configs or [default_config_path()]:
+        with_cluster(load_config(one), cluster)  # every config and --cluster checked before any night starts
+    if len(configs) > 1:
+        from evalpipe.nightly.several import run_several
+
+        if from_run is not None:
+            raise UserError("--from-run judges one finished run: give one -c with it.")
+        rest = [arg for name, value in (("--limit", limit), ("--variants", variants), ("--output", output),
+                                        ("--history", history), ("--dashboard", dashboard), ("--timeout", timeout),
+                                        ("--stall-timeout", stall_timeout)) if value is not None
+                for arg in (name, str(value))]
+        rest += [arg for c in component or [] for arg in ("--component", c)]
+        raise typer.Exit(run_several(configs, rest, console, cluster=cluster, run_id=run_id))
     with _writing_into(from_run):
-        result = run_night(config, console, limit=limit, variants=variants, output=output, history_url=history,
-                           dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
-                           stall_timeout_s=stall_timeout, from_run=from_run)
+        result = run_night(configs[0] if configs else None, console, limit=limit, variants=variants, output=output,
+                           history_url=history, dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
+                           stall_timeout_s=stall_timeout, from_run=from_run, cluster=cluster)
     print_night(result, console)
     raise typer.Exit(result.exit_code)
 

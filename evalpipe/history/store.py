@@ -518,6 +518,9 @@ def _engine(url: str, parsed: sa.engine.URL, sqlite_file: Path | None, *, read_o
     if read_only and sqlite_file is not None:
         uri = f"{sqlite_file.resolve().as_uri()}?mode=ro"  # mode=ro: SQLite itself refuses any write
         return sa.create_engine(url, future=True, creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False))
+    if sqlite_file is not None:
+        # several nights recording at once (`nightly -c A -c B` on a cluster) take turns
+        connect_args["timeout"] = 120
     return sa.create_engine(url, future=True, connect_args=connect_args)
 
 

@@ -575,10 +575,13 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
               output: Path | None = None, history_url: str | None = None, dashboard: Path | None = None,
               labels: dict[str, str] | None = None, run_id: str | None = None, timeout_s: float | None = None,
               stall_timeout_s: float | None = None,
-              from_run: Path | None = None) -> NightResult:
+              from_run: Path | None = None, cluster: str | None = None) -> NightResult:
     """`evalpipe nightly`: run the config's nightly matrix (or take a finished run with
-    ``from_run``), record it, judge it, write its summary and the dashboard."""
+    ``from_run``), record it, judge it, write its summary and the dashboard. ``cluster``:
+    --cluster, over the config's cluster.address (`off`: here)."""
     cfg = load_config(config_path)
+    if cluster is not None:
+        cfg = cfg.on_cluster(None if cluster == "off" else cluster)
     spec = cfg.nightly
     labels = labels or {}
     if from_run is not None:
