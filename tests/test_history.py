@@ -219,3 +219,24 @@ def test_collectives_whose_count_varies_are_shown_with_how_often():
               "collectives_per_forward": {"all_gather": {"counts": {"2": 40, "0": 8}, "forwards": 48}}}
     assert records.describe_what_ran(probes) == "Model; layers 2 Layer; per forward: all_gather 2 in 40 of 48, 0 in 8 of 48"
     assert records.describe_what_ran({"verifiable": False, "mode": "endpoint"}).startswith("not verifiable (endpoint mode")
+
+
+def _open_new_history(root: str) -> int:
+    from pathlib import Path
+
+    from evalpipe.history.store import open_history as opener
+
+    return opener(None, Path(root)).version
+
+
+def test_processes_opening_a_new_history_at_once_all_get_its_schema(tmp_path):
+    """Nights side by side (`nightly -c A -c B` on a cluster) create one SQLite history at
+    once: each sees the schema, none fails on a table another created first."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    for attempt in range(3):
+        root = tmp_path / str(attempt)
+        root.mkdir()
+        with ProcessPoolExecutor(4) as pool:
+            versions = list(pool.map(_open_new_history, [str(root)] * 4))
+        assert len(set(versions)) == 1 and versions[0] > 0

@@ -42,17 +42,3 @@ def unpack_into(data: bytes, target: Path) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def read_files(directory: Path, names: list[str]) -> dict[str, bytes]:
-    return {name: (directory / name).read_bytes() for name in names if (directory / name).is_file()}
-
-
-def write_files(directory: Path, files: dict[str, bytes]) -> None:
-    """Each file written to a temporary name and renamed, in the order given (a reader
-    waiting for the last one finds the others complete)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        tmp = directory / f".{name}.part"
-        tmp.write_bytes(data)
-        tmp.replace(directory / name)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata
@@ -23,7 +21,7 @@ from typing import Any, Callable
 
 import httpx
 
-from evalpipe.cluster.checks import NodeFacts, fits, gather, unplaceable, version_problems
+from evalpipe.cluster.checks import NodeFacts, fits, gather, node_facts, unplaceable, version_problems
 from evalpipe.cluster.session import ClusterUnavailable, connect, describe_cluster, describe_nodes, describe_resources, disconnect, nodes
 from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
@@ -315,8 +313,7 @@ def _check_cluster(plan: RunPlan, model_path: Path | None, add) -> None:
         paths = sorted({v.python for v in plan.variants if v.launch.mode != "endpoint"}
                        | ({str(model_path)} if model_path is not None else set()))
         facts = {f.node_id: f for f in gather(ray, live, paths)}
-        mine = NodeFacts(node_id="driver", hostname=socket.gethostname(), ray=ray.__version__, evalpipe=facts_version(),
-                         python=".".join(platform.python_version_tuple()[:2]), present={})
+        mine = NodeFacts(**node_facts([]))  # the driver's, read as every node's are
         differ = version_problems(mine, list(facts.values()))
         add("cluster", "versions", not differ,
             "; ".join(differ) + "; install the driver's versions on every node" if differ
@@ -332,14 +329,6 @@ def _check_cluster(plan: RunPlan, model_path: Path | None, add) -> None:
                     if missing else f"interpreter and model present on the {len(hosts)} node(s) that can run it")
     finally:
         disconnect()
-
-
-def facts_version() -> str | None:
-    """This evalpipe's distribution version, as node_facts reads it on a node."""
-    try:
-        return metadata.version("evalpipe")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tuple[str, bool, str]]:

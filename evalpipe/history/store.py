@@ -219,16 +219,36 @@ def _newer_refused(found: int, where: str) -> None:
 
 
 def migrate(engine: Engine, where: str) -> int:
+    """Bring the schema to SCHEMA_VERSION. Several processes may open a new history at once
+    (nights running side by side): a step another one applied first is taken as done."""
+    try:
+        with engine.begin() as conn:
+            schema_version.create(conn, checkfirst=True)
+    except sa.exc.DBAPIError:
+        if not sa.inspect(engine).has_table(schema_version.name):
+            raise
     with engine.begin() as conn:
-        schema_version.create(conn, checkfirst=True)
         found = current_version(conn)
     _newer_refused(found, where)
     for step in MIGRATIONS:
         if step.version <= found:
             continue
-        with engine.begin() as conn:
-            step.apply(conn)
-            conn.execute(schema_version.insert().values(version=step.version, description=step.description, applied_at=time.time()))
+        try:
+            with engine.begin() as conn:
+                step.apply(conn)
+                conn.execute(schema_version.insert().values(version=step.version, description=step.description,
+                                                            applied_at=time.time()))
+        except sa.exc.DBAPIError:
+            # another process's step: SQLite's driver commits its DDL before the version row,
+            # so that row may follow a moment later
+            deadline = time.monotonic() + 30
+            while True:
+                with engine.begin() as conn:
+                    if current_version(conn) >= step.version:
+                        break
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     return SCHEMA_VERSION
 
 

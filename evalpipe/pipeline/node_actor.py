@@ -113,11 +113,6 @@ class UnitActor:
         """The run is stopping: the unit's worker and server are stopped as on Ctrl-C."""
         launch.interrupts.append(signal.SIGTERM)
 
-    def wait_stopped(self, timeout_s: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        return self.done
-
     def clear_scratch(self) -> None:
         """This unit's copy of the run on its node, once the driver holds it (the driver
         calls it only when the run directory is not shared)."""

@@ -188,9 +188,7 @@ class _Cluster:
 
     def _follow(self, unit: list[PlannedVariant], actor: Any, place: NodePlace, delivered: set[str]) -> None:
         handlers = {v.name: self.view.handle(v.name) for v in unit}
-        placement = VariantPlacement(cluster=self.address, node_id=place.node_id, node_ip=place.node_ip,
-                                     hostname=place.hostname, resources=place.resources,
-                                     shared_filesystem=self.settings.shared_filesystem)
+        placement = self._placement(place)
         needs_reference = all(v.name != self.reference for v in unit) and not self.settings.shared_filesystem
         self.ray.get(actor.start.remote())
         seen, asked_to_stop, stop_deadline = 0, False, None
@@ -236,9 +234,7 @@ class _Cluster:
 
     def _fail_rest(self, unit: list[PlannedVariant], delivered: set[str], error: str, code: int,
                    place: NodePlace | None) -> None:
-        placement = None if place is None else VariantPlacement(
-            cluster=self.address, node_id=place.node_id, node_ip=place.node_ip, hostname=place.hostname,
-            resources=place.resources, shared_filesystem=self.settings.shared_filesystem)
+        placement = None if place is None else self._placement(place)
         for variant in unit:
             if variant.name not in delivered:
                 delivered.add(variant.name)
@@ -246,6 +242,11 @@ class _Cluster:
                     self.reference_done.set()
                 self.finished.put((variant, VariantOutcome(variant.name, code, 0.0, f"variant `{variant.name}`: {error}"),
                                    placement))
+
+    def _placement(self, place: NodePlace) -> VariantPlacement:
+        return VariantPlacement(cluster=self.address, node_id=place.node_id, node_ip=place.node_ip,
+                                hostname=place.hostname, resources=place.resources,
+                                shared_filesystem=self.settings.shared_filesystem)
 
     def _let_go(self, actor: Any) -> None:
         if not self.settings.shared_filesystem:
