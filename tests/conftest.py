@@ -21,6 +21,17 @@ def builtin_model_dir() -> Path:
     return ensure_builtin("tiny-gsm").path
 
 
+@pytest.fixture(scope="session")
+def cluster():
+    """One real three-node Ray cluster on 127.0.0.1 (tests/ray_cluster.py) for every test of
+    this pytest process that asks for it: started at the first, stopped after the last.
+    Each test leaves it as it found it (no actor, placement group or process of its run)."""
+    from ray_cluster import local_cluster
+
+    with local_cluster() as up:
+        yield up
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

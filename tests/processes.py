@@ -29,3 +29,20 @@ def wait_gone(run_id: str, seconds: float = 30) -> list[int]:
     while (left := processes_of(run_id)) and time.time() < deadline:
         time.sleep(0.5)
     return left
+
+
+def describe(pids: list[int]) -> str:
+    """What each leftover process is (its command line and its parent's), for a failing
+    assertion to say which of a run's processes outlived it."""
+    lines = []
+    for pid in pids:
+        try:
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = (Path("/proc") / str(pid) / "status").read_text()
+            ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(line.split(None, 1)[1] for line in status.splitlines() if line.startswith("State:"))
+            lines.append(f"{pid} [{state}] {cmd[:300]} (parent {ppid}: {parent[:200]})")
+        except OSError:
+            lines.append(f"{pid} (gone)")
+    return "; ".join(lines)

@@ -20,8 +20,8 @@ from pathlib import Path
 import in_process
 import pytest
 import yaml
-from processes import wait_gone
-from ray_cluster import leftovers, local_cluster
+from processes import describe, wait_gone
+from ray_cluster import leftovers
 
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import sha256_of, verify_variant
@@ -31,12 +31,6 @@ LIMIT = 4
 TASK = "gsm8k_synth_4shot"
 TABLES = (artifacts.SAMPLES_PARQUET, artifacts.TOKENS_PARQUET, artifacts.TEACHER_PARQUET)
 FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fake_server"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster() as up:
-        yield up
 
 
 def write_config(tmp: Path, name: str, variants: dict, cluster: dict | None, **overrides) -> Path:
@@ -68,7 +62,8 @@ def run_json(run_dir: Path) -> dict:
 
 
 def assert_nothing_left(cluster, run_id: str) -> None:
-    assert wait_gone(run_id, 30) == [], f"processes of run {run_id} outlived it"
+    left_running = wait_gone(run_id, 30)
+    assert left_running == [], f"processes of run {run_id} outlived it: {describe(left_running)}"
     left = leftovers(cluster)
     assert left["actors"] == [] and left["groups"] == [], left
     assert left["nodes"] == 3

@@ -10,15 +10,8 @@ import time
 from pathlib import Path
 
 import in_process
-import pytest
 import yaml
-from ray_cluster import leftovers, local_cluster
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster() as up:
-        yield up
+from ray_cluster import leftovers
 
 
 def doctor(tmp: Path, variants: dict, cluster: dict | None, *extra: str):

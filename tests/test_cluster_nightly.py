@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
-from ray_cluster import leftovers, local_cluster
+from ray_cluster import leftovers
 
 from evalpipe.errors import ExitCode
 from evalpipe.history.store import open_history
@@ -44,12 +43,6 @@ def write_config(tmp: Path, name: str, address: str) -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster() as up:
-        yield up
 
 
 def test_two_configs_nights_run_at_once_and_are_both_recorded(cluster, tmp_path):

@@ -111,6 +111,25 @@ def test_the_cluster_profile_places_each_ascend_engine_on_an_a3_node_of_its_own(
     assert proc.returncode == 2 and "does not exist" in proc.stderr and list(tmp_path.iterdir()) == []
 
 
+def test_the_ray_profile_leaves_the_npus_to_vllms_own_placement_and_refuses_a_unit_that_holds_them(tmp_path):
+    profile = PROFILES / "glm5-dsa-cluster-ray.yaml"
+    config = load_config(profile)
+    assert config.engine["data_parallel_backend"] == "ray" and config.engine["tensor_parallel_size"] == 16
+    assert config.cluster.resources == {"CPU": 8.0} and config.cluster.concurrency == 3
+    proc = evalpipe("run", "gsm8k", "-c", str(profile), "--dry-run", "--output", str(tmp_path), cwd=tmp_path)
+    out = " ".join(proc.stdout.split())
+    for name in ("legacy", "legacy-aa", "sp"):
+        assert f"{name} asks for {{CPU: 8}} and its engine places its 32 rank(s) itself through Ray (data_parallel_backend: ray)" in out
+    assert proc.returncode == 2 and "does not exist" in proc.stderr  # the model: on the A3 nodes, not here
+    holding = tmp_path / "holding.yaml"
+    holding.write_text(f"extends: {profile}\ncluster: {{resources: {{NPU: 16, CPU: 8}}}}\n")
+    refused = evalpipe("run", "gsm8k", "-c", str(holding), "--dry-run", "--output", str(tmp_path / "runs"), cwd=tmp_path)
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "variant `legacy`: its engine places its 32 rank(s) itself through Ray" in said
+    assert "also hold {NPU: 16}" in said and "leave the devices to vLLM" in said
+    assert not (tmp_path / "runs").exists()
+
+
 def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
     (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")

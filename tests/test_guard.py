@@ -22,24 +22,37 @@ TREE = ["bash", "-c", "sleep 600 & bash -c 'sleep 600' & wait"]
 STUBBORN = ["bash", "-c", "trap '' TERM; sleep 600 & wait"]  # ignores SIGTERM, as a hung engine does
 
 
-def test_the_group_dies_with_evalpipe_even_by_sigkill(tmp_path):
-    run_id = "guard-kill9"
+# How a parent dies: kill -9 alone, or as a Ray worker leaves (it SIGKILLs its direct
+# children, the guards, before it exits; their children are not its business).
+KILL_ITSELF = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+KILL_GUARDS_FIRST = (
+    "import os, signal\n"
+    "for guard in guards:\n    os.kill(guard.pid, signal.SIGKILL)\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+@pytest.mark.parametrize("death", [KILL_ITSELF, KILL_GUARDS_FIRST], ids=["parent-sigkill", "guards-killed-first"])
+def test_the_group_dies_with_evalpipe_even_by_sigkill(tmp_path, death):
+    run_id = f"guard-kill9-{len(death)}"
     parent = tmp_path / "parent.py"
     parent.write_text(
         "import sys, time\nfrom evalpipe.execution.launch import guarded_popen\n"
-        f"guarded_popen({TREE!r}, 2.0)\nguarded_popen({STUBBORN!r}, 2.0)\n"
-        "print('started', flush=True)\ntime.sleep(600)\n"
+        f"guards = [guarded_popen({TREE!r}, 2.0), guarded_popen({STUBBORN!r}, 2.0)]\n"
+        "print('started', flush=True)\nsys.stdin.readline()\n" + death
     )
     env = {**os.environ, RUN_ID_ENV: run_id, "PYTHONPATH": str(Path(launch.__file__).parents[1])}
-    proc = subprocess.Popen([sys.executable, str(parent)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, str(parent)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().strip() == "started"
         deadline = time.time() + 10
-        while len(processes_of(run_id)) < 8 and time.time() < deadline:  # parent, 2 guards, 5 below them
+        # parent, 2 guards, their 2 watchers, 5 below them
+        while len(processes_of(run_id)) < 10 and time.time() < deadline:
             time.sleep(0.1)
-        assert len(processes_of(run_id)) >= 8
-        proc.kill()  # kill -9: no handler, no cleanup of its own
-        proc.wait()
+        assert len(processes_of(run_id)) >= 10
+        proc.stdin.write("die\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=10) == -signal.SIGKILL  # no handler, no cleanup of its own
         # the stubborn group needs the guard's grace (2 s) and then SIGKILL
         assert wait_gone(run_id, 10) == [], "processes outlived evalpipe's SIGKILL"
     finally:

@@ -16,6 +16,7 @@ from evalpipe.cluster.session import describe_resources
 from evalpipe.commands.localize import localize_after_run
 from evalpipe.config.cluster import ClusterSettings
 from evalpipe.config.option_bounds import check_option
+from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.config.run_config import LaunchFields, RunConfig, load_config
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
@@ -158,6 +159,9 @@ def _print_cluster_plan(plan: RunPlan, console: Console) -> None:
     for unit in units:
         console.print(f"  {' + '.join(v.name for v in unit)} asks for {describe_resources(demand_of(plan, unit))}",
                       markup=False, soft_wrap=True)
+        engine = ray_placed_engine(unit[0].engine_args)
+        if engine is not None:
+            console.print(f"    and {engine.describe()}", markup=False, soft_wrap=True)
 
 
 def _print_path_checks(plan: RunPlan, console: Console) -> None:

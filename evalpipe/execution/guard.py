@@ -10,6 +10,12 @@ guard reads end-of-file and takes the group down (SIGTERM, GRACE_S seconds, SIGK
 so nothing is left holding the devices. Otherwise it waits for the command and exits
 with its code (128 + N for a command killed by signal N).
 
+The watching is done by a forked watcher, not by the guard itself: whoever kills the
+guard's parent may kill the guard first. A Ray worker does exactly that on its way out
+(it SIGKILLs its direct children, not their children: Ray's "user-spawned processes"
+guide), which would orphan the command. The watcher is a grandchild, so it survives,
+and it also takes the group down when the guard itself dies.
+
 Started as a script with -I (stdlib only, no evalpipe import): a variant's environment
 may point PYTHONPATH at another build, which must not change how the guard runs.
 """
@@ -17,15 +23,15 @@ may point PYTHONPATH at another build, which must not change how the guard runs.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 
 def _others_in_group(pgid: int) -> list[int]:
-    """Live processes of the group, the guard excepted (Linux /proc)."""
+    """Live processes of the group, the caller excepted (Linux /proc)."""
     me, found = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
@@ -49,6 +55,30 @@ def take_down_group(grace_s: float) -> None:
     os.killpg(pgid, signal.SIGKILL)  # the guard included: its work is done
 
 
+def watch(guard: int, grace_s: float) -> None:
+    """The watcher: wait until evalpipe's pipe closes or the guard is gone, then take the
+    group down if anything of it is left. Never returns."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the command's stdout may be evalpipe's pipe: it must see EOF when the command ends
+    reason = ""
+    while not reason:
+        if os.getppid() != guard:
+            reason = "its guard is gone"
+        elif select.select([0], [], [], 0.2)[0] and not _read_some():
+            reason = "evalpipe is gone"
+    if _others_in_group(os.getpgrp()):
+        print(f"guard: {reason}; stopping process group {os.getpgrp()}", file=sys.stderr, flush=True)
+        take_down_group(grace_s)
+    os._exit(0)
+
+
+def _read_some() -> bytes:
+    try:
+        return os.read(0, 4096)  # the raw fd: nothing buffered
+    except OSError:
+        return b""
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: guard.py GRACE_S -- COMMAND [ARGS...]", file=sys.stderr)
@@ -56,23 +86,14 @@ def main(argv: list[str]) -> int:
     grace_s = float(argv[0])
     # A handler, not SIG_IGN: an ignored signal would stay ignored in the command after exec.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    guard = os.getpid()
+    if os.fork() == 0:  # before any thread or child exists: a clean fork
+        watch(guard, grace_s)
     try:
         child = subprocess.Popen(argv[2:], stdin=subprocess.DEVNULL)
     except OSError as err:
         print(f"cannot start {argv[2]}: {err}", file=sys.stderr)
         return 127
-
-    def parent_gone() -> None:
-        try:
-            while os.read(0, 4096):  # the raw fd: a buffered reader's lock would block exit
-                pass
-        except OSError:
-            pass
-        if child.poll() is None:
-            print(f"guard: evalpipe is gone; stopping process group {os.getpgrp()}", file=sys.stderr, flush=True)
-            take_down_group(grace_s)
-
-    threading.Thread(target=parent_gone, daemon=True).start()
     code = child.wait()
     return 128 - code if code < 0 else code
 
@@ -80,4 +101,4 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown while the watching thread still reads
+    os._exit(code)

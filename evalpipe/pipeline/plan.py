@@ -19,6 +19,7 @@ from typing import Any
 
 from evalpipe.config.engine_args import check_values
 from evalpipe.config.option_bounds import check_option
+from evalpipe.config.ray_engine import held_devices_problem
 from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
@@ -274,6 +275,7 @@ def make_plan(
         if pv.launch.mode != "endpoint":
             check_values(pv.name, pv.engine_args)
     _check_longctx(config, tasks, planned)
+    _check_units_leave_ray_engines_their_devices(config, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
     if nf is not None and nf.enabled:
         planned.insert(1, _aa_variant(planned[0], nf))
@@ -345,6 +347,18 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
                 "remove num_fewshot from its entry."
             )
         _check_window(f"`{spec.task}`", "", longest, spec.max_gen_toks or MAX_GEN_TOKS[TASK_PROBE[spec.task]], planned)
+
+
+def _check_units_leave_ray_engines_their_devices(config: RunConfig, planned: list[PlannedVariant]) -> None:
+    if not config.cluster.enabled:
+        return
+    for v in planned:
+        if v.launch.mode == "endpoint":
+            continue
+        demand = config.variants[v.name].resources or config.cluster.resources
+        problem = held_devices_problem(v.name, v.engine_args, demand)
+        if problem is not None:
+            raise ConfigError(problem)
 
 
 def _check_window(what: str, up_to: str, longest: int, generated: int, planned: list[PlannedVariant]) -> None:
