@@ -36,9 +36,13 @@ def test_a_cluster_that_can_run_the_config_passes(cluster, tmp_path):
 
 
 def test_what_no_node_has_and_too_few_nodes_fail(cluster, tmp_path):
-    done, out = doctor(tmp_path, {"a": {}, "b": {"resources": {"node_z": 1}}}, {"address": cluster.address})
+    ray_engine = {"engine": {"distributed_executor_backend": "ray", "tensor_parallel_size": 2}}
+    done, out = doctor(tmp_path, {"a": {}, "b": {"resources": {"node_z": 1}}, "c": ray_engine}, {"address": cluster.address})
     assert done.returncode == 2
     assert "FAIL cluster placeable b asks for {node_z: 1}, which no live node has in all" in out, out
+    assert ("FAIL c engine ranks its engine places its 2 rank(s) itself through Ray (distributed_executor_backend: ray), "
+            "one device bundle each, but no live node has a device resource") in out, out
+    assert "engine ranks" not in out.split("FAIL c engine ranks")[0], "only the Ray-placed engine is asked for ranks"
     spread = {f"v{i}": {} for i in range(4)}
     done, out = doctor(tmp_path, spread, {"address": cluster.address, "distinct_nodes": True})
     assert done.returncode == 2

@@ -208,3 +208,12 @@ def test_every_node_that_differs_from_the_driver_is_named():
     assert version_problems(driver, [same, old]) == [
         "node h2 (bbbbbbbbbbbb) has Ray 2.59.0, the driver 2.60.0",
         "node h2 (bbbbbbbbbbbb) has evalpipe not installed, the driver 0.9"]
+
+
+def test_a_ray_placed_engine_needs_its_ranks_of_one_device_in_the_whole_cluster():
+    from evalpipe.cluster.checks import devices_short
+
+    two_a3 = [_node(i, CPU=192.0, NPU=16.0) for i in range(2)]
+    assert devices_short(32, two_a3) is None and devices_short(16, two_a3) is None
+    assert devices_short(33, two_a3) == "the live nodes hold {NPU: 32} in all"
+    assert devices_short(1, [_node(0, CPU=2.0, node_a=1.0)]) == "no live node has a device resource"

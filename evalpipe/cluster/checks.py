@@ -5,6 +5,8 @@ small Ray task, and judgements over them that are plain functions (tested withou
 - placeable: each unit's demand fits some live node's total resources, and with
   `distinct_nodes` all units fit on nodes of their own at once (a matching, not a schedule:
   Ray places the run);
+- engine ranks: an engine that places its own ranks through Ray finds that many devices
+  in the cluster (in all: vLLM's placement group spreads them as it likes);
 - present: on every node that could run a variant, its interpreter and the model directory.
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalpipe.cluster.session import NodeCapacity, describe_resources
+from evalpipe.config.ray_engine import DEVICE_RESOURCES
 
 # What a node holds that says nothing about whether a variant fits it.
 _IGNORED = ("memory", "object_store_memory")
@@ -91,6 +94,16 @@ def unplaceable(demands: list[tuple[str, dict[str, float]]], live: list[NodeCapa
         problems.append(f"{len(demands)} variants ({', '.join(n for n, _ in demands)}) cannot each have a node of their "
                         f"own among {len(live)} live node(s)")
     return problems
+
+
+def devices_short(ranks: int, live: list[NodeCapacity]) -> str | None:
+    """For an engine that places ``ranks`` one-device ranks itself through Ray: None when the
+    live nodes hold that many of some device in all, else what they hold."""
+    totals = {key: sum(n.total.get(key, 0.0) for n in live) for key in DEVICE_RESOURCES}
+    if any(amount >= ranks for amount in totals.values()):
+        return None
+    held = {key: amount for key, amount in totals.items() if amount}
+    return f"the live nodes hold {describe_resources(held)} in all" if held else "no live node has a device resource"
 
 
 def _matching(demands: list[tuple[str, dict[str, float]]], live: list[NodeCapacity]) -> dict[str, str] | None:

@@ -21,8 +21,9 @@ from typing import Any, Callable
 
 import httpx
 
-from evalpipe.cluster.checks import NodeFacts, fits, gather, node_facts, unplaceable, version_problems
+from evalpipe.cluster.checks import NodeFacts, devices_short, fits, gather, node_facts, unplaceable, version_problems
 from evalpipe.cluster.session import ClusterUnavailable, connect, describe_cluster, describe_nodes, describe_resources, disconnect, nodes
+from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.documents.worker_job import ServerJob
@@ -310,6 +311,12 @@ def _check_cluster(plan: RunPlan, model_path: Path | None, add) -> None:
             "; ".join(problems) + f"; the cluster has {describe_nodes(live)}" if problems
             else f"{len(units)} unit(s) fit{' on distinct nodes' if plan.config.cluster.distinct_nodes else ''}: "
                  + ", ".join(f"{name} {describe_resources(d)}" for name, d in demands))
+        for unit in units:
+            engine = ray_placed_engine(unit[0].engine_args) if unit[0].launch.mode != "endpoint" else None
+            if engine is not None:
+                short = devices_short(engine.ranks, live)
+                add(unit[0].name, "engine ranks", short is None,
+                    f"{engine.describe()}, but {short}" if short else f"{engine.describe()}: the cluster has them")
         paths = sorted({v.python for v in plan.variants if v.launch.mode != "endpoint"}
                        | ({str(model_path)} if model_path is not None else set()))
         facts = {f.node_id: f for f in gather(ray, live, paths)}
