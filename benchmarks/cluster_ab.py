@@ -13,9 +13,10 @@ same bytes. The three nodes share this machine's cores: on a 2-core machine thre
 contend for them, so the cluster figure is a floor on overhead, not a speed-up.
 
 Then, on paper: the wall time of a GLM-5 A/B (three engines) sequential vs on three node
-groups, from an engine start S and an evaluation time E per variant that you give
-(--start-s, --eval-s): sequential 3 (S + E) against max over variants (S + E) plus the
-overhead measured in 3.
+groups: sequential 3 (S + E) against max over variants (S + E) plus the overhead measured
+in 3, for an engine start S and a GSM8K evaluation E per variant. By default from figures
+that can be cited (PAPER below: vllm-ascend's own limits, logs and CI baselines), or your
+own (--start-s, --eval-s).
 
     .venv/bin/python benchmarks/cluster_ab.py [--limit 8] [--start-s S --eval-s E]
 """
@@ -84,12 +85,28 @@ print(json.dumps(rows))
 '''
 
 
+# Cited figures for the on-paper GLM-5 estimate (vllm-project/vllm-ascend at 182b75e unless said).
+PAPER_START_S = {
+    # weights loaded, no warm-up: "Model runner load_model total time: 360.75 seconds"
+    # (DeepSeek-V4-Pro w4a8 on an Atlas 800I A3, issue #16983): a floor on S
+    "load only (issue #16983)": 360.75,
+    # tests/e2e/conftest.py RemoteOpenAIServer: `max_wait_seconds or 2800`, the longest the
+    # nightly waits for /health: a ceiling on S
+    "nightly's wait limit (tests/e2e/conftest.py)": 2800.0,
+}
+GSM8K_ITEMS = 1319  # the test split
+GSM8K_MAX_TOKENS = 256  # lm-eval's max_gen_toks default (lm_eval/models/api_models.py), the task sets none
+# GLM-5.1-W8A8 on one A3 node, 64 prompts at batch 32: the CI's output-throughput baseline
+# (tests/e2e/nightly/single_node/models/configs/GLM-5.1-W8A8-PrefillMC2.yaml, TP16, `baseline: 156.6562`)
+GLM_TOKENS_PER_S = 156.6562
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("-c", "--config", default=str(ROOT / "configs" / "default.yaml"))
-    parser.add_argument("--start-s", type=float, default=None, help="GLM-5: one engine's start, seconds (yours)")
-    parser.add_argument("--eval-s", type=float, default=None, help="GLM-5: one variant's evaluation, seconds (yours)")
+    parser.add_argument("--start-s", type=float, default=None, help="GLM-5: one engine's start, seconds (default: cited bounds)")
+    parser.add_argument("--eval-s", type=float, default=None, help="GLM-5: one variant's evaluation, seconds (default: cited)")
     args = parser.parse_args()
     print(f"machine: {one_line(describe())}")
     work = Path(tempfile.mkdtemp(prefix="evp-bench-"))
@@ -131,15 +148,18 @@ def main() -> int:
             transfer.unpack_into(packed, work / "unpacked" / variant)
             unpack_s = time.time() - t0
             print(f"transfer {variant}: {len(packed) / 1e6:.2f} MB, pack {pack_s * 1000:.0f} ms, unpack {unpack_s * 1000:.0f} ms")
+        overhead = placed + started
         if args.start_s is not None and args.eval_s is not None:
-            one = args.start_s + args.eval_s
-            overhead = placed + started
-            print(f"on paper, GLM-5 A/B with S={args.start_s:g}s, E={args.eval_s:g}s per variant: sequential {3 * one:.0f}s, "
+            starts, eval_s = {"yours": args.start_s}, args.eval_s
+        else:
+            starts, eval_s = PAPER_START_S, GSM8K_ITEMS * GSM8K_MAX_TOKENS / GLM_TOKENS_PER_S
+            print(f"on paper, cited: E = {GSM8K_ITEMS} items x at most {GSM8K_MAX_TOKENS} tokens / {GLM_TOKENS_PER_S} "
+                  f"token/s (GLM-5.1 one-node CI baseline) = {eval_s:.0f}s per variant, at most")
+        for what, start_s in starts.items():
+            one = start_s + eval_s
+            print(f"on paper, GLM-5 A/B, S = {start_s:g}s ({what}), E = {eval_s:.0f}s: sequential {3 * one:.0f}s, "
                   f"three node groups {one + overhead:.0f}s (+ the transfer of its directories), ratio "
                   f"{(one + overhead) / (3 * one):.2f}")
-        else:
-            print("on paper: give --start-s and --eval-s (GLM-5's engine start and one variant's evaluation on your "
-                  "cluster): sequential is 3 (S + E), three node groups max(S + E) + the overhead above")
     finally:
         cluster.stop()
     return 0

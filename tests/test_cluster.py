@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import yaml
 from processes import describe, wait_gone
 from ray_cluster import leftovers
 
+from evalpipe.cluster.local import join, marked_pids
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import sha256_of, verify_variant
 from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
@@ -260,6 +262,49 @@ def test_a_killed_actor_fails_only_its_variant_and_resume_finishes_it(cluster, t
     assert set(info["placements"]) == {"ref", "slow"}
     verify_variant(artifacts.VariantDir(run_dir / "slow"))
     assert_nothing_left(cluster, "killed")
+
+
+def test_a_node_that_dies_mid_run_fails_only_its_variant_and_resume_finishes_it_on_another(cluster, tmp_path):
+    """The machine under a variant dies (its raylet, its actor, the worker: SIGKILL, all at
+    once): that variant fails, the reference finishes, and --resume runs it on a new node."""
+    far = {"CPU": 1, "node_d": 1}
+    doomed = join(cluster.address, far, Path(tempfile.mkdtemp(prefix="evp-doomed-", dir="/tmp")), live_after=4)
+    variants = {"ref": {}, "far": {"resources": far, "env": {FAKE_ENGINE_ENV: "delay=0.4"}, "expect": {"same_path": True}}}
+    path = write_config(tmp_path, "node-dies", variants, {"address": cluster.address})
+    args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "node-dies"]
+    try:
+        with open(tmp_path / "err", "w+") as err:
+            proc = start(args, tmp_path, err)
+            try:
+                wait_for_line(proc, f"far · {TASK} · generate:", err)
+                for pid in marked_pids(doomed.root):
+                    os.kill(pid, signal.SIGKILL)
+                assert proc.wait(timeout=180) == 3
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            err.seek(0)
+            said = " ".join(err.read().split())
+    finally:
+        doomed.stop()
+    assert "the Ray actor running variant far" in said and "died" in said and "--resume" in said, said[-2000:]
+    run_dir = tmp_path / "runs" / "node-dies"
+    info = run_json(run_dir)
+    assert info["failed_variants"] == ["far"] and info["variant_status"]["ref"]["exit_code"] == 0
+    dead_node = info["placements"]["far"]["node_id"]
+    spare = join(cluster.address, far, Path(tempfile.mkdtemp(prefix="evp-spare-", dir="/tmp")), live_after=4)
+    try:
+        done = evalpipe(*args, "--resume", str(run_dir), cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "kept (finished, artifacts verified): ref" in " ".join(done.stdout.split())
+        info = run_json(run_dir)
+        assert info["status"] == "ok" and info["verdict"] == "IDENTICAL"
+        assert info["placements"]["far"]["node_id"] != dead_node, "run again on the node that joined"
+        verify_variant(artifacts.VariantDir(run_dir / "far"))
+        assert wait_gone("node-dies", 30) == []
+    finally:
+        spare.stop()
+    assert leftovers(cluster)["actors"] == [] and leftovers(cluster)["groups"] == []
 
 
 def test_ctrl_c_stops_every_nodes_processes_and_leaves_nothing_on_the_cluster(cluster, tmp_path):

@@ -58,13 +58,18 @@ def _node_args(resources: dict[str, float]) -> list[str]:
     return args
 
 
+def _start_env(root: Path) -> dict[str, str]:
+    env = {**os.environ, MARK_ENV: str(root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
 def start(nodes: list[dict[str, float]], root: Path, python: str = sys.executable, timeout_s: float = 120.0) -> LocalCluster:
     """Start the head (the first node) and the other nodes; return once all are up."""
     root.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, MARK_ENV: str(root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
+    env = _start_env(root)
     base = [python, "-m", "evalpipe.cluster.ray_cli", "start"]
     # the temp dir is short: Ray's Unix sockets live under it (108 bytes at most)
     head = base + ["--head", "--port", str(port), "--temp-dir", str(root / "t"), "--include-dashboard=false",
@@ -80,6 +85,23 @@ def start(nodes: list[dict[str, float]], root: Path, python: str = sys.executabl
         raise
     (root / ADDRESS_FILE).write_text(address)
     return LocalCluster(root, address, nodes)
+
+
+def join(address: str, resources: dict[str, float], root: Path, live_after: int, python: str = sys.executable,
+         timeout_s: float = 120.0) -> LocalCluster:
+    """One more node for the cluster at ``address``, marked by a ``root`` of its own so that
+    it can be stopped (or killed, as a machine that dies) alone; return once the cluster has
+    ``live_after`` live nodes."""
+    root.mkdir(parents=True, exist_ok=True)
+    env = _start_env(root)
+    try:
+        _run_start([python, "-m", "evalpipe.cluster.ray_cli", "start", "--address", address] + _node_args(resources),
+                   env, timeout_s, "the joining node")
+        _wait_for_nodes(address, live_after, env, python, timeout_s)
+    except BaseException:
+        stop_marked(root)
+        raise
+    return LocalCluster(root, address, [resources])
 
 
 def _run_start(command: list[str], env: dict[str, str], timeout_s: float, what: str) -> None:
