@@ -223,6 +223,24 @@ def wait_for_line(proc: subprocess.Popen, needle: str, err) -> None:
     raise AssertionError(f"the run ended before `{needle}`: {proc.wait()} {err.read()[-3000:]}")
 
 
+def interrupted_run(args: list[str], tmp_path: Path, needle: str, interrupt, timeout_s: float = 180) -> tuple[int, float, str]:
+    """Start `evalpipe` with ``args``; once its output shows ``needle``, call ``interrupt(proc)``.
+    Returns its exit code, seconds from the interrupt to its exit, and its stderr on one line."""
+    with open(tmp_path / "err", "w+") as err:
+        proc = start(args, tmp_path, err)
+        try:
+            wait_for_line(proc, needle, err)
+            started = time.monotonic()
+            interrupt(proc)
+            code = proc.wait(timeout=timeout_s)
+            took = time.monotonic() - started
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        err.seek(0)
+        return code, took, " ".join(err.read().split())
+
+
 _KILL_ACTOR = """
 import ray, sys
 from evalpipe.cluster.loopback import pin_to_loopback
@@ -236,18 +254,13 @@ def test_a_killed_actor_fails_only_its_variant_and_resume_finishes_it(cluster, t
     variants = {"ref": {}, "slow": {"env": {FAKE_ENGINE_ENV: "delay=0.4"}, "expect": {"same_path": True}}}
     path = write_config(tmp_path, "killed", variants, {"address": cluster.address})
     args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "killed"]
-    with open(tmp_path / "err", "w+") as err:
-        proc = start(args, tmp_path, err)
-        try:
-            wait_for_line(proc, f"slow · {TASK} · generate:", err)
-            subprocess.run([sys.executable, "-c", _KILL_ACTOR, cluster.address, "killed/slow"], check=True, timeout=60,
-                           env={**os.environ, **cluster.env()})
-            assert proc.wait(timeout=120) == 3
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        err.seek(0)
-        said = " ".join(err.read().split())
+
+    def kill_actor(_proc):
+        subprocess.run([sys.executable, "-c", _KILL_ACTOR, cluster.address, "killed/slow"], check=True, timeout=60,
+                       env={**os.environ, **cluster.env()})
+
+    code, _, said = interrupted_run(args, tmp_path, f"slow · {TASK} · generate:", kill_actor)
+    assert code == 3, said[-2000:]
     assert "the Ray actor running variant slow" in said and "died" in said and "--resume" in said, said[-2000:]
     run_dir = tmp_path / "runs" / "killed"
     info = run_json(run_dir)
@@ -273,18 +286,9 @@ def test_a_node_that_dies_mid_run_fails_only_its_variant_and_resume_finishes_it_
     path = write_config(tmp_path, "node-dies", variants, {"address": cluster.address})
     args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "node-dies"]
     try:
-        with open(tmp_path / "err", "w+") as err:
-            proc = start(args, tmp_path, err)
-            try:
-                wait_for_line(proc, f"far · {TASK} · generate:", err)
-                for pid in marked_pids(doomed.root):
-                    os.kill(pid, signal.SIGKILL)
-                assert proc.wait(timeout=180) == 3
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            err.seek(0)
-            said = " ".join(err.read().split())
+        code, _, said = interrupted_run(args, tmp_path, f"far · {TASK} · generate:",
+                                        lambda _proc: [os.kill(pid, signal.SIGKILL) for pid in marked_pids(doomed.root)])
+        assert code == 3, said[-2000:]
     finally:
         doomed.stop()
     assert "the Ray actor running variant far" in said and "died" in said and "--resume" in said, said[-2000:]
@@ -310,17 +314,10 @@ def test_a_node_that_dies_mid_run_fails_only_its_variant_and_resume_finishes_it_
 def test_ctrl_c_stops_every_nodes_processes_and_leaves_nothing_on_the_cluster(cluster, tmp_path):
     variants = {"ref": {"env": {FAKE_ENGINE_ENV: "delay=0.5"}}, "b": {"env": {FAKE_ENGINE_ENV: "delay=0.5"}}}
     path = write_config(tmp_path, "ctrl-c", variants, {"address": cluster.address, "distinct_nodes": True})
-    with open(tmp_path / "err", "w+") as err:
-        proc = start(["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "ctrl-c"], tmp_path, err)
-        try:
-            wait_for_line(proc, f"· {TASK} · generate:", err)
-            started = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=120) == 130
-            stopped_in = time.monotonic() - started
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    code, stopped_in, said = interrupted_run(["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "ctrl-c"],
+                                             tmp_path, f"· {TASK} · generate:", lambda proc: proc.send_signal(signal.SIGINT),
+                                             timeout_s=120)
+    assert code == 130, said[-2000:]
     assert stopped_in < 60, stopped_in
     info = run_json(tmp_path / "runs" / "ctrl-c")
     assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGINT"
@@ -333,15 +330,9 @@ def test_a_driver_killed_by_sigkill_leaves_nothing_and_resume_finishes_the_run(c
     variants = {"ref": {}, "slow": {"env": {FAKE_ENGINE_ENV: "delay=0.4"}, "expect": {"same_path": True}}}
     path = write_config(tmp_path, "kill-9", variants, {"address": cluster.address})
     args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "kill-9"]
-    with open(tmp_path / "err", "w+") as err:
-        proc = start(args, tmp_path, err)
-        try:
-            wait_for_line(proc, f"slow · {TASK} · generate:", err)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    code, _, _ = interrupted_run(args, tmp_path, f"slow · {TASK} · generate:", lambda proc: os.kill(proc.pid, signal.SIGKILL),
+                                 timeout_s=30)
+    assert code == -signal.SIGKILL
     deadline = time.monotonic() + 60
     while (left := leftovers(cluster)) != {"actors": [], "groups": [], "nodes": 3} and time.monotonic() < deadline:
         time.sleep(2)
