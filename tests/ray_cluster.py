@@ -1,5 +1,6 @@
-"""A real Ray cluster of several nodes on 127.0.0.1 for a test module (evalpipe.cluster.local),
-and what is left on it afterwards (actors, placement groups), asked from a fresh process."""
+"""A real Ray cluster of several nodes on 127.0.0.1 for the tests (evalpipe.cluster.local),
+what is left on it afterwards (actors, placement groups), asked from a fresh process, and
+the fake-engine config the cluster tests run on it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import yaml
+
 from evalpipe.cluster.local import LocalCluster, marked_pids, start
+from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+
+TASK = "gsm8k_synth_4shot"
 
 # three nodes, each with one CPU and a resource of its own (a variant can be pinned to one)
 NODES = [{"CPU": 1.0, "node_a": 1.0}, {"CPU": 1.0, "node_b": 1.0}, {"CPU": 1.0, "node_c": 1.0}]
@@ -56,3 +62,24 @@ def leftovers(cluster: LocalCluster) -> dict:
                           env={**os.environ, **cluster.env()})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_config(tmp: Path, name: str, variants: dict, cluster: dict | None, **overrides) -> Path:
+    """A config of the built-in model and the fake engine (``overrides`` replace its keys)."""
+    cfg = {
+        "model": {"path": "builtin:tiny-gsm"},
+        "engine": {"max_model_len": 4096, "seed": 0},
+        "output": str(tmp / "runs"),
+        "noise_floor": False,
+        # on a cluster the driver's environment stays here: the config's reaches every node
+        "env": {FAKE_ENGINE_ENV: "1"},
+        "capture": {"topk": 5, "teacher_forcing": True, "prompt_positions": {"min_prompt_tokens": 1 << 16}},
+        "reference": next(iter(variants)),
+        "variants": variants,
+        "tasks": {"gsm8k": [{"task": TASK, "num_fewshot": 4}]},
+        **({"cluster": cluster} if cluster is not None else {}),
+        **overrides,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import in_process
 import pytest
-import yaml
 from processes import describe, wait_gone
-from ray_cluster import leftovers
+from ray_cluster import TASK, leftovers, write_config
 
 from evalpipe.cluster.local import join, marked_pids
 from evalpipe.rundir import artifacts
@@ -30,29 +29,8 @@ from evalpipe.rundir.integrity import sha256_of, verify_variant
 from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
 
 LIMIT = 4
-TASK = "gsm8k_synth_4shot"
 TABLES = (artifacts.SAMPLES_PARQUET, artifacts.TOKENS_PARQUET, artifacts.TEACHER_PARQUET)
 FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fake_server"]
-
-
-def write_config(tmp: Path, name: str, variants: dict, cluster: dict | None, **overrides) -> Path:
-    cfg = {
-        "model": {"path": "builtin:tiny-gsm"},
-        "engine": {"max_model_len": 4096, "seed": 0},
-        "output": str(tmp / "runs"),
-        "noise_floor": False,
-        # on a cluster the driver's environment stays here: the config's reaches every node
-        "env": {FAKE_ENGINE_ENV: "1"},
-        "capture": {"topk": 5, "teacher_forcing": True, "prompt_positions": {"min_prompt_tokens": 1 << 16}},
-        "reference": next(iter(variants)),
-        "variants": variants,
-        "tasks": {"gsm8k": [{"task": TASK, "num_fewshot": 4}]},
-        **({"cluster": cluster} if cluster is not None else {}),
-        **overrides,
-    }
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-from ray_cluster import leftovers
+from ray_cluster import leftovers, write_config
 
 from evalpipe.errors import ExitCode
 from evalpipe.history.store import open_history
@@ -26,27 +25,13 @@ def test_the_most_serious_night_decides_the_exit_code():
     assert labels_of([Path("a/x.yaml"), Path("b/x.yaml")]) == ["x-1", "x-2"]
 
 
-def write_config(tmp: Path, name: str, address: str) -> Path:
-    cfg = {
-        "model": {"path": "builtin:tiny-gsm"},
-        "engine": {"max_model_len": 4096, "seed": 0},
-        "output": str(tmp / "runs"),
-        "noise_floor": False,
-        "env": {FAKE_ENGINE_ENV: "delay=0.2"},
-        "capture": {"topk": 5, "teacher_forcing": True, "prompt_positions": {"min_prompt_tokens": 1 << 16}},
-        "reference": "ref",
-        "variants": {"ref": {}, "same": {"expect": {"same_path": True}}},
-        "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
-        "cluster": {"address": address},
-        "nightly": {"dashboard": str(tmp / "dashboard" / "index.html")},
-    }
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+def nightly_config(tmp: Path, name: str, address: str) -> Path:
+    return write_config(tmp, name, {"ref": {}, "same": {"expect": {"same_path": True}}}, {"address": address},
+                        env={FAKE_ENGINE_ENV: "delay=0.2"}, nightly={"dashboard": str(tmp / "dashboard" / "index.html")})
 
 
 def test_two_configs_nights_run_at_once_and_are_both_recorded(cluster, tmp_path):
-    a, b = write_config(tmp_path, "a", cluster.address), write_config(tmp_path, "b", cluster.address)
+    a, b = nightly_config(tmp_path, "a", cluster.address), nightly_config(tmp_path, "b", cluster.address)
     done = subprocess.run([sys.executable, "-m", "evalpipe", "nightly", "-c", str(a), "-c", str(b), "--limit", "4",
                            "--run-id", "night"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "RAY_AUTH_MODE": "disabled"})

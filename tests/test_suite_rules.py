@@ -144,6 +144,7 @@ LAYERS = (
     ("compare",),  # pure comparison
     ("rundir", "documents"),  # the run directory and the typed documents in it
     ("config", "models", "tasks", "data"),  # what a run is made of
+    ("gates",),  # what each gate is: the registry config, compare, nightly and the reports iterate
     ("engine_patches",),  # evalpipe's changes inside vLLM's processes (switches checked by config)
     ("errors", "paths", "install", "redact", "machine", "atomic_files"),  # small utilities
 )

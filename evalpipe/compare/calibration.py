@@ -20,19 +20,16 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from evalpipe.compare.gates import DISTRIBUTION_GATES, FAIL, FREE_GATES, GATE_ORDER, SCORE_GATES, SKIP, TEACHER_GATES
+from evalpipe.compare.gates import FAIL, GATE_ORDER, SCORE_GATES, SKIP
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
 from evalpipe.compare.scores import to_jsonable
 from evalpipe.compare.verdict import Status
 from evalpipe.config.run_config import Gates
+from evalpipe.gates import registry
 
-DETECTORS = {
-    "free-running": FREE_GATES,
-    "teacher-forced": TEACHER_GATES,
-    "distributional": DISTRIBUTION_GATES,
-    "scores": SCORE_GATES,
-}
+# the gates by family, in the calibration table's column order
+DETECTORS = {family: registry.names(family) for family in ("free-running", "teacher-forced", "distributional", "scores")}
 # Outcomes against the expectation. Graded faults (the sensitivity curve) are harmful by
 # construction but expected to go unseen below the detection limit: "not caught" is
 # their other outcome, and it counts neither as a miss nor as clean.

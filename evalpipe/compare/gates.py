@@ -76,10 +76,11 @@ from evalpipe.compare.scores import ScoreRow, to_jsonable
 from evalpipe.compare.tokens import TaskTokenSummary
 from evalpipe.config.run_config import AUTO, DistributionGates, Gates, Tolerance
 from evalpipe.documents import comparison as schema
+from evalpipe.gates import registry
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
-SCORE_GATES = ("score_equivalence", "score_mcnemar")
-DISTRIBUTION_GATES = ("teacher_dlogprob_shift", "teacher_kl_shift")
+SCORE_GATES = registry.names("scores")
+DISTRIBUTION_GATES = registry.names("distributional")
 # Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
 POINTERS_IN_DETAIL = 3
 NO_TEACHER = "no teacher-forced data (teacher.parquet missing on one side)"
@@ -320,22 +321,21 @@ def _top1_positions(t: Any) -> Iterable[tuple[int, int, int]]:
     return getattr(t, "top1_hard_positions", ())
 
 
-FREE_MEASURES = (
+# How each token gate reads a summary, by the gate's name: a token gate of the registry
+# without one fails here, at import.
+_TOKEN_MEASURES = {m.gate: m for m in (
     _TokenMeasure("free_hard_divergences", "n_hard_divergences", "first at", _hard_positions, True),
     _TokenMeasure("free_kl_max", "kl_max", "worst at", _kl_positions),
-)
-TEACHER_MEASURES = (
     _TokenMeasure("teacher_kl_p99", "kl_p99", "worst at", _kl_positions),
     _TokenMeasure("teacher_kl_max", "kl_max", "worst at", _kl_positions),
     _TokenMeasure("teacher_hard_top1_flips", "n_top1_hard", "first at", _top1_positions, True),
-)
-
-
-FREE_GATES = tuple(m.gate for m in FREE_MEASURES)
-TEACHER_GATES = tuple(m.gate for m in TEACHER_MEASURES)
-# Every gate evaluate_gates can produce, in report order: the registry the reports, the
-# history and the rule that every gate can fail (tests/test_every_check_can_fail.py) read.
-GATE_ORDER = SCORE_GATES + FREE_GATES + TEACHER_GATES + DISTRIBUTION_GATES
+)}
+FREE_MEASURES = tuple(_TOKEN_MEASURES[name] for name in registry.names("free-running"))
+TEACHER_MEASURES = tuple(_TOKEN_MEASURES[name] for name in registry.names("teacher-forced"))
+FREE_GATES = registry.names("free-running")
+TEACHER_GATES = registry.names("teacher-forced")
+# Every gate evaluate_gates can produce, in report order: the registry's.
+GATE_ORDER = registry.ORDER
 
 
 def _aa_value(m: _TokenMeasure, aa: Mapping[str, TaskTokenSummary] | None, task: str) -> float | None:
@@ -376,12 +376,6 @@ def token_gate(
 # distributional gates
 # ---------------------------------------------------------------------------
 
-_SHIFT_WHAT = {
-    "teacher_dlogprob_shift": "mean shift of the forced token's logprob, A/B minus A/A",
-    "teacher_kl_shift": "mean per-position KL above A/A",
-}
-
-
 def distribution_gate(
     gate: str, task: str, test: ShiftTest | None, cfg: DistributionGates, numerics: Numerics, missing: str
 ) -> GateResult:
@@ -390,9 +384,9 @@ def distribution_gate(
     measured = the effect (signed for the logprob shift), threshold = the floor; the
     detail gives the interval, the p-value and the effect in units of one position's
     A/A spread (how far below a per-position gate's reach it is)."""
-    name = gate.removeprefix("teacher_")
-    floor = cfg.floor(name, numerics.floor(gate))
-    floor_text = _floor_text(getattr(cfg, name), floor, numerics)
+    setting = cfg.setting(registry.gate(gate))
+    floor = numerics.floor(gate) if setting == AUTO else float(setting)
+    floor_text = _floor_text(setting, floor, numerics)
     head = f"{task} {gate}:"
     if test is None:
         return GateResult(gate, task, None, SKIP, None, floor, None, f"{head} skipped, {missing}")
@@ -407,7 +401,7 @@ def distribution_gate(
     high = _signed(test.ci_high) if test.alternative == "two-sided" else "\u221e)"
     interval = f"[{_signed(test.ci_low)}, {high}" + ("]" if test.alternative == "two-sided" else "")
     text = (
-        f"{head} {_SHIFT_WHAT[gate]} {_signed(effect)} nats, {conf} CI {interval}, "
+        f"{head} {registry.gate(gate).label} {_signed(effect)} nats, {conf} CI {interval}, "
         f"sign-flip p {_num(test.p_value)} {'<' if significant else '>='} {_num(cfg.alpha)}, "
         f"|effect| {'>' if relevant else '<='} {floor_text} ({test.n_positions} positions in {test.n_samples} samples"
     )
@@ -470,11 +464,11 @@ def evaluate_gates(
     out = [g for row in score_rows for g in score_gates(row, gates)]
     for task in tasks:
         for m in FREE_MEASURES:
-            tol = getattr(gates.tokens, m.gate)
+            tol = gates.tokens.tolerance(registry.gate(m.gate))
             aa_value = _aa_value(m, None if aa is None else aa.free, task)
             out.append(token_gate(m, task, free.get(task), tol, aa_value, "no token-level comparison for this task", numerics))
         for m in TEACHER_MEASURES:
-            tol = getattr(gates.tokens, m.gate)
+            tol = gates.tokens.tolerance(registry.gate(m.gate))
             summary = None if teacher is None else teacher.get(task)
             missing = NO_TEACHER if teacher is None else NO_TEACHER_TASK
             aa_value = _aa_value(m, None if aa is None else aa.teacher, task)

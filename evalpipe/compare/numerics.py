@@ -16,8 +16,8 @@ engine arguments (``dtype``), ``auto`` resolved through the model's config.json;
 it cannot be found the half-precision floors apply (the lenient side) and the report
 says so.
 
-Every number in FLOORS is justified by a measurement in docs/numerics.md (which
-configs, which figures); the tests check that the document lists every floor.
+Every floor (each gate's, in evalpipe/gates/registry.py) is justified by a measurement in
+docs/numerics.md (which configs, which figures); the tests check that the document lists every floor.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from evalpipe.documents import comparison as schema
+from evalpipe.gates.registry import FP32, GATES, HALF, PRECISIONS
 
-FP32, HALF = "fp32", "half"
 # dtype names as vLLM / transformers spell them -> precision class
 _CLASSES = {
     "float32": FP32, "fp32": FP32, "float": FP32, "float64": FP32, "double": FP32,
@@ -37,36 +37,11 @@ _CLASSES = {
 }
 
 # gate -> floor, per precision class, for a deterministic engine (A/A bitwise identical at
-# the teacher-forced positions) or no A/A run. Rationale and measurements: docs/numerics.md.
-FLOORS: dict[str, dict[str, float]] = {
-    FP32: {
-        "free_hard_divergences": 0,
-        "free_kl_max": 1e-8,
-        "teacher_kl_p99": 1e-9,
-        "teacher_kl_max": 1e-8,
-        "teacher_hard_top1_flips": 0,
-        "teacher_dlogprob_shift": 1e-6,
-        "teacher_kl_shift": 1e-10,
-    },
-    HALF: {
-        "free_hard_divergences": 0,
-        "free_kl_max": 0.1,
-        "teacher_kl_p99": 1e-3,
-        "teacher_kl_max": 0.1,
-        "teacher_hard_top1_flips": 0,
-        "teacher_dlogprob_shift": 1e-3,
-        "teacher_kl_shift": 1e-4,
-    },
-}
-
-# Where the A/A run is noisy at the teacher-forced positions, the distributional gates
-# compare A/B with noise of the same kind (run-to-run reordering of the same reductions),
-# so they need no room for reordering noise and their floors drop; the per-position
-# floors stay (3 x A/A covers the noise there). fp32 needs no change: its floors are
-# already far below any error that matters.
+# the teacher-forced positions) or no A/A run; and where the A/A run is noisy. Each gate
+# carries its own (evalpipe/gates/registry.py). Rationale and measurements: docs/numerics.md.
+FLOORS: dict[str, dict[str, float]] = {p: {g.name: g.floors[p] for g in GATES if g.floors} for p in PRECISIONS}
 NOISY_AA_FLOORS: dict[str, dict[str, float]] = {
-    FP32: {},
-    HALF: {"teacher_dlogprob_shift": 1e-4, "teacher_kl_shift": 1e-6},
+    p: {g.name: g.noisy_aa_floors[p] for g in GATES if p in g.noisy_aa_floors} for p in PRECISIONS
 }
 
 

@@ -26,6 +26,7 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.yaml_source import read_yaml_file
 from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.engine_patches.switches import check_env
+from evalpipe.gates import registry
 from evalpipe.install import default_config
 from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
@@ -438,8 +439,8 @@ class Tolerance(_Strict):
 class ScoreGates(_Strict):
     margin: float = Field(default=0.01, description="TOST equivalence margin on the metric's scale (0.01 = 1 point of accuracy); below 1.")
     alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Level of McNemar's test and of TOST (TOST uses the 1 - 2 alpha interval).")
-    require_equivalence: bool = Field(default=True, description="Fail a task x metric whose paired difference is not shown equivalent within +-margin (TOST).")
-    fail_on_significant: bool = Field(default=True, description="Fail a task x metric whose paired difference is significant (McNemar exact p < alpha).")
+    require_equivalence: bool = Field(default=True, description=registry.gate("score_equivalence").sentence)
+    fail_on_significant: bool = Field(default=True, description=registry.gate("score_mcnemar").sentence)
 
     @field_validator("margin")
     @classmethod
@@ -449,27 +450,23 @@ class ScoreGates(_Strict):
         return v
 
 
+def _described(name: str) -> Any:
+    """A token gate's setting, described by the gate itself (evalpipe/gates/registry.py)."""
+    return Field(default=Tolerance(), description=registry.gate(name).sentence)
+
+
 class TokenGates(_Strict):
-    free_hard_divergences: Tolerance = Field(
-        default=Tolerance(),
-        description="Free-running samples whose first divergence is hard (not a near tie), per task.",
-    )
-    free_kl_max: Tolerance = Field(
-        default=Tolerance(),
-        description="Largest free-running per-position KL before the first divergence, nats (batch-layout faults that only decoding meets).",
-    )
-    teacher_kl_p99: Tolerance = Field(
-        default=Tolerance(),
-        description="p99 over teacher-forced positions of the symmetric top-k KL, max(KL(ref||variant), KL(variant||ref)), nats.",
-    )
-    teacher_kl_max: Tolerance = Field(
-        default=Tolerance(),
-        description="Largest teacher-forced per-position KL, nats (catches faults that touch few positions).",
-    )
-    teacher_hard_top1_flips: Tolerance = Field(
-        default=Tolerance(),
-        description="Teacher-forced positions whose top-1 token differs and the reference's gap between the two is not a near tie.",
-    )
+    free_hard_divergences: Tolerance = _described("free_hard_divergences")
+    free_kl_max: Tolerance = _described("free_kl_max")
+    teacher_kl_p99: Tolerance = _described("teacher_kl_p99")
+    teacher_kl_max: Tolerance = _described("teacher_kl_max")
+    teacher_hard_top1_flips: Tolerance = _described("teacher_hard_top1_flips")
+
+    def tolerance(self, gate: registry.Gate) -> Tolerance:
+        value = getattr(self, gate.field_name) if gate.group == "tokens" else None
+        if not isinstance(value, Tolerance):
+            raise KeyError(f"{gate.name} is not a token gate (its setting is {gate.setting})")
+        return value
 
 
 class DistributionGates(_Strict):
@@ -500,9 +497,12 @@ class DistributionGates(_Strict):
     def _finite_floor(cls, v: float | str) -> float | str:
         return _bound(v, " or `auto`")
 
-    def floor(self, test: str, auto_floor: float) -> float:
-        value = getattr(self, test)
-        return auto_floor if value == AUTO else float(value)
+    def setting(self, gate: registry.Gate) -> float | Literal["auto"]:
+        """The floor the config sets for a distributional gate (``auto``: by precision)."""
+        if gate.family != "distributional" or gate.group != "distribution":
+            raise KeyError(f"{gate.name} is not a distributional gate (its setting is {gate.setting})")
+        value: float | Literal["auto"] = getattr(self, gate.field_name)
+        return value
 
 
 class Gates(_Strict):

@@ -40,6 +40,7 @@ from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import ExitCode, RunFailed, UserError
+from evalpipe.gates import registry
 from evalpipe.history import HistoryError
 from evalpipe.history.store import History, open_history
 from evalpipe.install import config_label
@@ -60,11 +61,10 @@ INCONCLUSIVE = Status.INCONCLUSIVE.value
 NIGHT_STATUSES = ("PASS", INCONCLUSIVE, "REGRESSION", "FAILED")
 EXIT_CODES = {"PASS": ExitCode.OK, "REGRESSION": ExitCode.DIVERGENT, "FAILED": ExitCode.FAILED, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 NIGHT_COLOURS = {"PASS": "green", INCONCLUSIVE: "yellow", "REGRESSION": "red", "FAILED": "red"}
-# token measures followed per task: (source, measure)
-TOKEN_SERIES = (("teacher", "kl_p99"), ("teacher", "kl_max"), ("free", "kl_max"), ("free", "n_hard_divergences"))
-# the gate that judges each of them within a night: its threshold is the series' floor
-TOKEN_GATES = {"teacher_kl_p99": "teacher_kl_p99", "teacher_kl_max": "teacher_kl_max", "free_kl_max": "free_kl_max",
-               "free_n_hard_divergences": "free_hard_divergences"}
+# token measures followed per task, (source, measure), each with the gate that judges it
+# within a night (its threshold is the series' floor): the registry's gates that have one
+TOKEN_GATES = {g.series: g.name for g in registry.GATES if g.series is not None}
+TOKEN_SERIES = tuple(TOKEN_GATES)
 
 
 @dataclass
@@ -317,7 +317,7 @@ def series_changes(history: History, nights: list[dict[str, Any]], *, alpha: flo
         if role == "aa":
             continue
         aa = tseries.get((task, source, measure, "aa"), {})
-        gate = TOKEN_GATES[f"{source}_{measure}"]
+        gate = TOKEN_GATES[(source, measure)]
         v = np.array([np.nan if values.get(i) is None else values[i] for i in ids], dtype=np.float64)
         a = np.array([np.nan if aa.get(i) is None else aa[i] for i in ids], dtype=np.float64)
         floor = np.array([np.nan if thresholds.get((i, role, task, gate)) is None else thresholds[(i, role, task, gate)] for i in ids])

@@ -40,6 +40,7 @@ from evalpipe.documents.comparison import (
 )
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.documents.run_doc import RunDocument
+from evalpipe.gates import registry
 from evalpipe.redact import redact
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
@@ -581,6 +582,13 @@ def _comparison_view(c: Comparison, nf: Comparison | None, esc: Esc) -> dict[str
 # ---------------------------------------------------------------------------
 
 
+def _what_gate(name: str) -> str:
+    """The gate's own words (evalpipe/gates/registry.py); a comparison written by another
+    version may name a gate this one does not know."""
+    known = registry.BY_NAME.get(name)
+    return f"{known.label}: {known.sentence}" if known is not None else "a gate this version of evalpipe does not know"
+
+
 def _gate_rows(compare: ComparisonDocument, esc: Esc) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for c in compare.comparisons:
@@ -590,6 +598,7 @@ def _gate_rows(compare: ComparisonDocument, esc: Esc) -> list[dict[str, Any]]:
                 {
                     "variant": esc(c.variant),
                     "gate": esc(g.gate),
+                    "what": esc(_what_gate(g.gate)),
                     "task": esc(g.task),
                     "metric": esc(g.metric) if g.metric else "",
                     "measured": esc(fmt_num(g.measured)),
