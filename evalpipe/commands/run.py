@@ -28,6 +28,7 @@ from evalpipe.pipeline.preflight import preflight
 from evalpipe.pipeline.runner import execute
 from evalpipe.probing.names import checks_lines
 from evalpipe.redact import api_key_names, redact, redact_env
+from evalpipe.validation import first_problem
 
 
 def run_command(tasks: str, console: Console, *, config: Path | None = None, limit: int | None = None, variants: str | None = None,
@@ -98,7 +99,7 @@ def with_cluster(config: RunConfig, cluster: str | None, *, concurrency: int | N
     try:
         checked = ClusterSettings.model_validate(settings)
     except ValidationError as err:
-        raise UserError(f"--concurrency and --distinct-nodes: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        raise UserError(f"--concurrency and --distinct-nodes: {first_problem(err)[1]}") from None
     return config.model_copy(update={"cluster": checked})
 
 

@@ -32,6 +32,7 @@ from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
 from evalpipe.probes.collectives import COLLECTIVE_KINDS, collective_problem, looks_collective
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
+from evalpipe.validation import first_problem
 
 
 def _wants_a_number(annotation: Any) -> bool:
@@ -660,11 +661,9 @@ class RunConfig(_Strict):
         try:
             return Launch.model_validate(merged)
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            if first["type"] == "extra_forbidden":
+            where, what = first_problem(err)
+            if err.errors()[0]["type"] == "extra_forbidden":
                 raise ValueError(f"variant `{name}`: unknown key `launch.{where}`; remove it or fix its spelling.") from None
-            what = first["msg"].removeprefix("Value error, ")
             raise ValueError(f"variant `{name}`: launch{'.' + where if where else ''}: {what}") from None
 
     def on_cluster(self, address: str | None) -> "RunConfig":
@@ -754,7 +753,7 @@ def _format_validation_error(err: ValidationError, source: str, model: type[Base
         return f"{source}: unknown key `{where}`; did you mean `{meant}`{why}?"
     if first["type"] == "missing":
         return f"{source}: required key `{where}` is missing; add it."
-    msg = first["msg"].removeprefix("Value error, ")
+    msg = str(first["msg"]).removeprefix("Value error, ")
     if first["type"] != "value_error" and not isinstance(first.get("input"), (dict, list)):
         msg = f"{msg}, got {first.get('input')!r}; fix it"  # pydantic says what is wanted, not what was found
     elif first["type"] != "value_error":

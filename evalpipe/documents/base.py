@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evalpipe.errors import UserError
+from evalpipe.validation import first_problem
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -23,9 +24,8 @@ def validated(model: type[M], data: Any, where: str, remedy: str, at: str = "") 
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(p) for p in (*([at] if at else []), *first["loc"]))
-        raise UserError(f"{where}: {key}: {first['msg']}; {remedy}.") from None
+        key, what = first_problem(err, at)
+        raise UserError(f"{where}: {key}: {what}; {remedy}.") from None
 
 
 def read_json_object(path: Path, remedy: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Final, Literal, Union
 from pydantic import Field, TypeAdapter, ValidationError
 
 from evalpipe.documents.base import Document
+from evalpipe.validation import first_problem
 
 EVENTS_VERSION: Final = 1
 
@@ -87,7 +88,6 @@ def read_event(line: str) -> WorkerEvent | None:
     try:
         return _EVENT.validate_python(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return ErrorEvent(kind="run", message=f"the worker sent an event this evalpipe does not read ({where}: {first['msg']}): "
+        where, what = first_problem(err)
+        return ErrorEvent(kind="run", message=f"the worker sent an event this evalpipe does not read ({where}: {what}): "
                                                 f"{line.strip()[:200]}; run the variant with the same evalpipe as the parent")

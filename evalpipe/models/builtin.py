@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evalpipe.data import gsm_synth, longctx
 from evalpipe.errors import UserError
 from evalpipe.paths import models_dir
+from evalpipe.validation import first_problem
 
 Progress = Callable[[str], None]
 
@@ -340,9 +341,8 @@ def load_built(path: Path) -> BuiltModel | None:
     try:
         info = ModelInfo.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "the file"
-        raise ShippedModelError(f"{info_path}: {key}: {first['msg']}; {remedy}") from None
+        key, what = first_problem(err)
+        raise ShippedModelError(f"{info_path}: {key or 'the file'}: {what}; {remedy}") from None
     return BuiltModel(path=path, fingerprint=info.fingerprint, info=info)
 
 
