@@ -234,9 +234,10 @@ def _writing_into(from_run: Optional[Path]):
     like `evalpipe compare`, not while another process writes that run."""
     from contextlib import nullcontext
 
+    from evalpipe.rundir.artifacts import RUN_JSON
     from evalpipe.rundir.lock import holding_run_dir
 
-    if from_run is None or not (from_run / "run.json").is_file():
+    if from_run is None or not (from_run / RUN_JSON).is_file():
         return nullcontext()  # no run there to protect (and no .lock to leave in a stray directory): the command says what is wrong
     return holding_run_dir(from_run, elsewhere=None)  # the run is given: waiting is the only way out
 

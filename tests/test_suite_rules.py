@@ -142,7 +142,8 @@ LAYERS = (
     ("pipeline", "nightly"),  # a run from config to report; a night from run to judgement
     ("report", "history", "execution", "probing", "cluster"),  # renderers, the history, processes, probe records, Ray
     ("compare",),  # pure comparison
-    ("rundir", "documents"),  # the run directory and the typed documents in it
+    ("rundir",),  # the run directory: its layout, tables, integrity, resuming
+    ("documents",),  # the typed documents in it, each with its file name
     ("config", "models", "tasks", "data"),  # what a run is made of
     ("gates",),  # what each gate is: the registry config, compare, nightly and the reports iterate
     ("engine_patches",),  # evalpipe's changes inside vLLM's processes (switches checked by config)
@@ -151,7 +152,7 @@ LAYERS = (
 # Beside the layers: worker/ runs in the variant's interpreter and may use the layers from
 # the run directory down; the lab sits just below the commands (only calibrate imports it,
 # see above); probes/ is standard library only (see above).
-SIDE = {"worker": LAYERS.index(("rundir", "documents")) - 0.5, "lab": 1.5}
+SIDE = {"worker": LAYERS.index(("rundir",)) - 0.5, "lab": 1.5}
 
 
 def _layer(top: str) -> float | None:

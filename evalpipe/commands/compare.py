@@ -15,6 +15,7 @@ from evalpipe.errors import UserError
 from evalpipe.pipeline.comparing import compare_across_runs, print_written, read_run_info, report_run, verdict_exit_code, write_outputs
 from evalpipe.pipeline.plan import split_csv
 from evalpipe.report.terminal import print_summary
+from evalpipe.rundir.artifacts import MANIFEST_JSON, RUN_JSON, SAMPLES_PARQUET
 from evalpipe.rundir.lock import holding_run_dir
 
 
@@ -29,7 +30,7 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
         raise UserError(f"--output {output} is a file, not a directory; pass a directory for compare.json and the reports.")
     if len(targets) == 1:
         run_dir = targets[0]
-        if not (run_dir / "run.json").is_file():
+        if not (run_dir / RUN_JSON).is_file():
             raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
         chosen = split_csv(variants, "--variants") or None
         # it rewrites run.json and the reports there: not while a run or another compare writes them
@@ -44,7 +45,7 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
                             "pass the variant directories of two runs.")
         for t in targets:
             # --unverified: a variant directory is known by its samples when its manifest is gone
-            if not ((t / "manifest.json").is_file() or (unverified and (t / "samples.parquet").is_file())):
+            if not ((t / MANIFEST_JSON).is_file() or (unverified and (t / SAMPLES_PARQUET).is_file())):
                 raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
         return compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates, unverified=unverified)
     raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
@@ -66,8 +67,8 @@ def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = N
 
 def _run_gates(target: Path) -> Gates | None:
     """The gates a run was made with (so --margin alone changes only the margin)."""
-    run_dir = target if (target / "run.json").is_file() else target.parent
+    run_dir = target if (target / RUN_JSON).is_file() else target.parent
     try:
-        return read_run_info(run_dir).gates_of(str(run_dir / "run.json"))
+        return read_run_info(run_dir).gates_of(str(run_dir / RUN_JSON))
     except UserError:
         return None

@@ -15,7 +15,7 @@ from evalpipe.errors import EvalpipeError, ExitCode, UserError
 from evalpipe.pipeline.launching import Limits
 from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import split_csv
-from evalpipe.rundir.artifacts import RunDir
+from evalpipe.rundir.artifacts import RUN_JSON, RunDir
 from evalpipe.rundir.lock import holding_run_dir
 
 
@@ -24,7 +24,7 @@ def localize_command(run_dir: Path, console: Console, *, variant: str | None = N
     for option, value, field in (("--samples", samples, "samples"), ("--positions", positions, "positions"),
                                  ("--decode-steps", decode_steps, "decode_steps")):
         check_option(option, value, Localize, field, f"localize.{field}")
-    if not (run_dir / "run.json").is_file():
+    if not (run_dir / RUN_JSON).is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
     with holding_run_dir(run_dir, elsewhere=None):  # it rewrites the reports: not while a run or a compare writes them
         localize_run(run_dir, console, Request(tuple(split_csv(variant, "--variant")), samples, positions, decode_steps), Limits(timeout_s=timeout))

@@ -28,6 +28,7 @@ from evalpipe.pipeline.preflight import preflight
 from evalpipe.pipeline.runner import execute
 from evalpipe.probing.names import checks_lines
 from evalpipe.redact import api_key_names, redact, redact_env
+from evalpipe.rundir.artifacts import RUN_JSON
 from evalpipe.validation import first_problem
 
 
@@ -110,7 +111,7 @@ def check_time_limits(timeout: float | None, stall_timeout: float | None) -> Non
 
 
 def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> None:
-    if not (run_dir / "run.json").is_file():
+    if not (run_dir / RUN_JSON).is_file():
         raise UserError(f"--resume {run_dir}: not a run directory (no run.json there); give the directory of the interrupted run.")
     if run_id is not None and run_id != run_dir.name:
         raise UserError(f"--resume {run_dir} and --run-id {run_id} name different runs; give one of them.")

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Final, Literal
 
+from evalpipe.atomic_files import write_json
 from evalpipe.documents.base import Document, read_json_object, validated
 from evalpipe.errors import UserError
-from evalpipe.rundir.artifacts import write_json
 
 LOCALIZE_JSON = "localize.json"
 LOCALIZE_VERSION: Final = 1

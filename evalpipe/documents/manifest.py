@@ -14,9 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from evalpipe.atomic_files import write_json
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
-from evalpipe.rundir.artifacts import MANIFEST_JSON, write_json
+
+MANIFEST_JSON = "manifest.json"  # in each variant's directory
 
 MANIFEST_VERSION: Final = 1
 REMEDY = "restore it or re-run the variant"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from evalpipe.atomic_files import write_json
 from evalpipe.documents.base import Document, read_json_object, validated
 from evalpipe.errors import UserError
-from evalpipe.rundir.artifacts import write_json
 
 NIGHTLY_JSON = "nightly.json"  # in the night's run directory
 NIGHTLY_VERSION: Final = 1

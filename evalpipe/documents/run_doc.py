@@ -16,11 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from evalpipe.atomic_files import write_json
 from evalpipe.config.run_config import Expectations, Gates, aa_variant_name
 from evalpipe.documents.base import Document, read_json_object, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact
-from evalpipe.rundir.artifacts import RUN_JSON, write_json
+
+RUN_JSON = "run.json"  # the run directory's own document, at its top
 
 RUN_VERSION: Final = 1
 REMEDY = "fix it, or restore it from a copy"

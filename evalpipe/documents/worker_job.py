@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from evalpipe.atomic_files import write_text
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact_text
-from evalpipe.rundir.artifacts import write_text
 
 JOB_JSON = "job.json"  # in the variant directory
 JOB_VERSION: Final = 1

@@ -51,6 +51,7 @@ from evalpipe.report.dashboard import render_dashboard
 from evalpipe.report.nightly import render_night_junit, render_night_summary
 from evalpipe.report.view import flatten
 from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import REPORT_HTML, RUN_JSON
 
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
@@ -168,7 +169,7 @@ def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
     """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
     the engine's noise between two runs, the floor of every drift from the baseline."""
     info = read_run_info(tonight_dir)
-    where = str(tonight_dir / "run.json")
+    where = str(tonight_dir / RUN_JSON)
     gates = info.gates_of(where)
     aa_name, ref = info.aa_variant, info.reference
     if not (aa_name and ref and (tonight_dir / aa_name).is_dir()):
@@ -192,9 +193,9 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
         # each night judged by the expectations its own run recorded; tonight meant to run
         # the baseline's path (see meant_same)
         a = load_artifacts(artifacts.VariantDir(base_v), label_a,
-                           base_info.expectations_of(variant, str(base_dir / "run.json")))
+                           base_info.expectations_of(variant, str(base_dir / RUN_JSON)))
         b = load_artifacts(artifacts.VariantDir(night_v), label_b,
-                           meant_same(read_run_info(tonight_dir).expectations_of(variant, str(tonight_dir / "run.json"))))
+                           meant_same(read_run_info(tonight_dir).expectations_of(variant, str(tonight_dir / RUN_JSON))))
         check_same_items(a.samples, b.samples, label_a, label_b)
     except UserError as err:
         return {"variant": variant, "error": str(err)}
@@ -443,7 +444,7 @@ def dashboard_data(history: History, config_hash: str | None, title: str, dashbo
     ids = [n["run_id"] for n in nights]
 
     def href(n: dict[str, Any]) -> str | None:
-        report = Path(n["run_dir"]) / "report.html"
+        report = Path(n["run_dir"]) / REPORT_HTML
         if not report.is_file():
             return None
         return os.path.relpath(report, dashboard_path.parent)
@@ -586,7 +587,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
     labels = labels or {}
     if from_run is not None:
         run_dir = Path(from_run)
-        if not (run_dir / "run.json").is_file():
+        if not (run_dir / RUN_JSON).is_file():
             raise HistoryError(f"--from-run {run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
         output_root = run_dir.parent
     else:
@@ -604,7 +605,7 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
                     stall_timeout_s=stall_timeout_s)
         except RunFailed as err:
             console.print(f"[bold red]tonight's run failed:[/] {err}", soft_wrap=True)
-            if not (run_dir / "run.json").is_file():
+            if not (run_dir / RUN_JSON).is_file():
                 raise
     history = open_history(history_url or spec.history, output_root)
     title = f"evalpipe nightly: {config_label(config_path)}"

@@ -5,14 +5,20 @@ the worker (which writes) and compare/report (which read) agree on one contract:
 
     reports/runs/<run_id>/
         run.json                 resolved config, fingerprints, versions, timings, status
+        <variant>/job.json       what the worker was asked to do (owner-only: unredacted)
         <variant>/manifest.json  env (secrets redacted), argv, python, status, timings
         <variant>/results.json   lm-eval results (metrics per task)
         <variant>/samples.parquet  one row per task x doc x repeat
         <variant>/tokens.parquet   one row per generated position (free-running)
         <variant>/teacher.parquet  one row per position of the reference's continuations,
                                    scored by this variant (teacher-forced)
-        <variant>/engine.log
+        <variant>/probes.json    what ran: every engine process's path-probe record
+        <variant>/engine.log     (worker.log beside it when a server writes engine.log)
         compare.json, report.md, report.html, junit.xml
+        localize.json            `evalpipe localize`: where a DIVERGENT variant first departs
+
+Each document's file name is defined next to its model in evalpipe/documents/ and named
+here too, so that this module lists the whole layout.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evalpipe.atomic_files import read_json, temp_beside, write_bytes, write_json, write_text  # noqa: F401 - the run directory's writers
+from evalpipe.documents.localization import LOCALIZE_JSON  # noqa: F401 - the layout names every file
+from evalpipe.documents.manifest import MANIFEST_JSON  # noqa: F401
+from evalpipe.documents.run_doc import RUN_JSON  # noqa: F401
+from evalpipe.documents.worker_job import JOB_JSON  # noqa: F401
 from evalpipe.redact import REDACTED  # noqa: F401 (REDACTED: the marker, for readers of manifests)
 from evalpipe.redact import redact_env as _redact_env
 
-RUN_JSON = "run.json"
-MANIFEST_JSON = "manifest.json"
 RESULTS_JSON = "results.json"
 SAMPLES_PARQUET = "samples.parquet"
 TOKENS_PARQUET = "tokens.parquet"

@@ -34,7 +34,7 @@ SAME = (
 )  # the model is the config's model.path; that its files are the same is checked once it is resolved (fingerprint)
 # Outputs of a comparison, rewritten when the resumed run ends (a stale one must not
 # stand beside a run that has changed since).
-COMPARISON_OUTPUTS = ("compare.json", "report.md", "report.html", "junit.xml")
+COMPARISON_OUTPUTS = (artifacts.COMPARE_JSON, artifacts.REPORT_MD, artifacts.REPORT_HTML, artifacts.JUNIT_XML)
 
 
 class ResumeRefused(ConfigError):
