@@ -1,9 +1,11 @@
-"""The engine a variant's job asks for: in-process vLLM (engines.OfflineEngine), a vLLM
-server over HTTP (http_engine.HttpEngine), or, for evalpipe's own tests only, the fake
-engine (fake_engine.py) when its environment variable is set."""
+"""The engines a variant's job can run on, as one table the worker iterates: in-process
+vLLM (engines.OfflineEngine), a vLLM server over HTTP (http_engine.HttpEngine), and, for
+evalpipe's own tests only, the fake engine (fake_engine.py), which takes an offline job
+when its environment variable is set (never a config setting)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,22 +15,52 @@ from evalpipe.worker.engines import Engine, OfflineEngine
 from evalpipe.worker.http_engine import HttpEngine
 from evalpipe.worker.journal import RequestJournal
 
+Waiting = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine of the table. ``kind``: the job's `engine_kind` it serves; ``takes``: whether
+    it takes such a job here (the first entry of the kind that does, in table order);
+    ``banner``: what the worker says when it starts one; ``seeds_torch``: whether the engine
+    computes with torch (the fake does not, and importing torch to seed it costs 1.5 s)."""
+
+    name: str
+    kind: str
+    build: Callable[[dict[str, Any], ServerJob | None, Waiting | None, RequestJournal | None], Engine]
+    takes: Callable[[], bool] = lambda: True
+    banner: str | None = None
+    seeds_torch: bool = True
+
+
+def _http(engine_args: dict[str, Any], server: ServerJob | None, on_wait: Waiting | None,
+          journal: RequestJournal | None) -> Engine:
+    if server is None:
+        raise ValueError("an http engine needs the job's server settings")
+    # lazy: lm-eval builds its requests while the server is still starting
+    return HttpEngine(server, on_wait=on_wait, lazy=True, journal=journal)
+
+
+ENGINES: tuple[EngineEntry, ...] = (
+    EngineEntry("fake", "offline", lambda args, _server, _wait, journal: fake_engine.build_fake_engine(args, journal=journal),
+                takes=fake_engine.requested, banner=f"FAKE ENGINE ({fake_engine.FAKE_ENGINE_ENV} is set): tests only",
+                seeds_torch=False),
+    EngineEntry("vllm", "offline", lambda args, _server, _wait, journal: OfflineEngine(args, journal=journal)),
+    EngineEntry("vllm-server", "http", _http),
+)
+
+
+def choose(kind: str) -> EngineEntry:
+    for entry in ENGINES:
+        if entry.kind == kind and entry.takes():
+            return entry
+    raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(dict.fromkeys(e.kind for e in ENGINES))}")
+
 
 def build_engine(kind: str, engine_args: dict[str, Any], server: ServerJob | None = None,
-                 on_wait: Callable[[float], None] | None = None, journal: Path | None = None) -> Engine:
+                 on_wait: Waiting | None = None, journal: Path | None = None) -> Engine:
     """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
     (url, model, client settings), waiting until it is ready. Both answer from ``journal``
-    (worker/journal.py) what an earlier attempt already asked. An offline variant whose
-    environment sets the fake engine's variable gets the fake engine (tests of what
-    surrounds the engine; never a config setting)."""
+    (worker/journal.py) what an earlier attempt already asked."""
     kept = RequestJournal(journal) if journal is not None else None
-    if kind == "offline" and fake_engine.requested():
-        return fake_engine.build_fake_engine(engine_args, journal=kept)
-    if kind == "offline":
-        return OfflineEngine(engine_args, journal=kept)
-    if kind == "http":
-        # lazy: lm-eval builds its requests while the server is still starting
-        if server is None:
-            raise ValueError("an http engine needs the job's server settings")
-        return HttpEngine(server, on_wait=on_wait, lazy=True, journal=kept)
-    raise ValueError(f"unknown engine kind {kind!r}; known: offline, http")
+    return choose(kind).build(engine_args, server, on_wait, kept)

@@ -35,7 +35,7 @@ from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
 from evalpipe.tasks.index import task_manager
 from evalpipe.tasks.ruler import sample_columns
-from evalpipe.worker import engine_choice, fake_engine
+from evalpipe.worker import engine_choice
 from evalpipe.worker import teacher as tf
 from evalpipe.worker.engines import Engine, GenRequest, ScoreRequest, decode_each
 from evalpipe.worker.journal import RequestJournal
@@ -267,8 +267,9 @@ def run(job: WorkerJob, events: Events) -> int:
                 events.emit("stage", stage="engine", message=f"waiting for the server at {job.server.url if job.server else ''} ({seconds:.0f}s)")
 
         journal_path = out.root / job.journal if job.journal else None
-        if fake_engine.requested() and job.engine_kind == "offline":
-            events.emit("stage", stage="engine", message=f"FAKE ENGINE ({fake_engine.FAKE_ENGINE_ENV} is set): tests only")
+        chosen = engine_choice.choose(job.engine_kind)
+        if chosen.banner is not None:
+            events.emit("stage", stage="engine", message=chosen.banner)
         engine: Engine = engine_choice.build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
     except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
         events.emit("error", kind="user", message=str(err))
@@ -306,8 +307,7 @@ def run(job: WorkerJob, events: Events) -> int:
     # subprocesses, some 2 s a worker) lands in the part of its output results.json does not
     # keep (see `results` below); the manifest records the versions that matter instead
     evaluator.add_env_info = lambda storage: None
-    # the fake engine has no torch: importing torch only to seed it would cost 1.5 s a worker
-    torch_seed = None if isinstance(engine, fake_engine.FakeEngine) else job.seed
+    torch_seed = job.seed if chosen.seeds_torch else None
     current = {"task": ""}
     lm = CapturingLM(
         engine,
