@@ -117,3 +117,9 @@ def test_slug_follows_github() -> None:
     assert slug("Before a run: `evalpipe doctor`") == "before-a-run-evalpipe-doctor"
     assert slug("The built-in model's files") == "the-built-in-models-files"
     assert slug("Writing expectations for a new switch") == "writing-expectations-for-a-new-switch"
+
+
+def test_the_readme_holds_no_timing_of_one_machine() -> None:
+    # A time depends on the machine it was taken on; docs/measured.md says which for each.
+    timings = re.findall(r"\b\d+(?:\.\d+)? ?(?:min|ms|s|seconds|minutes|hours?)\b", README.read_text(encoding="utf-8"))
+    assert not timings, f"README.md states timings {timings[:5]}; put them in docs/measured.md with their machine"
