@@ -37,6 +37,10 @@ def test_the_layout_models_switches_are_checked_with_the_zoos_own_names():
     check_env({"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": "none, shard_offset"})
     with pytest.raises(ValueError, match=r"EVALPIPE_LAYOUT='SP' is not a layout; valid values: legacy, sp"):
         check_env({"EVALPIPE_LAYOUT": "SP"})
+    for slip in ("", " sp", "sp "):  # set, but to no layout as written (the input fuzzer found "")
+        with pytest.raises(ValueError, match="is not a layout"):
+            check_env({"EVALPIPE_LAYOUT": slip})
+    check_env({})  # unset: the default layout
     with pytest.raises(ValueError, match=r"unknown fault 'shard_ofset'"):
         check_env({"EVALPIPE_LAYOUT_FAULT": "shard_ofset"})
 

@@ -129,7 +129,9 @@ def requested(environ: Mapping[str, str]) -> Requested:
 
 def parse_layout(raw: str | None) -> str:
     """``EVALPIPE_LAYOUT`` -> the layout model's layout (ValueError for another value)."""
-    layout = (raw or "legacy").strip()
+    # unset is the default; set, it must be a layout as written: an empty or padded value
+    # in a config is a slip, not a choice
+    layout = "legacy" if raw is None else raw
     if layout not in LAYOUTS:
         raise ValueError(f"{LAYOUT_ENV}={raw!r} is not a layout; valid values: {', '.join(LAYOUTS)}.")
     return layout
