@@ -179,7 +179,8 @@ import math
 
 from fakes import set_step
 
-from evalpipe.compare.tokens import NEAR_TIE_GAP, topk_kl
+from evalpipe.compare.token_results import NEAR_TIE_GAP
+from evalpipe.compare.topk import topk_kl
 
 
 def test_identical_inputs_kl_zero_and_topk_sets_equal():
@@ -321,7 +322,8 @@ import json
 
 import pyarrow as pa
 
-from evalpipe.compare.tokens import CONTEXT_TOKENS, HIST_DECADES, _decade_hist
+from evalpipe.compare.token_results import CONTEXT_TOKENS, HIST_DECADES
+from evalpipe.compare.token_summary import _decade_hist
 
 
 def _with_text(table: pa.Table) -> pa.Table:

@@ -55,14 +55,9 @@ from evalpipe.compare.scores import (
     paired_scores,
     to_jsonable,
 )
-from evalpipe.compare.tokens import (
-    SampleTokenDiffs,
-    TokenComparison,
-    compare_tokens,
-    opt_float,
-    prefix_values,
-    quantile,
-)
+from evalpipe.compare.token_results import SampleTokenDiffs, TokenComparison, prefix_values
+from evalpipe.compare.token_summary import opt_float, quantile
+from evalpipe.compare.tokens import compare_tokens
 from evalpipe.documents import comparison as schema
 from evalpipe.rundir.artifacts import SAMPLE_KEY
 
@@ -420,7 +415,7 @@ def _group_scores(paired: list[tuple[PairedScores, np.ndarray]], margin: float, 
 
 
 def _free_figures(d: SampleTokenDiffs, samples: np.ndarray, positions: np.ndarray) -> FreeFigures:
-    """As :func:`evalpipe.compare.tokens.summarize_tokens` reduces a task, over samples/positions given."""
+    """As :func:`evalpipe.compare.token_summary.summarize_tokens` reduces a task, over samples/positions given."""
     s = samples[d.paired[samples]]
     fd = d.first_divergence[s]
     div = fd >= 0

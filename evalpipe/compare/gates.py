@@ -73,7 +73,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow, to_jsonable
-from evalpipe.compare.tokens import TaskTokenSummary
+from evalpipe.compare.token_results import TaskTokenSummary
 from evalpipe.config.run_config import AUTO, DistributionGates, Gates, Tolerance
 from evalpipe.documents import comparison as schema
 from evalpipe.gates import registry

@@ -26,7 +26,7 @@ from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
-from evalpipe.compare.tokens import TaskTokenSummary
+from evalpipe.compare.token_results import TaskTokenSummary
 from evalpipe.config.run_config import Gates
 from evalpipe.errors import ExitCode
 

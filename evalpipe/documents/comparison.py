@@ -98,7 +98,7 @@ class ScoreRow(Document):
 
 
 class WorstExample(Document):
-    """One notable position with both top-k lists (compare.tokens.WorstExample)."""
+    """One notable position with both top-k lists (compare.token_results.WorstExample)."""
 
     kind: str
     task: str
@@ -136,7 +136,7 @@ class Histogram(Document):
 
 
 class TokenSummary(Document):
-    """Token-level comparison of one task (compare.tokens.TaskTokenSummary documents the fields)."""
+    """Token-level comparison of one task (compare.token_results.TaskTokenSummary documents the fields)."""
 
     task: str
     n_samples: int
