@@ -19,8 +19,7 @@ from rich.console import Console
 from evalpipe import report
 from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.documents.run_doc import RunDocument
-from evalpipe.report import md_escape
-from evalpipe.report import view as report_view
+from evalpipe.report import md_escape, what_ran
 
 TASK = "gsm8k_synth_4shot"
 METRIC = "exact_match,strict-match"
@@ -243,7 +242,7 @@ def print_summary(compare: dict[str, Any] | ComparisonDocument, console: Console
 
 
 def what_ran_view(compare: dict[str, Any] | ComparisonDocument, esc: Any) -> dict[str, Any] | None:
-    return report_view.what_ran_view(as_document(compare), esc)
+    return what_ran.what_ran_view(as_document(compare), esc)
 
 
 # ---------------------------------------------------------------------------

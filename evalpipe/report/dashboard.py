@@ -21,8 +21,8 @@ import unicodedata
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
+from evalpipe.report.formats import show_controls
 from evalpipe.report.markdown import template_environment
-from evalpipe.report.view import show_controls
 
 TEMPLATE_NAME = "dashboard.html.j2"
 

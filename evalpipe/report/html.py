@@ -15,8 +15,9 @@ from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, Tok
 from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report import localize, plots
+from evalpipe.report.formats import show_controls
 from evalpipe.report.markdown import template_environment
-from evalpipe.report.view import build_view, show_controls
+from evalpipe.report.view import build_view
 
 TEMPLATE_NAME = "report.html.j2"
 # each has a badge colour in report.html.j2; any other text gets the grey "unknown" one

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from evalpipe.compare.code_paths import NOT_RECORDED, VERIFIED
 from evalpipe.compare.verdict import PASSING, Status
 from evalpipe.documents.comparison import Comparison, ComparisonDocument, GateResult
-from evalpipe.report.view import fmt_num
+from evalpipe.report.formats import fmt_num
 
 PASSING_STATUSES = {s.value for s in PASSING}
 INCONCLUSIVE = Status.INCONCLUSIVE.value

@@ -19,7 +19,7 @@ from typing import Any
 
 from evalpipe.compare.localize import MODULES
 from evalpipe.documents.localization import LocalizeDocument, ModuleDoc
-from evalpipe.report.view import DASH, Esc
+from evalpipe.report.formats import DASH, Esc
 
 MAX_ROWS = 15
 BEFORE_FIRST = 2  # modules shown before the first one above its floor

@@ -16,8 +16,9 @@ import jinja2
 from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.documents.run_doc import RunDocument
+from evalpipe.report.formats import show_controls
 from evalpipe.report.localize import markdown_section
-from evalpipe.report.view import build_view, show_controls
+from evalpipe.report.view import build_view
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE_NAME = "report.md.j2"

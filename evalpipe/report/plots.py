@@ -20,8 +20,8 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from evalpipe.documents.comparison import DepthRow, FreeFigures, GroupFigures, Histogram, LengthRow, TeacherFigures, TokenSummary
 from evalpipe.documents.localization import LocalizeDocument
+from evalpipe.report.formats import show_controls
 from evalpipe.report.localize import module_order
-from evalpipe.report.view import show_controls
 
 DPI = 90
 PANEL_SIZE = (3.6, 2.3)  # inches per panel

@@ -14,16 +14,14 @@ from rich.text import Text
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import Comparison, ComparisonDocument, LengthRow
 from evalpipe.documents.localization import LocalizeDocument
+from evalpipe.report.formats import DASH, fmt_num, show_controls
 from evalpipe.report.localize import terminal_sentence
-from evalpipe.report.view import (
-    DASH,
-    fmt_num,
-    gate_counts,
+from evalpipe.report.view import gate_counts
+from evalpipe.report.what_ran import (
     inconclusive_variants,
     judged_entries,
     path_reasons,
     paths_inconclusive,
-    show_controls,
     unverified_note,
     unverified_only,
     what_ran_view,

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
 from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import (
     Comparison,
@@ -30,29 +26,38 @@ from evalpipe.documents.comparison import (
     GroupFigures,
     GroupScore,
     LengthRow,
-    Paths,
     ScoreRow,
-    SideCheck,
     TaskBreakdown,
     TeacherFigures,
     TokenSummary,
     WorstExample,
 )
-from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.gates import registry
 from evalpipe.redact import redact
+from evalpipe.report.formats import (
+    CONTEXT_CHARS,
+    DASH,
+    ELLIPSIS,
+    EXCERPT_CHARS,
+    Esc,
+    excerpts,
+    fmt_ci,
+    fmt_lp,
+    fmt_mean_se,
+    fmt_num,
+    fmt_p,
+    fmt_pct,
+    fmt_positions,
+    fmt_triple,
+    fmt_where,
+    quoted,
+)
+from evalpipe.report.what_ran import INCONCLUSIVE_NOTE, inconclusive_variants, unverified_note, what_ran_view
 
-Esc = Callable[..., str]  # (text, max_len=None) -> safe text
-
-EXCERPT_CHARS = 160
-EXCERPT_CONTEXT = 48
-CONTEXT_CHARS = 200
 TOPK_SHOWN = 5
 FLIPPED_SHOWN = 10  # per task x metric; compare.json lists more
 EVIDENCE_SHOWN = 10  # per failing gate
-DASH = "\u2014"
-ELLIPSIS = "\u2026"
 
 # Failing gates first: they are why a run is DIVERGENT.
 GATE_ORDER = {"fail": 0, "skip": 1, "pass": 2}
@@ -63,109 +68,6 @@ WORST_LISTS = (
     ("worst_logprob", "Largest |Δlogprob| before any divergence", "Largest |Δlogprob|"),
     ("worst_kl", "Largest KL before any divergence", "Largest KL"),
 )
-
-
-# Unicode categories Cc, Cs, Zl and Zp
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
-
-
-def show_controls(s: str, keep: str = "") -> str:
-    """Control, lone-surrogate and line-separator characters (model output can hold any) as \\uXXXX.
-
-    They break table rows, are invalid in HTML and cannot be encoded as UTF-8.
-    """
-    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else f"\\u{ord(m.group()):04x}", s)
-
-
-# ---------------------------------------------------------------------------
-# number formatting
-# ---------------------------------------------------------------------------
-
-
-def fmt_num(x: Any) -> str:
-    """Gate values: counts as integers, measurements with 3 significant digits."""
-    if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
-        return DASH if x is None else str(x)
-    if not math.isfinite(x):
-        return "n/a"
-    if float(x).is_integer() and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.3g}"
-
-
-def fmt_lp(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    s = f"{x:.4g}"
-    return "\u2212" + s[1:] if s.startswith("-") else s
-
-
-def fmt_pct(n: int | None, total: int | None) -> str:
-    if n is None or total is None:
-        return DASH
-    return f"{n}/{total} ({100.0 * n / total:.1f}%)" if total else "0/0"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return DASH
-    if p >= 1.0:
-        return "1"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def fmt_ci(lo: float | None, hi: float | None) -> str:
-    return "n/a" if lo is None or hi is None else f"[{fmt_delta(lo)}, {fmt_delta(hi)}]"
-
-
-def _fmt_mean_se(mean: float | None, se: float | None) -> str:
-    return fmt_score(mean) if se is None or mean is None else f"{fmt_score(mean)} \u00b1 {fmt_score(se)}"
-
-
-def fmt_where(doc: Any, repeat: Any, pos: Any = None) -> str:
-    s = f"doc {doc}" + (f" repeat {repeat}" if repeat else "")
-    return s if pos is None else f"{s} pos {pos}"
-
-
-def _positions(items: Sequence[Sequence[int]] | None, total: int | None) -> str:
-    """'doc 3 pos 5, doc 7 repeat 1 pos 0 (first 2 of 31)', or '' when there is none."""
-    listed = [fmt_where(*item) for item in items or () if len(item) == 3]
-    if not listed:
-        return ""
-    more = f" (first {len(listed)} of {total})" if total and total > len(listed) else ""
-    return ", ".join(listed) + more
-
-
-def _triple(v: Any) -> str:
-    return fmt_where(*v) if isinstance(v, (list, tuple)) and len(v) == 3 else DASH
-
-
-# ---------------------------------------------------------------------------
-# examples (flipped items, worst positions)
-# ---------------------------------------------------------------------------
-
-
-def excerpts(a: str | None, b: str | None) -> tuple[str, str]:
-    """Windows of both responses around their first differing character."""
-    a, b = a or "", b or ""
-    k = 0
-    for k, (x, y) in enumerate(zip(a, b)):  # noqa: B007 - k is read after the loop
-        if x != y:
-            break
-    else:
-        k = min(len(a), len(b))
-    start = max(0, k - EXCERPT_CONTEXT) if a != b else 0
-
-    def cut(s: str) -> str:
-        piece = s[start : start + EXCERPT_CHARS]
-        return (ELLIPSIS if start > 0 else "") + piece + (ELLIPSIS if start + EXCERPT_CHARS < len(s) else "")
-
-    return cut(a), cut(b)
-
-
-def _quoted(text: Any) -> str:
-    # Token texts are mostly whitespace and fragments: a JSON literal shows " the" and "\n" as they are.
-    return json.dumps(str(text), ensure_ascii=False)
 
 
 class _HasTask(Protocol):
@@ -190,7 +92,7 @@ def _token(w: WorstExample, side: str, esc: Esc) -> dict[str, Any]:
     return {
         "ended": None,
         "id": esc(str(tok)),
-        "text": esc(_quoted(text)) if text is not None else None,
+        "text": esc(quoted(text)) if text is not None else None,
         "lp": fmt_lp(lp),
     }
 
@@ -205,7 +107,7 @@ def _topk(w: WorstExample, side: str, esc: Esc) -> dict[str, Any]:
         items.append(
             {
                 "id": esc(str(tid)),
-                "text": esc(_quoted(texts[i])) if i < len(texts) and texts[i] is not None else None,
+                "text": esc(quoted(texts[i])) if i < len(texts) and texts[i] is not None else None,
                 "lp": fmt_lp(lps[i]) if i < len(lps) else "?",
                 "mark": mark is not None and tid == mark,
             }
@@ -276,8 +178,8 @@ def _stats_view(r: ScoreRow, esc: Esc) -> dict[str, Any]:
     clusters = f" in {r.n_clusters} clusters" if r.n_clusters != n else ""
     return {
         "metric": esc(r.metric),
-        "a": _fmt_mean_se(r.mean_a, r.se_a),
-        "b": _fmt_mean_se(r.mean_b, r.se_b),
+        "a": fmt_mean_se(r.mean_a, r.se_a),
+        "b": fmt_mean_se(r.mean_b, r.se_b),
         "delta": f"{fmt_delta(r.delta)} {fmt_ci(r.ci_low, r.ci_high)}" if n else "n/a",
         "mcnemar": fmt_p(r.mcnemar_p),
         "tost": tost,
@@ -316,7 +218,7 @@ TOKEN_ROWS: tuple[tuple[str, Callable[[TokenSummary], str]], ...] = (
     ("|Δlogprob| p50 / p99 / max", lambda t: _triplet(t.abs_dlogprob_p50, t.abs_dlogprob_p99, t.max_abs_dlogprob)),
     ("mean |Δlogprob|", lambda t: fmt_small(t.mean_abs_dlogprob)),
     ("KL p50 / p99 / max", lambda t: _triplet(t.kl_p50, t.kl_p99, t.kl_max)),
-    ("largest KL at", lambda t: _triple(t.kl_max_at)),
+    ("largest KL at", lambda t: fmt_triple(t.kl_max_at)),
     ("top-1 agreement", lambda t: fmt_pct(t.n_positions_compared - t.n_top1_disagree, t.n_positions_compared)),
     ("hard top-1 flips", lambda t: fmt_num(t.n_top1_hard)),
 )
@@ -370,9 +272,9 @@ def _task_view(task: str, c: Comparison, nf: Comparison | None, esc: Esc) -> dic
     margins = sorted({r.margin for r in rows if r.margin is not None})
     notes = []
     if free and free.hard_divergences:
-        notes.append(("Hard free-running divergences", _positions(free.hard_divergences, free.n_hard_divergences)))
+        notes.append(("Hard free-running divergences", fmt_positions(free.hard_divergences, free.n_hard_divergences)))
     if teacher and teacher.top1_hard_positions:
-        notes.append(("Hard teacher-forced top-1 flips", _positions(teacher.top1_hard_positions, teacher.n_top1_hard)))
+        notes.append(("Hard teacher-forced top-1 flips", fmt_positions(teacher.top1_hard_positions, teacher.n_top1_hard)))
     return {
         "name": esc(task),
         "scores": [
@@ -738,267 +640,6 @@ def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict
         "rows": [(esc(k), esc(v)) for k, v in rows],
         "variants": [{"name": esc(n), "role": role(n), "settings": esc(dist.get(n, ""))} for n in names],
         "timings": timing_rows,
-    }
-
-
-# ---------------------------------------------------------------------------
-# what ran (compare.json "paths": the path probes of each side, judged)
-# ---------------------------------------------------------------------------
-
-# The switches that decide how the model is laid out over processes: a row each, equal or not.
-LAYOUT_SWITCHES = (
-    "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
-    "all2all_backend", "use_sequence_parallel_moe", "attention_backends", "dtype",
-)
-# The kernels vLLM's CPU build chose by processor (the probes' cpu_kernels): a row wherever
-# recorded, equal or not, since the same config runs other kernels on another x86 kind.
-PROCESSOR_SWITCHES = ("cpu_kernels",)
-NOT_RECORDED_CELL = "not recorded"
-ENDPOINT_CELL = "not verifiable (endpoint)"
-PATH_SENTENCES = {
-    FAILED: "the paths failed their expectations",
-    SAME_CODE: "both sides ran the same code",
-    VERIFIED: "each side ran the path its expectations declare",
-    NOT_RECORDED: "the path probes recorded nothing to judge",
-}
-INCONCLUSIVE_NOTE = (
-    "INCONCLUSIVE: the outputs were compared, but the path probes do not show each side running the code it "
-    "claims, so the comparison proves nothing about the change (see What ran)."
-)
-
-
-def path_reasons(c: Comparison) -> list[str]:
-    return list(c.paths.reasons) if c.paths is not None else []
-
-
-def paths_inconclusive(c: Comparison) -> bool:
-    """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
-    return c.paths is not None and c.paths.status in (FAILED, SAME_CODE)
-
-
-def judged_entries(compare: ComparisonDocument) -> list[tuple[Comparison, bool]]:
-    """(comparison, is the A/A one): the comparisons, then the noise floor."""
-    nf = compare.noise_floor
-    return [(c, False) for c in compare.comparisons] + ([(nf, True)] if nf is not None else [])
-
-
-def unverified_only(c: Comparison) -> bool:
-    """INCONCLUSIVE only because a side was compared without its manifest (its paths say nothing against it)."""
-    return bool(c.unverified) and not paths_inconclusive(c)
-
-
-def inconclusive_variants(compare: ComparisonDocument) -> list[str]:
-    """The variants whose paths prove nothing (INCONCLUSIVE for another reason than being compared unverified)."""
-    return [c.variant for c in compare.comparisons if c.status == Status.INCONCLUSIVE.value and not unverified_only(c)]
-
-
-def unverified_note(compare: ComparisonDocument) -> str:
-    """The reports' first words when variants were compared without their manifest; "" otherwise."""
-    names = compare.unverified or []
-    if not names:
-        return ""
-    sides = ", ".join(names)
-    whose = "its files were" if len(names) == 1 else "their files were"
-    return (f"Compared unverified (--unverified): {sides} had no manifest.json, so {whose} not checked against "
-            f"what the engine wrote; every comparison that read {'it' if len(names) == 1 else 'them'} is "
-            f"{Status.INCONCLUSIVE.value}, whatever the outputs say.")
-
-
-def _side_summary(c: Comparison, side: str) -> ProbeSummary | None:
-    """what_ran.a (the reference) or what_ran.b (the variant) of a comparison."""
-    if c.paths is None:
-        return None
-    return c.paths.what_ran.a if side == "a" else c.paths.what_ran.b
-
-
-def _side_check(c: Comparison, variant: str) -> SideCheck | None:
-    checks = c.paths.checks if c.paths is not None else []
-    return next((ch for ch in checks if ch.variant == variant), None)
-
-
-@dataclass(frozen=True)
-class _Column:
-    """One side in the what-ran table: its summary (None: not recorded) and its expectations' check."""
-
-    name: str
-    role: str  # "reference", "A/A", or "" for a compared variant
-    summary: ProbeSummary | None
-    check: SideCheck | None
-
-    @property
-    def recorded(self) -> bool:
-        return self.summary is not None and self.summary.verifiable
-
-    @property
-    def values(self) -> ProbeSummary:
-        """The summary of a recorded column."""
-        if self.summary is None:
-            raise ValueError(f"the what-ran column {self.name} recorded nothing")
-        return self.summary
-
-    @property
-    def missing(self) -> str:
-        """What the column says instead of values when it has none."""
-        return NOT_RECORDED_CELL if self.summary is None else ENDPOINT_CELL
-
-
-def _columns(compare: ComparisonDocument) -> list[_Column]:
-    """The reference, every compared variant, then the A/A run."""
-    entries = [c for c, _ in judged_entries(compare)]
-    reference = compare.reference
-    # every comparison shares the reference: the first one that recorded it speaks for all
-    ref_summary = next((s for c in entries if (s := _side_summary(c, "a")) is not None), None)
-    ref_check = next((ch for c in entries if (ch := _side_check(c, reference)) is not None), None)
-    columns = [_Column(reference, "reference", ref_summary, ref_check)]
-    for c, aa in judged_entries(compare):
-        columns.append(_Column(c.variant, "A/A" if aa else "", _side_summary(c, "b"), _side_check(c, c.variant)))
-    return columns
-
-
-def _value_text(value: Any) -> str:
-    """A switch value as a reader writes it: strings bare, lists comma-joined, the rest as JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return ", ".join(_value_text(v) for v in value) if value else "[]"
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-
-
-def _switch_cell(name: str, summary: ProbeSummary) -> str:
-    if name not in summary.switches:
-        return DASH
-    value = summary.switches[name]
-    # the engine's own value, any JSON; processes that resolved it differently are listed
-    if isinstance(value, dict) and isinstance(value.get("per_process"), list):
-        return " | ".join(_value_text(v) for v in value["per_process"])
-    return _value_text(value)
-
-
-def _processes_cell(summary: ProbeSummary) -> str:
-    listed = ", ".join(f"{n} {role}" for role, n in summary.processes.items()) or "no process recorded"
-    reused = f" (reused {summary.server_of}'s server)" if summary.server_of else ""
-    return f"{summary.mode}: {listed}{reused}"
-
-
-def _models_cell(summary: ProbeSummary) -> str:
-    return ", ".join(short(m) for m in summary.models) or "none"
-
-
-def _layers_cell(summary: ProbeSummary) -> str:
-    return ", ".join(f"{n} \u00d7 {short(cls)}" for cls, n in sorted(summary.layers.items())) or "none"
-
-
-def _calls_cell(name: str, summary: ProbeSummary) -> str:
-    if name in summary.absent:
-        return "absent"
-    return fmt_num(summary.calls[name]) if name in summary.calls else DASH
-
-
-def _collective_cell(kind: str, summary: ProbeSummary) -> str:
-    """"3 in 40/48, 0 in 8/48": each count of calls in one forward pass, most frequent first."""
-    entry = summary.collectives_per_forward.get(kind)
-    forwards = entry.forwards if entry is not None else summary.forwards
-    if not forwards:
-        return "no forward pass"
-    # a kind this side never called is 0 in every forward pass
-    counts = (entry.counts if entry is not None else {}) or {"0": forwards}
-    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ", ".join(f"{value} in {n}/{forwards}" for value, n in ordered)
-
-
-def _no_collectives_cell(summary: ProbeSummary) -> str:
-    forwards = summary.forwards
-    return f"none in {forwards}/{forwards}" if forwards else "no forward pass"
-
-
-def _expectations_cell(check: SideCheck | None) -> str:
-    if check is None:
-        return DASH
-    if check.ok:
-        return "\u2713"
-    failures = len(check.failures)
-    return f"{failures} failed" if failures else "not verified"
-
-
-def _names_in(columns: Sequence[_Column], names_of: Callable[[ProbeSummary], Iterable[str]]) -> list[str]:
-    """The names each column's summary lists, in the order the columns first name them."""
-    names: dict[str, None] = {}
-    for col in columns:
-        names.update(dict.fromkeys(names_of(col.values)))
-    return list(names)
-
-
-Cell = Callable[[ProbeSummary], str]
-
-
-def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
-    """(label, cell of one summary) per row, the rows that depend on what was recorded included."""
-    rows: list[tuple[str, Cell]] = [("processes", _processes_cell), ("model", _models_cell),
-                                    ("decoder layers", _layers_cell)]
-    kinds = _names_in(recorded, lambda s: s.collectives_per_forward)
-    if kinds:
-        rows += [(f"{kind} per forward pass", partial(_collective_cell, kind)) for kind in sorted(kinds)]
-    else:
-        rows.append(("collectives per forward pass", _no_collectives_cell))
-    rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, lambda s: s.calls)]
-    rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
-    switches = set(_names_in(recorded, lambda s: s.switches))
-    rows += [(name, partial(_switch_cell, name)) for name in PROCESSOR_SWITCHES if name in switches]
-    # any other switch only where the sides disagree: the table shows what sets them apart
-    for name in sorted(switches - set(LAYOUT_SWITCHES) - set(PROCESSOR_SWITCHES)):
-        cell = partial(_switch_cell, name)
-        if _differs([cell(col.values) for col in recorded]):
-            rows.append((name, cell))
-    return rows
-
-
-def _differs(cells: Sequence[str]) -> bool:
-    return len(set(cells)) > 1
-
-
-def _what_ran_table(columns: Sequence[_Column], esc: Esc) -> dict[str, Any]:
-    recorded = [col for col in columns if col.recorded]
-    rows = []
-    for i, (label, cell) in enumerate(_row_makers(recorded)):
-        # a column without values says why once, in the first row
-        cells = [cell(col.values) if col.recorded else (col.missing if i == 0 else DASH) for col in columns]
-        differs = _differs([x for x, col in zip(cells, columns) if col.recorded])
-        rows.append({"label": esc(label), "cells": [esc(x) for x in cells], "differs": differs})
-    rows.append({"label": esc("expectations"), "cells": [esc(_expectations_cell(col.check)) for col in columns],
-                 "differs": False})
-    return {"columns": [{"name": esc(col.name), "role": col.role} for col in columns], "rows": rows,
-            "differs": any(r["differs"] for r in rows)}
-
-
-def _path_block(c: Comparison, paths: Paths, aa: bool, esc: Esc) -> dict[str, Any]:
-    """A comparison's path judgement: one sentence, then its reasons (failures, evidence or a note)."""
-    sentence = PATH_SENTENCES[paths.status]
-    if c.status == Status.INCONCLUSIVE.value:
-        sentence += f", so the comparison is {Status.INCONCLUSIVE.value}"
-    if c.outputs_status:
-        sentence += f"; the outputs alone would be {c.outputs_status}"
-    kind = {VERIFIED: "evidence", NOT_RECORDED: "note"}.get(paths.status, "failure")
-    return {
-        "variant": esc(c.variant),
-        "reference": esc(c.reference),
-        "aa": aa,
-        "sentence": esc(sentence),
-        "kind": kind,
-        "lines": [esc(r) for r in paths.reasons],
-    }
-
-
-def what_ran_view(compare: ComparisonDocument, esc: Esc) -> dict[str, Any] | None:
-    """Each comparison's path judgement and the sides side by side; None when no comparison
-    was judged (a bare table comparison)."""
-    judged = [(c, c.paths, aa) for c, aa in judged_entries(compare) if c.paths is not None]
-    if not judged:
-        return None
-    columns = _columns(compare)
-    return {
-        "paths": [_path_block(c, paths, aa, esc) for c, paths, aa in judged],
-        # a table of columns that all say "not recorded" shows nothing
-        "table": _what_ran_table(columns, esc) if any(col.summary is not None for col in columns) else None,
     }
 
 
