@@ -13,7 +13,7 @@ from evalpipe.compare import gates as compare_gates
 from evalpipe.compare.numerics import FLOORS, NOISY_AA_FLOORS
 from evalpipe.config.run_config import AUTO, Gates, Tolerance
 from evalpipe.gates.registry import FAMILIES, GATES, ORDER, PRECISIONS, Gate
-from evalpipe.nightly import night
+from evalpipe.nightly import judging
 
 # the kind of setting each family's gate has in `gates:`
 SETTING_KIND = {"scores": bool, "free-running": Tolerance, "teacher-forced": Tolerance, "distributional": (float, str)}
@@ -58,7 +58,7 @@ def test_the_registry_is_what_compare_and_nightly_iterate():
     assert compare_gates.GATE_ORDER == ORDER and len(set(ORDER)) == len(ORDER)
     assert set(compare_gates.SCORE_GATES + compare_gates.FREE_GATES + compare_gates.TEACHER_GATES
                + compare_gates.DISTRIBUTION_GATES) == set(ORDER)
-    assert set(night.TOKEN_GATES.values()) == {g.name for g in GATES if g.series is not None}
+    assert set(judging.TOKEN_GATES.values()) == {g.name for g in GATES if g.series is not None}
 
 
 def test_every_gate_setting_of_the_config_belongs_to_a_gate():

@@ -12,6 +12,8 @@ from evalpipe.compare.changepoint import score_changes, token_changes
 from evalpipe.documents.worker_job import JOB_JSON, TeacherJob, WorkerJob, write_job
 from evalpipe.errors import UserError
 from evalpipe.history.store import open_history
+from evalpipe.nightly import dashboard_data as dashboard
+from evalpipe.nightly import judging
 from evalpipe.nightly import night as nightly
 from tests.nightly_fakes import write_night
 
@@ -90,7 +92,7 @@ def test_a_failed_night_is_failed_not_a_regression(tmp_path):
 
 def test_dashboard_data_has_series_bands_and_the_change(tmp_path):
     db, results = _series(tmp_path, [False] * 3 + [True] * 2)
-    data = nightly.dashboard_data(db, "cfg1", "t", tmp_path / "dash" / "index.html")
+    data = dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "dash" / "index.html")
     assert [n["status"] for n in data["nights"]] == ["PASS"] * 3 + ["REGRESSION"] * 2
     assert data["nights"][0]["report"] == "../runs/night-00/report.html"
     sp = next(s for s in data["series"] if s["variant"] == "sp")
@@ -170,16 +172,16 @@ def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(t
         for name in ("legacy", "sp"):
             artifacts.write_table(artifacts.VariantDir(night / name).teacher, token_table(good))
     # without tonight's scoring of the baseline's sequences: free-running only
-    plain = nightly.vs_baseline(base, tonight, "sp")
+    plain = judging.vs_baseline(base, tonight, "sp")
     assert plain["teacher_forced"] is False and plain["teacher"] == [] and plain["status"] == "IDENTICAL"
     vd = artifacts.VariantDir(tonight / "sp")
     artifacts.write_table(vd.teacher_baseline, token_table(good))
     write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(base / "legacy")))
-    forced = nightly.vs_baseline(base, tonight, "sp")
+    forced = judging.vs_baseline(base, tonight, "sp")
     assert forced["teacher_forced"] is True and forced["teacher"][0]["identical"]
     # scored against another night's sequences: not comparable, left out
     write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(tonight / "legacy")))
-    assert nightly.vs_baseline(base, tonight, "sp")["teacher_forced"] is False
+    assert judging.vs_baseline(base, tonight, "sp")["teacher_forced"] is False
 
 
 # -- what ran: path probes ------------------------------------------------------------
@@ -219,7 +221,7 @@ def test_the_noise_floor_of_a_run_without_recorded_expectations_is_not_same_code
     for settings in info["variant_settings"].values():
         settings.pop("expect")
     artifacts.write_json(run_dir / "run.json", info)
-    _, aa = nightly.tonight_floor(run_dir)
+    _, aa = judging.tonight_floor(run_dir)
     assert (aa.status.value, aa.paths.status) == ("IDENTICAL", "verified")
 
 
@@ -246,7 +248,7 @@ def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_pat
             "\\`evalpipe.lab.layout.model.LayoutDecoderLayer.\\_sp\\_attention\\` (0 calls in 1 process)") in md
     assert "| sp | night-01 | INCONCLUSIVE |" in md
     assert db.run("night-02")["nightly_status"] == "INCONCLUSIVE"
-    assert [n["status"] for n in nightly.dashboard_data(db, "cfg1", "t", tmp_path / "d.html")["nights"]] == [
+    assert [n["status"] for n in dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "d.html")["nights"]] == [
         "PASS", "PASS", "INCONCLUSIVE", "PASS"]
 
 

@@ -157,6 +157,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     from evalpipe.commands import run as run_command
     from evalpipe.execution import serve
     from evalpipe.history.store import History, open_history
+    from evalpipe.nightly import dashboard_data, judging
     from evalpipe.nightly import night as nightly
     from evalpipe.pipeline.comparing import report_run
     from evalpipe.report.dashboard import render_dashboard
@@ -184,10 +185,10 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     hist.record(run_dir, kind="nightly", labels={"vllm": "0.1", "repo": f"https://ci:tok_{MARK}@git.example/r.git"})
     shown = History(hist.engine, HISTORY_URL)
     assert shown.where == "postgresql+psycopg://evalpipe:***@db.example/history"
-    judgement = nightly.judge(shown, "night-1")
+    judgement = judging.judge(shown, "night-1")
     nightly.write_night(run_dir, judgement, dashboard=run_dir / "dashboard.html")
     artifacts.write_text(run_dir / "dashboard.html",
-                         render_dashboard(nightly.dashboard_data(shown, None, "nightly", run_dir / "dashboard.html")))
+                         render_dashboard(dashboard_data.dashboard_data(shown, None, "nightly", run_dir / "dashboard.html")))
     # a server's log starts with its command line (evalpipe writes it)
     server = serve.ServerProcess(command=["/nonexistent/vllm", "serve", "--api-key", f"cmd_{MARK}"], url="http://127.0.0.1:9",
                                  log_path=run_dir / "tp-engine.log", grace_s=1)

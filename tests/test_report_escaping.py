@@ -26,7 +26,7 @@ from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_sum
 
 from evalpipe import report
 from evalpipe.compare.code_paths import short
-from evalpipe.nightly.night import Judgement
+from evalpipe.nightly.judging import Judgement
 from evalpipe.report import md_escape, render_junit
 from evalpipe.report.dashboard import render_dashboard
 from evalpipe.report.nightly import render_night_junit, render_night_summary

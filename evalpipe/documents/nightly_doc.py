@@ -1,4 +1,4 @@
-"""nightly.json: a night's judgement (evalpipe.nightly.night.Judgement), kept in its run
+"""nightly.json: a night's judgement (evalpipe.nightly.judging.Judgement), kept in its run
 directory so that importing the directory into a history rebuilds the night's status.
 
 Written by evalpipe.nightly.night.write_night, read by evalpipe.history.store when it records a run
@@ -29,9 +29,9 @@ class NightlyDocument(Document):
     baseline: str | None = None  # the night the variants were judged against
     reasons: list[str] = []
     # Per variant, tonight against the baseline night: a digest of compare.json's
-    # comparison entry (evalpipe.nightly.night.vs_baseline), whose shape compare.json owns.
+    # comparison entry (evalpipe.nightly.judging.vs_baseline), whose shape compare.json owns.
     vs_baseline: list[dict[str, Any]] = []
-    # The history's detected changes (evalpipe.nightly.night._change_dict), stored as the
+    # The history's detected changes (evalpipe.nightly.judging._change_dict), stored as the
     # history's database and the dashboard hold them.
     changes: list[dict[str, Any]] = []
     paths: str | None = None  # why tonight's own comparison proves nothing about the paths

@@ -1,0 +1,399 @@
+"""Judging a recorded night: tonight's variants against each other (the run's verdict),
+tonight against the baseline night per variant (the paired comparison of `evalpipe
+compare`, tonight's A/A run as the noise floor), and the series over the history
+(:mod:`evalpipe.compare.changepoint`), with the bisect hint for a flagged change. The
+night's statuses and what each means: :mod:`evalpipe.nightly.night`."""
+
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evalpipe.compare.changepoint import Change, score_changes, token_changes
+from evalpipe.compare.run import check_same_items, compare_artifacts
+from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
+from evalpipe.compare.verdict import Status
+from evalpipe.config.run_config import Expectations
+from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
+from evalpipe.documents.nightly_doc import NightlyDocument
+from evalpipe.documents.worker_job import JOB_JSON, read_job
+from evalpipe.errors import UserError
+from evalpipe.gates import registry
+from evalpipe.history.store import History
+from evalpipe.pipeline.comparing import load_artifacts, load_teacher, read_run_info, variant_numerics
+from evalpipe.report.view import flatten
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import RUN_JSON
+
+PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
+INCONCLUSIVE = Status.INCONCLUSIVE.value
+# A night's statuses, least severe first: a finding (REGRESSION) outranks a night that
+# proved nothing about its paths, and a run that did not finish outranks both.
+NIGHT_STATUSES = ("PASS", INCONCLUSIVE, "REGRESSION", "FAILED")
+# token measures followed per task, (source, measure), each with the gate that judges it
+# within a night (its threshold is the series' floor): the registry's gates that have one
+TOKEN_GATES = {g.series: g.name for g in registry.GATES if g.series is not None}
+TOKEN_SERIES = tuple(TOKEN_GATES)
+
+
+@dataclass
+class Judgement:
+    run_id: str
+    status: str = "PASS"  # one of NIGHT_STATUSES
+    verdict: str | None = None
+    baseline: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    vs_baseline: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    paths: str | None = None  # why tonight's own comparison proves nothing about the paths
+    compared: bool = True  # False: neither tonight's variants nor a baseline night gave anything to compare
+
+    def fail(self, reason: str, status: str = "REGRESSION") -> None:
+        if NIGHT_STATUSES.index(status) > NIGHT_STATUSES.index(self.status):
+            self.status = status
+        self.reasons.append(reason)
+
+    def to_document(self) -> NightlyDocument:
+        return NightlyDocument(**self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The judgement as the history stores it (nightly.json's fields but its version)."""
+        return {
+            "run_id": self.run_id, "status": self.status, "verdict": self.verdict, "baseline": self.baseline,
+            "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes, "paths": self.paths,
+            "compared": self.compared,
+        }
+
+
+# ---------------------------------------------------------------------------
+# baselines and the bisect hint
+# ---------------------------------------------------------------------------
+
+
+def baseline_of(history: History, variant: str, nights: list[dict[str, Any]], tonight: str | None = None) -> str | None:
+    """The night ``variant`` is judged against: the pinned baseline, else the last night
+    of the series that passed (before ``tonight``, when tonight is already recorded).
+    One rule for both uses: the teacher pass before the run, the judgement after it."""
+    pinned = history.pinned_baseline(variant)
+    if pinned is not None:
+        return pinned
+    if tonight is not None:
+        started = history.run(tonight)["started_at"]
+        nights = [n for n in nights if n["run_id"] != tonight and n["started_at"] <= started]
+    passing = [n for n in nights if n.get("nightly_status") == "PASS" or _only_compared_nothing(n)]
+    return passing[-1]["run_id"] if passing else None
+
+
+def _only_compared_nothing(night: dict[str, Any]) -> bool:
+    """A night INCONCLUSIVE for the one reason that it had nothing to compare (the first night
+    of a one-variant series): it proves nothing, but it showed no fault either, so the next
+    night may be judged against it."""
+    judgement = night.get("judgement") or {}
+    return (night.get("nightly_status") == INCONCLUSIVE and judgement.get("compared") is False
+            and len(judgement.get("reasons") or []) == 1)
+
+
+def nothing_compared(reference: str | None) -> str:
+    """Why a night that compared nothing is not a pass."""
+    return (f"tonight compared nothing: the variant selection leaves no variant to compare with the reference "
+            f"`{reference}` and no earlier night to compare it with, so nothing is proven; select two variants or more "
+            "(nightly.variants or --variants), or pin a baseline night (`evalpipe baseline set RUN_ID`)")
+
+
+def _flat(d: Any) -> dict[str, str]:
+    return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in flatten(d).items()}
+
+
+def bisect_hint(history: History, last_good: str | None, first_bad: str, variant: str) -> list[dict[str, Any]]:
+    """What changed for ``variant`` between two nights: components, then settings."""
+    if last_good is None:
+        return []
+    def of(run_id: str) -> dict[str, Any]:
+        return next((v for v in history.variants_of(run_id) if v["name"] == variant), {})
+    a, b = of(last_good), of(first_bad)
+    out = []
+    for kind, key in (("", "components"), ("settings.", "settings")):
+        fa, fb = _flat(a.get(key) or {}), _flat(b.get(key) or {})
+        for name in sorted(set(fa) | set(fb)):
+            if fa.get(name) != fb.get(name):
+                out.append({"component": f"{kind}{name}", "before": fa.get(name), "after": fb.get(name)})
+    return out
+
+
+# ---------------------------------------------------------------------------
+# tonight against the baseline
+# ---------------------------------------------------------------------------
+
+
+def meant_same(expect: Expectations | None) -> Expectations:
+    """Side B of a comparison meant to run the same code as side A (the same variant on two
+    nights, a reference against its own A/A run): its recorded expectations with
+    ``same_path``, so IDENTICAL outputs of the same path pass instead of being judged
+    "same_code". Each side is still checked against its own expectations."""
+    return (expect or Expectations()).model_copy(update={"same_path": True})
+
+
+def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
+    """(gates, A/A comparison) of tonight's run: its reference against its own A/A run is
+    the engine's noise between two runs, the floor of every drift from the baseline."""
+    info = read_run_info(tonight_dir)
+    where = str(tonight_dir / RUN_JSON)
+    gates = info.gates_of(where)
+    aa_name, ref = info.aa_variant, info.reference
+    if not (aa_name and ref and (tonight_dir / aa_name).is_dir()):
+        return gates, None
+    ref_dir = artifacts.VariantDir(tonight_dir / ref)
+    ref_side = load_artifacts(ref_dir, expect=info.expectations_of(ref, where))
+    aa_side = load_artifacts(artifacts.VariantDir(tonight_dir / aa_name),
+                             expect=meant_same(info.expectations_of(aa_name, where)))
+    aa = compare_artifacts(ref_side, aa_side, worst_k=3, gates=gates, numerics=variant_numerics(ref_dir))
+    return gates, aa
+
+
+def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One variant tonight against itself on the baseline night, as compare.json's
+    comparison entry (plus "error" when the two cannot be compared). ``floor``:
+    :func:`tonight_floor`, computed once per night by the caller."""
+    base_v, night_v = base_dir / variant, tonight_dir / variant
+    label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
+    try:
+        base_info = read_run_info(base_dir)
+        # each night judged by the expectations its own run recorded; tonight meant to run
+        # the baseline's path (see meant_same)
+        a = load_artifacts(artifacts.VariantDir(base_v), label_a,
+                           base_info.expectations_of(variant, str(base_dir / RUN_JSON)))
+        b = load_artifacts(artifacts.VariantDir(night_v), label_b,
+                           meant_same(read_run_info(tonight_dir).expectations_of(variant, str(tonight_dir / RUN_JSON))))
+        check_same_items(a.samples, b.samples, label_a, label_b)
+    except UserError as err:
+        return {"variant": variant, "error": str(err)}
+    # Teacher forcing across nights is clean only on the same forced tokens: the baseline
+    # scored its reference's sequences (teacher.parquet), tonight scored the same ones
+    # (teacher_baseline.parquet). Without that pair the comparison is free-running only.
+    forced = _baseline_forcing(artifacts.VariantDir(night_v), base_dir / (base_info.reference or ""))
+    a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
+    gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
+    vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
+    d = vc.document()
+    return {"variant": variant, "status": d.status, "teacher_forced": forced is not None, "reasons": d.reasons,
+            "outputs_status": d.outputs_status, "paths": _paths_brief(d.paths),
+            "scores": [r.model_dump(mode="json") for r in d.scores], "tokens": [_token_brief(t) for t in d.tokens],
+            "teacher": [_token_brief(t) for t in d.teacher or []]}
+
+
+def _paths_brief(paths: Paths | None) -> dict[str, Any] | None:
+    if paths is None:
+        return None
+    return {"status": paths.status, "reasons": list(paths.reasons)}
+
+
+def first_path_reason(comparison: dict[str, Any]) -> str:
+    """The first reason a comparison's paths give (a compare.json comparison or a
+    vs_baseline entry); its verdict's first reason when it recorded no path reasons."""
+    reasons = (comparison.get("paths") or {}).get("reasons") or comparison.get("reasons") or []
+    return str(reasons[0]) if reasons else "no reason was recorded"
+
+
+def _first_reason(comparison: Comparison) -> str:
+    """first_path_reason of a compare.json comparison."""
+    reasons = (comparison.paths.reasons if comparison.paths else []) or comparison.reasons
+    return str(reasons[0]) if reasons else "no reason was recorded"
+
+
+def tonight_inconclusive(run_dir: Path, verdict: str | None) -> str | None:
+    """Why tonight's own comparison proves nothing about the paths (from its compare.json),
+    None when every comparison proves something."""
+    path = artifacts.RunDir(run_dir).compare_json
+    comparisons = read_comparison(path).comparisons if path.is_file() else []
+    inconclusive = [c for c in comparisons if c.status == INCONCLUSIVE]
+    if not inconclusive:
+        if verdict != INCONCLUSIVE:
+            return None
+        return (f"tonight's comparison proves nothing about the paths, and {path} is missing to say why; "
+                f"`evalpipe compare {run_dir}` writes it again")
+    text = f"tonight's comparison proves nothing about the paths: {_first_reason(inconclusive[0])}"
+    others = [f"`{c.variant}`" for c in inconclusive[1:]]
+    return text + (f" (also inconclusive: {', '.join(others)})" if others else "")
+
+
+def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> Any:
+    """Tonight's teacher_baseline.parquet when it holds ``baseline_reference``'s sequences, else None."""
+    job_path = vdir.root / JOB_JSON
+    if not vdir.teacher_baseline.is_file() or not job_path.is_file():
+        return None
+    source = read_job(job_path).teacher.baseline_dir or ""
+    if not source or Path(source).resolve() != baseline_reference.resolve():
+        return None
+    return load_teacher(vdir, vdir.teacher_baseline)
+
+
+def _token_brief(t: TokenSummary) -> dict[str, Any]:
+    return t.model_dump(mode="json", include={"task", "n_samples", "n_divergent", "n_hard_divergences",
+                                              "n_near_tie_divergences", "kl_p99", "kl_max", "identical"})
+
+
+# ---------------------------------------------------------------------------
+# the series
+# ---------------------------------------------------------------------------
+
+
+def night_label(started_at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at))
+
+
+def series_changes(history: History, nights: list[dict[str, Any]], *, alpha: float, min_nights: int) -> list[dict[str, Any]]:
+    """Every change the detector finds over ``nights`` (oldest first), scores and tokens."""
+    ids = [n["run_id"] for n in nights]
+    pos = {r: i for i, r in enumerate(ids)}
+    rows = history.score_rows(ids, with_items=True)
+    by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    aa_items: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in rows:
+        if r["role"] == "aa":
+            aa_items[(r["run_id"], r["task"], r["metric"])] = r
+            continue
+        by_key.setdefault((r["task"], r["metric"], r["variant"]), []).append(r)
+    ref_items = {(r["run_id"], r["task"], r["metric"]): r for r in rows if r["role"] == "reference"}
+    out = []
+    for (task, metric, variant), series in sorted(by_key.items()):
+        latest = series[-1]["item_set_pk"]
+        same = [r for r in series if r["item_set_pk"] == latest]  # the paired stretch
+        if len(same) < 2:
+            continue
+        matrix = np.vstack([r["values"] for r in same])
+        discordant = [
+            float(np.sum(ref_items[k]["values"] != aa_items[k]["values"]))
+            for r in same
+            if (k := (r["run_id"], task, metric)) in aa_items and k in ref_items
+            and aa_items[k]["item_set_pk"] == ref_items[k]["item_set_pk"] == latest
+        ]
+        aa_disc = float(np.median(discordant)) if discordant else None
+        for c in score_changes(matrix, aa_disc, alpha=alpha, min_nights=min_nights):
+            first, last = same[c.index], same[c.last_good]
+            keys = history.item_keys(latest)
+            out.append(_change_dict(history, c, "score", task, metric, variant, first["run_id"], last["run_id"], nights[pos[first["run_id"]]],
+                                    flipped=[{"doc_id": keys[i][0], "repeat": keys[i][1], "before": b, "after": a} for i, b, a in c.flipped]))
+    tok = history.token_rows(ids)
+    tseries: dict[tuple[str, str, str, str], dict[str, dict[str, Any]]] = {}
+    for r in tok:
+        for source, measure in TOKEN_SERIES:
+            if r["source"] != source:
+                continue
+            role = "aa" if r["role"] == "aa" else r["variant"]
+            tseries.setdefault((r["task"], source, measure, role), {})[r["run_id"]] = r[measure]
+    thresholds = {(g["run_id"], g["variant"], g["task"], g["gate"]): g["threshold"] for g in history.gate_rows(ids)}
+    for (task, source, measure, role), values in sorted(tseries.items()):
+        if role == "aa":
+            continue
+        aa = tseries.get((task, source, measure, "aa"), {})
+        gate = TOKEN_GATES[(source, measure)]
+        v = np.array([np.nan if values.get(i) is None else values[i] for i in ids], dtype=np.float64)
+        a = np.array([np.nan if aa.get(i) is None else aa[i] for i in ids], dtype=np.float64)
+        floor = np.array([np.nan if thresholds.get((i, role, task, gate)) is None else thresholds[(i, role, task, gate)] for i in ids])
+        for c in token_changes(v, a, floor, min_nights=min_nights):
+            out.append(_change_dict(history, c, "token", task, f"{source}_{measure}", role, ids[c.index], ids[c.last_good], nights[c.index], flipped=[]))
+    return out
+
+
+def _change_dict(history: History, c: Change, kind: str, task: str, metric: str, variant: str, first_bad: str,
+                 last_good: str, night: dict[str, Any], flipped: list[dict[str, Any]]) -> dict[str, Any]:
+    regression = (c.direction == "down") if kind == "score" else (c.direction == "up")
+    scale = 100 if kind == "score" else 1
+    unit = " points" if kind == "score" else ""
+    word = {"flagged": "changed", "pending": "moved (pending: not yet lasting)", "not significant": "moved (not significant)"}[c.state]
+    summary = (f"{task} {metric} of {variant} {word} at {first_bad}: {c.before:.4g} → {c.after:.4g} "
+               f"({(c.delta) * scale:+.3g}{unit}"
+               + (f", paired p {c.p_value:.2g}" if c.p_value is not None else "")
+               + f", {c.nights_after} night{'s' if c.nights_after != 1 else ''} so far" * c.open
+               + (f", lasted {c.nights_after} night{'s' if c.nights_after != 1 else ''}" if not c.open else "") + ")")
+    return {
+        "kind": kind, "task": task, "metric": metric, "variant": variant, "run_id": first_bad, "night": night_label(night["started_at"]),
+        "direction": c.direction, "before": c.before, "after": c.after, "delta": c.delta, "p_value": c.p_value,
+        "nights_after": c.nights_after, "open": c.open, "state": c.state, "regression": regression,
+        "summary": summary, "flipped": flipped, "bisect": bisect_hint(history, last_good, first_bad, variant),
+        "last_good": last_good, "first_bad": first_bad, "report": None,
+    }
+
+
+# ---------------------------------------------------------------------------
+# judging a recorded night
+# ---------------------------------------------------------------------------
+
+
+def _add_prompts(change: dict[str, Any], vdir: Path, keep: int = 300) -> None:
+    """The end of each flipped item's prompt (where the question is), from the first bad
+    night's samples, when its run directory is still there."""
+    path = artifacts.VariantDir(vdir).samples
+    if not path.is_file():
+        return
+    cols = artifacts.read_table(path).select(["task", "doc_id", "repeat", "prompt"]).to_pydict()
+    prompts = {(t, int(d), int(r)): p for t, d, r, p in zip(cols["task"], cols["doc_id"], cols["repeat"], cols["prompt"])}
+    for f in change["flipped"]:
+        text = prompts.get((change["task"], f["doc_id"], f["repeat"]))
+        f["prompt"] = None if text is None else ("…" + text[-keep:] if len(text) > keep else text)
+
+
+def series_nights(history: History, run_id: str) -> list[dict[str, Any]]:
+    """The nights of the same config up to and including ``run_id``, oldest first."""
+    tonight = history.run(run_id)
+    return [n for n in history.runs(kind="nightly", config_hash=tonight["config_hash"]) if n["started_at"] <= tonight["started_at"]]
+
+
+def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int = 2) -> Judgement:
+    """Judge a night already in the history; stores the result and returns it."""
+    tonight = history.run(run_id)
+    j = Judgement(run_id=run_id, verdict=tonight.get("verdict"))
+    tonight_dir = Path(tonight["run_dir"])
+    if tonight.get("status") != "ok":
+        j.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", "FAILED")
+    else:
+        if tonight.get("verdict") is not None and tonight["verdict"] not in (*PASSING, INCONCLUSIVE):
+            j.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
+        j.paths = tonight_inconclusive(tonight_dir, tonight.get("verdict"))
+        if j.paths:
+            j.fail(j.paths, INCONCLUSIVE)
+    nights = series_nights(history, run_id)
+    floor = None
+    for v in history.variants_of(run_id):
+        if v["role"] == "aa":
+            continue
+        base = baseline_of(history, v["name"], nights, tonight=run_id)
+        if base is None or base == run_id:
+            continue
+        j.baseline = j.baseline or base
+        base_dir = Path(history.run(base)["run_dir"])
+        if not (base_dir / v["name"]).is_dir():
+            j.vs_baseline.append({"variant": v["name"], "baseline": base, "error": f"the baseline's run directory {base_dir} has no {v['name']} (moved or deleted)"})
+            continue
+        if floor is None:
+            floor = tonight_floor(tonight_dir)
+        entry = {**vs_baseline(base_dir, tonight_dir, v["name"], floor), "baseline": base}
+        j.vs_baseline.append(entry)
+        if entry.get("error"):
+            j.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
+        elif entry["status"] == INCONCLUSIVE:
+            j.fail(f"{v['name']}'s comparison with baseline {base} proves nothing about the paths: {first_path_reason(entry)}",
+                   INCONCLUSIVE)
+        elif entry["status"] not in PASSING:
+            first = entry["reasons"][0] if entry["reasons"] else ""
+            j.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
+    if tonight.get("status") == "ok" and tonight.get("verdict") is None and not any("error" not in e for e in j.vs_baseline):
+        j.compared = False
+        j.fail(nothing_compared(tonight.get("reference")), INCONCLUSIVE)
+    j.changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
+    for c in j.changes:
+        if c["state"] == "flagged" and c["flipped"]:
+            _add_prompts(c, Path(history.run(c["first_bad"])["run_dir"]) / c["variant"])
+    for c in j.changes:
+        if c["state"] == "flagged" and c["open"] and c["regression"]:
+            hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"][:3]) or "no component changed"
+            j.fail(f"{c['summary']}; changed between {c['last_good']} and {c['first_bad']}: {hint}")
+    history.set_judgement(run_id, j.status, j.baseline, j.to_dict())
+    return j
