@@ -50,7 +50,7 @@ def main() -> int:
     parser.add_argument("-c", "--config", default=str(ROOT / "configs" / "default.yaml"))
     args = parser.parse_args()
 
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
     from evalpipe.documents.manifest import read_manifest
     from evalpipe.documents.run_doc import read_run_document
     from evalpipe.rundir import artifacts

@@ -91,7 +91,7 @@ def make_run(config: str, limit: int, work: Path) -> Path:
 def variant_env(config: str, limit: int, work: Path) -> tuple[str, dict[str, str]]:
     """sp's interpreter and environment exactly as the runner builds them, minus any probe
     settings the caller's own environment might carry (that would switch the "off" arm on)."""
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
     from evalpipe.pipeline.plan import make_plan
 
     plan = make_plan(load_config(config), config, "gsm8k", limit, variants=f"{REFERENCE},{VARIANT}",

@@ -268,7 +268,7 @@ def doctor(
     everything passes, 2 otherwise."""
     from evalpipe.commands.doctor import run_checks
     from evalpipe.commands.run import with_cluster
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
     from evalpipe.install import config_label
     from evalpipe.pipeline.plan import make_plan
 
@@ -304,7 +304,7 @@ def nightly(
     the history; write nightly.md / nightly-junit.xml and the dashboard. Exit 1 on a regression, 3 when
     tonight's run failed, 4 when it proves nothing about the code paths (INCONCLUSIVE)."""
     from evalpipe.commands.run import check_time_limits, with_cluster
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
     from evalpipe.install import default_config as default_config_path
     from evalpipe.nightly.night import parse_components, print_night, run_night
 

@@ -666,12 +666,12 @@ VALIDATED_BOUNDS = {"--margin": (0, False, 1, False)}  # a margin of 1 or more n
 
 def outside_bounds(option: str, value: str) -> str | None:
     """Why ``value`` of a bounded option can only be a mistake (outside its key's bounds), else None."""
-    from evalpipe.config import run_config
+    from evalpipe.config import gate_settings, run_config
 
     if option not in BOUNDED_OPTIONS:
         return None
     model, name = BOUNDED_OPTIONS[option]
-    info = getattr(run_config, model).model_fields[name]
+    info = (getattr(run_config, model, None) or getattr(gate_settings, model)).model_fields[name]
     try:
         number = int(value) if int in _kinds(info) else float(value)
     except ValueError:

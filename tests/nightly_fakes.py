@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.compare.code_paths import ModelProbe, ProcessProbe, VariantProbes, summarize
-from evalpipe.config.run_config import Expectations
+from evalpipe.config.expectations import Expectations
 from evalpipe.documents.run_doc import read_run_document, write_run_document
 from evalpipe.pipeline.comparing import compare_run, write_outputs
 from evalpipe.rundir import artifacts

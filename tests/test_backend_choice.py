@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.loading import load_config
 from evalpipe.engine_patches import backend_choice
 from evalpipe.install import default_config
 from evalpipe.models.builtin import ensure_builtin

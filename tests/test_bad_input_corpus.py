@@ -404,7 +404,7 @@ def loc_template(tmp_path_factory):
     a read-only case runs as `nobody` when the tests run as root (see read_only)."""
     from nightly_fakes import write_localizable_run
 
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
 
     root = tmp_path_factory.mktemp("loc")
     write_localizable_run(root / "runs" / "loc", load_config(CONFIG).model_dump(mode="json"))
@@ -492,7 +492,7 @@ def _invoke_in(here: Path, args: list[str]):
 
 
 # (command line up to the option, the option, the config model and field of its twin key, the key);
-# --margin and `gates.scores.margin` share a rule of their own (run_config.margin_problem)
+# --margin and `gates.scores.margin` share a rule of their own (gate_settings.margin_problem)
 TWINS = [
     (["localize", "runs/loc"], "--samples", "Localize", "samples", "localize.samples"),
     (["localize", "runs/loc"], "--positions", "Localize", "positions", "localize.positions"),
@@ -510,9 +510,9 @@ def test_an_option_and_its_config_key_refuse_the_same_values(loc_template, tmp_p
     """Just outside each bound of the key: the config refuses it, and so does the option, naming the key."""
     import pydantic
 
-    from evalpipe.config import run_config
+    from evalpipe.config import gate_settings, run_config
 
-    cls = getattr(run_config, model)
+    cls = getattr(run_config, model, None) or getattr(gate_settings, model)
     lower = upper = None
     for m in cls.model_fields[field].metadata:
         lower = getattr(m, "ge", None) if hasattr(m, "ge") else (getattr(m, "gt", None) if hasattr(m, "gt") else lower)

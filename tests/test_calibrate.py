@@ -6,7 +6,8 @@ import pytest
 
 from evalpipe.commands.calibrate import calibration_config, control_variants, zoo
 from evalpipe.compare.calibration import CalibrationRow, SensitivityPoint
-from evalpipe.config.run_config import ConfigError, parse_config
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import parse_config
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS
 from evalpipe.report.calibration import render_calibration, sensitivity_plot

@@ -147,7 +147,7 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
     from typer.testing import CliRunner
 
     from evalpipe.cli import app
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
     from evalpipe.pipeline import runner
     from evalpipe.pipeline.plan import make_plan, run_info
     from evalpipe.rundir import artifacts

@@ -16,7 +16,8 @@ import pytest
 from evalpipe.cluster import transfer
 from evalpipe.cluster.loopback import is_loopback
 from evalpipe.commands.run import with_cluster
-from evalpipe.config.run_config import ConfigError, parse_config
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import parse_config
 from evalpipe.documents.worker_events import read_event
 from evalpipe.errors import UserError
 from evalpipe.execution.watchdog import Watchdog

@@ -31,7 +31,7 @@ from evalpipe.compare.code_paths import (
 )
 from evalpipe.compare.gates import GateResult
 from evalpipe.compare.verdict import Status, Verdict
-from evalpipe.config.run_config import Expectations
+from evalpipe.config.expectations import Expectations
 
 MODEL = "pkg.models.NewModel"
 LAYER = "pkg.layers.NewLayer"

@@ -38,7 +38,7 @@ from evalpipe.compare.bylength import (
 from evalpipe.compare.run import VariantArtifacts, compare_artifacts
 from evalpipe.compare.scores import compare_scores
 from evalpipe.compare.tokens import compare_tokens
-from evalpipe.config.run_config import Gates
+from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.pipeline.comparing import compare_run, load_artifacts, write_outputs
 from evalpipe.rundir import artifacts

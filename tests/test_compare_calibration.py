@@ -16,7 +16,7 @@ from evalpipe.compare.calibration import (
     summarize,
 )
 from evalpipe.compare.run import VariantArtifacts, compare_artifacts
-from evalpipe.config.run_config import Gates
+from evalpipe.config.gate_settings import Gates
 
 
 def side(name, samples):

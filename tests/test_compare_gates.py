@@ -32,7 +32,7 @@ from evalpipe.compare.gates import (
     GateResult,
     evaluate_gates,
 )
-from evalpipe.config.run_config import Gates, ScoreGates, TokenGates, Tolerance
+from evalpipe.config.gate_settings import Gates, ScoreGates, TokenGates, Tolerance
 
 PROPS = settings(max_examples=50, deadline=None)
 

@@ -7,7 +7,7 @@ from fakes import TASK, make_samples, mutate, perturb_topk, set_token, write_run
 
 from evalpipe.compare import Status
 from evalpipe.compare.gates import NO_TEACHER
-from evalpipe.config.run_config import Gates, ScoreGates, TokenGates, Tolerance
+from evalpipe.config.gate_settings import Gates, ScoreGates, TokenGates, Tolerance
 from evalpipe.errors import UserError
 from evalpipe.pipeline.comparing import compare_across_runs, compare_run, write_outputs
 from evalpipe.rundir import artifacts

@@ -11,7 +11,7 @@ from fakes import make_samples, mutate, perturb_topk, tables, token_table
 from evalpipe.compare import Status, compare_tables
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, TEACHER_GATES
 from evalpipe.compare.numerics import FLOORS, FP32, HALF, NOISY_AA_FLOORS, Numerics, numerics_from_engine_args
-from evalpipe.config.run_config import Gates, TokenGates, Tolerance
+from evalpipe.config.gate_settings import Gates, TokenGates, Tolerance
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
 

@@ -2,7 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.config.run_config import ConfigError, deep_merge, load_config, parse_config
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import load_config, parse_config
+from evalpipe.config.merge import deep_merge
 from evalpipe.install import default_config
 
 MINIMAL = {
@@ -120,6 +122,6 @@ def test_noise_floor_accepts_true_false_or_a_mapping():
 
 def test_default_config_spells_out_the_code_defaults_of_the_gates():
     # configs/default.yaml documents the gates; it must not drift from the code.
-    from evalpipe.config.run_config import Gates
+    from evalpipe.config.gate_settings import Gates
 
     assert load_config().gates == Gates()

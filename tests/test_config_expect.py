@@ -7,15 +7,9 @@ import copy
 
 import pytest
 
-from evalpipe.config.run_config import (
-    STANDARD_SWITCH_NAMES,
-    ConfigError,
-    CountRange,
-    Expectations,
-    collective_key,
-    merged_expectations,
-    parse_config,
-)
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.expectations import STANDARD_SWITCH_NAMES, CountRange, Expectations, collective_key, merged_expectations
+from evalpipe.config.loading import parse_config
 
 MINIMAL = {
     "model": {"path": "builtin:tiny-gsm"},
@@ -183,7 +177,7 @@ def test_per_forward_counts():
 
 
 def test_a_bad_count_range_says_what_is_wrong():
-    # BUG (evalpipe/config/run_config.py, merged_expectations): a per_forward value is `int | CountRange`;
+    # BUG (evalpipe/config/expectations.py, merged_expectations): a per_forward value is `int | CountRange`;
     # pydantic reports one error per union member and merged_expectations shows the first,
     # whose location ends in the member's type name: "`expect.per_forward.all_gather.int`:
     # Input should be a valid integer." for {min: -1} or a misspelt key, which names neither

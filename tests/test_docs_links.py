@@ -99,7 +99,7 @@ def test_readme_links_every_docs_page() -> None:
 
 
 def test_readme_first_config_is_a_valid_config() -> None:
-    from evalpipe.config.run_config import parse_config
+    from evalpipe.config.loading import parse_config
 
     text = README.read_text(encoding="utf-8")
     section = text.split("## A first config for a new switch", 1)[1].split("\n## ", 1)[0]

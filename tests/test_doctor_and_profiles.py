@@ -11,7 +11,9 @@ import yaml
 from in_process import evalpipe
 
 from evalpipe.commands import doctor
-from evalpipe.config.run_config import ConfigError, Launch, load_config
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import load_config
+from evalpipe.config.run_config import Launch
 from evalpipe.execution import serve
 from evalpipe.install import default_config
 

@@ -13,7 +13,8 @@ import pytest
 from fakes import make_samples, mutate, perturb_topk, set_token, write_run
 from pydantic import ValidationError
 
-from evalpipe.config.run_config import Expectations, Gates
+from evalpipe.config.expectations import Expectations
+from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.comparison import COMPARE_SCHEMA_VERSION, ComparisonDocument, read_comparison
 from evalpipe.documents.journal import JOURNAL_FILE, JOURNAL_LINE_VERSION, JournalLine, read_journal_line
 from evalpipe.documents.manifest import (

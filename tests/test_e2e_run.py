@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.loading import load_config
 from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.install import default_config
 from evalpipe.rundir import artifacts

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import evalpipe
 from evalpipe.cli import app
 from evalpipe.commands import compare as compare_command
-from evalpipe.config.run_config import ConfigError
+from evalpipe.config.errors import ConfigError
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, UserError, failure
 
 PACKAGE = Path(evalpipe.__file__).parent

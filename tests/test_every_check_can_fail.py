@@ -1,6 +1,6 @@
 """The rule that every check can fail: each gate evalpipe evaluates (the registry
 evalpipe.compare.gates.GATE_ORDER) and each kind of expectation (the fields of
-evalpipe.config.run_config.Expectations) has an input here that fails it, gates under the
+evalpipe.config.expectations.Expectations) has an input here that fails it, gates under the
 loosest settings the config accepts. A gate or an expectation kind added without a failing
 input here fails this module; so does a bound that lets a setting make a gate unfailable.
 
@@ -24,14 +24,10 @@ from evalpipe.compare.code_paths import FAILED, ModelProbe, PathSide, ProcessPro
 from evalpipe.compare.distribution import ShiftTest, sign_flip_pvalue
 from evalpipe.compare.numerics import FLOORS, LOCALIZE_FLOORS, NOISY_AA_FLOORS, Numerics
 from evalpipe.compare.scores import PairedScores
-from evalpipe.config.run_config import (
-    SMALLEST_SIGN_FLIP_P,
-    ConfigError,
-    Expectations,
-    Gates,
-    load_gates,
-    parse_config,
-)
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.expectations import Expectations
+from evalpipe.config.gate_settings import SMALLEST_SIGN_FLIP_P, Gates
+from evalpipe.config.loading import load_gates, parse_config
 
 TASK = "gsm8k_synth_4shot"
 N = 60  # items: enough that McNemar's exact p of N one-way flips (2 / 2^N) is below the loosest alpha

@@ -11,7 +11,7 @@ from test_every_check_can_fail import FAILING_INPUTS
 
 from evalpipe.compare import gates as compare_gates
 from evalpipe.compare.numerics import FLOORS, NOISY_AA_FLOORS
-from evalpipe.config.run_config import AUTO, Gates, Tolerance
+from evalpipe.config.gate_settings import AUTO, Gates, Tolerance
 from evalpipe.gates.registry import FAMILIES, GATES, ORDER, PRECISIONS, Gate
 from evalpipe.nightly import judging
 

@@ -60,7 +60,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from in_process import evalpipe
 
-from evalpipe.config.run_config import Gates, Localize, load_config
+from evalpipe.config.gate_settings import Gates
+from evalpipe.config.loading import load_config
+from evalpipe.config.run_config import Localize
 from evalpipe.probing.names import ResolvedName
 
 # ---------------------------------------------------------------------------

@@ -308,7 +308,7 @@ def test_generic_hooks_on_two_tensor_parallel_ranks_put_the_heads_back_together(
 @pytest.mark.parametrize("written, when", [("localize: off", "off"), ("localize: auto", "auto"), ("localize: on", "auto"),
                                            ("localize: {when: auto, samples: 2}", "auto")])
 def test_the_config_s_localize_word(tmp_path, written, when):
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
     from evalpipe.install import default_config
 
     path = tmp_path / "c.yaml"
@@ -317,7 +317,8 @@ def test_the_config_s_localize_word(tmp_path, written, when):
 
 
 def test_a_bad_localize_value_is_one_sentence(tmp_path):
-    from evalpipe.config.run_config import ConfigError, load_config
+    from evalpipe.config.errors import ConfigError
+    from evalpipe.config.loading import load_config
     from evalpipe.install import default_config
 
     path = tmp_path / "c.yaml"

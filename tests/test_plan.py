@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.config.run_config import ConfigError, parse_config
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import parse_config
 from evalpipe.documents.run_doc import NoiseFloorEntry
 from evalpipe.install import worker_import_dir
 from evalpipe.pipeline.plan import DEFAULT_ENV, make_plan, run_info, select_tasks

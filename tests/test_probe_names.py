@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 import evalpipe
-from evalpipe.config.run_config import ConfigError, Expectations
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.expectations import Expectations
 from evalpipe.probing import names as P
 from evalpipe.probing.names import ResolvedName, VariantNames, check_variant, checks_lines, probed_names, resolve
 

@@ -23,7 +23,7 @@ import pytest
 
 import evalpipe
 from evalpipe.compare.code_paths import VariantProbes, check_side, per_forward_counts
-from evalpipe.config.run_config import Expectations
+from evalpipe.config.expectations import Expectations
 from evalpipe.probes import SITE_DIR, SPEC_ENV
 from evalpipe.probes import record as R
 from evalpipe.probes.patching import MARK, counting, wrap

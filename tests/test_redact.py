@@ -23,7 +23,7 @@ import pytest
 from fakes import make_samples, mutate, set_token, write_run
 from rich.console import Console
 
-from evalpipe.config.run_config import parse_config
+from evalpipe.config.loading import parse_config
 from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
 from evalpipe.pipeline.plan import make_plan, run_info
@@ -107,7 +107,7 @@ def test_structures():
 
 def test_shipped_configs_lose_nothing_to_redaction(tmp_path):
     """No setting of the shipped configs looks like a credential: their run.json is unchanged."""
-    from evalpipe.config.run_config import load_config
+    from evalpipe.config.loading import load_config
 
     for path in sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")):
         plan = make_plan(load_config(path), str(path), "all", strict=False, output=str(tmp_path))
@@ -218,7 +218,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
 def test_history_redacts_a_run_json_written_before_redaction(tmp_path):
     """Run directories from older evalpipe versions hold unredacted settings; importing
     one into the history (and reporting on it) must not copy them."""
-    from evalpipe.config.run_config import Gates
+    from evalpipe.config.gate_settings import Gates
     from evalpipe.documents.comparison import ComparisonDocument
     from evalpipe.documents.run_doc import read_run_document
     from evalpipe.history.store import open_history

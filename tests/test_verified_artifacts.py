@@ -404,7 +404,7 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
 def test_a_run_holds_its_directory_until_it_returns(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from evalpipe.config.run_config import parse_config
+    from evalpipe.config.loading import parse_config
     from evalpipe.pipeline import runner
     from evalpipe.pipeline.plan import make_plan
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from evalpipe.config.errors import ConfigError
-from evalpipe.config.run_config import load_gates
+from evalpipe.config.loading import load_gates
 from evalpipe.config.yaml_source import MAX_EXPANDED_NODES, YamlRefused, load_yaml_text
 
 

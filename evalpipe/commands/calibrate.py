@@ -37,7 +37,9 @@ from evalpipe.compare.calibration import (
     summarize,
 )
 from evalpipe.compare.run import VariantComparison, compare_artifacts
-from evalpipe.config.run_config import ConfigError, RunConfig, Variant, load_config
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import load_config
+from evalpipe.config.run_config import RunConfig, Variant
 from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evalpipe.config.run_config import Gates, load_gates
+from evalpipe.config.gate_settings import Gates
+from evalpipe.config.loading import load_gates
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.errors import UserError
 from evalpipe.pipeline.comparing import compare_across_runs, print_written, read_run_info, report_run, verdict_exit_code, write_outputs

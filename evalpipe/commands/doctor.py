@@ -23,8 +23,8 @@ import httpx
 
 from evalpipe.cluster.checks import NodeFacts, devices_short, fits, gather, node_facts, unplaceable, version_problems
 from evalpipe.cluster.session import ClusterUnavailable, connect, describe_cluster, describe_nodes, describe_resources, disconnect, nodes
+from evalpipe.config.errors import ConfigError
 from evalpipe.config.ray_engine import ray_placed_engine
-from evalpipe.config.run_config import ConfigError
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.documents.worker_job import ServerJob
 from evalpipe.engine_patches.backend_choice import MARK as BACKEND_MARK

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.loading import load_config
 from evalpipe.errors import UserError
 from evalpipe.history import HistoryError
 from evalpipe.history.records import RunRecord, describe_what_ran, read_run

@@ -15,9 +15,10 @@ from rich.text import Text
 from evalpipe.cluster.session import describe_resources
 from evalpipe.commands.localize import localize_after_run
 from evalpipe.config.cluster import ClusterSettings
+from evalpipe.config.loading import load_config
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.ray_engine import ray_placed_engine
-from evalpipe.config.run_config import LaunchFields, RunConfig, load_config
+from evalpipe.config.run_config import LaunchFields, RunConfig
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label

@@ -25,7 +25,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
 from evalpipe.compare.scores import to_jsonable
 from evalpipe.compare.verdict import Status
-from evalpipe.config.run_config import Gates
+from evalpipe.config.gate_settings import Gates
 from evalpipe.gates import registry
 
 # the gates by family, in the calibration table's column order

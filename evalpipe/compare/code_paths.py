@@ -7,7 +7,7 @@ parent gathers a variant's records into ``<variant>/probes.json`` (:class:`Varia
 versioned). Here, with no file read or written:
 
 - :func:`check_side`: a variant's records against its expectations
-  (:class:`evalpipe.config.run_config.Expectations`): failures, or the evidence that holds;
+  (:class:`evalpipe.config.expectations.Expectations`): failures, or the evidence that holds;
 - :func:`profile`: what code a variant ran, as far as the probes see it (model and layer
   classes, functions called, collectives per forward pass);
 - :func:`judge_paths`: both sides of a comparison -> ``verified`` (each side's evidence
@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evalpipe.config.run_config import CountRange, Expectations, collective_key
+from evalpipe.config.expectations import CountRange, Expectations, collective_key
 from evalpipe.documents import comparison as schema
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 

@@ -43,7 +43,7 @@ import numpy as np
 from scipy import stats
 
 from evalpipe.compare.scores import to_jsonable
-from evalpipe.config.run_config import SIGN_FLIP_RESAMPLES
+from evalpipe.config.gate_settings import SIGN_FLIP_RESAMPLES
 from evalpipe.documents import comparison as schema
 
 EXACT_MAX_SAMPLES = 16

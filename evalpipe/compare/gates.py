@@ -20,7 +20,7 @@ Score gates (per task x metric, over the paired items; see :mod:`evalpipe.compar
 Together: equivalence bounds the size of the change, significance catches a
 consistent direction; neither alone says "same".
 
-Token gates (per task, each a :class:`evalpipe.config.run_config.Tolerance`)
+Token gates (per task, each a :class:`evalpipe.config.gate_settings.Tolerance`)
 
 The bound is ``max(floor, rel_aa x A/A value)``: the A/A comparison (the reference
 against its own re-run with another batch arrangement) measures how much the
@@ -74,7 +74,7 @@ from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow, to_jsonable
 from evalpipe.compare.token_results import TaskTokenSummary
-from evalpipe.config.run_config import AUTO, DistributionGates, Gates, Tolerance
+from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
 from evalpipe.documents import comparison as schema
 from evalpipe.gates import registry
 

@@ -42,7 +42,8 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
-from evalpipe.config.run_config import Expectations, Gates, margin_problem
+from evalpipe.config.expectations import Expectations
+from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
 from evalpipe.errors import UserError
 

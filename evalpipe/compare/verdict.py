@@ -27,7 +27,7 @@ from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.token_results import TaskTokenSummary
-from evalpipe.config.run_config import Gates
+from evalpipe.config.gate_settings import Gates
 from evalpipe.errors import ExitCode
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "

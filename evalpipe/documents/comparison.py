@@ -21,7 +21,7 @@ from typing import Final, Literal
 from pydantic import Field
 
 from evalpipe.atomic_files import write_text
-from evalpipe.config.run_config import Gates
+from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.base import Document, validated
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.errors import UserError

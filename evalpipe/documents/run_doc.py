@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from evalpipe.atomic_files import write_json
-from evalpipe.config.run_config import Expectations, Gates, aa_variant_name
+from evalpipe.config.expectations import Expectations
+from evalpipe.config.gate_settings import Gates
+from evalpipe.config.run_config import aa_variant_name
 from evalpipe.documents.base import Document, read_json_object, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.loading import load_config
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, write_nightly_document
 from evalpipe.errors import ExitCode, RunFailed, UserError
 from evalpipe.history import HistoryError

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.loading import load_config
 from evalpipe.errors import ExitCode, UserError
 
 # Most serious first: a config refused, a night that could not run, a regression, a night

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from evalpipe.config.run_config import load_config
+from evalpipe.config.loading import load_config
 from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
 from evalpipe.history.store import open_history

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evalpipe.config.run_config import ConfigError
+from evalpipe.config.errors import ConfigError
 from evalpipe.documents.manifest import read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
 from evalpipe.execution import launch

@@ -46,7 +46,8 @@ from evalpipe.compare.run import (
     with_margin,
 )
 from evalpipe.compare.verdict import Status
-from evalpipe.config.run_config import Expectations, Gates
+from evalpipe.config.expectations import Expectations
+from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.comparison import write_comparison
 from evalpipe.documents.localization import LocalizeDocument, read_localizations
 from evalpipe.documents.manifest import read_manifest

@@ -25,7 +25,8 @@ from rich.markup import escape
 
 from evalpipe.compare.localize import Boundaries, Localization, Side, localize
 from evalpipe.compare.targets import Target, choose_targets
-from evalpipe.config.run_config import ConfigError, RunConfig
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.run_config import RunConfig
 from evalpipe.documents import localization as schema
 from evalpipe.documents.captures import read_captures
 from evalpipe.documents.comparison import read_comparison

@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.engine_args import check_values
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.expectations import Expectations
+from evalpipe.config.merge import deep_merge
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.ray_engine import held_devices_problem
-from evalpipe.config.run_config import ConfigError, Expectations, Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name, deep_merge
+from evalpipe.config.run_config import Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
 from evalpipe.install import code_version, worker_import_dir

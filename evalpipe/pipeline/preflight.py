@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from evalpipe.config.engine_args import EngineArgError, check_plan
-from evalpipe.config.run_config import ConfigError
+from evalpipe.config.errors import ConfigError
 from evalpipe.errors import UserError
 from evalpipe.paths import data_dir
 from evalpipe.pipeline.plan import RunPlan

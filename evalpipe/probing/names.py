@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from evalpipe.config.run_config import ConfigError, Expectations
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.expectations import Expectations
 from evalpipe.paths import cache_dir
 from evalpipe.probes import resolve as lookup
 from evalpipe.probes.resolve import MARK

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from evalpipe.config.run_config import ConfigError
+from evalpipe.config.errors import ConfigError
 
 LOCK_FILE = ".lock"
 _held: dict[str, list[int]] = {}  # real path -> [fd, holds]

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evalpipe.config.run_config import ConfigError
+from evalpipe.config.errors import ConfigError
 from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.manifest import VariantManifest, read_manifest
 from evalpipe.documents.run_doc import Attempt, RunDocument, VariantStatus, read_run_document
