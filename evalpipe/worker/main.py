@@ -17,6 +17,7 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -195,225 +196,276 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
     return rows, tokens
 
 
-def run(job: WorkerJob, events: Events) -> int:
-    out = artifacts.VariantDir(Path(job.output_dir))
-    started = time.time()
-    timings: dict[str, float] = {}
-    manifest = VariantManifest(
-        variant=job.variant,
-        status="running",
-        python=sys.executable,
-        argv=sys.argv,
-        env=artifacts.redact_env(dict(os.environ), also=job.secret_env),
-        engine_kind=job.engine_kind,
-        launch_mode=job.launch_mode,
-        engine_args=job.engine_args,
-        versions=software_versions(),
-        hardware=Hardware.model_validate(hardware()),
-        started_at=started,
-    )
-    journal: RequestJournal | None = None  # the engine's, once it is built
+class _Failed(Exception):
+    """A phase ended the variant: its exit code and sentence; ``kind`` set when the phase has
+    not said so on the event stream yet."""
 
-    def save_manifest(**update: Any) -> None:
-        nonlocal manifest
+    def __init__(self, code: int, message: str, kind: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.code, self.message, self.kind, self.extra = code, message, kind, extra
+
+
+@dataclass
+class _Collected:
+    """What the tasks produced: lm-eval's results, the sample rows, the generated tokens."""
+
+    results: dict[str, Any]
+    rows: list[dict]
+    tokens: dict[str, list]
+
+
+class _VariantRun:
+    """One variant's worker run: its directory, the manifest as written so far, its timings,
+    and the phases in the order run() calls them."""
+
+    def __init__(self, job: WorkerJob, events: Events):
+        self.job, self.events = job, events
+        self.out = artifacts.VariantDir(Path(job.output_dir))
+        self.started = time.time()
+        self.timings: dict[str, float] = {}
+        self.journal: RequestJournal | None = None  # the engine's, once it is built
+        self.manifest = VariantManifest(
+            variant=job.variant,
+            status="running",
+            python=sys.executable,
+            argv=sys.argv,
+            env=artifacts.redact_env(dict(os.environ), also=job.secret_env),
+            engine_kind=job.engine_kind,
+            launch_mode=job.launch_mode,
+            engine_args=job.engine_args,
+            versions=software_versions(),
+            hardware=Hardware.model_validate(hardware()),
+            started_at=self.started,
+        )
+        self.save_manifest()
+
+    def save_manifest(self, **update: Any) -> None:
         # engine args, the server's URL and error messages come from the config: the same
         # redaction as run.json (job.json alone keeps the real values). Only those fields: a
         # task named like a credential must not turn its timing into a string.
-        data = VariantManifest.model_validate({**manifest.model_dump(), **update}).model_dump(mode="json")
-        data.update({k: redact(data[k], job.secret_env) for k in FROM_THE_CONFIG if data[k] is not None})
-        manifest = VariantManifest.model_validate(data)
-        write_manifest(out.manifest, manifest)
+        data = VariantManifest.model_validate({**self.manifest.model_dump(), **update}).model_dump(mode="json")
+        data.update({k: redact(data[k], self.job.secret_env) for k in FROM_THE_CONFIG if data[k] is not None})
+        self.manifest = VariantManifest.model_validate(data)
+        write_manifest(self.out.manifest, self.manifest)
 
-    save_manifest()
-
-    def finish(status: Literal["ok", "failed"], code: int, **extra: Any) -> int:
+    def finish(self, status: Literal["ok", "failed"], code: int, **extra: Any) -> int:
         if status == "ok":
             # size, sha256 and rows of every file compare, the history and a resume will
             # read, so they can tell a file altered after this point (evalpipe.rundir.integrity)
             t0 = time.time()
-            extra[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(out)
-            timings["checksums_s"] = time.time() - t0
-        if journal is not None and manifest.engine is not None:  # teacher forcing's requests included
-            extra["engine"] = manifest.engine.model_copy(update={"journal": journal.summary()})
-        save_manifest(status=status, timings=timings, finished_at=time.time(), **extra)
+            extra[integrity.ARTIFACTS_KEY] = integrity.describe_artifacts(self.out)
+            self.timings["checksums_s"] = time.time() - t0
+        if self.journal is not None and self.manifest.engine is not None:  # teacher forcing's requests included
+            extra["engine"] = self.manifest.engine.model_copy(update={"journal": self.journal.summary()})
+        self.save_manifest(status=status, timings=self.timings, finished_at=time.time(), **extra)
         return code
 
-    # 1. Resolve tasks before the (slow) engine start so bad names fail fast: hub-only
-    # long-context tasks are checked for local data (DataUnavailable) and RULER's items
-    # are generated here (RulerTooShort), both user errors.
-    events.emit("stage", stage="tasks", message="resolving tasks")
-    try:
-        engine_args = job.engine_args
-        generated = task_lookup.LongCtxData(
-            str(engine_args.get("tokenizer") or engine_args["model"]), job.longctx, seed=job.seed
-        )
-        task_cfgs = []
-        for spec in job.tasks:
-            if is_generated_ruler(spec["task"]):
-                events.emit("stage", stage="tasks", message=f"generating {spec['task']} items with the model's tokenizer")
-            task_cfgs.append(task_lookup.task_config(spec, Path(job.data_dir), generated=generated))
-    except (UserError, FileNotFoundError) as err:
-        events.emit("error", kind="user", message=str(err))
-        return finish("failed", ExitCode.USER_ERROR, error=str(err))
+    def failed(self, f: _Failed) -> int:
+        if f.kind is not None:
+            self.events.emit("error", kind=f.kind, message=f.message)
+        return self.finish("failed", f.code, error=f.message, **f.extra)
 
-    save_manifest(data_files=data_file_hashes(task_cfgs))
+    def done(self, **extra: Any) -> int:
+        self.timings["total_s"] = time.time() - self.started
+        code = self.finish("ok", ExitCode.OK, **extra)
+        self.events.emit("done", seconds=self.timings["total_s"])
+        return code
 
-    # 2. One engine for every task of this variant.
-    events.emit("stage", stage="engine", message="starting engine")
-    t0 = time.time()
-    try:
+    def resolve_tasks(self) -> list:
+        """Before the (slow) engine start, so that bad names fail fast: hub-only long-context
+        tasks are checked for local data (DataUnavailable) and RULER's items are generated
+        here (RulerTooShort), both user errors."""
+        job, events = self.job, self.events
+        events.emit("stage", stage="tasks", message="resolving tasks")
+        try:
+            generated = task_lookup.LongCtxData(
+                str(job.engine_args.get("tokenizer") or job.engine_args["model"]), job.longctx, seed=job.seed
+            )
+            task_cfgs = []
+            for spec in job.tasks:
+                if is_generated_ruler(spec["task"]):
+                    events.emit("stage", stage="tasks", message=f"generating {spec['task']} items with the model's tokenizer")
+                task_cfgs.append(task_lookup.task_config(spec, Path(job.data_dir), generated=generated))
+        except (UserError, FileNotFoundError) as err:
+            raise _Failed(ExitCode.USER_ERROR, str(err), kind="user") from None
+        self.save_manifest(data_files=data_file_hashes(task_cfgs))
+        return task_cfgs
+
+    def start_engine(self) -> tuple[Engine, engine_choice.EngineEntry]:
+        """One engine for every task of this variant."""
+        job, events = self.job, self.events
+        events.emit("stage", stage="engine", message="starting engine")
+        t0 = time.time()
+
         def waiting(seconds: float) -> None:
             if int(seconds) % 10 == 0:
                 events.emit("stage", stage="engine", message=f"waiting for the server at {job.server.url if job.server else ''} ({seconds:.0f}s)")
 
-        journal_path = out.root / job.journal if job.journal else None
-        chosen = engine_choice.choose(job.engine_kind)
-        if chosen.banner is not None:
-            events.emit("stage", stage="engine", message=chosen.banner)
-        engine: Engine = engine_choice.build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
-    except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
-        events.emit("error", kind="user", message=str(err))
-        return finish("failed", ExitCode.USER_ERROR, error=str(err))
-    except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
-        traceback.print_exc()
-        msg = f"engine failed to start: {type(err).__name__}: {err} (see {out.engine_log})"
-        events.emit("error", kind="engine", message=msg)
-        return finish("failed", ExitCode.FAILED, error=msg)
-    timings["engine_start_s"] = time.time() - t0
-    journal = getattr(engine, "journal", None)
-    if journal is not None and journal.loaded:
-        events.emit("stage", stage="engine", message=f"request journal: {journal.loaded} answers kept from an earlier attempt")
-    if job.engine_kind == "offline":
-        save_manifest(engine=engine.info())
-        events.emit("stage", stage="engine_ready", message=f"engine ready in {timings['engine_start_s']:.1f}s")
+        try:
+            journal_path = self.out.root / job.journal if job.journal else None
+            chosen = engine_choice.choose(job.engine_kind)
+            if chosen.banner is not None:
+                events.emit("stage", stage="engine", message=chosen.banner)
+            engine: Engine = engine_choice.build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
+        except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
+            raise _Failed(ExitCode.USER_ERROR, str(err), kind="user") from None
+        except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way
+            traceback.print_exc()
+            raise _Failed(ExitCode.FAILED, f"engine failed to start: {type(err).__name__}: {err} (see {self.out.engine_log})",
+                          kind="engine") from None
+        self.timings["engine_start_s"] = time.time() - t0
+        self.journal = getattr(engine, "journal", None)
+        if self.journal is not None and self.journal.loaded:
+            events.emit("stage", stage="engine", message=f"request journal: {self.journal.loaded} answers kept from an earlier attempt")
+        if job.engine_kind == "offline":
+            self.save_manifest(engine=engine.info())
+            events.emit("stage", stage="engine_ready", message=f"engine ready in {self.timings['engine_start_s']:.1f}s")
+        return engine, chosen
 
-    if job.localize is not None:
-        code, error = _localize_phase(job.localize, engine, events, timings)
+    def localize(self, localize: LocalizeJob, engine: Engine) -> int:
+        code, error = _localize_phase(localize, engine, self.events, self.timings)
         engine.close()
         if code != ExitCode.OK:
-            return finish("failed", code, error=error)
-        timings["total_s"] = time.time() - started
-        code = finish("ok", ExitCode.OK, n_samples=len(job.localize.sequences))
-        events.emit("done", seconds=timings["total_s"])
-        return code
+            raise _Failed(code, error or "localize failed")
+        return self.done(n_samples=len(localize.sequences))
 
-    # lm_eval (also behind worker.lm) takes seconds to import: a job refused for its
-    # version, its tasks or its data is answered before it
-    from lm_eval import evaluator, simple_evaluate
+    def run_tasks(self, engine: Engine, chosen: engine_choice.EngineEntry, task_cfgs: list) -> tuple[_Collected, Any]:
+        """Every task through lm-eval with the capturing LM; returns what they produced and the LM."""
+        job, events = self.job, self.events
+        # lm_eval (also behind worker.lm) takes seconds to import: a job refused for its
+        # version, its tasks or its data is answered before it
+        from lm_eval import evaluator, simple_evaluate
 
-    from evalpipe.worker.lm import CapturingLM  # noqa: PLC0415 - lm_eval, see above
+        from evalpipe.worker.lm import CapturingLM  # noqa: PLC0415 - lm_eval, see above
 
-    # lm-eval's report of the environment (torch's collect_env: `pip list` and other
-    # subprocesses, some 2 s a worker) lands in the part of its output results.json does not
-    # keep (see `results` below); the manifest records the versions that matter instead
-    evaluator.add_env_info = lambda storage: None
-    torch_seed = job.seed if chosen.seeds_torch else None
-    current = {"task": ""}
-    lm = CapturingLM(
-        engine,
-        topk=job.topk,
-        progress=lambda phase, done, total: events.progress(current["task"], phase, done, total),
-        reverse_order=job.reverse_order,
-    )
-    all_rows: list[dict] = []
-    all_tokens: dict[str, list] = {}
-    results: dict[str, Any] = {"results": {}, "configs": {}, "versions": {}, "n-samples": {}, "higher_is_better": {}}
-    generation_s = 0.0
-    requests_s = 0.0  # the task phase from each task's first request on (lm-eval's request building excluded)
-    for spec, cfg in zip(job.tasks, task_cfgs):
-        current["task"] = spec["task"]
-        events.emit("stage", stage="task", task=spec["task"], message=f"running {spec['task']}")
-        waited_before = getattr(engine, "ready_wait_s", None)
-        lm.first_request_at = None
-        t0 = time.time()
-        try:
-            out_eval = simple_evaluate(
-                model=lm,
-                tasks=[cfg],
-                limit=spec.get("limit"),
-                task_manager=task_manager(names=[spec["task"]]),
-                log_samples=True,
-                bootstrap_iters=1000,
-                random_seed=job.seed,
-                numpy_random_seed=job.seed,
-                torch_random_seed=torch_seed,
-                fewshot_random_seed=job.seed,
-            )
-        except Exception as err:  # noqa: BLE001
-            traceback.print_exc()
-            text = str(err)
-            if "Couldn't reach" in text or "offline" in text.lower() or "ConnectionError" in type(err).__name__:
-                msg = (
-                    f"task `{spec['task']}` needs a data set that is not available offline ({text.splitlines()[0]}); "
-                    "point the task at local files with `data_files:` in the run config."
+        # lm-eval's report of the environment (torch's collect_env: `pip list` and other
+        # subprocesses, some 2 s a worker) lands in the part of its output results.json does not
+        # keep (see `results` below); the manifest records the versions that matter instead
+        evaluator.add_env_info = lambda storage: None
+        torch_seed = job.seed if chosen.seeds_torch else None
+        current = {"task": ""}
+        lm = CapturingLM(
+            engine,
+            topk=job.topk,
+            progress=lambda phase, done, total: events.progress(current["task"], phase, done, total),
+            reverse_order=job.reverse_order,
+        )
+        collected = _Collected(results={"results": {}, "configs": {}, "versions": {}, "n-samples": {}, "higher_is_better": {}},
+                               rows=[], tokens={})
+        generation_s = 0.0
+        requests_s = 0.0  # the task phase from each task's first request on (lm-eval's request building excluded)
+        for spec, cfg in zip(job.tasks, task_cfgs):
+            current["task"] = spec["task"]
+            events.emit("stage", stage="task", task=spec["task"], message=f"running {spec['task']}")
+            waited_before = getattr(engine, "ready_wait_s", None)
+            lm.first_request_at = None
+            t0 = time.time()
+            try:
+                out_eval = simple_evaluate(
+                    model=lm,
+                    tasks=[cfg],
+                    limit=spec.get("limit"),
+                    task_manager=task_manager(names=[spec["task"]]),
+                    log_samples=True,
+                    bootstrap_iters=1000,
+                    random_seed=job.seed,
+                    numpy_random_seed=job.seed,
+                    torch_random_seed=torch_seed,
+                    fewshot_random_seed=job.seed,
                 )
-                events.emit("error", kind="user", message=msg)
-                return finish("failed", ExitCode.USER_ERROR, error=msg)
-            msg = f"task `{spec['task']}` failed: {type(err).__name__}: {text.splitlines()[0] if text else ''} (see {out.engine_log})"
-            events.emit("error", kind="run", message=msg)
-            return finish("failed", ExitCode.FAILED, error=msg)
-        elapsed = time.time() - t0
-        waited = getattr(engine, "ready_wait_s", None)
-        if waited_before is None and waited is not None:
-            elapsed -= waited  # the server was still starting: engine start, not task time
-        generation_s += elapsed
-        if lm.first_request_at is not None:
-            requests_s += time.time() - lm.first_request_at
-        timings[f"task:{spec['task']}_s"] = elapsed
-        for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
-            results[key].update(out_eval.get(key) or {})
-        for task_name, logged in (out_eval.get("samples") or {}).items():
-            rows, toks = sample_rows(task_name, logged, lm.captures)
-            all_rows += rows
-            for k, v in toks.items():
-                all_tokens.setdefault(k, []).extend(v)
-        metrics = {k: v for k, v in (out_eval["results"].get(spec["task"]) or {}).items() if isinstance(v, (int, float))}
-        events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                raise _task_failure(spec["task"], err, self.out.engine_log) from None
+            elapsed = time.time() - t0
+            waited = getattr(engine, "ready_wait_s", None)
+            if waited_before is None and waited is not None:
+                elapsed -= waited  # the server was still starting: engine start, not task time
+            generation_s += elapsed
+            if lm.first_request_at is not None:
+                requests_s += time.time() - lm.first_request_at
+            self.timings[f"task:{spec['task']}_s"] = elapsed
+            for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
+                collected.results[key].update(out_eval.get(key) or {})
+            for task_name, logged in (out_eval.get("samples") or {}).items():
+                rows, toks = sample_rows(task_name, logged, lm.captures)
+                collected.rows += rows
+                for k, v in toks.items():
+                    collected.tokens.setdefault(k, []).extend(v)
+            metrics = {k: v for k, v in (out_eval["results"].get(spec["task"]) or {}).items() if isinstance(v, (int, float))}
+            events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
+        self.timings["tasks_s"] = generation_s
+        self.timings["engine_calls_s"] = lm.engine_seconds
+        self.timings["tokenize_s"] = lm.tokenize_seconds
+        self.timings["requests_s"] = requests_s
+        return collected, lm
 
-    if manifest.engine is None:  # a server: asked at its first request, what it says about itself
-        info = engine.info()
-        manifest = manifest.model_copy(update={"engine": info})
-        timings["engine_start_s"] = float(info.ready_wait_s or 0.0)
-    truncated = sum(c.truncated_prompt for c in lm.captures.values())
-    if truncated:
-        # Left-truncated prompts are still compared, but a reader should know.
-        events.emit("stage", stage="warning", message=f"{truncated} prompts were longer than max_model_len - max_gen_toks and lost their beginning")
-    manifest = manifest.model_copy(update={"truncated_prompts": truncated})
-    timings["tasks_s"] = generation_s
-    timings["engine_calls_s"] = lm.engine_seconds
-    timings["tokenize_s"] = lm.tokenize_seconds
-    timings["requests_s"] = requests_s
-    results["sampling_overridden"] = sorted(lm.sampling_overridden)
-    if not all_tokens:
-        all_tokens = {name: [] for name in artifacts.TOKENS_REQUIRED}
-    all_tokens["token_text"] = decode_each(engine, all_tokens["token_id"])
-    samples_table = artifacts.samples_table(all_rows)
-    tokens_table = artifacts.tokens_table(all_tokens)
-    # Finished results go to disk before teacher forcing, which can still fail.
-    artifacts.write_json(out.results, results)
-    artifacts.write_table(out.samples, samples_table)
-    artifacts.write_table(out.tokens, tokens_table)
+    def write_outputs(self, engine: Engine, collected: _Collected, lm: Any) -> tuple[Any, Any]:
+        """results.json, samples.parquet and tokens.parquet: on disk before teacher forcing,
+        which can still fail."""
+        if self.manifest.engine is None:  # a server: asked at its first request, what it says about itself
+            info = engine.info()
+            self.manifest = self.manifest.model_copy(update={"engine": info})
+            self.timings["engine_start_s"] = float(info.ready_wait_s or 0.0)
+        truncated = sum(c.truncated_prompt for c in lm.captures.values())
+        if truncated:
+            # Left-truncated prompts are still compared, but a reader should know.
+            self.events.emit("stage", stage="warning", message=f"{truncated} prompts were longer than max_model_len - max_gen_toks and lost their beginning")
+        self.manifest = self.manifest.model_copy(update={"truncated_prompts": truncated})
+        collected.results["sampling_overridden"] = sorted(lm.sampling_overridden)
+        tokens = collected.tokens or {name: [] for name in artifacts.TOKENS_REQUIRED}
+        tokens["token_text"] = decode_each(engine, tokens["token_id"])
+        samples_table = artifacts.samples_table(collected.rows)
+        tokens_table = artifacts.tokens_table(tokens)
+        artifacts.write_json(self.out.results, collected.results)
+        artifacts.write_table(self.out.samples, samples_table)
+        artifacts.write_table(self.out.tokens, tokens_table)
+        return samples_table, tokens_table
 
-    teacher = job.teacher
-    if teacher.enabled:
-        code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
-                                     source_dir=teacher.reference_dir, target=out.teacher, timing="teacher_s")
+    def teacher_force(self, engine: Engine, samples_table: Any, tokens_table: Any, n_samples: int) -> None:
+        job, teacher = self.job, self.job.teacher
+        if not teacher.enabled:
+            return
+        code, error = _teacher_phase(job, teacher, engine, samples_table, tokens_table, self.out, self.events, self.timings,
+                                     source_dir=teacher.reference_dir, target=self.out.teacher, timing="teacher_s")
         if code == ExitCode.OK and teacher.baseline_dir:
             # nightly: the baseline night's reference sequences too, so that tonight and the
             # baseline night are compared on the same forced tokens
             # (optional evidence: when it cannot be made the night is still judged, without it)
-            extra, why = _teacher_phase(job, teacher, engine, samples_table, tokens_table, out, events, timings,
-                                        source_dir=teacher.baseline_dir, target=out.teacher_baseline,
+            extra, why = _teacher_phase(job, teacher, engine, samples_table, tokens_table, self.out, self.events, self.timings,
+                                        source_dir=teacher.baseline_dir, target=self.out.teacher_baseline,
                                         timing="teacher_baseline_s")
             if extra != ExitCode.OK:
-                events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
+                self.events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
         if code != ExitCode.OK:
-            return finish("failed", code, error=error, n_samples=len(all_rows))
+            raise _Failed(code, error or "teacher forcing failed", n_samples=n_samples)
+
+
+def _task_failure(task: str, err: Exception, engine_log: Path) -> _Failed:
+    text = str(err)
+    if "Couldn't reach" in text or "offline" in text.lower() or "ConnectionError" in type(err).__name__:
+        return _Failed(ExitCode.USER_ERROR, f"task `{task}` needs a data set that is not available offline "
+                       f"({text.splitlines()[0]}); point the task at local files with `data_files:` in the run config.",
+                       kind="user")
+    return _Failed(ExitCode.FAILED, f"task `{task}` failed: {type(err).__name__}: {text.splitlines()[0] if text else ''} "
+                   f"(see {engine_log})", kind="run")
+
+
+def run(job: WorkerJob, events: Events) -> int:
+    """The variant's phases: tasks resolved, the engine started, then either localize's
+    captures or every task, its artifacts and teacher forcing."""
+    variant = _VariantRun(job, events)
+    try:
+        task_cfgs = variant.resolve_tasks()
+        engine, chosen = variant.start_engine()
+        if job.localize is not None:
+            return variant.localize(job.localize, engine)
+        collected, lm = variant.run_tasks(engine, chosen, task_cfgs)
+        samples_table, tokens_table = variant.write_outputs(engine, collected, lm)
+        variant.teacher_force(engine, samples_table, tokens_table, len(collected.rows))
+    except _Failed as failure:
+        return variant.failed(failure)
     engine.close()
-    timings["total_s"] = time.time() - started
-    code = finish("ok", ExitCode.OK, n_samples=len(all_rows))
-    events.emit("done", seconds=timings["total_s"])
-    return code
+    return variant.done(n_samples=len(collected.rows))
 
 
 def wait_for_reference(reference_dir: Path, events: Events, poll_s: float = 1.0) -> None:
