@@ -57,7 +57,7 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
     )
     check_time_limits(timeout, stall_timeout)
     if not dry_run:
-        code = execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout)
+        code = execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout).exit_code
         if code == ExitCode.DIVERGENT and plan.config.localize.when == "auto":
             localize_after_run(plan.run_dir, console)
         return code

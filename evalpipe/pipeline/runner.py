@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -50,8 +52,18 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
     return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """A run that ended with a verdict (or with nothing to compare): its directory, its
+    run.json as saved last, and the exit code it earns. A run that failed raises instead."""
+
+    run_dir: Path
+    document: RunDocument
+    exit_code: int
+
+
 def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
-            extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None) -> int:
+            extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None) -> RunResult:
     """Run the plan; the run (finished or failed) is then recorded in the history
     database unless ``record`` is false (`nightly` records and judges it itself).
     ``extra_info``: more run.json fields (nightly: its kind and the components CI named).
@@ -88,7 +100,7 @@ def record_in_history(plan: RunPlan, console: Console) -> None:
 
 
 def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None,
-             names: dict[str, VariantNames]) -> int:
+             names: dict[str, VariantNames]) -> RunResult:
 
     rd = artifacts.RunDir(plan.run_dir)
     info, kept = open_run_dir(rd, run_info(plan, **(extra_info or {})))
@@ -157,11 +169,11 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
     compared = [v.name for v in plan.variants if v.name not in failures]
     if len(compared) - len(essential & set(compared)) < 1:
         if failures:
-            return _fail_run(info, failures, save)
+            _fail_run(info, failures, save)
         save(status="ok", verdict=None)
         aa = next((v.name for v in plan.variants if v.aa_of), None)
         console.print(f"[bold yellow]INCONCLUSIVE[/] {escape(nothing_compared(plan.variants[0].name, aa))}", soft_wrap=True)
-        return ExitCode.INCONCLUSIVE
+        return RunResult(rd.root, info, ExitCode.INCONCLUSIVE)
     try:
         verdict_code, info = report_run(rd.root, console, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
@@ -177,7 +189,9 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                    f"them failed ({reason}); once that is fixed, retry with `evalpipe compare {rd.root}`.")
         save(status="failed", verdict=None, error=message, **({"failed_variants": list(failures)} if failures else {}))
         raise RunFailed(message) from None  # a run that ended without its verdict: exit 3
-    return _fail_run(info, failures, save) if failures else verdict_code
+    if failures:
+        _fail_run(info, failures, save)
+    return RunResult(rd.root, info, verdict_code)
 
 
 def nothing_compared(reference: str, aa: str | None) -> str:
@@ -209,7 +223,7 @@ def _run_here(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names:
         stop_unneeded(servers, [])
 
 
-def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save) -> int:
+def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save: Callable[..., None]) -> NoReturn:
     """Mark the run failed (after whatever could be compared was written) and raise."""
     names = ", ".join(failures)
     first_error, _ = next(iter(failures.values()))
