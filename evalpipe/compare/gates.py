@@ -68,53 +68,25 @@ reference's own re-run and bound both orders alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Final, Iterable, Mapping, Sequence
 
 from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.numerics import Numerics
-from evalpipe.compare.scores import ScoreRow, to_jsonable
+from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.token_results import TaskTokenSummary
 from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
-from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import GateResult, GateStatus
 from evalpipe.gates import registry
 
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+PASS: Final = "pass"
+FAIL: Final = "fail"
+SKIP: Final = "skip"
 SCORE_GATES = registry.names("scores")
 DISTRIBUTION_GATES = registry.names("distributional")
 # Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
 POINTERS_IN_DETAIL = 3
 NO_TEACHER = "no teacher-forced data (teacher.parquet missing on one side)"
 NO_TEACHER_TASK = "no teacher-forced data for this task (teacher.parquet has no rows for it)"
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """One gate of one task (score gates: of one task x metric).
-
-    ``aa_value`` is the same measure in the A/A comparison (token gates only);
-    ``evidence`` lists item ids / positions ("doc 3 repeat 0 pos 12") to look at.
-    """
-
-    gate: str
-    task: str
-    metric: str | None
-    status: str
-    measured: float | None
-    threshold: float | None
-    aa_value: float | None
-    detail: str
-    evidence: tuple[str, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        return self.status == FAIL
-
-    @property
-    def skipped(self) -> bool:
-        return self.status == SKIP
-
-    def document(self) -> schema.GateResult:
-        return schema.GateResult.model_validate(to_jsonable(self))
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,14 +171,15 @@ def _check_row_settings(row: ScoreRow, gates: Gates) -> None:
 def _score_gate(
     row: ScoreRow,
     gate: str,
-    status: str,
+    status: GateStatus,
     measured: float | None,
     threshold: float | None,
     text: str,
     evidence: tuple[str, ...] = (),
 ) -> GateResult:
     detail = f"{row.task} {row.metric} {gate}: {text}"
-    return GateResult(gate, row.task, row.metric, status, measured, threshold, None, detail, evidence)
+    return GateResult(gate=gate, task=row.task, metric=row.metric, status=status, measured=measured, threshold=threshold,
+                      aa_value=None, detail=detail, evidence=evidence)
 
 
 def _identical_row(row: ScoreRow, gate: str, measured: float, threshold: float) -> GateResult:
@@ -360,16 +333,16 @@ def token_gate(
     bound = tol.bound(aa_value, floor)
     head = f"{task} {m.gate}:"
     if t is None:
-        return GateResult(m.gate, task, None, SKIP, None, bound, aa_value, f"{head} skipped, {missing}")
+        return GateResult(gate=m.gate, task=task, metric=None, status=SKIP, measured=None, threshold=bound, aa_value=aa_value, detail=f"{head} skipped, {missing}")
     measured, why = m.value(t)
     if measured is None:
-        return GateResult(m.gate, task, None, SKIP, None, bound, aa_value, f"{head} skipped, {why}")
+        return GateResult(gate=m.gate, task=task, metric=None, status=SKIP, measured=None, threshold=bound, aa_value=aa_value, detail=f"{head} skipped, {why}")
     evidence = m.evidence(t) if measured > 0 else ()
     failed = measured > bound
     text = f"{head} {_num(measured)} {'>' if failed else '<='} {_num(bound)} ({_bound_text(tol, aa_value, floor, numerics)})"
     if failed:
         text += _pointer(m.label, evidence, int(measured) if m.is_count else None)
-    return GateResult(m.gate, task, None, FAIL if failed else PASS, measured, bound, aa_value, text, evidence)
+    return GateResult(gate=m.gate, task=task, metric=None, status=FAIL if failed else PASS, measured=measured, threshold=bound, aa_value=aa_value, detail=text, evidence=evidence)
 
 
 # ---------------------------------------------------------------------------
@@ -389,10 +362,10 @@ def distribution_gate(
     floor_text = _floor_text(setting, floor, numerics)
     head = f"{task} {gate}:"
     if test is None:
-        return GateResult(gate, task, None, SKIP, None, floor, None, f"{head} skipped, {missing}")
+        return GateResult(gate=gate, task=task, metric=None, status=SKIP, measured=None, threshold=floor, aa_value=None, detail=f"{head} skipped, {missing}")
     if test.n_samples < 2:
         why = f"{test.n_samples} sample(s) with teacher-forced positions paired with the A/A run; the test needs 2"
-        return GateResult(gate, task, None, SKIP, None, floor, None, f"{head} skipped, {why}")
+        return GateResult(gate=gate, task=task, metric=None, status=SKIP, measured=None, threshold=floor, aa_value=None, detail=f"{head} skipped, {why}")
     effect = test.estimate
     significant = test.p_value < cfg.alpha
     relevant = abs(effect) > floor
@@ -408,7 +381,7 @@ def distribution_gate(
     if test.aa_position_sd:
         text += f"; {_num(abs(effect) / test.aa_position_sd)} x one position's A/A spread"
     text += ")"
-    return GateResult(gate, task, None, FAIL if failed else PASS, effect, floor, test.aa_position_sd, text)
+    return GateResult(gate=gate, task=task, metric=None, status=FAIL if failed else PASS, measured=effect, threshold=floor, aa_value=test.aa_position_sd, detail=text)
 
 
 def distribution_gates(

@@ -92,7 +92,7 @@ class VariantComparison:
             metrics_only_b=list(self.scores.metrics_only_b),
             tokens=[t.document() for t in self.tokens.summaries],
             teacher=None if self.teacher is None else [t.document() for t in self.teacher.summaries],
-            gates=[g.document() for g in self.verdict.gates],
+            gates=list(self.verdict.gates),
             numerics=self.numerics.document(),
             distribution=None if self.shifts is None else [t.document() for t in self.shifts],
             outputs_status=None if self.verdict.outputs is None else self.verdict.outputs.value,

@@ -192,7 +192,11 @@ class TokenSummary(Document):
 
 
 class GateResult(Document):
-    """One gate of one task (compare.gates.GateResult)."""
+    """One gate of one task (score gates: of one task x metric), as compare.gates measures it.
+
+    ``aa_value`` is the same measure in the A/A comparison (token gates) or one position's
+    A/A spread (distributional gates); ``evidence`` lists item ids / positions ("doc 3
+    repeat 0 pos 12") to look at."""
 
     gate: str
     task: str
@@ -202,7 +206,15 @@ class GateResult(Document):
     threshold: float | None
     aa_value: float | None
     detail: str
-    evidence: list[str]
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+    @property
+    def skipped(self) -> bool:
+        return self.status == "skip"
 
 
 class NumericsDoc(Document):
