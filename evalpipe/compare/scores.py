@@ -4,7 +4,7 @@ The per-item vectors are kept in :class:`PairedScores`; :class:`ScoreRow` is the
 JSON-ready summary that the verdict and the reports consume. Each row carries the
 paired statistics of :mod:`evalpipe.compare.stats` (SEs, the t interval of the
 difference, McNemar's exact test for 0/1 metrics, TOST against ``margin``, the minimum
-detectable difference) and the items whose score changed (:class:`FlippedItem`).
+detectable difference) and the items whose score changed (documents.comparison.FlippedItem).
 
 Items are independent unless the samples table has a ``cluster`` column (long-context
 tasks ask several questions about one document); then the SEs are cluster-robust.
@@ -22,9 +22,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+from pydantic import BaseModel
 
 from evalpipe.compare import stats
 from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import FlippedItem
 from evalpipe.errors import UserError
 from evalpipe.rundir.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
 
@@ -48,6 +50,8 @@ def to_jsonable(obj: Any) -> Any:
     """Plain JSON values: numpy scalars -> Python, NaN/inf -> None, tuples -> lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, BaseModel):  # a document model built here: its values, as plain as the rest
+        return to_jsonable(obj.model_dump())
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -246,34 +250,10 @@ class ScoreRow:
     equivalent: bool = False
     mdd: float | None = None
     n_flipped: int = 0
-    flipped: tuple["FlippedItem", ...] = ()
+    flipped: tuple[FlippedItem, ...] = ()
 
     def document(self) -> schema.ScoreRow:
         return schema.ScoreRow.model_validate(to_jsonable(self))
-
-
-@dataclass(frozen=True)
-class FlippedItem:
-    """One item whose score differs between A and B (for 0/1 metrics: a McNemar discordant pair).
-
-    ``question`` is the prompt's last question (text after the final "Question:", else
-    its last 200 characters); ``answer_a``/``answer_b`` the filtered answers of the
-    metric's filter (``answer:<filter>`` columns) when the samples have them.
-    """
-
-    doc_id: int
-    repeat: int
-    score_a: float
-    score_b: float
-    question: str | None
-    target: str | None
-    response_a: str | None
-    response_b: str | None
-    answer_a: str | None = None
-    answer_b: str | None = None
-
-    def document(self) -> schema.FlippedItem:
-        return schema.FlippedItem.model_validate(to_jsonable(self))
 
 
 def _clip(text: str | None, limit: int) -> str | None:
@@ -326,7 +306,7 @@ class PairedScores:
         return stats.paired_difference(self.a[both], self.b[both], clusters=clusters, conf=conf)
 
     def summary(
-        self, margin: float = DEFAULT_MARGIN, flipped: Sequence["FlippedItem"] = (), alpha: float = ALPHA
+        self, margin: float = DEFAULT_MARGIN, flipped: Sequence[FlippedItem] = (), alpha: float = ALPHA
     ) -> ScoreRow:
         va, vb = ~np.isnan(self.a), ~np.isnan(self.b)
         both = va & vb

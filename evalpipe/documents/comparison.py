@@ -40,7 +40,12 @@ Position = tuple[int, int, int]  # (doc_id, repeat, pos)
 
 
 class FlippedItem(Document):
-    """One item whose score differs between A and B (compare.scores.FlippedItem)."""
+    """One item whose score differs between A and B (for 0/1 metrics: a McNemar discordant
+    pair), as compare.scores finds it.
+
+    ``question`` is the prompt's last question (text after the final "Question:", else its
+    last 200 characters); ``answer_a``/``answer_b`` the filtered answers of the metric's
+    filter (``answer:<filter>`` columns) when the samples have them."""
 
     doc_id: int
     repeat: int
