@@ -6,9 +6,10 @@ reports back is :mod:`evalpipe.pipeline.comparing`."""
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.run import RunComparison, VariantComparison, compare_tables
 from evalpipe.compare.scores import PairedScores, ScoreComparison, ScoreRow, compare_scores, paired_scores
-from evalpipe.compare.token_results import SampleTokenDiffs, TaskTokenSummary, TokenComparison, WorstExample
+from evalpipe.compare.token_results import SampleTokenDiffs, TaskTokenSummary, TokenComparison
 from evalpipe.compare.tokens import compare_tokens
 from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
+from evalpipe.documents.comparison import WorstExample
 
 __all__ = [
     "AASummaries",

@@ -11,6 +11,7 @@ import numpy as np
 
 from evalpipe.compare.scores import Alignment, to_jsonable
 from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import WorstExample
 
 # Cap on (doc_id, repeat) pairs listed for samples present on one side only.
 MAX_LISTED_KEYS = 10
@@ -31,52 +32,6 @@ HIST_DECADES = tuple(range(-10, 3))
 # ---------------------------------------------------------------------------
 # result types
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorstExample:
-    """One notable position with both top-k lists.
-
-    ``kind`` is "earliest_divergence" (a sample's first divergence),
-    "largest_dlogprob" (where a sample's |dlogprob| peaked) or "largest_kl" (one of
-    the task's positions with the largest symmetric top-k KL). Token / top-k fields of
-    a side are None when that side has no token at ``pos`` (its sequence ended).
-    ``kl`` is the position's symmetric KL (None off the shared prefix). ``context`` is
-    the text of up to CONTEXT_TOKENS tokens of A before ``pos`` ("…" first when
-    there are earlier ones) followed by A's token at ``pos`` in ``[[ ]]`` (empty
-    brackets when A has none there); None when A's trace has no token texts.
-    """
-
-    kind: str
-    task: str
-    doc_id: int
-    repeat: int
-    pos: int
-    token_a: int | None
-    token_b: int | None
-    logprob_a: float | None
-    logprob_b: float | None
-    abs_dlogprob: float | None
-    topk_ids_a: list[int] | None
-    topk_logprobs_a: list[float] | None
-    topk_ids_b: list[int] | None
-    topk_logprobs_b: list[float] | None
-    len_a: int
-    len_b: int
-    response_a: str | None = None
-    response_b: str | None = None
-    target: str | None = None
-    kl: float | None = None
-    context: str | None = None
-    # Text of each side's token and of its top-k entries, where the traces' token_text
-    # column knows the id (any id generated or forced anywhere in the two tables).
-    token_text_a: str | None = None
-    token_text_b: str | None = None
-    topk_texts_a: list[str | None] | None = None
-    topk_texts_b: list[str | None] | None = None
-
-    def document(self) -> schema.WorstExample:
-        return schema.WorstExample.model_validate(to_jsonable(self))
 
 
 _HISTOGRAMS = (("kl_hist", "kl_hist_zero"), ("abs_dlogprob_hist", "abs_dlogprob_hist_zero"))

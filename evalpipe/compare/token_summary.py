@@ -3,7 +3,6 @@ decade histograms, the worst examples with their context, the positions a gate p
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -20,9 +19,9 @@ from evalpipe.compare.token_results import (
     NEAR_TIE_GAP,
     SampleTokenDiffs,
     TaskTokenSummary,
-    WorstExample,
     prefix_values,
 )
+from evalpipe.documents.comparison import WorstExample
 
 # The powers of ten between those decades as the decimal literals parse: correctly
 # rounded, so the same doubles on every CPU. floor(log10 x) and 10.0**d go through libm,
@@ -170,13 +169,12 @@ def _with_texts(examples: list[WorstExample], *tables: pa.Table) -> tuple[WorstE
         return None if ids is None else [vocab.get(int(t)) for t in ids]
 
     return tuple(
-        dataclasses.replace(
-            w,
-            token_text_a=vocab.get(w.token_a) if w.token_a is not None else None,
-            token_text_b=vocab.get(w.token_b) if w.token_b is not None else None,
-            topk_texts_a=texts(w.topk_ids_a),
-            topk_texts_b=texts(w.topk_ids_b),
-        )
+        w.model_copy(update={
+            "token_text_a": vocab.get(w.token_a) if w.token_a is not None else None,
+            "token_text_b": vocab.get(w.token_b) if w.token_b is not None else None,
+            "topk_texts_a": texts(w.topk_ids_a),
+            "topk_texts_b": texts(w.topk_ids_b),
+        })
         for w in examples
     )
 

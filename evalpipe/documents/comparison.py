@@ -103,7 +103,17 @@ class ScoreRow(Document):
 
 
 class WorstExample(Document):
-    """One notable position with both top-k lists (compare.token_results.WorstExample)."""
+    """One notable position with both top-k lists, as compare.token_summary picks it.
+
+    ``kind`` is "earliest_divergence" (a sample's first divergence), "largest_dlogprob"
+    (where a sample's |dlogprob| peaked) or "largest_kl" (one of the task's positions with
+    the largest symmetric top-k KL). Token / top-k fields of a side are None when that
+    side has no token at ``pos`` (its sequence ended). ``kl`` is the position's symmetric
+    KL (None off the shared prefix). ``context`` is the text of up to CONTEXT_TOKENS tokens
+    of A before ``pos`` ("…" first when there are earlier ones) followed by A's token at
+    ``pos`` in ``[[ ]]`` (empty brackets when A has none there); None when A's trace has no
+    token texts. The ``*_text*`` fields: the text of each side's token and of its top-k
+    entries, where the traces' token_text column knows the id."""
 
     kind: str
     task: str
