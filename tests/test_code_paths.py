@@ -30,8 +30,9 @@ from evalpipe.compare.code_paths import (
     summarize,
 )
 from evalpipe.compare.gates import GateResult
-from evalpipe.compare.verdict import Status, Verdict
+from evalpipe.compare.verdict import Verdict
 from evalpipe.config.expectations import Expectations
+from evalpipe.documents.comparison import Status
 
 MODEL = "pkg.models.NewModel"
 LAYER = "pkg.layers.NewLayer"

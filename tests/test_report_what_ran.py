@@ -32,7 +32,7 @@ from test_report import (
     what_ran_view,
 )
 
-from evalpipe.compare.verdict import Status
+from evalpipe.documents.comparison import Status
 from evalpipe.report import render_junit
 from evalpipe.report.html import KNOWN_STATUSES, status_class
 from evalpipe.report.terminal import STATUS_STYLE

@@ -8,8 +8,8 @@ from evalpipe.compare.run import RunComparison, VariantComparison, compare_table
 from evalpipe.compare.scores import PairedScores, ScoreComparison, ScoreRow, compare_scores, paired_scores
 from evalpipe.compare.token_results import SampleTokenDiffs, TaskTokenSummary, TokenComparison
 from evalpipe.compare.tokens import compare_tokens
-from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
-from evalpipe.documents.comparison import WorstExample
+from evalpipe.compare.verdict import Verdict, decide, worst_status
+from evalpipe.documents.comparison import Status, WorstExample
 
 __all__ = [
     "AASummaries",

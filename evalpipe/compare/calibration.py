@@ -24,8 +24,8 @@ from evalpipe.compare.gates import FAIL, GATE_ORDER, SCORE_GATES, SKIP
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
 from evalpipe.compare.scores import to_jsonable
-from evalpipe.compare.verdict import Status
 from evalpipe.config.gate_settings import Gates
+from evalpipe.documents.comparison import Status
 from evalpipe.gates import registry
 
 # the gates by family, in the calibration table's column order

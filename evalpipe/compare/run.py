@@ -41,10 +41,11 @@ from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
-from evalpipe.compare.verdict import Status, Verdict, decide, worst_status
+from evalpipe.compare.verdict import Verdict, decide, worst_status
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import Status
 from evalpipe.errors import UserError
 
 
@@ -84,7 +85,7 @@ class VariantComparison:
             b=self.variant,
             reference=self.reference,
             variant=self.variant,
-            status=self.verdict.status.value,
+            status=self.verdict.status,
             reasons=list(self.verdict.reasons),
             samples=schema.SampleCounts(a=self.n_samples_a, b=self.n_samples_b),
             scores=[r.document() for r in self.scores.rows],
@@ -95,7 +96,7 @@ class VariantComparison:
             gates=list(self.verdict.gates),
             numerics=self.numerics.document(),
             distribution=None if self.shifts is None else [t.document() for t in self.shifts],
-            outputs_status=None if self.verdict.outputs is None else self.verdict.outputs.value,
+            outputs_status=self.verdict.outputs,
             paths=None if self.paths is None else self.paths.document(self.what_ran),
             by_length=None if self.by_length is None else self.by_length.document(),
             unverified=list(self.unverified) or None,
@@ -131,7 +132,7 @@ class RunComparison:
             run_id=self.run_id,
             reference=self.reference,
             variants=self.variants,
-            status=self.status.value,
+            status=self.status,
             gates=self.gates,
             noise_floor=None if self.noise_floor is None else self.noise_floor.document(),
             comparisons=[c.document() for c in self.comparisons],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Iterable, Sequence
 
 from evalpipe.compare.distribution import ShiftTest
@@ -28,45 +27,12 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreRow
 from evalpipe.compare.token_results import TaskTokenSummary
 from evalpipe.config.gate_settings import Gates
-from evalpipe.errors import ExitCode
+from evalpipe.documents.comparison import Status
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
                   "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")
 MINUS = "\u2212"
 ARROW = "\u2192"
-
-
-class Status(str, Enum):
-    IDENTICAL = "IDENTICAL"
-    EQUIVALENT = "EQUIVALENT"
-    INCONCLUSIVE = "INCONCLUSIVE"
-    DIVERGENT = "DIVERGENT"
-
-    @property
-    def severity(self) -> int:
-        return STATUS_SEVERITY[self]
-
-    @property
-    def passed(self) -> bool:
-        """True for the statuses a CI run accepts (exit code 0)."""
-        return self in PASSING
-
-    @property
-    def exit_code(self) -> int:
-        """0 identical or equivalent, 1 divergent, 4 inconclusive (2 and 3: user error, failed run)."""
-        return EXIT_CODES[self]
-
-    def __str__(self) -> str:  # plain "IDENTICAL" in f-strings
-        return self.value
-
-
-PASSING = (Status.IDENTICAL, Status.EQUIVALENT)
-EXIT_CODES = {Status.IDENTICAL: ExitCode.OK, Status.EQUIVALENT: ExitCode.OK, Status.DIVERGENT: ExitCode.DIVERGENT,
-              Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
-# Higher is worse; the overall status of several comparisons is the worst one. A divergence
-# found is a finding; an inconclusive comparison proves nothing either way, so one
-# DIVERGENT comparison beside an INCONCLUSIVE one makes the run DIVERGENT.
-STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1, Status.INCONCLUSIVE: 2, Status.DIVERGENT: 3}
 
 
 def worst_status(statuses: Iterable[Status]) -> Status:

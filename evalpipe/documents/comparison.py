@@ -15,6 +15,7 @@ data, rewritten by ``evalpipe compare RUN``.
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Final, Literal
 
@@ -24,11 +25,47 @@ from evalpipe.atomic_files import write_text
 from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.base import Document, validated
 from evalpipe.documents.manifest import ProbeSummary
-from evalpipe.errors import UserError
+from evalpipe.errors import ExitCode, UserError
 
 COMPARE_SCHEMA_VERSION: Final = 3
 
-StatusName = Literal["IDENTICAL", "EQUIVALENT", "INCONCLUSIVE", "DIVERGENT"]
+
+
+# A comparison's status and what follows from it, defined once: compare decides it, the
+# documents carry it, the reports, nightly and the exit code read these rules.
+class Status(str, Enum):
+    IDENTICAL = "IDENTICAL"
+    EQUIVALENT = "EQUIVALENT"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    DIVERGENT = "DIVERGENT"
+
+    @property
+    def severity(self) -> int:
+        return STATUS_SEVERITY[self]
+
+    @property
+    def passed(self) -> bool:
+        """True for the statuses a CI run accepts (exit code 0)."""
+        return self in PASSING
+
+    @property
+    def exit_code(self) -> int:
+        """0 identical or equivalent, 1 divergent, 4 inconclusive (2 and 3: user error, failed run)."""
+        return EXIT_CODES[self]
+
+    def __str__(self) -> str:  # plain "IDENTICAL" in f-strings
+        return self.value
+
+
+PASSING = (Status.IDENTICAL, Status.EQUIVALENT)
+EXIT_CODES = {Status.IDENTICAL: ExitCode.OK, Status.EQUIVALENT: ExitCode.OK, Status.DIVERGENT: ExitCode.DIVERGENT,
+              Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+# Higher is worse; the overall status of several comparisons is the worst one. A divergence
+# found is a finding; an inconclusive comparison proves nothing either way, so one
+# DIVERGENT comparison beside an INCONCLUSIVE one makes the run DIVERGENT.
+STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1, Status.INCONCLUSIVE: 2, Status.DIVERGENT: 3}
+
+
 GateStatus = Literal["pass", "fail", "skip"]
 Key = tuple[int, int]  # (doc_id, repeat)
 Position = tuple[int, int, int]  # (doc_id, repeat, pos)
@@ -391,7 +428,7 @@ class Comparison(Document):
     b: str
     reference: str
     variant: str
-    status: StatusName
+    status: Status
     reasons: list[str]
     samples: SampleCounts
     scores: list[ScoreRow]
@@ -402,7 +439,7 @@ class Comparison(Document):
     gates: list[GateResult]
     numerics: NumericsDoc
     distribution: list[ShiftTest] | None  # None: no A/A run or no teacher-forced data
-    outputs_status: StatusName | None  # INCONCLUSIVE: what the outputs alone said
+    outputs_status: Status | None  # INCONCLUSIVE: what the outputs alone said
     paths: Paths | None  # None: a bare table comparison (not judged)
     # long-context tasks only; other runs' files have no such key
     by_length: list[TaskBreakdown] | None = Field(default=None, exclude_if=lambda v: v is None)
@@ -417,7 +454,7 @@ class ComparisonDocument(Document):
     run_id: str
     reference: str
     variants: list[str]
-    status: StatusName
+    status: Status
     gates: Gates
     noise_floor: Comparison | None  # the A/A comparison, not in the status
     comparisons: list[Comparison]

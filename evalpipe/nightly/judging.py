@@ -18,10 +18,9 @@ import numpy as np
 
 from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.run import check_same_items, compare_artifacts
-from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
-from evalpipe.compare.verdict import Status
 from evalpipe.config.expectations import Expectations
-from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
+from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
+from evalpipe.documents.comparison import Comparison, Paths, Status, TokenSummary, read_comparison
 from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import UserError

@@ -45,10 +45,9 @@ from evalpipe.compare.run import (
     compare_artifacts,
     with_margin,
 )
-from evalpipe.compare.verdict import Status
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates
-from evalpipe.documents.comparison import write_comparison
+from evalpipe.documents.comparison import Status, write_comparison
 from evalpipe.documents.localization import LocalizeDocument, read_localizations
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from evalpipe.compare.verdict import Status
-from evalpipe.documents.comparison import ComparisonDocument, TaskBreakdown, TokenSummary
+from evalpipe.documents.comparison import ComparisonDocument, Status, TaskBreakdown, TokenSummary
 from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report import localize, plots

@@ -20,8 +20,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from evalpipe.compare.code_paths import NOT_RECORDED, VERIFIED
-from evalpipe.compare.verdict import PASSING, Status
-from evalpipe.documents.comparison import Comparison, ComparisonDocument, GateResult
+from evalpipe.documents.comparison import PASSING, Comparison, ComparisonDocument, GateResult, Status
 from evalpipe.report.formats import fmt_num
 
 PASSING_STATUSES = {s.value for s in PASSING}

@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from evalpipe.compare.verdict import PASSING as PASSING_STATUSES
-from evalpipe.compare.verdict import Status
+from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
+from evalpipe.documents.comparison import Status
 from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.report.junit import xml_text
 from evalpipe.report.markdown import md_escape

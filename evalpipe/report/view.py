@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from evalpipe.compare.verdict import Status, fmt_delta, fmt_score, fmt_small
+from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import (
     Comparison,
     ComparisonDocument,
@@ -27,6 +27,7 @@ from evalpipe.documents.comparison import (
     GroupScore,
     LengthRow,
     ScoreRow,
+    Status,
     TaskBreakdown,
     TeacherFigures,
     TokenSummary,

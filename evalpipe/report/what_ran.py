@@ -11,8 +11,7 @@ from functools import partial
 from typing import Any
 
 from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
-from evalpipe.compare.verdict import Status
-from evalpipe.documents.comparison import Comparison, ComparisonDocument, Paths, SideCheck
+from evalpipe.documents.comparison import Comparison, ComparisonDocument, Paths, SideCheck, Status
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.report.formats import DASH, Esc, fmt_num
 
