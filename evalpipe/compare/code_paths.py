@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalpipe.config.expectations import CountRange, Expectations, collective_key
 from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 
 PROBES_SCHEMA_VERSION: Final = 1
-VERIFIED, FAILED, SAME_CODE, NOT_RECORDED = "verified", "failed", "same_code", "not_recorded"
 NOT_VERIFIABLE_ENDPOINT = (
     "path not verifiable in endpoint mode: the server runs outside evalpipe and exposes no record of the code it ran"
 )

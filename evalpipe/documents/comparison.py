@@ -316,6 +316,10 @@ class WhatRan(Document):
 
 
 PathStatus = Literal["verified", "failed", "same_code", "not_recorded"]
+VERIFIED: Final = "verified"  # the probes show each side ran the code its config declares
+FAILED: Final = "failed"  # an expectation failed
+SAME_CODE: Final = "same_code"  # both sides ran the same code: nothing was compared
+NOT_RECORDED: Final = "not_recorded"  # a side has no probe record (endpoint mode, an older run)
 
 
 class Paths(Document):
@@ -448,6 +452,20 @@ class Comparison(Document):
     # comparisons have no such key
     unverified: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
 
+    @property
+    def paths_inconclusive(self) -> bool:
+        """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
+        return self.paths is not None and self.paths.status in (FAILED, SAME_CODE)
+
+    @property
+    def path_reasons(self) -> list[str]:
+        return list(self.paths.reasons) if self.paths is not None else []
+
+    @property
+    def unverified_only(self) -> bool:
+        """INCONCLUSIVE only because a side was compared without its manifest (its paths say nothing against it)."""
+        return bool(self.unverified) and not self.paths_inconclusive
+
 
 class ComparisonDocument(Document):
     schema_version: Literal[3] = COMPARE_SCHEMA_VERSION
@@ -461,6 +479,24 @@ class ComparisonDocument(Document):
     # every variant compared without its manifest.json (`evalpipe compare --unverified`);
     # a verified run's file has no such key
     unverified: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def judged_entries(self) -> list[tuple[Comparison, bool]]:
+        """(comparison, is the A/A one): the comparisons, then the noise floor."""
+        nf = self.noise_floor
+        return [(c, False) for c in self.comparisons] + ([(nf, True)] if nf is not None else [])
+
+    def inconclusive_variants(self) -> list[str]:
+        """The variants whose paths prove nothing (INCONCLUSIVE for another reason than being compared unverified)."""
+        return [c.variant for c in self.comparisons if c.status == Status.INCONCLUSIVE and not c.unverified_only]
+
+    def gate_counts(self) -> dict[str, int]:
+        """Gates of the comparisons (the A/A one not included) by status, and their total."""
+        counts = {"total": 0, "fail": 0, "skip": 0, "pass": 0}
+        for c in self.comparisons:
+            for g in c.gates:
+                counts["total"] += 1
+                counts[g.status] += 1
+        return counts
 
 
 def comparison_json(doc: ComparisonDocument) -> str:

@@ -19,8 +19,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from evalpipe.compare.code_paths import NOT_RECORDED, VERIFIED
-from evalpipe.documents.comparison import PASSING, Comparison, ComparisonDocument, GateResult, Status
+from evalpipe.documents.comparison import NOT_RECORDED, PASSING, VERIFIED, Comparison, ComparisonDocument, GateResult, Status
 from evalpipe.report.formats import fmt_num
 
 PASSING_STATUSES = {s.value for s in PASSING}

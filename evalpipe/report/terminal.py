@@ -16,14 +16,8 @@ from evalpipe.documents.comparison import Comparison, ComparisonDocument, Length
 from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.report.formats import DASH, fmt_num, show_controls
 from evalpipe.report.localize import terminal_sentence
-from evalpipe.report.view import gate_counts
 from evalpipe.report.what_ran import (
-    inconclusive_variants,
-    judged_entries,
-    path_reasons,
-    paths_inconclusive,
     unverified_note,
-    unverified_only,
     what_ran_view,
 )
 
@@ -169,11 +163,11 @@ def failed_gates_table(compare: ComparisonDocument) -> Table | None:
 def _path_lines(c: Comparison) -> list[str]:
     """Why an INCONCLUSIVE comparison proves nothing: its path reasons (the comparison's own
     reasons when its paths do not say), or that it was compared unverified."""
-    reasons = path_reasons(c) if paths_inconclusive(c) else list(c.reasons)
-    if c.unverified and paths_inconclusive(c):
+    reasons = c.path_reasons if c.paths_inconclusive else list(c.reasons)
+    if c.unverified and c.paths_inconclusive:
         reasons = [c.reasons[0], *reasons]  # the unverified sides, first of its reasons
     outputs = f" (the outputs alone: {c.outputs_status})" if c.outputs_status else ""
-    what = "compared unverified" if unverified_only(c) else "the paths prove nothing"
+    what = "compared unverified" if c.unverified_only else "the paths prove nothing"
     head = f"{c.variant} vs {c.reference}: {what}{outputs}"
     lines = [_plain(head)] + [f"  - {_plain(r)}" for r in reasons[:MAX_REASONS]]
     if len(reasons) > MAX_REASONS:
@@ -198,7 +192,7 @@ def what_ran_table(compare: ComparisonDocument) -> Table | None:
 
 
 def _print_paths(compare: ComparisonDocument, console: Console) -> None:
-    for c, _ in judged_entries(compare):
+    for c, _ in compare.judged_entries():
         if c.status == Status.INCONCLUSIVE.value:
             for line in _path_lines(c):
                 console.print(Text(line, style=PATH_STYLE))
@@ -215,7 +209,7 @@ def _gates_passed_line(counts: Mapping[str, int], compare: ComparisonDocument) -
         return Text(f"all {passed} output gates passed{skipped}, but {', '.join(compare.unverified)} "
                     f"{'was' if len(compare.unverified) == 1 else 'were'} compared unverified: "
                     f"{Status.INCONCLUSIVE.value}", style=PATH_STYLE)
-    if inconclusive_variants(compare):
+    if compare.inconclusive_variants():
         # the gates see outputs only; reading "passed" here would take an unproven run for a pass
         return Text(f"all {passed} output gates passed{skipped}, but the paths prove nothing: "
                     f"{Status.INCONCLUSIVE.value}", style=PATH_STYLE)
@@ -240,7 +234,7 @@ def print_summary(
     console.print(tokens_table(compare))
     for line in length_lines(compare):
         console.print(_text(line))
-    counts = gate_counts(compare)
+    counts = compare.gate_counts()
     failed = failed_gates_table(compare)
     if failed is not None:
         console.print(failed)
@@ -251,7 +245,7 @@ def print_summary(
         for c in compare.comparisons:
             if c.status == Status.IDENTICAL.value:
                 continue
-            shown = set(path_reasons(c)) if c.status == Status.INCONCLUSIVE.value else set()
+            shown = set(c.path_reasons) if c.status == Status.INCONCLUSIVE.value else set()
             reasons = [r for r in c.reasons if r not in shown]
             for r in reasons[:MAX_REASONS]:
                 console.print(_text(f"  {c.variant}: {r}"))

@@ -54,7 +54,7 @@ from evalpipe.report.formats import (
     fmt_where,
     quoted,
 )
-from evalpipe.report.what_ran import INCONCLUSIVE_NOTE, inconclusive_variants, unverified_note, what_ran_view
+from evalpipe.report.what_ran import INCONCLUSIVE_NOTE, unverified_note, what_ran_view
 
 TOPK_SHOWN = 5
 FLIPPED_SHOWN = 10  # per task x metric; compare.json lists more
@@ -517,15 +517,6 @@ def _gate_rows(compare: ComparisonDocument, esc: Esc) -> list[dict[str, Any]]:
     return rows
 
 
-def gate_counts(compare: ComparisonDocument) -> dict[str, int]:
-    counts = {"total": 0, "fail": 0, "skip": 0, "pass": 0}
-    for c in compare.comparisons:
-        for g in c.gates:
-            counts["total"] += 1
-            counts[g.status] += 1
-    return counts
-
-
 def _gates_summary(counts: Mapping[str, int], inconclusive: Sequence[str], unverified: Sequence[str] = ()) -> str:
     if not counts["total"]:
         return "No gate was evaluated."
@@ -654,12 +645,12 @@ def build_view(compare: ComparisonDocument, run: RunDocument | None, esc: Esc) -
     # run.json is redacted when written; one from before that (or handed in) is redacted here
     run = run if run is not None else RunDocument()
     nf = compare.noise_floor
-    counts = gate_counts(compare)
+    counts = compare.gate_counts()
     return {
         "run_id": esc(compare.run_id),
         "status": esc(compare.status),
         "unverified_note": esc(unverified_note(compare)),
-        "verdict_note": esc(INCONCLUSIVE_NOTE) if inconclusive_variants(compare) and compare.status == Status.INCONCLUSIVE.value else "",
+        "verdict_note": esc(INCONCLUSIVE_NOTE) if compare.inconclusive_variants() and compare.status == Status.INCONCLUSIVE.value else "",
         "comparisons": [_comparison_view(c, nf, esc) for c in compare.comparisons],
         "noise_floor": (
             {
@@ -674,7 +665,7 @@ def build_view(compare: ComparisonDocument, run: RunDocument | None, esc: Esc) -
         "gates": {
             "rows": _gate_rows(compare, esc),
             "counts": counts,
-            "summary": esc(_gates_summary(counts, inconclusive_variants(compare), compare.unverified or [])),
+            "summary": esc(_gates_summary(counts, compare.inconclusive_variants(), compare.unverified or [])),
         },
         "what_ran": what_ran_view(compare, esc),
         "numerics": esc(_numerics_line(compare)),

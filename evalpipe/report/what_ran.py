@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from evalpipe.compare.code_paths import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, short
-from evalpipe.documents.comparison import Comparison, ComparisonDocument, Paths, SideCheck, Status
+from evalpipe.compare.code_paths import short
+from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Comparison, ComparisonDocument, Paths, SideCheck, Status
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.report.formats import DASH, Esc, fmt_num
 
@@ -39,31 +39,6 @@ INCONCLUSIVE_NOTE = (
     "INCONCLUSIVE: the outputs were compared, but the path probes do not show each side running the code it "
     "claims, so the comparison proves nothing about the change (see What ran)."
 )
-
-
-def path_reasons(c: Comparison) -> list[str]:
-    return list(c.paths.reasons) if c.paths is not None else []
-
-
-def paths_inconclusive(c: Comparison) -> bool:
-    """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
-    return c.paths is not None and c.paths.status in (FAILED, SAME_CODE)
-
-
-def judged_entries(compare: ComparisonDocument) -> list[tuple[Comparison, bool]]:
-    """(comparison, is the A/A one): the comparisons, then the noise floor."""
-    nf = compare.noise_floor
-    return [(c, False) for c in compare.comparisons] + ([(nf, True)] if nf is not None else [])
-
-
-def unverified_only(c: Comparison) -> bool:
-    """INCONCLUSIVE only because a side was compared without its manifest (its paths say nothing against it)."""
-    return bool(c.unverified) and not paths_inconclusive(c)
-
-
-def inconclusive_variants(compare: ComparisonDocument) -> list[str]:
-    """The variants whose paths prove nothing (INCONCLUSIVE for another reason than being compared unverified)."""
-    return [c.variant for c in compare.comparisons if c.status == Status.INCONCLUSIVE.value and not unverified_only(c)]
 
 
 def unverified_note(compare: ComparisonDocument) -> str:
@@ -118,13 +93,13 @@ class _Column:
 
 def _columns(compare: ComparisonDocument) -> list[_Column]:
     """The reference, every compared variant, then the A/A run."""
-    entries = [c for c, _ in judged_entries(compare)]
+    entries = [c for c, _ in compare.judged_entries()]
     reference = compare.reference
     # every comparison shares the reference: the first one that recorded it speaks for all
     ref_summary = next((s for c in entries if (s := _side_summary(c, "a")) is not None), None)
     ref_check = next((ch for c in entries if (ch := _side_check(c, reference)) is not None), None)
     columns = [_Column(reference, "reference", ref_summary, ref_check)]
-    for c, aa in judged_entries(compare):
+    for c, aa in compare.judged_entries():
         columns.append(_Column(c.variant, "A/A" if aa else "", _side_summary(c, "b"), _side_check(c, c.variant)))
     return columns
 
@@ -265,7 +240,7 @@ def _path_block(c: Comparison, paths: Paths, aa: bool, esc: Esc) -> dict[str, An
 def what_ran_view(compare: ComparisonDocument, esc: Esc) -> dict[str, Any] | None:
     """Each comparison's path judgement and the sides side by side; None when no comparison
     was judged (a bare table comparison)."""
-    judged = [(c, c.paths, aa) for c, aa in judged_entries(compare) if c.paths is not None]
+    judged = [(c, c.paths, aa) for c, aa in compare.judged_entries() if c.paths is not None]
     if not judged:
         return None
     columns = _columns(compare)
