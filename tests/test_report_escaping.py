@@ -26,7 +26,7 @@ from test_report_what_ran import inconclusive_comparison, legacy_summary, sp_sum
 
 from evalpipe import report
 from evalpipe.compare.code_paths import short
-from evalpipe.nightly.judging import Judgement
+from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.report import md_escape, render_junit
 from evalpipe.report.dashboard import render_dashboard
 from evalpipe.report.nightly import render_night_junit, render_night_summary
@@ -166,7 +166,7 @@ def test_what_ran_md_keeps_hostile_names_inert(hostile_paths):
 
 
 def test_nightly_md_keeps_hostile_text_inert():
-    md = render_night_summary(_hostile_judgement().to_document(), dashboard=TEXT)  # type: ignore[arg-type]
+    md = render_night_summary(_hostile_judgement(), dashboard=TEXT)  # type: ignore[arg-type]
     assert_inert_markdown(md)
     assert md_escape(SCRIPT) in md
 
@@ -261,13 +261,13 @@ def test_junit_stays_well_formed_with_hostile_text(hostile):
 
 
 def test_nightly_junit_stays_well_formed_with_hostile_text():
-    root = _parse_xml(render_night_junit(_hostile_judgement().to_document()))
+    root = _parse_xml(render_night_junit(_hostile_judgement()))
     texts = [f.text or "" for f in root.iter("failure")]
     assert texts and any(SCRIPT in t and CDATA_END in t for t in texts)
     assert all(CONTROLS not in t for t in texts)
 
 
-def _hostile_judgement() -> Judgement:
+def _hostile_judgement() -> NightlyDocument:
     change = {
         "state": "flagged", "regression": True, "open": True, "kind": "score", "task": "gsm8k", "metric": "acc",
         "variant": "sp", "summary": "acc fell", "last_good": "run-1", "first_bad": "run-2",
@@ -278,5 +278,5 @@ def _hostile_judgement() -> Judgement:
           "scores": [{"task": "gsm8k", "metric": "acc", "a_right_b_wrong": 3, "a_wrong_b_right": 0, "mcnemar_p": 0.01,
                       "flipped": [{"doc_id": "7", "repeat": 1}]}]}
     err = {"variant": "tp", "baseline": "run-1", "error": "cannot compare"}
-    return Judgement(run_id="night-1" + TEXT, status="REGRESSION", verdict="DIVERGENT" + TEXT, baseline="run-1" + TEXT,
-                     reasons=["strict-match fell"], vs_baseline=[poison(vs), poison(err)], changes=[poison(change)])
+    return NightlyDocument(run_id="night-1" + TEXT, status="REGRESSION", verdict="DIVERGENT" + TEXT, baseline="run-1" + TEXT,
+                            reasons=["strict-match fell"], vs_baseline=[poison(vs), poison(err)], changes=[poison(change)])

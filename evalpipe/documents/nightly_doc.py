@@ -1,4 +1,4 @@
-"""nightly.json: a night's judgement (evalpipe.nightly.judging.Judgement), kept in its run
+"""nightly.json: a night's judgement (evalpipe.nightly.judging.judge), kept in its run
 directory so that importing the directory into a history rebuilds the night's status.
 
 Written by evalpipe.nightly.night.write_night, read by evalpipe.history.store when it records a run
@@ -8,6 +8,7 @@ it had the same fields and is read as version 1.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -18,7 +19,10 @@ from evalpipe.errors import UserError
 NIGHTLY_JSON = "nightly.json"  # in the night's run directory
 NIGHTLY_VERSION: Final = 1
 
+# A night's statuses, least severe first: a finding (REGRESSION) outranks a night that
+# proved nothing about its paths, and a run that did not finish outranks both.
 NightStatus = Literal["PASS", "INCONCLUSIVE", "REGRESSION", "FAILED"]
+NIGHT_STATUSES: tuple[NightStatus, ...] = typing.get_args(NightStatus)
 
 
 class NightlyDocument(Document):

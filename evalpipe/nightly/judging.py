@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -20,8 +19,8 @@ from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.run import check_same_items, compare_artifacts
 from evalpipe.config.expectations import Expectations
 from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
-from evalpipe.documents.comparison import Comparison, Paths, Status, TokenSummary, read_comparison
-from evalpipe.documents.nightly_doc import NightlyDocument
+from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
+from evalpipe.documents.nightly_doc import NIGHT_STATUSES, NightlyDocument, NightStatus
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import UserError
 from evalpipe.gates import registry
@@ -32,43 +31,24 @@ from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RUN_JSON
 
 PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
-INCONCLUSIVE = Status.INCONCLUSIVE.value
-# A night's statuses, least severe first: a finding (REGRESSION) outranks a night that
-# proved nothing about its paths, and a run that did not finish outranks both.
-NIGHT_STATUSES = ("PASS", INCONCLUSIVE, "REGRESSION", "FAILED")
+INCONCLUSIVE: Final = "INCONCLUSIVE"  # a night's, named as a comparison's (Status.INCONCLUSIVE)
 # token measures followed per task, (source, measure), each with the gate that judges it
 # within a night (its threshold is the series' floor): the registry's gates that have one
 TOKEN_GATES = {g.series: g.name for g in registry.GATES if g.series is not None}
 TOKEN_SERIES = tuple(TOKEN_GATES)
 
 
-@dataclass
-class Judgement:
-    run_id: str
-    status: str = "PASS"  # one of NIGHT_STATUSES
-    verdict: str | None = None
-    baseline: str | None = None
-    reasons: list[str] = field(default_factory=list)
-    vs_baseline: list[dict[str, Any]] = field(default_factory=list)
-    changes: list[dict[str, Any]] = field(default_factory=list)
-    paths: str | None = None  # why tonight's own comparison proves nothing about the paths
-    compared: bool = True  # False: neither tonight's variants nor a baseline night gave anything to compare
+class _Findings:
+    """What makes a night worse than PASS, in the order found; the worst status stands."""
 
-    def fail(self, reason: str, status: str = "REGRESSION") -> None:
+    def __init__(self) -> None:
+        self.status: NightStatus = "PASS"
+        self.reasons: list[str] = []
+
+    def fail(self, reason: str, status: NightStatus = "REGRESSION") -> None:
         if NIGHT_STATUSES.index(status) > NIGHT_STATUSES.index(self.status):
             self.status = status
         self.reasons.append(reason)
-
-    def to_document(self) -> NightlyDocument:
-        return NightlyDocument(**self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        """The judgement as the history stores it (nightly.json's fields but its version)."""
-        return {
-            "run_id": self.run_id, "status": self.status, "verdict": self.verdict, "baseline": self.baseline,
-            "reasons": self.reasons, "vs_baseline": self.vs_baseline, "changes": self.changes, "paths": self.paths,
-            "compared": self.compared,
-        }
 
 
 # ---------------------------------------------------------------------------
@@ -345,54 +325,60 @@ def series_nights(history: History, run_id: str) -> list[dict[str, Any]]:
     return [n for n in history.runs(kind="nightly", config_hash=tonight["config_hash"]) if n["started_at"] <= tonight["started_at"]]
 
 
-def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int = 2) -> Judgement:
+def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int = 2) -> NightlyDocument:
     """Judge a night already in the history; stores the result and returns it."""
     tonight = history.run(run_id)
-    j = Judgement(run_id=run_id, verdict=tonight.get("verdict"))
+    found = _Findings()
     tonight_dir = Path(tonight["run_dir"])
+    paths: str | None = None
     if tonight.get("status") != "ok":
-        j.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", "FAILED")
+        found.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", "FAILED")
     else:
         if tonight.get("verdict") is not None and tonight["verdict"] not in (*PASSING, INCONCLUSIVE):
-            j.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
-        j.paths = tonight_inconclusive(tonight_dir, tonight.get("verdict"))
-        if j.paths:
-            j.fail(j.paths, INCONCLUSIVE)
+            found.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
+        paths = tonight_inconclusive(tonight_dir, tonight.get("verdict"))
+        if paths:
+            found.fail(paths, INCONCLUSIVE)
     nights = series_nights(history, run_id)
     floor = None
+    baseline: str | None = None
+    against: list[dict[str, Any]] = []
     for v in history.variants_of(run_id):
         if v["role"] == "aa":
             continue
         base = baseline_of(history, v["name"], nights, tonight=run_id)
         if base is None or base == run_id:
             continue
-        j.baseline = j.baseline or base
+        baseline = baseline or base
         base_dir = Path(history.run(base)["run_dir"])
         if not (base_dir / v["name"]).is_dir():
-            j.vs_baseline.append({"variant": v["name"], "baseline": base, "error": f"the baseline's run directory {base_dir} has no {v['name']} (moved or deleted)"})
+            against.append({"variant": v["name"], "baseline": base, "error": f"the baseline's run directory {base_dir} has no {v['name']} (moved or deleted)"})
             continue
         if floor is None:
             floor = tonight_floor(tonight_dir)
         entry = {**vs_baseline(base_dir, tonight_dir, v["name"], floor), "baseline": base}
-        j.vs_baseline.append(entry)
+        against.append(entry)
         if entry.get("error"):
-            j.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
+            found.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
         elif entry["status"] == INCONCLUSIVE:
-            j.fail(f"{v['name']}'s comparison with baseline {base} proves nothing about the paths: {first_path_reason(entry)}",
-                   INCONCLUSIVE)
+            found.fail(f"{v['name']}'s comparison with baseline {base} proves nothing about the paths: {first_path_reason(entry)}",
+                       INCONCLUSIVE)
         elif entry["status"] not in PASSING:
             first = entry["reasons"][0] if entry["reasons"] else ""
-            j.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
-    if tonight.get("status") == "ok" and tonight.get("verdict") is None and not any("error" not in e for e in j.vs_baseline):
-        j.compared = False
-        j.fail(nothing_compared(tonight.get("reference")), INCONCLUSIVE)
-    j.changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
-    for c in j.changes:
+            found.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
+    compared = True
+    if tonight.get("status") == "ok" and tonight.get("verdict") is None and not any("error" not in e for e in against):
+        compared = False
+        found.fail(nothing_compared(tonight.get("reference")), INCONCLUSIVE)
+    changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
+    for c in changes:
         if c["state"] == "flagged" and c["flipped"]:
             _add_prompts(c, Path(history.run(c["first_bad"])["run_dir"]) / c["variant"])
-    for c in j.changes:
+    for c in changes:
         if c["state"] == "flagged" and c["open"] and c["regression"]:
             hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"][:3]) or "no component changed"
-            j.fail(f"{c['summary']}; changed between {c['last_good']} and {c['first_bad']}: {hint}")
-    history.set_judgement(run_id, j.status, j.baseline, j.to_dict())
-    return j
+            found.fail(f"{c['summary']}; changed between {c['last_good']} and {c['first_bad']}: {hint}")
+    night = NightlyDocument(run_id=run_id, status=found.status, verdict=tonight.get("verdict"), baseline=baseline,
+                            reasons=found.reasons, vs_baseline=against, changes=changes, paths=paths, compared=compared)
+    history.set_judgement(run_id, night.status, night.baseline, night.judgement())
+    return night

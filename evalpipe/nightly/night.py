@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.loading import load_config
-from evalpipe.documents.nightly_doc import NIGHTLY_JSON, write_nightly_document
+from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.errors import ExitCode, RunFailed, UserError
 from evalpipe.history import HistoryError
 from evalpipe.history.store import History, open_history
 from evalpipe.install import config_label
 from evalpipe.nightly.dashboard_data import build_dashboard
-from evalpipe.nightly.judging import INCONCLUSIVE, Judgement, baseline_of, judge
+from evalpipe.nightly.judging import INCONCLUSIVE, baseline_of, judge
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
 from evalpipe.report.nightly import render_night_junit, render_night_summary
@@ -50,12 +50,11 @@ NIGHT_COLOURS = {"PASS": "green", INCONCLUSIVE: "yellow", "REGRESSION": "red", "
 # ---------------------------------------------------------------------------
 
 
-def write_night(run_dir: Path, j: Judgement, dashboard: Path | None = None) -> dict[str, Path]:
+def write_night(run_dir: Path, night: NightlyDocument, dashboard: Path | None = None) -> dict[str, Path]:
     paths = {"json": run_dir / NIGHTLY_JSON, "markdown": run_dir / NIGHTLY_MD, "junit": run_dir / NIGHTLY_JUNIT}
-    write_nightly_document(paths["json"], j.to_document())  # first: the judgement outlives a failed rendering
-    doc = j.to_document()
-    artifacts.write_text(paths["markdown"], render_night_summary(doc, dashboard))
-    artifacts.write_text(paths["junit"], render_night_junit(doc))
+    write_nightly_document(paths["json"], night)  # first: the judgement outlives a failed rendering
+    artifacts.write_text(paths["markdown"], render_night_summary(night, dashboard))
+    artifacts.write_text(paths["junit"], render_night_junit(night))
     return paths
 
 
@@ -78,7 +77,7 @@ def parse_components(pairs: list[str] | None) -> dict[str, str]:
 @dataclass
 class NightResult:
     run_dir: Path
-    judgement: Judgement
+    judgement: NightlyDocument
     outputs: dict[str, Path]
     dashboard: Path
 
