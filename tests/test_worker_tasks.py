@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from evalpipe.config.run_config import TaskSpec
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.errors import UserError
 from evalpipe.tasks.configure import task_config
@@ -12,7 +13,7 @@ from evalpipe.tasks.index import TaskNotFound, check_task_names
 
 
 def test_synthetic_task_resolves_its_data_under_the_data_dir(tmp_path):
-    cfg = task_config({"task": "gsm8k_synth_4shot", "num_fewshot": 4}, tmp_path)
+    cfg = task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot", "num_fewshot": 4}), tmp_path)
     files = cfg["dataset_kwargs"]["data_files"]
     assert files == {"train": str(tmp_path / "gsm8k_synth" / "train.jsonl"), "test": str(tmp_path / "gsm8k_synth" / "test.jsonl")}
     # generated on first use
@@ -33,7 +34,7 @@ def test_gsm8k_4shot_can_point_at_local_files(tmp_path):
     for split in ("train", "test"):  # the task's templates read question and answer
         pq.write_table(pa.table({"question": ["1 + 1?"], "answer": ["#### 2"]}), tmp_path / "gsm" / f"{split}.parquet")
     spec = {"task": "gsm8k_4shot", "data_files": {"train": "gsm/train.parquet", "test": str(tmp_path / "gsm" / "test.parquet")}}
-    cfg = task_config(spec, tmp_path)
+    cfg = task_config(TaskSpec.model_validate(spec), tmp_path)
     assert cfg["dataset_path"] == "parquet" and cfg["dataset_name"] is None
     assert cfg["dataset_kwargs"]["data_files"]["train"] == str(tmp_path / "gsm" / "train.parquet")
     assert cfg["num_fewshot"] == 4 and cfg["test_split"] == "test"
@@ -41,18 +42,18 @@ def test_gsm8k_4shot_can_point_at_local_files(tmp_path):
 
 def test_missing_local_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="data file .*nothere.parquet does not exist"):
-        task_config({"task": "gsm8k_4shot", "data_files": {"test": "nothere.parquet"}}, tmp_path)
+        task_config(TaskSpec.model_validate({"task": "gsm8k_4shot", "data_files": {"test": "nothere.parquet"}}), tmp_path)
 
 
 def test_max_gen_toks_override_keeps_the_stop_strings(tmp_path):
-    cfg = task_config({"task": "gsm8k_synth_4shot", "max_gen_toks": 64}, tmp_path)
+    cfg = task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot", "max_gen_toks": 64}), tmp_path)
     assert cfg["generation_kwargs"]["max_gen_toks"] == 64
     assert cfg["generation_kwargs"]["until"] == ["Question:", "</s>", "<|im_end|>"]
 
 
 def test_lm_eval_tasks_by_name(tmp_path):
     check_task_names(["gsm8k", "hellaswag", "niah_single_1"])
-    cfg = task_config({"task": "gsm8k"}, tmp_path)
+    cfg = task_config(TaskSpec.model_validate({"task": "gsm8k"}), tmp_path)
     assert cfg["dataset_path"] == "openai/gsm8k"
     with pytest.raises(TaskNotFound, match="Did you mean: gsm8k"):
         check_task_names(["gsm8kk"])
@@ -96,7 +97,7 @@ def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path
 
     _save_tokenizer(tmp_path / "tok")
     generated = LongCtxData(str(tmp_path / "tok"), {"lengths": [300], "sparse_block": 256, "tp_sizes": [4], "items_per_length": 1})
-    cfg = task_config({"task": "longctx_passkey"}, tmp_path / "data", generated=generated)
+    cfg = task_config(TaskSpec.model_validate({"task": "longctx_passkey"}), tmp_path / "data", generated=generated)
     (test_file,) = cfg["dataset_kwargs"]["data_files"].values()
     assert test_file.startswith(str(tmp_path / "data" / "longctx" / "passkey-")) and test_file.endswith("test.jsonl")
     items = [json.loads(line) for line in open(test_file)]
@@ -106,7 +107,7 @@ def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path
         assert len(tok.encode(it["prompt"], add_special_tokens=False)) == it["target_length"] == it["length"]
     # other tasks never load the tokenizer
     plain = LongCtxData(str(tmp_path / "missing"), None)
-    assert task_config({"task": "gsm8k_synth_4shot"}, tmp_path / "data", generated=plain)["dataset_path"] == "json"
+    assert task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot"}), tmp_path / "data", generated=plain)["dataset_path"] == "json"
 
 
 # ---------------------------------------------------------------------------
@@ -116,9 +117,9 @@ def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path
 RULER_LENGTH = 1024  # fits niah_* with both tokenizers below; too short for ruler_vt with either
 
 
-def _spec(task, **kw):
-    """A job's task entry, as the runner writes it (TaskSpec.model_dump())."""
-    return {"task": task, "num_fewshot": None, "limit": None, "max_gen_toks": None, "data_files": None, **kw}
+def _spec(task, **kw) -> TaskSpec:
+    """A job's task entry, as the runner writes it."""
+    return TaskSpec(task=task, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -400,7 +400,7 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
         try:
             # lm-eval and RULER's generators print progress bars; the check's line is the output
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                task_lookup.task_config(t.spec.model_dump(), data_dir(), generated=generated)
+                task_lookup.task_config(t.spec, data_dir(), generated=generated)
         except (TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
             detail = str(err)
             if _needs_tokenizer(t.spec.task) and not Path(tokenizer).expanduser().exists():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from evalpipe.atomic_files import write_text
+from evalpipe.config.run_config import TaskSpec
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact_text
@@ -86,7 +87,7 @@ class WorkerJob(Document):
     secret_env: list[str] = []  # variables whose values the manifest hides (every variant's API key variables)
     server: ServerJob | None = None  # None offline
     engine_args: dict[str, Any]
-    tasks: list[dict[str, Any]]  # config.TaskSpec mappings, with their task group
+    tasks: list[TaskSpec]  # the run config's entries of the selected tasks
     topk: int
     seed: int | None = None
     data_dir: str

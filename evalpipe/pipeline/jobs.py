@@ -56,7 +56,7 @@ def worker_job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_
         secret_env=sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),
         server=server_job(variant, server_url, model["path"]),
         engine_args=engine_args,
-        tasks=[t.spec.model_dump() for t in plan.tasks],
+        tasks=[t.spec for t in plan.tasks],
         topk=plan.config.capture.topk,
         seed=plan.config.seed,
         data_dir=str(data_dir()),

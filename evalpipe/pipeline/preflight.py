@@ -24,7 +24,7 @@ def check_user_data(plan: RunPlan) -> None:
         if not t.spec.data_files:
             continue
         try:
-            task_config(t.spec.model_dump(), data_dir())
+            task_config(t.spec, data_dir())
         except (UserError, FileNotFoundError) as err:
             raise ConfigError(str(err)) from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from evalpipe.config.run_config import TaskSpec
 from evalpipe.data import longctx
 from evalpipe.data.check import check_data_files
 from evalpipe.data.registry import ensure_dataset_file
@@ -68,21 +69,21 @@ class LongCtxData:
         except Exception:  # noqa: BLE001 - not a cached hub id: ruler_metadata says what is wrong
             return str(path)
 
-    def ruler_config(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def ruler_config(self, spec: TaskSpec) -> dict[str, Any]:
         """lm-eval config of one RULER task with its items already generated: the run
         config's longctx.lengths, ruler_items_per_length items per length, the run's seed.
         Raises RulerTooShort (a ValueError) when a length cannot hold an item."""
-        name = spec["task"]
-        if spec.get("data_files"):
+        name = spec.task
+        if spec.data_files:
             raise UserError(f"task `{name}` generates its items from the model's tokenizer; remove `data_files` from its entry.")
         lc = longctx.LongCtxSpec(**(self.spec or {}))
         seed = ruler.DEFAULT_SEED if self.seed is None else int(self.seed)
         meta = ruler.ruler_metadata(self.local_tokenizer_dir(), list(lc.lengths), lc.ruler_items_per_length, seed)
         overrides: dict[str, Any] = {"task": name}
-        if spec.get("num_fewshot") is not None:
-            overrides["num_fewshot"] = spec["num_fewshot"]
-        if spec.get("max_gen_toks") is not None:
-            overrides["generation_kwargs"] = {"max_gen_toks": spec["max_gen_toks"]}
+        if spec.num_fewshot is not None:
+            overrides["num_fewshot"] = spec.num_fewshot
+        if spec.max_gen_toks is not None:
+            overrides["generation_kwargs"] = {"max_gen_toks": spec.max_gen_toks}
         try:
             return ruler.prebuild_ruler(ruler.ruler_task_config(overrides, meta))
         except ruler.RulerTooShort as err:  # say where the length comes from
@@ -123,7 +124,7 @@ def _builder_for(data_files: Any) -> str:
 
 
 def task_config(
-    spec: dict[str, Any], data_dir: Path, tasks_dir: str | None = None, generated: GeneratedData | None = None
+    spec: TaskSpec, data_dir: Path, tasks_dir: str | None = None, generated: GeneratedData | None = None
 ) -> str | dict[str, Any]:
     """What to hand lm-eval for one TaskSpec: the task's full config dict with our
     overrides applied, or just its name when it is a group or a Python-defined task.
@@ -135,7 +136,7 @@ def task_config(
     from lm_eval.tasks._yaml_loader import load_yaml
 
 
-    name = spec["task"]
+    name = spec.task
     check_task_names([name], tasks_dir)
     if families.is_generated_ruler(name):
         # not through load_yaml(resolve_func=True): that imports lm-eval's niah module
@@ -144,7 +145,7 @@ def task_config(
         if not isinstance(generated, LongCtxData):
             raise UserError(f"task `{name}` (RULER) is generated with the model's tokenizer; resolve it with a LongCtxData.")
         return generated.ruler_config(spec)
-    hub_data.check_available(name, spec.get("data_files"), allow_download=not _hub_offline())
+    hub_data.check_available(name, spec.data_files, allow_download=not _hub_offline())
     if name in families.RULER_QA or name == "ruler":
         raise UserError(
             f"`{name}` is not a RULER task evalpipe can hand the model's tokenizer and lengths; "
@@ -152,22 +153,22 @@ def task_config(
         )
     entry = task_manager(tasks_dir, [name]).task_index[name]
     if entry.kind is not Kind.TASK or entry.yaml_path is None:
-        if spec.get("data_files"):
+        if spec.data_files:
             raise UserError(f"task `{name}` is a group or Python task; `data_files` only applies to single YAML tasks.")
         return name
     cfg = load_yaml(entry.yaml_path, resolve_func=True)
     cfg.pop("tag", None)
     cfg.pop("group", None)
-    data_files = spec.get("data_files") or (cfg.get("dataset_kwargs") or {}).get("data_files")
+    data_files = spec.data_files or (cfg.get("dataset_kwargs") or {}).get("data_files")
     if data_files:
         resolved = _resolve_data_files(data_files, data_dir, generated)
         check_data_files(name, resolved, cfg)
         cfg["dataset_kwargs"] = {**(cfg.get("dataset_kwargs") or {}), "data_files": resolved}
-        if spec.get("data_files"):
+        if spec.data_files:
             cfg["dataset_path"] = _builder_for(resolved)
             cfg["dataset_name"] = None
-    if spec.get("num_fewshot") is not None:
-        cfg["num_fewshot"] = spec["num_fewshot"]
-    if spec.get("max_gen_toks") is not None:
-        cfg["generation_kwargs"] = {**(cfg.get("generation_kwargs") or {}), "max_gen_toks": spec["max_gen_toks"]}
+    if spec.num_fewshot is not None:
+        cfg["num_fewshot"] = spec.num_fewshot
+    if spec.max_gen_toks is not None:
+        cfg["generation_kwargs"] = {**(cfg.get("generation_kwargs") or {}), "max_gen_toks": spec.max_gen_toks}
     return cfg

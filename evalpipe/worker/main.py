@@ -283,8 +283,8 @@ class _VariantRun:
             )
             task_cfgs = []
             for spec in job.tasks:
-                if is_generated_ruler(spec["task"]):
-                    events.emit("stage", stage="tasks", message=f"generating {spec['task']} items with the model's tokenizer")
+                if is_generated_ruler(spec.task):
+                    events.emit("stage", stage="tasks", message=f"generating {spec.task} items with the model's tokenizer")
                 task_cfgs.append(task_lookup.task_config(spec, Path(job.data_dir), generated=generated))
         except (UserError, FileNotFoundError) as err:
             raise _Failed(ExitCode.USER_ERROR, str(err), kind="user") from None
@@ -355,8 +355,8 @@ class _VariantRun:
         generation_s = 0.0
         requests_s = 0.0  # the task phase from each task's first request on (lm-eval's request building excluded)
         for spec, cfg in zip(job.tasks, task_cfgs):
-            current["task"] = spec["task"]
-            events.emit("stage", stage="task", task=spec["task"], message=f"running {spec['task']}")
+            current["task"] = spec.task
+            events.emit("stage", stage="task", task=spec.task, message=f"running {spec.task}")
             waited_before = getattr(engine, "ready_wait_s", None)
             lm.first_request_at = None
             t0 = time.time()
@@ -364,8 +364,8 @@ class _VariantRun:
                 out_eval = simple_evaluate(
                     model=lm,
                     tasks=[cfg],
-                    limit=spec.get("limit"),
-                    task_manager=task_manager(names=[spec["task"]]),
+                    limit=spec.limit,
+                    task_manager=task_manager(names=[spec.task]),
                     log_samples=True,
                     bootstrap_iters=1000,
                     random_seed=job.seed,
@@ -375,7 +375,7 @@ class _VariantRun:
                 )
             except Exception as err:  # noqa: BLE001
                 traceback.print_exc()
-                raise _task_failure(spec["task"], err, self.out.engine_log) from None
+                raise _task_failure(spec.task, err, self.out.engine_log) from None
             elapsed = time.time() - t0
             waited = getattr(engine, "ready_wait_s", None)
             if waited_before is None and waited is not None:
@@ -383,7 +383,7 @@ class _VariantRun:
             generation_s += elapsed
             if lm.first_request_at is not None:
                 requests_s += time.time() - lm.first_request_at
-            self.timings[f"task:{spec['task']}_s"] = elapsed
+            self.timings[f"task:{spec.task}_s"] = elapsed
             for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
                 collected.results[key].update(out_eval.get(key) or {})
             for task_name, logged in (out_eval.get("samples") or {}).items():
@@ -391,8 +391,8 @@ class _VariantRun:
                 collected.rows += rows
                 for k, v in toks.items():
                     collected.tokens.setdefault(k, []).extend(v)
-            metrics = {k: v for k, v in (out_eval["results"].get(spec["task"]) or {}).items() if isinstance(v, (int, float))}
-            events.emit("task_done", task=spec["task"], metrics=metrics, seconds=elapsed, n=len(lm.captures))
+            metrics = {k: v for k, v in (out_eval["results"].get(spec.task) or {}).items() if isinstance(v, (int, float))}
+            events.emit("task_done", task=spec.task, metrics=metrics, seconds=elapsed, n=len(lm.captures))
         self.timings["tasks_s"] = generation_s
         self.timings["engine_calls_s"] = lm.engine_seconds
         self.timings["tokenize_s"] = lm.tokenize_seconds
