@@ -45,7 +45,10 @@ from evalpipe.worker.journal import RequestJournal
 
 LIMIT = 4
 TOPK = 5
-STALL = 3
+# The hung server's stall limit. The worker starts beside its server and its first request
+# waits for it, saying so every 10 s (the heartbeat that keeps the watchdog quiet while a
+# server starts); a limit under that fired on a loaded machine before the server had hung.
+STALL = 15
 TASK = "gsm8k_synth_4shot"
 FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fake_server"]
 AA = aa_variant_name("served")
