@@ -8,9 +8,13 @@ assumption about the machine: it is reported as a failure, with its reason.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# The helpers every package's tests share (tests/support/) are imported by their plain names.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +27,7 @@ def builtin_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def cluster():
-    """One real three-node Ray cluster on 127.0.0.1 (tests/ray_cluster.py) for every test of
+    """One real three-node Ray cluster on 127.0.0.1 (tests/support/ray_cluster.py) for every test of
     this pytest process that asks for it: started at the first, stopped after the last.
     Each test leaves it as it found it (no actor, placement group or process of its run)."""
     from ray_cluster import local_cluster

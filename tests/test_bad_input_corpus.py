@@ -231,7 +231,7 @@ def test_the_corpus_is_large_enough():
 
 # ---------------------------------------------------------------------------
 # `evalpipe compare` on bad input: stored run directories (built without an engine,
-# tests/fakes.py) and gates files; the same rules, and nothing written anywhere.
+# tests/support/fakes.py) and gates files; the same rules, and nothing written anywhere.
 # ---------------------------------------------------------------------------
 
 

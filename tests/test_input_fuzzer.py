@@ -1,5 +1,5 @@
 """Property-based input fuzzer: every shipped config and realistic command lines, each with
-one thing wrong (tests/fuzz_inputs.py makes them), run in-process, and the same rules for
+one thing wrong (tests/support/fuzz_inputs.py makes them), run in-process, and the same rules for
 every answer: exit 0 (accepted; `compare`'s verdicts 1 and 4 too) or 2 (refused); a
 refusal is one sentence naming the key or option it is about, with no traceback; nothing
 is created under the output root or the history location by a refused input, a dry run
@@ -14,8 +14,8 @@ instead of failing at the first, to survey what is wrong (docs/development.md, T
 Each example runs in a directory of its own (cwd, HOME, the data directory, every output
 root and history location inside it). What commands would ask a variant's interpreter
 (vLLM's engine-argument names, the probed names: each real lookup imports vLLM, tens of
-seconds) is answered from the names the shipped configs use (tests/test_engine_args.py and
-tests/test_probe_names.py test the real lookups); no engine ever starts: `run` always
+seconds) is answered from the names the shipped configs use (tests/config/test_engine_args.py and
+tests/probing/test_names.py test the real lookups); no engine ever starts: `run` always
 gets --dry-run, and a guard stops any command that reaches an engine start. `doctor` is
 left out: it starts every variant's interpreter (seconds per call); its planning is
 `run --dry-run`'s.

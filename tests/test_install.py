@@ -1,6 +1,6 @@
 """evalpipe.install: a source checkout and a built package find their shipped configs and
 tasks, name their version and give the workers an import directory; no engine.
-The built package for real (a wheel in a fresh environment) is tests/test_wheel_install.py."""
+The built package for real (a wheel in a fresh environment) is tests/e2e/test_wheel_install.py."""
 
 from __future__ import annotations
 

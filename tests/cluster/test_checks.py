@@ -1,0 +1,67 @@
+"""`evalpipe doctor` on a real Ray cluster of three nodes on 127.0.0.1 (tests/support/ray_cluster.py):
+the cluster reachable, the same versions on every node, every variant placeable, its
+interpreter and model on the nodes that may run it; and each of those failing in one
+sentence; an address nothing answers on fails at once."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import in_process
+import yaml
+from ray_cluster import leftovers
+
+
+def doctor(tmp: Path, variants: dict, cluster: dict | None, *extra: str):
+    cfg = {"model": {"path": "builtin:tiny-gsm"}, "engine": {"max_model_len": 4096}, "output": str(tmp / "runs"),
+           "variants": variants, "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]}}
+    if cluster is not None:
+        cfg["cluster"] = cluster
+    path = tmp / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = in_process.evalpipe("doctor", "gsm8k", "-c", str(path), *extra, cwd=tmp, env={"RAY_AUTH_MODE": "disabled"})
+    return done, " ".join(done.stdout.split())
+
+
+def test_a_cluster_that_can_run_the_config_passes(cluster, tmp_path):
+    done, out = doctor(tmp_path, {"a": {}, "b": {"resources": {"CPU": 1, "node_b": 1}}}, {"address": cluster.address})
+    assert "PASS cluster reachable" in out and "3 nodes" in out, out
+    assert "PASS cluster placeable 2 unit(s) fit" in out
+    assert "PASS cluster versions Ray 2.60.0" in out and "on all 3 node(s)" in out
+    assert "PASS a on its nodes interpreter and model present on the 3 node(s)" in out
+    assert "PASS b on its nodes interpreter and model present on the 1 node(s)" in out
+    assert leftovers(cluster)["actors"] == []
+
+
+def test_what_no_node_has_and_too_few_nodes_fail(cluster, tmp_path):
+    ray_engine = {"engine": {"distributed_executor_backend": "ray", "tensor_parallel_size": 2}}
+    done, out = doctor(tmp_path, {"a": {}, "b": {"resources": {"node_z": 1}}, "c": ray_engine}, {"address": cluster.address})
+    assert done.returncode == 2
+    assert "FAIL cluster placeable b asks for {node_z: 1}, which no live node has in all" in out, out
+    assert ("FAIL c engine ranks its engine places its 2 rank(s) itself through Ray (distributed_executor_backend: ray), "
+            "one device bundle each, but no live node has a device resource") in out, out
+    assert "engine ranks" not in out.split("FAIL c engine ranks")[0], "only the Ray-placed engine is asked for ranks"
+    spread = {f"v{i}": {} for i in range(4)}
+    done, out = doctor(tmp_path, spread, {"address": cluster.address, "distinct_nodes": True})
+    assert done.returncode == 2
+    assert "4 variants (v0, v1, v2, v3) cannot each have a node of their own among 3 live node(s)" in out, out
+
+
+def test_an_interpreter_missing_on_the_nodes_fails(cluster, tmp_path):
+    done, out = doctor(tmp_path, {"a": {}, "b": {"python": "/opt/nowhere/bin/python"}}, {"address": cluster.address})
+    assert done.returncode == 2
+    assert "FAIL b on its nodes missing: /opt/nowhere/bin/python on" in out, out
+    assert "PASS a on its nodes" in out
+
+
+def test_an_address_nothing_answers_on_fails_at_once(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    done, out = doctor(tmp_path, {"a": {}}, None, "--cluster", f"127.0.0.1:{port}")
+    assert time.monotonic() - started < 60
+    assert done.returncode == 2 and f"FAIL cluster reachable cannot reach the Ray cluster at 127.0.0.1:{port}" in out, out
+    assert "Traceback" not in done.stderr

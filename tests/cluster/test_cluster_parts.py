@@ -1,0 +1,220 @@
+"""The pure parts of running on a Ray cluster, without Ray: the `cluster:` settings and
+--cluster, how variants group into units and what each asks for, a variant directory
+packed and unpacked, loopback addresses, the watchdog while a variant waits for the
+reference, the worker's wait for the reference's sequences; and the evidence that vLLM's
+CPU build cannot run an engine over Ray nodes (what tests/e2e/test_cluster.py cannot show)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from evalpipe.cluster import transfer
+from evalpipe.cluster.loopback import is_loopback
+from evalpipe.commands.run import with_cluster
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import parse_config
+from evalpipe.documents.worker_events import read_event
+from evalpipe.errors import UserError
+from evalpipe.execution.watchdog import Watchdog
+from evalpipe.pipeline.on_cluster import demand_of, units_of
+from evalpipe.pipeline.plan import make_plan
+
+BASE = {
+    "model": {"path": "builtin:tiny-gsm"},
+    "variants": {"a": {}, "b": {"resources": {"NPU": 16, "pair_b": 1}}},
+    "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot"}]},
+}
+
+
+def config(**more):
+    return parse_config({**BASE, **more})
+
+
+def test_a_config_without_cluster_runs_here():
+    assert not config().cluster.enabled
+    assert config(cluster={"address": "auto"}).cluster.enabled
+
+
+@pytest.mark.parametrize("resources, said", [
+    ({}, "mapping of Ray resource names"),
+    ({"NPU": -1}, "not an amount"),
+    ({"NPU": True}, "not an amount"),
+    ({"NPU": float("nan")}, "not an amount"),
+    ({"": 1}, "not a name"),
+])
+def test_bad_resources_are_refused_in_one_sentence(resources, said):
+    with pytest.raises(ConfigError, match=said):
+        config(cluster={"address": "auto", "resources": resources})
+    with pytest.raises(ConfigError, match=said):
+        parse_config({**BASE, "variants": {"a": {"resources": resources}}})
+
+
+def test_cluster_option_overrides_the_config():
+    cfg = config(cluster={"address": "10.0.0.1:6379", "distinct_nodes": True})
+    assert with_cluster(cfg, None) is cfg
+    assert with_cluster(cfg, "off").cluster.address is None
+    moved = with_cluster(cfg, "ray://head:10001")
+    assert moved.cluster.address == "ray://head:10001" and moved.cluster.distinct_nodes
+    for bad in ("", " ", "a b"):
+        with pytest.raises(UserError, match="not a cluster address"):
+            with_cluster(cfg, bad)
+
+
+def test_units_and_what_each_asks_for(tmp_path):
+    cfg = config(cluster={"address": "auto", "resources": {"NPU": 32}}, noise_floor=True, output=str(tmp_path))
+    plan = make_plan(cfg, "cfg.yaml", "gsm8k", strict=False)
+    units = units_of(plan, kept=[])
+    assert [[v.name for v in u] for u in units] == [["a"], ["a-aa"], ["b"]], "offline: the A/A run is a unit of its own"
+    assert [demand_of(plan, u) for u in units] == [{"NPU": 32.0}, {"NPU": 32.0}, {"NPU": 16.0, "pair_b": 1.0}]
+    assert [[v.name for v in u] for u in units_of(plan, kept=["a"])] == [["a-aa"], ["b"]]
+
+
+def test_an_aa_run_that_reuses_the_servers_runs_in_its_unit(tmp_path):
+    cfg = config(cluster={"address": "auto"}, launch={"mode": "serve"}, noise_floor={"reuse_server": True},
+                 output=str(tmp_path))
+    plan = make_plan(cfg, "cfg.yaml", "gsm8k", strict=False)
+    assert [[v.name for v in u] for u in units_of(plan, kept=[])] == [["a", "a-aa"], ["b"]]
+
+
+def test_a_directory_packed_and_unpacked_is_the_same_and_replaces_the_old(tmp_path):
+    source = tmp_path / "node" / "v"
+    (source / "records").mkdir(parents=True)
+    (source / "samples.parquet").write_bytes(b"\x00parquet" * 1000)
+    (source / "records" / "1.json").write_text("{}")
+    target = tmp_path / "driver" / "v"
+    target.mkdir(parents=True)
+    (target / "stale.log").write_text("from an earlier attempt")
+    transfer.unpack_into(transfer.pack(source), target)
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == \
+        ["records/1.json", "samples.parquet"]
+    assert (target / "samples.parquet").read_bytes() == (source / "samples.parquet").read_bytes()
+    assert [p.name for p in target.parent.iterdir()] == ["v"], "no staging directory is left"
+
+
+def test_a_pack_that_reaches_outside_its_directory_is_refused(tmp_path):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = b"x"
+        info = tarfile.TarInfo("../escaped")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(tarfile.TarError):
+        transfer.unpack_into(buffer.getvalue(), tmp_path / "v")
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("address, loop", [
+    ("127.0.0.1:6379", True), ("localhost:1", True), ("ray://127.0.0.1:10001", True), ("[::1]:6379", True),
+    ("10.0.0.5:6379", False), ("auto", False), ("head.example:6379", False),
+])
+def test_loopback_addresses(address, loop):
+    assert is_loopback(address) is loop
+
+
+def test_the_watchdog_rests_while_a_variant_waits_for_the_reference():
+    dog = Watchdog(10)
+    dog.see(read_event(json.dumps({"event": "stage", "stage": "engine_ready", "message": "up"})), 0)
+    dog.see(read_event(json.dumps({"event": "stage", "stage": "waiting", "message": "waiting"})), 5)
+    assert not dog.stalled(500), "waiting for another variant is not a hang"
+    dog.see(read_event(json.dumps({"event": "stage", "stage": "teacher", "message": "teacher"})), 500)
+    assert not dog.stalled(509) and dog.stalled(511)
+
+
+class _Events:
+    def __init__(self):
+        self.seen = []
+
+    def emit(self, event, **fields):
+        self.seen.append((event, fields))
+
+
+def _manifest(path: Path, **fields) -> None:
+    from evalpipe.documents.manifest import VariantManifest, write_manifest
+
+    base = {"variant": "ref", "status": "running", "started_at": 0.0}
+    write_manifest(path / "manifest.json", VariantManifest.model_validate({**base, **fields}))
+
+
+def test_the_worker_waits_for_the_reference_to_end(tmp_path):
+    from evalpipe.worker.main import wait_for_reference
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    _manifest(ref, status="failed", error="its engine died")
+    events = _Events()
+    with pytest.raises(UserError, match="the reference failed .its engine died"):
+        wait_for_reference(ref, events, poll_s=0.01)
+    assert events.seen == []  # it had ended: nothing to wait for
+    _manifest(ref, status="ok", artifacts={})
+    wait_for_reference(ref, events, poll_s=0.01)
+
+
+def test_vllms_cpu_build_cannot_run_an_engine_over_ray_nodes():
+    """vLLM's Ray executor and Ray data parallelism place one rank per `ray_device_key`
+    resource; its CPU platform has none ("current platform cpu does not support ray",
+    vllm/v1/executor/ray_utils.py). When this fails, vLLM's CPU build has learned it:
+    add the multi-node engine to tests/e2e/test_cluster.py."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    assert CpuPlatform.ray_device_key == ""
+
+
+def test_concurrency_and_distinct_nodes_on_the_command_line():
+    cfg = config(cluster={"address": "auto", "distinct_nodes": True})
+    assert with_cluster(cfg, None, concurrency=2).cluster.concurrency == 2
+    assert not with_cluster(cfg, None, concurrency=2).cluster.distinct_nodes, "--concurrency alone lifts the spread"
+    spread = with_cluster(config(cluster={"address": "auto", "concurrency": 2}), None, distinct_nodes=True)
+    assert spread.cluster.distinct_nodes and spread.cluster.concurrency is None
+    with pytest.raises(UserError, match="remove one of the two"):
+        with_cluster(cfg, None, concurrency=2, distinct_nodes=True)
+    with pytest.raises(UserError, match="out of range"):
+        with_cluster(cfg, None, concurrency=0)
+    with pytest.raises(UserError, match="applies to a run on a Ray cluster"):
+        with_cluster(config(), None, distinct_nodes=True)
+    with pytest.raises(ConfigError, match="remove one of the two"):
+        config(cluster={"address": "auto", "distinct_nodes": True, "concurrency": 3})
+
+
+def _node(i: int, **total: float):
+    from evalpipe.cluster.session import NodeCapacity
+
+    return NodeCapacity(node_id=f"n{i}" * 8, ip="10.0.0.%d" % i, hostname=f"h{i}", total=total, alive=True)
+
+
+def test_placeable_is_a_matching_of_units_to_nodes():
+    from evalpipe.cluster.checks import unplaceable
+
+    nodes = [_node(1, NPU=16, a=1), _node(2, NPU=16), _node(3, NPU=8)]
+    three = [("x", {"NPU": 16.0}), ("y", {"NPU": 8.0}), ("z", {"NPU": 16.0, "a": 1.0})]
+    assert unplaceable(three, nodes, distinct=True) == [], "z on n1, x on n2, y on n3"
+    crowded = [("x", {"NPU": 16.0}), ("y", {"NPU": 16.0}), ("z", {"NPU": 16.0})]
+    assert unplaceable(crowded, nodes, distinct=False) == []
+    assert "cannot each have a node of their own among 3" in unplaceable(crowded, nodes, distinct=True)[0]
+    assert unplaceable([("w", {"NPU": 32.0})], nodes, distinct=False) == \
+        ["w asks for {NPU: 32}, which no live node has in all"]
+
+
+def test_every_node_that_differs_from_the_driver_is_named():
+    from evalpipe.cluster.checks import NodeFacts, version_problems
+
+    driver = NodeFacts("d", "drv", "2.60.0", "0.9", "3.11", {})
+    same = NodeFacts("a" * 16, "h1", "2.60.0", "0.9", "3.11", {})
+    old = NodeFacts("b" * 16, "h2", "2.59.0", None, "3.11", {})
+    assert version_problems(driver, [same]) == []
+    assert version_problems(driver, [same, old]) == [
+        "node h2 (bbbbbbbbbbbb) has Ray 2.59.0, the driver 2.60.0",
+        "node h2 (bbbbbbbbbbbb) has evalpipe not installed, the driver 0.9"]
+
+
+def test_a_ray_placed_engine_needs_its_ranks_of_one_device_in_the_whole_cluster():
+    from evalpipe.cluster.checks import devices_short
+
+    two_a3 = [_node(i, CPU=192.0, NPU=16.0) for i in range(2)]
+    assert devices_short(32, two_a3) is None and devices_short(16, two_a3) is None
+    assert devices_short(33, two_a3) == "the live nodes hold {NPU: 32} in all"
+    assert devices_short(1, [_node(0, CPU=2.0, node_a=1.0)]) == "no live node has a device resource"

@@ -1,0 +1,277 @@
+"""Judging recorded nights (no engine): baseline comparison, series changes, bisect
+hint, exit status, the summary and JUnit outputs, the dashboard's data."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+from nightly_fakes import write_night
+
+from evalpipe.compare.changepoint import score_changes, token_changes
+from evalpipe.documents.worker_job import JOB_JSON, TeacherJob, WorkerJob, write_job
+from evalpipe.errors import UserError
+from evalpipe.history.store import open_history
+from evalpipe.nightly import dashboard_data as dashboard
+from evalpipe.nightly import judging
+from evalpipe.nightly import night as nightly
+
+GOOD, BAD, FIXED = "good1", "bad2", "fix3"
+
+
+def _series(tmp_path, plan):
+    """Record and judge nights whose fault state follows ``plan`` (True = faulty)."""
+    db = open_history(None, tmp_path / "out")
+    results = []
+    for i, fault in enumerate(plan):
+        label = BAD if fault else (GOOD if not any(plan[:i]) else FIXED)
+        run_dir = write_night(tmp_path / "runs", i, fault=fault, components={"vllm_ascend": label})
+        results.append(nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2,
+                                                dashboard=tmp_path / "dash" / "index.html", title="t"))
+    return db, results
+
+
+def test_a_fault_night_is_flagged_with_its_component_and_clears_after_the_fix(tmp_path):
+    plan = [False] * 6 + [True] * 3 + [False] * 3
+    db, results = _series(tmp_path, plan)
+    statuses = [r.judgement.status for r in results]
+    assert statuses == ["PASS"] * 6 + ["REGRESSION"] * 3 + ["PASS"] * 3
+    assert [r.exit_code for r in results] == [0] * 6 + [1] * 3 + [0] * 3
+    # the first bad night: tonight's verdict and the baseline drift say it at once
+    first = results[6].judgement
+    assert first.baseline == "night-05"
+    sp = next(e for e in first.vs_baseline if e["variant"] == "sp")
+    assert sp["status"] == "DIVERGENT"
+    assert next(e for e in first.vs_baseline if e["variant"] == "legacy")["status"] == "IDENTICAL"
+    # the second bad night: the series flags the step, at the first bad night, with the hint
+    second = results[7].judgement
+    flagged = [c for c in second.changes if c["state"] == "flagged" and c["regression"]]
+    assert {(c["kind"], c["variant"]) for c in flagged} >= {("score", "sp")}
+    assert {c["first_bad"] for c in flagged} == {"night-06"}
+    score = next(c for c in flagged if c["kind"] == "score")
+    assert score["last_good"] == "night-05" and len(score["flipped"]) == 12
+    assert score["flipped"][0] == {"doc_id": 0, "repeat": 0, "before": 1.0, "after": 0.0, "prompt": "Question 0?"}
+    assert {"component": "vllm_ascend", "before": GOOD, "after": BAD} in score["bisect"]
+    assert score["delta"] == pytest.approx(-12 / 200)
+    # baselines stay on the last passing night while the fault lasts
+    assert [r.judgement.baseline for r in results[6:9]] == ["night-05"] * 3
+    # after the fix: nothing open, the change stays in the history as closed
+    last = results[-1].judgement
+    assert last.status == "PASS" and last.reasons == []
+    closed = [c for c in last.changes if c["state"] == "flagged" and c["regression"]]
+    assert closed and all(not c["open"] and c["first_bad"] == "night-06" for c in closed)
+
+
+def test_outputs_name_the_regression(tmp_path):
+    _, results = _series(tmp_path, [False, False, True, True])
+    r = results[-1]
+    md = r.outputs["markdown"].read_text()
+    assert "REGRESSION" in md and "vllm\\_ascend: good1 → bad2" in md
+    suite = ET.parse(r.outputs["junit"]).getroot().find("testsuite")
+    failed = [c.get("name") for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert "sp" in failed and "variants_vs_reference" in failed
+    assert any(name.startswith("gsm8k_synth_4shot[exact_match,strict-match].sp") for name in failed)
+    assert r.dashboard.is_file() and "night-02" in r.dashboard.read_text()
+
+
+def test_a_pinned_baseline_wins(tmp_path):
+    db, results = _series(tmp_path, [False, False, False])
+    db.pin_baseline("night-00")
+    run_dir = write_night(tmp_path / "runs", 3)
+    r = nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2, dashboard=tmp_path / "d.html", title="t")
+    assert r.judgement.baseline == "night-00"
+
+
+def test_a_failed_night_is_failed_not_a_regression(tmp_path):
+    db = open_history(None, tmp_path / "out")
+    run_dir = write_night(tmp_path / "runs", 0, extra={"status": "failed"})
+    r = nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2, dashboard=tmp_path / "d.html", title="t")
+    assert r.judgement.status == "FAILED" and r.exit_code == 3
+
+
+def test_dashboard_data_has_series_bands_and_the_change(tmp_path):
+    db, results = _series(tmp_path, [False] * 3 + [True] * 2)
+    data = dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "dash" / "index.html")
+    assert [n["status"] for n in data["nights"]] == ["PASS"] * 3 + ["REGRESSION"] * 2
+    assert data["nights"][0]["report"] == "../runs/night-00/report.html"
+    sp = next(s for s in data["series"] if s["variant"] == "sp")
+    assert len(sp["points"]) == 5 and sp["changes"] == [3]
+    assert sp["aa_band"] == {"low": pytest.approx(0.6), "high": pytest.approx(0.6)}  # A/A identical: zero width
+    assert any(c["run_id"] == "night-03" for c in data["changes"])
+
+
+def test_components_parse():
+    assert nightly.parse_components(["vllm_ascend=abc", "cann = 8.0"]) == {"vllm_ascend": "abc", "cann": "8.0"}
+    with pytest.raises(UserError, match="is not NAME=VERSION"):
+        nightly.parse_components(["oops"])
+
+
+# -- the detector on synthetic per-item series (pure) ------------------------------
+
+
+def _noisy_nights(rng, base, nights, flip=0.03):
+    p = np.clip(base * 0.9 + 0.05, 0, 1)
+    return np.array([np.where(rng.random(base.size) < flip, (rng.random(base.size) < p).astype(float), base) for _ in range(nights)])
+
+
+def test_detector_silent_on_noise_and_finds_a_sustained_one_point_drop():
+    rng = np.random.default_rng(7)
+    base = (rng.random(1319) < 0.6).astype(float)
+    false_alarms = sum(bool([c for c in score_changes(_noisy_nights(rng, base, 30), 40.0) if c.flagged]) for _ in range(50))
+    assert false_alarms == 0
+    hits = 0
+    for _ in range(20):
+        m = _noisy_nights(rng, base, 30)
+        m[20:, np.flatnonzero(base == 1)[:13]] = 0  # 13 of 1319 items stay wrong: 1 point
+        hits += any(c.flagged and c.index == 20 for c in score_changes(m, 40.0))
+    assert hits >= 18
+
+
+def test_one_odd_night_is_a_transient_and_a_new_level_is_pending_first():
+    base = np.tile((np.arange(200) % 10 < 6).astype(float), (10, 1))
+    odd = base.copy()
+    odd[4, :30] = 0
+    assert [c for c in score_changes(odd) if c.flagged] == []
+    drop = base.copy()
+    drop[9, :30] = 0  # only tonight
+    assert [(c.index, c.state) for c in score_changes(drop)] == [(9, "pending")]
+
+
+def test_token_measure_rise_is_flagged_in_decades_and_a_fall_is_not():
+    v = np.array([1e-12] * 6 + [1e-6] * 3 + [1e-12] * 3)
+    changes = token_changes(v, np.full(12, 1e-12))
+    assert [(c.index, c.state, c.direction) for c in changes] == [(6, "flagged", "up"), (9, "not significant", "down")]
+    wobble = np.array([1e-12, 3e-12, 1e-12, 5e-12, 2e-12, 1e-12])
+    assert token_changes(wobble, wobble) == []
+
+
+def test_token_values_below_the_gate_floor_are_not_a_change():
+    # fp32: 0, then 1e-12 (rounding) -- both below the 1e-8 floor of the KL gate
+    v = np.array([0.0] * 4 + [1.8e-12] * 6)
+    assert token_changes(v, np.zeros(10)) != []  # without the floor it looks like 18 decades
+    assert token_changes(v, np.zeros(10), np.full(10, 1e-8)) == []
+    bad = np.array([0.0] * 4 + [0.79] * 3)
+    assert [c.index for c in token_changes(bad, np.zeros(7), np.full(7, 1e-8)) if c.flagged] == [4]
+
+
+def _job(vdir, baseline_dir: str) -> WorkerJob:
+    return WorkerJob(variant=vdir.name, output_dir=str(vdir.root), engine_args={}, tasks=[], topk=1, data_dir="data",
+                     teacher=TeacherJob(enabled=True, baseline_dir=baseline_dir))
+
+
+def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(tmp_path):
+    from fakes import token_table
+    from nightly_fakes import base_samples
+
+    from evalpipe.rundir import artifacts
+
+    base = write_night(tmp_path, 0)
+    tonight = write_night(tmp_path, 1)
+    good = base_samples()
+    for night in (base, tonight):
+        for name in ("legacy", "sp"):
+            artifacts.write_table(artifacts.VariantDir(night / name).teacher, token_table(good))
+    # without tonight's scoring of the baseline's sequences: free-running only
+    plain = judging.vs_baseline(base, tonight, "sp")
+    assert plain["teacher_forced"] is False and plain["teacher"] == [] and plain["status"] == "IDENTICAL"
+    vd = artifacts.VariantDir(tonight / "sp")
+    artifacts.write_table(vd.teacher_baseline, token_table(good))
+    write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(base / "legacy")))
+    forced = judging.vs_baseline(base, tonight, "sp")
+    assert forced["teacher_forced"] is True and forced["teacher"][0]["identical"]
+    # scored against another night's sequences: not comparable, left out
+    write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(tonight / "legacy")))
+    assert judging.vs_baseline(base, tonight, "sp")["teacher_forced"] is False
+
+
+# -- what ran: path probes ------------------------------------------------------------
+
+SP_NEVER_RAN = ("variant `sp` never called `evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention` "
+                "(0 calls in 1 process)")
+
+
+def _probe_nights(tmp_path, plan):
+    """Record and judge probed nights, one per entry of ``plan`` (write_night's options)."""
+    db = open_history(None, tmp_path / "out")
+    results = [nightly.record_and_judge(db, write_night(tmp_path / "runs", i, probes=True, **options), labels={}, alpha=1e-3,
+                                        min_nights=2, dashboard=tmp_path / "dash" / "index.html", title="t")
+               for i, options in enumerate(plan)]
+    return db, results
+
+
+def _failures(junit_path):
+    suite = ET.parse(junit_path).getroot().find("testsuite")
+    return {c.get("name"): c.find("failure").attrib for c in suite.findall("testcase") if c.find("failure") is not None}
+
+
+def test_the_same_variant_night_over_night_with_probes_is_judged_on_its_outputs(tmp_path):
+    _, results = _probe_nights(tmp_path, [{}, {}])
+    j = results[1].judgement
+    assert (j.status, results[1].exit_code) == ("PASS", 0)
+    # same code, same probe profile, IDENTICAL outputs: meant to be the same, not "same_code"
+    assert [(e["variant"], e["status"], e["paths"]["status"]) for e in j.vs_baseline] == [
+        ("legacy", "IDENTICAL", "verified"), ("sp", "IDENTICAL", "verified")]
+
+
+def test_the_noise_floor_of_a_run_without_recorded_expectations_is_not_same_code(tmp_path):
+    from evalpipe.rundir import artifacts
+
+    run_dir = write_night(tmp_path, 0, probes=True)
+    info = artifacts.read_json(run_dir / "run.json")
+    for settings in info["variant_settings"].values():
+        settings.pop("expect")
+    artifacts.write_json(run_dir / "run.json", info)
+    _, aa = judging.tonight_floor(run_dir)
+    assert (aa.status.value, aa.paths.status) == ("IDENTICAL", "verified")
+
+
+def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_path):
+    db, results = _probe_nights(tmp_path, [{}, {}, {"sp_ran": "legacy"}, {}])
+    assert [r.judgement.status for r in results] == ["PASS", "PASS", "INCONCLUSIVE", "PASS"]
+    assert [r.exit_code for r in results] == [0, 0, 4, 0]
+    j = results[2].judgement
+    assert j.verdict == "INCONCLUSIVE"
+    assert j.reasons == [
+        f"tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}",
+        "sp's comparison with baseline night-01 proves nothing about the paths: " + SP_NEVER_RAN.replace("`sp`", "`night-02/sp`"),
+    ]
+    sp = next(e for e in j.vs_baseline if e["variant"] == "sp")
+    assert (sp["status"], sp["outputs_status"], sp["paths"]["status"]) == ("INCONCLUSIVE", "IDENTICAL", "failed")
+    # an INCONCLUSIVE night is no baseline: the next night is judged against the last PASS
+    assert results[3].judgement.baseline == "night-01"
+    failures = _failures(results[2].outputs["junit"])
+    assert failures["variants_vs_reference"] == {"message": j.reasons[0], "type": "inconclusive"}
+    assert failures["sp"]["type"] == "inconclusive" and "legacy" not in failures
+    md = results[2].outputs["markdown"].read_text()
+    assert md.startswith("## evalpipe nightly night-02: ⚠️ INCONCLUSIVE")
+    assert ("- tonight's comparison proves nothing about the paths: variant \\`sp\\` never called "
+            "\\`evalpipe.lab.layout.model.LayoutDecoderLayer.\\_sp\\_attention\\` (0 calls in 1 process)") in md
+    assert "| sp | night-01 | INCONCLUSIVE |" in md
+    assert db.run("night-02")["nightly_status"] == "INCONCLUSIVE"
+    assert [n["status"] for n in dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "d.html")["nights"]] == [
+        "PASS", "PASS", "INCONCLUSIVE", "PASS"]
+
+
+def test_print_night_shows_an_inconclusive_night_with_its_reason(tmp_path):
+    from rich.console import Console
+
+    _, results = _probe_nights(tmp_path, [{}, {"sp_ran": "legacy"}])
+    console = Console(record=True, width=400, color_system=None)
+    nightly.print_night(results[1], console)
+    text = console.export_text()
+    assert "nightly night-01: INCONCLUSIVE (baseline night-00)" in text
+    assert f"  - tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}" in text
+
+
+def test_a_regression_the_same_night_outranks_an_inconclusive_comparison(tmp_path):
+    # tonight's build broke the legacy path, and sp silently ran it too
+    _, results = _probe_nights(tmp_path, [{}, {}, {"reference_fault": True, "sp_ran": "legacy"}])
+    r = results[2]
+    assert (r.judgement.status, r.exit_code) == ("REGRESSION", 1)
+    assert r.judgement.verdict == "INCONCLUSIVE"  # tonight's variants alone prove nothing
+    assert r.judgement.reasons[0] == f"tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}"
+    assert any(reason.startswith("legacy drifted from baseline night-01: DIVERGENT") for reason in r.judgement.reasons)
+    failures = _failures(r.outputs["junit"])
+    assert failures["variants_vs_reference"]["type"] == "inconclusive" and failures["legacy"]["type"] == "regression"
+    assert "❌ REGRESSION" in r.outputs["markdown"].read_text()

@@ -1,0 +1,190 @@
+import sys
+
+import pytest
+from checkout import ROOT
+
+from evalpipe.config.errors import ConfigError
+from evalpipe.config.loading import parse_config
+from evalpipe.documents.run_doc import NoiseFloorEntry
+from evalpipe.install import worker_import_dir
+from evalpipe.pipeline.plan import DEFAULT_ENV, make_plan, run_info, select_tasks
+
+CONFIG = {
+    "model": {"path": "builtin:tiny-gsm", "dtype": "float32"},
+    "engine": {"max_model_len": 4096, "additional_config": {"enable_dsa_cp": True, "keep": 1}},
+    "env": {"SHARED": "1"},
+    "variants": {
+        "legacy": {"env": {"LAYOUT": "legacy"}},
+        "sp": {"env": {"LAYOUT": "sp", "SHARED": "2"}, "engine": {"additional_config": {"enable_dsa_cp": False}}},
+    },
+    "reference": "legacy",
+    "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}], "longctx": [{"task": "niah_single_1"}]},
+}
+
+
+def plan(**kwargs):
+    return make_plan(parse_config(CONFIG), "cfg.yaml", kwargs.pop("tasks", "gsm8k"), **kwargs)
+
+
+def test_variants_get_merged_engine_args_env_and_interpreter(tmp_path):
+    p = plan(output=str(tmp_path))
+    assert [v.name for v in p.variants] == ["legacy", "sp"]
+    sp = p.variant("sp")
+    assert sp.engine_args["additional_config"] == {"enable_dsa_cp": False, "keep": 1}
+    assert sp.engine_args["dtype"] == "float32" and sp.engine_args["max_model_len"] == 4096
+    assert sp.env_overrides == {"SHARED": "2", "LAYOUT": "sp"}
+    assert sp.python == sys.executable
+    env = sp.process_env()
+    assert env["LAYOUT"] == "sp" and env["SHARED"] == "2"
+    assert env["PYTHONPATH"].split(":")[0] == str(worker_import_dir()) == str(ROOT), "workers import this checkout"
+    assert p.run_dir.parent == tmp_path
+
+
+def test_config_env_wins_over_default_offline_env(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cfg = dict(CONFIG, env={"HF_HUB_OFFLINE": "0"})
+    p = make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+    assert p.variants[0].process_env()["HF_HUB_OFFLINE"] == "0"
+    p2 = plan()
+    assert p2.variants[0].process_env()["HF_HUB_OFFLINE"] == DEFAULT_ENV["HF_HUB_OFFLINE"]
+
+
+def test_reference_runs_first_and_variant_selection():
+    p = plan(variants="sp,legacy")
+    assert [v.name for v in p.variants] == ["legacy", "sp"]
+    only_sp = plan(variants="sp")
+    assert only_sp.reference == "sp" and only_sp.notes
+    with pytest.raises(ConfigError, match="variant `nope` is not defined in cfg.yaml; known variants: legacy, sp"):
+        plan(variants="legacy,nope")
+
+
+def test_task_selection_groups_all_and_raw_names_with_limit():
+    cfg = parse_config(CONFIG)
+    assert [t.spec.task for t in select_tasks(cfg, "gsm8k", None)] == ["gsm8k_synth_4shot"]
+    assert [t.spec.task for t in select_tasks(cfg, "all", None)] == ["gsm8k_synth_4shot", "niah_single_1"]
+    raw = select_tasks(cfg, "hellaswag", 5)
+    assert raw[0].group == "hellaswag" and raw[0].spec.limit == 5 and raw[0].spec.num_fewshot is None
+    assert len(select_tasks(cfg, "gsm8k,all", None)) == 2, "a task is run once"
+    with pytest.raises(ConfigError, match="--limit"):
+        select_tasks(cfg, "gsm8k", 0)
+
+
+def test_missing_model_path_and_unknown_builtin():
+    cfg = dict(CONFIG, model={"path": "/does/not/exist"})
+    with pytest.raises(ConfigError, match="model path `/does/not/exist` does not exist"):
+        make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+    cfg = dict(CONFIG, model={"path": "builtin:nope"})
+    with pytest.raises(ConfigError, match="names no built-in model; known: builtin:tiny-gsm"):
+        make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+
+
+def test_missing_variant_interpreter():
+    cfg = dict(CONFIG, reference=None, variants={"a": {}, "b": {"python": "/opt/nowhere/bin/python"}})
+    with pytest.raises(ConfigError, match="variant `b`: python interpreter `/opt/nowhere/bin/python` was not found"):
+        make_plan(parse_config(cfg), "cfg.yaml", "gsm8k")
+
+
+def test_run_info_records_what_distinguishes_variants():
+    info = run_info(plan())
+    assert info.reference == "legacy" and info.variants == ["legacy", "sp"]
+    assert info.variant_settings["sp"].env == {"LAYOUT": "sp", "SHARED": "2"}
+    assert info.tasks[0]["task"] == "gsm8k_synth_4shot"
+    assert len(info.fingerprints.config_sha256 or "") == 64
+
+
+def test_noise_floor_repeats_the_reference_right_after_it(tmp_path):
+    p = plan(output=str(tmp_path), noise_floor=True)
+    assert [v.name for v in p.variants] == ["legacy", "legacy-aa", "sp"]
+    ref, aa = p.variants[0], p.variants[1]
+    assert aa.aa_of == "legacy" and aa.reverse_order and not ref.reverse_order
+    assert aa.env_overrides == ref.env_overrides and aa.python == ref.python
+    # another batch arrangement, same numerics: only max_num_seqs differs (vLLM's 256 halved)
+    assert {k: v for k, v in aa.engine_args.items() if ref.engine_args.get(k) != v} == {"max_num_seqs": 128}
+    info = run_info(p)
+    assert info.noise_floor == NoiseFloorEntry(variant="legacy-aa", of="legacy", reverse_order=True)
+    assert info.variant_settings["legacy-aa"].engine == {"max_num_seqs": 128}
+    assert info.variant_settings["legacy-aa"].env == {"LAYOUT": "legacy"}
+
+
+def test_noise_floor_from_config_with_own_overrides_and_cli_switch_off(tmp_path):
+    cfg = parse_config({**CONFIG, "noise_floor": {"reverse_order": False, "engine": {"max_num_batched_tokens": 64}}})
+    p = make_plan(cfg, "cfg.yaml", "gsm8k", output=str(tmp_path))
+    aa = p.variant("legacy-aa")
+    assert not aa.reverse_order and aa.engine_args["max_num_batched_tokens"] == 64
+    assert "max_num_seqs" not in aa.engine_args
+    off = make_plan(cfg, "cfg.yaml", "gsm8k", output=str(tmp_path), noise_floor=False)
+    assert [v.name for v in off.variants] == ["legacy", "sp"]
+    assert run_info(off).noise_floor is None
+
+
+def test_noise_floor_reusing_the_references_server(tmp_path):
+    serve = {**CONFIG, "launch": {"mode": "serve", "concurrency": 10}, "noise_floor": {"reuse_server": True}}
+    p = make_plan(parse_config(serve), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    ref, aa = p.variants[0], p.variants[1]
+    # no second engine: same engine args, the reference's server, half the requests in flight
+    assert aa.server_of == "legacy" and aa.engine_args == ref.engine_args and aa.reverse_order
+    assert (aa.launch.mode, aa.launch.concurrency, ref.launch.concurrency) == ("serve", 5, 10)
+    assert p.variant("sp").server_of is None
+    with pytest.raises(ConfigError, match="reuse_server needs a server"):
+        make_plan(parse_config({**CONFIG, "noise_floor": {"reuse_server": True}}), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    # an endpoint cannot restart with other settings: its A/A run always reuses it
+    endpoint = {**CONFIG, "launch": {"mode": "endpoint", "url": "http://h:1"}, "noise_floor": True}
+    aa = make_plan(parse_config(endpoint), "cfg.yaml", "gsm8k", output=str(tmp_path)).variant("legacy-aa")
+    assert aa.launch.url == "http://h:1" and aa.launch.concurrency == 32 and aa.server_of is None
+
+
+def test_noise_floor_name_collision_is_a_config_error():
+    with pytest.raises(ConfigError, match="collides with the name of the A/A noise-floor run"):
+        parse_config({**CONFIG, "variants": {**CONFIG["variants"], "legacy-aa": {}}, "noise_floor": True})
+    cfg = parse_config({**CONFIG, "variants": {**CONFIG["variants"], "legacy-aa": {}}})
+    with pytest.raises(ConfigError, match="--no-noise-floor"):
+        make_plan(cfg, "cfg.yaml", "gsm8k", noise_floor=True)
+
+
+def longctx_plan(tmp_path, task=None, **longctx):
+    cfg = {**CONFIG, "tasks": {"longctx": [task or {"task": "longctx_passkey"}]}, "longctx": longctx}
+    return make_plan(parse_config(cfg), "cfg.yaml", "longctx", output=str(tmp_path))
+
+
+def test_longctx_lengths_must_fit_the_context_window(tmp_path):
+    assert longctx_plan(tmp_path, lengths=[1024, 2048], sparse_block=2048, tp_sizes=[4, 16]).tasks
+    with pytest.raises(ConfigError, match=r"`longctx_passkey` needs prompts of 4096 tokens plus 16 generated, more than "
+                                          r"max_model_len 4096 of variant `legacy`; raise engine.max_model_len to at least 4112"):
+        longctx_plan(tmp_path, lengths=[4096])
+
+
+def test_longctx_tasks_refuse_shots(tmp_path):
+    with pytest.raises(ConfigError, match="zero-shot by construction .* remove num_fewshot"):
+        longctx_plan(tmp_path, task={"task": "longctx_vartrack", "num_fewshot": 2}, lengths=[1024], sparse_block=1024)
+
+
+def test_longctx_spec_in_the_config_is_strict():
+    with pytest.raises(ConfigError, match="lenghts"):
+        parse_config({**CONFIG, "longctx": {"lenghts": [1024]}})
+
+
+def test_ruler_lengths_plus_generation_must_fit_the_context_window(tmp_path):
+    ok = longctx_plan(tmp_path, task={"task": "niah_single_1"}, lengths=[2048, 3968])
+    assert [t.spec.task for t in ok.tasks] == ["niah_single_1"]
+    with pytest.raises(ConfigError, match=r"^`niah_single_1` \(RULER\) needs prompts of up to 4096 tokens plus 128 generated, "
+                                          r"more than max_model_len 4096 of variant `legacy`; raise engine.max_model_len to at "
+                                          r"least 4224 or drop the longer lengths from longctx.lengths\.$"):
+        longctx_plan(tmp_path, task={"task": "niah_single_1"}, lengths=[2048, 4096])
+    # each task's own max_gen_toks, or the entry's override
+    assert longctx_plan(tmp_path, task={"task": "ruler_vt"}, lengths=[4066]).tasks
+    with pytest.raises(ConfigError, match="4067 tokens plus 30 generated"):
+        longctx_plan(tmp_path, task={"task": "ruler_vt"}, lengths=[4067])
+    assert longctx_plan(tmp_path, task={"task": "niah_single_1", "max_gen_toks": 16}, lengths=[4080]).tasks
+
+
+def test_ruler_refuses_shots_and_data_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"`ruler_cwe` \(RULER\) is zero-shot"):
+        longctx_plan(tmp_path, task={"task": "ruler_cwe", "num_fewshot": 1}, lengths=[1024])
+    with pytest.raises(ConfigError, match="remove data_files"):
+        longctx_plan(tmp_path, task={"task": "niah_multikey_3", "data_files": {"test": "x.jsonl"}}, lengths=[1024])
+
+
+def test_ruler_items_per_length_is_part_of_the_longctx_spec():
+    assert parse_config({**CONFIG, "longctx": {"ruler_items_per_length": 2}}).longctx.ruler_items_per_length == 2
+    with pytest.raises(ConfigError, match="ruler_items_per_length is 0"):
+        parse_config({**CONFIG, "longctx": {"ruler_items_per_length": 0}})
