@@ -14,6 +14,7 @@ import re
 import pytest
 from fakes import make_samples, perturb_topk, set_token, write_run
 from html_page import parse_page
+from report_samples import HOSTILE, NASTY, as_document, print_summary, render_html, render_markdown
 from rich.console import Console
 
 from evalpipe.pipeline.comparing import compare_run
@@ -28,7 +29,6 @@ from tests.compare.test_bylength import (
     write_long_run,
 )
 from tests.report.test_html import PNG_MAGIC
-from tests.report.test_report import HOSTILE, NASTY, as_document, print_summary, render_html, render_markdown
 
 
 def _long_compare(tmp_path, name="run", **kw) -> dict:

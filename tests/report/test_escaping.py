@@ -1,6 +1,6 @@
 """Every renderer against hostile text in every field it shows.
 
-The compare dict of test_report.py gets the payloads of tests/support/payloads.py appended to
+The compare dict of report_samples.py gets the payloads of payloads.py (both tests/support/) appended to
 every string (task and metric names, variant names, questions, targets, responses,
 token texts, reasons, gate details and evidence, run.json values), and the id-like
 numbers (doc ids, token ids, gate values) become text with payloads too, as a
@@ -21,6 +21,7 @@ from dashboard_samples import sample_history
 from html_page import Page, parse_page
 from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
 from pydantic import ValidationError
+from report_samples import RUN_INFO, as_document, as_run, make_compare
 
 from evalpipe import report
 from evalpipe.compare.code_paths import short
@@ -28,7 +29,6 @@ from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.report import md_escape, render_junit
 from evalpipe.report.dashboard import render_dashboard
 from evalpipe.report.nightly import render_night_junit, render_night_summary
-from tests.report.test_report import RUN_INFO, as_document, as_run, make_compare
 from tests.report.test_what_ran import inconclusive_comparison, legacy_summary, sp_summary, summary_text, trap_paths
 
 # Numbers a renderer formats as text (ids, positions, gate values): poisoned as strings.

@@ -8,11 +8,7 @@ import re
 
 import pytest
 from html_page import parse_page
-
-from evalpipe.documents.comparison import TokenSummary
-from evalpipe.report.html import html_text
-from evalpipe.report.plots import distribution_plot, divergence_plot
-from tests.report.test_report import (
+from report_samples import (
     HOSTILE,
     RUN_INFO,
     comparison,
@@ -26,6 +22,10 @@ from tests.report.test_report import (
     token_summary,
     worst,
 )
+
+from evalpipe.documents.comparison import TokenSummary
+from evalpipe.report.html import html_text
+from evalpipe.report.plots import distribution_plot, divergence_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

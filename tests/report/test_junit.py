@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from report_samples import METRIC, TASK, as_document, comparison, gate, identical_compare, make_compare
+
 from evalpipe.report import render_junit
 from evalpipe.report.junit import xml_text
-from tests.report.test_report import METRIC, TASK, as_document, comparison, gate, identical_compare, make_compare
 
 
 def _suites(xml: str) -> tuple[ET.Element, list[ET.Element]]:

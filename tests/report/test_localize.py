@@ -9,6 +9,7 @@ import re
 
 import pytest
 from html_page import parse_page
+from report_samples import HOSTILE, RUN_INFO, as_document, as_run, identical_compare, make_compare
 from rich.console import Console
 
 from evalpipe.compare.localize import MODULES
@@ -25,7 +26,6 @@ from evalpipe.report import localize as report_localize
 from evalpipe.report import plots
 from evalpipe.report.html import render_html
 from evalpipe.report.markdown import md_escape, render_markdown
-from tests.report.test_report import HOSTILE, RUN_INFO, as_document, as_run, identical_compare, make_compare
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LAYERS = 4

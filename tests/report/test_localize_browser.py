@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 from payloads import SCRIPT
+from report_samples import RUN_INFO, as_document, as_run, make_compare
 
 from evalpipe.report.html import render_html
 from evalpipe.rundir import artifacts
 from tests.report.test_localize import FAULT_SENTENCE, localization
-from tests.report.test_report import RUN_INFO, as_document, as_run, make_compare
 
 
 def test_where_it_starts_in_chromium(tmp_path):

@@ -17,13 +17,7 @@ from typing import Any
 
 import pytest
 from html_page import parse_page
-from rich.console import Console
-
-from evalpipe.documents.comparison import Status
-from evalpipe.report import render_junit
-from evalpipe.report.html import KNOWN_STATUSES, status_class
-from evalpipe.report.terminal import STATUS_STYLE
-from tests.report.test_report import (
+from report_samples import (
     TASK,
     as_document,
     comparison,
@@ -36,6 +30,12 @@ from tests.report.test_report import (
     render_markdown,
     what_ran_view,
 )
+from rich.console import Console
+
+from evalpipe.documents.comparison import Status
+from evalpipe.report import render_junit
+from evalpipe.report.html import KNOWN_STATUSES, status_class
+from evalpipe.report.terminal import STATUS_STYLE
 
 LAYOUT = "evalpipe.lab.layout.model"
 LEGACY_CALL = f"{LAYOUT}.LayoutDecoderLayer._legacy_attention"

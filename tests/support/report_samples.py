@@ -1,25 +1,22 @@
-"""report.md and the terminal summary, rendered from hand-built compare.json documents.
+"""Hand-built compare.json documents for the report tests, and the renderers taking them.
 
 The builders write compare.json dicts by hand, so the renderers are tested without
 running a comparison; :func:`as_document` makes them the typed document the renderers
-take (evalpipe/documents/comparison.py). The builders and the renderers taking them
-are imported by the other report tests.
+take (evalpipe/documents/comparison.py), :func:`as_run` does the same for run.json.
+Imported by plain name (tests/conftest.py puts tests/support on sys.path).
 """
 
 from __future__ import annotations
 
 import copy
-import io
-import re
 from typing import Any
 
-import pytest
 from rich.console import Console
 
 from evalpipe import report
 from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.documents.run_doc import RunDocument
-from evalpipe.report import md_escape, what_ran
+from evalpipe.report import what_ran
 
 TASK = "gsm8k_synth_4shot"
 METRIC = "exact_match,strict-match"
@@ -243,186 +240,3 @@ def print_summary(compare: dict[str, Any] | ComparisonDocument, console: Console
 
 def what_ran_view(compare: dict[str, Any] | ComparisonDocument, esc: Any) -> dict[str, Any] | None:
     return what_ran.what_ran_view(as_document(compare), esc)
-
-
-# ---------------------------------------------------------------------------
-# markdown
-# ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def md() -> str:
-    return render_markdown(make_compare(), RUN_INFO)
-
-
-def _table_blocks(md: str) -> list[list[str]]:
-    return [b.strip("\n").split("\n") for b in re.findall(r"(?:^\|.*\n)+", md, flags=re.MULTILINE)]
-
-
-def test_md_escape():
-    out = md_escape(NASTY)
-    assert "<script>" not in out and "&lt;script&gt;" in out
-    assert "\\|" in out and "|" not in out.replace("\\|", "")
-    assert "\\`rm -rf\\`" in out
-    assert "\n" not in out and "<br>" in out
-    assert md_escape("a\x1bb\x00") == "a\\u001bb\\u0000"
-
-
-def test_markdown_escapes_model_text(md):
-    assert "<script>" not in md and "</script>" not in md and "</td>" not in md
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
-    assert "\\`rm -rf\\`" in md
-    # every table row keeps its column count: unescaped pipes never appear inside cells
-    for rows in _table_blocks(md):
-        widths = {len(re.findall(r"(?<!\\)\|", r)) for r in rows}
-        assert len(widths) == 1, rows
-
-
-def test_markdown_order_verdict_then_gates_then_run(md):
-    lines = md.splitlines()
-    assert lines[0] == "# evalpipe comparison: run-1"
-    assert lines[2] == "## Verdict: DIVERGENT"
-    assert "**sp** vs reference **legacy**: **DIVERGENT**" in md
-    assert "A/A noise floor: **legacy-aa** vs **legacy**: EQUIVALENT" in md
-    order = [md.index(s) for s in ("## Verdict", "teacher\\_kl\\_max: 0.3", "## Gates", "## Run", "## sp vs legacy", "### Task")]
-    assert order == sorted(order)
-
-
-def test_markdown_gate_table_failing_first(md):
-    assert "2 of 6 gates failed, 1 skipped." in md
-    gates = md[md.index("## Gates") : md.index("## Run")]
-    rows = [r for r in gates.splitlines() if r.startswith("| sp |")]
-    statuses = [r.split(" | ")[7] for r in rows]
-    assert statuses == ["**FAIL**", "**FAIL**", "skip", "pass", "pass", "pass"]
-    assert "| sp | teacher\\_kl\\_max | gsm8k\\_synth\\_4shot | — | 0.3 | 0.1 | 0.01 | **FAIL** |" in gates
-    assert f"| sp | score\\_equivalence | gsm8k\\_synth\\_4shot | {md_escape(METRIC)} | 0.005 | 0.01 | — | pass |" in gates
-    # evidence of failing gates, under the table
-    assert "- sp teacher\\_kl\\_max gsm8k\\_synth\\_4shot:\n  - doc 5 repeat 0 pos 7" in gates
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
-        # run header: model, fingerprints, only the settings that differ between variants, timings
-        "| model | tiny-layout (path=abc) |",
-        "| fingerprint config\\_sha256 | m123 |",
-        "| legacy | reference | env.LAYOUT=legacy |",
-        "| model\\_s | 12.5 |",
-        "| legacy-aa | A/A noise floor | — |",
-        "| A/A noise floor | legacy-aa vs legacy: EQUIVALENT |",
-        "| scores gates | alpha=0.05, fail\\_on\\_significant=True, margin=0.01, require\\_equivalence=True |",
-        # scores: 6 items, A = [0,1,0,1,0,1], B flips doc 2 to right: d̄ = 1/6, SE = 1/6,
-        # t_{.975,5} = 2.5706 -> [−0.262, +0.595]; 90%: t_{.95,5} = 2.0150; MDD 0.582; McNemar(0, 1) = 1
-        "| exact\\_match,strict-match | 0.500 | 0.667 | +0.167 | 1/6 (0 right→wrong, 1 wrong→right) |",
-        "| equivalent within ±0.01 [90% CI] | detectable Δ | items |",
-        (
-            "| exact\\_match,strict-match | 0.500 ± 0.224 | 0.667 ± 0.211 | +0.167 [−0.262, +0.595] | 1 "
-            "| no [−0.169, +0.503] | 0.582 | 6 |"
-        ),
-        # tokens: free-running and teacher-forced, each beside its A/A noise floor
-        "| tokens | free-running | free-running A/A | teacher-forced | teacher-forced A/A |",
-        "| KL p50 / p99 / max | 0 / 0.0001 / 0.0003 | 0 / 0.0001 / 0.0003 | 1e-06 / 0.004 / 0.3 | 1e-06 / 0.002 / 0.01 |",
-        "| top-1 agreement | 44/44 (100.0%) | 44/44 (100.0%) | 46/48 (95.8%) | 46/48 (95.8%) |",
-        "| hard top-1 flips | 0 | 0 | 1 | 0 |",
-        "| largest KL at | doc 3 pos 6 | doc 3 pos 6 | doc 5 pos 7 | doc 5 pos 7 |",
-        "Hard free-running divergences: doc 2 pos 4",
-        "Hard teacher-forced top-1 flips: doc 5 pos 7",
-    ],
-)
-def test_markdown_lines(md, line):
-    assert line in md
-
-
-def test_markdown_header_keeps_only_distinguishing_settings(md):
-    assert "env.LAYOUT=sp" in md and "OMP" not in md
-
-
-def test_markdown_worst_positions(md):
-    assert "#### Earliest divergences (free-running)" in md
-    assert "#### Largest KL (teacher-forced)" in md and "#### Largest \\|Δlogprob\\| (teacher-forced)" in md
-    section = md[md.index("#### Largest KL (teacher-forced)") :]
-    assert section.startswith("#### Largest KL (teacher-forced)\n\ndoc 5, position 7: KL 0.3, \\|Δlogprob\\| 0.49\n")
-    # context is escaped, token texts are shown as literals, the other side's token is bold
-    assert "context: Question 5? &lt;script&gt;alert(1)&lt;/script&gt; &lt;/td&gt; &amp; \"dq\" 'sq'<br>next line so the answer" in section
-    assert '| token (logprob) | `13881` " 4" (−0.4053) | `11` "\\\\n" (−0.9) |' in section
-    assert "| top-k (other side's token in bold) | 13881 (−0.4053), **11 (−1.405)**, 13883 (−2.405) |" in section
-    earliest = md[md.index("#### Earliest divergences") :]
-    assert earliest.startswith("#### Earliest divergences (free-running)\n\ndoc 2, position 4\n")
-
-
-def test_markdown_flipped_items(md):
-    section = md[md.index("#### Items whose score changed") : md.index("#### Earliest divergences")]
-    assert "exact\\_match,strict-match: 1" in section
-    row = next(line for line in section.splitlines() if line.startswith("| 2 |"))
-    assert "| 0 → 1 | Question 2? | 4\\|2 |" in row
-    assert "&lt;script&gt;" in row and "<script>" not in row and "second line" in row
-
-
-def test_markdown_flipped_items_truncated():
-    c = comparison(scores=[score_row(n_flipped=12, flipped=[flipped(i, "r") for i in range(12)])])
-    md = render_markdown(make_compare(comparisons=[c]), {})
-    assert "exact\\_match,strict-match: first 10 of 12" in md
-    section = md[md.index("#### Items whose score changed") :]
-    assert "| 9 |" in section and "| 10 |" not in section
-
-
-def test_identical_old_layout_and_determinism():
-    d = identical_compare()
-    md1 = render_markdown(d, RUN_INFO)
-    assert "## Verdict: IDENTICAL" in md1 and "Earliest divergences" not in md1
-    assert "No gate was evaluated." in md1
-    assert "| 0.500 ± 0.224 | 0.500 ± 0.224 | 0 [0, 0] | 1 | yes [0, 0] | 0.000 | 6 |" in md1
-    # the document always carries the top-1 counts (a file without them is refused as another schema)
-    assert "| tokens | free-running |\n" in md1 and "| top-1 agreement | 48/48 (100.0%) |" in md1
-    assert "Items whose score changed" not in md1
-    assert render_markdown(copy.deepcopy(d), RUN_INFO) == md1
-    assert render_markdown(d, None).startswith("# evalpipe comparison: run-1")  # tolerant of missing run.json
-    big = make_compare()
-    assert render_markdown(big, RUN_INFO) == render_markdown(copy.deepcopy(big), RUN_INFO)
-
-
-def test_markdown_of_a_document_read_back_is_the_same():
-    doc = as_document(make_compare())
-    assert render_markdown(ComparisonDocument.model_validate_json(doc.model_dump_json()), RUN_INFO) == render_markdown(doc, RUN_INFO)
-
-
-# ---------------------------------------------------------------------------
-# terminal
-# ---------------------------------------------------------------------------
-
-
-def _summary(d: dict[str, Any]) -> str:
-    buf = io.StringIO()
-    print_summary(d, Console(file=buf, width=220, color_system=None))
-    return buf.getvalue()
-
-
-def test_terminal_summary_divergent():
-    out = _summary(make_compare())
-    lines = out.splitlines()
-    assert lines[0] == "run-1: DIVERGENT"
-    assert "A/A noise floor (legacy-aa): EQUIVALENT" in out
-    assert "scores (reference: legacy)" in out
-    header = next(line for line in lines if "TF KL p99" in line)
-    assert "TF hard top-1" in header
-    row = next(line for line in lines if line.startswith("│ sp") and "%" in line)
-    assert TASK in row and "83.3%" in row and "0.004" in row and "DIVERGENT" in row
-    assert "failed gates" in out
-    failed = [line for line in lines if line.startswith("│ sp") and "teacher_kl_max" in line]
-    assert failed and "0.3" in failed[0] and "KL 0.3 > 0.1 at doc 5 pos 7" in failed[0]
-    assert not any("teacher_kl_p99" in line for line in lines)
-
-
-def test_terminal_summary_all_gates_passed():
-    c = comparison(status="EQUIVALENT", gates=[gate("teacher_kl_p99", "pass", 0.001, 0.01), gate("x", "skip", None, None)])
-    out = _summary(make_compare(status="EQUIVALENT", comparisons=[c]))
-    assert out.startswith("run-1: EQUIVALENT")
-    assert "all 1 gates passed (1 skipped)" in out and "failed gates" not in out
-
-
-def test_terminal_summary_old_layout():
-    out = _summary(identical_compare())
-    assert out.startswith("run-1: IDENTICAL")
-    assert "TF KL p99" not in out and "failed gates" not in out
-    row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
-    assert "100.0%" in row and "IDENTICAL" in row

@@ -1,0 +1,50 @@
+"""The terminal summary (evalpipe/report/terminal.py): print_summary of hand-built compare.json
+documents (tests/support/report_samples.py) -- the verdict line and the A/A floor, the scores and
+token tables (teacher-forced columns only when there is teacher-forced data), the failed gates
+or the line that all passed.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from report_samples import TASK, comparison, gate, identical_compare, make_compare, print_summary
+from rich.console import Console
+
+
+def _summary(d: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    print_summary(d, Console(file=buf, width=220, color_system=None))
+    return buf.getvalue()
+
+
+def test_terminal_summary_divergent():
+    out = _summary(make_compare())
+    lines = out.splitlines()
+    assert lines[0] == "run-1: DIVERGENT"
+    assert "A/A noise floor (legacy-aa): EQUIVALENT" in out
+    assert "scores (reference: legacy)" in out
+    header = next(line for line in lines if "TF KL p99" in line)
+    assert "TF hard top-1" in header
+    row = next(line for line in lines if line.startswith("│ sp") and "%" in line)
+    assert TASK in row and "83.3%" in row and "0.004" in row and "DIVERGENT" in row
+    assert "failed gates" in out
+    failed = [line for line in lines if line.startswith("│ sp") and "teacher_kl_max" in line]
+    assert failed and "0.3" in failed[0] and "KL 0.3 > 0.1 at doc 5 pos 7" in failed[0]
+    assert not any("teacher_kl_p99" in line for line in lines)
+
+
+def test_terminal_summary_all_gates_passed():
+    c = comparison(status="EQUIVALENT", gates=[gate("teacher_kl_p99", "pass", 0.001, 0.01), gate("x", "skip", None, None)])
+    out = _summary(make_compare(status="EQUIVALENT", comparisons=[c]))
+    assert out.startswith("run-1: EQUIVALENT")
+    assert "all 1 gates passed (1 skipped)" in out and "failed gates" not in out
+
+
+def test_terminal_summary_old_layout():
+    out = _summary(identical_compare())
+    assert out.startswith("run-1: IDENTICAL")
+    assert "TF KL p99" not in out and "failed gates" not in out
+    row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
+    assert "100.0%" in row and "IDENTICAL" in row
