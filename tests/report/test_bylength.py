@@ -1,57 +1,39 @@
-"""The "Per length" sections of report.md / report.html, their plots and the terminal line.
+"""The "Per length" sections of report.md and report.html (their plots are pinned in
+test_plots.py, the terminal line in test_terminal.py).
 
 The compare.json dicts come from real comparisons of the hand-built long-context runs of
-test_compare_bylength.py (legacy vs sp, sp broken only at length 2049, with an A/A run).
+tests/compare/test_bylength.py (legacy vs sp, sp broken only at length 2049, with an A/A run).
 """
 
 from __future__ import annotations
 
 import base64
 import copy
-import io
 import re
 
 import pytest
-from fakes import make_samples, perturb_topk, set_token, write_run
+from fakes import make_samples, set_token, write_run
 from html_page import parse_page
-from report_samples import HOSTILE, NASTY, as_document, print_summary, render_html, render_markdown
-from rich.console import Console
+from report_samples import HOSTILE, NASTY, PNG_MAGIC, as_document, long_run_compare, render_html, render_markdown
 
 from evalpipe.pipeline.comparing import compare_run
-from evalpipe.report.plots import depth_plot, length_plot
 from evalpipe.report.terminal import length_lines
 from tests.compare.test_bylength import (
-    LTASK,
     apply,
     broken_at_2049,
-    docs_at,
     meta,
     write_long_run,
 )
-from tests.report.test_html import PNG_MAGIC
-
-
-def _long_compare(tmp_path, name="run", **kw) -> dict:
-    variants = broken_at_2049()
-    s, t = variants["legacy"]
-    variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
-    run = write_long_run(tmp_path / name, variants, noise_floor="legacy-aa", **kw)
-    return compare_run(run).document().model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
-def compare(tmp_path_factory) -> dict:
-    return _long_compare(tmp_path_factory.mktemp("bylength"))
+def md(long_compare) -> str:
+    return render_markdown(long_compare, {})
 
 
 @pytest.fixture(scope="module")
-def md(compare) -> str:
-    return render_markdown(compare, {})
-
-
-@pytest.fixture(scope="module")
-def html(compare) -> str:
-    return render_html(compare, {})
+def html(long_compare) -> str:
+    return render_html(long_compare, {})
 
 
 def _section(text: str, start: str, end: str) -> str:
@@ -122,7 +104,7 @@ def test_markdown_and_html_escape_length_tags(tmp_path):
     def hostile(doc):
         return {**meta(doc), "length_tags": NASTY if doc % 2 else HOSTILE}
 
-    compare = _long_compare(tmp_path, doc_meta=hostile)
+    compare = long_run_compare(tmp_path, doc_meta=hostile)
     md = render_markdown(compare, {})
     sec = _section(md, "#### Per length:", "\n#### ")
     assert "<script>" not in sec and "x | y" not in sec
@@ -149,8 +131,8 @@ def test_gsm8k_like_reports_have_no_per_length_section(tmp_path):
     assert length_lines(as_document(compare)) == []
 
 
-def test_markdown_is_deterministic(compare, md):
-    assert render_markdown(copy.deepcopy(compare), {}) == md
+def test_markdown_is_deterministic(long_compare, md):
+    assert render_markdown(copy.deepcopy(long_compare), {}) == md
 
 
 # ---------------------------------------------------------------------------
@@ -175,8 +157,8 @@ def test_html_has_length_and_depth_plots(html):
     assert all(base64.b64decode(b).startswith(PNG_MAGIC) for _, b in imgs)
 
 
-def test_html_says_why_a_plot_is_missing(compare):
-    c = copy.deepcopy(compare)
+def test_html_says_why_a_plot_is_missing(long_compare):
+    c = copy.deepcopy(long_compare)
     for comp in [c["noise_floor"], *c["comparisons"]]:
         for entry in comp["by_length"]:
             for r in entry["lengths"] + entry["depths"]:
@@ -189,21 +171,8 @@ def test_html_says_why_a_plot_is_missing(compare):
 
 
 # ---------------------------------------------------------------------------
-# plots and other shapes of the rows
+# other shapes of the rows
 # ---------------------------------------------------------------------------
-
-
-def test_length_and_depth_plots(compare):
-    doc = as_document(compare)
-    ab = doc.comparisons[0].by_length[0]
-    aa = doc.noise_floor.by_length[0]
-    for fn, rows_ab, rows_aa in ((length_plot, ab.lengths, aa.lengths), (depth_plot, ab.depths, aa.depths)):
-        png = fn(rows_ab, rows_aa, "teacher", True)
-        assert base64.b64decode(png).startswith(PNG_MAGIC)
-        assert fn(rows_ab, rows_aa, "teacher", True) == png  # deterministic bytes
-        assert fn(rows_ab, None, "teacher", False) is not None
-        assert fn(rows_ab, None, "free", False) is not None  # free-running: sp diverged at 2049
-        assert fn([], None, "teacher", True) is None
 
 
 def test_without_teacher_the_section_uses_free_running_figures(tmp_path):
@@ -216,17 +185,3 @@ def test_without_teacher_the_section_uses_free_running_figures(tmp_path):
     assert not any("TF" in h or "A/A" in h for h in header)
     html = render_html(compare, {})
     assert "(free-running) against prompt length" in html
-
-
-# ---------------------------------------------------------------------------
-# terminal
-# ---------------------------------------------------------------------------
-
-
-def test_terminal_line_per_long_task(compare):
-    (line,) = length_lines(as_document(compare))
-    assert line.startswith(f"per length, sp {LTASK}: 4 lengths 1024–2049 (2 edge); TF KL max 0 at 1024 .. ")
-    assert line.endswith("at 2049 edge; score changed at 2049 (2)")
-    out = io.StringIO()
-    print_summary(compare, Console(file=out, width=200, color_system=None))
-    assert line in out.getvalue()

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from html_page import parse_page
-from report_samples import HOSTILE, RUN_INFO, as_document, as_run, identical_compare, make_compare
+from report_samples import HOSTILE, PNG_MAGIC, RUN_INFO, as_document, as_run, identical_compare, make_compare
 from rich.console import Console
 
 from evalpipe.compare.localize import MODULES
@@ -27,7 +27,6 @@ from evalpipe.report import plots
 from evalpipe.report.html import render_html
 from evalpipe.report.markdown import md_escape, render_markdown
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LAYERS = 4
 FLOOR = 1e-3
 FAULT_SENTENCE = ("first difference above the A/A floor: layer 1, attention output after the reduction, "

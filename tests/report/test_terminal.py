@@ -1,7 +1,8 @@
 """The terminal summary (evalpipe/report/terminal.py): print_summary of hand-built compare.json
 documents (tests/support/report_samples.py) -- the verdict line and the A/A floor, the scores and
 token tables (teacher-forced columns only when there is teacher-forced data), the failed gates
-or the line that all passed.
+or the line that all passed; the line per long-context task (length_lines) of a real comparison
+of the long-context run (tests/report/conftest.py).
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from report_samples import TASK, comparison, gate, identical_compare, make_compare, print_summary
+from report_samples import TASK, as_document, comparison, gate, identical_compare, make_compare, print_summary
 from rich.console import Console
+
+from evalpipe.report.terminal import length_lines
+from tests.compare.test_bylength import LTASK
 
 
 def _summary(d: dict[str, Any]) -> str:
@@ -48,3 +52,12 @@ def test_terminal_summary_old_layout():
     assert "TF KL p99" not in out and "failed gates" not in out
     row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
     assert "100.0%" in row and "IDENTICAL" in row
+
+
+def test_terminal_line_per_long_task(long_compare):
+    (line,) = length_lines(as_document(long_compare))
+    assert line.startswith(f"per length, sp {LTASK}: 4 lengths 1024–2049 (2 edge); TF KL max 0 at 1024 .. ")
+    assert line.endswith("at 2049 edge; score changed at 2049 (2)")
+    out = io.StringIO()
+    print_summary(long_compare, Console(file=out, width=200, color_system=None))
+    assert line in out.getvalue()

@@ -18,6 +18,7 @@ from evalpipe.documents.comparison import ComparisonDocument
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report import what_ran
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TASK = "gsm8k_synth_4shot"
 METRIC = "exact_match,strict-match"
 NASTY = "x | y `rm -rf` <script>alert(1)</script>\nsecond line"
@@ -240,3 +241,19 @@ def print_summary(compare: dict[str, Any] | ComparisonDocument, console: Console
 
 def what_ran_view(compare: dict[str, Any] | ComparisonDocument, esc: Any) -> dict[str, Any] | None:
     return what_ran.what_ran_view(as_document(compare), esc)
+
+
+def long_run_compare(tmp_path: Any, name: str = "run", **kw: Any) -> dict[str, Any]:
+    """compare.json (a dict) of a real comparison of the hand-built long-context run of
+    tests/compare/test_bylength.py: legacy vs sp, sp broken only at length 2049, with an A/A
+    run whose 1024 item moved at one continuation position; ``kw`` goes to write_long_run."""
+    from fakes import perturb_topk
+
+    from evalpipe.pipeline.comparing import compare_run
+    from tests.compare.test_bylength import apply, broken_at_2049, docs_at, write_long_run
+
+    variants = broken_at_2049()
+    s, t = variants["legacy"]
+    variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
+    run = write_long_run(tmp_path / name, variants, noise_floor="legacy-aa", **kw)
+    return compare_run(run).document().model_dump(mode="json")
