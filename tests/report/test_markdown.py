@@ -45,6 +45,19 @@ def test_md_escape():
     assert md_escape("a\x1bb\x00") == "a\\u001bb\\u0000"
 
 
+
+def test_md_escape_cuts_long_text_and_flattens_line_breaks():
+    assert md_escape(None) == "" and md_escape(42) == "42"
+    assert md_escape("abcdef", 3) == "abc\u2026" and md_escape("abc", 3) == "abc"
+    assert md_escape("a\r\nb\rc\td") == "a<br>b<br>c d"
+    assert md_escape("*_[x]~ & y") == "\\*\\_\\[x\\]\\~ &amp; y"
+
+
+def test_markdown_has_no_runs_of_blank_lines_nor_trailing_spaces(md):
+    assert md.endswith("\n") and not md.endswith("\n\n")
+    assert "\n\n\n" not in md
+    assert not [line for line in md.splitlines() if line != line.rstrip()]
+
 def test_markdown_escapes_model_text(md):
     assert "<script>" not in md and "</script>" not in md and "</td>" not in md
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md

@@ -1,7 +1,7 @@
 """The terminal summary (evalpipe/report/terminal.py): print_summary of hand-built compare.json
 documents (tests/support/report_samples.py) -- the verdict line and the A/A floor, the scores and
-token tables (teacher-forced columns only when there is teacher-forced data), the failed gates
-or the line that all passed; the line per long-context task (length_lines) of a real comparison
+token tables (teacher-forced columns only when there is teacher-forced data), the failed gates,
+the line that all passed, or without gates the reasons; the line per long-context task (length_lines) of a real comparison
 of the long-context run (tests/report/conftest.py).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from report_samples import TASK, as_document, comparison, gate, identical_compare, make_compare, print_summary
 from rich.console import Console
 
-from evalpipe.report.terminal import length_lines
+from evalpipe.report.terminal import MAX_REASONS, length_lines
 from tests.compare.test_bylength import LTASK
 
 
@@ -52,6 +52,19 @@ def test_terminal_summary_old_layout():
     assert "TF KL p99" not in out and "failed gates" not in out
     row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
     assert "100.0%" in row and "IDENTICAL" in row
+
+
+
+def test_terminal_summary_without_gates_lists_the_reasons():
+    """No gate was evaluated: the reasons are the only account, MAX_REASONS of them, control
+    characters shown rather than sent to the terminal."""
+    reasons = [f"{TASK}: reason {i}\x1b[2J" for i in range(MAX_REASONS + 3)]
+    c = comparison(gates=[], reasons=reasons)
+    out = _summary(make_compare(comparisons=[c]))
+    listed = [line for line in out.splitlines() if line.startswith("  sp: ")]
+    assert listed[0] == f"  sp: {TASK}: reason 0\\u001b[2J"
+    assert len(listed) == MAX_REASONS + 1 and listed[-1] == "  sp: \u2026 3 more in report.md"
+    assert "\x1b" not in out and "gates passed" not in out and "failed gates" not in out
 
 
 def test_terminal_line_per_long_task(long_compare):
