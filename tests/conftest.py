@@ -45,3 +45,9 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid} skipped ({reason}); this suite allows no skips: whatever a test "
                            "needs, the project must provide (scripts/setup.sh, a fixture or .ci/run)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest test modules first (a module sets RUNS_FOR_MINUTES): the two processes of
+    the end-to-end run then finish together instead of one waiting out the last long file."""
+    items.sort(key=lambda item: -getattr(item.module, "RUNS_FOR_MINUTES", 0))

@@ -13,6 +13,7 @@ from processes import wait_gone
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
+RUNS_FOR_MINUTES = 1.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 
 def test_dp1_vs_dp2_runs_and_passes(tmp_path):

@@ -23,6 +23,7 @@ from evalpipe.history.store import open_history
 from evalpipe.nightly.simulate import simulate
 
 pytestmark = pytest.mark.slow
+RUNS_FOR_MINUTES = 2.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 16
 NIGHTS, FAULT, FIX = 36, 30, 33  # 30 A/A nights, 3 with the fault, 3 after the fix
