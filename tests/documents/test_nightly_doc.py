@@ -9,6 +9,7 @@ import json
 import pytest
 
 from evalpipe.documents.nightly_doc import (
+    NIGHT_STATUSES,
     NIGHTLY_JSON,
     NIGHTLY_VERSION,
     NightlyDocument,
@@ -56,3 +57,8 @@ def test_a_version_less_nightly_json_reads_as_version_1(tmp_path):
     path = tmp_path / NIGHTLY_JSON
     path.write_text(json.dumps(raw))
     assert read_nightly_document(path) == _night()
+
+
+def test_the_night_statuses_run_from_least_to_most_severe():
+    assert NIGHT_STATUSES == ("PASS", "INCONCLUSIVE", "REGRESSION", "FAILED")
+    assert NightlyDocument(run_id="n").status == "PASS" and NightlyDocument(run_id="n").compared

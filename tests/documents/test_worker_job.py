@@ -68,3 +68,21 @@ def test_the_http_engine_takes_every_server_setting():
     finally:
         engine.close()
     assert "secret" not in server.shown_url and server.headers() == {}
+
+
+def test_the_api_key_is_read_from_its_variable_at_each_use(monkeypatch):
+    server = ServerJob(url="http://127.0.0.1:1/v1", api_key_env="EVALPIPE_TEST_KEY")
+    monkeypatch.delenv("EVALPIPE_TEST_KEY", raising=False)
+    assert server.headers() == {}
+    monkeypatch.setenv("EVALPIPE_TEST_KEY", "sk-1")
+    assert server.headers() == {"Authorization": "Bearer sk-1"}
+    assert "sk-1" not in server.model_dump_json(), "the key itself is never written"
+
+
+def test_an_unreadable_job_file_is_one_sentence(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text("{cut")
+    with pytest.raises(UserError, match=r"job.json cannot be read as a worker job \(.*\); re-run the variant.$"):
+        read_job(path)
+    with pytest.raises(UserError, match="cannot be read as a worker job"):
+        read_job(tmp_path / "missing.json")
