@@ -55,14 +55,6 @@ def test_password_never_shown():
     assert "secret" not in h.shown_url("postgresql+psycopg://me:secret@db/h")
 
 
-@pytest.mark.parametrize("values", [[1, 0, 1, 1, 0, 0, 0, 1, 1], [0.5, 1.0, np.nan, 0.25]])
-def test_item_encoding_round_trips(values):
-    arr = np.array(values, dtype=np.float64)
-    enc, data = h.encode_items(arr)
-    assert enc == ("bits" if np.all(np.isin(arr, (0, 1))) else "f32")
-    np.testing.assert_array_equal(h.decode_items(enc, data, arr.size), arr)
-
-
 def test_a_run_is_recorded_with_scores_items_tokens_gates_and_components(tmp_path, db):
     run_dir = write_night(tmp_path, 0, fault=True, components={"vllm_ascend": "bad7"})
     run_id = db.record(run_dir)
@@ -212,13 +204,6 @@ def test_what_ran_is_recorded_per_variant(tmp_path, db):
     rows = {r["variant"]: r for r in db.export_rows()}
     assert rows["sp"]["variant_status"] == "INCONCLUSIVE" and rows["sp"]["path_status"] == "failed"
     assert rows["legacy"]["run_verdict"] == "INCONCLUSIVE"
-
-
-def test_collectives_whose_count_varies_are_shown_with_how_often():
-    probes = {"models": ["m.Model"], "layers": {"m.Layer": 2},
-              "collectives_per_forward": {"all_gather": {"counts": {"2": 40, "0": 8}, "forwards": 48}}}
-    assert records.describe_what_ran(probes) == "Model; layers 2 Layer; per forward: all_gather 2 in 40 of 48, 0 in 8 of 48"
-    assert records.describe_what_ran({"verifiable": False, "mode": "endpoint"}).startswith("not verifiable (endpoint mode")
 
 
 def _open_new_history(root: str) -> int:

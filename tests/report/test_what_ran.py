@@ -423,7 +423,7 @@ def test_every_status_has_a_badge_and_a_terminal_style():
     assert STATUS_STYLE["INCONCLUSIVE"] == "bold yellow"
     assert status_class("INCONCLUSIVE") == "inconclusive"
     # a status nothing writes any more (compare.json from before the gates): the document refuses it
-    # (tests/documents/test_documents.py), so the renderers know none
+    # (tests/documents/test_comparison.py), so the renderers know none
     assert "DIFFERENT" not in STATUS_STYLE
     with pytest.raises(KeyError):
         status_class("DIFFERENT")

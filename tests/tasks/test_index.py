@@ -1,54 +1,14 @@
-"""Task lookup and per-task overrides (lm-eval's task index, no engine)."""
+"""Task lookup (evalpipe/tasks/index.py: lm-eval's task index, no engine), and lm-eval's long-context
+tasks through the worker path."""
 
-import json
 import re
 
 import pytest
 
 from evalpipe.config.run_config import TaskSpec
 from evalpipe.documents.worker_job import WorkerJob
-from evalpipe.errors import UserError
 from evalpipe.tasks.configure import task_config
 from evalpipe.tasks.index import TaskNotFound, check_task_names
-
-
-def test_synthetic_task_resolves_its_data_under_the_data_dir(tmp_path):
-    cfg = task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot", "num_fewshot": 4}), tmp_path)
-    files = cfg["dataset_kwargs"]["data_files"]
-    assert files == {"train": str(tmp_path / "gsm8k_synth" / "train.jsonl"), "test": str(tmp_path / "gsm8k_synth" / "test.jsonl")}
-    # generated on first use
-    first = json.loads((tmp_path / "gsm8k_synth" / "test.jsonl").read_text().splitlines()[0])
-    assert set(first) >= {"question", "answer"}
-    assert cfg["dataset_path"] == "json" and cfg["num_fewshot"] == 4
-    # the prompt, filters and metric are GSM8K's
-    assert cfg["doc_to_text"] == "Question: {{question}}\nAnswer:"
-    assert [f["name"] for f in cfg["filter_list"]] == ["strict-match", "flexible-extract"]
-    assert "tag" not in cfg
-
-
-def test_gsm8k_4shot_can_point_at_local_files(tmp_path):
-    (tmp_path / "gsm").mkdir()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    for split in ("train", "test"):  # the task's templates read question and answer
-        pq.write_table(pa.table({"question": ["1 + 1?"], "answer": ["#### 2"]}), tmp_path / "gsm" / f"{split}.parquet")
-    spec = {"task": "gsm8k_4shot", "data_files": {"train": "gsm/train.parquet", "test": str(tmp_path / "gsm" / "test.parquet")}}
-    cfg = task_config(TaskSpec.model_validate(spec), tmp_path)
-    assert cfg["dataset_path"] == "parquet" and cfg["dataset_name"] is None
-    assert cfg["dataset_kwargs"]["data_files"]["train"] == str(tmp_path / "gsm" / "train.parquet")
-    assert cfg["num_fewshot"] == 4 and cfg["test_split"] == "test"
-
-
-def test_missing_local_file_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data file .*nothere.parquet does not exist"):
-        task_config(TaskSpec.model_validate({"task": "gsm8k_4shot", "data_files": {"test": "nothere.parquet"}}), tmp_path)
-
-
-def test_max_gen_toks_override_keeps_the_stop_strings(tmp_path):
-    cfg = task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot", "max_gen_toks": 64}), tmp_path)
-    assert cfg["generation_kwargs"]["max_gen_toks"] == 64
-    assert cfg["generation_kwargs"]["until"] == ["Question:", "</s>", "<|im_end|>"]
 
 
 def test_lm_eval_tasks_by_name(tmp_path):
@@ -75,41 +35,6 @@ def test_the_project_s_own_tasks_are_found_without_indexing_lm_eval_s():
     assert task_manager(tasks_dir, ["longctx_vartrack"]) is own
 
 
-def _save_tokenizer(path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from evalpipe.data import longctx
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(list(longctx.FILLER) * 5 + list(longctx.HEADER.values()), trainer=trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(str(path))
-
-
-def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(tmp_path):
-    from transformers import AutoTokenizer
-
-    from evalpipe.tasks.configure import LongCtxData
-
-    _save_tokenizer(tmp_path / "tok")
-    generated = LongCtxData(str(tmp_path / "tok"), {"lengths": [300], "sparse_block": 256, "tp_sizes": [4], "items_per_length": 1})
-    cfg = task_config(TaskSpec.model_validate({"task": "longctx_passkey"}), tmp_path / "data", generated=generated)
-    (test_file,) = cfg["dataset_kwargs"]["data_files"].values()
-    assert test_file.startswith(str(tmp_path / "data" / "longctx" / "passkey-")) and test_file.endswith("test.jsonl")
-    items = [json.loads(line) for line in open(test_file)]
-    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
-    assert sorted(it["target_length"] for it in items) == [255, 256, 257, 259, 300]
-    for it in items:
-        assert len(tok.encode(it["prompt"], add_special_tokens=False)) == it["target_length"] == it["length"]
-    # other tasks never load the tokenizer
-    plain = LongCtxData(str(tmp_path / "missing"), None)
-    assert task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot"}), tmp_path / "data", generated=plain)["dataset_path"] == "json"
-
-
 # ---------------------------------------------------------------------------
 # lm-eval's long-context tasks through the worker path (evalpipe.tasks.ruler, evalpipe.tasks.hub_data)
 # ---------------------------------------------------------------------------
@@ -128,13 +53,6 @@ def ruler_imported():
     from evalpipe.tasks import ruler
 
     return ruler.quiet_ruler_import()
-
-
-@pytest.fixture(scope="module")
-def saved_tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    _save_tokenizer(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -172,20 +90,6 @@ def test_ruler_items_interleave_lengths_so_limit_keeps_every_length(saved_tokeni
     again, _ = _ruler_docs(saved_tokenizer, "niah_multikey_2", tmp_path, lengths=[512, RULER_LENGTH])
     assert again["custom_dataset"].sha256 == cfg["custom_dataset"].sha256  # every variant sees the same items
     assert data_file_hashes([cfg]) == {"niah_multikey_2": {"test": {"path": "generated:ruler", "sha256": cfg["custom_dataset"].sha256}}}
-
-
-def test_ruler_overrides_and_refusals(saved_tokenizer, tmp_path):
-    from evalpipe.tasks.configure import LongCtxData
-
-    generated = LongCtxData(str(saved_tokenizer), {"lengths": [512], "ruler_items_per_length": 1})
-    cfg = task_config(_spec("ruler_fwe", max_gen_toks=20), tmp_path, generated=generated)
-    assert cfg["generation_kwargs"] == {"do_sample": False, "temperature": 0.0, "max_gen_toks": 20, "until": []}
-    with pytest.raises(UserError, match="remove `data_files`"):
-        task_config(_spec("ruler_fwe", data_files={"test": "x.jsonl"}), tmp_path, generated=generated)
-    with pytest.raises(UserError, match="resolve it with a LongCtxData"):
-        task_config(_spec("ruler_fwe"), tmp_path)
-    with pytest.raises(ValueError, match="ruler_items_per_length is 0"):
-        task_config(_spec("ruler_fwe"), tmp_path, generated=LongCtxData(str(saved_tokenizer), {"ruler_items_per_length": 0}))
 
 
 class _Events:

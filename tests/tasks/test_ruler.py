@@ -1,4 +1,4 @@
-"""Long-context tasks: RULER generated offline with our tokenizer, hub-only data checks.
+"""RULER generated offline with our tokenizer (evalpipe/tasks/ruler.py).
 
 No engine: tasks are built through lm-eval's TaskManager (and one simple_evaluate with
 a fake LM). Every test runs with the hub switched off and sockets refused, so any
@@ -8,58 +8,25 @@ download attempt (tokenizer, data set, nltk data) shows up as a failure.
 from __future__ import annotations
 
 import re
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 from evalpipe.errors import UserError
-from evalpipe.tasks import families as task_families
 from evalpipe.tasks import ruler
-from evalpipe.tasks.families import OFFLINE_RULER, DataUnavailable
-from evalpipe.tasks.hub_data import check_available
+from evalpipe.tasks.families import OFFLINE_RULER
 from evalpipe.tasks.ruler import RulerTooShort, generate_ruler_dataset, ruler_metadata, ruler_task_config
 
 LENGTH = 2048  # the smallest power of two at which all six fit with the tiny model's tokenizer
 N = 2
 
+pytestmark = pytest.mark.usefixtures("offline")  # every test: the hub off, sockets refused
+
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(builtin_model_dir) -> Path:
     return builtin_model_dir
-
-
-@pytest.fixture(scope="module", autouse=True)
-def offline():
-    """HF offline flags on, and every internet socket refused (and recorded)."""
-    import datasets.config as dconfig
-    import huggingface_hub.constants as hconst
-
-    attempts: list = []
-    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
-
-    def connect(self, address, *args, **kwargs):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            attempts.append(address)
-            raise OSError(f"network disabled in this test ({address})")
-        return real_connect(self, address, *args, **kwargs)
-
-    def getaddrinfo(host, *args, **kwargs):
-        if host not in ("localhost", "127.0.0.1", "::1", None):
-            attempts.append(host)
-            raise socket.gaierror(f"network disabled in this test ({host})")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("HF_DATASETS_OFFLINE", "1")
-        mp.setattr(dconfig, "HF_HUB_OFFLINE", True)
-        mp.setattr(hconst, "HF_HUB_OFFLINE", True)
-        mp.setattr(socket.socket, "connect", connect)
-        mp.setattr(socket, "getaddrinfo", getaddrinfo)
-        yield attempts
-    assert attempts == [], f"network access attempted: {attempts[:5]}"
 
 
 @pytest.fixture(scope="module")
@@ -223,136 +190,11 @@ def test_ruler_task_config_keeps_evalpipe_overrides(tokenizer_dir):
         ruler_task_config("ruler_qa_squad", meta)
 
 
-# ---------------------------------------------------------------------------
-# hub-only tasks
-# ---------------------------------------------------------------------------
-
-
-@pytest.fixture()
-def empty_cache(tmp_path, monkeypatch):
-    import datasets.config as dconfig
-    import huggingface_hub.constants as hconst
-
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setattr(dconfig, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
-    monkeypatch.setattr(hconst, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    return tmp_path / "hf"
-
-
-def _fake_cached_dataset(datasets_cache: Path, repo: str, config: str, split: str, rows: list[dict]) -> Path:
-    """What `datasets.load_dataset(repo, config)` leaves in the cache after a download."""
-    import datasets
-    from datasets.arrow_writer import ArrowWriter
-    from datasets.naming import camelcase_to_snakecase
-
-    namespace, name = repo.split("/")
-    snake = camelcase_to_snakecase(name)
-    where = datasets_cache / f"{namespace}___{snake}" / config / "0.0.0" / "0123456789abcdef"
-    where.mkdir(parents=True)
-    ds = datasets.Dataset.from_list(rows)
-    with ArrowWriter(path=str(where / f"{snake}-{split}.arrow"), features=ds.features) as writer:
-        writer.write_table(ds.data.table)
-        writer.finalize()
-    info = datasets.DatasetInfo(features=ds.features, config_name=config, dataset_name=snake)
-    info.splits = datasets.SplitDict({split: datasets.SplitInfo(name=split, num_examples=len(rows), dataset_name=snake)})
-    info.write_to_directory(str(where))
-    return where
-
-
-def test_longbench_without_data_raises_one_clear_sentence(empty_cache):
-    with pytest.raises(DataUnavailable) as err:
-        check_available("longbench_hotpotqa")
-    msg = str(err.value)
-    assert "`Xnhyacinth/LongBench` (config `hotpotqa`)" in msg
-    assert str(empty_cache / "datasets") in msg
-    assert "copy its ~/.cache/huggingface" in msg and "data_files:" in msg
-    assert msg.count(". ") == 0 and msg.endswith(".")  # one sentence
-
-
-def test_longbench_group_names_the_missing_count(empty_cache):
-    with pytest.raises(DataUnavailable, match=r"^\d+ of the \d+ tasks of `longbench_single_tasks` have no data here"):
-        check_available("longbench_single_tasks")
-
-
-def test_longbench_passes_when_the_cache_has_it(empty_cache):
-    import datasets
-
-    rows = [{"input": "q", "context": "c", "answers": ["a"], "length": 1, "dataset": "hotpotqa", "language": "en",
-             "all_classes": None, "_id": "x"}]
-    _fake_cached_dataset(empty_cache / "datasets", "Xnhyacinth/LongBench", "hotpotqa", "test", rows)
-    check_available("longbench_hotpotqa")  # no exception
-    # and the fake is what datasets itself reads offline
-    assert datasets.load_dataset("Xnhyacinth/LongBench", "hotpotqa", split="test")[0]["input"] == "q"
-    with pytest.raises(DataUnavailable, match="config `2wikimqa`"):
-        check_available("longbench_2wikimqa")
-
-
-def test_local_files_stand_in_only_where_lm_eval_reads_them(empty_cache, tmp_path):
-    f = tmp_path / "hotpot.jsonl"
-    f.write_text("{}\n")
-    check_available("longbench_hotpotqa", data_files={"test": str(f)})
-    with pytest.raises(DataUnavailable, match="does not exist"):
-        check_available("longbench_hotpotqa", data_files={"test": str(tmp_path / "nope.jsonl")})
-    with pytest.raises(DataUnavailable, match="does not read `data_files:`"):
-        check_available("babilong_qa1", data_files={"test": str(f)})
-
-
-def test_babilong_checks_the_config_its_metadata_names(empty_cache):
-    with pytest.raises(DataUnavailable, match="RMT-team/babilong-1k-samples` \\(config `0k`\\)"):
-        check_available("babilong_qa1")
-    _fake_cached_dataset(empty_cache / "datasets", "RMT-team/babilong-1k-samples", "4k", "qa1",
-                         [{"input": "i", "question": "q", "target": "t"}])
-    check_available("babilong_qa1", metadata={"max_seq_lengths": "4k"})
-    with pytest.raises(DataUnavailable, match="split `qa2`"):
-        check_available("babilong_qa2", metadata={"max_seq_lengths": "4k"})
-
-
-def test_ruler_variants_that_download(empty_cache):
-    with pytest.raises(DataUnavailable, match="baber/paul_graham_essays"):
-        check_available("niah_single_2")
-    with pytest.raises(DataUnavailable, match="rajpurkar.github.io.* cannot run offline"):
-        check_available("ruler_qa_squad")
-    check_available("ruler_qa_squad", allow_download=True)
-    with pytest.raises(DataUnavailable, match="7 of the 13 tasks of group `ruler`"):
-        check_available("ruler")
-    for name in OFFLINE_RULER:
-        check_available(name)
-
-
-def test_other_hub_families_and_unknown_tasks(empty_cache):
-    with pytest.raises(DataUnavailable, match="recursal/longbench-v2"):
-        check_available("longbench2_detective")
-    with pytest.raises(DataUnavailable, match="xinrongzhang2022/InfiniteBench"):
-        check_available("infinitebench_passkey")
-    with pytest.raises(DataUnavailable, match="tau/scrolls"):
-        check_available("scrolls_qasper")
-    check_available("gsm8k")  # not a long-context task: nothing to say
-    check_available("longbench_hotpotqa", allow_download=True)
-
-
-def test_family_table():
-    assert task_families.family_of("longbench2_detective").name == "LongBench v2"
-    assert task_families.family_of("longbench_hotpotqa").name == "LongBench"
-    assert task_families.family_of("niah_single_1").kind == "generated"
-    assert task_families.family_of("niah_single_2").kind == "hub+nltk"
-    assert task_families.family_of("gsm8k") is None
-
-
 def test_item_fields_give_length_and_needle_depth(built):
     doc = next(iter(built["niah_single_1"].eval_docs))
     fields = ruler.item_fields(doc)
     assert fields["max_length"] == LENGTH and fields["length"] == doc["length"]
     assert 0.0 <= fields["depth"] <= 1.0
-
-
-def test_max_gen_toks_table_matches_lm_evals_yamls():
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    root = Path(ruler.importlib.util.find_spec("lm_eval.tasks.ruler").submodule_search_locations[0])
-    for name, yaml_name in ruler._RULER_YAML.items():
-        cfg = load_yaml(root / yaml_name, resolve_func=False)
-        assert cfg["generation_kwargs"]["max_gen_toks"] == task_families.RULER_MAX_GEN_TOKS[name], name
-    assert set(task_families.RULER_MAX_GEN_TOKS) == set(OFFLINE_RULER) | set(task_families.RULER_ESSAY)
 
 
 def test_prebuilt_items_interleave_lengths_and_are_what_lm_eval_gets(tokenizer_dir, task_manager):

@@ -1,0 +1,32 @@
+"""A finished run directory to check (integrity, the lock), and the one error line a
+refused command prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fakes import make_samples, mutate, record_artifacts, set_token, write_run
+
+from evalpipe.rundir import artifacts
+from evalpipe.rundir.artifacts import RunDir
+
+
+def finished_run(root: Path, *, record: bool = True) -> Path:
+    """legacy vs sp (one changed token), both with teacher.parquet; with ``record`` each
+    manifest gets the artifacts record the worker's finish step writes."""
+    s = make_samples(8)
+    run_dir = write_run(root, {"legacy": s, "sp": mutate(s, 2, set_token(3, 7))}, reference="legacy",
+                        run_info={"status": "ok"}, teachers={"legacy": s, "sp": s})
+    for name in ("legacy", "sp"):
+        vdir = RunDir(run_dir).variant(name)
+        artifacts.write_json(vdir.results, {"results": {"t": {"acc": 0.5}}})
+        if record:
+            record_artifacts(vdir)
+    return run_dir
+
+
+def one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert "Traceback" not in output, output
+    assert len(lines) >= 1 and lines[0].startswith("error: "), output
+    return " ".join(" ".join(lines)[len("error: "):].split())  # rich wraps long lines
