@@ -294,15 +294,21 @@ def _top1_positions(t: Any) -> Iterable[tuple[int, int, int]]:
     return getattr(t, "top1_hard_positions", ())
 
 
-# How each token gate reads a summary, by the gate's name: a token gate of the registry
-# without one fails here, at import.
-_TOKEN_MEASURES = {m.gate: m for m in (
-    _TokenMeasure("free_hard_divergences", "n_hard_divergences", "first at", _hard_positions, True),
-    _TokenMeasure("free_kl_max", "kl_max", "worst at", _kl_positions),
-    _TokenMeasure("teacher_kl_p99", "kl_p99", "worst at", _kl_positions),
-    _TokenMeasure("teacher_kl_max", "kl_max", "worst at", _kl_positions),
-    _TokenMeasure("teacher_hard_top1_flips", "n_top1_hard", "first at", _top1_positions, True),
-)}
+# Where each kind of evidence is in a summary, and how a detail points at it.
+_EVIDENCE: dict[registry.Evidence, tuple[str, Callable[[Any], Iterable[tuple[int, int, int]]]]] = {
+    "largest_kl": ("worst at", _kl_positions),
+    "hard_divergences": ("first at", _hard_positions),
+    "hard_top1_flips": ("first at", _top1_positions),
+}
+
+
+def _token_measure(name: str, measure: registry.TokenMeasure) -> _TokenMeasure:
+    """How a token gate of the registry reads a summary: what its entry declares."""
+    label, positions = _EVIDENCE[measure.evidence]
+    return _TokenMeasure(name, measure.figure, label, positions, measure.counts)
+
+
+_TOKEN_MEASURES = {g.name: _token_measure(g.name, g.measure) for g in registry.GATES if g.measure is not None}
 FREE_MEASURES = tuple(_TOKEN_MEASURES[name] for name in registry.names("free-running"))
 TEACHER_MEASURES = tuple(_TOKEN_MEASURES[name] for name in registry.names("teacher-forced"))
 FREE_GATES = registry.names("free-running")

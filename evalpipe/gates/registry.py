@@ -2,8 +2,10 @@
 
 A gate's facts used to live in five places kept in step by hand (the config's fields,
 compare's gate lists, numerics' floors, nightly's series, the reports). They live here;
-the rest iterates :data:`GATES`. How a gate is measured stays in evalpipe/compare/gates.py,
-found there by the gate's name (a rule test holds the two together).
+the rest iterates :data:`GATES`. A token gate declares what it measures (a figure of the
+task's token summary); the config's `tokens:` settings and compare's token measures are made
+from those declarations. How a score or distributional gate is computed stays in
+evalpipe/compare/gates.py, found there by the gate's name (a rule test holds the two together).
 """
 
 from __future__ import annotations
@@ -17,7 +19,21 @@ FP32, HALF = "fp32", "half"
 PRECISIONS = (FP32, HALF)
 
 Family = Literal["scores", "free-running", "teacher-forced", "distributional"]
+# Where a token gate's detail points (evalpipe/compare/gates.py reads each kind): the positions
+# of the largest KL, the first hard divergences, the first hard top-1 flips.
+Evidence = Literal["largest_kl", "hard_divergences", "hard_top1_flips"]
 FAMILIES: tuple[Family, ...] = ("scores", "free-running", "teacher-forced", "distributional")
+
+
+@dataclass(frozen=True)
+class TokenMeasure:
+    """What a token gate measures: ``figure``, a field of the task's token summary
+    (:class:`evalpipe.documents.comparison.TokenSummary`), held against its tolerance;
+    ``evidence``, which positions its detail names; ``counts``: the figure is a count."""
+
+    figure: str
+    evidence: Evidence
+    counts: bool = False
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,7 @@ class Gate:
     ``floors``: the floor per precision for a deterministic engine or no A/A run, and
     ``noisy_aa_floors`` where the A/A run is noisy (docs/numerics.md measures both);
     ``series``: the (source, measure) a night follows in the history, if any;
+    ``measure``: what a token gate reads (its setting is then a Tolerance under `tokens:`);
     ``label`` and ``sentence``: what it measures, for the reports' wording and the config's
     descriptions."""
 
@@ -40,6 +57,7 @@ class Gate:
     floors: Mapping[str, float] = field(default_factory=dict)
     noisy_aa_floors: Mapping[str, float] = field(default_factory=dict)
     series: tuple[str, str] | None = None
+    measure: TokenMeasure | None = None
 
     @property
     def group(self) -> str:
@@ -57,20 +75,21 @@ GATES: tuple[Gate, ...] = (
          "Fail a task x metric whose paired difference is significant (McNemar exact p < alpha)."),
     Gate("free_hard_divergences", "free-running", "tokens.free_hard_divergences", "hard divergences when free-running",
          "Free-running samples whose first divergence is hard (not a near tie), per task.",
-         floors={FP32: 0, HALF: 0}, series=("free", "n_hard_divergences")),
+         floors={FP32: 0, HALF: 0}, series=("free", "n_hard_divergences"),
+         measure=TokenMeasure("n_hard_divergences", "hard_divergences", counts=True)),
     Gate("free_kl_max", "free-running", "tokens.free_kl_max", "largest KL when free-running",
          "Largest free-running per-position KL before the first divergence, nats (batch-layout faults that only "
          "decoding meets).",
-         floors={FP32: 1e-8, HALF: 0.1}, series=("free", "kl_max")),
+         floors={FP32: 1e-8, HALF: 0.1}, series=("free", "kl_max"), measure=TokenMeasure("kl_max", "largest_kl")),
     Gate("teacher_kl_p99", "teacher-forced", "tokens.teacher_kl_p99", "p99 of the teacher-forced KL",
          "The p99 over teacher-forced positions of the symmetric top-k KL, max(KL(ref||variant), KL(variant||ref)), nats.",
-         floors={FP32: 1e-9, HALF: 1e-3}, series=("teacher", "kl_p99")),
+         floors={FP32: 1e-9, HALF: 1e-3}, series=("teacher", "kl_p99"), measure=TokenMeasure("kl_p99", "largest_kl")),
     Gate("teacher_kl_max", "teacher-forced", "tokens.teacher_kl_max", "largest teacher-forced KL",
          "Largest teacher-forced per-position KL, nats (catches faults that touch few positions).",
-         floors={FP32: 1e-8, HALF: 0.1}, series=("teacher", "kl_max")),
+         floors={FP32: 1e-8, HALF: 0.1}, series=("teacher", "kl_max"), measure=TokenMeasure("kl_max", "largest_kl")),
     Gate("teacher_hard_top1_flips", "teacher-forced", "tokens.teacher_hard_top1_flips", "hard top-1 flips when teacher-forced",
          "Teacher-forced positions whose top-1 token differs and the reference's gap between the two is not a near tie.",
-         floors={FP32: 0, HALF: 0}),
+         floors={FP32: 0, HALF: 0}, measure=TokenMeasure("n_top1_hard", "hard_top1_flips", counts=True)),
     # Where the A/A run is noisy, the distributional gates compare A/B with noise of the same
     # kind (run-to-run reordering of the same reductions), so they need no room for it and
     # their half-precision floors drop; fp32's are already far below any error that matters.
@@ -95,3 +114,8 @@ def names(family: Family) -> tuple[str, ...]:
 
 def gate(name: str) -> Gate:
     return BY_NAME[name]
+
+
+def token_gates() -> tuple[Gate, ...]:
+    """The gates held against a Tolerance under `tokens:`, each with what it measures."""
+    return tuple(g for g in GATES if g.measure is not None)

@@ -10,7 +10,8 @@ import pytest
 
 from evalpipe.compare import gates as compare_gates
 from evalpipe.compare.numerics import FLOORS, NOISY_AA_FLOORS
-from evalpipe.config.gate_settings import AUTO, Gates, Tolerance
+from evalpipe.config.gate_settings import AUTO, Gates, TokenGates, Tolerance
+from evalpipe.documents.comparison import TokenSummary
 from evalpipe.gates.registry import FAMILIES, GATES, ORDER, PRECISIONS, Gate
 from evalpipe.nightly import judging
 from tests.test_every_check_can_fail import FAILING_INPUTS
@@ -74,3 +75,16 @@ def test_a_gate_that_is_not_of_the_asked_kind_is_refused():
         Gates().tokens.tolerance(GATES[0])
     with pytest.raises(KeyError, match="not a distributional gate"):
         Gates().distribution.setting(GATES[2])
+
+
+@pytest.mark.parametrize("gate", [g for g in GATES if g.measure is not None], ids=lambda g: g.name)
+def test_a_token_gate_reads_a_figure_the_token_summary_has_and_is_set_under_tokens(gate: Gate):
+    assert gate.measure is not None and gate.measure.figure in TokenSummary.model_fields, gate.measure
+    assert gate.group == "tokens" and gate.field_name == gate.name
+    figure_type = str(TokenSummary.model_fields[gate.measure.figure].annotation)
+    assert ("int" in figure_type) == gate.measure.counts, (gate.measure, figure_type)
+    assert isinstance(Gates().tokens.tolerance(gate), Tolerance)
+
+
+def test_the_token_settings_are_the_registry_s_token_gates_in_its_order():
+    assert list(TokenGates.model_fields) == [g.field_name for g in GATES if g.measure is not None]
