@@ -1,0 +1,129 @@
+"""evalpipe/worker/lm.py: the lm-eval model that carries lm-eval's requests through the
+engine. What it must keep: one capture per (task, doc, request, repeat) with the prompt
+the engine saw, prompts cut to leave room for the answer, sampling asked by a task turned
+into greedy and recorded, the A/A run's reversed order invisible to lm-eval, and
+likelihoods split where lm-eval's own models split them. The engine here is a small
+in-test one with one character per token, so every id and logprob is known."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lm_eval.api.instance import Instance
+
+from evalpipe.documents.manifest import EngineInfo
+from evalpipe.worker.engines import GenRequest, GenResult, ScoreRequest, ScoreResult
+from evalpipe.worker.lm import CapturingLM
+
+EOS = 0
+
+
+@dataclass
+class CharEngine:
+    """One token per character (its code point); generates the prompt's last character
+    again, and scores each token with logprob -token_id / 1000."""
+
+    max_model_len: int = 64
+    eos_token_id: int | None = EOS
+    generated: list[list[GenRequest]] = field(default_factory=list)
+    scored: list[list[ScoreRequest]] = field(default_factory=list)
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+    def encode_many(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def decode_many(self, sequences):
+        return [self.decode(s) for s in sequences]
+
+    def generate(self, requests, topk, progress=None):
+        self.generated.append(list(requests))
+        out = []
+        for r in requests:
+            ids = [r.prompt_token_ids[-1]] * min(r.max_tokens, 2)
+            out.append(GenResult(text=self.decode(ids), token_ids=ids, logprobs=[-0.5] * len(ids),
+                                 topk_ids=[[i] for i in ids], topk_logprobs=[[-0.5] for _ in ids], finish_reason="length"))
+        return out
+
+    def score(self, requests, topk=0, progress=None):
+        self.scored.append(list(requests))
+        return [ScoreResult(logprobs=[-r.token_ids[p] / 1000 for p in r.scored()],
+                            is_greedy=[r.token_ids[p] == ord("B") for p in r.scored()]) for r in requests]
+
+    def info(self) -> EngineInfo:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _gen(task: str, doc_id: int, context: str, idx: int = 0, **gen_kwargs) -> Instance:
+    return Instance(request_type="generate_until", doc={}, arguments=(context, {"until": ["\n"], **gen_kwargs}),
+                    idx=idx, metadata=(task, doc_id, 1))
+
+
+def test_every_request_is_captured_under_its_key_with_the_prompt_the_engine_saw():
+    engine = CharEngine()
+    lm = CapturingLM(engine, topk=1, max_gen_toks=4)
+    texts = lm.generate_until([_gen("t", 3, "abc"), _gen("t", 3, "abd"), _gen("u", 1, "xy", idx=1)])
+    assert texts == ["cc", "dd", "yy"]
+    # the same (task, doc, request) twice: repeats 0 and 1
+    assert set(lm.captures) == {("t", 3, 0, 0), ("t", 3, 0, 1), ("u", 1, 1, 0)}
+    capture = lm.captures[("t", 3, 0, 1)]
+    assert capture.prompt_token_ids == [97, 98, 100] and not capture.truncated_prompt
+    assert capture.result.token_ids == [100, 100]
+    (sent,) = engine.generated
+    assert [r.stop for r in sent] == [["\n"]] * 3 and {r.max_tokens for r in sent} == {4}
+    assert sent[0].label == "t doc 3"
+
+
+def test_a_long_prompt_keeps_its_end_and_leaves_room_for_the_answer():
+    engine = CharEngine(max_model_len=10)
+    lm = CapturingLM(engine, topk=1)
+    lm.generate_until([_gen("t", 0, "0123456789abcdef", max_gen_toks=4)])
+    capture = lm.captures[("t", 0, 0, 0)]
+    assert capture.truncated_prompt and engine.decode(capture.prompt_token_ids) == "abcdef"  # 10 - 4 tokens
+
+
+def test_sampling_a_task_asks_for_is_recorded_and_not_done():
+    engine = CharEngine()
+    lm = CapturingLM(engine, topk=1)
+    lm.generate_until([_gen("sampled", 0, "ab", do_sample=True, temperature=0.7), _gen("greedy", 0, "ab", temperature=0.0)])
+    assert lm.sampling_overridden == {"sampled"}
+    assert all(not hasattr(r, "temperature") for r in engine.generated[0])  # a request carries no sampler settings
+
+
+def test_the_reversed_order_reaches_the_engine_and_not_lm_eval():
+    engine = CharEngine()
+    lm = CapturingLM(engine, topk=1, max_gen_toks=4, reverse_order=True)
+    texts = lm.generate_until([_gen("t", 0, "ab"), _gen("t", 1, "cd")])
+    assert [r.prompt_token_ids for r in engine.generated[0]] == [[99, 100], [97, 98]]
+    assert texts == ["bb", "dd"] and lm.captures[("t", 0, 0, 0)].result.token_ids == [98, 98]
+
+
+def test_a_continuation_takes_the_context_s_trailing_spaces_as_lm_eval_s_models_do():
+    engine = CharEngine()
+    lm = CapturingLM(engine, topk=1)
+    (ll, greedy), (ll_empty, _) = lm.loglikelihood([
+        Instance(request_type="loglikelihood", doc={}, arguments=("Q: ", "B"), idx=0, metadata=("t", 0, 1)),
+        Instance(request_type="loglikelihood", doc={}, arguments=("", "B"), idx=0, metadata=("t", 1, 1)),
+    ])
+    first, empty = engine.scored[0]
+    assert first.token_ids == [81, 58, 32, 66] and first.start == 2  # " B" is the continuation
+    assert ll == -(32 + 66) / 1000 and greedy is False  # the space is not the argmax
+    # no context: the continuation is scored after the end-of-text token
+    assert empty.token_ids == [EOS, 66] and empty.start == 1 and ll_empty == -66 / 1000
+
+
+def test_a_rolling_likelihood_sums_its_windows():
+    engine = CharEngine(max_model_len=4)
+    lm = CapturingLM(engine, topk=1)
+    (total,) = lm.loglikelihood_rolling([Instance(request_type="loglikelihood_rolling", doc={}, arguments=("abcdefg",),
+                                                  idx=0, metadata=("t", 0, 1))])
+    windows = engine.scored[0]
+    assert len(windows) > 1  # the text is longer than one window
+    assert abs(total - -sum(range(97, 104)) / 1000) < 1e-12  # every character scored exactly once
