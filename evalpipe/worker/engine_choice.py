@@ -1,6 +1,6 @@
 """The engines a variant's job can run on, as one table the worker iterates: in-process
 vLLM (engines.OfflineEngine), a vLLM server over HTTP (http_engine.HttpEngine), and, for
-evalpipe's own tests only, the fake engine (fake_engine.py), which takes an offline job
+evalpipe's own tests only, the fake engine (fakes/engine.py), which takes an offline job
 when its environment variable is set (never a config setting)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalpipe.documents.worker_job import ServerJob
-from evalpipe.worker import fake_engine
 from evalpipe.worker.engines import Engine, OfflineEngine
+from evalpipe.worker.fakes import engine as fake_engine
 from evalpipe.worker.http_engine import HttpEngine
 from evalpipe.worker.journal import RequestJournal
 

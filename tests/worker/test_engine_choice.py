@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evalpipe.worker import engine_choice
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, FakeEngine
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV, FakeEngine
 
 
 def test_an_offline_job_gets_vllm_unless_the_fake_engines_variable_is_set(monkeypatch):

@@ -15,7 +15,7 @@ therefore give the same logprobs, as a real engine's teacher forcing must. Where
 answer "starts" (the earliest end, ``diverge=K``) is read from the prefix too: the
 length of its trailing run of the tokens the fake writes (lower-case letters, digits,
 spaces), which after a prompt ending otherwise (GSM8K's ``Answer:``) is the number of
-tokens generated so far. A server that sees only token ids (fake_server.py) therefore
+tokens generated so far. A server that sees only token ids (server.py) therefore
 answers as this engine does offline.
 
 Behaviours, comma-separated in ``EVALPIPE_FAKE_ENGINE`` (a variant's ``env:`` sets its own):
