@@ -35,7 +35,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from evalpipe.documents.manifest import EngineInfo
 from evalpipe.probes import runtime as probes
@@ -53,9 +53,16 @@ TOP_CANDIDATES = 20  # the most top-k a request can ask for
 MASK = (1 << 64) - 1
 
 
-def requested(env: dict[str, str] | None = None) -> bool:
+def setting(env: Mapping[str, str] | None = None) -> str | None:
+    """``EVALPIPE_FAKE_ENGINE``'s value (``env``: this process's environment) when it asks
+    for the fake, None when it is unset, empty or 0. The one place the variable is read:
+    the engine table's fake entry (worker/engine_choice.py) and the fake server ask here."""
     value = (os.environ if env is None else env).get(FAKE_ENGINE_ENV, "")
-    return value.strip() not in ("", "0")
+    return value if value.strip() not in ("", "0") else None
+
+
+def requested(env: Mapping[str, str] | None = None) -> bool:
+    return setting(env) is not None
 
 
 @dataclass(frozen=True)
@@ -296,6 +303,5 @@ class FakeEngine:
 
 
 def build_fake_engine(engine_args: dict[str, Any], journal: RequestJournal | None = None,
-                      env: dict[str, str] | None = None) -> FakeEngine:
-    value = (os.environ if env is None else env).get(FAKE_ENGINE_ENV, "")
-    return FakeEngine(engine_args, Behaviour.parse(value), journal=journal)
+                      env: Mapping[str, str] | None = None) -> FakeEngine:
+    return FakeEngine(engine_args, Behaviour.parse(setting(env) or ""), journal=journal)

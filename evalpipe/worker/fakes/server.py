@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from evalpipe.worker.engines import GenRequest, ScoreRequest
-from evalpipe.worker.fakes.engine import EOS, FAKE_ENGINE_ENV, TOP_CANDIDATES, Behaviour, FakeEngine, requested
+from evalpipe.worker.fakes.engine import EOS, FAKE_ENGINE_ENV, TOP_CANDIDATES, Behaviour, FakeEngine, setting
 
 TOKEN_ID_PREFIX = "token_id:"  # the key vLLM uses with return_tokens_as_token_ids
 VERSION = {"version": "fake", "server": "evalpipe.worker.fakes.server (tests only, not vLLM)"}
@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="A FAKE vLLM OpenAI server for evalpipe's tests (not vLLM).")
     parser.add_argument("--config", required=True, type=Path, help="the YAML file of server flags evalpipe writes")
     options = parser.parse_args(argv)
-    if not requested():
+    value = setting()
+    if value is None:
         print(f"evalpipe.worker.fakes.server is a fake server for tests; it starts only with {FAKE_ENGINE_ENV} set "
               "in its environment. To serve a model, remove launch.command (vLLM's server is the default).",
               file=sys.stderr)
@@ -188,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as err:
         print(f"fake server: cannot read --config: {err}", file=sys.stderr)
         return 2
-    print(f"FAKE SERVER ({FAKE_ENGINE_ENV}={os.environ[FAKE_ENGINE_ENV]}): tests only, not vLLM", flush=True)
+    print(f"FAKE SERVER ({FAKE_ENGINE_ENV}={value}): tests only, not vLLM", flush=True)
     try:
-        engine = FakeEngine(args, Behaviour.parse(os.environ[FAKE_ENGINE_ENV]))
+        engine = FakeEngine(args, Behaviour.parse(value))
     except RuntimeError as err:
         print(f"fake server: the engine failed to start: {err}", flush=True)
         return 1

@@ -66,6 +66,8 @@ def test_behaviours_are_parsed_and_a_typo_is_refused():
 def test_only_its_variable_selects_it():
     assert not fake_engine.requested({}) and not fake_engine.requested({fake_engine.FAKE_ENGINE_ENV: "0"})
     assert fake_engine.requested({fake_engine.FAKE_ENGINE_ENV: "1"})
+    assert fake_engine.setting({fake_engine.FAKE_ENGINE_ENV: "delay=1"}) == "delay=1"
+    assert fake_engine.setting({fake_engine.FAKE_ENGINE_ENV: " 0 "}) is None and fake_engine.setting({}) is None
     assert engine().info().kind == "fake"
 
 
