@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 from evalpipe.documents.manifest import EngineInfo
 from evalpipe.probes import runtime as probes
 from evalpipe.probes.record import ModelRecord
-from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult
+from evalpipe.worker.engines import GenRequest, GenResult, InProcessEngine, JournaledCalls, ProgressFn, ScoreRequest, ScoreResult
 from evalpipe.worker.journal import RequestJournal, request_key
 
 FAKE_ENGINE_ENV = "EVALPIPE_FAKE_ENGINE"
@@ -156,7 +156,7 @@ def position(state: int, produced: int, diverge_at: int | None) -> Position:
     return Position(ids, logprobs, r)
 
 
-class FakeEngine:
+class FakeEngine(InProcessEngine):
     def __init__(self, engine_args: dict[str, Any], behaviour: Behaviour, journal: RequestJournal | None = None):
         if behaviour.fail_start:
             raise RuntimeError("the fake engine was told to fail at start (fail_start)")
@@ -179,16 +179,6 @@ class FakeEngine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
-
-    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
-        return [self.decode(s) for s in sequences]
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     @property
     def eos_token_id(self) -> int | None:
@@ -214,26 +204,19 @@ class FakeEngine:
 
     def _each(self, kind: str, bodies: list[dict[str, Any]], answer, result_type: type,
               progress: ProgressFn | None) -> list[Any]:
-        results: list[Any] = []
-        for i, body in enumerate(bodies):
-            key = request_key(f"fake:{kind}", body)
-            kept = self.journal.get(key) if self.journal is not None else None
-            if kept is not None:
-                results.append(result_type(**kept))
-            else:
-                self._answer()
-                record = probes.record()
-                snapshot = record.forward_started(self._probed, len(body.get("prompt_token_ids") or body.get("token_ids") or [])) \
-                    if record is not None else None
-                result = answer(i)
-                if record is not None:
-                    record.forward_finished(self._probed, snapshot)
-                if self.journal is not None:
-                    self.journal.put(key, vars(result))
-                results.append(result)
-            if progress is not None:
-                progress(i + 1, len(bodies))
-        return results
+        """Each request the journal does not answer, in order, as one forward pass."""
+        calls = JournaledCalls([request_key(f"fake:{kind}", body) for body in bodies], self.journal, result_type, progress)
+        for i in calls.todo():
+            self._answer()
+            body = bodies[i]
+            record = probes.record()
+            snapshot = record.forward_started(self._probed, len(body.get("prompt_token_ids") or body.get("token_ids") or [])) \
+                if record is not None else None
+            result = answer(i)
+            if record is not None:
+                record.forward_finished(self._probed, snapshot)
+            calls.finished(i, result)
+        return calls.results()
 
     # -- the engine interface ------------------------------------------------------------
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
@@ -296,10 +279,6 @@ class FakeEngine:
     def info(self) -> EngineInfo:
         # the journal's summary is the worker's to add, once, as the variant ends
         return EngineInfo(kind="fake", max_model_len=self._max_model_len)
-
-    def close(self) -> None:
-        if self.journal is not None:
-            self.journal.close()
 
 
 def build_fake_engine(engine_args: dict[str, Any], journal: RequestJournal | None = None,
