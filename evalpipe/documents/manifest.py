@@ -70,7 +70,7 @@ class ServerInfo(Document):
 class EngineInfo(Document):
     """The engine as the worker found it: evalpipe.worker.engines (offline) or http_engine (a server)."""
 
-    kind: Literal["offline", "http", "fake"]  # fake: the tests' engine (evalpipe.worker.fake_engine), never a real run's
+    kind: Literal["offline", "http", "fake"]  # fake: the tests' engine (evalpipe.worker.fakes.engine), never a real run's
     max_model_len: int | None = None
     model: str | None = None  # http: the served model's name
     server: ServerInfo | None = None  # http

@@ -1,7 +1,8 @@
 """The engines a variant's job can run on, as one table the worker iterates: in-process
 vLLM (engines.OfflineEngine), a vLLM server over HTTP (http_engine.HttpEngine), and, for
-evalpipe's own tests only, the fake engine (fake_engine.py), which takes an offline job
-when its environment variable is set (never a config setting)."""
+evalpipe's own tests and demos, the fake engine (fakes/engine.py), which takes an offline
+job when its environment variable is set (never a config setting). The worker knows an
+engine only by its entry: what it says as the engine starts, whether it seeds torch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalpipe.documents.worker_job import ServerJob
-from evalpipe.worker import fake_engine
 from evalpipe.worker.engines import Engine, OfflineEngine
+from evalpipe.worker.fakes import engine as fake_engine
 from evalpipe.worker.http_engine import HttpEngine
 from evalpipe.worker.journal import RequestJournal
 
@@ -57,10 +58,11 @@ def choose(kind: str) -> EngineEntry:
     raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(dict.fromkeys(e.kind for e in ENGINES))}")
 
 
-def build_engine(kind: str, engine_args: dict[str, Any], server: ServerJob | None = None,
+def build_engine(entry: EngineEntry, engine_args: dict[str, Any], server: ServerJob | None = None,
                  on_wait: Waiting | None = None, journal: Path | None = None) -> Engine:
-    """``offline``: vllm.LLM(**engine_args) here; ``http``: the server ``server`` describes
-    (url, model, client settings), waiting until it is ready. Both answer from ``journal``
-    (worker/journal.py) what an earlier attempt already asked."""
+    """The engine of ``entry`` (``choose``'s answer): for an offline job vllm.LLM(**engine_args)
+    here; for an http one the server ``server`` describes (url, model, client settings), waiting
+    until it is ready. Each answers from ``journal`` (worker/journal.py) what an earlier attempt
+    already asked."""
     kept = RequestJournal(journal) if journal is not None else None
-    return choose(kind).build(engine_args, server, on_wait, kept)
+    return entry.build(engine_args, server, on_wait, kept)

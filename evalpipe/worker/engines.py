@@ -126,7 +126,37 @@ def _topk_of(position: dict[int, Any] | None, k: int) -> tuple[list[int], list[f
     return ranked_topk(((tid, lp.rank, lp.logprob) for tid, lp in (position or {}).items()), k)
 
 
-class OfflineEngine:
+class InProcessEngine:
+    """What the engines that compute in this process share (OfflineEngine, the fake engine
+    of worker/fakes/): a tokenizer asked one text at a time, the context window they were
+    built with, and the request journal (each call's results through ``JournaledCalls``;
+    closed with the engine). A subclass sets ``_max_model_len`` and ``journal``."""
+
+    _max_model_len: int
+    journal: RequestJournal | None
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(s) for s in sequences]
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+
+class OfflineEngine(InProcessEngine):
     """`vllm.LLM` in this process (its engine core runs in a process of its own unless
     VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CPU configs set).
 
@@ -149,16 +179,6 @@ class OfflineEngine:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids))
 
-    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
-        return [self.decode(s) for s in sequences]
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
     @property
     def eos_token_id(self) -> int | None:
         return self._tokenizer.eos_token_id
@@ -171,7 +191,7 @@ class OfflineEngine:
         ]
         keys = [request_key("offline:generate", {"prompt_token_ids": r.prompt_token_ids, **s})
                 for r, s in zip(requests, settings)]
-        calls = _Calls(keys, self.journal, GenResult, progress)
+        calls = JournaledCalls(keys, self.journal, GenResult, progress)
         params = [SamplingParams(**s) for s in settings]
         self._stream(calls, calls.todo(), lambda i: {"prompt_token_ids": requests[i].prompt_token_ids},
                      lambda i: params[i], lambda i, out: self._generated(out, topk))
@@ -203,7 +223,7 @@ class OfflineEngine:
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=max(1, topk))
         keys = [request_key("offline:score", {"token_ids": r.token_ids, "scored": list(r.scored()), "topk": topk})
                 for r in requests]
-        calls = _Calls(keys, self.journal, ScoreResult, progress)
+        calls = JournaledCalls(keys, self.journal, ScoreResult, progress)
         todo = calls.todo()
         # vLLM returns every prompt position's top-k as Python objects; sending the work
         # in slices of a bounded token count keeps that transient memory bounded too,
@@ -213,7 +233,7 @@ class OfflineEngine:
                          lambda i: params, lambda i, out: self._scored(requests[i], out, topk))
         return calls.results()
 
-    def _stream(self, calls: _Calls, todo: list[int], prompt: Callable[[int], Any], params: Callable[[int], Any],
+    def _stream(self, calls: JournaledCalls, todo: list[int], prompt: Callable[[int], Any], params: Callable[[int], Any],
                 convert: Callable[[int, Any], Any]) -> None:
         """Requests ``todo`` (indices into ``calls``) through the engine, each result handed
         to ``calls`` as its request finishes. The same queue and step loop as
@@ -257,14 +277,13 @@ class OfflineEngine:
 
     def close(self) -> None:
         """Stop vLLM's engine-core process now, not during interpreter teardown."""
-        if self.journal is not None:
-            self.journal.close()
+        super().close()
         core = getattr(getattr(self._llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
 
 
-class _Calls:
+class JournaledCalls:
     """One engine call's results, in request order: those the journal already holds,
     then each one as it finishes (appended to the journal, counted as progress)."""
 

@@ -306,7 +306,7 @@ class _VariantRun:
             chosen = engine_choice.choose(job.engine_kind)
             if chosen.banner is not None:
                 events.emit("stage", stage="engine", message=chosen.banner)
-            engine: Engine = engine_choice.build_engine(job.engine_kind, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
+            engine: Engine = engine_choice.build_engine(chosen, job.engine_args, job.server, on_wait=waiting, journal=journal_path)
         except UserError as err:  # a request journal this evalpipe does not read: the sentence says what to do
             raise _Failed(ExitCode.USER_ERROR, str(err), kind="user") from None
         except Exception as err:  # noqa: BLE001 - any engine failure ends this variant the same way

@@ -26,11 +26,11 @@ from ray_cluster import TASK, leftovers, write_config
 from evalpipe.cluster.local import join, marked_pids
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import sha256_of, verify_variant
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 LIMIT = 4
 TABLES = (artifacts.SAMPLES_PARQUET, artifacts.TOKENS_PARQUET, artifacts.TEACHER_PARQUET)
-FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fake_server"]
+FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fakes.server"]
 
 
 def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""Serve mode's lifecycle on the fake server (evalpipe/worker/fake_server.py): evalpipe
+"""Serve mode's lifecycle on the fake server (evalpipe/worker/fakes/server.py): evalpipe
 starts it as it starts `vllm serve` (launch.command, a --config file, host and port),
 waits for /health, talks HTTP, shares it or not, stops it. Without vLLM, in seconds.
 What only vLLM's server shows (served outputs equal offline outputs on the real engine,
@@ -37,9 +37,9 @@ from evalpipe.documents.worker_job import ServerJob
 from evalpipe.execution import serve
 from evalpipe.pipeline.plan import RUN_ID_ENV
 from evalpipe.rundir import artifacts
-from evalpipe.worker import fake_server
 from evalpipe.worker.engines import GenRequest, ScoreRequest
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, Behaviour, FakeEngine
+from evalpipe.worker.fakes import server as fake_server
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV, Behaviour, FakeEngine
 from evalpipe.worker.http_engine import HttpEngine
 from evalpipe.worker.journal import RequestJournal
 
@@ -50,7 +50,7 @@ TOPK = 5
 # server starts); a limit under that fired on a loaded machine before the server had hung.
 STALL = 15
 TASK = "gsm8k_synth_4shot"
-FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fake_server"]
+FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fakes.server"]
 AA = aa_variant_name("served")
 # A tokenizer this machine lacks: the worker leaves tokenizing to the server at once instead
 # of loading the real model's tokenizer (seconds, with vLLM's import) to find that it
@@ -123,7 +123,7 @@ def test_served_outputs_equal_offline_ones_and_the_server_was_a_fake(run):
         assert "4/4 samples bitwise identical" in result["reasons"][0], result["reasons"]
     vdir = run_dir / "served"
     log = (vdir / "engine.log").read_text()
-    assert "evalpipe.worker.fake_server --config" in log and "FAKE SERVER" in log
+    assert "evalpipe.worker.fakes.server --config" in log and "FAKE SERVER" in log
     args = yaml.safe_load((vdir / "server-args.yaml").read_text())
     assert args["host"] == "127.0.0.1" and args["max-model-len"] == 4096 and args["port"] > 0
     manifest = json.loads((vdir / "manifest.json").read_text())

@@ -15,7 +15,7 @@ from ray_cluster import leftovers, write_config
 from evalpipe.errors import ExitCode
 from evalpipe.history.store import open_history
 from evalpipe.nightly.several import labels_of, worst
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 
 def test_the_most_serious_night_decides_the_exit_code():

@@ -13,7 +13,7 @@ from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import ExitCode
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 
 def _plan(tmp_path, variants: dict, run_id: str):

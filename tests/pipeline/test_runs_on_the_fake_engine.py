@@ -1,5 +1,5 @@
 """`evalpipe run` and `evalpipe nightly` end to end with the fake engine
-(evalpipe/worker/fake_engine.py) in every worker: the runner, its workers' artifacts, the
+(evalpipe/worker/fakes/engine.py) in every worker: the runner, its workers' artifacts, the
 comparison and report, the watchdog, a killed worker, Ctrl-C, kill -9 / resume and a
 nightly's baseline, without starting vLLM. What only the real engine can show (its
 logprobs, teacher forcing inside vLLM, the path probes in vLLM's processes, a served
@@ -38,7 +38,7 @@ from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.history.store import open_history
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import verify_variant
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, FakeEngine
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV, FakeEngine
 
 LIMIT = 4
 TOPK = 5

@@ -16,7 +16,7 @@ from typing import Iterator
 import yaml
 
 from evalpipe.cluster.local import LocalCluster, marked_pids, start
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 TASK = "gsm8k_synth_4shot"
 

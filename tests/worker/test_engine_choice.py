@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evalpipe.worker import engine_choice
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV, FakeEngine
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV, FakeEngine
 
 
 def test_an_offline_job_gets_vllm_unless_the_fake_engines_variable_is_set(monkeypatch):
@@ -22,7 +22,7 @@ def test_an_offline_job_gets_vllm_unless_the_fake_engines_variable_is_set(monkey
 
 def test_the_fake_entry_builds_the_fake_engine(monkeypatch, builtin_model_dir):
     monkeypatch.setenv(FAKE_ENGINE_ENV, "1")
-    engine = engine_choice.build_engine("offline", {"model": str(builtin_model_dir)})
+    engine = engine_choice.build_engine(engine_choice.choose("offline"), {"model": str(builtin_model_dir)})
     try:
         assert isinstance(engine, FakeEngine)
     finally:
@@ -34,4 +34,4 @@ def test_an_unknown_kind_and_a_served_job_without_its_server_are_refused(monkeyp
     with pytest.raises(ValueError, match=r"unknown engine kind 'grpc'; known: offline, http"):
         engine_choice.choose("grpc")
     with pytest.raises(ValueError, match="needs the job's server settings"):
-        engine_choice.build_engine("http", {"model": "m"})
+        engine_choice.build_engine(engine_choice.choose("http"), {"model": "m"})

@@ -1,4 +1,4 @@
-"""The fake engine (evalpipe/worker/fake_engine.py) itself: deterministic, self-consistent
+"""The fake engine (evalpipe/worker/fakes/engine.py) itself: deterministic, self-consistent
 (scoring a sequence gives the logprobs its generation saw), its scripted behaviours, and
 chosen only through its environment variable."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from evalpipe.worker import fake_engine
 from evalpipe.worker.engines import GenRequest, ScoreRequest
-from evalpipe.worker.fake_engine import EOS, Behaviour, FakeEngine, build_fake_engine
+from evalpipe.worker.fakes import engine as fake_engine
+from evalpipe.worker.fakes.engine import EOS, Behaviour, FakeEngine, build_fake_engine
 from evalpipe.worker.journal import RequestJournal
 
 PROMPT = "Question: 3 apples and 4 pears?\nAnswer:"
@@ -66,6 +66,8 @@ def test_behaviours_are_parsed_and_a_typo_is_refused():
 def test_only_its_variable_selects_it():
     assert not fake_engine.requested({}) and not fake_engine.requested({fake_engine.FAKE_ENGINE_ENV: "0"})
     assert fake_engine.requested({fake_engine.FAKE_ENGINE_ENV: "1"})
+    assert fake_engine.setting({fake_engine.FAKE_ENGINE_ENV: "delay=1"}) == "delay=1"
+    assert fake_engine.setting({fake_engine.FAKE_ENGINE_ENV: " 0 "}) is None and fake_engine.setting({}) is None
     assert engine().info().kind == "fake"
 
 

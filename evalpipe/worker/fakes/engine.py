@@ -15,7 +15,7 @@ therefore give the same logprobs, as a real engine's teacher forcing must. Where
 answer "starts" (the earliest end, ``diverge=K``) is read from the prefix too: the
 length of its trailing run of the tokens the fake writes (lower-case letters, digits,
 spaces), which after a prompt ending otherwise (GSM8K's ``Answer:``) is the number of
-tokens generated so far. A server that sees only token ids (fake_server.py) therefore
+tokens generated so far. A server that sees only token ids (server.py) therefore
 answers as this engine does offline.
 
 Behaviours, comma-separated in ``EVALPIPE_FAKE_ENGINE`` (a variant's ``env:`` sets its own):
@@ -35,12 +35,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from evalpipe.documents.manifest import EngineInfo
 from evalpipe.probes import runtime as probes
 from evalpipe.probes.record import ModelRecord
-from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult
+from evalpipe.worker.engines import GenRequest, GenResult, InProcessEngine, JournaledCalls, ProgressFn, ScoreRequest, ScoreResult
 from evalpipe.worker.journal import RequestJournal, request_key
 
 FAKE_ENGINE_ENV = "EVALPIPE_FAKE_ENGINE"
@@ -53,9 +53,16 @@ TOP_CANDIDATES = 20  # the most top-k a request can ask for
 MASK = (1 << 64) - 1
 
 
-def requested(env: dict[str, str] | None = None) -> bool:
+def setting(env: Mapping[str, str] | None = None) -> str | None:
+    """``EVALPIPE_FAKE_ENGINE``'s value (``env``: this process's environment) when it asks
+    for the fake, None when it is unset, empty or 0. The one place the variable is read:
+    the engine table's fake entry (worker/engine_choice.py) and the fake server ask here."""
     value = (os.environ if env is None else env).get(FAKE_ENGINE_ENV, "")
-    return value.strip() not in ("", "0")
+    return value if value.strip() not in ("", "0") else None
+
+
+def requested(env: Mapping[str, str] | None = None) -> bool:
+    return setting(env) is not None
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,7 @@ def position(state: int, produced: int, diverge_at: int | None) -> Position:
     return Position(ids, logprobs, r)
 
 
-class FakeEngine:
+class FakeEngine(InProcessEngine):
     def __init__(self, engine_args: dict[str, Any], behaviour: Behaviour, journal: RequestJournal | None = None):
         if behaviour.fail_start:
             raise RuntimeError("the fake engine was told to fail at start (fail_start)")
@@ -172,16 +179,6 @@ class FakeEngine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
-
-    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
-        return [self.decode(s) for s in sequences]
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     @property
     def eos_token_id(self) -> int | None:
@@ -207,26 +204,19 @@ class FakeEngine:
 
     def _each(self, kind: str, bodies: list[dict[str, Any]], answer, result_type: type,
               progress: ProgressFn | None) -> list[Any]:
-        results: list[Any] = []
-        for i, body in enumerate(bodies):
-            key = request_key(f"fake:{kind}", body)
-            kept = self.journal.get(key) if self.journal is not None else None
-            if kept is not None:
-                results.append(result_type(**kept))
-            else:
-                self._answer()
-                record = probes.record()
-                snapshot = record.forward_started(self._probed, len(body.get("prompt_token_ids") or body.get("token_ids") or [])) \
-                    if record is not None else None
-                result = answer(i)
-                if record is not None:
-                    record.forward_finished(self._probed, snapshot)
-                if self.journal is not None:
-                    self.journal.put(key, vars(result))
-                results.append(result)
-            if progress is not None:
-                progress(i + 1, len(bodies))
-        return results
+        """Each request the journal does not answer, in order, as one forward pass."""
+        calls = JournaledCalls([request_key(f"fake:{kind}", body) for body in bodies], self.journal, result_type, progress)
+        for i in calls.todo():
+            self._answer()
+            body = bodies[i]
+            record = probes.record()
+            snapshot = record.forward_started(self._probed, len(body.get("prompt_token_ids") or body.get("token_ids") or [])) \
+                if record is not None else None
+            result = answer(i)
+            if record is not None:
+                record.forward_finished(self._probed, snapshot)
+            calls.finished(i, result)
+        return calls.results()
 
     # -- the engine interface ------------------------------------------------------------
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
@@ -290,12 +280,7 @@ class FakeEngine:
         # the journal's summary is the worker's to add, once, as the variant ends
         return EngineInfo(kind="fake", max_model_len=self._max_model_len)
 
-    def close(self) -> None:
-        if self.journal is not None:
-            self.journal.close()
-
 
 def build_fake_engine(engine_args: dict[str, Any], journal: RequestJournal | None = None,
-                      env: dict[str, str] | None = None) -> FakeEngine:
-    value = (os.environ if env is None else env).get(FAKE_ENGINE_ENV, "")
-    return FakeEngine(engine_args, Behaviour.parse(value), journal=journal)
+                      env: Mapping[str, str] | None = None) -> FakeEngine:
+    return FakeEngine(engine_args, Behaviour.parse(setting(env) or ""), journal=journal)

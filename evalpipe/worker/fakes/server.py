@@ -1,7 +1,7 @@
 """A fake vLLM OpenAI server for the tests of serve mode's lifecycle (start, readiness,
 sharing, signals, a server that dies or hangs), answering in milliseconds.
 
-    python -m evalpipe.worker.fake_server --config FILE
+    python -m evalpipe.worker.fakes.server --config FILE
 
 Test-only, and reachable only on purpose: a config names this module in a served
 variant's ``launch.command`` (its engine arguments, host and port come in the
@@ -10,7 +10,7 @@ to start unless ``EVALPIPE_FAKE_ENGINE`` is set in its environment. Every trace 
 fake: /version, /v1/models' ``owned_by``, the first lines of its log, and the path
 probes' ``FakeEngine`` model.
 
-The answers are the fake engine's (fake_engine.py), so a served variant on this server
+The answers are the fake engine's (engine.py), so a served variant on this server
 equals the same fake offline token for token; ``EVALPIPE_FAKE_ENGINE``'s behaviours apply
 to the server's requests (``hang_after``, ``exit_after`` with a signal, ``fail_start``,
 ``delay``, ``diverge``). It answers what evalpipe's HTTP engine asks (http_engine.py):
@@ -37,10 +37,10 @@ from typing import Any
 import yaml
 
 from evalpipe.worker.engines import GenRequest, ScoreRequest
-from evalpipe.worker.fake_engine import EOS, FAKE_ENGINE_ENV, TOP_CANDIDATES, Behaviour, FakeEngine, requested
+from evalpipe.worker.fakes.engine import EOS, FAKE_ENGINE_ENV, TOP_CANDIDATES, Behaviour, FakeEngine, setting
 
 TOKEN_ID_PREFIX = "token_id:"  # the key vLLM uses with return_tokens_as_token_ids
-VERSION = {"version": "fake", "server": "evalpipe.worker.fake_server (tests only, not vLLM)"}
+VERSION = {"version": "fake", "server": "evalpipe.worker.fakes.server (tests only, not vLLM)"}
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
@@ -174,12 +174,13 @@ def read_args(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evalpipe.worker.fake_server",
+    parser = argparse.ArgumentParser(prog="python -m evalpipe.worker.fakes.server",
                                      description="A FAKE vLLM OpenAI server for evalpipe's tests (not vLLM).")
     parser.add_argument("--config", required=True, type=Path, help="the YAML file of server flags evalpipe writes")
     options = parser.parse_args(argv)
-    if not requested():
-        print(f"evalpipe.worker.fake_server is a fake server for tests; it starts only with {FAKE_ENGINE_ENV} set "
+    value = setting()
+    if value is None:
+        print(f"evalpipe.worker.fakes.server is a fake server for tests; it starts only with {FAKE_ENGINE_ENV} set "
               "in its environment. To serve a model, remove launch.command (vLLM's server is the default).",
               file=sys.stderr)
         return 2
@@ -188,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as err:
         print(f"fake server: cannot read --config: {err}", file=sys.stderr)
         return 2
-    print(f"FAKE SERVER ({FAKE_ENGINE_ENV}={os.environ[FAKE_ENGINE_ENV]}): tests only, not vLLM", flush=True)
+    print(f"FAKE SERVER ({FAKE_ENGINE_ENV}={value}): tests only, not vLLM", flush=True)
     try:
-        engine = FakeEngine(args, Behaviour.parse(os.environ[FAKE_ENGINE_ENV]))
+        engine = FakeEngine(args, Behaviour.parse(value))
     except RuntimeError as err:
         print(f"fake server: the engine failed to start: {err}", flush=True)
         return 1
