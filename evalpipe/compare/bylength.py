@@ -93,7 +93,7 @@ class GroupScore:
     se_delta: float | None
     ci_low: float | None
     ci_high: float | None
-    ci_conf: float
+    ci_conf: float | None
     df: int | None
     mcnemar_p: float | None
     n_changed: int

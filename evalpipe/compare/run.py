@@ -88,7 +88,7 @@ class VariantComparison:
             status=self.verdict.status,
             reasons=list(self.verdict.reasons),
             samples=schema.SampleCounts(a=self.n_samples_a, b=self.n_samples_b),
-            scores=[r.document() for r in self.scores.rows],
+            scores=list(self.scores.rows),
             metrics_only_a=list(self.scores.metrics_only_a),
             metrics_only_b=list(self.scores.metrics_only_b),
             tokens=[t.document() for t in self.tokens.summaries],

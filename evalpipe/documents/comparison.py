@@ -97,7 +97,24 @@ class FlippedItem(Document):
 
 
 class ScoreRow(Document):
-    """One task x metric, paired (compare.scores.ScoreRow documents the statistics)."""
+    """Summary of one task x metric over the paired items, as compare.scores builds it.
+
+    ``n_paired`` counts items scored on both sides; ``n_missing`` items present on
+    both sides but scored on one only. For 0/1 metrics ``a_right_b_wrong`` and
+    ``a_wrong_b_right`` are McNemar's discordant counts b and c.
+
+    Statistics over the ``n_paired`` items (formulas in evalpipe.compare.stats; ``None``
+    where undefined, e.g. SEs with a single item): ``se_a``/``se_b`` SE of each mean;
+    ``se_delta`` SE of the paired difference; ``ci_low``/``ci_high`` its ``ci_conf`` t
+    interval with ``df`` degrees of freedom (n - 1, or clusters - 1); ``n_clusters`` =
+    n_paired unless a ``cluster`` column groups items; ``mcnemar_p`` exact two-sided p (0/1
+    metrics only); ``tost_*`` the equivalence test against ±``margin`` at level ``alpha``
+    (its 1 - 2 alpha interval, one-sided p-values, ``equivalent``); ``mdd`` the minimum
+    detectable difference (level ``alpha``, 80% power). When no item of a 0/1 metric
+    changed the observed SE is 0 and would claim that any difference is detectable; ``mdd``
+    then uses evalpipe.compare.stats.no_change_se (rule of three) instead. ``flipped`` lists
+    the first items (by doc_id, repeat) whose score differs, ``n_flipped`` counts them all.
+    """
 
     task: str
     metric: str
