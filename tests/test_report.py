@@ -45,7 +45,7 @@ def as_run(run_info: dict[str, Any] | RunDocument | None) -> RunDocument | None:
 
 
 # ---------------------------------------------------------------------------
-# compare.json builders (shape of ScoreRow / TaskTokenSummary / GateResult to_dict)
+# compare.json builders (shape of ScoreRow / TokenSummary / GateResult to_dict)
 # ---------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from evalpipe.compare.verdict import Verdict, decide, worst_status
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
+from evalpipe.documents.base import as_written
 from evalpipe.documents.comparison import Status
 from evalpipe.errors import UserError
 
@@ -88,11 +89,11 @@ class VariantComparison:
             status=self.verdict.status,
             reasons=list(self.verdict.reasons),
             samples=schema.SampleCounts(a=self.n_samples_a, b=self.n_samples_b),
-            scores=list(self.scores.rows),
+            scores=[as_written(r) for r in self.scores.rows],
             metrics_only_a=list(self.scores.metrics_only_a),
             metrics_only_b=list(self.scores.metrics_only_b),
-            tokens=[t.document() for t in self.tokens.summaries],
-            teacher=None if self.teacher is None else [t.document() for t in self.teacher.summaries],
+            tokens=[as_written(t) for t in self.tokens.summaries],
+            teacher=None if self.teacher is None else [as_written(t) for t in self.teacher.summaries],
             gates=list(self.verdict.gates),
             numerics=self.numerics.document(),
             distribution=None if self.shifts is None else [t.document() for t in self.shifts],

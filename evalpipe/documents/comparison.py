@@ -205,54 +205,64 @@ class Histogram(Document):
 
 
 class TokenSummary(Document):
-    """Token-level comparison of one task (compare.token_results.TaskTokenSummary documents the fields)."""
+    """Token-level comparison of one task over the samples present on both sides, as
+    compare.token_summary builds it (the terms are defined in evalpipe.compare.tokens).
+
+    Non-finite measures (+inf: non-finite logprobs on one side, the largest difference
+    there is) are kept as they are in memory, where the gates read them; the file has
+    null there (JSON has no infinity)."""
 
     task: str
-    n_samples: int
+    n_samples: int  # paired samples
     only_a: int
     only_b: int
-    only_a_keys: list[Key]
+    only_a_keys: list[Key]  # (doc_id, repeat), the first MAX_LISTED_KEYS
     only_b_keys: list[Key]
     n_ids_identical: int
-    n_identical: int
-    n_logprob_diff_same_ids: int
-    n_topk_diff_same_ids: int
+    n_identical: int  # bitwise: ids, logprobs and top-k lists
+    n_logprob_diff_same_ids: int  # ids identical, some logprob bits differ
+    n_topk_diff_same_ids: int  # ids and logprobs identical, some top-k entry differs
     n_length_diff: int
     tokens_a: int
     tokens_b: int
-    n_positions_compared: int
+    n_positions_compared: int  # shared-prefix positions
     n_positions_logprob_diff: int
-    divergence_positions: list[int]
+    divergence_positions: list[int]  # sorted first-divergence positions
     median_first_divergence: float | None
-    max_abs_dlogprob: float | None
+    max_abs_dlogprob: float | None  # over all shared-prefix positions
     mean_abs_dlogprob: float | None
-    max_abs_dlogprob_same_ids: float | None
+    max_abs_dlogprob_same_ids: float | None  # over samples whose ids are identical
     worst_divergence: list[WorstExample]
     worst_logprob: list[WorstExample]
+    # first divergences classified; n_near_tie + n_hard == n_divergent
     near_tie_gap: float | None
     n_near_tie_divergences: int
     n_hard_divergences: int
-    hard_divergences: list[Position]
-    n_positions_topk_equal: int
+    hard_divergences: list[Position]  # the first MAX_LISTED_HARD
+    # shared-prefix distribution agreement, per position (None when no position compared)
+    n_positions_topk_equal: int  # top-k id sets equal (order ignored)
     share_topk_equal: float | None
-    kl_p50: float | None
+    kl_p50: float | None  # symmetric max(KL(A||B), KL(B||A)) of the top-k distributions
     kl_p99: float | None
     kl_max: float | None
-    abs_dlogprob_p50: float | None
+    abs_dlogprob_p50: float | None  # the max is max_abs_dlogprob
     abs_dlogprob_p99: float | None
+    # top-1 agreement over the compared positions; n_top1_hard <= n_top1_disagree
     n_top1_disagree: int
     n_top1_hard: int
     share_top1_agree: float | None
-    top1_hard_positions: list[Position]
+    top1_hard_positions: list[Position]  # the first MAX_LISTED_HARD
+    # positions with the largest symmetric KL (> 0 only), ties in key order
     worst_kl: list[WorstExample]
-    kl_max_at: Position | None
+    kl_max_at: Position | None  # where kl_max is; None when kl_max is 0 or None
+    # decade histograms over the compared positions
     kl_hist: Histogram
     abs_dlogprob_hist: Histogram
     # derived, for readers that have no compare.tokens
-    n_divergent: int
+    n_divergent: int  # n_samples - n_ids_identical
     share_ids_identical: float | None
     share_identical: float | None
-    identical: bool
+    identical: bool  # nothing one-sided, every paired sample bitwise identical
 
 
 # ---------------------------------------------------------------------------
