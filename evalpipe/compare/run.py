@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from evalpipe.compare.bylength import LengthBreakdown, length_breakdown
+from evalpipe.compare.bylength import length_breakdown
 from evalpipe.compare.code_paths import PathJudgement, PathSide, VariantProbes, judge_paths, profile_names, summarize
 from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
@@ -63,7 +63,7 @@ class VariantComparison:
     verdict: Verdict
     teacher: TokenComparison | None = None  # None: teacher.parquet missing on a side
     # per task, length and needle depth; None unless the samples carry target_length
-    by_length: LengthBreakdown | None = None
+    by_length: list[schema.TaskBreakdown] | None = None
     numerics: Numerics = Numerics()
     shifts: tuple[ShiftTest, ...] | None = None  # distributional tests; None without A/A or teacher data
     paths: PathJudgement | None = None  # what ran on each side, judged (None: not asked, a bare table comparison)
@@ -99,7 +99,7 @@ class VariantComparison:
             distribution=None if self.shifts is None else [t.document() for t in self.shifts],
             outputs_status=self.verdict.outputs,
             paths=None if self.paths is None else self.paths.document(self.what_ran),
-            by_length=None if self.by_length is None else self.by_length.document(),
+            by_length=None if self.by_length is None else [as_written(t) for t in self.by_length],
             unverified=list(self.unverified) or None,
         )
 

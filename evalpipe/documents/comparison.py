@@ -408,7 +408,8 @@ class TeacherFigures(Document):
 
 
 class GroupFigures(Document):
-    """Everything measured on one group of items (compare.bylength.GroupFigures)."""
+    """Everything measured on one group of items, a length or a depth bin of one task, as
+    compare.bylength measures it (its ``_figures`` says what each field holds)."""
 
     n_items: int
     n_clusters: int
