@@ -30,12 +30,12 @@ compare.json of other runs has no such key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 
 from evalpipe.compare.bylength import length_breakdown
-from evalpipe.compare.code_paths import PathJudgement, PathSide, VariantProbes, judge_paths, profile_names, summarize
+from evalpipe.compare.code_paths import PathSide, VariantProbes, judge_paths
 from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
@@ -66,8 +66,7 @@ class VariantComparison:
     by_length: list[schema.TaskBreakdown] | None = None
     numerics: Numerics = Numerics()
     shifts: tuple[ShiftTest, ...] | None = None  # distributional tests; None without A/A or teacher data
-    paths: PathJudgement | None = None  # what ran on each side, judged (None: not asked, a bare table comparison)
-    what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)  # reference, variant
+    paths: schema.Paths | None = None  # what ran on each side, judged (None: not asked, a bare table comparison)
     # the sides read without a manifest (`compare --unverified`), the A/A run's when it set the bounds
     unverified: tuple[str, ...] = ()
 
@@ -98,7 +97,7 @@ class VariantComparison:
             numerics=self.numerics.document(),
             distribution=None if self.shifts is None else [t.document() for t in self.shifts],
             outputs_status=self.verdict.outputs,
-            paths=None if self.paths is None else self.paths.document(self.what_ran),
+            paths=self.paths,
             by_length=None if self.by_length is None else [as_written(t) for t in self.by_length],
             unverified=list(self.unverified) or None,
         )
@@ -235,12 +234,9 @@ def compare_tables(
         shift_missing=shift_missing,
     )
     judged = None
-    what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
     if paths is not None:
         judged = judge_paths(paths[0], paths[1], outputs_identical=verdict.status is Status.IDENTICAL)
         verdict = verdict.with_paths(judged.inconclusive, judged.reasons)
-        names = profile_names(paths)
-        what_ran = (summarize(paths[0].probes, names), summarize(paths[1].probes, names))
     unread = tuple(dict.fromkeys([*unverified, *(aa.unverified if aa is not None else ())]))
     verdict = verdict.unverified(unread)
     return VariantComparison(
@@ -256,7 +252,6 @@ def compare_tables(
         numerics=numerics,
         shifts=None if shifts is None else tuple(shifts),
         paths=judged,
-        what_ran=what_ran,
         unverified=unread,
     )
 

@@ -328,11 +328,13 @@ class ShiftTest(Document):
 
 
 class SideCheck(Document):
+    """One variant's records against its expectations (compare.code_paths.check_side)."""
+
     variant: str
     ok: bool
     verifiable: bool
-    failures: list[str]
-    evidence: list[str]
+    failures: tuple[str, ...]
+    evidence: tuple[str, ...]
 
 
 class WhatRan(Document):
@@ -350,13 +352,18 @@ NOT_RECORDED: Final = "not_recorded"  # a side has no probe record (endpoint mod
 
 
 class Paths(Document):
-    """What ran on each side, judged."""
+    """What ran on each side, judged (compare.code_paths.judge_paths)."""
 
     status: PathStatus
-    reasons: list[str]
-    checks: list[SideCheck]
+    reasons: tuple[str, ...]
+    checks: tuple[SideCheck, ...]
     same_profile: bool | None
     what_ran: WhatRan
+
+    @property
+    def inconclusive(self) -> bool:
+        """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
+        return self.status in (FAILED, SAME_CODE)
 
 
 # ---------------------------------------------------------------------------
@@ -482,8 +489,8 @@ class Comparison(Document):
 
     @property
     def paths_inconclusive(self) -> bool:
-        """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
-        return self.paths is not None and self.paths.status in (FAILED, SAME_CODE)
+        """The paths prove nothing (see Paths.inconclusive)."""
+        return self.paths is not None and self.paths.inconclusive
 
     @property
     def path_reasons(self) -> list[str]:
