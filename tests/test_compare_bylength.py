@@ -306,7 +306,7 @@ def test_compare_json_by_length_key_and_noise_floor(tmp_path):
     s, t = variants["legacy"]
     variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
     rc = compare_run(write_long_run(tmp_path / "run", variants, noise_floor="legacy-aa"))
-    d = rc.document().model_dump(mode="json")
+    d = rc.doc.model_dump(mode="json")
     (c,) = d["comparisons"]
     (entry,) = c["by_length"]
     assert entry["task"] == LTASK and entry["metrics"] == [METRIC] and entry["has_prompt_positions"] is True
@@ -350,7 +350,7 @@ def test_gsm8k_like_runs_have_no_by_length(tmp_path):
     s = make_samples(8)
     run = write_run(tmp_path / "run", {"legacy": s, "sp": apply(s, [3], set_token(2, 7), task=TASK)})
     (vc,) = compare_run(run).comparisons
-    assert vc.by_length is None and "by_length" not in vc.document().model_dump(mode="json")
+    assert vc.by_length is None and "by_length" not in vc.doc.model_dump(mode="json")
     st, _ = tables(s)
     assert not has_lengths(st, st)
     # a target_length column that is null everywhere adds nothing either

@@ -249,7 +249,7 @@ def test_gate_order_and_json():
     ] + [(TASK,) + k[1:] for k in keys[:9]]
     d = vc.verdict.gates[0].model_dump(mode="json")
     assert set(d) == {"gate", "task", "metric", "status", "measured", "threshold", "aa_value", "detail", "evidence"}
-    json.dumps(vc.document().model_dump(mode="json")["gates"], allow_nan=False)
+    json.dumps(vc.doc.model_dump(mode="json")["gates"], allow_nan=False)
 
 
 # --- verdict ------------------------------------------------------------------------

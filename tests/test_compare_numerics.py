@@ -94,7 +94,7 @@ def test_numerics_and_aa_identity_are_recorded_in_the_comparison():
     sa, ta = tables(s)
     aa = compare_tables(sa, ta, sa, ta, teacher_a=token_table(s), teacher_b=token_table(s), numerics=Numerics("float32", "t"))
     vc = compare_tables(sa, ta, sa, ta, teacher_a=token_table(s), teacher_b=token_table(s), aa=aa, numerics=Numerics("float32", "t"))
-    d = vc.document().numerics.model_dump()
+    d = vc.doc.numerics.model_dump()
     assert d["dtype"] == "float32" and d["precision"] == FP32 and d["aa_identical"] is True
     assert d["floors"] == FLOORS[FP32]
-    assert compare_tables(sa, ta, sa, ta).document().numerics.model_dump()["aa_identical"] is None
+    assert compare_tables(sa, ta, sa, ta).doc.numerics.model_dump()["aa_identical"] is None

@@ -174,7 +174,7 @@ def test_margin_is_passed_through():
     assert compare_scores(sa, sb, margin=0.5).rows[0].equivalent
     assert compare_scores(sa, sb, margin=0.5).rows[0].margin == 0.5
     vc = compare_tables(sa, ta, sb, tb, margin=0.5)
-    assert vc.scores.rows[0].equivalent and vc.document().scores[0].margin == 0.5
+    assert vc.scores.rows[0].equivalent and vc.doc.scores[0].margin == 0.5
     assert not compare_tables(sa, ta, sb, tb).scores.rows[0].equivalent
     with pytest.raises(UserError, match="margin"):
         compare_scores(sa, sb, margin=0.0)

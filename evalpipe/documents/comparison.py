@@ -2,8 +2,9 @@
 the reports, the history and nightly).
 
 The whole contract of the file is here. evalpipe.compare computes the comparison and
-turns its results into these models (each result's ``document()``); everything that
-reads compare.json gets a :class:`ComparisonDocument` from :func:`read_comparison`.
+builds these models as it goes (no copies of them of its own; what the file cannot hold,
+the per-item and per-position arrays, stays beside them in compare.run.VariantComparison);
+everything that reads compare.json gets a :class:`ComparisonDocument` from :func:`read_comparison`.
 
 The file is a pure function of the artifacts and the gates: sorted keys, NaN and
 infinities as null, no timestamps or absolute paths, so the same run directory gives
