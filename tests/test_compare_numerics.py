@@ -67,9 +67,9 @@ def test_dtype_from_engine_args_then_the_models_config(tmp_path):
     assert numerics_from_engine_args({"dtype": "bfloat16"}, "m.json").dtype == "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
     got = numerics_from_engine_args({"dtype": "auto", "model": str(tmp_path)}, "m.json")
-    assert (got.dtype, got.source) == ("float16", "the model's config.json (dtype auto)")
+    assert (got.dtype, got.doc.source) == ("float16", "the model's config.json (dtype auto)")
     missing = numerics_from_engine_args({"model": str(tmp_path / "nope")}, "legacy/manifest.json")
-    assert missing.dtype is None and missing.source == "no dtype in legacy/manifest.json"
+    assert missing.dtype is None and missing.doc.source == "no dtype in legacy/manifest.json"
 
 
 def test_the_same_small_logprob_change_fails_fp32_floors_and_passes_half_precision_floors():

@@ -243,7 +243,7 @@ def compare_tables(
         tokens=[as_written(t) for t in tokens.summaries],
         teacher=None if teacher is None else [as_written(t) for t in teacher.summaries],
         gates=list(verdict.gates),
-        numerics=numerics.document(),
+        numerics=numerics.doc,
         distribution=None if shifts is None else [t.document() for t in shifts],
         outputs_status=verdict.outputs,
         paths=judged,

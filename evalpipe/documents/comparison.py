@@ -298,7 +298,8 @@ class GateResult(Document):
 
 
 class NumericsDoc(Document):
-    """The reference's precision, what the A/A run showed, and the gate floors that follow."""
+    """The reference's precision, what the A/A run showed, and the gate floors that follow
+    (built by compare.numerics.Numerics, whose rules they are)."""
 
     dtype: str | None
     source: str
