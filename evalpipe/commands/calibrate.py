@@ -214,12 +214,12 @@ def run_calibration(
     if set(survivors) - essential:
         comparison = compare_run(run_dir, variants=survivors)
         comparisons = comparison.comparisons
-        gates = comparison.gates
+        gates = comparison.doc.gates
 
         def side_of(name: str):  # with the expectations it ran under: the A/A pairs below are judged on their paths too
             return load_artifacts(rd.variant(name), expect=info.expectations_of(name))
 
-        ref = side_of(comparison.reference)
+        ref = side_of(comparison.doc.reference)
         aa = side_of(comparison.noise_floor.variant) if comparison.noise_floor else None
         numerics = comparisons[0].numerics if comparisons else None
     rows = []

@@ -58,10 +58,10 @@ def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = N
     comparison = compare_across_runs(a, b, gates=gates, unverified=unverified)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
     out_dir = Path(output) if output is not None else Path.cwd() / "reports" / "compare" / name
-    info = RunDocument(run_id=comparison.run_id, reference=comparison.reference,
-                       variants=[comparison.reference, *comparison.variants])
+    info = RunDocument(run_id=comparison.doc.run_id, reference=comparison.doc.reference,
+                       variants=[comparison.doc.reference, *comparison.doc.variants])
     written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.document(), console)
+    print_summary(comparison.doc, console)
     print_written(written, console)
     return verdict_exit_code(comparison.status.value)
 

@@ -5,11 +5,11 @@ reports back is :mod:`evalpipe.pipeline.comparing`."""
 
 from evalpipe.compare.gates import AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.run import RunComparison, VariantComparison, compare_tables
-from evalpipe.compare.scores import PairedScores, ScoreComparison, ScoreRow, compare_scores, paired_scores
-from evalpipe.compare.token_results import SampleTokenDiffs, TaskTokenSummary, TokenComparison
+from evalpipe.compare.scores import PairedScores, ScoreComparison, compare_scores, paired_scores
+from evalpipe.compare.token_results import SampleTokenDiffs, TokenComparison
 from evalpipe.compare.tokens import compare_tokens
 from evalpipe.compare.verdict import Verdict, decide, worst_status
-from evalpipe.documents.comparison import Status, WorstExample
+from evalpipe.documents.comparison import ScoreRow, Status, TokenSummary, WorstExample
 
 __all__ = [
     "AASummaries",
@@ -20,8 +20,8 @@ __all__ = [
     "ScoreComparison",
     "ScoreRow",
     "Status",
-    "TaskTokenSummary",
     "TokenComparison",
+    "TokenSummary",
     "Verdict",
     "VariantComparison",
     "WorstExample",

@@ -53,189 +53,33 @@ from evalpipe.compare.scores import (
     align_keys,
     optional_union_column,
     paired_scores,
-    to_jsonable,
 )
 from evalpipe.compare.token_results import SampleTokenDiffs, TokenComparison, prefix_values
 from evalpipe.compare.token_summary import opt_float, quantile
 from evalpipe.compare.tokens import compare_tokens
-from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import (
+    DepthRow,
+    FreeFigures,
+    GroupFigures,
+    GroupScore,
+    LengthRow,
+    TaskBreakdown,
+    TeacherFigures,
+)
 from evalpipe.rundir.artifacts import SAMPLE_KEY
 
 LENGTH_COLUMN = "target_length"
 KIND_COLUMN = "length_kind"
 TAGS_COLUMN = "length_tags"
 DEPTH_COLUMN = "depth"
-EDGE_KIND = "edge"
 DEPTH_STEP = 0.1  # depth bins: the needle depth rounded to the nearest tenth
 MAX_LISTED = 20  # changed items listed per row and metric (n_changed has the total)
 
 
 # ---------------------------------------------------------------------------
-# result types
+# results: the document models documents.comparison.TaskBreakdown, LengthRow, DepthRow
+# (each a GroupFigures), GroupScore, FreeFigures and TeacherFigures, built here
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GroupScore:
-    """One metric over a row's paired items: the fields of :class:`ScoreRow` a row needs.
-
-    ``changed`` lists the first MAX_LISTED (doc_id, repeat) whose score differs.
-    """
-
-    metric: str
-    binary: bool
-    n_paired: int
-    n_clusters: int
-    n_missing: int
-    mean_a: float | None
-    mean_b: float | None
-    delta: float | None
-    se_delta: float | None
-    ci_low: float | None
-    ci_high: float | None
-    ci_conf: float
-    df: int | None
-    mcnemar_p: float | None
-    n_changed: int
-    a_right_b_wrong: int | None
-    a_wrong_b_right: int | None
-    changed: tuple[tuple[int, int], ...] = ()
-
-    def document(self) -> schema.GroupScore:
-        return schema.GroupScore.model_validate(to_jsonable(self))
-
-
-@dataclass(frozen=True)
-class FreeFigures:
-    """Free-running token figures of a row's paired samples (see :mod:`evalpipe.compare.tokens`)."""
-
-    n_samples: int
-    n_divergent: int  # samples whose token ids differ anywhere
-    n_near_tie_divergences: int
-    n_hard_divergences: int
-    n_positions: int  # shared-prefix positions compared
-    max_abs_dlogprob: float | None
-    kl_p99: float | None
-    kl_max: float | None
-
-    def document(self) -> schema.FreeFigures:
-        return schema.FreeFigures.model_validate(to_jsonable(self))
-
-
-@dataclass(frozen=True)
-class TeacherFigures:
-    """Teacher-forced figures over a set of positions (all, the prompt's, or the continuation's)."""
-
-    n_samples: int  # samples with a position in the set
-    n_positions: int
-    kl_p99: float | None
-    kl_max: float | None
-    kl_max_at: tuple[int, int, int] | None  # (doc_id, repeat, pos); None when kl_max is 0 or None
-    max_abs_dlogprob: float | None
-    n_top1_disagree: int
-    n_top1_hard: int
-
-    def document(self) -> schema.TeacherFigures:
-        return schema.TeacherFigures.model_validate(to_jsonable(self))
-
-
-@dataclass(frozen=True)
-class GroupFigures:
-    """Everything measured on one group of items (a length or a depth bin of one task).
-
-    ``teacher_prompt`` / ``teacher_continuation`` split ``teacher`` by ``pos < 0`` /
-    ``pos >= 0``; both are None when the task's teacher-forced traces have no prompt
-    position (then ``teacher`` is the continuation). ``free`` / ``teacher`` are None
-    when that comparison was not made (no teacher.parquet on a side).
-    """
-
-    n_items: int  # items of the group on either side
-    n_clusters: int  # distinct clusters among them (= n_items without a cluster column)
-    scores: tuple[GroupScore, ...]
-    free: FreeFigures | None
-    teacher: TeacherFigures | None
-    teacher_prompt: TeacherFigures | None = None
-    teacher_continuation: TeacherFigures | None = None
-
-    def fields(self) -> dict[str, Any]:
-        """The fields a length or depth row of compare.json carries beside its own."""
-        return to_jsonable(self)
-
-
-@dataclass(frozen=True)
-class LengthRow:
-    """The items of one target length. ``length_kind`` / ``length_tags`` join distinct values with ';'."""
-
-    target_length: int
-    length_kind: str | None
-    length_tags: str | None
-    depths: tuple[float, ...]  # the depth bins present at this length
-    figures: GroupFigures
-
-    @property
-    def edge(self) -> bool:
-        return self.length_kind == EDGE_KIND
-
-    def document(self) -> schema.LengthRow:
-        return schema.LengthRow.model_validate({
-            "target_length": self.target_length,
-            "length_kind": self.length_kind,
-            "length_tags": self.length_tags,
-            "depths": [float(d) for d in self.depths],
-            **self.figures.fields(),
-        })
-
-
-@dataclass(frozen=True)
-class DepthRow:
-    """The items whose needle depth rounds to ``depth_bin`` (over every length of the task)."""
-
-    depth_bin: float
-    depth_min: float
-    depth_max: float
-    lengths: tuple[int, ...]  # the target lengths present in the bin
-    figures: GroupFigures
-
-    def document(self) -> schema.DepthRow:
-        return schema.DepthRow.model_validate({
-            "depth_bin": self.depth_bin,
-            "depth_min": self.depth_min,
-            "depth_max": self.depth_max,
-            "lengths": [int(x) for x in self.lengths],
-            **self.figures.fields(),
-        })
-
-
-@dataclass(frozen=True)
-class TaskBreakdown:
-    task: str
-    metrics: tuple[str, ...]
-    has_prompt_positions: bool  # the task's teacher-forced traces hold positions < 0
-    lengths: tuple[LengthRow, ...]
-    depths: tuple[DepthRow, ...]
-
-    def document(self) -> schema.TaskBreakdown:
-        return schema.TaskBreakdown(
-            task=self.task,
-            metrics=list(self.metrics),
-            has_prompt_positions=self.has_prompt_positions,
-            depth_step=DEPTH_STEP,
-            lengths=[r.document() for r in self.lengths],
-            depths=[r.document() for r in self.depths],
-        )
-
-
-@dataclass(frozen=True)
-class LengthBreakdown:
-    """Per long-context task (sorted by name) its length and depth rows; compare.json ``by_length``."""
-
-    tasks: tuple[TaskBreakdown, ...]
-
-    def task(self, name: str) -> TaskBreakdown | None:
-        return next((t for t in self.tasks if t.task == name), None)
-
-    def document(self) -> list[schema.TaskBreakdown]:
-        return [t.document() for t in self.tasks]
 
 
 # ---------------------------------------------------------------------------
@@ -370,7 +214,9 @@ def _label(values: Iterable[Any]) -> str | None:
 # ---------------------------------------------------------------------------
 
 
-def _group_scores(paired: list[tuple[PairedScores, np.ndarray]], margin: float, alpha: float) -> tuple[GroupScore, ...]:
+def _group_scores(paired: list[tuple[PairedScores, np.ndarray]], margin: float, alpha: float) -> list[GroupScore]:
+    """Per metric the fields of the row's :class:`ScoreRow` a row needs; ``changed`` lists the
+    first MAX_LISTED (doc_id, repeat) whose score differs."""
     out = []
     for p, sel in paired:
         sub = dataclasses.replace(
@@ -408,14 +254,16 @@ def _group_scores(paired: list[tuple[PairedScores, np.ndarray]], margin: float, 
                 n_changed=r.n_changed,
                 a_right_b_wrong=r.a_right_b_wrong,
                 a_wrong_b_right=r.a_wrong_b_right,
-                changed=tuple((int(sub.doc_id[i]), int(sub.repeat[i])) for i in changed),
+                changed=[(int(sub.doc_id[i]), int(sub.repeat[i])) for i in changed],
             )
         )
-    return tuple(out)
+    return out
 
 
 def _free_figures(d: SampleTokenDiffs, samples: np.ndarray, positions: np.ndarray) -> FreeFigures:
-    """As :func:`evalpipe.compare.token_summary.summarize_tokens` reduces a task, over samples/positions given."""
+    """Free-running figures of a row's paired samples, as :func:`evalpipe.compare.token_summary.summarize_tokens`
+    reduces a task, over the samples/positions given: ``n_divergent`` the samples whose token ids differ
+    anywhere, ``n_positions`` the shared-prefix positions compared."""
     s = samples[d.paired[samples]]
     fd = d.first_divergence[s]
     div = fd >= 0
@@ -435,6 +283,9 @@ def _free_figures(d: SampleTokenDiffs, samples: np.ndarray, positions: np.ndarra
 
 
 def _teacher_figures(d: SampleTokenDiffs, pal: Alignment, positions: np.ndarray) -> TeacherFigures:
+    """Teacher-forced figures over a set of positions (all, the prompt's, or the continuation's):
+    ``n_samples`` the samples with a position in the set, ``kl_max_at`` (doc_id, repeat, pos) of
+    kl_max, None when kl_max is 0 or None."""
     n = len(positions)
     kl = prefix_values(d.prefix_kl)[positions] if n else np.zeros(0)
     adl = prefix_values(d.prefix_abs_dlogprob)[positions] if n else np.zeros(0)
@@ -488,7 +339,14 @@ def _figures(
     margin: float,
     alpha: float,
 ) -> list[GroupFigures]:
-    """GroupFigures of every group of ``groups`` (each group lies within one task)."""
+    """The figures of every group of ``groups`` (each group lies within one task): a length or a
+    depth bin of one task.
+
+    ``n_items`` counts the group's items on either side, ``n_clusters`` the distinct clusters among
+    them (= n_items without a cluster column). ``teacher_prompt`` / ``teacher_continuation`` split
+    ``teacher`` by ``pos < 0`` / ``pos >= 0``; both are None when the task's teacher-forced traces
+    have no prompt position (then ``teacher`` is the continuation). ``free`` / ``teacher`` are None
+    when that comparison was not made (no teacher.parquet on a side)."""
     item_groups = groups.split(np.arange(len(items)))
     score_groups = [(p, groups.split(m)) for p, m in el.scores]
     if el.free is not None:
@@ -514,7 +372,8 @@ def _figures(
                 neg = el.teacher_pos[pos_idx] < 0
                 prompt = _teacher_figures(dt, palt, pos_idx[neg])
                 cont = _teacher_figures(dt, palt, pos_idx[~neg])
-        out.append(GroupFigures(len(members), n_clusters, scores, free, teacher, prompt, cont))
+        out.append(GroupFigures(n_items=len(members), n_clusters=n_clusters, scores=scores, free=free, teacher=teacher,
+                                teacher_prompt=prompt, teacher_continuation=cont))
     return out
 
 
@@ -532,8 +391,11 @@ def length_breakdown(
     *,
     margin: float = DEFAULT_MARGIN,
     alpha: float = ALPHA,
-) -> LengthBreakdown | None:
-    """Per length and depth rows of every task whose samples carry ``target_length``; None when none does.
+) -> list[TaskBreakdown] | None:
+    """Per long-context task (sorted by name) its length and depth rows (compare.json's ``by_length``):
+    every task whose samples carry ``target_length``; None when none does. A length row joins the
+    distinct ``length_kind`` / ``length_tags`` of its items with ';' and lists the depth bins present;
+    a depth row holds the items whose needle depth rounds to ``depth_bin`` over every length.
 
     ``scores`` / ``tokens`` / ``teacher`` are the comparison's own results (their
     per-item and per-position arrays are grouped, not recomputed); ``tokens`` and
@@ -581,8 +443,8 @@ def length_breakdown(
                 target_length=int(length),
                 length_kind=_label(items.kind[m]),
                 length_tags=_label([t for t in items.tags[m] if t]),
-                depths=tuple(float(x) for x in sorted(set(bins.tolist()))),
-                figures=len_fig[g],
+                depths=[float(x) for x in sorted(set(bins.tolist()))],
+                **dict(len_fig[g]),
             )
         )
     for g, (tc, b) in enumerate(depth_keys):
@@ -592,16 +454,17 @@ def length_breakdown(
                 depth_bin=float(b),
                 depth_min=float(items.depth[m].min()),
                 depth_max=float(items.depth[m].max()),
-                lengths=tuple(int(x) for x in sorted(set(items.length[m].tolist()))),
-                figures=depth_fig[g],
+                lengths=[int(x) for x in sorted(set(items.length[m].tolist()))],
+                **dict(depth_fig[g]),
             )
         )
     tasks = []
     for i, name in enumerate(task_names):
         metrics = sorted({p.metric for p, m in el.scores if p.task == name})
         lengths, depths = per_task[i]
-        tasks.append(TaskBreakdown(name, tuple(metrics), prompt_split[name], tuple(lengths), tuple(depths)))
-    return LengthBreakdown(tuple(tasks))
+        tasks.append(TaskBreakdown(task=name, metrics=metrics, has_prompt_positions=prompt_split[name], depth_step=DEPTH_STEP,
+                                   lengths=lengths, depths=depths))
+    return tasks
 
 
 class _Artifacts(Protocol):
@@ -618,7 +481,7 @@ def _only_tasks(table: pa.Table | None, tasks: list[str]) -> pa.Table | None:
 
 def breakdown_artifacts(
     a: _Artifacts, b: _Artifacts, *, margin: float = DEFAULT_MARGIN, alpha: float = ALPHA
-) -> LengthBreakdown | None:
+) -> list[TaskBreakdown] | None:
     """:func:`length_breakdown` of two variants' artifacts (VariantArtifacts) on their own.
 
     Compares the scores and traces of the long-context tasks only (the comparison of a

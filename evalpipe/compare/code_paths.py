@@ -30,8 +30,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalpipe.config.expectations import CountRange, Expectations, collective_key
-from evalpipe.documents import comparison as schema
-from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED
+from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Paths, PathStatus, SideCheck, WhatRan
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 
 PROBES_SCHEMA_VERSION: Final = 1
@@ -189,39 +188,27 @@ def same_value(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
-@dataclass(frozen=True)
-class SideCheck:
-    """One variant's records against its expectations."""
-
-    variant: str
-    failures: tuple[str, ...] = ()
-    evidence: tuple[str, ...] = ()
-    verifiable: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return self.verifiable and not self.failures
-
-    def document(self) -> schema.SideCheck:
-        return schema.SideCheck(variant=self.variant, ok=self.ok, verifiable=self.verifiable,
-                             failures=list(self.failures), evidence=list(self.evidence))
+def _side_check(variant: str, failures: Sequence[str], evidence: Sequence[str] = (), verifiable: bool = True) -> SideCheck:
+    """One variant's records against its expectations: ok when verifiable and nothing failed."""
+    return SideCheck(variant=variant, ok=verifiable and not failures, verifiable=verifiable,
+                     failures=tuple(failures), evidence=tuple(evidence))
 
 
 def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> SideCheck:
     """Failures (each one sentence naming what was expected and what was seen) or the evidence."""
     who = f"variant `{variant}`"
     if not probes.verifiable:
-        return SideCheck(variant, (f"{who}: {NOT_VERIFIABLE_ENDPOINT} (say so, or start it with evalpipe's probes)",), (), False)
+        return _side_check(variant, (f"{who}: {NOT_VERIFIABLE_ENDPOINT} (say so, or start it with evalpipe's probes)",), (), False)
     if not probes.processes:
         unreadable = f"; unreadable: {'; '.join(probes.unreadable)}" if probes.unreadable else ""
-        return SideCheck(variant, (
+        return _side_check(variant, (
             f"{who}: the path probes recorded no engine process, so nothing shows which code ran (they load through "
             f"PYTHONPATH and EVALPIPE_PROBES: a launcher that drops the environment, or python -S/-E/-I, keeps them out){unreadable}",
         ), (), False)
     builders = probes.builders
     if not builders:
         roles = ", ".join(sorted({p.role for p in probes.processes}))
-        return SideCheck(variant, (
+        return _side_check(variant, (
             f"{who}: none of its {len(probes.processes)} recorded processes ({roles}) built a model the probes saw",
         ), (), False)
     failures: list[str] = []
@@ -296,7 +283,7 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
             failures.append(f"{who}: the engine resolved `{key}` to {seen} in {p.label}; expected {expected!r}")
         else:
             evidence.append(f"{key} = {expected!r}")
-    return SideCheck(variant, tuple(failures), tuple(evidence))
+    return _side_check(variant, failures, evidence)
 
 
 _MISSING = object()
@@ -347,24 +334,6 @@ class PathSide:
     probes: VariantProbes | None
 
 
-@dataclass(frozen=True)
-class PathJudgement:
-    status: str  # VERIFIED | FAILED | SAME_CODE | NOT_RECORDED
-    reasons: tuple[str, ...]
-    checks: tuple[SideCheck, ...] = ()
-    same_profile: bool | None = None
-
-    @property
-    def inconclusive(self) -> bool:
-        return self.status in (FAILED, SAME_CODE)
-
-    def document(self, what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None]) -> schema.Paths:
-        return schema.Paths.model_validate({
-            "status": self.status, "reasons": list(self.reasons), "checks": [c.document() for c in self.checks],
-            "same_profile": self.same_profile, "what_ran": {"a": what_ran[0], "b": what_ran[1]},
-        })
-
-
 SAME_CODE_REASON = ("the variants ran the same code: nothing was compared (same model and layer classes, functions "
                     "called and collectives per forward pass, same settings resolved by the engine, IDENTICAL "
                     "outputs, and no expectation tells `{a}` and "
@@ -406,16 +375,23 @@ def _path_differences(reference: VariantProbes, variant: VariantProbes) -> list[
     return out
 
 
-def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool) -> PathJudgement:
+def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool) -> Paths:
+    """What ran on each side (:func:`summarize`, of the names their expectations probe), judged."""
     sides = (reference, variant)
+    names = profile_names(sides)
+    what_ran = WhatRan.model_validate({"a": summarize(reference.probes, names), "b": summarize(variant.probes, names)})
+
+    def judged(status: PathStatus, reasons: Sequence[str], checks: Sequence[SideCheck] = (), same: bool | None = None) -> Paths:
+        return Paths(status=status, reasons=tuple(reasons), checks=tuple(checks), same_profile=same, what_ran=what_ran)
+
     if any(s.probes is None for s in sides):
         missing = [s.variant for s in sides if s.probes is None]
-        return PathJudgement(NOT_RECORDED, (f"path not verified: {', '.join(f'`{m}`' for m in missing)} ran before "
-                                            "evalpipe recorded path probes",))
+        return judged(NOT_RECORDED, (f"path not verified: {', '.join(f'`{m}`' for m in missing)} ran before "
+                                     "evalpipe recorded path probes",))
     checks = tuple(check_side(s.variant, s.expect or Expectations(), s.probes) for s in sides)  # type: ignore[arg-type]
     failures = tuple(f for c in checks for f in c.failures)
     if failures:
-        return PathJudgement(FAILED, failures, checks)
+        return judged(FAILED, failures, checks)
     ref_probes, var_probes = reference.probes, variant.probes
     assert ref_probes is not None and var_probes is not None  # narrowed above
     same = profile(ref_probes) == profile(var_probes)
@@ -424,17 +400,17 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
     # a variant claiming the reference's own path must show it; one with claims of its own is
     # held to those (a night whose variant holds another build's path claims that path)
     if meant_same and not claims_differ and (differs := _path_differences(ref_probes, var_probes)):
-        return PathJudgement(FAILED, (f"variant `{variant.variant}` was declared to run the reference's code "
-                                      f"(same_path) but ran other code than `{reference.variant}`: {'; '.join(differs)}",),
-                             checks, same)
+        return judged(FAILED, (f"variant `{variant.variant}` was declared to run the reference's code "
+                               f"(same_path) but ran other code than `{reference.variant}`: {'; '.join(differs)}",),
+                      checks, same)
     # the same code with other resolved settings (max_num_seqs 7 against 64) is an A/B of those settings
     settings = settings_differences(ref_probes, var_probes)
     if same and outputs_identical and not claims_differ and not meant_same and not settings:
-        return PathJudgement(SAME_CODE, (SAME_CODE_REASON.format(a=reference.variant, b=variant.variant),), checks, same)
+        return judged(SAME_CODE, (SAME_CODE_REASON.format(a=reference.variant, b=variant.variant),), checks, same)
     evidence = tuple(f"{c.variant}: {'; '.join(c.evidence)}" for c in checks if c.evidence)
     if settings and not meant_same:
         evidence += (f"the engines resolved different settings: {'; '.join(settings)}",)
-    return PathJudgement(VERIFIED, evidence, checks, same)
+    return judged(VERIFIED, evidence, checks, same)
 
 
 def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> dict[str, Any] | None:

@@ -72,10 +72,8 @@ from typing import Any, Callable, Final, Iterable, Mapping, Sequence
 
 from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.numerics import Numerics
-from evalpipe.compare.scores import ScoreRow
-from evalpipe.compare.token_results import TaskTokenSummary
 from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
-from evalpipe.documents.comparison import GateResult, GateStatus
+from evalpipe.documents.comparison import GateResult, GateStatus, ScoreRow, TokenSummary
 from evalpipe.gates import registry
 
 PASS: Final = "pass"
@@ -93,12 +91,12 @@ NO_TEACHER_TASK = "no teacher-forced data for this task (teacher.parquet has no 
 class AASummaries:
     """Token summaries of the A/A comparison by task; ``teacher`` None when it had no teacher-forced data."""
 
-    free: Mapping[str, TaskTokenSummary]
-    teacher: Mapping[str, TaskTokenSummary] | None = None
+    free: Mapping[str, TokenSummary]
+    teacher: Mapping[str, TokenSummary] | None = None
 
     @classmethod
     def of(
-        cls, free: Iterable[TaskTokenSummary], teacher: Iterable[TaskTokenSummary] | None = None
+        cls, free: Iterable[TokenSummary], teacher: Iterable[TokenSummary] | None = None
     ) -> "AASummaries":
         return cls({t.task: t for t in free}, None if teacher is None else {t.task: t for t in teacher})
 
@@ -257,7 +255,7 @@ def _kl_positions(t: Any) -> list[tuple[int, int, int]]:
 
 @dataclass(frozen=True)
 class _TokenMeasure:
-    """How a token gate reads a TaskTokenSummary.
+    """How a token gate reads a TokenSummary.
 
     Fields the summary may not have yet (older token comparisons) are read with
     getattr, so such a gate skips instead of failing.
@@ -317,7 +315,7 @@ TEACHER_GATES = registry.names("teacher-forced")
 GATE_ORDER = registry.ORDER
 
 
-def _aa_value(m: _TokenMeasure, aa: Mapping[str, TaskTokenSummary] | None, task: str) -> float | None:
+def _aa_value(m: _TokenMeasure, aa: Mapping[str, TokenSummary] | None, task: str) -> float | None:
     t = None if aa is None else aa.get(task)
     if t is None:
         return None
@@ -328,7 +326,7 @@ def _aa_value(m: _TokenMeasure, aa: Mapping[str, TaskTokenSummary] | None, task:
 def token_gate(
     m: _TokenMeasure,
     task: str,
-    t: TaskTokenSummary | None,
+    t: TokenSummary | None,
     tol: Tolerance,
     aa_value: float | None,
     missing: str,
@@ -420,8 +418,8 @@ def _order(g: GateResult) -> tuple[str, int, str]:
 
 def evaluate_gates(
     score_rows: Sequence[ScoreRow],
-    free_summaries: Sequence[TaskTokenSummary],
-    teacher_summaries: Sequence[TaskTokenSummary] | None,
+    free_summaries: Sequence[TokenSummary],
+    teacher_summaries: Sequence[TokenSummary] | None,
     gates: Gates,
     aa: AASummaries | None = None,
     *,

@@ -25,6 +25,7 @@ import numpy as np
 from evalpipe.compare.unshard import NotReassembled, Reassembled, reassemble
 from evalpipe.documents import localization as schema
 from evalpipe.documents.captures import CapturedPiece
+from evalpipe.documents.localization import ModuleDoc, PositionDoc
 from evalpipe.probes.capture import runs
 
 # Forward order inside a decoder layer, with what each capture point is.
@@ -38,6 +39,7 @@ MODULES: dict[str, str] = {
     "layer.out": "residual stream after the layer",
 }
 WORST_POSITIONS = 3
+NONFINITE = "NaN or inf"  # the flag of a worst position NaN or inf on one side only
 _TINY = 1e-30
 
 
@@ -59,63 +61,18 @@ class Boundaries:
 
 
 @dataclass(frozen=True)
-class Worst:
-    label: str
-    position: int
-    rel_l2: float
-    flags: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ModuleDiff:
-    layer: int
-    module: str
-    rows: int = 0
-    rel_l2: float | None = None
-    cosine: float | None = None
-    max_abs: float | None = None
-    aa_rel_l2: float | None = None
-    aa_cosine: float | None = None
-    aa_max_abs: float | None = None
-    floor: float = 0.0
-    worst: tuple[Worst, ...] = ()
-    not_reassembled: str | None = None
-    nonfinite: int = 0  # positions where the variant holds NaN or inf and the reference does not (or back)
-
-    @property
-    def above(self) -> bool:
-        return self.nonfinite > 0 or (self.rel_l2 is not None and self.rel_l2 > self.floor)
-
-    @property
-    def title(self) -> str:
-        return MODULES.get(self.module, self.module)
-
-    def document(self) -> schema.ModuleDoc:
-        return schema.ModuleDoc(
-            layer=self.layer, module=self.module, title=self.title, rows=self.rows, rel_l2=self.rel_l2,
-            cosine=self.cosine, max_abs=self.max_abs, aa_rel_l2=self.aa_rel_l2, aa_cosine=self.aa_cosine,
-            aa_max_abs=self.aa_max_abs, floor=self.floor, above=self.above, not_reassembled=self.not_reassembled,
-            nonfinite=self.nonfinite,
-            worst=[schema.PositionDoc(label=w.label, position=w.position,
-                                      rel_l2=w.rel_l2 if np.isfinite(w.rel_l2) else None,
-                                      flags=list(w.flags) + ([] if np.isfinite(w.rel_l2) else ["NaN or inf"]))
-                   for w in self.worst],
-        )
-
-
-@dataclass(frozen=True)
 class Localization:
     variant: str
     reference: str
     aa: str | None
     numerics_floor: float
     rel_aa: float
-    modules: tuple[ModuleDiff, ...]
+    modules: tuple[ModuleDoc, ...]  # the document's, built here
     aa_identical: bool | None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
-    def first(self) -> ModuleDiff | None:
+    def first(self) -> ModuleDoc | None:
         return next((m for m in self.modules if m.above), None)
 
     def layer_curve(self) -> list[schema.LayerPoint]:
@@ -140,7 +97,7 @@ class Localization:
             return f"no module above {floor}: {compared} module outputs compared, none differs more than its floor."
         where = f"layer {first.layer}, {first.title}"
         worst = sorted({w.position for w in first.worst})
-        flags = sorted({f for w in first.worst for f in w.flags})
+        flags = sorted({f for w in first.worst for f in w.flags if f != NONFINITE})
         text = f"first difference above {floor}: {where}"
         if worst:
             text += f", {'position' if len(worst) == 1 else 'positions'} {format_positions(worst)}"
@@ -260,7 +217,7 @@ def localize(reference: Side, variant: Side, aa: Side | None, *, labels: dict[in
                 batches[e.sequence].add((e.batch_start, e.batch_tokens, 1, e.batch_tokens))
 
     keys = sorted(set(ref) | set(var), key=lambda k: (k[0], _order(k[1]), k[2]))
-    modules: list[ModuleDiff] = []
+    modules: list[ModuleDoc] = []
     aa_values: list[float] = []
     for layer, module in dict.fromkeys((k[0], k[1]) for k in keys):
         ab, baseline = _Rows(), _Rows()
@@ -285,22 +242,32 @@ def localize(reference: Side, variant: Side, aa: Side | None, *, labels: dict[in
         if aa_rel is not None:
             aa_values.append(aa_rel)
         floor = max(numerics_floor, rel_aa * aa_rel) if aa_rel is not None else numerics_floor
-        worst: tuple[Worst, ...] = ()
+        worst: list[PositionDoc] = []
         if ab.rel_l2:
             order = np.argsort(-np.asarray(ab.rel_l2), kind="stable")[:WORST_POSITIONS]
-            worst = tuple(
-                Worst(ab.labels[i], ab.positions[i], float(ab.rel_l2[i]),
-                      boundary_flags(ab.positions[i], batches[ab.sequences[i]], tokens.get(ab.sequences[i], 0), where))
+            worst = [
+                _position(ab.labels[i], ab.positions[i], float(ab.rel_l2[i]),
+                          boundary_flags(ab.positions[i], batches[ab.sequences[i]], tokens.get(ab.sequences[i], 0), where))
                 for i in order if ab.rel_l2[i] > 0
-            )
-        modules.append(ModuleDiff(
-            layer=layer, module=module, rows=len(ab.rel_l2), rel_l2=rel, cosine=cos, max_abs=mx,
-            aa_rel_l2=aa_rel, aa_cosine=aa_cos, aa_max_abs=aa_mx, floor=floor, worst=worst,
-            not_reassembled="; ".join(dict.fromkeys(problems)) or None, nonfinite=int(sum(ab.nonfinite)),
+            ]
+        nonfinite = int(sum(ab.nonfinite))
+        modules.append(ModuleDoc(
+            layer=layer, module=module, title=MODULES.get(module, module), rows=len(ab.rel_l2), rel_l2=rel, cosine=cos,
+            max_abs=mx, aa_rel_l2=aa_rel, aa_cosine=aa_cos, aa_max_abs=aa_mx, floor=floor,
+            above=nonfinite > 0 or (rel is not None and rel > floor), worst=worst,
+            not_reassembled="; ".join(dict.fromkeys(problems)) or None, nonfinite=nonfinite,
         ))
     aa_identical = None if aa is None or not aa_values else all(v == 0 for v in aa_values)
     return Localization(variant=variant.name, reference=reference.name, aa=aa.name if aa is not None else None,
                         numerics_floor=numerics_floor, rel_aa=rel_aa, modules=tuple(modules), aa_identical=aa_identical)
+
+
+def _position(label: str, position: int, rel_l2: float, flags: tuple[str, ...]) -> PositionDoc:
+    """One of a module's worst positions; a row NaN or inf on one side only (its rel_l2 inf) says so
+    among its flags, its rel_l2 None."""
+    finite = bool(np.isfinite(rel_l2))
+    return PositionDoc(label=label, position=position, rel_l2=rel_l2 if finite else None,
+                       flags=list(flags) + ([] if finite else [NONFINITE]))
 
 
 def _order(module: str) -> int:

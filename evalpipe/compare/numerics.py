@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import NumericsDoc
 from evalpipe.gates.registry import FP32, GATES, HALF, PRECISIONS
 
 # dtype names as vLLM / transformers spell them -> precision class
@@ -51,51 +51,56 @@ NOISY_AA_FLOORS: dict[str, dict[str, float]] = {
 LOCALIZE_FLOORS: dict[str, float] = {FP32: 1e-5, HALF: 5e-2}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Numerics:
-    """The reference's precision and what the A/A run showed.
+    """The reference's precision and what the A/A run showed, and the gate floors that follow:
+    ``doc``, the document compare.json holds, built here with them (the rules below read it).
 
     ``aa_identical`` None: no A/A run (the relative bounds and the distributional gates
     have nothing to work with)."""
 
-    dtype: str | None = None
-    source: str = "unknown"
-    aa_identical: bool | None = None
+    doc: NumericsDoc
+
+    def __init__(self, dtype: str | None = None, source: str = "unknown", aa_identical: bool | None = None) -> None:
+        precision = _CLASSES.get((dtype or "").lower(), HALF)
+        noisy = NOISY_AA_FLOORS[precision] if aa_identical is False else {}
+        object.__setattr__(self, "doc", NumericsDoc(dtype=dtype, source=source, precision=precision, aa_identical=aa_identical,
+                                                    floors={**FLOORS[precision], **noisy}))
+
+    @property
+    def dtype(self) -> str | None:
+        return self.doc.dtype
 
     @property
     def precision(self) -> str:
-        return _CLASSES.get((self.dtype or "").lower(), HALF)
+        return self.doc.precision
 
     @property
     def known(self) -> bool:
         return (self.dtype or "").lower() in _CLASSES
 
     def floors(self) -> dict[str, float]:
-        noisy = NOISY_AA_FLOORS[self.precision] if self.aa_identical is False else {}
-        return {**FLOORS[self.precision], **noisy}
+        return dict(self.doc.floors)
 
     def floor(self, gate: str) -> float:
-        return float(self.floors()[gate])
+        return float(self.doc.floors[gate])
 
     @property
     def localize_floor(self) -> float:
         return LOCALIZE_FLOORS[self.precision]
 
     def describe(self) -> str:
-        what = f"{self.dtype} ({self.source})" if self.known else f"precision unknown ({self.source}): half-precision floors"
+        d = self.doc
+        what = f"{d.dtype} ({d.source})" if self.known else f"precision unknown ({d.source}): half-precision floors"
         aa = {
             None: "no A/A run",
             True: "A/A bitwise identical at the teacher-forced positions",
             False: "A/A noisy at the teacher-forced positions",
-        }[self.aa_identical]
+        }[d.aa_identical]
         return f"{what}; {aa}"
 
     def with_aa(self, aa_identical: bool | None) -> "Numerics":
-        return Numerics(self.dtype, self.source, aa_identical)
-
-    def document(self) -> schema.NumericsDoc:
-        return schema.NumericsDoc(dtype=self.dtype, source=self.source, precision=self.precision,
-                               aa_identical=self.aa_identical, floors=self.floors())
+        return Numerics(self.doc.dtype, self.doc.source, aa_identical)
 
 
 def _model_config_dtype(model: str) -> str | None:

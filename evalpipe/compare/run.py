@@ -30,12 +30,12 @@ compare.json of other runs has no such key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 
-from evalpipe.compare.bylength import LengthBreakdown, length_breakdown
-from evalpipe.compare.code_paths import PathJudgement, PathSide, VariantProbes, judge_paths, profile_names, summarize
+from evalpipe.compare.bylength import length_breakdown
+from evalpipe.compare.code_paths import PathSide, VariantProbes, judge_paths
 from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
@@ -45,103 +45,92 @@ from evalpipe.compare.verdict import Verdict, decide, worst_status
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
+from evalpipe.documents.base import as_written
 from evalpipe.documents.comparison import Status
 from evalpipe.errors import UserError
 
 
 @dataclass(frozen=True)
 class VariantComparison:
-    """Reference (side A) vs one variant (side B). Field suffixes _a/_b follow that order."""
+    """Reference (side A) vs one variant (side B): ``doc``, the comparison as compare.json holds
+    it (built with the comparison), beside what the file cannot hold: the per-item and
+    per-position arrays and the in-memory measures (+inf, NaN) that the A/A bounds, the
+    distributional tests and calibration compute with."""
 
-    reference: str
-    variant: str
-    n_samples_a: int
-    n_samples_b: int
+    doc: schema.Comparison
     scores: ScoreComparison
     tokens: TokenComparison
     verdict: Verdict
     teacher: TokenComparison | None = None  # None: teacher.parquet missing on a side
-    # per task, length and needle depth; None unless the samples carry target_length
-    by_length: LengthBreakdown | None = None
-    numerics: Numerics = Numerics()
     shifts: tuple[ShiftTest, ...] | None = None  # distributional tests; None without A/A or teacher data
-    paths: PathJudgement | None = None  # what ran on each side, judged (None: not asked, a bare table comparison)
-    what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)  # reference, variant
-    # the sides read without a manifest (`compare --unverified`), the A/A run's when it set the bounds
-    unverified: tuple[str, ...] = ()
+    numerics: Numerics = Numerics()  # the reference's precision: the gates' floors
+
+    @property
+    def reference(self) -> str:
+        return self.doc.reference
+
+    @property
+    def variant(self) -> str:
+        return self.doc.variant
 
     @property
     def status(self) -> Status:
-        return self.verdict.status
+        return self.doc.status
+
+    @property
+    def by_length(self) -> list[schema.TaskBreakdown] | None:
+        """Per task, length and needle depth; None unless the samples carry target_length."""
+        return self.doc.by_length
+
+    @property
+    def paths(self) -> schema.Paths | None:
+        """What ran on each side, judged (None: not asked, a bare table comparison)."""
+        return self.doc.paths
+
+    @property
+    def unverified(self) -> tuple[str, ...]:
+        """The sides read without a manifest (`compare --unverified`), the A/A run's when it set the bounds."""
+        return tuple(self.doc.unverified or ())
 
     def aa_summaries(self) -> AASummaries:
         """This comparison's token summaries, as the A/A noise floor of other comparisons."""
         teacher = None if self.teacher is None else self.teacher.summaries
         return AASummaries.of(self.tokens.summaries, teacher)
 
-    def document(self) -> schema.Comparison:
-        return schema.Comparison(
-            a=self.reference,
-            b=self.variant,
-            reference=self.reference,
-            variant=self.variant,
-            status=self.verdict.status,
-            reasons=list(self.verdict.reasons),
-            samples=schema.SampleCounts(a=self.n_samples_a, b=self.n_samples_b),
-            scores=[r.document() for r in self.scores.rows],
-            metrics_only_a=list(self.scores.metrics_only_a),
-            metrics_only_b=list(self.scores.metrics_only_b),
-            tokens=[t.document() for t in self.tokens.summaries],
-            teacher=None if self.teacher is None else [t.document() for t in self.teacher.summaries],
-            gates=list(self.verdict.gates),
-            numerics=self.numerics.document(),
-            distribution=None if self.shifts is None else [t.document() for t in self.shifts],
-            outputs_status=self.verdict.outputs,
-            paths=None if self.paths is None else self.paths.document(self.what_ran),
-            by_length=None if self.by_length is None else self.by_length.document(),
-            unverified=list(self.unverified) or None,
-        )
-
 
 @dataclass(frozen=True)
 class RunComparison:
-    """The reference against every variant; ``noise_floor`` is the A/A comparison (not in the status)."""
+    """The reference against every variant: ``doc``, compare.json's document, and the comparisons
+    behind its entries; ``noise_floor`` is the A/A comparison (not in the status)."""
 
-    run_id: str
-    reference: str
+    doc: schema.ComparisonDocument
     comparisons: tuple[VariantComparison, ...]
     noise_floor: VariantComparison | None = None
-    gates: Gates = Gates()
+
+    @classmethod
+    def of(cls, run_id: str, reference: str, comparisons: tuple[VariantComparison, ...],
+           noise_floor: VariantComparison | None = None, gates: Gates | None = None) -> RunComparison:
+        every = [c.unverified for c in (noise_floor, *comparisons) if c is not None]
+        unverified = list(dict.fromkeys(name for names in every for name in names))  # in the order the comparisons name them
+        doc = schema.ComparisonDocument(
+            run_id=run_id,
+            reference=reference,
+            variants=[c.variant for c in comparisons],
+            status=worst_status(c.status for c in comparisons),
+            gates=Gates() if gates is None else gates,
+            noise_floor=None if noise_floor is None else noise_floor.doc,
+            comparisons=[c.doc for c in comparisons],
+            unverified=unverified or None,
+        )
+        return cls(doc, comparisons, noise_floor)
 
     @property
     def status(self) -> Status:
-        return worst_status(c.status for c in self.comparisons)
-
-    @property
-    def variants(self) -> list[str]:
-        return [c.variant for c in self.comparisons]
-
-    @property
-    def unverified(self) -> list[str]:
-        """Every variant read without its manifest, in the order the comparisons name them."""
-        every = [c.unverified for c in (self.noise_floor, *self.comparisons) if c is not None]
-        return list(dict.fromkeys(name for names in every for name in names))
-
-    def document(self) -> schema.ComparisonDocument:
-        return schema.ComparisonDocument(
-            run_id=self.run_id,
-            reference=self.reference,
-            variants=self.variants,
-            status=self.status,
-            gates=self.gates,
-            noise_floor=None if self.noise_floor is None else self.noise_floor.document(),
-            comparisons=[c.document() for c in self.comparisons],
-            unverified=self.unverified or None,
-        )
+        return self.doc.status
 
     def to_json(self) -> str:
         """Exactly the text compare.json holds."""
-        return schema.comparison_json(self.document())
+        return schema.comparison_json(self.doc)
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,30 +223,34 @@ def compare_tables(
         shift_missing=shift_missing,
     )
     judged = None
-    what_ran: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
     if paths is not None:
         judged = judge_paths(paths[0], paths[1], outputs_identical=verdict.status is Status.IDENTICAL)
         verdict = verdict.with_paths(judged.inconclusive, judged.reasons)
-        names = profile_names(paths)
-        what_ran = (summarize(paths[0].probes, names), summarize(paths[1].probes, names))
     unread = tuple(dict.fromkeys([*unverified, *(aa.unverified if aa is not None else ())]))
     verdict = verdict.unverified(unread)
-    return VariantComparison(
+    doc = schema.Comparison(
+        a=label_a,
+        b=label_b,
         reference=label_a,
         variant=label_b,
-        n_samples_a=samples_a.num_rows,
-        n_samples_b=samples_b.num_rows,
-        scores=scores,
-        tokens=tokens,
-        verdict=verdict,
-        teacher=teacher,
-        by_length=by_length,
-        numerics=numerics,
-        shifts=None if shifts is None else tuple(shifts),
+        status=verdict.status,
+        reasons=list(verdict.reasons),
+        samples=schema.SampleCounts(a=samples_a.num_rows, b=samples_b.num_rows),
+        # the measures as the file holds them (non-finite as null); the gates had them as computed
+        scores=[as_written(r) for r in scores.rows],
+        metrics_only_a=list(scores.metrics_only_a),
+        metrics_only_b=list(scores.metrics_only_b),
+        tokens=[as_written(t) for t in tokens.summaries],
+        teacher=None if teacher is None else [as_written(t) for t in teacher.summaries],
+        gates=list(verdict.gates),
+        numerics=numerics.doc,
+        distribution=None if shifts is None else [t.document() for t in shifts],
+        outputs_status=verdict.outputs,
         paths=judged,
-        what_ran=what_ran,
-        unverified=unread,
+        by_length=None if by_length is None else [as_written(t) for t in by_length],
+        unverified=list(unread) or None,
     )
+    return VariantComparison(doc, scores, tokens, verdict, teacher, None if shifts is None else tuple(shifts), numerics)
 
 
 def _aa_identical(aa: VariantComparison | None) -> bool | None:

@@ -1,7 +1,7 @@
 """Paired score comparison: per task x metric, the same (task, doc_id, repeat) items on both sides.
 
-The per-item vectors are kept in :class:`PairedScores`; :class:`ScoreRow` is the
-JSON-ready summary that the verdict and the reports consume. Each row carries the
+The per-item vectors are kept in :class:`PairedScores`; its summary is the document model
+documents.comparison.ScoreRow, built here, that the verdict and the reports consume. Each row carries the
 paired statistics of :mod:`evalpipe.compare.stats` (SEs, the t interval of the
 difference, McNemar's exact test for 0/1 metrics, TOST against ``margin``, the minimum
 detectable difference) and the items whose score changed (documents.comparison.FlippedItem).
@@ -25,8 +25,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from evalpipe.compare import stats
-from evalpipe.documents import comparison as schema
-from evalpipe.documents.comparison import FlippedItem
+from evalpipe.documents.comparison import FlippedItem, ScoreRow
 from evalpipe.errors import UserError
 from evalpipe.rundir.artifacts import ANSWER_PREFIX, SAMPLE_KEY, SCORE_PREFIX, score_columns
 
@@ -195,67 +194,6 @@ def _float_column(table: pa.Table, column: str, idx: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ScoreRow:
-    """Summary of one task x metric over the paired items.
-
-    ``n_paired`` counts items scored on both sides; ``n_missing`` items present on
-    both sides but scored on one only. For 0/1 metrics ``a_right_b_wrong`` and
-    ``a_wrong_b_right`` are McNemar's discordant counts b and c.
-
-    Statistics over the ``n_paired`` items (formulas in :mod:`evalpipe.compare.stats`;
-    ``None`` where undefined, e.g. SEs with a single item):
-    ``se_a``/``se_b`` SE of each mean; ``se_delta`` SE of the paired difference;
-    ``ci_low``/``ci_high`` its ``ci_conf`` t interval with ``df`` degrees of freedom
-    (n - 1, or clusters - 1); ``n_clusters`` = n_paired unless a ``cluster`` column
-    groups items; ``mcnemar_p`` exact two-sided p (0/1 metrics only); ``tost_*`` the
-    equivalence test against ±``margin`` at level ``alpha`` (its 1 - 2 alpha interval,
-    one-sided p-values, ``equivalent``); ``mdd`` the minimum detectable difference
-    (level ``alpha``, 80% power). When no item of a 0/1 metric changed the observed SE
-    is 0 and would claim that any difference is detectable; ``mdd`` then uses
-    :func:`evalpipe.compare.stats.no_change_se` (rule of three) instead.
-    ``flipped`` lists the first items (by doc_id, repeat) whose score differs,
-    ``n_flipped`` counts them all.
-    """
-
-    task: str
-    metric: str
-    n_paired: int
-    mean_a: float | None
-    mean_b: float | None
-    delta: float | None
-    n_changed: int
-    n_missing: int
-    binary: bool
-    a_right_b_wrong: int | None
-    a_wrong_b_right: int | None
-    identical: bool
-    only_a: int
-    only_b: int
-    se_a: float | None = None
-    se_b: float | None = None
-    se_delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    ci_conf: float = CONF
-    df: int | None = None
-    n_clusters: int = 0
-    mcnemar_p: float | None = None
-    margin: float = DEFAULT_MARGIN
-    alpha: float = ALPHA
-    tost_ci_low: float | None = None
-    tost_ci_high: float | None = None
-    tost_p_lower: float | None = None
-    tost_p_upper: float | None = None
-    equivalent: bool = False
-    mdd: float | None = None
-    n_flipped: int = 0
-    flipped: tuple[FlippedItem, ...] = ()
-
-    def document(self) -> schema.ScoreRow:
-        return schema.ScoreRow.model_validate(to_jsonable(self))
-
-
 def _clip(text: str | None, limit: int) -> str | None:
     if text is None:
         return None
@@ -358,7 +296,7 @@ class PairedScores:
                 alpha=alpha, power=POWER, df=pdiff.df,
             ),
             n_flipped=n_changed,
-            flipped=tuple(flipped),
+            flipped=list(flipped),
         )
 
 

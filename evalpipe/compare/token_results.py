@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evalpipe.compare.scores import Alignment, to_jsonable
-from evalpipe.documents import comparison as schema
-from evalpipe.documents.comparison import WorstExample
+from evalpipe.compare.scores import Alignment
+from evalpipe.documents.comparison import TokenSummary
 
 # Cap on (doc_id, repeat) pairs listed for samples present on one side only.
 MAX_LISTED_KEYS = 10
@@ -30,90 +29,8 @@ HIST_DECADES = tuple(range(-10, 3))
 
 
 # ---------------------------------------------------------------------------
-# result types
+# result types (a task's summary is the document model documents.comparison.TokenSummary)
 # ---------------------------------------------------------------------------
-
-
-_HISTOGRAMS = (("kl_hist", "kl_hist_zero"), ("abs_dlogprob_hist", "abs_dlogprob_hist_zero"))
-
-
-@dataclass(frozen=True)
-class TaskTokenSummary:
-    """Token-level comparison of one task, over samples present on both sides."""
-
-    task: str
-    n_samples: int  # paired samples
-    only_a: int
-    only_b: int
-    only_a_keys: tuple[tuple[int, int], ...]  # (doc_id, repeat), first MAX_LISTED_KEYS
-    only_b_keys: tuple[tuple[int, int], ...]
-    n_ids_identical: int
-    n_identical: int  # bitwise: ids, logprobs and top-k lists
-    n_logprob_diff_same_ids: int  # ids identical, some logprob bits differ
-    n_topk_diff_same_ids: int  # ids and logprobs identical, some top-k entry differs
-    n_length_diff: int
-    tokens_a: int
-    tokens_b: int
-    n_positions_compared: int  # shared-prefix positions
-    n_positions_logprob_diff: int
-    divergence_positions: tuple[int, ...]  # sorted first-divergence positions
-    median_first_divergence: float | None
-    max_abs_dlogprob: float | None  # over all shared-prefix positions
-    mean_abs_dlogprob: float | None
-    max_abs_dlogprob_same_ids: float | None  # over samples whose ids are identical
-    worst_divergence: tuple[WorstExample, ...] = ()
-    worst_logprob: tuple[WorstExample, ...] = ()
-    # first divergences classified (see module docstring); n_near_tie + n_hard == n_divergent
-    near_tie_gap: float = NEAR_TIE_GAP
-    n_near_tie_divergences: int = 0
-    n_hard_divergences: int = 0
-    hard_divergences: tuple[tuple[int, int, int], ...] = ()  # (doc_id, repeat, pos), first MAX_LISTED_HARD
-    # shared-prefix distribution agreement, per position (None when no position compared)
-    n_positions_topk_equal: int = 0  # top-k id sets equal (order ignored)
-    share_topk_equal: float | None = None
-    kl_p50: float | None = None  # symmetric max(KL(A||B), KL(B||A)) of the top-k distributions
-    kl_p99: float | None = None
-    kl_max: float | None = None
-    abs_dlogprob_p50: float | None = None  # the max is max_abs_dlogprob
-    abs_dlogprob_p99: float | None = None
-    # top-1 agreement over the compared positions; n_top1_hard <= n_top1_disagree
-    n_top1_disagree: int = 0
-    n_top1_hard: int = 0
-    share_top1_agree: float | None = None
-    top1_hard_positions: tuple[tuple[int, int, int], ...] = ()  # (doc_id, repeat, pos), first MAX_LISTED_HARD
-    # positions with the largest symmetric KL (> 0 only), ties in key order
-    worst_kl: tuple[WorstExample, ...] = ()
-    kl_max_at: tuple[int, int, int] | None = None  # (doc_id, repeat, pos) of kl_max; None when kl_max is 0 or None
-    # decade histograms over the compared positions (see module docstring); to_dict nests them
-    kl_hist_zero: int = 0
-    kl_hist: tuple[int, ...] = ()
-    abs_dlogprob_hist_zero: int = 0
-    abs_dlogprob_hist: tuple[int, ...] = ()
-
-    @property
-    def n_divergent(self) -> int:
-        return self.n_samples - self.n_ids_identical
-
-    @property
-    def share_ids_identical(self) -> float | None:
-        return self.n_ids_identical / self.n_samples if self.n_samples else None
-
-    @property
-    def share_identical(self) -> float | None:
-        return self.n_identical / self.n_samples if self.n_samples else None
-
-    @property
-    def identical(self) -> bool:
-        return self.only_a == 0 and self.only_b == 0 and self.n_identical == self.n_samples
-
-    def document(self) -> schema.TokenSummary:
-        d = to_jsonable(self)
-        for name, zero in _HISTOGRAMS:  # the histograms nest their decades and zero count
-            counts = [int(c) for c in getattr(self, name)] or [0] * len(HIST_DECADES)
-            d[name] = {"decades": list(HIST_DECADES), "zero": int(d.pop(zero)), "counts": counts}
-        d.update(n_divergent=self.n_divergent, share_ids_identical=to_jsonable(self.share_ids_identical),
-                 share_identical=to_jsonable(self.share_identical), identical=self.identical)
-        return schema.TokenSummary.model_validate(d)
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,6 +99,6 @@ def prefix_values(values: np.ndarray | None) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TokenComparison:
-    summaries: tuple[TaskTokenSummary, ...]
+    summaries: tuple[TokenSummary, ...]
     samples: SampleTokenDiffs | None = dataclasses.field(default=None, repr=False, compare=False)
     positions: Alignment | None = dataclasses.field(default=None, repr=False, compare=False)

@@ -18,10 +18,9 @@ from evalpipe.compare.token_results import (
     MAX_LISTED_KEYS,
     NEAR_TIE_GAP,
     SampleTokenDiffs,
-    TaskTokenSummary,
     prefix_values,
 )
-from evalpipe.documents.comparison import WorstExample
+from evalpipe.documents.comparison import Histogram, TokenSummary, WorstExample
 
 # The powers of ten between those decades as the decimal literals parse: correctly
 # rounded, so the same doubles on every CPU. floor(log10 x) and 10.0**d go through libm,
@@ -62,6 +61,11 @@ def _decade_hist(x: np.ndarray) -> tuple[int, tuple[int, ...]]:
     bins = np.searchsorted(_DECADE_EDGES, pos, side="right")
     counts = np.bincount(bins, minlength=len(HIST_DECADES))
     return int(np.count_nonzero(x == 0)), tuple(int(c) for c in counts)
+
+
+def _histogram(x: np.ndarray) -> Histogram:
+    zero, counts = _decade_hist(x)
+    return Histogram(decades=list(HIST_DECADES), zero=zero, counts=list(counts))
 
 
 def _largest(values: np.ndarray, k: int) -> np.ndarray:
@@ -216,7 +220,7 @@ def summarize_tokens(
     *,
     worst_k: int = 5,
     near_tie_gap: float = NEAR_TIE_GAP,
-) -> tuple[TaskTokenSummary, ...]:
+) -> tuple[TokenSummary, ...]:
     """Per task summary (loop over tasks only) with the ``worst_k`` notable samples of each kind."""
     out = []
     n = len(d)
@@ -284,22 +288,21 @@ def summarize_tokens(
         # prefix rows are in key order, so index order breaks ties by key
         worst_kl = rows[_largest(kl, worst_k)]
         kl_at = rows[[int(np.argmax(kl))]] if kl_max else rows[:0]
-        kl_zero, kl_hist = _decade_hist(kl)
-        adl_zero, adl_hist = _decade_hist(adl)
+        n_samples, n_ids_identical, n_identical = int(paired.sum()), int(ids_id.sum()), int(id_all[sl].sum())
         out.append(
-            TaskTokenSummary(
+            TokenSummary(
                 task=str(task[start]),
-                n_samples=int(paired.sum()),
+                n_samples=n_samples,
                 only_a=int(only_a.sum()),
                 only_b=int(only_b.sum()),
-                only_a_keys=tuple(
+                only_a_keys=[
                     (int(a), int(b)) for a, b in zip(d.doc_id[sl][only_a][:MAX_LISTED_KEYS], d.repeat[sl][only_a])
-                ),
-                only_b_keys=tuple(
+                ],
+                only_b_keys=[
                     (int(a), int(b)) for a, b in zip(d.doc_id[sl][only_b][:MAX_LISTED_KEYS], d.repeat[sl][only_b])
-                ),
-                n_ids_identical=int(ids_id.sum()),
-                n_identical=int(id_all[sl].sum()),
+                ],
+                n_ids_identical=n_ids_identical,
+                n_identical=n_identical,
                 n_logprob_diff_same_ids=int((ids_id & (d.n_logprob_diff[sl] > 0)).sum()),
                 n_topk_diff_same_ids=int((ids_id & (d.n_logprob_diff[sl] == 0) & (d.n_topk_diff[sl] > 0)).sum()),
                 n_length_diff=int((paired & (d.len_a[sl] != d.len_b[sl])).sum()),
@@ -307,17 +310,17 @@ def summarize_tokens(
                 tokens_b=int(d.len_b[sl][paired].sum()),
                 n_positions_compared=total_cnt,
                 n_positions_logprob_diff=int(d.n_logprob_diff[sl][paired].sum()),
-                divergence_positions=tuple(int(p) for p in positions),
+                divergence_positions=[int(p) for p in positions],
                 median_first_divergence=float(np.median(positions)) if len(positions) else None,
                 max_abs_dlogprob=opt_float(mx_paired.max()) if len(mx_paired) else None,
                 mean_abs_dlogprob=opt_float(d.sum_abs_dlogprob[sl][paired].sum() / total_cnt) if total_cnt else None,
                 max_abs_dlogprob_same_ids=opt_float(mx_same.max()) if len(mx_same) else None,
-                worst_divergence=worst("earliest_divergence", worst_div, d.first_divergence_row[worst_div]),
-                worst_logprob=worst("largest_dlogprob", worst_lp, d.max_dlogprob_row[worst_lp]),
+                worst_divergence=list(worst("earliest_divergence", worst_div, d.first_divergence_row[worst_div])),
+                worst_logprob=list(worst("largest_dlogprob", worst_lp, d.max_dlogprob_row[worst_lp])),
                 near_tie_gap=float(near_tie_gap),
                 n_near_tie_divergences=int(near.sum()),
                 n_hard_divergences=len(hard_idx),
-                hard_divergences=hard,
+                hard_divergences=list(hard),
                 n_positions_topk_equal=n_same,
                 share_topk_equal=n_same / n_rows if n_rows else None,
                 kl_p50=quantile(kl, 50),
@@ -328,13 +331,15 @@ def summarize_tokens(
                 n_top1_disagree=n_top1_dis,
                 n_top1_hard=len(top1_hard),
                 share_top1_agree=(n_rows - n_top1_dis) / n_rows if n_rows else None,
-                top1_hard_positions=_key_triples(pal, _rows_of(d, top1_hard[:MAX_LISTED_HARD])),
-                worst_kl=worst("largest_kl", _rows_of(d, worst_kl, d.prefix_sample), _rows_of(d, worst_kl)),
+                top1_hard_positions=list(_key_triples(pal, _rows_of(d, top1_hard[:MAX_LISTED_HARD]))),
+                worst_kl=list(worst("largest_kl", _rows_of(d, worst_kl, d.prefix_sample), _rows_of(d, worst_kl))),
                 kl_max_at=(_key_triples(pal, _rows_of(d, kl_at)) or (None,))[0],
-                kl_hist_zero=kl_zero,
-                kl_hist=kl_hist,
-                abs_dlogprob_hist_zero=adl_zero,
-                abs_dlogprob_hist=adl_hist,
+                kl_hist=_histogram(kl),
+                abs_dlogprob_hist=_histogram(adl),
+                n_divergent=n_samples - n_ids_identical,
+                share_ids_identical=n_ids_identical / n_samples if n_samples else None,
+                share_identical=n_identical / n_samples if n_samples else None,
+                identical=not only_a.any() and not only_b.any() and n_identical == n_samples,
             )
         )
     return tuple(out)

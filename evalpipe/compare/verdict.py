@@ -24,10 +24,8 @@ from typing import Iterable, Sequence
 from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
-from evalpipe.compare.scores import ScoreRow
-from evalpipe.compare.token_results import TaskTokenSummary
 from evalpipe.config.gate_settings import Gates
-from evalpipe.documents.comparison import Status
+from evalpipe.documents.comparison import ScoreRow, Status, TokenSummary
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
                   "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")
@@ -120,7 +118,7 @@ def _where(doc_id: int, repeat: int) -> str:
 # ---------------------------------------------------------------------------
 
 
-def presence_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B", name: str | None = None) -> list[str]:
+def presence_reasons(t: TokenSummary, label_a: str = "A", label_b: str = "B", name: str | None = None) -> list[str]:
     """Samples present on one side only (``name`` replaces the task name in the sentences)."""
     out = []
     for n, keys, label in ((t.only_a, t.only_a_keys, label_a), (t.only_b, t.only_b_keys, label_b)):
@@ -130,7 +128,7 @@ def presence_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B"
     return out
 
 
-def difference_reasons(t: TaskTokenSummary, name: str | None = None) -> list[str]:
+def difference_reasons(t: TokenSummary, name: str | None = None) -> list[str]:
     """How the paired samples differ: generated tokens, logprobs, top-k lists."""
     name = name or t.task
     out = []
@@ -156,7 +154,7 @@ def difference_reasons(t: TaskTokenSummary, name: str | None = None) -> list[str
     return out
 
 
-def token_reasons(t: TaskTokenSummary, label_a: str = "A", label_b: str = "B", name: str | None = None) -> list[str]:
+def token_reasons(t: TokenSummary, label_a: str = "A", label_b: str = "B", name: str | None = None) -> list[str]:
     return presence_reasons(t, label_a, label_b, name) + difference_reasons(t, name)
 
 
@@ -184,7 +182,7 @@ class _Findings:
     differences: list[str] = field(default_factory=list)  # not identical, possibly within the gates
     evidence: list[str] = field(default_factory=list)  # what was checked, for an IDENTICAL verdict
 
-    def free(self, task: str, t: TaskTokenSummary | None, label_a: str, label_b: str) -> None:
+    def free(self, task: str, t: TokenSummary | None, label_a: str, label_b: str) -> None:
         if t is None:
             self.structural.append(f"{task}: no token-level comparison available")
             return
@@ -196,7 +194,7 @@ class _Findings:
             f"{task}: {t.n_identical}/{t.n_samples} samples bitwise identical ({t.tokens_a} tokens, ids and logprobs)"
         )
 
-    def teacher(self, task: str, t: TaskTokenSummary, label_a: str, label_b: str) -> None:
+    def teacher(self, task: str, t: TokenSummary, label_a: str, label_b: str) -> None:
         # One-sided teacher-forced samples are a difference, not a structural problem:
         # the free-running comparison already judges the sample sets.
         name = teacher_name(task)
@@ -215,8 +213,8 @@ class _Findings:
 
 def _findings(
     score_rows: Sequence[ScoreRow],
-    token_summaries: Sequence[TaskTokenSummary],
-    teacher_summaries: Sequence[TaskTokenSummary] | None,
+    token_summaries: Sequence[TokenSummary],
+    teacher_summaries: Sequence[TokenSummary] | None,
     metrics_only: tuple[tuple[str, Sequence[str]], tuple[str, Sequence[str]]],
 ) -> _Findings:
     """``metrics_only``: (label, metrics only that side reports) for side A, then side B."""
@@ -245,9 +243,9 @@ def gates_summary(results: Sequence[GateResult]) -> str:
 
 def decide(
     score_rows: Sequence[ScoreRow],
-    token_summaries: Sequence[TaskTokenSummary],
+    token_summaries: Sequence[TokenSummary],
     *,
-    teacher_summaries: Sequence[TaskTokenSummary] | None = None,
+    teacher_summaries: Sequence[TokenSummary] | None = None,
     gates: Gates = Gates(),
     aa: AASummaries | None = None,
     metrics_only_a: Sequence[str] = (),

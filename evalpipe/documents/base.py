@@ -19,6 +19,15 @@ class Document(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def as_written(model: M) -> M:
+    """``model`` as its file holds it: compare builds its models with the measures it computes
+    with, +inf among them (non-finite logprobs: the largest difference there is) and NaN
+    logprobs in a worst example; JSON has null there, and so does what this returns, for the
+    readers of the document in memory (the reports, the terminal summary) to see what a
+    reader of the file sees."""
+    return type(model).model_validate_json(model.model_dump_json())
+
+
 def validated(model: type[M], data: Any, where: str, remedy: str, at: str = "") -> M:
     """``model`` from ``data``, or a UserError: "<where>: <at.key>: <what is wrong>; <remedy>."."""
     try:

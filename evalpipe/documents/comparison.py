@@ -2,8 +2,9 @@
 the reports, the history and nightly).
 
 The whole contract of the file is here. evalpipe.compare computes the comparison and
-turns its results into these models (each result's ``document()``); everything that
-reads compare.json gets a :class:`ComparisonDocument` from :func:`read_comparison`.
+builds these models as it goes (no copies of them of its own; what the file cannot hold,
+the per-item and per-position arrays, stays beside them in compare.run.VariantComparison);
+everything that reads compare.json gets a :class:`ComparisonDocument` from :func:`read_comparison`.
 
 The file is a pure function of the artifacts and the gates: sorted keys, NaN and
 infinities as null, no timestamps or absolute paths, so the same run directory gives
@@ -97,7 +98,24 @@ class FlippedItem(Document):
 
 
 class ScoreRow(Document):
-    """One task x metric, paired (compare.scores.ScoreRow documents the statistics)."""
+    """Summary of one task x metric over the paired items, as compare.scores builds it.
+
+    ``n_paired`` counts items scored on both sides; ``n_missing`` items present on
+    both sides but scored on one only. For 0/1 metrics ``a_right_b_wrong`` and
+    ``a_wrong_b_right`` are McNemar's discordant counts b and c.
+
+    Statistics over the ``n_paired`` items (formulas in evalpipe.compare.stats; ``None``
+    where undefined, e.g. SEs with a single item): ``se_a``/``se_b`` SE of each mean;
+    ``se_delta`` SE of the paired difference; ``ci_low``/``ci_high`` its ``ci_conf`` t
+    interval with ``df`` degrees of freedom (n - 1, or clusters - 1); ``n_clusters`` =
+    n_paired unless a ``cluster`` column groups items; ``mcnemar_p`` exact two-sided p (0/1
+    metrics only); ``tost_*`` the equivalence test against ±``margin`` at level ``alpha``
+    (its 1 - 2 alpha interval, one-sided p-values, ``equivalent``); ``mdd`` the minimum
+    detectable difference (level ``alpha``, 80% power). When no item of a 0/1 metric
+    changed the observed SE is 0 and would claim that any difference is detectable; ``mdd``
+    then uses evalpipe.compare.stats.no_change_se (rule of three) instead. ``flipped`` lists
+    the first items (by doc_id, repeat) whose score differs, ``n_flipped`` counts them all.
+    """
 
     task: str
     metric: str
@@ -188,54 +206,64 @@ class Histogram(Document):
 
 
 class TokenSummary(Document):
-    """Token-level comparison of one task (compare.token_results.TaskTokenSummary documents the fields)."""
+    """Token-level comparison of one task over the samples present on both sides, as
+    compare.token_summary builds it (the terms are defined in evalpipe.compare.tokens).
+
+    Non-finite measures (+inf: non-finite logprobs on one side, the largest difference
+    there is) are kept as they are in memory, where the gates read them; the file has
+    null there (JSON has no infinity)."""
 
     task: str
-    n_samples: int
+    n_samples: int  # paired samples
     only_a: int
     only_b: int
-    only_a_keys: list[Key]
+    only_a_keys: list[Key]  # (doc_id, repeat), the first MAX_LISTED_KEYS
     only_b_keys: list[Key]
     n_ids_identical: int
-    n_identical: int
-    n_logprob_diff_same_ids: int
-    n_topk_diff_same_ids: int
+    n_identical: int  # bitwise: ids, logprobs and top-k lists
+    n_logprob_diff_same_ids: int  # ids identical, some logprob bits differ
+    n_topk_diff_same_ids: int  # ids and logprobs identical, some top-k entry differs
     n_length_diff: int
     tokens_a: int
     tokens_b: int
-    n_positions_compared: int
+    n_positions_compared: int  # shared-prefix positions
     n_positions_logprob_diff: int
-    divergence_positions: list[int]
+    divergence_positions: list[int]  # sorted first-divergence positions
     median_first_divergence: float | None
-    max_abs_dlogprob: float | None
+    max_abs_dlogprob: float | None  # over all shared-prefix positions
     mean_abs_dlogprob: float | None
-    max_abs_dlogprob_same_ids: float | None
+    max_abs_dlogprob_same_ids: float | None  # over samples whose ids are identical
     worst_divergence: list[WorstExample]
     worst_logprob: list[WorstExample]
+    # first divergences classified; n_near_tie + n_hard == n_divergent
     near_tie_gap: float | None
     n_near_tie_divergences: int
     n_hard_divergences: int
-    hard_divergences: list[Position]
-    n_positions_topk_equal: int
+    hard_divergences: list[Position]  # the first MAX_LISTED_HARD
+    # shared-prefix distribution agreement, per position (None when no position compared)
+    n_positions_topk_equal: int  # top-k id sets equal (order ignored)
     share_topk_equal: float | None
-    kl_p50: float | None
+    kl_p50: float | None  # symmetric max(KL(A||B), KL(B||A)) of the top-k distributions
     kl_p99: float | None
     kl_max: float | None
-    abs_dlogprob_p50: float | None
+    abs_dlogprob_p50: float | None  # the max is max_abs_dlogprob
     abs_dlogprob_p99: float | None
+    # top-1 agreement over the compared positions; n_top1_hard <= n_top1_disagree
     n_top1_disagree: int
     n_top1_hard: int
     share_top1_agree: float | None
-    top1_hard_positions: list[Position]
+    top1_hard_positions: list[Position]  # the first MAX_LISTED_HARD
+    # positions with the largest symmetric KL (> 0 only), ties in key order
     worst_kl: list[WorstExample]
-    kl_max_at: Position | None
+    kl_max_at: Position | None  # where kl_max is; None when kl_max is 0 or None
+    # decade histograms over the compared positions
     kl_hist: Histogram
     abs_dlogprob_hist: Histogram
     # derived, for readers that have no compare.tokens
-    n_divergent: int
+    n_divergent: int  # n_samples - n_ids_identical
     share_ids_identical: float | None
     share_identical: float | None
-    identical: bool
+    identical: bool  # nothing one-sided, every paired sample bitwise identical
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +298,8 @@ class GateResult(Document):
 
 
 class NumericsDoc(Document):
-    """The reference's precision, what the A/A run showed, and the gate floors that follow."""
+    """The reference's precision, what the A/A run showed, and the gate floors that follow
+    (built by compare.numerics.Numerics, whose rules they are)."""
 
     dtype: str | None
     source: str
@@ -301,11 +330,13 @@ class ShiftTest(Document):
 
 
 class SideCheck(Document):
+    """One variant's records against its expectations (compare.code_paths.check_side)."""
+
     variant: str
     ok: bool
     verifiable: bool
-    failures: list[str]
-    evidence: list[str]
+    failures: tuple[str, ...]
+    evidence: tuple[str, ...]
 
 
 class WhatRan(Document):
@@ -323,13 +354,18 @@ NOT_RECORDED: Final = "not_recorded"  # a side has no probe record (endpoint mod
 
 
 class Paths(Document):
-    """What ran on each side, judged."""
+    """What ran on each side, judged (compare.code_paths.judge_paths)."""
 
     status: PathStatus
-    reasons: list[str]
-    checks: list[SideCheck]
+    reasons: tuple[str, ...]
+    checks: tuple[SideCheck, ...]
     same_profile: bool | None
     what_ran: WhatRan
+
+    @property
+    def inconclusive(self) -> bool:
+        """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
+        return self.status in (FAILED, SAME_CODE)
 
 
 # ---------------------------------------------------------------------------
@@ -381,7 +417,8 @@ class TeacherFigures(Document):
 
 
 class GroupFigures(Document):
-    """Everything measured on one group of items (compare.bylength.GroupFigures)."""
+    """Everything measured on one group of items, a length or a depth bin of one task, as
+    compare.bylength measures it (its ``_figures`` says what each field holds)."""
 
     n_items: int
     n_clusters: int
@@ -454,8 +491,8 @@ class Comparison(Document):
 
     @property
     def paths_inconclusive(self) -> bool:
-        """The paths prove nothing: an expectation failed, a side is unverifiable, or both ran the same code."""
-        return self.paths is not None and self.paths.status in (FAILED, SAME_CODE)
+        """The paths prove nothing (see Paths.inconclusive)."""
+        return self.paths is not None and self.paths.inconclusive
 
     @property
     def path_reasons(self) -> list[str]:

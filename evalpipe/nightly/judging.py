@@ -160,7 +160,7 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
     gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
-    d = vc.document()
+    d = vc.doc
     return {"variant": variant, "status": d.status, "teacher_forced": forced is not None, "reasons": d.reasons,
             "outputs_status": d.outputs_status, "paths": _paths_brief(d.paths),
             "scores": [r.model_dump(mode="json") for r in d.scores], "tokens": [_token_brief(t) for t in d.tokens],

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.loading import load_config
-from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
+from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, NightStatus, write_nightly_document
 from evalpipe.errors import ExitCode, RunFailed, UserError
 from evalpipe.history import HistoryError
 from evalpipe.history.store import History, open_history
 from evalpipe.install import config_label
 from evalpipe.nightly.dashboard_data import build_dashboard
-from evalpipe.nightly.judging import INCONCLUSIVE, baseline_of, judge
+from evalpipe.nightly.judging import baseline_of, judge
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
 from evalpipe.report.nightly import render_night_junit, render_night_summary
@@ -43,8 +43,10 @@ from evalpipe.rundir.artifacts import RUN_JSON
 
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
-EXIT_CODES = {"PASS": ExitCode.OK, "REGRESSION": ExitCode.DIVERGENT, "FAILED": ExitCode.FAILED, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
-NIGHT_COLOURS = {"PASS": "green", INCONCLUSIVE: "yellow", "REGRESSION": "red", "FAILED": "red"}
+# keyed by the one night status type (documents/nightly_doc.py): a key that is no night status fails type checking
+EXIT_CODES: dict[NightStatus, ExitCode] = {"PASS": ExitCode.OK, "REGRESSION": ExitCode.DIVERGENT, "FAILED": ExitCode.FAILED,
+                                           "INCONCLUSIVE": ExitCode.INCONCLUSIVE}
+NIGHT_COLOURS: dict[NightStatus, str] = {"PASS": "green", "INCONCLUSIVE": "yellow", "REGRESSION": "red", "FAILED": "red"}
 # ---------------------------------------------------------------------------
 # outputs
 # ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from evalpipe.config.loading import load_config
+from evalpipe.documents.nightly_doc import NightStatus
 from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
 from evalpipe.history.store import open_history
@@ -50,6 +51,8 @@ FAULT = "padding_not_zeroed"
 FAULT_VARIANT = "sp"
 BUILDS = ("good", "fault", "fixed")
 DAY = 86400.0
+NIGHT_MARKS: dict[NightStatus, str] = {"PASS": "[green]PASS[/]", "INCONCLUSIVE": "[bold yellow]INCONCLUSIVE[/]",
+                                       "REGRESSION": "[bold red]REGRESSION[/]", "FAILED": "[red]FAILED[/]"}
 
 
 @dataclass
@@ -168,8 +171,7 @@ def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fi
         r = record_and_judge(history, night, labels={}, alpha=spec.alpha, min_nights=spec.min_nights,
                              dashboard=output / "dashboard" / "index.html", title="evalpipe nightly: simulated history")
         results.append(r)
-        mark = {"PASS": "[green]PASS[/]", "INCONCLUSIVE": "[bold yellow]INCONCLUSIVE[/]", "REGRESSION": "[bold red]REGRESSION[/]",
-                "FAILED": "[red]FAILED[/]"}[r.judgement.status]
+        mark = NIGHT_MARKS[r.judgement.status]
         console.print(f"night {i:2d} build {build:<6} sp={'fault run' if broken else sp_from:<10} {mark}")
     last = results[-1].judgement
     flagged = [c for c in last.changes if c["state"] == "flagged" and c["regression"]]

@@ -205,7 +205,7 @@ def compare_run(
         for name in others
     )
     run_id = info.run_id or run_dir.name
-    return RunComparison(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
+    return RunComparison.of(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
 
 
 def compare_across_runs(
@@ -236,7 +236,7 @@ def compare_across_runs(
     side_b = load_artifacts(vb, label_b, expect_b, unverified=unverified)
     check_same_items(side_a.samples, side_b.samples, label_a, label_b)
     vc = compare_artifacts(side_a, side_b, worst_k=worst_k, gates=gates, numerics=variant_numerics(va))
-    return RunComparison(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)
+    return RunComparison.of(run_id=f"{label_a} vs {label_b}", reference=label_a, comparisons=(vc,), gates=gates)
 
 
 # ---------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def write_outputs(
     "Where it starts" section."""
     rd = RunDir(Path(run_dir))
     header = run_info if run_info is not None else read_run_info(rd.root)
-    data = run_comparison.document()
+    data = run_comparison.doc
     write_comparison(rd.compare_json, data)
     artifacts.write_text(rd.junit_xml, render_junit(data))
     artifacts.write_text(rd.report_md, render_markdown(data, header, localizations))
@@ -295,7 +295,7 @@ def report_run(
     # localize.json stays in the run directory when the reports go elsewhere (--output)
     localizations = readable_localizations(rd.root, console)
     written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localizations=localizations)
-    print_summary(comparison.document(), console, localizations=localizations)
+    print_summary(comparison.doc, console, localizations=localizations)
     print_written(written, console)
     return verdict_exit_code(verdict), info
 

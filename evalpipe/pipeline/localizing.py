@@ -137,15 +137,14 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
 
 def document(result: Localization, info: RunDocument, targets: list[Target], *, modes: dict[str, Literal["offline", "serve"]], dtype: str | None,
              precision: str, seconds: dict[str, float], sizes: dict[str, int]) -> schema.LocalizeDocument:
-    first = result.first
     return schema.LocalizeDocument(
         run_id=info.run_id, variant=result.variant, reference=result.reference, aa=result.aa,
         modes=modes, dtype=dtype, precision=precision,
         numerics_floor=result.numerics_floor, rel_aa=result.rel_aa, aa_identical=result.aa_identical,
         sequences=[schema.SequenceDoc(label=t.label, tokens=len(t.token_ids), rows=sorted(t.rows),
                                       why={str(k): v for k, v in t.rows.items()}) for t in targets],
-        modules=[m.document() for m in result.modules],
-        first=first.document() if first is not None else None,
+        modules=list(result.modules),
+        first=result.first,
         sentence=result.sentence(), layer_curve=result.layer_curve(), not_reassembled=result.not_reassembled(),
         seconds=seconds, capture_bytes=sizes,
     )

@@ -21,6 +21,7 @@ import unicodedata
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
+from evalpipe.documents.nightly_doc import NIGHT_STATUSES
 from evalpipe.report.formats import show_controls
 from evalpipe.report.markdown import template_environment
 
@@ -28,7 +29,7 @@ TEMPLATE_NAME = "dashboard.html.j2"
 
 # A night's statuses, each styled as its own state: INCONCLUSIVE (amber) proved nothing
 # about the code paths, which is neither a pass nor a regression.
-KNOWN_STATUSES = {"PASS", "INCONCLUSIVE", "REGRESSION", "FAILED"}
+KNOWN_STATUSES = set(NIGHT_STATUSES)
 DOTS_MAX = 60  # above this many points a chart shows the line and change markers only
 FLIPPED_SHOWN = 20
 PROMPT_MAX = 300

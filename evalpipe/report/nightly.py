@@ -9,13 +9,13 @@ from typing import Any
 
 from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
 from evalpipe.documents.comparison import Status
-from evalpipe.documents.nightly_doc import NightlyDocument
+from evalpipe.documents.nightly_doc import NightlyDocument, NightStatus
 from evalpipe.report.junit import xml_text
 from evalpipe.report.markdown import md_escape
 
 PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
 INCONCLUSIVE = Status.INCONCLUSIVE.value
-NIGHT_ICONS = {"PASS": "✅", INCONCLUSIVE: "⚠️", "REGRESSION": "❌", "FAILED": "💥"}
+NIGHT_ICONS: dict[NightStatus, str] = {"PASS": "✅", "INCONCLUSIVE": "⚠️", "REGRESSION": "❌", "FAILED": "💥"}
 
 
 def render_night_summary(j: NightlyDocument, dashboard: Path | None = None) -> str:

@@ -134,7 +134,8 @@ def run_2049(tmp_path) -> Path:
 
 
 def _rows(vc, task=LTASK):
-    return {r.target_length: r for r in vc.by_length.task(task).lengths}
+    (entry,) = [t for t in vc.by_length if t.task == task]
+    return {r.target_length: r for r in entry.lengths}
 
 
 # ---------------------------------------------------------------------------
@@ -147,14 +148,14 @@ def test_only_the_changed_length_shows_the_difference(run_2049):
     rows = _rows(vc)
     assert list(rows) == sorted(LENGTHS)
     bad = rows[2049]
-    (score,) = bad.figures.scores
+    (score,) = bad.scores
     assert score.n_paired == PER_LENGTH and score.n_changed == 2 and score.delta != 0
     assert score.delta == 0.5 and score.a_wrong_b_right == 2
     assert sorted(score.changed) == [(d, 0) for d in docs_at(2049)[0::2]]
-    assert bad.figures.free.n_divergent == 1 and bad.figures.free.n_hard_divergences == 1
-    assert bad.figures.teacher.kl_max > 0 and bad.figures.teacher.n_top1_hard == 1
+    assert bad.free.n_divergent == 1 and bad.free.n_hard_divergences == 1
+    assert bad.teacher.kl_max > 0 and bad.teacher.n_top1_hard == 1
     for n in (1024, 2047, 2048):
-        f = rows[n].figures
+        f = rows[n]
         (sc,) = f.scores
         assert (sc.n_changed, sc.delta, sc.mcnemar_p) == (0, 0.0, 1.0), n
         assert f.free.n_divergent == 0 and f.free.kl_max == 0.0, n
@@ -165,31 +166,31 @@ def test_only_the_changed_length_shows_the_difference(run_2049):
 def test_length_rows_carry_kind_tags_depths_and_counts(run_2049):
     (vc,) = compare_run(run_2049).comparisons
     rows = _rows(vc)
-    assert (rows[2049].length_kind, rows[2049].length_tags, rows[2049].edge) == ("edge", "tp4:1,block+1", True)
-    assert (rows[1024].length_kind, rows[1024].length_tags, rows[1024].edge) == ("round", None, False)
+    assert (rows[2049].length_kind, rows[2049].length_tags) == ("edge", "tp4:1,block+1")
+    assert (rows[1024].length_kind, rows[1024].length_tags) == ("round", None)
     assert rows[2048].length_tags == "tp4:0,block"
     for r in rows.values():
-        assert (r.figures.n_items, r.figures.n_clusters) == (PER_LENGTH, 2)
-        assert r.figures.free.n_samples == PER_LENGTH and r.figures.teacher.n_samples == PER_LENGTH
-        assert r.figures.teacher.n_positions == PER_LENGTH * 8
-        assert set(r.depths) <= set(DEPTHS) and r.depths == tuple(sorted(r.depths))
+        assert (r.n_items, r.n_clusters) == (PER_LENGTH, 2)
+        assert r.free.n_samples == PER_LENGTH and r.teacher.n_samples == PER_LENGTH
+        assert r.teacher.n_positions == PER_LENGTH * 8
+        assert set(r.depths) <= set(DEPTHS) and r.depths == sorted(r.depths)
 
 
 def test_depth_rows_bin_the_needle_depth(run_2049):
     (vc,) = compare_run(run_2049).comparisons
-    depths = vc.by_length.task(LTASK).depths
+    depths = vc.by_length[0].depths
     assert [r.depth_bin for r in depths] == list(DEPTHS)
     n_docs = len(LENGTHS) * PER_LENGTH
     for r in depths:
         members = [d for d in range(n_docs) if DEPTHS[d % 3] == r.depth_bin]
-        assert r.figures.n_items == len(members)
-        assert r.lengths == tuple(sorted({length_of(d) for d in members}))
+        assert r.n_items == len(members)
+        assert r.lengths == sorted({length_of(d) for d in members})
         assert r.depth_min <= r.depth_bin + 0.05 and r.depth_max >= r.depth_bin - 0.05
-    assert sum(r.figures.n_items for r in depths) == n_docs
+    assert sum(r.n_items for r in depths) == n_docs
     # the prompt-position perturbation is in doc docs_at(2049)[1]: only its depth bin shows it
     d = docs_at(2049)[1]
     for r in depths:
-        shows = r.figures.teacher_prompt.kl_max > 0
+        shows = r.teacher_prompt.kl_max > 0
         assert shows == (r.depth_bin == DEPTHS[d % 3])
 
 
@@ -200,7 +201,7 @@ def test_depth_bin_rounds_to_tenths():
 
 def test_scores_are_clustered_by_haystack(run_2049):
     (vc,) = compare_run(run_2049).comparisons
-    (score,) = _rows(vc)[2049].figures.scores
+    (score,) = _rows(vc)[2049].scores
     docs = docs_at(2049)
     a = np.array([float(d % 2) for d in docs])
     b = a.copy()
@@ -216,9 +217,9 @@ def test_scores_are_clustered_by_haystack(run_2049):
 
 def test_teacher_prompt_and_continuation_are_split(run_2049):
     (vc,) = compare_run(run_2049).comparisons
-    task = vc.by_length.task(LTASK)
+    task = vc.by_length[0]
     assert task.has_prompt_positions
-    f = _rows(vc)[2049].figures
+    f = _rows(vc)[2049]
     # the KL perturbation sits at a prompt position, the hard top-1 flip in the continuation
     assert f.teacher_prompt.kl_max > 0 and f.teacher_prompt.n_top1_hard == 0
     assert f.teacher_prompt.kl_max_at == (docs_at(2049)[1], 0, 1 - PROMPT)
@@ -231,20 +232,20 @@ def test_teacher_prompt_and_continuation_are_split(run_2049):
 def test_without_prompt_positions_there_is_no_split(tmp_path):
     run = write_long_run(tmp_path / "run", broken_at_2049(), prompt=0)
     (vc,) = compare_run(run).comparisons
-    task = vc.by_length.task(LTASK)
+    task = vc.by_length[0]
     assert not task.has_prompt_positions
-    f = _rows(vc)[2049].figures
+    f = _rows(vc)[2049]
     assert f.teacher_prompt is None and f.teacher_continuation is None and f.teacher.kl_max > 0
-    d = task.document().model_dump(mode="json")["lengths"][0]
+    d = task.model_dump(mode="json")["lengths"][0]
     assert d["teacher_prompt"] is None and d["teacher_continuation"] is None
 
 
 def test_without_teacher_the_teacher_figures_are_none(tmp_path):
     variants = {name: (s, None) for name, (s, _) in broken_at_2049().items()}
     (vc,) = compare_run(write_long_run(tmp_path / "run", variants)).comparisons
-    f = _rows(vc)[2049].figures
+    f = _rows(vc)[2049]
     assert f.teacher is None and f.free.n_hard_divergences == 1
-    assert not vc.by_length.task(LTASK).has_prompt_positions
+    assert not vc.by_length[0].has_prompt_positions
 
 
 # ---------------------------------------------------------------------------
@@ -265,17 +266,17 @@ def test_rows_equal_the_task_functions_on_the_rows_items(run_2049):
         docs = docs_at(n)
         sa, sb = _filter(a.samples, LTASK, docs), _filter(b.samples, LTASK, docs)
         (sr,) = compare_scores(sa, sb).rows
-        (gs,) = row.figures.scores
+        (gs,) = row.scores
         assert (gs.mean_a, gs.mean_b, gs.delta, gs.ci_low, gs.ci_high, gs.mcnemar_p, gs.n_clusters) == (
             sr.mean_a, sr.mean_b, sr.delta, sr.ci_low, sr.ci_high, sr.mcnemar_p, sr.n_clusters
         )
         (ft,) = compare_tokens(_filter(a.tokens, LTASK, docs), _filter(b.tokens, LTASK, docs), sa, sb).summaries
-        fr = row.figures.free
+        fr = row.free
         assert (fr.n_divergent, fr.n_hard_divergences, fr.max_abs_dlogprob, fr.kl_max, fr.kl_p99) == (
             ft.n_divergent, ft.n_hard_divergences, ft.max_abs_dlogprob, ft.kl_max, ft.kl_p99
         )
         ta, tb = _filter(a.teacher, LTASK, docs), _filter(b.teacher, LTASK, docs)
-        for part, keep in ((row.figures.teacher, None), (row.figures.teacher_prompt, True), (row.figures.teacher_continuation, False)):
+        for part, keep in ((row.teacher, None), (row.teacher_prompt, True), (row.teacher_continuation, False)):
             if keep is None:
                 xa, xb = ta, tb
             else:
@@ -292,7 +293,7 @@ def test_breakdown_of_artifacts_alone_equals_the_runs(run_2049):
     rd = RunDir(run_2049)
     a, b = load_artifacts(rd.variant("legacy")), load_artifacts(rd.variant("sp"))
     vc = compare_artifacts(a, b, worst_k=5, gates=Gates())
-    assert breakdown_artifacts(a, b).document() == vc.by_length.document()
+    assert breakdown_artifacts(a, b) == vc.by_length
 
 
 # ---------------------------------------------------------------------------
@@ -305,7 +306,7 @@ def test_compare_json_by_length_key_and_noise_floor(tmp_path):
     s, t = variants["legacy"]
     variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
     rc = compare_run(write_long_run(tmp_path / "run", variants, noise_floor="legacy-aa"))
-    d = rc.document().model_dump(mode="json")
+    d = rc.doc.model_dump(mode="json")
     (c,) = d["comparisons"]
     (entry,) = c["by_length"]
     assert entry["task"] == LTASK and entry["metrics"] == [METRIC] and entry["has_prompt_positions"] is True
@@ -340,7 +341,7 @@ def test_row_order_of_the_tables_does_not_matter(tmp_path, run_2049):
             artifacts.write_table(getattr(dst, kind), t.take(rng.permutation(t.num_rows)))
     artifacts.write_json(RunDir(shuffled).run_json, artifacts.read_json(RunDir(run_2049).run_json))
     one, two = compare_run(run_2049).comparisons[0], compare_run(shuffled).comparisons[0]
-    assert one.by_length.document() == two.by_length.document()
+    assert one.by_length == two.by_length
 
 
 def test_gsm8k_like_runs_have_no_by_length(tmp_path):
@@ -349,7 +350,7 @@ def test_gsm8k_like_runs_have_no_by_length(tmp_path):
     s = make_samples(8)
     run = write_run(tmp_path / "run", {"legacy": s, "sp": apply(s, [3], set_token(2, 7), task=TASK)})
     (vc,) = compare_run(run).comparisons
-    assert vc.by_length is None and "by_length" not in vc.document().model_dump(mode="json")
+    assert vc.by_length is None and "by_length" not in vc.doc.model_dump(mode="json")
     st, _ = tables(s)
     assert not has_lengths(st, st)
     # a target_length column that is null everywhere adds nothing either
@@ -361,9 +362,9 @@ def test_mixed_run_breaks_down_only_the_long_task(tmp_path):
     gsm = make_samples(6, seed=2)
     variants = {name: (gsm + s, None if t is None else gsm + t) for name, (s, t) in broken_at_2049().items()}
     (vc,) = compare_run(write_long_run(tmp_path / "run", variants)).comparisons
-    assert [t.task for t in vc.by_length.tasks] == [LTASK]
+    assert [t.task for t in vc.by_length] == [LTASK]
     assert {r.task for r in vc.scores.rows} == {LTASK, TASK}
-    assert _rows(vc)[2049].figures.scores[0].n_changed == 2
+    assert _rows(vc)[2049].scores[0].n_changed == 2
 
 
 def test_metadata_on_one_side_is_enough(tmp_path, run_2049):
@@ -374,8 +375,8 @@ def test_metadata_on_one_side_is_enough(tmp_path, run_2049):
     full = compare_artifacts(a, b, worst_k=0, gates=Gates())
     one_sided = compare_artifacts(a, bare, worst_k=0, gates=Gates())
     swapped = compare_artifacts(bare, a, worst_k=0, gates=Gates())
-    assert one_sided.by_length.document() == full.by_length.document()
-    assert [r.target_length for r in swapped.by_length.task(LTASK).lengths] == sorted(LENGTHS)
+    assert one_sided.by_length == full.by_length
+    assert [r.target_length for r in swapped.by_length[0].lengths] == sorted(LENGTHS)
     # the cluster labels come from the side that has them, so the statistics stay clustered
-    (score,) = _rows(swapped)[2049].figures.scores
+    (score,) = _rows(swapped)[2049].scores
     assert score.n_clusters == 2

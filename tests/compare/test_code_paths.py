@@ -368,7 +368,7 @@ def test_no_builder_is_not_ok():
 
 
 def test_side_check_to_dict():
-    d = check({"model": "pkg.Other"}, side(proc(model()))).document().model_dump(mode="json")
+    d = check({"model": "pkg.Other"}, side(proc(model()))).model_dump(mode="json")
     assert d["variant"] == "v" and d["ok"] is False and d["verifiable"] is True and len(d["failures"]) == 1
 
 

@@ -5,7 +5,6 @@ any data: a run against itself is IDENTICAL, swapping the sides keeps the status
 a larger difference is never judged better than a smaller one.
 """
 
-import dataclasses
 import json
 import types
 
@@ -229,7 +228,7 @@ def test_teacher_gates_skip_without_teacher_data():
     for name in ("teacher_kl_p99", "teacher_kl_max", "teacher_hard_top1_flips"):
         g = _by_name(results, name)
         assert g.status == "skip" and g.detail == f"{TASK} {name}: skipped, {NO_TEACHER}"
-    other = dataclasses.replace(_vc(make_samples(1), make_samples(1)).tokens.summaries[0], task="other")
+    other = _vc(make_samples(1), make_samples(1)).tokens.summaries[0].model_copy(update={"task": "other"})
     g = _by_name(evaluate_gates([], [_summary()], [other], Gates()), "teacher_kl_max")
     assert g.status == "skip" and g.detail.endswith(NO_TEACHER_TASK)
 
@@ -243,7 +242,7 @@ def test_gate_order_and_json():
     assert keys == [("aaa", *k) for k in per_task] + [(TASK, *k) for k in per_task]
     d = vc.verdict.gates[0].model_dump(mode="json")
     assert set(d) == {"gate", "task", "metric", "status", "measured", "threshold", "aa_value", "detail", "evidence"}
-    json.dumps(vc.document().model_dump(mode="json")["gates"], allow_nan=False)
+    json.dumps(vc.doc.model_dump(mode="json")["gates"], allow_nan=False)
 
 
 # --- verdict ------------------------------------------------------------------------

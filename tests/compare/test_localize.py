@@ -341,8 +341,7 @@ def test_nan_or_inf_where_the_reference_is_finite_is_above_any_floor():
     assert first is not None and (first.layer, first.module, first.nonfinite) == (1, "attn.out", 2)
     assert first.rel_l2 == 0  # the rows both sides hold finite are equal
     assert "NaN or inf at 2 positions where the reference is finite" in result.sentence()
-    doc = first.document()
-    assert doc.above and {w.position for w in doc.worst if w.rel_l2 is None} == {7, 8}
+    assert first.above and {w.position for w in first.worst if w.rel_l2 is None} == {7, 8}
 
 
 def test_decode_mode_keeps_the_first_generated_tokens_rows():

@@ -43,7 +43,7 @@ def _noise_run(tmp_path, noise_floor="legacy-aa", **kw):
 
 def test_noise_floor_bounds_the_other_comparisons(tmp_path):
     rc = compare_run(_noise_run(tmp_path))
-    assert rc.variants == ["sp"] and rc.noise_floor.variant == "legacy-aa"
+    assert rc.doc.variants == ["sp"] and rc.noise_floor.variant == "legacy-aa"
     (sp,) = rc.comparisons
     g = _gate(sp, "free_hard_divergences")
     assert (g.status, g.measured, g.aa_value, g.threshold) == ("pass", 2.0, 1.0, 3.0)
@@ -57,14 +57,14 @@ def test_noise_floor_bounds_the_other_comparisons(tmp_path):
 
 def test_without_noise_floor_the_same_data_diverges(tmp_path):
     rc = compare_run(_noise_run(tmp_path, noise_floor=None))
-    assert rc.noise_floor is None and rc.variants == ["legacy-aa", "sp"]
+    assert rc.noise_floor is None and rc.doc.variants == ["legacy-aa", "sp"]
     assert rc.comparisons[1].status is Status.DIVERGENT
     assert rc.comparisons[1].verdict.reasons[0].startswith(f"{TASK} free_hard_divergences: 2 > 0 (half floor 0; no A/A value)")
 
 
 def test_noise_floor_of_another_reference_is_an_ordinary_variant(tmp_path):
     rc = compare_run(_noise_run(tmp_path), reference="sp")
-    assert rc.noise_floor is None and rc.variants == ["legacy", "legacy-aa"]
+    assert rc.noise_floor is None and rc.doc.variants == ["legacy", "legacy-aa"]
 
 
 def test_teacher_on_one_side_only_skips_the_teacher_gates(tmp_path):
@@ -72,7 +72,7 @@ def test_teacher_on_one_side_only_skips_the_teacher_gates(tmp_path):
     (root / "sp" / artifacts.TEACHER_PARQUET).unlink()
     rc = compare_run(root, variants=["sp"])
     (sp,) = rc.comparisons
-    assert sp.teacher is None and sp.document().teacher is None
+    assert sp.teacher is None and sp.doc.teacher is None
     g = _gate(sp, "teacher_kl_max")
     assert g.status == "skip" and g.detail == f"{TASK} teacher_kl_max: skipped, {NO_TEACHER}"
 
@@ -81,14 +81,14 @@ def test_gates_come_from_run_json_unless_given(tmp_path):
     configured = Gates(tokens=TokenGates(free_hard_divergences=Tolerance(abs=2, rel_aa=None)))
     root = _noise_run(tmp_path, noise_floor=None, run_info={"config": {"gates": configured.model_dump(mode="json")}})
     rc = compare_run(root, variants=["sp"])
-    assert rc.gates == configured and rc.document().model_dump(mode="json")["gates"] == configured.model_dump(mode="json")
+    assert rc.doc.gates == configured and rc.doc.model_dump(mode="json")["gates"] == configured.model_dump(mode="json")
     assert _gate(rc.comparisons[0], "free_hard_divergences").threshold == 2.0
     strict = Gates()
     rc = compare_run(root, variants=["sp"], gates=strict)
-    assert rc.gates == strict and rc.status is Status.DIVERGENT
+    assert rc.doc.gates == strict and rc.status is Status.DIVERGENT
     # the margin shorthand replaces the gates' margin, and the score rows follow it
     rc = compare_run(root, variants=["sp"], margin=0.3)
-    assert rc.gates.scores.margin == 0.3 and rc.comparisons[0].scores.rows[0].margin == 0.3
+    assert rc.doc.gates.scores.margin == 0.3 and rc.comparisons[0].scores.rows[0].margin == 0.3
 
 
 def test_invalid_gates_in_run_json_are_one_sentence(tmp_path):
@@ -127,7 +127,7 @@ def test_across_runs_uses_run_a_gates_and_teacher(tmp_path):
     artifacts.write_json(tmp_path / "run1" / artifacts.RUN_JSON, {"config": {"gates": loose.model_dump(mode="json")}})
     b = write_variant(tmp_path / "run2", "legacy", _hard(s, [2]), teacher=mutate(t, 1, perturb_topk(0.01)))
     rc = compare_across_runs(a.root, b.root)
-    assert rc.gates == loose and rc.noise_floor is None
+    assert rc.doc.gates == loose and rc.noise_floor is None
     (vc,) = rc.comparisons
     assert vc.teacher is not None and vc.status is Status.EQUIVALENT
     assert compare_across_runs(a.root, b.root, gates=Gates()).status is Status.DIVERGENT

@@ -67,9 +67,9 @@ def test_dtype_from_engine_args_then_the_models_config(tmp_path):
     assert numerics_from_engine_args({"dtype": "bfloat16"}, "m.json").dtype == "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
     got = numerics_from_engine_args({"dtype": "auto", "model": str(tmp_path)}, "m.json")
-    assert (got.dtype, got.source) == ("float16", "the model's config.json (dtype auto)")
+    assert (got.dtype, got.doc.source) == ("float16", "the model's config.json (dtype auto)")
     missing = numerics_from_engine_args({"model": str(tmp_path / "nope")}, "legacy/manifest.json")
-    assert missing.dtype is None and missing.source == "no dtype in legacy/manifest.json"
+    assert missing.dtype is None and missing.doc.source == "no dtype in legacy/manifest.json"
 
 
 def test_the_same_small_logprob_change_fails_fp32_floors_and_passes_half_precision_floors():
@@ -94,7 +94,7 @@ def test_numerics_and_aa_identity_are_recorded_in_the_comparison():
     sa, ta = tables(s)
     aa = compare_tables(sa, ta, sa, ta, teacher_a=token_table(s), teacher_b=token_table(s), numerics=Numerics("float32", "t"))
     vc = compare_tables(sa, ta, sa, ta, teacher_a=token_table(s), teacher_b=token_table(s), aa=aa, numerics=Numerics("float32", "t"))
-    d = vc.document().numerics.model_dump()
+    d = vc.doc.numerics.model_dump()
     assert d["dtype"] == "float32" and d["precision"] == FP32 and d["aa_identical"] is True
     assert d["floors"] == FLOORS[FP32]
-    assert compare_tables(sa, ta, sa, ta).document().numerics.model_dump()["aa_identical"] is None
+    assert compare_tables(sa, ta, sa, ta).doc.numerics.model_dump()["aa_identical"] is None

@@ -161,7 +161,7 @@ def test_identical_rows_have_degenerate_statistics():
     # no item changed: the detectable difference comes from the rule-of-three floor, not SE 0
     assert row.mdd == pytest.approx((sst.t.ppf(0.975, 9) + sst.t.ppf(0.8, 9)) * math.sqrt(3) / 10)
     assert (row.tost_p_lower, row.tost_p_upper) == (0.0, 0.0)
-    assert row.n_flipped == 0 and row.flipped == ()
+    assert row.n_flipped == 0 and row.flipped == []
     assert row.se_a == row.se_b == pytest.approx(math.sqrt(2.5 / 90))
 
 
@@ -174,7 +174,7 @@ def test_margin_is_passed_through():
     assert compare_scores(sa, sb, margin=0.5).rows[0].equivalent
     assert compare_scores(sa, sb, margin=0.5).rows[0].margin == 0.5
     vc = compare_tables(sa, ta, sb, tb, margin=0.5)
-    assert vc.scores.rows[0].equivalent and vc.document().scores[0].margin == 0.5
+    assert vc.scores.rows[0].equivalent and vc.doc.scores[0].margin == 0.5
     assert not compare_tables(sa, ta, sb, tb).scores.rows[0].equivalent
     with pytest.raises(UserError, match="margin"):
         compare_scores(sa, sb, margin=0.0)
@@ -242,7 +242,7 @@ def test_flipped_items_with_texts():
     assert f.target == "42"
     assert (f.response_a, f.response_b) == ("The answer is 1.", "The answer is 101.")
     assert (f.answer_a, f.answer_b) == ("1.", "101.")  # answer:strict-match, the metric's filter
-    d = row.document().model_dump(mode="json")
+    d = row.model_dump(mode="json")
     assert d["n_flipped"] == 3 and d["flipped"][2]["doc_id"] == 4 and d["flipped"][2]["score_b"] == 1.0
 
 
@@ -270,15 +270,15 @@ def test_statistics_json_is_stable_and_nan_free():
     b = [s for s in b if not (s.task == "other" and s.doc_id == 0)]
     sa, _ = tables(a)
     sb, _ = tables(b)
-    first = json.dumps([r.document().model_dump(mode="json") for r in compare_scores(sa, sb).rows], sort_keys=True, allow_nan=False)
+    first = json.dumps([r.model_dump(mode="json") for r in compare_scores(sa, sb).rows], sort_keys=True, allow_nan=False)
     perm = np.random.default_rng(1).permutation(sa.num_rows)
-    again = json.dumps([r.document().model_dump(mode="json") for r in compare_scores(sa.take(perm), sb).rows], sort_keys=True, allow_nan=False)
+    again = json.dumps([r.model_dump(mode="json") for r in compare_scores(sa.take(perm), sb).rows], sort_keys=True, allow_nan=False)
     assert first == again
 
 
 def test_no_paired_items_statistics_are_null():
     rows = _scores(make_samples(2), make_samples(2, task="other")).rows
     for r in rows:
-        d = r.document().model_dump(mode="json")
+        d = r.model_dump(mode="json")
         assert d["se_delta"] is None and d["ci_low"] is None and d["mcnemar_p"] is None
         assert d["equivalent"] is False and d["mdd"] is None and d["flipped"] == []

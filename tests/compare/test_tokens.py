@@ -23,10 +23,10 @@ def test_identical():
     (t,) = _cmp(s, s).summaries
     assert t.task == TASK and t.n_samples == 6 and t.identical
     assert t.n_ids_identical == t.n_identical == 6
-    assert t.divergence_positions == () and t.median_first_divergence is None
+    assert t.divergence_positions == [] and t.median_first_divergence is None
     assert t.max_abs_dlogprob == 0.0 and t.mean_abs_dlogprob == 0.0
     assert t.n_positions_compared == 6 * 8 and t.tokens_a == t.tokens_b == 48
-    assert t.worst_divergence == () and t.worst_logprob == ()
+    assert t.worst_divergence == [] and t.worst_logprob == []
 
 
 def test_one_token_changed():
@@ -36,7 +36,7 @@ def test_one_token_changed():
     (t,) = cmp.summaries
     assert not t.identical
     assert t.n_ids_identical == 5 and t.n_identical == 5
-    assert t.divergence_positions == (5,) and t.median_first_divergence == 5.0
+    assert t.divergence_positions == [5] and t.median_first_divergence == 5.0
     (w,) = t.worst_divergence
     assert (w.doc_id, w.pos, w.token_a, w.token_b) == (3, 5, a[3].token_ids[5], 7)
     assert w.topk_ids_a == [a[3].token_ids[5], a[3].token_ids[5] + 1, a[3].token_ids[5] + 2]
@@ -83,7 +83,7 @@ def test_strict_prefix_and_length_difference():
     for x, y in ((a, b), (b, a)):
         cmp = _cmp(x, y)
         (t,) = cmp.summaries
-        assert t.n_length_diff == 1 and t.divergence_positions == (5,)
+        assert t.n_length_diff == 1 and t.divergence_positions == [5]
         (w,) = t.worst_divergence
         assert w.doc_id == 2 and w.pos == 5 and {w.len_a, w.len_b} == {5, 8}
         assert (w.token_a is None) != (w.token_b is None)
@@ -102,7 +102,7 @@ def test_divergence_followed_by_same_tokens_only_counts_prefix():
 
     b = mutate(a, 0, change)
     (t,) = _cmp(a, b).summaries
-    assert t.divergence_positions == (3,)
+    assert t.divergence_positions == [3]
     assert t.max_abs_dlogprob == 0.0
     assert t.n_positions_compared == 3 + 8
 
@@ -112,7 +112,7 @@ def test_samples_on_one_side_only():
     b = [s for s in a if s.doc_id not in (1, 4)] + [FakeSample(TASK, 9, [5, 6], [-0.1, -0.2])]
     (t,) = _cmp(a, b).summaries
     assert t.n_samples == 3 and t.only_a == 2 and t.only_b == 1
-    assert t.only_a_keys == ((1, 0), (4, 0)) and t.only_b_keys == ((9, 0),)
+    assert t.only_a_keys == [(1, 0), (4, 0)] and t.only_b_keys == [(9, 0)]
     assert t.n_ids_identical == 3 and not t.identical
 
 
@@ -122,14 +122,14 @@ def test_empty_generation_counts_as_a_sample():
     assert t.n_samples == 3 and t.identical
     b = mutate(a, 5, lambda s: s.copy(token_ids=[1], logprobs=[-0.5]))
     (t,) = _cmp(a, b).summaries
-    assert t.divergence_positions == (0,) and t.n_length_diff == 1
+    assert t.divergence_positions == [0] and t.n_length_diff == 1
 
 
 def test_without_samples_tables():
     a = make_samples(4)
     b = mutate(a, 0, set_token(0, 3))
     (t,) = _cmp(a, b, with_samples=False).summaries
-    assert t.n_samples == 4 and t.divergence_positions == (0,)
+    assert t.n_samples == 4 and t.divergence_positions == [0]
     assert t.worst_divergence[0].response_a is None
 
 
@@ -146,9 +146,9 @@ def test_several_tasks_and_repeats_and_worst_order():
     t = by_task[TASK]
     assert t.n_samples == 8
     # docs 1 and 2 diverge at repeat 0 and at repeat 1 (the repeat-1 copies were mutated too)
-    assert t.divergence_positions == (2, 2, 6, 6)
+    assert t.divergence_positions == [2, 2, 6, 6]
     assert len(t.worst_divergence) == 1 and (t.worst_divergence[0].doc_id, t.worst_divergence[0].pos) == (1, 2)
-    assert by_task["aaa"].divergence_positions == (4,)
+    assert by_task["aaa"].divergence_positions == [4]
 
 
 def test_swap_symmetry():
@@ -189,9 +189,9 @@ def test_identical_inputs_kl_zero_and_topk_sets_equal():
     assert t.kl_p50 == t.kl_p99 == t.kl_max == 0.0
     assert t.n_positions_topk_equal == t.n_positions_compared == 48 and t.share_topk_equal == 1.0
     assert t.abs_dlogprob_p50 == t.abs_dlogprob_p99 == 0.0
-    assert t.n_near_tie_divergences == t.n_hard_divergences == 0 and t.hard_divergences == ()
+    assert t.n_near_tie_divergences == t.n_hard_divergences == 0 and t.hard_divergences == []
     assert t.near_tie_gap == NEAR_TIE_GAP
-    d = t.document().model_dump(mode="json")
+    d = t.model_dump(mode="json")
     assert d["kl_max"] == 0.0 and d["share_topk_equal"] == 1.0 and d["hard_divergences"] == []
 
 
@@ -272,9 +272,9 @@ def test_near_tie_vs_hard_divergence():
     a, b = _near_tie_fixture()
     cmp = _cmp(a, b, shuffle=True)
     (t,) = cmp.summaries
-    assert t.divergence_positions == (2, 2, 2)
+    assert t.divergence_positions == [2, 2, 2]
     assert t.n_near_tie_divergences == 1 and t.n_hard_divergences == 2
-    assert t.hard_divergences == ((1, 0, 2), (2, 0, 2))
+    assert t.hard_divergences == [(1, 0, 2), (2, 0, 2)]
     d = cmp.samples
     assert d.near_tie.tolist() == [True, False, False, False]
     # A's gap is defined whenever B's token is in A's top-k (doc 1 is hard for the other reason)
@@ -283,8 +283,8 @@ def test_near_tie_vs_hard_divergence():
     sa, ta = tables(a)
     sb, tb = tables(b)
     (t2,) = compare_tokens(ta, tb, sa, sb, near_tie_gap=2.0).summaries
-    assert t2.n_near_tie_divergences == 2 and t2.hard_divergences == ((1, 0, 2),) and t2.near_tie_gap == 2.0
-    j = t.document().model_dump(mode="json")
+    assert t2.n_near_tie_divergences == 2 and t2.hard_divergences == [(1, 0, 2)] and t2.near_tie_gap == 2.0
+    j = t.model_dump(mode="json")
     assert j["n_near_tie_divergences"] == 1 and j["hard_divergences"] == [[1, 0, 2], [2, 0, 2]]
 
 
@@ -301,7 +301,7 @@ def test_length_divergence_is_hard():
     a = make_samples(3)
     b = mutate(a, 2, lambda s: s.copy(token_ids=s.token_ids[:5], logprobs=s.logprobs[:5]))
     (t,) = _cmp(a, b).summaries
-    assert t.n_near_tie_divergences == 0 and t.n_hard_divergences == 1 and t.hard_divergences == ((2, 0, 5),)
+    assert t.n_near_tie_divergences == 0 and t.n_hard_divergences == 1 and t.hard_divergences == [(2, 0, 5)]
 
 
 def test_hard_divergence_list_is_capped():
@@ -370,20 +370,20 @@ def test_top1_near_tie_vs_hard_hand_computed():
     assert t.n_ids_identical == 1 and t.n_positions_compared == 5  # forced: the whole sequence is compared
     assert t.n_top1_disagree == 4 and t.n_top1_hard == 3
     assert t.share_top1_agree == pytest.approx(0.2)
-    assert t.top1_hard_positions == ((0, 0, 1), (0, 0, 2), (0, 0, 3))
+    assert t.top1_hard_positions == [(0, 0, 1), (0, 0, 2), (0, 0, 3)]
     # the threshold is the same keyword as for first divergences: at 1 nat only pos 2 stays hard
     sa, ta = tables(a)
     sb, tb = tables(b)
     (t1,) = compare_tokens(ta, tb, sa, sb, near_tie_gap=1.0).summaries
-    assert t1.n_top1_disagree == 4 and t1.n_top1_hard == 1 and t1.top1_hard_positions == ((0, 0, 2),)
-    j = t.document().model_dump(mode="json")
+    assert t1.n_top1_disagree == 4 and t1.n_top1_hard == 1 and t1.top1_hard_positions == [(0, 0, 2)]
+    j = t.model_dump(mode="json")
     assert j["n_top1_hard"] == 3 and j["top1_hard_positions"] == [[0, 0, 1], [0, 0, 2], [0, 0, 3]]
 
 
 def test_top1_identical_and_empty():
     s = make_samples(3)
     (t,) = _cmp(s, s).summaries
-    assert t.n_top1_disagree == t.n_top1_hard == 0 and t.share_top1_agree == 1.0 and t.top1_hard_positions == ()
+    assert t.n_top1_disagree == t.n_top1_hard == 0 and t.share_top1_agree == 1.0 and t.top1_hard_positions == []
     (t,) = _cmp([FakeSample(TASK, 0, [], [])], [FakeSample(TASK, 0, [], [])]).summaries
     assert t.n_positions_compared == 0 and t.share_top1_agree is None and t.kl_max is None and t.kl_max_at is None
 
@@ -394,7 +394,7 @@ def test_top1_counts_and_kl_summaries_survive_swap():
     (ab,), (ba,) = cmp_ab.summaries, cmp_ba.summaries
     # pos 1 is hard on A's gap and pos 3 on B's: with A's gap alone each would flip class on swap
     for f in ("n_top1_disagree", "n_top1_hard", "share_top1_agree", "top1_hard_positions", "kl_p50", "kl_p99",
-              "kl_max", "kl_max_at", "kl_hist_zero", "kl_hist", "abs_dlogprob_hist", "n_positions_topk_equal"):
+              "kl_max", "kl_max_at", "kl_hist", "abs_dlogprob_hist", "n_positions_topk_equal"):
         assert getattr(ab, f) == getattr(ba, f), f  # exactly: the union is summed in id order
     assert np.array_equal(cmp_ab.samples.prefix_kl, cmp_ba.samples.prefix_kl)
     assert ab.kl_max > 0
@@ -405,7 +405,7 @@ def test_first_divergence_hard_when_either_gap_is_large():
     a, b = _diverging(0, 0.2, 0.8)
     for x, y in (([a], [b]), ([b], [a])):
         (t,) = _cmp(x, y).summaries
-        assert t.n_near_tie_divergences == 0 and t.n_hard_divergences == 1 and t.hard_divergences == ((0, 0, 2),)
+        assert t.n_near_tie_divergences == 0 and t.n_hard_divergences == 1 and t.hard_divergences == [(0, 0, 2)]
 
 
 def _kl_by_hand(ids_a, lp_a, ids_b, lp_b):
@@ -499,8 +499,8 @@ def test_worst_kl_order_context_and_kl_max_at():
     assert w1.context == "<0.0><0.1><0.2>[[<0.3>]]"
     assert w0.token_a == w0.token_b == 127 and w0.topk_logprobs_b[1] == pytest.approx(-2.5)
     # the largest-|dlogprob| examples carry context and KL too (token logprobs are equal here: none)
-    assert t.worst_logprob == ()
-    d = t.document().model_dump(mode="json")
+    assert t.worst_logprob == []
+    d = t.model_dump(mode="json")
     assert d["worst_kl"][0]["context"] == w0.context and d["kl_max_at"] == [0, 0, 27]
     # A's token texts absent (null column, or no column): no context, the rest unchanged
     for ta_plain in (ta, ta.drop_columns(["token_text"])):
@@ -512,12 +512,12 @@ def test_worst_kl_order_context_and_kl_max_at():
 def test_worst_kl_ignores_zero_kl_and_respects_worst_k():
     s = make_samples(3)
     (t,) = _cmp(s, s).summaries
-    assert t.worst_kl == () and t.kl_max == 0.0 and t.kl_max_at is None
+    assert t.worst_kl == [] and t.kl_max == 0.0 and t.kl_max_at is None
     a, b = _kl_fixture()
     (t,) = _cmp(a, b, worst_k=10).summaries
     assert [(w.doc_id, w.pos) for w in t.worst_kl] == [(0, 27), (0, 3), (1, 2), (1, 4)]
     (t,) = _cmp(a, b, worst_k=0).summaries
-    assert t.worst_kl == () and t.kl_max_at == (0, 0, 27)
+    assert t.worst_kl == [] and t.kl_max_at == (0, 0, 27)
 
 
 def test_context_of_divergence_examples():
@@ -572,21 +572,20 @@ def test_decade_histogram_bins():
 def test_histograms_in_summary_and_json():
     s = make_samples(4)
     (t,) = _cmp(s, s).summaries
-    assert t.kl_hist_zero == t.abs_dlogprob_hist_zero == t.n_positions_compared == 32
-    assert t.kl_hist == t.abs_dlogprob_hist == (0,) * 13
+    assert t.kl_hist.zero == t.abs_dlogprob_hist.zero == t.n_positions_compared == 32
+    assert t.kl_hist.counts == t.abs_dlogprob_hist.counts == [0] * 13
     b = mutate(s, 1, lambda x: x.copy(logprobs=[x.logprobs[0] - 0.25] + x.logprobs[1:]))
     (t,) = _cmp(s, b).summaries
     # one position moved by 0.25 nats (float32 rounding: still the 1e-1 decade); its KL is positive too
-    assert t.abs_dlogprob_hist_zero == 31 and t.abs_dlogprob_hist[HIST_DECADES.index(-1)] == 1
-    assert t.kl_hist_zero == 31 and sum(t.kl_hist) == 1
-    d = t.document().model_dump(mode="json")
+    assert t.abs_dlogprob_hist.zero == 31 and t.abs_dlogprob_hist.counts[HIST_DECADES.index(-1)] == 1
+    assert t.kl_hist.zero == 31 and sum(t.kl_hist.counts) == 1
+    d = t.model_dump(mode="json")
     for name in ("kl_hist", "abs_dlogprob_hist"):
         assert set(d[name]) == {"decades", "zero", "counts"}
         assert d[name]["decades"] == list(range(-10, 3)) and len(d[name]["counts"]) == 13
     assert d["abs_dlogprob_hist"]["zero"] == 31 and d["abs_dlogprob_hist"]["counts"][9] == 1
     assert not any(k.endswith("_hist_zero") for k in d)
     assert json.loads(json.dumps(d)) == d  # plain JSON
-    assert d == t.document().model_dump(mode="json")
 
 
 def test_chunked_and_ragged_tables_give_the_same_result():
@@ -663,5 +662,5 @@ def test_nan_logprobs_on_one_side_are_the_largest_difference_not_missing_data():
     assert t.kl_max == float("inf") and t.max_abs_dlogprob == float("inf")
     assert t.n_top1_hard == 4, "same top-1 id, but a NaN distribution is no near tie"
     assert t.kl_p99 == float("inf") and t.kl_p50 == 0.0
-    d = t.document().model_dump(mode="json")
+    d = json.loads(t.model_dump_json())
     assert d["kl_max"] is None, "JSON has no infinity: null, and the gates read the summary itself"

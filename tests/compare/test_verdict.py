@@ -121,13 +121,13 @@ def _run(tmp_path, b_mut=None, **kw):
 def test_compare_run_and_overall_status(tmp_path):
     root = _run(tmp_path, lambda a: mutate(a, 2, set_token(1, 9)))
     rc = compare_run(root)
-    assert rc.reference == "legacy" and rc.variants == ["sp", "sp2"]
+    assert rc.doc.reference == "legacy" and rc.doc.variants == ["sp", "sp2"]
     assert [c.status for c in rc.comparisons] == [Status.DIVERGENT, Status.IDENTICAL]
     assert rc.status is Status.DIVERGENT
-    d = rc.document().model_dump(mode="json")
+    d = rc.doc.model_dump(mode="json")
     assert d["status"] == "DIVERGENT" and d["comparisons"][1]["status"] == "IDENTICAL"
     rc2 = compare_run(root, variants=["sp2"])
-    assert rc2.status is Status.IDENTICAL and rc2.variants == ["sp2"]
+    assert rc2.status is Status.IDENTICAL and rc2.doc.variants == ["sp2"]
 
 
 def test_compare_json_byte_identical(tmp_path):
@@ -154,7 +154,7 @@ def test_nan_becomes_null(tmp_path):
     vc = _vc(a, b)
     (row,) = [r for r in vc.scores.rows if r.task == TASK]
     assert row.n_paired == 0 and row.n_missing == 3 and row.mean_b is None
-    text = json.dumps(vc.document().model_dump(mode="json"), allow_nan=False)
+    text = json.dumps(vc.doc.model_dump(mode="json"), allow_nan=False)
     assert '"mean_b": null' in text
 
 
@@ -175,7 +175,7 @@ def test_variants_default_from_directories(tmp_path):
     write_variant(root, "b", s)
     write_variant(root, "a", s)
     rc = compare_run(root)  # no run.json: reference = first variant by name
-    assert rc.reference == "a" and rc.variants == ["b"] and rc.run_id == "r"
+    assert rc.doc.reference == "a" and rc.doc.variants == ["b"] and rc.doc.run_id == "r"
     vc = compare_variants(artifacts.VariantDir(root / "a"), artifacts.VariantDir(root / "b"))
     assert vc.status is Status.IDENTICAL
 

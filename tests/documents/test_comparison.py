@@ -49,7 +49,7 @@ def test_a_comparison_round_trips(compared_run):
     root, rc = compared_run
     path = artifacts.RunDir(root).compare_json
     doc = read_comparison(path)
-    assert doc == rc.document()
+    assert doc == rc.doc
     assert doc.noise_floor is not None and doc.comparisons[0].distribution and doc.comparisons[0].teacher
     assert doc.comparisons[0].paths is not None and doc.comparisons[0].paths.status == "not_recorded"
     assert path.read_text() == rc.to_json(), "the reader loses nothing the writer wrote"

@@ -275,3 +275,14 @@ def test_a_regression_the_same_night_outranks_an_inconclusive_comparison(tmp_pat
     failures = _failures(r.outputs["junit"])
     assert failures["variants_vs_reference"]["type"] == "inconclusive" and failures["legacy"]["type"] == "regression"
     assert "❌ REGRESSION" in r.outputs["markdown"].read_text()
+
+
+def test_every_night_status_has_an_exit_code_a_colour_an_icon_and_a_mark():
+    from evalpipe.documents.nightly_doc import NIGHT_STATUSES
+    from evalpipe.nightly.night import EXIT_CODES, NIGHT_COLOURS
+    from evalpipe.nightly.simulate import NIGHT_MARKS
+    from evalpipe.report.dashboard import KNOWN_STATUSES
+    from evalpipe.report.nightly import NIGHT_ICONS
+
+    for table in (EXIT_CODES, NIGHT_COLOURS, NIGHT_MARKS, KNOWN_STATUSES, NIGHT_ICONS):
+        assert set(table) == set(NIGHT_STATUSES)

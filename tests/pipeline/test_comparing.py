@@ -18,7 +18,7 @@ def test_same_items_from_two_runs(tmp_path):
     b = write_variant(tmp_path / "run2", "legacy", s, shuffle_seed=3)
     rc = compare_across_runs(a.root, b.root)
     assert rc.status.value == "IDENTICAL"
-    assert rc.reference == "run1/legacy" and rc.variants == ["run2/legacy"]
+    assert rc.doc.reference == "run1/legacy" and rc.doc.variants == ["run2/legacy"]
     proc = cli(str(a.root), str(b.root), "--output", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "compare.json").is_file() and (tmp_path / "out" / "report.md").is_file()

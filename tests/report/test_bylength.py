@@ -123,7 +123,7 @@ def test_markdown_and_html_escape_length_tags(tmp_path):
 def test_gsm8k_like_reports_have_no_per_length_section(tmp_path):
     s = make_samples(6)
     run = write_run(tmp_path / "run", {"legacy": s, "sp": apply(s, [2], set_token(2, 7), task=s[0].task)})
-    compare = compare_run(run).document().model_dump(mode="json")
+    compare = compare_run(run).doc.model_dump(mode="json")
     assert "by_length" not in compare["comparisons"][0]
     assert "Per length" not in render_markdown(compare, {})
     html = render_html(compare, {})
@@ -177,7 +177,7 @@ def test_html_says_why_a_plot_is_missing(long_compare):
 
 def test_without_teacher_the_section_uses_free_running_figures(tmp_path):
     variants = {name: (s, None) for name, (s, _) in broken_at_2049().items()}
-    compare = compare_run(write_long_run(tmp_path / "run", variants)).document().model_dump(mode="json")
+    compare = compare_run(write_long_run(tmp_path / "run", variants)).doc.model_dump(mode="json")
     md = render_markdown(compare, {})
     sec = _section(md, "#### Per length:", "\n#### ")
     header = _md_table(sec, "length")[0]

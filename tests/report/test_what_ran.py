@@ -1,7 +1,7 @@
 """The "What ran" of every renderer and INCONCLUSIVE as a status of its own.
 
-compare.json's "paths" entry (evalpipe/compare/code_paths.py PathJudgement.to_dict plus
-"what_ran", evalpipe/compare/run.py) is built here by hand, after two real runs of the
+compare.json's "paths" entry (evalpipe/compare/code_paths.py judge_paths's Paths with its
+"what_ran") is built here by hand, after two real runs of the
 layout model: a PASS whose sides ran their declared paths (legacy: all_gather, sp:
 all_to_all), and the trap, a config that forgot the plugin line so that both sides ran
 vLLM's own Llama and the outputs were IDENTICAL (paths "failed", INCONCLUSIVE). The
@@ -81,7 +81,7 @@ ENDPOINT_FAILURE = ("variant `sp`: path not verifiable in endpoint mode: the ser
 
 
 # ---------------------------------------------------------------------------
-# builders: code_paths.summarize / SideCheck.to_dict / PathJudgement.to_dict shapes
+# builders: code_paths.summarize / SideCheck / Paths shapes
 # ---------------------------------------------------------------------------
 
 

@@ -43,7 +43,7 @@ def as_run(run_info: dict[str, Any] | RunDocument | None) -> RunDocument | None:
 
 
 # ---------------------------------------------------------------------------
-# compare.json builders (shape of ScoreRow / TaskTokenSummary / GateResult to_dict)
+# compare.json builders (shape of ScoreRow / TokenSummary / GateResult to_dict)
 # ---------------------------------------------------------------------------
 
 
@@ -256,4 +256,4 @@ def long_run_compare(tmp_path: Any, name: str = "run", **kw: Any) -> dict[str, A
     s, t = variants["legacy"]
     variants["legacy-aa"] = (s, apply(t, [docs_at(1024)[0]], perturb_topk(1e-3, positions=[5])))
     run = write_long_run(tmp_path / name, variants, noise_floor="legacy-aa", **kw)
-    return compare_run(run).document().model_dump(mode="json")
+    return compare_run(run).doc.model_dump(mode="json")
