@@ -212,7 +212,7 @@ def test_unverified_divergent_reference_and_noise_floor(tmp_path):
         compare_run(run_dir)
     rc = compare_run(run_dir, unverified=True)
     assert rc.noise_floor.unverified == ("legacy-aa",) and rc.comparisons[0].unverified == ("legacy-aa",)
-    assert rc.status.value == "INCONCLUSIVE" and rc.unverified == ["legacy-aa"]
+    assert rc.status.value == "INCONCLUSIVE" and rc.doc.unverified == ["legacy-aa"]
     # the reference without one: every variant compared with it is unverified
     run_dir = identical_run(tmp_path / "ref")
     (run_dir / "legacy" / "manifest.json").unlink()
