@@ -72,10 +72,6 @@ def test_missing_config_file(tmp_path):
     assert_user_error(proc, "does not exist", "-c/--config")
 
 
-def test_compare_on_a_non_run_directory(tmp_path):
-    assert_user_error(evalpipe("compare", str(tmp_path), cwd=tmp_path), "is not a run directory")
-
-
 @pytest.mark.parametrize("args", [["run"], ["run", "gsm8k", "--limit", "x"]])
 def test_usage_errors_exit_2(tmp_path, args):
     proc = evalpipe(*args, cwd=tmp_path)
@@ -100,41 +96,6 @@ def test_dry_run_checks_task_names_and_engine_arguments(tmp_path):
     assert_user_error(evalpipe("run", "gsm8k", "-c", str(typo), "--dry-run", cwd=tmp_path),
                       "variant `b`: `max_num_seq` is not an engine argument", "did you mean `max_num_seqs`?")
     assert not (tmp_path / "runs").exists()
-
-
-def _fake_run(tmp_path: Path) -> Path:
-    from fakes import make_samples, write_run
-
-    return write_run(tmp_path / "run", {"a": make_samples(4), "b": make_samples(4)})
-
-
-def test_compare_gates_file_errors_are_one_sentence(tmp_path):
-    run = _fake_run(tmp_path)
-    assert_user_error(evalpipe("compare", str(run), "--gates", str(tmp_path / "nope.yaml"), cwd=tmp_path), "does not exist")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"gates": {"tokens": {"teacher_kl": {"abs": 1}}}}))
-    assert_user_error(evalpipe("compare", str(run), "--gates", str(bad), cwd=tmp_path), "unknown key `tokens.teacher_kl`")
-    assert_user_error(evalpipe("compare", str(run), "--margin", "0", cwd=tmp_path), "--margin must be positive")
-    assert not (run / "compare.json").exists(), "nothing written on bad input"
-
-
-def test_compare_gates_file_drives_the_verdict(tmp_path):
-    import json
-
-    from fakes import make_samples, mutate, set_token, write_run
-
-    a = make_samples(6)
-    b = mutate(a, 2, set_token(3, 7))  # a token outside both top-k lists: a hard divergence
-    run = write_run(tmp_path / "run", {"a": a, "b": b})
-    default = evalpipe("compare", str(run), cwd=tmp_path)
-    assert default.returncode == 1, default.stdout + default.stderr
-    assert json.loads((run / "compare.json").read_text())["status"] == "DIVERGENT"
-    loose = tmp_path / "loose.yaml"  # the mapping itself, without a `gates:` key
-    loose.write_text(yaml.safe_dump({"tokens": {"free_hard_divergences": {"abs": 1}}, "scores": {"margin": 0.5}}))
-    proc = evalpipe("compare", str(run), "--gates", str(loose), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads((run / "compare.json").read_text())
-    assert data["status"] == "EQUIVALENT" and data["gates"]["scores"]["margin"] == 0.5
 
 
 def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp_path, monkeypatch):

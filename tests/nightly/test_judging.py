@@ -16,25 +16,12 @@ from evalpipe.history.store import open_history
 from evalpipe.nightly import dashboard_data as dashboard
 from evalpipe.nightly import judging
 from evalpipe.nightly import night as nightly
-
-GOOD, BAD, FIXED = "good1", "bad2", "fix3"
-
-
-def _series(tmp_path, plan):
-    """Record and judge nights whose fault state follows ``plan`` (True = faulty)."""
-    db = open_history(None, tmp_path / "out")
-    results = []
-    for i, fault in enumerate(plan):
-        label = BAD if fault else (GOOD if not any(plan[:i]) else FIXED)
-        run_dir = write_night(tmp_path / "runs", i, fault=fault, components={"vllm_ascend": label})
-        results.append(nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2,
-                                                dashboard=tmp_path / "dash" / "index.html", title="t"))
-    return db, results
+from tests.nightly.conftest import BAD, GOOD
 
 
-def test_a_fault_night_is_flagged_with_its_component_and_clears_after_the_fix(tmp_path):
+def test_a_fault_night_is_flagged_with_its_component_and_clears_after_the_fix(judged_nights):
     plan = [False] * 6 + [True] * 3 + [False] * 3
-    db, results = _series(tmp_path, plan)
+    db, results = judged_nights(plan)
     statuses = [r.judgement.status for r in results]
     assert statuses == ["PASS"] * 6 + ["REGRESSION"] * 3 + ["PASS"] * 3
     assert [r.exit_code for r in results] == [0] * 6 + [1] * 3 + [0] * 3
@@ -63,8 +50,8 @@ def test_a_fault_night_is_flagged_with_its_component_and_clears_after_the_fix(tm
     assert closed and all(not c["open"] and c["first_bad"] == "night-06" for c in closed)
 
 
-def test_outputs_name_the_regression(tmp_path):
-    _, results = _series(tmp_path, [False, False, True, True])
+def test_outputs_name_the_regression(judged_nights):
+    _, results = judged_nights([False, False, True, True])
     r = results[-1]
     md = r.outputs["markdown"].read_text()
     assert "REGRESSION" in md and "vllm\\_ascend: good1 → bad2" in md
@@ -75,8 +62,8 @@ def test_outputs_name_the_regression(tmp_path):
     assert r.dashboard.is_file() and "night-02" in r.dashboard.read_text()
 
 
-def test_a_pinned_baseline_wins(tmp_path):
-    db, results = _series(tmp_path, [False, False, False])
+def test_a_pinned_baseline_wins(tmp_path, judged_nights):
+    db, results = judged_nights([False, False, False])
     db.pin_baseline("night-00")
     run_dir = write_night(tmp_path / "runs", 3)
     r = nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2, dashboard=tmp_path / "d.html", title="t")
@@ -88,17 +75,6 @@ def test_a_failed_night_is_failed_not_a_regression(tmp_path):
     run_dir = write_night(tmp_path / "runs", 0, extra={"status": "failed"})
     r = nightly.record_and_judge(db, run_dir, labels={}, alpha=1e-3, min_nights=2, dashboard=tmp_path / "d.html", title="t")
     assert r.judgement.status == "FAILED" and r.exit_code == 3
-
-
-def test_dashboard_data_has_series_bands_and_the_change(tmp_path):
-    db, results = _series(tmp_path, [False] * 3 + [True] * 2)
-    data = dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "dash" / "index.html")
-    assert [n["status"] for n in data["nights"]] == ["PASS"] * 3 + ["REGRESSION"] * 2
-    assert data["nights"][0]["report"] == "../runs/night-00/report.html"
-    sp = next(s for s in data["series"] if s["variant"] == "sp")
-    assert len(sp["points"]) == 5 and sp["changes"] == [3]
-    assert sp["aa_band"] == {"low": pytest.approx(0.6), "high": pytest.approx(0.6)}  # A/A identical: zero width
-    assert any(c["run_id"] == "night-03" for c in data["changes"])
 
 
 def test_components_parse():
