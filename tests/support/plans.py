@@ -8,7 +8,7 @@ from typing import Any
 
 from evalpipe.config.loading import parse_config
 from evalpipe.pipeline.plan import RunPlan, make_plan
-from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 
 def fake_plan(tmp_path: Path, variants: dict, run_id: str, **config: Any) -> RunPlan:
