@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalpipe.config.expectations import CountRange, Expectations, collective_key
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Paths, PathStatus, SideCheck, WhatRan
+from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 
 PROBES_SCHEMA_VERSION: Final = 1
@@ -379,7 +380,7 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
     """What ran on each side (:func:`summarize`, of the names their expectations probe), judged."""
     sides = (reference, variant)
     names = profile_names(sides)
-    what_ran = WhatRan.model_validate({"a": summarize(reference.probes, names), "b": summarize(variant.probes, names)})
+    what_ran = WhatRan(a=summarize(reference.probes, names), b=summarize(variant.probes, names))
 
     def judged(status: PathStatus, reasons: Sequence[str], checks: Sequence[SideCheck] = (), same: bool | None = None) -> Paths:
         return Paths(status=status, reasons=tuple(reasons), checks=tuple(checks), same_profile=same, what_ran=what_ran)
@@ -413,7 +414,7 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
     return judged(VERIFIED, evidence, checks, same)
 
 
-def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> dict[str, Any] | None:
+def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> ProbeSummary | None:
     """The "what ran" of one variant for reports and the history: processes by role, model
     and layer classes, the switches (one value, or each process's where they differ), calls
     of the probed ``names``, and per collective kind how many forward passes saw how many calls."""
@@ -435,22 +436,22 @@ def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> dict[s
     per_forward = {}
     for kind in kinds:
         hist, forwards = per_forward_counts(probes, kind)
-        per_forward[kind] = {"counts": hist, "forwards": forwards}
-    return {
-        "mode": probes.mode,
-        "verifiable": probes.verifiable,
-        "processes": roles,
-        "models": sorted({p.models[0].model_class for p in builders}),
-        "layers": layer_counts,
+        per_forward[kind] = CollectiveCounts(counts=hist, forwards=forwards)
+    return ProbeSummary(
+        mode=probes.mode,
+        verifiable=probes.verifiable,
+        processes=roles,
+        models=sorted({p.models[0].model_class for p in builders}),
+        layers=layer_counts,
         # one value when every process resolved the same, else each process's (ranks differ by rank)
-        "switches": {k: next(iter(v.values())) if len(v) == 1 else {"per_process": [v[t] for t in sorted(v)]}
-                     for k, v in sorted(seen.items())},
-        "calls": {n: probes.total_calls(n) for n in names},
-        "absent": sorted(n for n in names if probes.canonical(n) is None),
-        "collectives_per_forward": per_forward,
-        "forwards": sum(p.models[0].forwards for p in builders),
-        "server_of": probes.server_of,
-    }
+        switches={k: next(iter(v.values())) if len(v) == 1 else {"per_process": [v[t] for t in sorted(v)]}
+                  for k, v in sorted(seen.items())},
+        calls={n: probes.total_calls(n) for n in names},
+        absent=sorted(n for n in names if probes.canonical(n) is None),
+        collectives_per_forward=per_forward,
+        forwards=sum(p.models[0].forwards for p in builders),
+        server_of=probes.server_of,
+    )
 
 
 def profile_names(sides: Iterable[PathSide]) -> list[str]:

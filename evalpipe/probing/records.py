@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from evalpipe.compare.code_paths import ProcessProbe, VariantProbes, summarize
-from evalpipe.documents.manifest import ArtifactEntry, ProbeSummary, read_manifest, write_manifest
+from evalpipe.documents.manifest import ArtifactEntry, read_manifest, write_manifest
 from evalpipe.errors import UserError
 from evalpipe.probes import SCHEMA_VERSION, SITE_DIR, SPEC_ENV, SPEC_FILE
 from evalpipe.probing.names import VariantNames
@@ -119,7 +119,7 @@ def _into_manifest(vdir: Path, doc: VariantProbes) -> None:
     if not path.is_file():
         return
     manifest = read_manifest(path)
-    update: dict[str, Any] = {"probes": ProbeSummary.model_validate(summarize(doc, list(doc.names)))}
+    update: dict[str, Any] = {"probes": summarize(doc, list(doc.names))}
     if manifest.artifacts is not None:
         update["artifacts"] = {**manifest.artifacts, PROBES_JSON: ArtifactEntry.model_validate(describe_file(vdir / PROBES_JSON))}
     write_manifest(path, manifest.model_copy(update=update))

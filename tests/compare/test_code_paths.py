@@ -398,7 +398,9 @@ def test_summarize():
         proc(role="api_server", pid=3),
         names={"pkg.gone.f": None},
     )
-    s = summarize(probes, [FN, "pkg.gone.f"])
+    summary = summarize(probes, [FN, "pkg.gone.f"])
+    assert summary is not None
+    s = summary.model_dump()
     assert s["processes"] == {"worker": 2, "api_server": 1}
     assert s["models"] == [MODEL] and s["layers"] == {LAYER: 4}
     assert s["switches"] == {"tensor_parallel_size": 2, "tp_rank": {"per_process": [0, 1]}}
