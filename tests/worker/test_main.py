@@ -1,0 +1,77 @@
+"""evalpipe/worker/main.py: one variant's phases in the worker process, run here in the
+test's process on the fake engine (the engine table's `fake` entry, chosen by its
+variable). Pinned: a finished variant leaves its manifest, tables and `done` event; an
+engine that cannot start fails the variant with its reason, in the manifest and as an
+error event, without tables; and a task's failure is the user's when its data is not
+available offline and the run's otherwise, in one sentence that points at the engine log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from evalpipe.config.run_config import TaskSpec
+from evalpipe.documents.worker_job import WorkerJob
+from evalpipe.errors import ExitCode
+from evalpipe.rundir import artifacts
+from evalpipe.worker import main
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
+
+
+class Recorder:
+    """The events the worker would send its parent, kept."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def emit(self, event: str, **fields) -> None:
+        self.events.append({"event": event, **fields})
+
+    def progress(self, task: str, phase: str, done: int, total: int) -> None:
+        self.emit("progress", task=task, phase=phase, done=done, total=total)
+
+
+def _job(tmp_path: Path) -> WorkerJob:
+    return WorkerJob(variant="v", output_dir=str(tmp_path / "v"), engine_args={"model": "fake-model"},
+                     tasks=[TaskSpec(task="gsm8k_synth_4shot", limit=2)], seed=0, data_dir=str(tmp_path / "data"), topk=3)
+
+
+def _manifest(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "v" / artifacts.MANIFEST_JSON).read_text())
+
+
+def test_a_variant_on_the_fake_engine_finishes_with_its_tables_and_manifest(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAKE_ENGINE_ENV, "1")
+    events = Recorder()
+    assert main.run(_job(tmp_path), events) == 0
+    manifest = _manifest(tmp_path)
+    assert manifest["status"] == "ok" and manifest["engine"]["kind"] == "fake"
+    samples = pq.read_table(tmp_path / "v" / "samples.parquet")
+    assert samples.num_rows == 2 and set(samples.column("task").to_pylist()) == {"gsm8k_synth_4shot"}
+    assert pq.read_table(tmp_path / "v" / "tokens.parquet").num_rows > 0
+    assert events.events[-1]["event"] == "done"
+    assert any(e["event"] == "progress" for e in events.events)
+
+
+def test_an_engine_that_cannot_start_fails_the_variant_with_its_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAKE_ENGINE_ENV, "fail_start")
+    events = Recorder()
+    code = main.run(_job(tmp_path), events)
+    assert code != 0
+    (error,) = [e for e in events.events if e["event"] == "error"]
+    assert "fail_start" in error["message"]
+    manifest = _manifest(tmp_path)
+    assert manifest["status"] == "failed" and manifest["error"] == error["message"]
+    assert not (tmp_path / "v" / "samples.parquet").exists()
+
+
+def test_a_task_s_failure_is_the_user_s_only_when_its_data_is_not_available_offline(tmp_path):
+    log = tmp_path / "engine.log"
+    offline = main._task_failure("longbench_x", OSError("Couldn't reach 'org/set' on the Hub (LocalEntryNotFoundError)"), log)
+    assert offline.code == ExitCode.USER_ERROR and offline.kind == "user"
+    assert "`data_files:`" in offline.message and offline.message.endswith(".")
+    broken = main._task_failure("gsm8k", KeyError("answer"), log)
+    assert broken.code == ExitCode.FAILED and broken.kind == "run"
+    assert broken.message.startswith("task `gsm8k` failed: KeyError") and str(log) in broken.message
