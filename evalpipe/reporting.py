@@ -68,20 +68,20 @@ class Reporter:
     def emit(self, event: Event) -> None:
         raise NotImplementedError
 
-    def step(self, markup: str, **fields: Any) -> None:
-        self.emit(Event(EventKind.STEP, markup, fields=fields))
+    def step(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
+        self.emit(Event(EventKind.STEP, markup, plain, fields))
 
     def info(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
         self.emit(Event(EventKind.INFO, markup, plain, fields))
 
-    def note(self, markup: str, **fields: Any) -> None:
-        self.emit(Event(EventKind.NOTE, markup, fields=fields))
+    def note(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
+        self.emit(Event(EventKind.NOTE, markup, plain, fields))
 
     def warning(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
         self.emit(Event(EventKind.WARNING, markup, plain, fields))
 
-    def failure(self, markup: str, **fields: Any) -> None:
-        self.emit(Event(EventKind.FAILURE, markup, fields=fields))
+    def failure(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
+        self.emit(Event(EventKind.FAILURE, markup, plain, fields))
 
     def verdict(self, status: str | None, exit_code: int, where: Path | None = None, markup: str = "") -> None:
         """The outcome. ``markup``: the terminal's line for it ("" when a renderer already

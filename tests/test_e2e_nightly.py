@@ -20,6 +20,7 @@ from rich.console import Console
 
 from evalpipe.history.store import open_history
 from evalpipe.nightly.simulate import simulate
+from evalpipe.reporting import TerminalReporter
 from tests.browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,7 @@ NIGHTS, FAULT, FIX = 36, 30, 33  # 30 A/A nights, 3 with the fault, 3 after the 
 def sim(tmp_path_factory):
     out = tmp_path_factory.mktemp("nightly")
     console = Console(record=True, width=200)
-    summary = simulate(console, nights=NIGHTS, fault_night=FAULT, fix_night=FIX, limit=LIMIT, output=out / "sim")
+    summary = simulate(TerminalReporter(console), nights=NIGHTS, fault_night=FAULT, fix_night=FIX, limit=LIMIT, output=out / "sim")
     return {"out": out, "summary": summary, "log": console.export_text()}
 
 

@@ -25,6 +25,7 @@ from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode, RunFailed
 from evalpipe.history.store import HistoryError, open_history
 from evalpipe.pipeline.comparing import compare_across_runs, compare_run
+from evalpipe.reporting import TerminalReporter
 from evalpipe.rundir import artifacts, integrity
 from evalpipe.rundir.artifacts import RunDir, VariantDir
 from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
@@ -420,7 +421,7 @@ def test_a_run_holds_its_directory_until_it_returns(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
     monkeypatch.setattr(runner, "ensure_model", model_step)
     with pytest.raises(RunFailed):
-        runner.execute(plan, Console(file=io.StringIO()), record=False)
+        runner.execute(plan, TerminalReporter(Console(file=io.StringIO())), record=False)
     assert seen == {"other process could lock": False}
     assert another_process_locks(plan.run_dir), "released when execute() returned"
 
