@@ -194,7 +194,7 @@ def compare(
     """Re-run the comparison and the report from stored artifacts (no engine)."""
     from evalpipe.commands.compare import compare_command
 
-    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
+    raise typer.Exit(compare_command(targets, reporter, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
                                      unverified=unverified))
 
 

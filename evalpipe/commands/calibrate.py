@@ -261,7 +261,7 @@ def run_calibration(
         artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
     if from_run is not None and comparisons:
         # compare.json and the reports under today's gates
-        write_outputs(run_dir, comparison, info, localizations=readable_localizations(run_dir, reporter.console))
+        write_outputs(run_dir, comparison, info, localizations=readable_localizations(run_dir, reporter))
     text = render_calibration(
         rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,

@@ -179,7 +179,7 @@ def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict
         reporter.info(f"[bold yellow]INCONCLUSIVE[/] {escape(nothing_compared(plan.variants[0].name, aa))}")
         return RunResult(rd.root, info, ExitCode.INCONCLUSIVE)
     try:
-        verdict_code, info = report_run(rd.root, reporter.console, info, variants=compared if failures else None)
+        verdict_code, info = report_run(rd.root, reporter, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
         # evalpipe's own error is its sentence; anything else is a bug, its traceback kept beside the artifacts
         if isinstance(err, EvalpipeError):
