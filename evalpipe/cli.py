@@ -341,7 +341,7 @@ def nightly(
                                         ("--stall-timeout", stall_timeout)) if value is not None
                 for arg in (name, str(value))]
         rest += [arg for c in component or [] for arg in ("--component", c)]
-        raise typer.Exit(run_several(configs, rest, reporter.console, cluster=cluster, run_id=run_id))
+        raise typer.Exit(run_several(configs, rest, reporter, cluster=cluster, run_id=run_id))
     with _writing_into(from_run):
         result = run_night(configs[0] if configs else None, reporter, limit=limit, variants=variants, output=output,
                            history_url=history, dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
