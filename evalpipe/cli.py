@@ -126,6 +126,8 @@ def _one_line(message: str) -> str:
 
 def _fail(message: str, code: int) -> None:
     err_console.print(f"[bold red]error:[/] {rich.markup.escape(_one_line(message))}", soft_wrap=True)
+    # the reporter's last event (CI reading JSON lines learns the end too); the terminal's line is the one above
+    reporter.verdict(ExitCode(code).name, code, markup="")
     raise typer.Exit(code)
 
 

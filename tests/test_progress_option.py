@@ -13,19 +13,19 @@ import yaml
 from evalpipe.worker.fake_engine import FAKE_ENGINE_ENV
 
 
-def _config(tmp: Path) -> Path:
+def _config(tmp: Path, reference: str = "1") -> Path:
     path = tmp / "ab.yaml"
     path.write_text(yaml.safe_dump({
         "model": {"path": "builtin:tiny-gsm"}, "engine": {"max_model_len": 4096, "seed": 0},
         "output": str(tmp / "runs"), "noise_floor": False,
-        "variants": {"a": {}, "b": {"env": {FAKE_ENGINE_ENV: "diverge=2"}}},
+        "variants": {"a": {"env": {FAKE_ENGINE_ENV: reference}}, "b": {"env": {FAKE_ENGINE_ENV: "diverge=2"}}},
         "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
     }))
     return path
 
 
-def _run(tmp: Path, progress: str, run_id: str):
-    return in_process.evalpipe("--progress", progress, "run", "gsm8k", "-c", str(_config(tmp)), "--limit", "2",
+def _run(tmp: Path, progress: str, run_id: str, reference: str = "1"):
+    return in_process.evalpipe("--progress", progress, "run", "gsm8k", "-c", str(_config(tmp, reference)), "--limit", "2",
                                "--run-id", run_id, cwd=tmp, env={FAKE_ENGINE_ENV: "1"})
 
 
@@ -39,6 +39,14 @@ def test_json_lines_on_stdout_end_in_the_verdict(tmp_path):
     assert events[-1] == {"event": "verdict", "text": "", "status": "DIVERGENT", "exit_code": 1,
                           "where": str(tmp_path / "runs" / "jsonl")}
     assert "DIVERGENT" in proc.stderr, "the summary the terminal shows goes to stderr"
+
+
+def test_a_failed_run_ends_its_json_lines_with_the_failure(tmp_path):
+    proc = _run(tmp_path, "jsonl", "failed", reference="fail_start")
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert events[-1] == {"event": "verdict", "text": "", "status": "FAILED", "exit_code": 3, "where": None}
+    assert "error:" in proc.stderr
 
 
 def test_quiet_prints_the_verdict_alone(tmp_path):
