@@ -21,10 +21,13 @@ from typer.exceptions import TyperException
 
 from evalpipe import __version__
 from evalpipe.errors import EvalpipeError, ExitCode, UserError
+from evalpipe.reporting import REPORTERS, Reporter
 
 # Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+# Where the pipeline's progress goes: chosen by --progress (evalpipe.reporting.REPORTERS), before any command runs.
+reporter: Reporter = REPORTERS["terminal"](console)
 
 
 class _OneErrorModel(TyperGroup):
@@ -61,6 +64,21 @@ history_app = typer.Typer(no_args_is_help=True, help="The history database of ru
 app.add_typer(history_app, name="history")
 baseline_app = typer.Typer(no_args_is_help=True, help="The baseline night tonight is compared with (default: the last passing night).")
 app.add_typer(baseline_app, name="baseline")
+
+
+@app.callback()
+def _options(
+    progress: str = typer.Option(
+        "terminal", "--progress", metavar="|".join(REPORTERS),
+        help="How progress is shown: terminal (lines and bars), quiet (failures and the verdict only), "
+             "jsonl (one JSON object per event on stdout, for CI; the tables go to stderr).",
+    ),
+) -> None:
+    """Prove that an engine change preserves model outputs: run variants, diff them, report a verdict."""
+    global reporter
+    if progress not in REPORTERS:
+        raise UserError(f"--progress {progress!r} is not one of {', '.join(REPORTERS)}.")
+    reporter = REPORTERS[progress](console)
 
 
 
@@ -108,6 +126,8 @@ def _one_line(message: str) -> str:
 
 def _fail(message: str, code: int) -> None:
     err_console.print(f"[bold red]error:[/] {rich.markup.escape(_one_line(message))}", soft_wrap=True)
+    # the reporter's last event (CI reading JSON lines learns the end too); the terminal's line is the one above
+    reporter.verdict(ExitCode(code).name, code, markup="")
     raise typer.Exit(code)
 
 
@@ -154,7 +174,7 @@ def run(
     """Run TASKS on every variant, compare them with the reference, write the report."""
     from evalpipe.commands.run import run_command
 
-    raise typer.Exit(run_command(tasks, console, config=config, limit=limit, variants=variants, output=output, run_id=run_id,
+    raise typer.Exit(run_command(tasks, reporter, config=config, limit=limit, variants=variants, output=output, run_id=run_id,
                                  timeout=timeout, stall_timeout=stall_timeout, noise_floor=noise_floor, dry_run=dry_run,
                                  resume=resume, cluster=cluster, concurrency=concurrency, distinct_nodes=distinct_nodes))
 
@@ -176,7 +196,7 @@ def compare(
     """Re-run the comparison and the report from stored artifacts (no engine)."""
     from evalpipe.commands.compare import compare_command
 
-    raise typer.Exit(compare_command(targets, console, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
+    raise typer.Exit(compare_command(targets, reporter, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
                                      unverified=unverified))
 
 
@@ -192,7 +212,7 @@ def localize(
     """Say where in the model a variant first parts from the reference: layer and module, against the A/A floor."""
     from evalpipe.commands.localize import localize_command
 
-    raise typer.Exit(localize_command(run_dir, console, variant=variant, samples=samples, positions=positions,
+    raise typer.Exit(localize_command(run_dir, reporter, variant=variant, samples=samples, positions=positions,
                                       decode_steps=decode_steps, timeout=timeout))
 
 
@@ -224,7 +244,7 @@ def calibrate(
     names = split_csv(faults, "--faults") or None
 
     with _writing_into(from_run):
-        code = run_calibration(config, limit, names, table, console, run_id=run_id, output=output, from_run=from_run,
+        code = run_calibration(config, limit, names, table, reporter, run_id=run_id, output=output, from_run=from_run,
                                localize=localize)
     raise typer.Exit(code)
 
@@ -323,12 +343,12 @@ def nightly(
                                         ("--stall-timeout", stall_timeout)) if value is not None
                 for arg in (name, str(value))]
         rest += [arg for c in component or [] for arg in ("--component", c)]
-        raise typer.Exit(run_several(configs, rest, console, cluster=cluster, run_id=run_id))
+        raise typer.Exit(run_several(configs, rest, reporter, cluster=cluster, run_id=run_id))
     with _writing_into(from_run):
-        result = run_night(configs[0] if configs else None, console, limit=limit, variants=variants, output=output,
+        result = run_night(configs[0] if configs else None, reporter, limit=limit, variants=variants, output=output,
                            history_url=history, dashboard=dashboard, labels=labels, run_id=run_id, timeout_s=timeout,
                            stall_timeout_s=stall_timeout, from_run=from_run, cluster=cluster)
-    print_night(result, console)
+    print_night(result, reporter)
     raise typer.Exit(result.exit_code)
 
 
@@ -410,7 +430,7 @@ def history_simulate(
     (recorded as a new vllm_ascend build), then the fix; prints what the detector flagged."""
     from evalpipe.nightly.simulate import simulate
 
-    summary = simulate(console, nights=nights, fault_night=fault_night, fix_night=fix_night, limit=limit, output=output, config=config)
+    summary = simulate(reporter, nights=nights, fault_night=fault_night, fix_night=fix_night, limit=limit, output=output, config=config)
     raise typer.Exit(0 if summary.as_expected else 1)
 
 

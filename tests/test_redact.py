@@ -28,6 +28,7 @@ from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
 from evalpipe.pipeline.plan import make_plan, run_info
 from evalpipe.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
+from evalpipe.reporting import TerminalReporter
 from evalpipe.rundir import artifacts
 
 MARK = "S3CRET"  # every secret below holds it, so one search finds any of them
@@ -176,7 +177,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
     assert "http://bob:***@127.0.0.1:9/v1" in events
     # compare.json, report.md / .html, junit.xml, run.json again (the verdict)
     console = Console(file=io.StringIO(), width=200)
-    report_run(run_dir, console)
+    report_run(run_dir, TerminalReporter(console))
     info = artifacts.read_json(run_dir / "run.json")
     assert info["config"]["launch"]["api_key_env"] == "EP_CREDS"  # the name stays, its value never appears
     assert info["variant_settings"]["legacy"]["launch"]["url"] == "http://alice:***@127.0.0.1:9/v1"

@@ -51,6 +51,7 @@ from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
+from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 
 
@@ -162,7 +163,7 @@ def run_calibration(
     limit: int | None,
     fault_names: list[str] | None,
     table_path: Path | None,
-    console: Console,
+    reporter: Reporter,
     run_id: str | None = None,
     output: Path | None = None,
     from_run: Path | None = None,
@@ -196,14 +197,16 @@ def run_calibration(
         plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
         run_dir = plan.run_dir
         try:
-            execute(plan, console)  # exit code ignored: DIVERGENT is the expected outcome for harmful entries
+            # exit code ignored: DIVERGENT is the expected outcome for harmful entries
+            info = execute(plan, reporter).document
         except RunFailed as err:
-            # A fault that brings the engine down fails its variant only; the others were compared.
-            if not (read_run_document(plan.run_dir) or RunDocument()).failed_variants:
+            # A fault that brings the engine down fails its variant only; the others were compared
+            # (the run raised instead of returning: what it saved is read back).
+            info = read_run_document(plan.run_dir) or RunDocument()
+            if not info.failed_variants:
                 raise
-            console.print(f"[yellow]{err}[/]")
+            reporter.warning(f"[yellow]{err}[/]")
         seconds = None
-        info = read_run_document(run_dir) or RunDocument()
     failed = [v for v in info.variants if v in set(info.failed_variants)]
     survivors = [v for v in info.variants if v not in failed]
     essential = {info.reference, info.aa_variant}
@@ -228,7 +231,7 @@ def run_calibration(
         side = side_of(c.variant)
         cost = None
         if c.status.value == "DIVERGENT":
-            console.print(f"detection cost of {c.variant} ...")
+            reporter.info(f"detection cost of {c.variant} ...")
             cost = detection_cost(ref, side, gates, aa=aa, numerics=numerics)
         rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))
         magnitude = graded.get(c.variant)
@@ -247,7 +250,7 @@ def run_calibration(
         kind, doc = expected.get(name, ("benign", ""))
         rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
     if localize and comparisons:
-        rows = _localized(rows, run_dir, places, console, again=from_run is None)
+        rows = _localized(rows, run_dir, places, reporter, again=from_run is None)
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
@@ -258,7 +261,7 @@ def run_calibration(
         artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
     if from_run is not None and comparisons:
         # compare.json and the reports under today's gates
-        write_outputs(run_dir, comparison, info, localizations=readable_localizations(run_dir, console))
+        write_outputs(run_dir, comparison, info, localizations=readable_localizations(run_dir, reporter))
     text = render_calibration(
         rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,
@@ -274,19 +277,19 @@ def run_calibration(
             "gate_firing": {k: {g: list(v) for g, v in f.items()} for k, f in firing.items()},
         },
     )
-    _print_rows(rows, console)
-    console.print(f"table: {table_path}")
+    _print_rows(rows, reporter.console)
+    reporter.info(f"table: {table_path}")
     counts = summarize(rows)
     return 0 if counts["missed"] == 0 and counts["false alarm"] == 0 else 1
 
 
 def _localized(rows: list[CalibrationRow], run_dir: Path, places: dict[str, tuple[int, str] | None],
-               console: Console, *, again: bool) -> list[CalibrationRow]:
+               reporter: Reporter, *, again: bool) -> list[CalibrationRow]:
     """Every compared entry through `evalpipe localize` (the reference and its A/A started
     once for all; ``again`` false: the run's localize.json as it is): the first module above
     the floor next to the entry's known place."""
     names = tuple(r.variant for r in rows if r.status != "FAILED")
-    found = localize_run(run_dir, console, Request(names)) if again else read_localizations(run_dir)
+    found = localize_run(run_dir, reporter, Request(names)) if again else read_localizations(run_dir)
     docs = {d.variant: d for d in found}
     out = []
     for r in rows:

@@ -7,8 +7,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
-from rich.console import Console
-
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.loading import load_gates
 from evalpipe.documents.run_doc import RunDocument
@@ -16,11 +14,12 @@ from evalpipe.errors import UserError
 from evalpipe.pipeline.comparing import compare_across_runs, print_written, read_run_info, report_run, verdict_exit_code, write_outputs
 from evalpipe.pipeline.plan import split_csv
 from evalpipe.report.terminal import print_summary
+from evalpipe.reporting import Reporter
 from evalpipe.rundir.artifacts import MANIFEST_JSON, RUN_JSON, SAMPLES_PARQUET
 from evalpipe.rundir.lock import holding_run_dir
 
 
-def compare_command(targets: list[Path], console: Console, *, reference: str | None = None, variants: str | None = None,
+def compare_command(targets: list[Path], reporter: Reporter, *, reference: str | None = None, variants: str | None = None,
                     output: Path | None = None, gates: Path | None = None, margin: float | None = None,
                     unverified: bool = False) -> int:
     """The verdict's exit code; bad arguments are one sentence (UserError). ``unverified``
@@ -36,7 +35,7 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
         chosen = split_csv(variants, "--variants") or None
         # it rewrites run.json and the reports there: not while a run or another compare writes them
         with holding_run_dir(run_dir, elsewhere="or write the reports elsewhere with --output") if output is None else nullcontext():
-            return report_run(run_dir, console, reference=reference, variants=chosen, output=output, gates=chosen_gates,
+            return report_run(run_dir, reporter, reference=reference, variants=chosen, output=output, gates=chosen_gates,
                               unverified=unverified)[0]
     if len(targets) == 2:
         if reference or variants:
@@ -48,11 +47,11 @@ def compare_command(targets: list[Path], console: Console, *, reference: str | N
             # --unverified: a variant directory is known by its samples when its manifest is gone
             if not ((t / MANIFEST_JSON).is_file() or (unverified and (t / SAMPLES_PARQUET).is_file())):
                 raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
-        return compare_two_runs(targets[0], targets[1], console, output=output, gates=chosen_gates, unverified=unverified)
+        return compare_two_runs(targets[0], targets[1], reporter, output=output, gates=chosen_gates, unverified=unverified)
     raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
 
 
-def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = None, gates: Gates | None = None,
+def compare_two_runs(a: Path, b: Path, reporter: Reporter, output: Path | None = None, gates: Gates | None = None,
                      unverified: bool = False) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
     comparison = compare_across_runs(a, b, gates=gates, unverified=unverified)
@@ -61,8 +60,8 @@ def compare_two_runs(a: Path, b: Path, console: Console, output: Path | None = N
     info = RunDocument(run_id=comparison.doc.run_id, reference=comparison.doc.reference,
                        variants=[comparison.doc.reference, *comparison.doc.variants])
     written = write_outputs(out_dir, comparison, info)
-    print_summary(comparison.doc, console)
-    print_written(written, console)
+    print_summary(comparison.doc, reporter.console)
+    print_written(written, reporter)
     return verdict_exit_code(comparison.status.value)
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.run_config import Localize
 from evalpipe.documents.comparison import read_comparison
@@ -15,11 +13,12 @@ from evalpipe.errors import EvalpipeError, ExitCode, UserError
 from evalpipe.pipeline.launching import Limits
 from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import split_csv
+from evalpipe.reporting import Reporter
 from evalpipe.rundir.artifacts import RUN_JSON, RunDir
 from evalpipe.rundir.lock import holding_run_dir
 
 
-def localize_command(run_dir: Path, console: Console, *, variant: str | None = None, samples: int | None = None,
+def localize_command(run_dir: Path, reporter: Reporter, *, variant: str | None = None, samples: int | None = None,
                      positions: int | None = None, decode_steps: int | None = None, timeout: float | None = None) -> int:
     for option, value, field in (("--samples", samples, "samples"), ("--positions", positions, "positions"),
                                  ("--decode-steps", decode_steps, "decode_steps")):
@@ -27,11 +26,11 @@ def localize_command(run_dir: Path, console: Console, *, variant: str | None = N
     if not (run_dir / RUN_JSON).is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json); pass reports/runs/<run_id>.")
     with holding_run_dir(run_dir, elsewhere=None):  # it rewrites the reports: not while a run or a compare writes them
-        localize_run(run_dir, console, Request(tuple(split_csv(variant, "--variant")), samples, positions, decode_steps), Limits(timeout_s=timeout))
+        localize_run(run_dir, reporter, Request(tuple(split_csv(variant, "--variant")), samples, positions, decode_steps), Limits(timeout_s=timeout))
     return ExitCode.OK
 
 
-def localize_after_run(run_dir: Path, console: Console) -> None:
+def localize_after_run(run_dir: Path, reporter: Reporter) -> None:
     """`localize: auto`: every DIVERGENT variant of the run just compared. A failure here
     costs a warning, never the finished run's verdict."""
     rd = RunDir(run_dir)
@@ -42,6 +41,6 @@ def localize_after_run(run_dir: Path, console: Console) -> None:
         return
     try:
         with holding_run_dir(run_dir, elsewhere=None):
-            localize_run(run_dir, console, Request(divergent))
+            localize_run(run_dir, reporter, Request(divergent))
     except EvalpipeError as err:
-        console.print(f"[yellow]warning:[/] localize ({', '.join(divergent)}) failed: {err}", soft_wrap=True)
+        reporter.warning(f"[yellow]warning:[/] localize ({', '.join(divergent)}) failed: {err}")

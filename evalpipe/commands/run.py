@@ -29,11 +29,12 @@ from evalpipe.pipeline.preflight import preflight
 from evalpipe.pipeline.runner import execute
 from evalpipe.probing.names import checks_lines
 from evalpipe.redact import api_key_names, redact, redact_env
+from evalpipe.reporting import Reporter
 from evalpipe.rundir.artifacts import RUN_JSON
 from evalpipe.validation import first_problem
 
 
-def run_command(tasks: str, console: Console, *, config: Path | None = None, limit: int | None = None, variants: str | None = None,
+def run_command(tasks: str, reporter: Reporter, *, config: Path | None = None, limit: int | None = None, variants: str | None = None,
                 output: Path | None = None, run_id: str | None = None, timeout: float | None = None,
                 stall_timeout: float | None = None, noise_floor: bool | None = None, dry_run: bool = False,
                 resume: Path | None = None, cluster: str | None = None, concurrency: int | None = None,
@@ -57,20 +58,20 @@ def run_command(tasks: str, console: Console, *, config: Path | None = None, lim
     )
     check_time_limits(timeout, stall_timeout)
     if not dry_run:
-        code = execute(plan, console, timeout_s=timeout, stall_timeout_s=stall_timeout).exit_code
+        code = execute(plan, reporter, timeout_s=timeout, stall_timeout_s=stall_timeout).exit_code
         if code == ExitCode.DIVERGENT and plan.config.localize.when == "auto":
-            localize_after_run(plan.run_dir, console)
+            localize_after_run(plan.run_dir, reporter)
         return code
-    _print_plan(plan, console)  # first: a profile for another machine still shows its commands and checks
-    _print_path_checks(plan, console)
+    _print_plan(plan, reporter.console)  # first: a profile for another machine still shows its commands and checks
+    _print_path_checks(plan, reporter.console)
     verify_here(plan)
-    names = preflight(plan, console)  # every probed name looked up in its variant's interpreter
+    names = preflight(plan, reporter)  # every probed name looked up in its variant's interpreter
     absent = {v: [n for n, e in found.names.items() if not e.found] for v, found in names.items()}
     for variant, missing in absent.items():
         if missing:
-            console.print(f"note: {variant}'s interpreter lacks {', '.join(missing)} (other variants' names: "
-                          "counted as never called there)", soft_wrap=True, markup=False)
-    console.print("every probed name exists where its variant runs")
+            reporter.note(f"note: {variant}'s interpreter lacks {', '.join(missing)} (other variants' names: "
+                          "counted as never called there)", plain=True)
+    reporter.info("every probed name exists where its variant runs")
     return ExitCode.OK
 
 

@@ -25,7 +25,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from evalpipe.config.loading import load_config
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, NightStatus, write_nightly_document
@@ -38,6 +37,7 @@ from evalpipe.nightly.judging import baseline_of, judge
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
 from evalpipe.report.nightly import render_night_junit, render_night_summary
+from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RUN_JSON
 
@@ -98,23 +98,25 @@ def record_and_judge(history: History, run_dir: Path, *, labels: dict[str, str],
     return NightResult(run_dir, j, outputs, dashboard)
 
 
-def print_night(result: NightResult, console: Any) -> None:
+def print_night(result: NightResult, reporter: Reporter) -> None:
+    """The night's judgement, its reasons and open changes, its files; then its verdict."""
     j = result.judgement
     colour = NIGHT_COLOURS[j.status]
-    console.print(f"[bold]nightly {j.run_id}[/]: [bold {colour}]{j.status}[/]"
+    reporter.info(f"[bold]nightly {j.run_id}[/]: [bold {colour}]{j.status}[/]"
                   + (f" (baseline {j.baseline})" if j.baseline else " (no baseline yet)"))
     for reason in j.reasons:
-        console.print(f"  - {reason}", soft_wrap=True, markup=False)
+        reporter.info(f"  - {reason}", plain=True)
     for c in j.changes:
         if c["state"] in ("flagged", "pending") and c["open"]:
-            console.print(f"  {c['state']}: {c['summary']}", soft_wrap=True, markup=False)
-    console.print(f"summary: {result.outputs['markdown']}  junit: {result.outputs['junit']}  dashboard: {result.dashboard}")
+            reporter.info(f"  {c['state']}: {c['summary']}", plain=True)
+    reporter.info(f"summary: {result.outputs['markdown']}  junit: {result.outputs['junit']}  dashboard: {result.dashboard}")
+    reporter.verdict(j.status, result.exit_code, result.run_dir)  # its line: the first above
 
 
 DEFAULT_DASHBOARD = Path("reports/nightly/index.html")
 
 
-def run_night(config_path: Path | None, console: Any, *, limit: int | None = None, variants: str | None = None,
+def run_night(config_path: Path | None, reporter: Reporter, *, limit: int | None = None, variants: str | None = None,
               output: Path | None = None, history_url: str | None = None, dashboard: Path | None = None,
               labels: dict[str, str] | None = None, run_id: str | None = None, timeout_s: float | None = None,
               stall_timeout_s: float | None = None,
@@ -141,12 +143,12 @@ def run_night(config_path: Path | None, console: Any, *, limit: int | None = Non
         history = open_history(history_url or spec.history, output_root)  # fail before hours of work, not after
         plan.teacher_baseline_dir = baseline_reference_dir(history, plan.config_sha256, plan.reference)
         if plan.teacher_baseline_dir is not None:
-            console.print(f"[dim]baseline night: {plan.teacher_baseline_dir.parent.name} (its sequences are teacher-forced too)[/]")
+            reporter.info(f"[dim]baseline night: {plan.teacher_baseline_dir.parent.name} (its sequences are teacher-forced too)[/]")
         try:
-            execute(plan, console, timeout_s, extra_info={"kind": "nightly", "components": labels}, record=False,
+            execute(plan, reporter, timeout_s, extra_info={"kind": "nightly", "components": labels}, record=False,
                     stall_timeout_s=stall_timeout_s)
         except RunFailed as err:
-            console.print(f"[bold red]tonight's run failed:[/] {err}", soft_wrap=True)
+            reporter.failure(f"[bold red]tonight's run failed:[/] {err}")
             if not (run_dir / RUN_JSON).is_file():
                 raise
     history = open_history(history_url or spec.history, output_root)

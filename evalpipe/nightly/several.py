@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 
 from evalpipe.config.loading import load_config
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.nightly.night import EXIT_CODES
+from evalpipe.reporting import Reporter
 
 # Most serious first: a config refused, a night that could not run, a regression, a night
 # that proves nothing, a pass. Any other code (a signal's) outranks them all.
@@ -38,7 +39,7 @@ def labels_of(configs: list[Path]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}-{i + 1}" for i, s in enumerate(stems)]
 
 
-def run_several(configs: list[Path], rest: list[str], console: Console, *, cluster: str | None = None,
+def run_several(configs: list[Path], rest: list[str], reporter: Reporter, *, cluster: str | None = None,
                 run_id: str | None = None) -> int:
     """Each config's night in its own process; ``rest``: the other nightly arguments, the same
     for every night. Run ids: ``run_id`` (or nightly-<UTC time>) + the config's label."""
@@ -49,7 +50,7 @@ def run_several(configs: list[Path], rest: list[str], console: Console, *, clust
     base = run_id or time.strftime("nightly-%Y%m%d-%H%M%S", time.gmtime())
     labels = labels_of(configs)
     how = "at once (a Ray cluster places them)" if on_cluster else "one after another"
-    console.print(f"[bold]nightly[/] {len(configs)} configs {how}: {escape(', '.join(labels))}")
+    reporter.step(f"[bold]nightly[/] {len(configs)} configs {how}: {escape(', '.join(labels))}")
     codes: dict[str, int] = {}
 
     def night(config: Path, label: str) -> None:
@@ -59,7 +60,7 @@ def run_several(configs: list[Path], rest: list[str], console: Console, *, clust
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:
-            console.print(f"[{label}] {line.rstrip()}", markup=False, highlight=False, soft_wrap=True)
+            reporter.info(f"[{label}] {line.rstrip()}", plain=True, config=label)
         codes[label] = proc.wait()
 
     # the children share this process group: a Ctrl-C at the terminal reaches each of them
@@ -75,5 +76,9 @@ def run_several(configs: list[Path], rest: list[str], console: Console, *, clust
         while thread.is_alive():
             thread.join(0.5)
     for label in labels:
-        console.print(f"[bold]{escape(label)}[/]: exit {codes.get(label, 'not run')}")
-    return worst([codes[label] for label in labels if label in codes])
+        reporter.info(f"[bold]{escape(label)}[/]: exit {codes.get(label, 'not run')}", config=label,
+                      exit_code=codes.get(label))
+    code = worst([codes[label] for label in labels if label in codes])
+    # the nights' worst status (a code of none of them, a signal's: no status)
+    reporter.verdict(next((status for status, c in EXIT_CODES.items() if c == code), None), code)
+    return code

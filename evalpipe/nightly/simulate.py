@@ -45,6 +45,7 @@ from evalpipe.nightly.night import NightResult, record_and_judge
 from evalpipe.pipeline.comparing import compare_run, write_outputs
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
+from evalpipe.reporting import Reporter
 from evalpipe.rundir.artifacts import RunDir
 
 FAULT = "padding_not_zeroed"
@@ -73,7 +74,7 @@ class SimulationSummary:
         return self.flagged_nights == expected
 
 
-def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tuple[Path, Path]:
+def source_runs(config: Path | None, limit: int, root: Path, reporter: Reporter) -> tuple[Path, Path]:
     """The two real runs (made once; reused when they exist)."""
     cfg = load_config(config)
     out = []
@@ -92,8 +93,8 @@ def source_runs(config: Path | None, limit: int, root: Path, console: Any) -> tu
         # the fault run needs only the variant the fault is in: the nights take the others from the good run
         plan = make_plan(this, config_label(config), cfg.nightly.tasks, limit=limit, output=str(root),
                          run_id=run_dir.name, noise_floor=name == "good", variants=None if name == "good" else FAULT_VARIANT)
-        console.print(f"[bold]simulation source[/] {name}: a real run of {cfg.nightly.tasks} (--limit {limit})")
-        execute(plan, console, record=False)
+        reporter.step(f"[bold]simulation source[/] {name}: a real run of {cfg.nightly.tasks} (--limit {limit})")
+        execute(plan, reporter, record=False)
         out.append(run_dir)
     return out[0], out[1]
 
@@ -141,7 +142,7 @@ def _claim_source_path(info: RunDocument, source: str) -> RunDocument:
     return info.updated(variant_settings={**settings, FAULT_VARIANT: settings[FAULT_VARIANT].model_copy(update={"expect": expect})})
 
 
-def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
+def simulate(reporter: Reporter, *, nights: int = 36, fault_night: int | None = 30, fix_night: int | None = 33, limit: int = 40,
              output: Path = Path("reports/simulated"), config: Path | None = None, seed: int = 0,
              history_url: str | None = None) -> SimulationSummary:
     if fault_night is not None and not (0 < fault_night < nights):
@@ -149,7 +150,7 @@ def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fi
     if fault_night is not None and fix_night is not None and fix_night <= fault_night:
         raise UserError(f"--fix-night {fix_night} must come after --fault-night {fault_night}.")
     output = Path(output)
-    good, fault = source_runs(config, limit, output / "sources", console)
+    good, fault = source_runs(config, limit, output / "sources", reporter)
     nights_dir = output / "nights"
     if nights_dir.exists():
         shutil.rmtree(nights_dir)
@@ -172,17 +173,17 @@ def simulate(console: Any, *, nights: int = 36, fault_night: int | None = 30, fi
                              dashboard=output / "dashboard" / "index.html", title="evalpipe nightly: simulated history")
         results.append(r)
         mark = NIGHT_MARKS[r.judgement.status]
-        console.print(f"night {i:2d} build {build:<6} sp={'fault run' if broken else sp_from:<10} {mark}")
+        reporter.info(f"night {i:2d} build {build:<6} sp={'fault run' if broken else sp_from:<10} {mark}")
     last = results[-1].judgement
     flagged = [c for c in last.changes if c["state"] == "flagged" and c["regression"]]
     summary = SimulationSummary(results, fault_night, fix_night, flagged)
     false_alarms = sum(1 for r in results[: fault_night if fault_night is not None else nights] if r.judgement.status != "PASS")
     a_a = fault_night if fault_night is not None else nights
-    console.print(f"A/A nights: {a_a}, nights that were not PASS among them: {false_alarms} (false-alarm rate {false_alarms / max(a_a, 1):.2f})")
+    reporter.info(f"A/A nights: {a_a}, nights that were not PASS among them: {false_alarms} (false-alarm rate {false_alarms / max(a_a, 1):.2f})")
     for c in flagged:
         hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"]) or "no component changed"
-        console.print(f"flagged: {c['summary']}; between {c['last_good']} and {c['first_bad']}: {hint}", soft_wrap=True, markup=False)
-    console.print(f"history {history.where}; dashboard {output / 'dashboard' / 'index.html'}; "
+        reporter.info(f"flagged: {c['summary']}; between {c['last_good']} and {c['first_bad']}: {hint}", plain=True)
+    reporter.info(f"history {history.where}; dashboard {output / 'dashboard' / 'index.html'}; "
                   + ("as expected: only the fault night is flagged" if summary.as_expected else
                      f"NOT as expected: flagged {summary.flagged_nights}"))
     return summary

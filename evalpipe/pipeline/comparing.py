@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Sequence
 
 import pyarrow as pa
-from rich.console import Console
 from rich.markup import escape
 
 from evalpipe.compare.numerics import Numerics, numerics_from_engine_args
@@ -55,6 +54,7 @@ from evalpipe.errors import UserError
 from evalpipe.probing.records import read_probes
 from evalpipe.report import render_html, render_junit, render_markdown
 from evalpipe.report.terminal import print_summary
+from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import SAMPLE_KEY, TOKENS_REQUIRED, RunDir, VariantDir
 from evalpipe.rundir.integrity import verify_variant
@@ -271,7 +271,7 @@ def verdict_exit_code(status: str) -> int:
 
 def report_run(
     run_dir: Path,
-    console: Console,
+    reporter: Reporter,
     info: RunDocument | None = None,
     *,
     reference: str | None = None,
@@ -293,23 +293,22 @@ def report_run(
         info = info.updated(status="ok", verdict=verdict)
         write_run_document(rd.run_json, info)
     # localize.json stays in the run directory when the reports go elsewhere (--output)
-    localizations = readable_localizations(rd.root, console)
+    localizations = readable_localizations(rd.root, reporter)
     written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localizations=localizations)
-    print_summary(comparison.doc, console, localizations=localizations)
-    print_written(written, console)
+    print_summary(comparison.doc, reporter.console, localizations=localizations)
+    print_written(written, reporter)
     return verdict_exit_code(verdict), info
 
 
-def readable_localizations(run_dir: Path, console: Console) -> list[LocalizeDocument]:
+def readable_localizations(run_dir: Path, reporter: Reporter) -> list[LocalizeDocument]:
     """localize.json's localizations for the reports; one that cannot be read costs a warning
     and the section, never the comparison."""
     try:
         return read_localizations(run_dir)
     except UserError as err:
-        console.print(f"[yellow]warning:[/] the reports leave out where the divergence starts: {escape(str(err))}",
-                      soft_wrap=True)
+        reporter.warning(f"[yellow]warning:[/] the reports leave out where the divergence starts: {escape(str(err))}")
         return []
 
 
-def print_written(written: dict[str, Path], console: Console) -> None:
-    console.print(f"report: {written['html']}  ({written['markdown'].name}, {written['compare'].name}, {written['junit'].name} beside it)")
+def print_written(written: dict[str, Path], reporter: Reporter) -> None:
+    reporter.info(f"report: {written['html']}  ({written['markdown'].name}, {written['compare'].name}, {written['junit'].name} beside it)")

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from rich.console import Console
 from rich.markup import escape
 
 from evalpipe.compare.localize import Boundaries, Localization, Side, localize
@@ -42,6 +41,7 @@ from evalpipe.probing.names import VariantNames
 from evalpipe.probing.records import write_spec
 from evalpipe.report import render_html, render_markdown
 from evalpipe.report.progress import ProgressView
+from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RunDir, VariantDir
 from evalpipe.rundir.integrity import verify_variant
@@ -61,10 +61,11 @@ class Request:
     decode_steps: int | None = None  # None: the config's
 
 
-def localize_run(run_dir: Path, console: Console, request: Request = Request(),
+def localize_run(run_dir: Path, reporter: Reporter, request: Request = Request(),
                  limits: Limits = Limits()) -> list[schema.LocalizeDocument]:
     """Localize the requested variants of a run: the reference and the A/A configuration are
-    started once for all of them, each variant once; localize.json and the reports updated."""
+    started once for all of them, each variant once; localize.json and the reports updated.
+    Returns the documents written (one per variant), so a caller need not read them back."""
     rd = RunDir(Path(run_dir))
     info = read_run_document(rd.root)
     if info is None:
@@ -90,18 +91,18 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
         raise UserError(f"localize cannot capture inside {', '.join(endpoint)}: in endpoint mode evalpipe does not start "
                         "the server, so it cannot put capture points into its engine; localize a serve-mode or offline run.")
     targets = _merged([_targets(rd, reference, v, config, samples, positions, decode_steps) for v in variants])
-    console.print(f"[bold]localize[/] {', '.join(variants)} against {reference}"
+    reporter.step(f"[bold]localize[/] {', '.join(variants)} against {reference}"
                   + (f" and the A/A floor ({aa_name})" if aa_name else "") + f": {len(targets)} sequences, "
                   f"{sum(len(t.rows) for t in targets)} positions, {len(plan.variants)} engine starts")
-    model = ensure_model(plan, console)
+    model = ensure_model(plan, reporter)
 
     seconds: dict[str, float] = {}
     sizes: dict[str, int] = {}
     sides: dict[str, Side] = {}
-    view = ProgressView(console)
+    view = ProgressView(reporter.console)
     for planned in plan.variants:
         t0 = time.monotonic()
-        sides[planned.name] = _capture(plan, planned, model, rd, targets, decode_steps, view, limits, console)
+        sides[planned.name] = _capture(plan, planned, model, rd, targets, decode_steps, view, limits, reporter)
         seconds[planned.name] = round(time.monotonic() - t0, 2)
         sizes[planned.name] = sum(p.values.nbytes for p in sides[planned.name].pieces)
 
@@ -124,14 +125,13 @@ def localize_run(run_dir: Path, console: Console, request: Request = Request(),
                              sizes={n: sizes[n] for n in used}))
     path, aside = schema.write_localizations(rd.root, docs)
     if aside is not None:
-        console.print(f"[yellow]warning:[/] the earlier {path.name} could not be read by this evalpipe; kept as {aside}",
-                      soft_wrap=True)
+        reporter.warning(f"[yellow]warning:[/] the earlier {path.name} could not be read by this evalpipe; kept as {aside}")
     _render_reports(rd)
     for doc in docs:
-        console.print(f"[bold]{escape(doc.variant)}[/]: {escape(doc.sentence)}", soft_wrap=True)
+        reporter.info(f"[bold]{escape(doc.variant)}[/]: {escape(doc.sentence)}", variant=doc.variant)
         for line in doc.not_reassembled:
-            console.print(f"[yellow]not compared:[/] {escape(line)}", soft_wrap=True)
-    console.print(f"localization: {path}  (report.md and report.html beside it have the section)")
+            reporter.warning(f"[yellow]not compared:[/] {escape(line)}", variant=doc.variant)
+    reporter.info(f"localization: {path}  (report.md and report.html beside it have the section)")
     return docs
 
 
@@ -240,7 +240,7 @@ def _tp_sizes(config: RunConfig, plan: RunPlan) -> tuple[int, ...]:
 
 
 def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: RunDir, targets: list[Target],
-             decode_steps: int, view: ProgressView, limits: Limits, console: Console) -> Side:
+             decode_steps: int, view: ProgressView, limits: Limits, reporter: Reporter) -> Side:
     """One configuration's engine started (its server stopped again before the next one's
     starts), the sequences prefilled, its captures read."""
     vdir = rd.root / LOCALIZE_DIR / planned.name
@@ -257,7 +257,7 @@ def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: 
         "localize": LocalizeJob(sequences=[LocalizeSequence(label=t.label, token_ids=t.token_ids, prompt_len=t.prompt_len)
                                            for t in targets], decode_steps=decode_steps),
     })
-    console.print(f"[bold cyan]configuration {planned.name}[/] {escape(planned.description)}".rstrip())
+    reporter.step(f"[bold cyan]configuration {planned.name}[/] {escape(planned.description)}".rstrip(), variant=planned.name)
     servers: dict[str, Any] = {}
     try:
         outcome = run_variant(plan, planned, model, vdir, view.handle(planned.name), limits, servers, spec=spec, job=job)

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from rich.console import Console
 from rich.markup import escape
 
 from evalpipe.cluster import transfer
@@ -37,6 +36,7 @@ from evalpipe.pipeline.node_actor import NodePlace, UnitActor, UnitJob, for_node
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan
 from evalpipe.probing.names import VariantNames
 from evalpipe.report.progress import ProgressView
+from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 
 POLL_S = 0.5
@@ -75,12 +75,12 @@ class _Cluster:
     """The driver's state of one run on the cluster, shared by the unit threads."""
 
     def __init__(self, plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames],
-                 limits: Limits, console: Console, kept: list[str]):
-        self.plan, self.model, self.rd, self.names, self.limits, self.console = plan, model, rd, names, limits, console
+                 limits: Limits, reporter: Reporter, kept: list[str]):
+        self.plan, self.model, self.rd, self.names, self.limits, self.reporter = plan, model, rd, names, limits, reporter
         self.settings: ClusterSettings = plan.config.cluster
         self.address = str(self.settings.address)
         self.ray = connect(self.address)
-        self.view = ProgressView(console, lines=True)
+        self.view = ProgressView(reporter.console, lines=True)
         self.finished: queue.Queue[tuple[PlannedVariant, VariantOutcome, VariantPlacement | None]] = queue.Queue()
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -104,7 +104,7 @@ class _Cluster:
         return Path(self.settings.scratch) / self.plan.run_id / unit[0].name / self.plan.run_id
 
     def say(self, text: str) -> None:
-        self.console.print(f"  {escape(text)}", soft_wrap=True)
+        self.reporter.info(f"  {escape(text)}")
 
     # ---- one unit, in its own thread ------------------------------------------------------
     def run_unit(self, unit: list[PlannedVariant], slot: Slot | None) -> None:
@@ -272,18 +272,18 @@ class _Cluster:
 
 
 def run_on_cluster(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames],
-                   limits: Limits, console: Console, kept: list[str], record: Record) -> None:
+                   limits: Limits, reporter: Reporter, kept: list[str], record: Record) -> None:
     """Run every variant not ``kept`` on the cluster; ``record`` is called here, in this
     thread, as each ends (it raises when an essential variant failed: the rest are then
     stopped)."""
     units = units_of(plan, kept)
     if not units:
         return
-    cluster = _Cluster(plan, model, rd, names, limits, console, kept)
+    cluster = _Cluster(plan, model, rd, names, limits, reporter, kept)
     settings = cluster.settings
     where = "the shared run directory" if settings.shared_filesystem else f"node scratch {settings.scratch}"
-    console.print(f"[bold]cluster[/] {escape(cluster.address)}: {len(units)} unit(s) "
-                  f"({', '.join(' + '.join(v.name for v in u) for u in units)}), writing to {escape(where)}", soft_wrap=True)
+    reporter.step(f"[bold]cluster[/] {escape(cluster.address)}: {len(units)} unit(s) "
+                  f"({', '.join(' + '.join(v.name for v in u) for u in units)}), writing to {escape(where)}")
     slots: list[Slot | None] = [None] * len(units)
     pending = {v.name for u in units for v in u}
     pool = ThreadPoolExecutor(max_workers=len(units) if settings.distinct_nodes else (settings.concurrency or len(units)),

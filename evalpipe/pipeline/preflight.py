@@ -4,14 +4,13 @@ its own interpreter. The first problem is one sentence (ConfigError)."""
 
 from __future__ import annotations
 
-from rich.console import Console
-
 from evalpipe.config.engine_args import EngineArgError, check_plan
 from evalpipe.config.errors import ConfigError
 from evalpipe.errors import UserError
 from evalpipe.paths import data_dir
 from evalpipe.pipeline.plan import RunPlan
 from evalpipe.probing.names import VariantNames, resolve_plan
+from evalpipe.reporting import Reporter
 from evalpipe.tasks.configure import task_config
 from evalpipe.tasks.index import TaskNotFound, check_task_names
 
@@ -29,7 +28,7 @@ def check_user_data(plan: RunPlan) -> None:
             raise ConfigError(str(err)) from None
 
 
-def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
+def preflight(plan: RunPlan, reporter: Reporter) -> dict[str, VariantNames]:
     """What can be checked before anything starts (task names, every variant's engine
     arguments against its own vLLM, every probed name in its own interpreter); ConfigError
     on the first problem, else the probed names as each variant's interpreter knows them."""
@@ -38,7 +37,7 @@ def preflight(plan: RunPlan, console: Console) -> dict[str, VariantNames]:
     except TaskNotFound as err:
         raise ConfigError(str(err)) from None
     check_user_data(plan)
-    say = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
+    say = lambda msg: reporter.info(f"[dim]{msg}[/]")  # noqa: E731
     try:
         check_plan(plan.variants, say=say)
     except EngineArgError as err:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
 from rich.markup import escape
 
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantPlacement, VariantStatus, write_run_document
@@ -30,6 +29,7 @@ from evalpipe.pipeline.plan import PlannedVariant, RunPlan, run_info
 from evalpipe.pipeline.preflight import preflight
 from evalpipe.probing.names import VariantNames
 from evalpipe.report.progress import ProgressView
+from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import unlock_run_dir
 from evalpipe.rundir.resume import ResumeRefused
@@ -38,7 +38,7 @@ COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its trac
 
 
 
-def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
+def ensure_model(plan: RunPlan, reporter: Reporter) -> dict[str, Any]:
     """Resolve the model to a local directory; a built-in one is the package's shipped,
     verified files (no training at run time, the same weights on every machine)."""
     name = plan.builtin_model
@@ -48,7 +48,7 @@ def ensure_model(plan: RunPlan, console: Console) -> dict[str, Any]:
         model = ensure_builtin(name)
     except ShippedModelError as err:
         raise RunFailedOnUserInput(str(err)) from None
-    console.print(f"[bold]model[/] builtin:{name} (shipped, fingerprint {model.fingerprint[:12]})")
+    reporter.step(f"[bold]model[/] builtin:{name} (shipped, fingerprint {model.fingerprint[:12]})")
     return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
 
 
@@ -62,56 +62,59 @@ class RunResult:
     exit_code: int
 
 
-def execute(plan: RunPlan, console: Console, timeout_s: float | None = None, *,
+def execute(plan: RunPlan, reporter: Reporter, timeout_s: float | None = None, *,
             extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None) -> RunResult:
     """Run the plan; the run (finished or failed) is then recorded in the history
     database unless ``record`` is false (`nightly` records and judges it itself).
     ``extra_info``: more run.json fields (nightly: its kind and the components CI named).
     ``stall_timeout_s``: the watchdog's limit for every variant (default: each variant's
-    launch.stall_timeout_s)."""
-    names = preflight(plan, console)
+    launch.stall_timeout_s). What it does goes to ``reporter``, ending in the verdict."""
+    names = preflight(plan, reporter)
     limits = Limits(timeout_s, stall_timeout_s)
     try:
-        return _execute(plan, console, limits, extra_info, names)
+        result = _execute(plan, reporter, limits, extra_info, names)
     except KeyboardInterrupt:
         mark_interrupted(plan.run_dir)
         raise
     finally:
         if record and plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
-            record_in_history(plan, console)
+            record_in_history(plan, reporter)
         unlock_run_dir(plan.run_dir)  # taken by _execute once it had created the directory
+    # the last event: its line (the summary, or the sentence of a run that compared nothing) is above
+    reporter.verdict(result.document.verdict or "INCONCLUSIVE", result.exit_code, result.run_dir)
+    return result
 
 
 def history_url(plan: RunPlan) -> str | None:
     return plan.config.nightly.history
 
 
-def record_in_history(plan: RunPlan, console: Console) -> None:
+def record_in_history(plan: RunPlan, reporter: Reporter) -> None:
     """Best effort: a history that cannot be written costs a warning, never the run."""
     try:
         hist = open_history(history_url(plan), plan.run_dir.parent)
         hist.record(plan.run_dir)
-        console.print(f"[dim]recorded in the history {hist.where}[/]")
+        reporter.info(f"[dim]recorded in the history {hist.where}[/]")
     except (HistoryError, OSError) as err:
-        console.print(f"[yellow]warning:[/] the run was not recorded in the history: {err}", soft_wrap=True)
+        reporter.warning(f"[yellow]warning:[/] the run was not recorded in the history: {err}")
     except Exception as err:  # noqa: BLE001 - a bug in the bookkeeping must not cost the finished run
-        console.print(f"[yellow]warning:[/] the run was not recorded in the history because of a bug in evalpipe "
-                      f"({type(err).__name__}: {err}):\n{traceback.format_exc()}", soft_wrap=True, markup=False)
+        reporter.warning(f"warning: the run was not recorded in the history because of a bug in evalpipe "
+                         f"({type(err).__name__}: {err}):\n{traceback.format_exc()}", plain=True)
 
 
-def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[str, Any] | None,
+def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict[str, Any] | None,
              names: dict[str, VariantNames]) -> RunResult:
 
     rd = artifacts.RunDir(plan.run_dir)
     info, kept = open_run_dir(rd, run_info(plan, **(extra_info or {})))
     write_run_document(rd.run_json, info)
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}")
-    console.print(f"[bold]run[/] {plan.run_id} -> {rd.root}")
+        reporter.note(f"[yellow]note:[/] {note}")
+    reporter.step(f"[bold]run[/] {plan.run_id} -> {rd.root}", run_id=plan.run_id, run_dir=str(rd.root))
     if kept:
-        console.print(f"[bold]continuing[/] the interrupted run; kept (finished, artifacts verified): {', '.join(kept)}")
+        reporter.step(f"[bold]continuing[/] the interrupted run; kept (finished, artifacts verified): {', '.join(kept)}")
     elif info.attempts:
-        console.print("[bold]continuing[/] the interrupted run; no variant had finished: all run again")
+        reporter.step("[bold]continuing[/] the interrupted run; no variant had finished: all run again")
 
     def save(**updates: Any) -> None:
         nonlocal info
@@ -120,7 +123,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
 
     t0 = time.time()
     try:
-        model = ensure_model(plan, console)
+        model = ensure_model(plan, reporter)
     except RunFailed as err:
         save(status="failed", error=str(err))
         raise
@@ -132,7 +135,7 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
          timings=info.timings.model_copy(update={"model_s": time.time() - t0}))
 
 
-    view = ProgressView(console)
+    view = ProgressView(reporter.console)
     # Without the reference (or its A/A twin) nothing can be compared, so their failure
     # ends the run; any other variant's failure is recorded and the rest still run and
     # are compared, so one broken build does not throw away an hour of the others.
@@ -155,15 +158,16 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
                 save(status="failed", error=error)
                 raise failed
             failures[variant.name] = (error, failed.exit_code)
-            console.print(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.")
+            reporter.failure(f"[bold red]variant {variant.name} failed[/]; continuing with the other variants.",
+                             variant=variant.name)
 
     for name in kept:
-        console.print(f"[bold cyan]variant {name}[/] kept from before the interruption")
+        reporter.step(f"[bold cyan]variant {name}[/] kept from before the interruption", variant=name)
         info = record_environment(info, name, rd.root / name, header=name == plan.variants[0].name)
     if plan.config.cluster.enabled:
-        run_on_cluster(plan, model, rd, names, limits, console, kept, record)
+        run_on_cluster(plan, model, rd, names, limits, reporter, kept, record)
     else:
-        _run_here(plan, model, rd, names, limits, console, view, kept, record)
+        _run_here(plan, model, rd, names, limits, reporter, view, kept, record)
 
     info = info.updated(timings=info.timings.model_copy(update={"total_s": time.time() - t0}))
     compared = [v.name for v in plan.variants if v.name not in failures]
@@ -172,10 +176,10 @@ def _execute(plan: RunPlan, console: Console, limits: Limits, extra_info: dict[s
             _fail_run(info, failures, save)
         save(status="ok", verdict=None)
         aa = next((v.name for v in plan.variants if v.aa_of), None)
-        console.print(f"[bold yellow]INCONCLUSIVE[/] {escape(nothing_compared(plan.variants[0].name, aa))}", soft_wrap=True)
+        reporter.info(f"[bold yellow]INCONCLUSIVE[/] {escape(nothing_compared(plan.variants[0].name, aa))}")
         return RunResult(rd.root, info, ExitCode.INCONCLUSIVE)
     try:
-        verdict_code, info = report_run(rd.root, console, info, variants=compared if failures else None)
+        verdict_code, info = report_run(rd.root, reporter, info, variants=compared if failures else None)
     except Exception as err:  # any kind: the variants' hours of work are on disk, say so
         # evalpipe's own error is its sentence; anything else is a bug, its traceback kept beside the artifacts
         if isinstance(err, EvalpipeError):
@@ -203,14 +207,14 @@ def nothing_compared(reference: str, aa: str | None) -> str:
 
 
 def _run_here(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames], limits: Limits,
-              console: Console, view: ProgressView, kept: list[str], record) -> None:
+              reporter: Reporter, view: ProgressView, kept: list[str], record) -> None:
     """The variants one after another in this machine's processes (the default)."""
     servers: dict[str, Any] = {}
     try:
         for i, variant in enumerate(plan.variants):
             if variant.name in kept:
                 continue
-            console.print(f"[bold cyan]variant {variant.name}[/] {escape(variant.description)}".rstrip())
+            reporter.step(f"[bold cyan]variant {variant.name}[/] {escape(variant.description)}".rstrip(), variant=variant.name)
             try:
                 outcome = run_and_close(plan, variant, model, rd.root / variant.name, view.handle(variant.name), limits,
                                         servers, names[variant.name])

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from evalpipe.history.store import open_history
 from evalpipe.nightly.simulate import simulate
+from evalpipe.reporting import TerminalReporter
 
 pytestmark = pytest.mark.slow
 RUNS_FOR_MINUTES = 2.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
@@ -33,7 +34,7 @@ NIGHTS, FAULT, FIX = 36, 30, 33  # 30 A/A nights, 3 with the fault, 3 after the 
 def sim(tmp_path_factory):
     out = tmp_path_factory.mktemp("nightly")
     console = Console(record=True, width=200)
-    summary = simulate(console, nights=NIGHTS, fault_night=FAULT, fix_night=FIX, limit=LIMIT, output=out / "sim")
+    summary = simulate(TerminalReporter(console), nights=NIGHTS, fault_night=FAULT, fix_night=FIX, limit=LIMIT, output=out / "sim")
     return {"out": out, "summary": summary, "log": console.export_text()}
 
 

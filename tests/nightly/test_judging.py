@@ -232,9 +232,11 @@ def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_pat
 def test_print_night_shows_an_inconclusive_night_with_its_reason(tmp_path):
     from rich.console import Console
 
+    from evalpipe.reporting import TerminalReporter
+
     _, results = _probe_nights(tmp_path, [{}, {"sp_ran": "legacy"}])
     console = Console(record=True, width=400, color_system=None)
-    nightly.print_night(results[1], console)
+    nightly.print_night(results[1], TerminalReporter(console))
     text = console.export_text()
     assert "nightly night-01: INCONCLUSIVE (baseline night-00)" in text
     assert f"  - tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}" in text

@@ -12,12 +12,13 @@ from rich.console import Console
 from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import ExitCode
 from evalpipe.pipeline.runner import execute
+from evalpipe.reporting import TerminalReporter
 from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 
 def test_a_compared_run_returns_its_verdict_its_document_and_its_exit_code(tmp_path):
     plan = fake_plan(tmp_path, {"a": {}, "b": {"env": {FAKE_ENGINE_ENV: "diverge=2"}}}, "ab")
-    result = execute(plan, Console(file=io.StringIO()), record=False)
+    result = execute(plan, TerminalReporter(Console(file=io.StringIO())), record=False)
     assert result.run_dir == plan.run_dir and result.exit_code == ExitCode.DIVERGENT
     assert result.document.verdict == "DIVERGENT" and result.document.status == "ok"
     assert result.document == read_run_document(plan.run_dir), "the document returned is the one saved"
@@ -26,6 +27,6 @@ def test_a_compared_run_returns_its_verdict_its_document_and_its_exit_code(tmp_p
 def test_a_run_that_compared_nothing_returns_inconclusive(tmp_path):
     plan = fake_plan(tmp_path, {"a": {}}, "alone")
     out = io.StringIO()
-    result = execute(plan, Console(file=out, width=200), record=False)
+    result = execute(plan, TerminalReporter(Console(file=out, width=200)), record=False)
     assert result.exit_code == ExitCode.INCONCLUSIVE and result.document.verdict is None
     assert "nothing was compared" in out.getvalue()

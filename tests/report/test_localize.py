@@ -198,13 +198,14 @@ def test_an_unreadable_localize_json_costs_a_warning_and_the_section_not_the_com
     from fakes import make_samples, write_run
 
     from evalpipe.pipeline.comparing import report_run
+    from evalpipe.reporting import TerminalReporter
     from evalpipe.rundir import artifacts
 
     legacy = make_samples(3)
     run = write_run(tmp_path / "run", {"legacy": legacy, "sp": [s.copy() for s in legacy]})
     (run / "localize.json").write_text('{"version": 7, "localizations": []}')
     out = io.StringIO()
-    code, _ = report_run(run, Console(file=out, width=400))
+    code, _ = report_run(run, TerminalReporter(Console(file=out, width=400)))
     assert code in (0, 1, 4)
     assert "warning: the reports leave out where the divergence starts" in out.getvalue()
     assert "localization of version 7; this evalpipe reads version 1" in out.getvalue()

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from evalpipe.cli import app
 from evalpipe.errors import RunFailed
+from evalpipe.reporting import TerminalReporter
 from evalpipe.rundir.lock import (
     LOCK_FILE,
     RunDirBusy,
@@ -100,7 +101,7 @@ def test_a_run_holds_its_directory_until_it_returns(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
     monkeypatch.setattr(runner, "ensure_model", model_step)
     with pytest.raises(RunFailed):
-        runner.execute(plan, Console(file=io.StringIO()), record=False)
+        runner.execute(plan, TerminalReporter(Console(file=io.StringIO())), record=False)
     assert seen == {"other process could lock": False}
     assert another_process_locks(plan.run_dir), "released when execute() returned"
 

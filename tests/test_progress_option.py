@@ -1,0 +1,60 @@
+"""`evalpipe --progress jsonl|quiet run` on the fake engine (evalpipe/worker/fake_engine.py):
+stdout is JSON lines ending in the verdict, or the verdict's one line; the terminal's
+output is tests/test_runs_on_the_fake_engine.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import in_process
+import yaml
+
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
+
+
+def _config(tmp: Path, reference: str = "1") -> Path:
+    path = tmp / "ab.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"path": "builtin:tiny-gsm"}, "engine": {"max_model_len": 4096, "seed": 0},
+        "output": str(tmp / "runs"), "noise_floor": False,
+        "variants": {"a": {"env": {FAKE_ENGINE_ENV: reference}}, "b": {"env": {FAKE_ENGINE_ENV: "diverge=2"}}},
+        "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
+    }))
+    return path
+
+
+def _run(tmp: Path, progress: str, run_id: str, reference: str = "1"):
+    return in_process.evalpipe("--progress", progress, "run", "gsm8k", "-c", str(_config(tmp, reference)), "--limit", "2",
+                               "--run-id", run_id, cwd=tmp, env={FAKE_ENGINE_ENV: "1"})
+
+
+def test_json_lines_on_stdout_end_in_the_verdict(tmp_path):
+    proc = _run(tmp_path, "jsonl", "jsonl")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]  # every line parses
+    assert events[0]["event"] == "step" and events[0]["run_id"] == "jsonl"
+    assert {"step", "verdict"} <= {e["event"] for e in events}
+    assert any(e["event"] == "step" and e.get("variant") == "b" for e in events)
+    assert events[-1] == {"event": "verdict", "text": "", "status": "DIVERGENT", "exit_code": 1,
+                          "where": str(tmp_path / "runs" / "jsonl")}
+    assert "DIVERGENT" in proc.stderr, "the summary the terminal shows goes to stderr"
+
+
+def test_a_failed_run_ends_its_json_lines_with_the_failure(tmp_path):
+    proc = _run(tmp_path, "jsonl", "failed", reference="fail_start")
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert events[-1] == {"event": "verdict", "text": "", "status": "FAILED", "exit_code": 3, "where": None}
+    assert "error:" in proc.stderr
+
+
+def test_quiet_prints_the_verdict_alone(tmp_path):
+    proc = _run(tmp_path, "quiet", "quiet")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [f"DIVERGENT (exit 1) {tmp_path / 'runs' / 'quiet'}"]
+
+
+def test_an_unknown_progress_is_a_user_error(tmp_path):
+    proc = in_process.evalpipe("--progress", "xml", "version", cwd=tmp_path)
+    assert proc.returncode == 2 and "--progress 'xml' is not one of terminal, quiet, jsonl" in proc.stderr
