@@ -18,6 +18,7 @@ from rich.console import Console
 
 from evalpipe.commands.compare import compare_command
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.reporting import TerminalReporter
 from evalpipe.rundir.artifacts import MANIFEST_JSON
 from tests.test_cli import assert_user_error
 
@@ -55,8 +56,8 @@ def test_compare_gates_file_drives_the_verdict(tmp_path):
     assert data["status"] == "EQUIVALENT" and data["gates"]["scores"]["margin"] == 0.5
 
 
-def _console() -> Console:
-    return Console(file=io.StringIO(), width=200)
+def _reporter() -> TerminalReporter:
+    return TerminalReporter(Console(file=io.StringIO(), width=200))
 
 
 @pytest.fixture
@@ -71,9 +72,9 @@ def two_runs(tmp_path):
 def test_one_variant_of_each_of_two_runs_is_compared_into_output(tmp_path, two_runs):
     one, two = two_runs
     out = tmp_path / "same"
-    assert compare_command([one / "a", two / "a"], _console(), output=out) == ExitCode.OK
+    assert compare_command([one / "a", two / "a"], _reporter(), output=out) == ExitCode.OK
     assert json.loads((out / "compare.json").read_text())["status"] == "IDENTICAL"
-    assert compare_command([one / "b", two / "b"], _console(), output=tmp_path / "diff") == ExitCode.DIVERGENT
+    assert compare_command([one / "b", two / "b"], _reporter(), output=tmp_path / "diff") == ExitCode.DIVERGENT
     assert json.loads((tmp_path / "diff" / "compare.json").read_text())["status"] == "DIVERGENT"
     assert not (one / "compare.json").exists() and not (two / "compare.json").exists(), "the runs' own files untouched"
 
@@ -81,7 +82,7 @@ def test_one_variant_of_each_of_two_runs_is_compared_into_output(tmp_path, two_r
 def test_one_run_compared_again_writes_its_reports_elsewhere_with_output(tmp_path, two_runs):
     _, two = two_runs
     out = tmp_path / "elsewhere"
-    assert compare_command([two], _console(), output=out) == ExitCode.DIVERGENT
+    assert compare_command([two], _reporter(), output=out) == ExitCode.DIVERGENT
     assert (out / "compare.json").is_file() and not (two / "compare.json").exists()
 
 
@@ -97,7 +98,7 @@ def test_arguments_it_cannot_use_are_refused_before_anything_is_written(tmp_path
     options = {k: tmp_path / v if k == "output" else v for k, v in options.items()}
     before = sorted(p for p in tmp_path.rglob("*"))
     with pytest.raises(UserError, match=message):
-        compare_command([tmp_path / a for a in args], _console(), **options)
+        compare_command([tmp_path / a for a in args], _reporter(), **options)
     assert sorted(p for p in tmp_path.rglob("*")) == before
 
 
@@ -105,6 +106,6 @@ def test_a_variant_without_its_manifest_is_compared_only_unverified_and_then_inc
     one, two = two_runs
     (two / "a" / MANIFEST_JSON).unlink()
     with pytest.raises(UserError, match="is not a variant directory"):
-        compare_command([one / "a", two / "a"], _console(), output=tmp_path / "out")
-    assert compare_command([one / "a", two / "a"], _console(), output=tmp_path / "out", unverified=True) == ExitCode.INCONCLUSIVE
+        compare_command([one / "a", two / "a"], _reporter(), output=tmp_path / "out")
+    assert compare_command([one / "a", two / "a"], _reporter(), output=tmp_path / "out", unverified=True) == ExitCode.INCONCLUSIVE
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["status"] == "INCONCLUSIVE"
