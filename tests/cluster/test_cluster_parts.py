@@ -6,15 +6,11 @@ CPU build cannot run an engine over Ray nodes (what tests/e2e/test_cluster.py ca
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from evalpipe.cluster import transfer
-from evalpipe.cluster.loopback import is_loopback
 from evalpipe.commands.run import with_cluster
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.loading import parse_config
@@ -79,41 +75,6 @@ def test_an_aa_run_that_reuses_the_servers_runs_in_its_unit(tmp_path):
                  output=str(tmp_path))
     plan = make_plan(cfg, "cfg.yaml", "gsm8k", strict=False)
     assert [[v.name for v in u] for u in units_of(plan, kept=[])] == [["a", "a-aa"], ["b"]]
-
-
-def test_a_directory_packed_and_unpacked_is_the_same_and_replaces_the_old(tmp_path):
-    source = tmp_path / "node" / "v"
-    (source / "records").mkdir(parents=True)
-    (source / "samples.parquet").write_bytes(b"\x00parquet" * 1000)
-    (source / "records" / "1.json").write_text("{}")
-    target = tmp_path / "driver" / "v"
-    target.mkdir(parents=True)
-    (target / "stale.log").write_text("from an earlier attempt")
-    transfer.unpack_into(transfer.pack(source), target)
-    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == \
-        ["records/1.json", "samples.parquet"]
-    assert (target / "samples.parquet").read_bytes() == (source / "samples.parquet").read_bytes()
-    assert [p.name for p in target.parent.iterdir()] == ["v"], "no staging directory is left"
-
-
-def test_a_pack_that_reaches_outside_its_directory_is_refused(tmp_path):
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        data = b"x"
-        info = tarfile.TarInfo("../escaped")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(tarfile.TarError):
-        transfer.unpack_into(buffer.getvalue(), tmp_path / "v")
-    assert not (tmp_path / "escaped").exists() and not (tmp_path / "v").exists()
-
-
-@pytest.mark.parametrize("address, loop", [
-    ("127.0.0.1:6379", True), ("localhost:1", True), ("ray://127.0.0.1:10001", True), ("[::1]:6379", True),
-    ("10.0.0.5:6379", False), ("auto", False), ("head.example:6379", False),
-])
-def test_loopback_addresses(address, loop):
-    assert is_loopback(address) is loop
 
 
 def test_the_watchdog_rests_while_a_variant_waits_for_the_reference():
