@@ -7,92 +7,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
+from capture_pieces import WIDTH, full_tensor, piece
 
 from evalpipe.compare.localize import Boundaries, Side, boundary_flags, format_positions, localize
-from evalpipe.compare.targets import choose_targets, teacher_divergence
 from evalpipe.compare.unshard import NotReassembled, Reassembled, reassemble
-from evalpipe.documents.captures import CapturedPiece, CaptureEntry, read_captures
+from evalpipe.documents.captures import CapturedPiece, read_captures
 from evalpipe.errors import UserError
 from evalpipe.probes.capture import TensorCapture
-from evalpipe.rundir.sequences import ReferenceSequence
-
-WIDTH = 8
-
-
-def piece(values, *, module="attn.out", layer=0, layout="full", rank=None, world=1, rows=None, seq=0, shard_rows=None,
-          columns=None, width=WIDTH, start=0, tokens=16, scale=1.0) -> CapturedPiece:
-    values = np.asarray(values, dtype=np.float32)
-    rows = list(range(len(values))) if rows is None else rows
-    entry = CaptureEntry(sequence=seq, label=f"t doc {seq}", module=module, layer=layer, layout=layout, rank=rank,
-                         world=world, rows=rows, batch_start=start, batch_tokens=tokens, shard_rows=shard_rows,
-                         columns=columns, width=width, scale=scale, shape=values.shape, offset=0, pid=1)
-    return CapturedPiece(entry, values)
-
-
-def full_tensor(rows=4, seed=0) -> np.ndarray:
-    return np.random.default_rng(seed).normal(size=(rows, WIDTH)).astype(np.float32)
-
-
-# ----------------------------------------------------------------------------- un-sharding
-
-
-def test_token_shards_are_put_back_at_their_positions():
-    x = full_tensor(6)
-    pieces = [piece(x[[4, 5]], layout="token_shards", rank=1, world=2, rows=[4, 5], shard_rows=3),
-              piece(x[[0, 2]], layout="token_shards", rank=0, world=2, rows=[0, 2], shard_rows=3)]
-    got = reassemble(pieces)
-    assert isinstance(got, Reassembled)
-    assert got.rows.tolist() == [0, 2, 4, 5]
-    np.testing.assert_array_equal(got.values, x[[0, 2, 4, 5]])
-
-
-def test_head_columns_and_partial_sums_reassemble_the_full_tensor():
-    x = full_tensor()
-    cols = [[(0, 3)], [(3, 8)]]
-    pieces = [piece(x[:, 0:3], layout="head_columns", rank=0, world=2, columns=cols[0]),
-              piece(x[:, 3:8], layout="head_columns", rank=1, world=2, columns=cols[1])]
-    got = reassemble(pieces)
-    assert isinstance(got, Reassembled)
-    np.testing.assert_array_equal(got.values, x)
-
-    parts = [x * 0.25, x * 0.75]
-    summed = reassemble([piece(p, layout="partial_sum", rank=r, world=2) for r, p in enumerate(parts)])
-    assert isinstance(summed, Reassembled)
-    np.testing.assert_allclose(summed.values, x, rtol=1e-6)
-
-
-def test_a_tensor_held_at_an_output_scale_is_compared_at_scale_one():
-    x = full_tensor()
-    got = reassemble([piece(x * 16384, scale=16384.0)])
-    assert isinstance(got, Reassembled)
-    np.testing.assert_array_equal(got.values, x)
-    mixed = reassemble([piece(x, layout="partial_sum", rank=0, world=2), piece(x, layout="partial_sum", rank=1, world=2, scale=2.0)])
-    assert isinstance(mixed, NotReassembled) and "several scales (1, 2)" in mixed.why
-
-
-@pytest.mark.parametrize(
-    "pieces, why",
-    [
-        ([piece(full_tensor()[:, :4], layout="head_columns", rank=0, world=2, columns=[(0, 4)]),
-          piece(full_tensor()[:, 3:7], layout="head_columns", rank=1, world=2, columns=[(3, 7)])], "column 3 is held by more than one rank"),
-        ([piece(full_tensor()[:, :4], layout="head_columns", rank=0, world=2, columns=[(0, 4)]),
-          piece(full_tensor()[:, 4:7], layout="head_columns", rank=1, world=2, columns=[(4, 7)])], "column 7 is held by no rank"),
-        ([piece(full_tensor(), layout="partial_sum", rank=0, world=3)], "ranks 1, 2 of 3 wrote no piece"),
-        ([piece(full_tensor(), layout="replicated", rank=0, world=2),
-          piece(full_tensor(seed=1), layout="replicated", rank=1, world=2)], "rank 1's copy differs from rank 0's"),
-        ([piece(full_tensor(), layout="full"), piece(full_tensor(), layout="token_shards", rank=0, world=1, shard_rows=4)],
-         "several layouts"),
-    ],
-)
-def test_what_cannot_be_reassembled_is_said(pieces, why):
-    got = reassemble(pieces)
-    assert isinstance(got, NotReassembled) and why in got.why, got
-
-
-# ----------------------------------------------------------------------------- the comparison
 
 
 def _model(fault_layer=None, fault_module="attn.out", scale=1e-2, noise=0.0, seed=0):
@@ -168,33 +91,6 @@ def test_boundary_flags_come_from_the_recorded_layouts():
 
 def test_positions_are_written_as_runs():
     assert format_positions([2049, 2047, 2048, 12]) == "12, 2047–2049"
-
-
-# ----------------------------------------------------------------------------- targets
-
-
-def _teacher(rows: list[tuple[int, int, float]]) -> pa.Table:
-    return pa.table({"task": ["t"] * len(rows), "doc_id": [r[0] for r in rows], "repeat": [0] * len(rows),
-                     "pos": [r[1] for r in rows], "logprob": [r[2] for r in rows]})
-
-
-def test_the_most_divergent_sequences_and_their_worst_rows_are_chosen():
-    seqs = [ReferenceSequence("t", d, 0, prompt_token_ids=list(range(10)), continuation_ids=[1, 2, 3, 4]) for d in range(3)]
-    ref = _teacher([(d, p, -1.0) for d in range(3) for p in range(4)])
-    var = _teacher([(d, p, -1.0 - (0.5 if (d, p) == (2, 1) else 0.1 if (d, p) == (0, 3) else 0.0)) for d in range(3) for p in range(4)])
-    assert teacher_divergence(ref, var)[("t", 2, 0)][1] == (1, pytest.approx(0.5))
-    targets = choose_targets(seqs, ref, var, samples=2, positions=1, tp_sizes=(4,))
-    assert [t.label for t in targets] == ["t doc 2", "t doc 0"]
-    rows = targets[0].rows
-    # position 11 (continuation pos 1) is predicted from row 10
-    assert rows[10] == ["teacher-forced |Δlogprob| 0.5 at position 11"]
-    assert rows[9] == ["last prompt token"] and rows[13] == ["last token"]
-    # 14 tokens on 4 ranks: shards of 4, boundaries at 4, 8, 12
-    assert {3, 4, 7, 8, 11, 12} <= set(rows) and "first token of a shard (T = 4)" in rows[12]
-    assert targets[0].token_ids == list(range(10)) + [1, 2, 3, 4]
-
-
-# ----------------------------------------------------------------------------- the engine side
 
 
 def test_capture_points_keep_the_watched_rows_of_a_recognised_forward(tmp_path):
@@ -342,16 +238,6 @@ def test_nan_or_inf_where_the_reference_is_finite_is_above_any_floor():
     assert first.rel_l2 == 0  # the rows both sides hold finite are equal
     assert "NaN or inf at 2 positions where the reference is finite" in result.sentence()
     assert first.above and {w.position for w in first.worst if w.rel_l2 is None} == {7, 8}
-
-
-def test_decode_mode_keeps_the_first_generated_tokens_rows():
-    seqs = [ReferenceSequence("t", 0, 0, prompt_token_ids=list(range(10)), continuation_ids=[1, 2, 3, 4])]
-    ref = _teacher([(0, p, -1.0) for p in range(4)])
-    targets = choose_targets(seqs, ref, ref, samples=1, positions=2, decode_steps=3)
-    rows = targets[0].rows
-    # no teacher-forced difference at all: the decode rows are kept regardless
-    assert [r for r, why in rows.items() if any("decode step" in w for w in why)] == [10, 11, 12]
-    assert rows[10] == ["decode step 1 (one token per forward pass)"] and targets[0].prompt_len == 10
 
 
 def test_an_sp_moe_layers_outputs_are_captured_as_shards_even_for_one_token(tmp_path):
