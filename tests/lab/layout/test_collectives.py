@@ -3,15 +3,10 @@ torch), the fault registry and how settings are resolved from the environment/co
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from evalpipe.engine_patches.switches import LAYOUTS
 from evalpipe.lab.layout import collectives as C
-from evalpipe.lab.layout.faults import FAULTS, parse_faults
-from evalpipe.lab.layout.settings import resolve
 
 T = 4
 HEADS, HEAD_DIM, HIDDEN = 6, 8, 24
@@ -20,9 +15,6 @@ HEADS, HEAD_DIM, HIDDEN = 6, 8, 24
 def rand(*shape: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
-
-# ----------------------------------------------------------------------------- geometry
 
 
 @pytest.mark.parametrize("n,size", [(1, 1), (4, 1), (5, 2), (8, 2), (9, 3), (3504, 876)])
@@ -49,9 +41,6 @@ def test_head_groups_need_one_head_per_rank(world):
 def test_head_columns_select_whole_heads():
     cols = C.head_columns(range(2, 4), HEAD_DIM)
     assert cols.tolist() == list(range(2 * HEAD_DIM, 4 * HEAD_DIM))
-
-
-# ----------------------------------------------------------------------------- padding, shards, check
 
 
 def test_pad_modes_and_unpad():
@@ -91,9 +80,6 @@ def test_check_shard_rejects_an_offset_off_by_one():
 def test_check_shard_rejects_a_wrong_length():
     with pytest.raises(C.ShardMismatch, match=r"holds 2 rows, expected ceil\(9/4\) = 3"):
         C.check_shard(rank=0, offset=0, rows=2, num_tokens=9, world=4)
-
-
-# ----------------------------------------------------------------------------- collectives
 
 
 def test_all_gather_inverts_scatter():
@@ -192,88 +178,6 @@ def test_legacy_and_sp_layouts_compute_the_same_o_projection():
 
     assert torch.allclose(legacy.double(), exact, atol=1e-5) and torch.allclose(sp.double(), exact, atol=1e-5)
     assert not torch.equal(legacy, sp)
-
-
-# ----------------------------------------------------------------------------- faults and settings
-
-
-def hf(**kw):
-    return SimpleNamespace(num_attention_heads=6, **kw)
-
-
-def test_fault_registry_names_harm_and_layout():
-    assert {n for n, f in FAULTS.items() if f.harmful} >= {
-        "shard_offset", "double_reduce", "heads_permuted", "scale_after_reduce", "padding_not_zeroed",
-        "residual_not_rescaled", "subtle_last_layer_boundary",
-    }
-    assert {n for n, f in FAULTS.items() if not f.harmful} >= {"tree_reduce", "reduce_fp64"}
-    for fault in FAULTS.values():
-        assert (fault.layout in LAYOUTS or fault.layout == "any") and len(fault.doc) > 100
-        assert (fault.out_scale is not None) == fault.needs_scale
-
-
-def test_parse_faults():
-    assert parse_faults(None) == frozenset() == parse_faults("none") == parse_faults(" , ")
-    assert parse_faults("tree_reduce, heads_permuted") == {"tree_reduce", "heads_permuted"}
-    with pytest.raises(ValueError, match=r"unknown fault 'heads_swapped'; valid names: none, shard_offset, "):
-        parse_faults("heads_swapped")
-
-
-def test_settings_defaults():
-    s = resolve(hf(), {})
-    assert (s.layout, s.tp, s.out_scale, s.faults) == ("legacy", 4, 1.0, frozenset())
-    s = resolve(hf(layout_tp=2, layout_out_scale=16384), {"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": "tree_reduce"})
-    assert s.describe() == "layout=sp tp=2 out_scale=16384 faults=tree_reduce"
-
-
-@pytest.mark.parametrize(
-    "config,env,message",
-    [
-        (hf(), {"EVALPIPE_LAYOUT": "pass-through"}, r"EVALPIPE_LAYOUT='pass-through' is not a layout; valid values: legacy, sp\."),
-        (hf(), {"EVALPIPE_LAYOUT_FAULT": "oops"}, r"unknown fault 'oops'; valid names"),
-        (hf(), {"EVALPIPE_LAYOUT_FAULT": "heads_permuted"}, r"acts on the sp layout; set EVALPIPE_LAYOUT=sp"),
-        (hf(), {"EVALPIPE_LAYOUT": "sp", "EVALPIPE_LAYOUT_FAULT": "residual_not_rescaled"}, r"only exists with an output scale"),
-        (hf(layout_tp=8), {}, r"layout_tp=8: .* from 1 to the model's 6 attention heads"),
-        (hf(layout_tp="4"), {}, r"layout_tp='4'"),
-        (hf(layout_out_scale=0), {}, r"layout_out_scale=0 must be a positive finite number"),
-    ],
-)
-def test_settings_errors_say_what_to_fix(config, env, message):
-    with pytest.raises(ValueError, match=message):
-        resolve(config, env)
-
-
-def test_importing_the_plugin_stays_light():
-    import subprocess
-    import sys
-
-    code = "import sys, evalpipe.lab.layout.plugin, evalpipe.lab.layout.settings; print('torch' in sys.modules, 'vllm' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False"]
-
-
-def test_probe_setting_syntax_is_validated_like_the_environment():
-    from evalpipe.lab.layout.probe import parse_setting
-
-    s = parse_setting("sp@16384:residual_not_rescaled+tree_reduce", num_heads=6, tp=4)
-    assert s.describe() == "layout=sp tp=4 out_scale=16384 faults=residual_not_rescaled,tree_reduce"
-    with pytest.raises(ValueError, match="only exists with an output scale"):
-        parse_setting("sp:scale_after_reduce", num_heads=6, tp=4)
-
-
-def test_a_fault_of_any_layout_resolves_under_both_and_graded_faults_carry_their_magnitude():
-    from evalpipe.lab.layout.faults import GRADED_MAGNITUDES, GRADED_PREFIX, graded_magnitude
-
-    for layout in ("legacy", "sp"):
-        s = resolve(hf(), {"EVALPIPE_LAYOUT": layout, "EVALPIPE_LAYOUT_FAULT": "nondeterministic_reduce"})
-        assert s.has("nondeterministic_reduce") and s.layout == layout
-    names = [GRADED_PREFIX + m for m in GRADED_MAGNITUDES]
-    assert [FAULTS[n].magnitude for n in names] == [1e-1, 1e-2, 1e-3, 1e-4, 1e-5]
-    assert all(FAULTS[n].harmful and FAULTS[n].layout == "sp" for n in names)
-    assert graded_magnitude(frozenset({"attn_out_error_1e-3", "tree_reduce"})) == 1e-3
-    assert graded_magnitude(frozenset({"tree_reduce"})) == 0.0
-    with pytest.raises(ValueError, match="acts on the sp layout"):
-        resolve(hf(), {"EVALPIPE_LAYOUT": "legacy", "EVALPIPE_LAYOUT_FAULT": "attn_out_error_1e-3"})
 
 
 def test_random_order_reduction_sums_every_rank_in_an_order_drawn_per_row():
