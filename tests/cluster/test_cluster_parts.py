@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.commands.run import with_cluster
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.loading import parse_config
 from evalpipe.documents.worker_events import read_event
 from evalpipe.errors import UserError
 from evalpipe.execution.watchdog import Watchdog
-from evalpipe.pipeline.on_cluster import demand_of, units_of
-from evalpipe.pipeline.plan import make_plan
 
 BASE = {
     "model": {"path": "builtin:tiny-gsm"},
@@ -48,33 +45,6 @@ def test_bad_resources_are_refused_in_one_sentence(resources, said):
         config(cluster={"address": "auto", "resources": resources})
     with pytest.raises(ConfigError, match=said):
         parse_config({**BASE, "variants": {"a": {"resources": resources}}})
-
-
-def test_cluster_option_overrides_the_config():
-    cfg = config(cluster={"address": "10.0.0.1:6379", "distinct_nodes": True})
-    assert with_cluster(cfg, None) is cfg
-    assert with_cluster(cfg, "off").cluster.address is None
-    moved = with_cluster(cfg, "ray://head:10001")
-    assert moved.cluster.address == "ray://head:10001" and moved.cluster.distinct_nodes
-    for bad in ("", " ", "a b"):
-        with pytest.raises(UserError, match="not a cluster address"):
-            with_cluster(cfg, bad)
-
-
-def test_units_and_what_each_asks_for(tmp_path):
-    cfg = config(cluster={"address": "auto", "resources": {"NPU": 32}}, noise_floor=True, output=str(tmp_path))
-    plan = make_plan(cfg, "cfg.yaml", "gsm8k", strict=False)
-    units = units_of(plan, kept=[])
-    assert [[v.name for v in u] for u in units] == [["a"], ["a-aa"], ["b"]], "offline: the A/A run is a unit of its own"
-    assert [demand_of(plan, u) for u in units] == [{"NPU": 32.0}, {"NPU": 32.0}, {"NPU": 16.0, "pair_b": 1.0}]
-    assert [[v.name for v in u] for u in units_of(plan, kept=["a"])] == [["a-aa"], ["b"]]
-
-
-def test_an_aa_run_that_reuses_the_servers_runs_in_its_unit(tmp_path):
-    cfg = config(cluster={"address": "auto"}, launch={"mode": "serve"}, noise_floor={"reuse_server": True},
-                 output=str(tmp_path))
-    plan = make_plan(cfg, "cfg.yaml", "gsm8k", strict=False)
-    assert [[v.name for v in u] for u in units_of(plan, kept=[])] == [["a", "a-aa"], ["b"]]
 
 
 def test_the_watchdog_rests_while_a_variant_waits_for_the_reference():
@@ -123,22 +93,6 @@ def test_vllms_cpu_build_cannot_run_an_engine_over_ray_nodes():
     from vllm.platforms.cpu import CpuPlatform
 
     assert CpuPlatform.ray_device_key == ""
-
-
-def test_concurrency_and_distinct_nodes_on_the_command_line():
-    cfg = config(cluster={"address": "auto", "distinct_nodes": True})
-    assert with_cluster(cfg, None, concurrency=2).cluster.concurrency == 2
-    assert not with_cluster(cfg, None, concurrency=2).cluster.distinct_nodes, "--concurrency alone lifts the spread"
-    spread = with_cluster(config(cluster={"address": "auto", "concurrency": 2}), None, distinct_nodes=True)
-    assert spread.cluster.distinct_nodes and spread.cluster.concurrency is None
-    with pytest.raises(UserError, match="remove one of the two"):
-        with_cluster(cfg, None, concurrency=2, distinct_nodes=True)
-    with pytest.raises(UserError, match="out of range"):
-        with_cluster(cfg, None, concurrency=0)
-    with pytest.raises(UserError, match="applies to a run on a Ray cluster"):
-        with_cluster(config(), None, distinct_nodes=True)
-    with pytest.raises(ConfigError, match="remove one of the two"):
-        config(cluster={"address": "auto", "distinct_nodes": True, "concurrency": 3})
 
 
 def _node(i: int, **total: float):
