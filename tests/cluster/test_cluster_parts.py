@@ -1,7 +1,5 @@
-"""The pure parts of running on a Ray cluster, without Ray: the `cluster:` settings and
---cluster, how variants group into units and what each asks for, a variant directory
-packed and unpacked, loopback addresses, the watchdog while a variant waits for the
-reference, the worker's wait for the reference's sequences; and the evidence that vLLM's
+"""The pure parts of running on a Ray cluster, without Ray: the `cluster:` settings, the
+watchdog while a variant waits for the reference, the worker's wait for the reference's sequences; and the evidence that vLLM's
 CPU build cannot run an engine over Ray nodes (what tests/e2e/test_cluster.py cannot show)."""
 
 from __future__ import annotations
