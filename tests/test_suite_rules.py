@@ -235,3 +235,25 @@ def test_no_message_offers_deleting_as_the_way_forward():
             if advice.search(node.value):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value[:100]!r}")
     assert found == [], found
+
+
+TESTS = Path(__file__).resolve().parent
+# Beside the mirror: the runs that start the real engine, and the helpers every package's tests share.
+OUTSIDE_THE_MIRROR = ("e2e", "support")
+
+
+def _modules() -> list[Path]:
+    """Every module of the package, relative to it; `python -m evalpipe` is the CLI's."""
+    return [path.relative_to(PACKAGE) for path in sorted(PACKAGE.rglob("*.py")) if path.name not in ("__init__.py", "__main__.py")]
+
+
+def test_every_test_directory_mirrors_a_package():
+    strays = [str(d.relative_to(TESTS)) for d in sorted(TESTS.rglob("*"))
+              if d.is_dir() and d.name != "__pycache__" and "__pycache__" not in d.parts
+              and d.relative_to(TESTS).parts[0] not in OUTSIDE_THE_MIRROR and not (PACKAGE / d.relative_to(TESTS)).is_dir()]
+    assert not strays, f"tests/{strays[0]} matches no package of evalpipe/: put its tests beside the package they test"
+
+
+def test_every_module_has_a_test_file_of_its_own():
+    missing = [f"tests/{rel.parent / ('test_' + rel.name)}" for rel in _modules() if not (TESTS / rel.parent / f"test_{rel.name}").is_file()]
+    assert not missing, f"{len(missing)} modules have no test file of their own, first {missing[:5]}"
