@@ -21,14 +21,14 @@ import pytest
 
 from evalpipe.compare import gates as G
 from evalpipe.compare.code_paths import ModelProbe, PathSide, ProcessProbe, VariantProbes, check_side, judge_paths
-from evalpipe.compare.distribution import ShiftTest, sign_flip_pvalue
+from evalpipe.compare.distribution import sign_flip_pvalue
 from evalpipe.compare.numerics import FLOORS, LOCALIZE_FLOORS, NOISY_AA_FLOORS, Numerics
 from evalpipe.compare.scores import PairedScores
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import SMALLEST_SIGN_FLIP_P, Gates
 from evalpipe.config.loading import load_gates, parse_config
-from evalpipe.documents.comparison import FAILED
+from evalpipe.documents.comparison import FAILED, ShiftTest
 from evalpipe.gates import registry
 
 TASK = "gsm8k_synth_4shot"

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
+from evalpipe.compare.distribution import measured
 from evalpipe.compare.gates import FAIL, GATE_ORDER, SCORE_GATES, SKIP
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
@@ -234,7 +235,7 @@ def sensitivity_point(comparison: VariantComparison, magnitude: float, n_items: 
     significant: dict[str, bool] = {}
     for t in comparison.shifts or ():
         gate = "teacher_" + t.test
-        significant[gate] = significant.get(gate, False) or t.p_value < gates.distribution.alpha
+        significant[gate] = significant.get(gate, False) or measured(t.p_value) < gates.distribution.alpha
     return SensitivityPoint(
         variant=comparison.variant,
         magnitude=magnitude,

@@ -36,15 +36,15 @@ Pure numpy/scipy over arrays the token comparison already holds.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from evalpipe.compare.scores import to_jsonable
 from evalpipe.config.gate_settings import SIGN_FLIP_RESAMPLES
-from evalpipe.documents import comparison as schema
+from evalpipe.documents.comparison import ShiftTest
 
 EXACT_MAX_SAMPLES = 16
 N_RESAMPLES = SIGN_FLIP_RESAMPLES  # the config bounds alpha by the smallest p-value it allows
@@ -125,28 +125,9 @@ def sign_flip_pvalue(totals: np.ndarray, alternative: str = "two-sided") -> floa
     return float((1 + extreme) / (1 + N_RESAMPLES))
 
 
-@dataclass(frozen=True)
-class ShiftTest:
-    """One distributional test of one task (module docstring)."""
-
-    test: str  # "dlogprob_shift" | "kl_shift"
-    task: str
-    estimate: float  # mean per position, A/B minus A/A (nats)
-    ci_low: float
-    ci_high: float
-    confidence: float
-    p_value: float
-    n_positions: int
-    n_samples: int
-    aa_position_sd: float | None  # spread of one position in A/A (dlogprob: sd of lp_A' - lp_A; kl: sd of KL(A, A'))
-    n_dropped: int = 0  # positions without a partner in A/A or with a non-finite value
-
-    @property
-    def alternative(self) -> str:
-        return ALTERNATIVE[self.test]
-
-    def document(self) -> schema.ShiftTest:
-        return schema.ShiftTest.model_validate(to_jsonable(self))
+def measured(value: float | None) -> float:
+    """A test's figure to compute with: NaN where it measured nothing (null once written)."""
+    return math.nan if value is None else value
 
 
 @dataclass(frozen=True)
@@ -209,10 +190,10 @@ def shift_tests(ab: PositionValues, aa: PositionValues, confidence: float) -> li
                     ci_high=hi,
                     confidence=confidence,
                     p_value=sign_flip_pvalue(totals, alternative),
-                    n_positions=cm.n_obs,
-                    n_samples=cm.n_clusters,
+                    n_positions=int(cm.n_obs),
+                    n_samples=int(cm.n_clusters),
                     aa_position_sd=float(np.std(aa_vals)) if len(aa_vals) else None,
-                    n_dropped=n_task - cm.n_obs,
+                    n_dropped=int(n_task - cm.n_obs),
                 )
             )
     return out

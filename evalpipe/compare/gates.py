@@ -70,10 +70,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Final, Iterable, Mapping, Sequence
 
-from evalpipe.compare.distribution import ShiftTest
+from evalpipe.compare.distribution import ALTERNATIVE, measured
 from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
-from evalpipe.documents.comparison import GateResult, GateStatus, ScoreRow, TokenSummary
+from evalpipe.documents.comparison import GateResult, GateStatus, ScoreRow, ShiftTest, TokenSummary
 from evalpipe.gates import registry
 
 PASS: Final = "pass"
@@ -370,13 +370,14 @@ def distribution_gate(
     if test.n_samples < 2:
         why = f"{test.n_samples} sample(s) with teacher-forced positions paired with the A/A run; the test needs 2"
         return GateResult(gate=gate, task=task, metric=None, status=SKIP, measured=None, threshold=floor, aa_value=None, detail=f"{head} skipped, {why}")
-    effect = test.estimate
-    significant = test.p_value < cfg.alpha
+    effect = measured(test.estimate)
+    significant = measured(test.p_value) < cfg.alpha
     relevant = abs(effect) > floor
     failed = significant and relevant
     conf = f"{100 * test.confidence:g}%"
-    high = _signed(test.ci_high) if test.alternative == "two-sided" else "\u221e)"
-    interval = f"[{_signed(test.ci_low)}, {high}" + ("]" if test.alternative == "two-sided" else "")
+    two_sided = ALTERNATIVE[test.test] == "two-sided"
+    high = _signed(test.ci_high) if two_sided else "\u221e)"
+    interval = f"[{_signed(test.ci_low)}, {high}" + ("]" if two_sided else "")
     text = (
         f"{head} {registry.gate(gate).label} {_signed(effect)} nats, {conf} CI {interval}, "
         f"sign-flip p {_num(test.p_value)} {'<' if significant else '>='} {_num(cfg.alpha)}, "

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from evalpipe.compare.bylength import length_breakdown
 from evalpipe.compare.code_paths import PathSide, VariantProbes, judge_paths
-from evalpipe.compare.distribution import PositionValues, ShiftTest, shift_tests
+from evalpipe.compare.distribution import PositionValues, shift_tests
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.scores import ScoreComparison, compare_scores
@@ -46,7 +46,7 @@ from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
 from evalpipe.documents.base import as_written
-from evalpipe.documents.comparison import Status
+from evalpipe.documents.comparison import ShiftTest, Status
 from evalpipe.errors import UserError
 
 
@@ -244,7 +244,7 @@ def compare_tables(
         teacher=None if teacher is None else [as_written(t) for t in teacher.summaries],
         gates=list(verdict.gates),
         numerics=numerics.doc,
-        distribution=None if shifts is None else [t.document() for t in shifts],
+        distribution=None if shifts is None else [as_written(t) for t in shifts],
         outputs_status=verdict.outputs,
         paths=judged,
         by_length=None if by_length is None else [as_written(t) for t in by_length],

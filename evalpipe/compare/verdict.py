@@ -21,11 +21,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from evalpipe.compare.distribution import ShiftTest
 from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import Gates
-from evalpipe.documents.comparison import ScoreRow, Status, TokenSummary
+from evalpipe.documents.comparison import ScoreRow, ShiftTest, Status, TokenSummary
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
                   "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")

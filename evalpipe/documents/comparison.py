@@ -309,7 +309,9 @@ class NumericsDoc(Document):
 
 
 class ShiftTest(Document):
-    """One distributional test of one task (compare.distribution.ShiftTest)."""
+    """One distributional test of one task (evalpipe.compare.distribution). compare computes
+    with it as built, NaN where nothing could be measured and +inf for an open interval's
+    end; the comparison document holds it as written (those as null: ``as_written``)."""
 
     test: str
     task: str
@@ -320,8 +322,8 @@ class ShiftTest(Document):
     p_value: float | None
     n_positions: int
     n_samples: int
-    aa_position_sd: float | None
-    n_dropped: int
+    aa_position_sd: float | None  # spread of one position in A/A (dlogprob: sd of lp_A' - lp_A; kl: sd of KL(A, A'))
+    n_dropped: int = 0  # positions without a partner in A/A or with a non-finite value
 
 
 # ---------------------------------------------------------------------------
