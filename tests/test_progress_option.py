@@ -1,4 +1,4 @@
-"""`evalpipe --progress jsonl|quiet run` on the fake engine (evalpipe/worker/fake_engine.py):
+"""`evalpipe --progress jsonl|quiet run` on the fake engine (evalpipe/worker/fakes/engine.py):
 stdout is JSON lines ending in the verdict, or the verdict's one line; the terminal's
 output is tests/test_runs_on_the_fake_engine.py's."""
 
@@ -58,3 +58,15 @@ def test_quiet_prints_the_verdict_alone(tmp_path):
 def test_an_unknown_progress_is_a_user_error(tmp_path):
     proc = in_process.evalpipe("--progress", "xml", "version", cwd=tmp_path)
     assert proc.returncode == 2 and "--progress 'xml' is not one of terminal, quiet, jsonl" in proc.stderr
+
+
+def test_compare_ends_its_json_lines_with_the_verdict_too(tmp_path):
+    assert _run(tmp_path, "quiet", "again").returncode == 1
+    run_dir = tmp_path / "runs" / "again"
+    proc = in_process.evalpipe("--progress", "jsonl", "compare", str(run_dir), "--output", str(tmp_path / "elsewhere"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert events[-1] == {"event": "verdict", "text": "", "status": "DIVERGENT", "exit_code": 1, "where": str(tmp_path / "elsewhere")}
+    across = in_process.evalpipe("--progress", "quiet", "compare", str(run_dir / "a"), str(run_dir / "b"),
+                                 "--output", str(tmp_path / "across"), cwd=tmp_path)
+    assert across.returncode == 1 and across.stdout.splitlines() == [f"DIVERGENT (exit 1) {tmp_path / 'across'}"]

@@ -35,8 +35,10 @@ def compare_command(targets: list[Path], reporter: Reporter, *, reference: str |
         chosen = split_csv(variants, "--variants") or None
         # it rewrites run.json and the reports there: not while a run or another compare writes them
         with holding_run_dir(run_dir, elsewhere="or write the reports elsewhere with --output") if output is None else nullcontext():
-            return report_run(run_dir, reporter, reference=reference, variants=chosen, output=output, gates=chosen_gates,
-                              unverified=unverified)[0]
+            code, info = report_run(run_dir, reporter, reference=reference, variants=chosen, output=output,
+                                    gates=chosen_gates, unverified=unverified)
+        reporter.verdict(info.verdict, code, output or run_dir)
+        return code
     if len(targets) == 2:
         if reference or variants:
             raise UserError("--reference and --variants apply to one run directory; across runs the first argument is the reference.")
@@ -62,7 +64,9 @@ def compare_two_runs(a: Path, b: Path, reporter: Reporter, output: Path | None =
     written = write_outputs(out_dir, comparison, info)
     print_summary(comparison.doc, reporter.console)
     print_written(written, reporter)
-    return verdict_exit_code(comparison.status.value)
+    code = verdict_exit_code(comparison.status.value)
+    reporter.verdict(comparison.status.value, code, out_dir)
+    return code
 
 
 def _run_gates(target: Path) -> Gates | None:

@@ -283,7 +283,8 @@ def report_run(
     """Compare a run's stored artifacts, write compare.json and the reports (into ``output``,
     default the run directory, whose run.json then records the verdict) and print the
     summary: the end of a run, and `evalpipe compare RUN_DIR` (``unverified``: its
-    --unverified). Returns the verdict's exit code and run.json's content as it now stands."""
+    --unverified). Returns the verdict's exit code and run.json's content as it now stands,
+    with this comparison's verdict (with ``output``, run.json itself is left as it was)."""
     rd = artifacts.RunDir(run_dir)
     if info is None:  # a broken run.json: one sentence naming it
         info = read_run_document(rd.root) or RunDocument()
@@ -297,7 +298,7 @@ def report_run(
     written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localizations=localizations)
     print_summary(comparison.doc, reporter.console, localizations=localizations)
     print_written(written, reporter)
-    return verdict_exit_code(verdict), info
+    return verdict_exit_code(verdict), info.updated(verdict=verdict) if output is not None else info
 
 
 def readable_localizations(run_dir: Path, reporter: Reporter) -> list[LocalizeDocument]:
