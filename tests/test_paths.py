@@ -19,6 +19,7 @@ def test_the_directories_default_under_the_home_cache(monkeypatch, tmp_path):
 
 
 def test_the_environment_moves_them(monkeypatch, tmp_path):
+    monkeypatch.delenv(DATA_ENV, raising=False)  # CI sets both: here each is set in turn
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv(CACHE_ENV, "~/c/../cache")
     assert cache_dir() == tmp_path / "cache" and data_dir() == tmp_path / "cache" / "data"
