@@ -17,6 +17,7 @@ from evalpipe.config.engine_args import dtype_problem
 from evalpipe.config.expectations import Expectations, merged_expectations, shadowed_keys
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.merge import deep_merge
+from evalpipe.config.sampling import Sampling
 from evalpipe.config.strict import Strict
 from evalpipe.data.longctx import LongCtxSpec
 from evalpipe.engine_patches.switches import check_env
@@ -152,6 +153,11 @@ class TaskSpec(Strict):
         default=None,
         description="Local data files per split (parquet/jsonl/json/csv) instead of the task's hub data set; relative paths resolve against the data directory.",
     )
+    sampling: Sampling | None = Field(
+        default=None,
+        description="Sample this task's generations (common random numbers: every sample seeded alike in every variant); "
+        "default: the run's `sampling:`, else greedy.",
+    )
 
 
 class PromptPositions(Strict):
@@ -253,6 +259,10 @@ class RunConfig(Strict):
     localize: Localize = Field(default_factory=Localize, description="`auto` or `off` (default), or a mapping: when and how `evalpipe localize` runs.")
     output: str = Field(default="reports/runs", min_length=1, description="Output root of the run directories (`~` expands).")
     seed: int = 1234
+    sampling: Sampling | None = Field(
+        default=None,
+        description="Sampled decoding for every task without its own `sampling:` (default: greedy); docs/sampling.md.",
+    )
     nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
     cluster: ClusterSettings = Field(default_factory=ClusterSettings,
                                      description="Run the variants at once on a Ray cluster (`address:`); absent: here, one after another.")
@@ -340,6 +350,14 @@ class RunConfig(Strict):
     def on_cluster(self, address: str | None) -> "RunConfig":
         """This config with its variants run on the Ray cluster at ``address`` (None: here)."""
         return self.model_copy(update={"cluster": self.cluster.model_copy(update={"address": address})})
+
+    def task_sampling(self, spec: TaskSpec) -> Sampling | None:
+        """How ``spec``'s generations are sampled, with the seed every sample derives from
+        (its own, else the run's); None: greedy."""
+        chosen = spec.sampling or self.sampling
+        if chosen is None:
+            return None
+        return chosen.model_copy(update={"seed": self.seed if chosen.seed is None else chosen.seed})
 
     @property
     def reference_name(self) -> str:

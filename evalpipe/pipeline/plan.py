@@ -137,6 +137,8 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
     if limit is not None:
         check_option("--limit", limit, TaskSpec, "limit", "tasks.<group>.<n>.limit")
         chosen = [PlannedTask(t.group, t.spec.model_copy(update={"limit": limit})) for t in chosen]
+    # each task carries its sampling as it runs (the run's, with the seed resolved): the job is all a worker reads
+    chosen = [PlannedTask(t.group, t.spec.model_copy(update={"sampling": config.task_sampling(t.spec)})) for t in chosen]
     seen: set[str] = set()
     unique = []
     for t in chosen:

@@ -89,6 +89,15 @@ TOKENS_SCHEMA = pa.schema(
     ]
 )
 TOKENS_REQUIRED = tuple(f.name for f in TOKENS_SCHEMA if f.name != "token_text")
+# A sampled task's rows (config `sampling:`) record how each sample was drawn: its engine
+# seed and the sampler's settings; a greedy task's rows have none of these columns.
+SAMPLING_COLUMNS: dict[str, pa.DataType] = {
+    "seed": pa.int64(),
+    "temperature": pa.float64(),
+    "top_p": pa.float64(),
+    "top_k": pa.int32(),
+    "min_p": pa.float64(),
+}
 # samples.parquet may carry the prompt's token ids (teacher forcing rebuilds the
 # reference's exact sequences from them); optional on read.
 PROMPT_IDS_COLUMN = "prompt_token_ids"
@@ -162,6 +171,7 @@ def samples_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     if any(PROMPT_IDS_COLUMN in r for r in rows):
         fields.append(pa.field(PROMPT_IDS_COLUMN, pa.list_(pa.int32())))
     fields += [pa.field(name, kind) for name, kind in DOC_COLUMNS.items() if any(name in r for r in rows)]
+    fields += [pa.field(name, kind) for name, kind in SAMPLING_COLUMNS.items() if any(name in r for r in rows)]
     schema = pa.schema(fields)
     columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
     return pa.table(columns, schema=schema)

@@ -1,0 +1,49 @@
+"""Sampled decoding with common random numbers: the `sampling:` settings and the seed of
+every sample.
+
+Greedy decoding (no `sampling:`) compares one answer per prompt. With `sampling:` each
+item is answered ``samples`` times at the given temperature (and top-p / top-k / min-p),
+and every (item, sample) gets its own engine seed, derived from the run's seed and the
+sample's identity only. The reference, each variant and the A/A run therefore draw the
+same random numbers for the same sample, offline or served, whatever the batch it lands
+in: two engines whose distributions agree pick the same tokens, and a divergence can only
+come from a difference of the distributions (docs/sampling.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import Field
+
+from evalpipe.config.strict import Strict
+
+# Seeds fit in 31 bits: the OpenAI API's `seed` is an integer every client sends as one,
+# and torch's generators take any non-negative one.
+SEED_BITS = 31
+
+
+class Sampling(Strict):
+    """How a task's generations are sampled (absent: greedy, one answer per item)."""
+
+    temperature: float = Field(gt=0, le=10, allow_inf_nan=False,
+                               description="Sampling temperature (> 0; greedy decoding is no `sampling:` at all).")
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False, description="Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: off).")
+    top_k: int | None = Field(default=None, ge=1, description="Sample among the k most likely tokens only (null: off).")
+    min_p: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False, description="Drop tokens less likely than min_p x the most likely one's probability (0: off).")
+    samples: int = Field(default=1, ge=1, le=1024, description="Samples per item (n of avg@n and pass@k); each has its own seed.")
+    seed: int | None = Field(default=None, ge=0, description="Base of every sample's seed (default: the run's `seed`).")
+
+    def engine_settings(self) -> dict[str, float | int]:
+        """The settings as vLLM's SamplingParams and its OpenAI server name them (top_k 0: off)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or 0, "min_p": self.min_p}
+
+
+def sample_seed(base: int, task: str, doc_id: int, request: int, sample: int) -> int:
+    """The engine seed of one sample: a hash of the base seed and the sample's identity
+    (task, document, request index within the document, sample index), so it is the same in
+    every variant and run that asks for the same sample, and never depends on the order or
+    batch the request is sent in."""
+    text = f"{int(base)}:{task}:{int(doc_id)}:{int(request)}:{int(sample)}"
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") & ((1 << SEED_BITS) - 1)
