@@ -34,10 +34,6 @@ class Sampling(Strict):
     samples: int = Field(default=1, ge=1, le=1024, description="Samples per item (n of avg@n and pass@k); each has its own seed.")
     seed: int | None = Field(default=None, ge=0, description="Base of every sample's seed (default: the run's `seed`).")
 
-    def engine_settings(self) -> dict[str, float | int]:
-        """The settings as vLLM's SamplingParams and its OpenAI server name them (top_k 0: off)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or 0, "min_p": self.min_p}
-
 
 def sample_seed(base: int, task: str, doc_id: int, request: int, sample: int) -> int:
     """The engine seed of one sample: a hash of the base seed and the sample's identity

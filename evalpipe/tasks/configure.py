@@ -85,7 +85,7 @@ class LongCtxData:
         if spec.max_gen_toks is not None:
             overrides["generation_kwargs"] = {"max_gen_toks": spec.max_gen_toks}
         try:
-            return ruler.prebuild_ruler(ruler.ruler_task_config(overrides, meta))
+            return with_samples(ruler.prebuild_ruler(ruler.ruler_task_config(overrides, meta)), spec)
         except ruler.RulerTooShort as err:  # say where the length comes from
             raise ruler.RulerTooShort(
                 f"{str(err).rstrip('.')} (the lengths are `longctx.lengths` of the run config: {', '.join(map(str, lc.lengths))})."
@@ -155,6 +155,9 @@ def task_config(
     if entry.kind is not Kind.TASK or entry.yaml_path is None:
         if spec.data_files:
             raise UserError(f"task `{name}` is a group or Python task; `data_files` only applies to single YAML tasks.")
+        if spec.sampling is not None:
+            raise UserError(f"task `{name}` is a group or Python task; `sampling:` applies to single YAML tasks "
+                            "(list the group's tasks one by one).")
         return name
     cfg = load_yaml(entry.yaml_path, resolve_func=True)
     cfg.pop("tag", None)
@@ -171,4 +174,14 @@ def task_config(
         cfg["num_fewshot"] = spec.num_fewshot
     if spec.max_gen_toks is not None:
         cfg["generation_kwargs"] = {**(cfg.get("generation_kwargs") or {}), "max_gen_toks": spec.max_gen_toks}
-    return cfg
+    return with_samples(cfg, spec)
+
+
+def with_samples(cfg: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
+    """A sampled task's config asks lm-eval for `samples` answers per request (its repeats,
+    which the capturing LM seeds one by one); a greedy task's is left as it is."""
+    if spec.sampling is None:
+        return cfg
+    if cfg.get("output_type", "generate_until") != "generate_until":
+        raise UserError(f"task `{spec.task}` scores likelihoods, which nothing samples; remove `sampling:` from its entry.")
+    return {**cfg, "repeats": spec.sampling.samples}

@@ -9,7 +9,7 @@ only the engine classes know whether tokens come from an in-process `vllm.LLM`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from tqdm import tqdm
@@ -21,11 +21,35 @@ ProgressFn = Callable[[int, int], None]  # (done, total)
 
 
 @dataclass(frozen=True)
+class Draw:
+    """How one generation is sampled: the sampler's settings (vLLM's names; top_k 0 is off)
+    and the request's own seed, which makes its random numbers independent of its batch."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int
+
+    def settings(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+# A request without a Draw decodes greedily; its seed (unused at temperature 0) is fixed so
+# that the request, and its journal key, are the same in every run.
+GREEDY: dict[str, float | int] = {"temperature": 0.0, "seed": 0}
+
+
+@dataclass(frozen=True)
 class GenRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     stop: list[str] = field(default_factory=list)
     label: str | None = None  # names the request in errors, e.g. "gsm8k doc 17"
+    draw: Draw | None = None  # None: greedy
+
+    def sampler(self) -> dict[str, float | int]:
+        return GREEDY if self.draw is None else self.draw.settings()
 
 
 @dataclass
@@ -187,7 +211,7 @@ class OfflineEngine(InProcessEngine):
         from vllm import SamplingParams
 
         settings: list[dict[str, Any]] = [
-            dict(temperature=0.0, max_tokens=r.max_tokens, stop=list(r.stop) or None, logprobs=topk, seed=0) for r in requests
+            dict(**r.sampler(), max_tokens=r.max_tokens, stop=list(r.stop) or None, logprobs=topk) for r in requests
         ]
         keys = [request_key("offline:generate", {"prompt_token_ids": r.prompt_token_ids, **s})
                 for r, s in zip(requests, settings)]

@@ -18,7 +18,8 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from evalpipe.worker.engines import Engine, GenRequest, GenResult, ScoreRequest, in_order
+from evalpipe.config.sampling import Sampling, sample_seed
+from evalpipe.worker.engines import Draw, Engine, GenRequest, GenResult, ScoreRequest, in_order
 
 CaptureKey = tuple[str, int, int, int]  # task, doc_id, request idx, repeat
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own fallback when a task sets none
@@ -29,6 +30,7 @@ class Capture:
     prompt_token_ids: list[int]
     truncated_prompt: bool
     result: GenResult
+    draw: Draw | None = None  # how it was sampled; None: greedy
 
 
 class CapturingLM(LM):
@@ -50,6 +52,8 @@ class CapturingLM(LM):
         self.progress = progress
         self.captures: dict[CaptureKey, Capture] = {}
         self.sampling_overridden: set[str] = set()
+        # the current task's `sampling:` (the worker sets it per task; its seed resolved); None: greedy
+        self.sampling: Sampling | None = None
         self.engine_seconds = 0.0  # time inside engine calls, incl. converting their logprobs
         self.tokenize_seconds = 0.0  # prompts to ids
         # When the current task's first request reached the LM (lm-eval has built them by
@@ -87,8 +91,9 @@ class CapturingLM(LM):
         for inst, ids in zip(requests, encoded):
             context, gen_kwargs = inst.args
             gen_kwargs = dict(gen_kwargs or {})
-            if gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature", 0.0) or 0.0) > 0:
-                # Comparing variants needs one answer per prompt; sampling would compare noise.
+            if self.sampling is None and (gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature", 0.0) or 0.0) > 0):
+                # Greedy unless the run config asks for seeded sampling: a task's own sampling
+                # has no common random numbers, so two variants' samples would differ by chance.
                 self.sampling_overridden.add(inst.task_name)
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
@@ -98,10 +103,11 @@ class CapturingLM(LM):
             ids = ids[-budget:]
             base = (inst.task_name, int(inst.doc_id), int(inst.idx))
             keys.append((*base, seen[base]))
-            seen[base] += 1
             gen_requests.append(
-                GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until, label=f"{inst.task_name} doc {inst.doc_id}")
+                GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, stop=until, label=f"{inst.task_name} doc {inst.doc_id}",
+                           draw=self._draw(*base, seen[base]))
             )
+            seen[base] += 1
 
         t0 = time.perf_counter()
         results = self._ordered(
@@ -109,8 +115,17 @@ class CapturingLM(LM):
         )
         self.engine_seconds += time.perf_counter() - t0
         for key, req, cut, res in zip(keys, gen_requests, truncated, results):
-            self.captures[key] = Capture(prompt_token_ids=req.prompt_token_ids, truncated_prompt=cut, result=res)
+            self.captures[key] = Capture(prompt_token_ids=req.prompt_token_ids, truncated_prompt=cut, result=res, draw=req.draw)
         return [res.text for res in results]
+
+    def _draw(self, task: str, doc_id: int, request: int, sample: int) -> Draw | None:
+        """The sample's sampler and seed (lm-eval's repeats of a request are its samples), or None: greedy."""
+        if self.sampling is None:
+            return None
+        s = self.sampling
+        base = 0 if s.seed is None else s.seed
+        return Draw(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0, min_p=s.min_p,
+                    seed=sample_seed(base, task, doc_id, request, sample))
 
     # -- likelihoods (multiple-choice and perplexity tasks) ---------------------------
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:

@@ -38,8 +38,9 @@ from evalpipe.tasks.index import task_manager
 from evalpipe.tasks.ruler import sample_columns
 from evalpipe.worker import engine_choice
 from evalpipe.worker import teacher as tf
-from evalpipe.worker.engines import Engine, GenRequest, ScoreRequest, decode_each
+from evalpipe.worker.engines import Draw, Engine, GenRequest, ScoreRequest, decode_each
 from evalpipe.worker.journal import RequestJournal
+from evalpipe.worker.sample_scores import score_each
 
 FREE_TEXT = ("message",)  # the event fields that are prose, not names or numbers: redacted
 # the manifest's fields that hold values from the config, the environment or a server: redacted
@@ -130,9 +131,15 @@ def data_file_hashes(task_cfgs: list) -> dict[str, dict[str, dict[str, str]]]:
     return out
 
 
-def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tuple[list[dict], dict[str, list]]:
+def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict,
+                sampled_task: Any = None) -> tuple[list[dict], dict[str, list]]:
     """Turn lm-eval's logged samples (one entry per doc x filter) into samples rows
-    (one per doc x repeat) and the matching token rows from the LM's captures."""
+    (one per doc x repeat) and the matching token rows from the LM's captures.
+
+    ``sampled_task``: the lm-eval Task of a sampled task, whose repeats are its samples:
+    each row is then scored on its own answer, records how it was drawn (seed and
+    sampler) and names its item as its cluster (the samples of one item are not
+    independent)."""
     by_doc: dict[int, list[dict]] = {}
     for entry in logged:
         by_doc.setdefault(int(entry["doc_id"]), []).append(entry)
@@ -161,9 +168,11 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
         else:
             # likelihood tasks: one request per choice; keep every (logprob, is_greedy)
             responses = [json.dumps([list(r[0]) if isinstance(r[0], (list, tuple)) else r[0] for r in resps], default=str)]
+        own_scores = score_each(sampled_task, first.get("doc"), [str(r) for r in responses]) if sampled_task is not None else None
         for repeat, response in enumerate(responses):
             capture = captures.get((task, doc_id, 0, repeat))
             result = capture.result if capture is not None else None
+            drawn = capture.draw if capture is not None else None
             rows.append(
                 {
                     "task": task,
@@ -176,10 +185,11 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
                     "n_tokens": len(result.token_ids) if result else 0,
                     "finish_reason": result.finish_reason if result else None,
                     artifacts.PROMPT_IDS_COLUMN: capture.prompt_token_ids if capture is not None else None,
+                    **_drawn_columns(drawn, doc_id),  # before the doc's columns: a shared haystack is the coarser cluster
                     **artifacts.doc_columns(first.get("doc")),
                     # RULER docs: target_length = the configured length bucket, needle depth
                     **artifacts.doc_columns(sample_columns(task, first.get("doc"))),
-                    **per_filter,
+                    **(per_filter if own_scores is None else own_scores[repeat]),
                 }
             )
             if result is None:
@@ -194,6 +204,13 @@ def sample_rows(task: str, logged: list[dict[str, Any]], captures: dict) -> tupl
             tokens["topk_ids"] += result.topk_ids
             tokens["topk_logprobs"] += result.topk_logprobs
     return rows, tokens
+
+
+def _drawn_columns(drawn: Draw | None, doc_id: int) -> dict[str, Any]:
+    """A sampled row's seed and sampler, and its item as the cluster its samples share."""
+    if drawn is None:
+        return {}
+    return {**drawn.settings(), "cluster": f"doc {doc_id}"}
 
 
 class _Failed(Exception):
@@ -359,11 +376,15 @@ class _VariantRun:
             events.emit("stage", stage="task", task=spec.task, message=f"running {spec.task}")
             waited_before = getattr(engine, "ready_wait_s", None)
             lm.first_request_at = None
+            lm.sampling = None if spec.sampling is None else spec.sampling.model_copy(
+                update={"seed": job.seed if spec.sampling.seed is None else spec.sampling.seed})
             t0 = time.time()
             try:
+                # a sampled task is built here, so that its filters and metrics can score each sample after
+                sampled_task = _built_task(cfg, spec.task) if spec.sampling is not None and isinstance(cfg, dict) else None
                 out_eval = simple_evaluate(
                     model=lm,
-                    tasks=[cfg],
+                    tasks=[cfg if sampled_task is None else sampled_task],
                     limit=spec.limit,
                     task_manager=task_manager(names=[spec.task]),
                     log_samples=True,
@@ -387,7 +408,7 @@ class _VariantRun:
             for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
                 collected.results[key].update(out_eval.get(key) or {})
             for task_name, logged in (out_eval.get("samples") or {}).items():
-                rows, toks = sample_rows(task_name, logged, lm.captures)
+                rows, toks = sample_rows(task_name, logged, lm.captures, sampled_task if task_name == spec.task else None)
                 collected.rows += rows
                 for k, v in toks.items():
                     collected.tokens.setdefault(k, []).extend(v)
@@ -438,6 +459,13 @@ class _VariantRun:
                 self.events.emit("stage", stage="teacher_done", message=f"no teacher forcing of the baseline night: {why}")
         if code != ExitCode.OK:
             raise _Failed(code, error or "teacher forcing failed", n_samples=n_samples)
+
+
+def _built_task(cfg: dict[str, Any], name: str) -> Any:
+    """lm-eval's Task object of one task config (what simple_evaluate would build from it)."""
+    from lm_eval.tasks import get_task_dict
+
+    return get_task_dict([cfg], task_manager(names=[name]))[name]
 
 
 def _task_failure(task: str, err: Exception, engine_log: Path) -> _Failed:

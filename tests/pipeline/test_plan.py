@@ -69,6 +69,16 @@ def test_task_selection_groups_all_and_raw_names_with_limit():
         select_tasks(cfg, "gsm8k", 0)
 
 
+def test_each_task_carries_its_sampling_with_the_seed_resolved():
+    cfg = parse_config({**CONFIG, "seed": 99, "sampling": {"temperature": 0.6, "samples": 4},
+                        "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "sampling": {"temperature": 1.0, "seed": 5}}],
+                                  "longctx": [{"task": "niah_single_1"}]}})
+    own, inherited = (t.spec.sampling for t in select_tasks(cfg, "all", None))
+    assert (own.temperature, own.samples, own.seed) == (1.0, 1, 5)  # a task's own replaces the run's whole
+    assert (inherited.temperature, inherited.samples, inherited.seed) == (0.6, 4, 99)  # the run's, with the run's seed
+    assert select_tasks(parse_config(CONFIG), "gsm8k", None)[0].spec.sampling is None  # greedy by default
+
+
 def test_missing_model_path_and_unknown_builtin():
     cfg = dict(CONFIG, model={"path": "/does/not/exist"})
     with pytest.raises(ConfigError, match="model path `/does/not/exist` does not exist"):

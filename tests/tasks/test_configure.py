@@ -52,6 +52,13 @@ def test_max_gen_toks_override_keeps_the_stop_strings(tmp_path):
     assert cfg["generation_kwargs"]["until"] == ["Question:", "</s>", "<|im_end|>"]
 
 
+def test_a_sampled_task_asks_lm_eval_for_a_repeat_per_sample_and_a_greedy_one_does_not(tmp_path):
+    sampled = task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot", "sampling": {"temperature": 0.6, "samples": 4}}), tmp_path)
+    greedy = task_config(TaskSpec.model_validate({"task": "gsm8k_synth_4shot"}), tmp_path)
+    assert sampled["repeats"] == 4 and greedy["repeats"] == 1  # the task's own
+    assert {k: v for k, v in sampled.items() if k != "repeats"} == {k: v for k, v in greedy.items() if k != "repeats"}
+
+
 def test_longctx_task_gets_its_data_generated_with_the_models_tokenizer(saved_tokenizer, tmp_path):
     from transformers import AutoTokenizer
 

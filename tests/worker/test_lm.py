@@ -94,7 +94,27 @@ def test_sampling_a_task_asks_for_is_recorded_and_not_done():
     lm = CapturingLM(engine, topk=1)
     lm.generate_until([_gen("sampled", 0, "ab", do_sample=True, temperature=0.7), _gen("greedy", 0, "ab", temperature=0.0)])
     assert lm.sampling_overridden == {"sampled"}
-    assert all(not hasattr(r, "temperature") for r in engine.generated[0])  # a request carries no sampler settings
+    assert all(r.draw is None for r in engine.generated[0])  # greedy: no sampler, no seed of its own
+
+
+def test_a_sampled_task_seeds_each_sample_by_its_identity_not_its_place_in_the_batch():
+    from evalpipe.config.sampling import Sampling, sample_seed
+
+    forward, backward = CharEngine(), CharEngine()
+    for engine, reverse in ((forward, False), (backward, True)):
+        lm = CapturingLM(engine, topk=1, reverse_order=reverse)
+        lm.sampling = Sampling(temperature=0.6, top_p=0.9, top_k=40, samples=2, seed=7)
+        # lm-eval sends a request once per repeat: the repeats are the samples
+        lm.generate_until([_gen("t", 3, "ab", do_sample=True), _gen("t", 3, "ab"), _gen("t", 4, "cd")])
+        assert lm.sampling_overridden == set()  # the run config asked for it: done, not overridden
+        drawn = {key: c.draw for key, c in lm.captures.items()}
+        assert drawn[("t", 3, 0, 1)].seed == sample_seed(7, "t", 3, 0, 1)
+        assert {d.seed for d in drawn.values()} == {sample_seed(7, "t", 3, 0, 0), sample_seed(7, "t", 3, 0, 1),
+                                                    sample_seed(7, "t", 4, 0, 0)}
+        assert {(d.temperature, d.top_p, d.top_k, d.min_p) for d in drawn.values()} == {(0.6, 0.9, 40, 0.0)}
+    sent_forward = {tuple(r.prompt_token_ids) + (r.draw.seed,) for r in forward.generated[0]}
+    sent_backward = {tuple(r.prompt_token_ids) + (r.draw.seed,) for r in backward.generated[0]}
+    assert sent_forward == sent_backward and [r.draw for r in forward.generated[0]] != [r.draw for r in backward.generated[0]]
 
 
 def test_the_reversed_order_reaches_the_engine_and_not_lm_eval():

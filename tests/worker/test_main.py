@@ -75,3 +75,26 @@ def test_a_task_s_failure_is_the_user_s_only_when_its_data_is_not_available_offl
     broken = main._task_failure("gsm8k", KeyError("answer"), log)
     assert broken.code == ExitCode.FAILED and broken.kind == "run"
     assert broken.message.startswith("task `gsm8k` failed: KeyError") and str(log) in broken.message
+
+
+def test_a_sampled_task_writes_a_row_per_sample_scored_on_its_own_answer(tmp_path, monkeypatch):
+    import re
+
+    from evalpipe.config.sampling import Sampling, sample_seed
+
+    monkeypatch.setenv(FAKE_ENGINE_ENV, "1")
+    job = _job(tmp_path).model_copy(update={"seed": 11, "tasks": [
+        TaskSpec(task="gsm8k_synth_4shot", limit=3, sampling=Sampling(temperature=0.9, top_p=0.95, samples=4))]})
+    assert main.run(job, Recorder()) == 0
+    rows = pq.read_table(tmp_path / "v" / "samples.parquet").to_pylist()
+    assert sorted((r["doc_id"], r["repeat"]) for r in rows) == [(d, s) for d in range(3) for s in range(4)]
+    assert all(r["seed"] == sample_seed(11, "gsm8k_synth_4shot", r["doc_id"], 0, r["repeat"]) for r in rows)
+    assert {(r["temperature"], r["top_p"], r["top_k"], r["min_p"]) for r in rows} == {(0.9, 0.95, 0, 0.0)}
+    assert {r["cluster"] for r in rows} == {"doc 0", "doc 1", "doc 2"}
+    assert len({r["response"] for r in rows}) > 3  # the samples of an item differ
+    for r in rows:  # each row's answer is its own response's, not its item's first sample's
+        numbers = re.findall(r"(-?[$0-9.,]{2,})|(-?[0-9]+)", r["response"])
+        assert (r["answer:flexible-extract"] == "[invalid]") == (not numbers)
+        assert r["score:exact_match,flexible-extract"] == float(r["answer:flexible-extract"] == r["target"])
+    answers = {(r["doc_id"], r["answer:flexible-extract"]) for r in rows}
+    assert len(answers) > 3

@@ -31,6 +31,7 @@ Behaviours, comma-separated in ``EVALPIPE_FAKE_ENGINE`` (a variant's ``env:`` se
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -40,7 +41,7 @@ from typing import Any, Mapping, Sequence
 from evalpipe.documents.manifest import EngineInfo
 from evalpipe.probes import runtime as probes
 from evalpipe.probes.record import ModelRecord
-from evalpipe.worker.engines import GenRequest, GenResult, InProcessEngine, JournaledCalls, ProgressFn, ScoreRequest, ScoreResult
+from evalpipe.worker.engines import Draw, GenRequest, GenResult, InProcessEngine, JournaledCalls, ProgressFn, ScoreRequest, ScoreResult
 from evalpipe.worker.journal import RequestJournal, request_key
 
 FAKE_ENGINE_ENV = "EVALPIPE_FAKE_ENGINE"
@@ -156,6 +157,27 @@ def position(state: int, produced: int, diverge_at: int | None) -> Position:
     return Position(ids, logprobs, r)
 
 
+def sampled(pos: Position, draw: Draw, step: int) -> int:
+    """The candidate a seeded sampler picks at generation step ``step``: Gumbel-max over the
+    tempered, truncated candidates, the noise of each candidate a hash of (seed, step, id)
+    as vLLM's V2 sampler keys it, so the same seed picks the same token wherever the
+    distributions agree, whatever the batch."""
+    logits = [lp / draw.temperature for lp in pos.logprobs[: draw.top_k or None]]
+    probs = [math.exp(x - logits[0]) for x in logits]  # candidates are best first
+    total = sum(probs)
+    kept, mass = 0, 0.0
+    while kept < len(probs) and (mass < draw.top_p * total or kept == 0):
+        mass += probs[kept]
+        kept += 1
+    keep = [i for i in range(kept) if probs[i] >= draw.min_p * probs[0]]
+
+    def noise(tid: int) -> float:
+        u = (_mix(_mix(draw.seed) ^ _mix(step + 1) ^ (tid * 0x9E37)) + 0.5) / 2.0**64
+        return -math.log(-math.log(u))
+
+    return pos.ids[max(keep, key=lambda i: logits[i] + noise(pos.ids[i]))]
+
+
 class FakeEngine(InProcessEngine):
     def __init__(self, engine_args: dict[str, Any], behaviour: Behaviour, journal: RequestJournal | None = None):
         if behaviour.fail_start:
@@ -220,8 +242,8 @@ class FakeEngine(InProcessEngine):
 
     # -- the engine interface ------------------------------------------------------------
     def generate(self, requests: list[GenRequest], topk: int, progress: ProgressFn | None = None) -> list[GenResult]:
-        bodies = [{"prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens, "stop": r.stop, "topk": topk}
-                  for r in requests]
+        bodies = [{"prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens, "stop": r.stop, "topk": topk,
+                   **({} if r.draw is None else {"draw": r.draw.settings()})} for r in requests]
         return self._each("generate", bodies, lambda i: self._generate_one(requests[i], topk), GenResult, progress)
 
     def _generate_one(self, req: GenRequest, topk: int) -> GenResult:
@@ -235,7 +257,7 @@ class FakeEngine(InProcessEngine):
         finish = "length"
         while len(ids) < req.max_tokens:
             pos = position(state, run, self._behaviour.diverge_at)
-            tid = pos.ids[0]
+            tid = pos.ids[0] if req.draw is None else sampled(pos, req.draw, len(ids))
             ids.append(tid)
             lps.append(pos.logprobs[0])
             top_ids.append(pos.ids[:topk])

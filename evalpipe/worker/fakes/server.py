@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from evalpipe.worker.engines import GenRequest, ScoreRequest
+from evalpipe.worker.engines import Draw, GenRequest, ScoreRequest
 from evalpipe.worker.fakes.engine import EOS, FAKE_ENGINE_ENV, TOP_CANDIDATES, Behaviour, FakeEngine, setting
 
 TOKEN_ID_PREFIX = "token_id:"  # the key vLLM uses with return_tokens_as_token_ids
@@ -95,7 +95,8 @@ class FakeServer:
 
     def _generated(self, ids: list[int], body: dict[str, Any]) -> dict[str, Any]:
         k = int(body.get("logprobs") or 0)
-        request = GenRequest(prompt_token_ids=ids, max_tokens=int(body.get("max_tokens") or 16), stop=list(body.get("stop") or []))
+        request = GenRequest(prompt_token_ids=ids, max_tokens=int(body.get("max_tokens") or 16), stop=list(body.get("stop") or []),
+                             draw=_draw(body))
         (result,) = self.engine.generate([request], topk=k)
         choice: dict[str, Any] = {"index": 0, "text": result.text, "token_ids": result.token_ids,
                                   "finish_reason": result.finish_reason}
@@ -218,3 +219,13 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _draw(body: dict[str, Any]) -> Draw | None:
+    """The sampler a completion request asks for, as vLLM's server reads it (temperature 0 or
+    absent: greedy; an absent seed: none, which a seeded comparison never sends)."""
+    temperature = float(body.get("temperature") or 0.0)
+    if temperature <= 0:
+        return None
+    return Draw(temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=int(body.get("top_k") or 0),
+                min_p=float(body.get("min_p") or 0.0), seed=int(body.get("seed") or 0))

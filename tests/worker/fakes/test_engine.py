@@ -53,6 +53,26 @@ def test_a_diverging_variant_differs_from_its_position_on():
     assert var.token_ids[3] != ref.token_ids[3]
 
 
+def test_a_seeded_sample_depends_on_its_seed_only_and_follows_its_settings():
+    from evalpipe.worker.engines import Draw
+
+    eng = engine()
+    prompt = eng.encode(PROMPT)
+
+    def sample(seed: int, **settings) -> list[int]:
+        draw = Draw(**{"temperature": 0.8, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": seed, **settings})
+        requests = [GenRequest(prompt, max_tokens=24, draw=draw), GenRequest(eng.encode(PROMPT + "x"), max_tokens=24, draw=draw)]
+        return eng.generate(requests, topk=5)[0].token_ids
+
+    greedy = generate(eng, max_tokens=24).token_ids
+    assert sample(1) == sample(1) and sample(1) != sample(2)  # the seed is honoured, whatever else is in the batch
+    assert len({tuple(sample(s)) for s in range(8)}) > 4 and all(tuple(sample(s)) != tuple(greedy) for s in range(3))
+    assert sample(5, top_k=1) == greedy and sample(6, min_p=0.999) == greedy  # truncation to the best is greedy
+    # a diverging variant with the same seed draws the same tokens until its distribution changes
+    (other,) = engine(diverge_at=3).generate([GenRequest(prompt, max_tokens=24, draw=Draw(0.8, 1.0, 0, 0.0, 1))], topk=5)
+    assert other.token_ids[:3] == sample(1)[:3] and other.token_ids != sample(1)
+
+
 def test_behaviours_are_parsed_and_a_typo_is_refused():
     b = Behaviour.parse("1, diverge=4,delay=0.5,hang_after=2,exit_after=3,signal=KILL")
     assert (b.diverge_at, b.delay_s, b.hang_after, b.exit_after, b.exit_signal) == (4, 0.5, 2, 3, "KILL")

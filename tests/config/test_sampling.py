@@ -1,0 +1,39 @@
+"""evalpipe/config/sampling.py: the `sampling:` settings and each sample's seed. A seed must
+depend on the sample's identity only (the same in every variant and run), differ between
+samples, fit the engines' integer, and bad settings must be refused with the field named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from evalpipe.config.sampling import SEED_BITS, Sampling, sample_seed
+
+
+def test_the_seed_is_a_function_of_the_sample_s_identity():
+    assert sample_seed(1234, "gsm8k", 3, 0, 1) == sample_seed(1234, "gsm8k", 3, 0, 1)
+    others = {sample_seed(1234, "gsm8k", 3, 0, 0), sample_seed(1234, "gsm8k", 3, 0, 2), sample_seed(1234, "gsm8k", 4, 0, 1),
+              sample_seed(1234, "gsm8k", 3, 1, 1), sample_seed(1234, "other", 3, 0, 1), sample_seed(1, "gsm8k", 3, 0, 1)}
+    assert sample_seed(1234, "gsm8k", 3, 0, 1) not in others and len(others) == 6
+
+
+@given(st.integers(0, 2**40), st.text(max_size=20), st.integers(0, 10**6), st.integers(0, 8), st.integers(0, 1024))
+def test_every_seed_fits_the_engines_integer(base, task, doc, request, sample):
+    assert 0 <= sample_seed(base, task, doc, request, sample) < 2**SEED_BITS
+
+
+def test_distinct_samples_rarely_share_a_seed():
+    seeds = {sample_seed(0, "t", d, 0, s) for d in range(500) for s in range(8)}
+    assert len(seeds) >= 3999  # 4000 samples in 2^31 seeds: a collision has odds ~0.4%
+
+
+@pytest.mark.parametrize("bad, field", [({"temperature": 0}, "temperature"), ({"temperature": 0.6, "top_p": 0}, "top_p"),
+                                        ({"temperature": 0.6, "top_k": 0}, "top_k"), ({"temperature": 0.6, "min_p": 1}, "min_p"),
+                                        ({"temperature": 0.6, "samples": 0}, "samples"), ({"temperature": 0.6, "seed": -1}, "seed"),
+                                        ({"temperature": 0.6, "n": 4}, "n"), ({}, "temperature")])
+def test_bad_settings_are_refused_naming_the_field(bad, field):
+    with pytest.raises(ValidationError) as err:
+        Sampling.model_validate(bad)
+    assert err.value.errors()[0]["loc"][0] == field
