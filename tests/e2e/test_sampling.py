@@ -1,0 +1,138 @@
+"""Sampled decoding with common random numbers on the real engine (docs/sampling.md): the
+default legacy/sp pair at temperature 0.6, three samples per item, each seeded from the
+run's seed and its identity.
+
+- the A/A run (the reference again, requests reversed, other batches) draws the same
+  samples: IDENTICAL, offline; served at half the concurrency; and at data parallel 2
+  against 1 behind the server;
+- the seeds are honoured: the samples of an item differ, another base seed draws other
+  samples, and every row records the seed it was drawn with;
+- the layout change stays EQUIVALENT under sampling, the sampled comparison's figures are
+  in compare.json, and the divergences observed stay within what the teacher-forced
+  distributions predict.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from processes import wait_gone
+
+from evalpipe.config.sampling import sample_seed
+from evalpipe.install import default_config
+
+pytestmark = pytest.mark.slow
+RUNS_FOR_MINUTES = 3  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
+
+LIMIT = 6
+SAMPLES = 3
+SEED = 1234
+SAMPLING = {"temperature": 0.6, "samples": SAMPLES}
+TASK = "gsm8k_synth_4shot"
+
+
+def write_config(tmp: Path, name: str, extends: Path | None = None, **overrides) -> Path:
+    cfg = {"extends": str(extends or default_config()), "output": str(tmp / "runs"), "seed": SEED, "sampling": SAMPLING,
+           **overrides}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def evalpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=cwd, capture_output=True, text=True, timeout=1200)
+
+
+def ran(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def compared(run_dir: Path) -> dict:
+    return json.loads((run_dir / "compare.json").read_text())
+
+
+def sequences(run_dir: Path, variant: str) -> dict[tuple[int, int], list[int]]:
+    rows = pq.read_table(run_dir / variant / "tokens.parquet").select(["doc_id", "repeat", "token_id"]).to_pylist()
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in rows:  # in position order within each sample
+        out.setdefault((r["doc_id"], r["repeat"]), []).append(r["token_id"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("sampled")
+    proc = evalpipe("run", "gsm8k", "-c", str(write_config(tmp, "sampled")), "--limit", str(LIMIT), "--run-id", "s", cwd=tmp)
+    # the reference alone with another base seed: other random numbers for the same samples
+    other = evalpipe("run", "gsm8k", "-c", str(write_config(tmp, "reseeded", seed=SEED + 1)), "--limit", str(LIMIT),
+                     "--run-id", "reseeded", "--variants", "legacy", "--no-noise-floor", cwd=tmp)
+    return {"proc": proc, "dir": tmp / "runs" / "s", "other": other, "other_dir": tmp / "runs" / "reseeded"}
+
+
+def test_the_layout_change_is_equivalent_at_temperature_0_6(offline):
+    assert offline["proc"].returncode == 0, ran(offline["proc"])
+    doc = compared(offline["dir"])
+    (sp,) = doc["comparisons"]
+    assert sp["variant"] == "sp" and sp["status"] in ("IDENTICAL", "EQUIVALENT"), sp["reasons"]
+    assert sp["samples"] == {"a": LIMIT * SAMPLES, "b": LIMIT * SAMPLES}
+
+
+def test_the_a_a_run_draws_the_same_samples_in_other_batches(offline):
+    run_dir = offline["dir"]
+    assert compared(run_dir)["noise_floor"]["status"] == "IDENTICAL"
+    reference, again = sequences(run_dir, "legacy"), sequences(run_dir, "legacy-aa")
+    assert len(reference) == LIMIT * SAMPLES and reference == again
+
+
+def test_every_sample_records_its_seed_and_the_seeds_are_honoured(offline):
+    run_dir = offline["dir"]
+    rows = pq.read_table(run_dir / "legacy" / "samples.parquet").to_pylist()
+    assert all(r["seed"] == sample_seed(SEED, TASK, r["doc_id"], 0, r["repeat"]) for r in rows)
+    assert {(r["temperature"], r["top_p"], r["top_k"], r["min_p"]) for r in rows} == {(0.6, 1.0, 0, 0.0)}
+    # the samples of one item differ from each other: each had its own random numbers
+    reference = sequences(run_dir, "legacy")
+    per_item = [len({tuple(reference[(d, s)]) for s in range(SAMPLES)}) for d in range(LIMIT)]
+    assert sum(n > 1 for n in per_item) >= LIMIT // 2, per_item
+    # another base seed: other samples for (nearly) every item
+    # the reference alone compares nothing: INCONCLUSIVE (exit 4), its samples written all the same
+    assert offline["other"].returncode == 4 and "nothing was compared" in offline["other"].stdout, ran(offline["other"])
+    reseeded = sequences(offline["other_dir"], "legacy")
+    assert set(reseeded) == set(reference)
+    assert sum(reseeded[k] != reference[k] for k in reference) >= len(reference) // 2
+
+
+def test_served_at_half_the_concurrency_the_a_a_run_draws_the_same_samples(tmp_path, offline):
+    """The reference behind vLLM's server at 4 requests in flight, its A/A run reusing the
+    server at 2 and reversed: the same seeds give the same samples, and the same as offline."""
+    path = write_config(tmp_path, "served", launch={"mode": "serve", "concurrency": 4},
+                        noise_floor={"reuse_server": True})
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "srv", "--variants", "legacy",
+                    cwd=tmp_path)
+    assert proc.returncode == 4 and "nothing was compared" in proc.stdout, ran(proc)  # the reference and its A/A run only
+    run_dir = tmp_path / "runs" / "srv"
+    served, again = sequences(run_dir, "legacy"), sequences(run_dir, "legacy-aa")
+    same = sum(served[k] == again[k] for k in served)
+    assert same >= len(served) - 1, f"{same}/{len(served)} samples agree"
+    # offline and served draw the same samples too (fp32 logprobs move in their last bits
+    # with the batch, which can flip a near tie: at most one sample here)
+    offline_samples = sequences(offline["dir"], "legacy")
+    assert sum(served[k] == offline_samples[k] for k in served) >= len(served) - 1
+    assert wait_gone("srv", 10) == []
+
+
+def test_data_parallel_2_draws_the_samples_data_parallel_1_draws(tmp_path):
+    config = write_config(tmp_path, "dp", extends=default_config().parent / "data_parallel.yaml", noise_floor=False)
+    proc = evalpipe("run", "gsm8k", "-c", str(config), "--limit", str(LIMIT), "--run-id", "dp", cwd=tmp_path)
+    assert proc.returncode == 0, ran(proc)
+    run_dir = tmp_path / "runs" / "dp"
+    (dp2,) = compared(run_dir)["comparisons"]
+    assert dp2["status"] in ("IDENTICAL", "EQUIVALENT"), dp2["reasons"]
+    one, two = sequences(run_dir, "dp1"), sequences(run_dir, "dp2")
+    assert sum(one[k] == two[k] for k in one) >= len(one) - 1
+    assert wait_gone("dp", 10) == []
