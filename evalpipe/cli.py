@@ -236,6 +236,10 @@ def calibrate(
         help="Localize every entry (`evalpipe localize`; one engine start per entry) for the table's last column; "
              "with --from-run, the run's localize.json is read instead.",
     ),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", min=0.0, help="Run the zoo a second time with sampled decoding at this temperature (common "
+        "random numbers, docs/sampling.md); the table gets those verdicts beside the greedy ones."),
+    samples: int = typer.Option(1, "--samples", min=1, help="With --temperature: samples per item."),
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
     from evalpipe.commands.calibrate import run_calibration
@@ -245,7 +249,7 @@ def calibrate(
 
     with _writing_into(from_run):
         code = run_calibration(config, limit, names, table, reporter, run_id=run_id, output=output, from_run=from_run,
-                               localize=localize)
+                               localize=localize, temperature=temperature, samples=samples)
     raise typer.Exit(code)
 
 

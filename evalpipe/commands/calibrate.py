@@ -25,6 +25,7 @@ from rich.table import Table
 
 from evalpipe.compare.calibration import (
     CalibrationRow,
+    SampledVerdict,
     SensitivityPoint,
     calibration_row,
     compare_first,
@@ -33,13 +34,17 @@ from evalpipe.compare.calibration import (
     gate_firing,
     item_order,
     place_name,
+    sampled_failure,
+    sampled_verdict,
     sensitivity_point,
     summarize,
+    summarize_sampled,
 )
 from evalpipe.compare.run import VariantComparison, compare_artifacts
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.loading import load_config
 from evalpipe.config.run_config import RunConfig, Variant
+from evalpipe.config.sampling import Sampling
 from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
@@ -168,14 +173,26 @@ def run_calibration(
     output: Path | None = None,
     from_run: Path | None = None,
     localize: bool = True,
+    temperature: float | None = None,
+    samples: int = 1,
 ) -> int:
     """Run the zoo and write the table; with ``from_run``, judge that finished calibration
     run again (same config and faults) without starting an engine: new gates, or a table
-    whose writing failed after hours of engine time."""
+    whose writing failed after hours of engine time. With ``temperature``, the zoo runs a
+    second time with sampled decoding (``samples`` per item, common random numbers) and the
+    table gets that run's verdicts beside the greedy ones."""
 
     path = Path(config_path) if config_path else default_config()
     table_path = table_path or default_table()
+    if temperature is not None and from_run is not None:
+        raise ConfigError("--temperature runs the zoo again with sampling; judge a finished run (--from-run) without it.")
+    if temperature is not None and not 0 < temperature <= 10:
+        raise ConfigError(f"--temperature {temperature:g} is not a sampling temperature; give one in (0, 10], e.g. 0.6.")
+    if not 1 <= samples <= 1024:
+        raise ConfigError(f"--samples {samples} is out of range; give 1 to 1024 samples per item.")
     base = load_config(path)
+    if base.sampling is not None or any(s.sampling is not None for specs in base.tasks.values() for s in specs):
+        raise ConfigError(f"{path} samples already; calibrate a greedy config and ask for the sampled run with --temperature.")
     faults = zoo(fault_names)
     config, expected = calibration_config(base, faults)
     graded = {f"fault-{f.name}": f.magnitude for f in faults if f.magnitude is not None}
@@ -251,8 +268,14 @@ def run_calibration(
         rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
     if localize and comparisons:
         rows = _localized(rows, run_dir, places, reporter, again=from_run is None)
+    if temperature is not None:
+        sampling = Sampling(temperature=temperature, samples=samples)  # both checked above
+        verdicts = _sampled_run(config.model_copy(update={"sampling": sampling}), path, task_group, limit, output,
+                                None if run_id is None else f"{run_id}-sampled", expected, reporter)
+        rows = [dataclasses.replace(r, sampled=verdicts.get(r.variant)) for r in rows]
 
-    options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None))
+    options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
+               ("--temperature", temperature), ("--samples", samples if temperature is not None else None))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
     benign = [c for c in comparisons if expected.get(c.variant, ("benign", ""))[0] == "benign"]
     firing = {"aa_pairs": gate_firing(aa_pairs), "benign": gate_firing(benign)}
@@ -279,8 +302,33 @@ def run_calibration(
     )
     _print_rows(rows, reporter.console)
     reporter.info(f"table: {table_path}")
-    counts = summarize(rows)
-    return 0 if counts["missed"] == 0 and counts["false alarm"] == 0 else 1
+    every = [summarize(rows), summarize_sampled(rows) or summarize([])]
+    return 0 if all(c["missed"] == 0 and c["false alarm"] == 0 for c in every) else 1
+
+
+def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None,
+                 run_id: str | None, expected: dict[str, tuple[str, str]], reporter: Reporter) -> dict[str, SampledVerdict]:
+    """The zoo once more with the config's `sampling:`: every entry's verdict under common random numbers."""
+    sampling = config.sampling
+    assert sampling is not None  # the caller set it
+    reporter.step(f"the zoo again at temperature {sampling.temperature:g}, {sampling.samples} sample(s) per item")
+    plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
+    try:
+        info = execute(plan, reporter).document
+    except RunFailed as err:
+        info = read_run_document(plan.run_dir) or RunDocument()
+        if not info.failed_variants:
+            raise
+        reporter.warning(f"[yellow]{err}[/]")
+    failed = set(info.failed_variants)
+    survivors = [v for v in info.variants if v not in failed]
+    out: dict[str, SampledVerdict] = {}
+    if set(survivors) - {info.reference, info.aa_variant}:
+        for c in compare_run(plan.run_dir, variants=survivors).comparisons:
+            out[c.variant] = sampled_verdict(c, expected.get(c.variant, ("benign", ""))[0], sampling.temperature, sampling.samples)
+    for name in failed:
+        out[name] = sampled_failure(expected.get(name, ("benign", ""))[0], sampling.temperature, sampling.samples)
+    return out
 
 
 def _localized(rows: list[CalibrationRow], run_dir: Path, places: dict[str, tuple[int, str] | None],

@@ -38,6 +38,29 @@ CAUGHT, MISSED, CLEAN, FALSE_ALARM, NOT_CAUGHT = "caught", "missed", "clean", "f
 
 
 @dataclass(frozen=True)
+class SampledVerdict:
+    """An entry's verdict when the zoo runs again with sampled decoding (common random numbers)."""
+
+    temperature: float
+    samples: int
+    status: str
+    outcome: str
+    detectors: tuple[str, ...]
+    failed_gates: tuple[str, ...]
+
+
+def sampled_verdict(comparison: VariantComparison, expected: str, temperature: float, samples: int) -> SampledVerdict:
+    families, gate_names = detectors_fired(comparison)
+    return SampledVerdict(temperature, samples, comparison.status.value, outcome(expected, comparison.status.value),
+                          families, gate_names)
+
+
+def sampled_failure(expected: str, temperature: float, samples: int) -> SampledVerdict:
+    """An entry whose engine run failed in the sampled run: judged as a failed greedy run is."""
+    return SampledVerdict(temperature, samples, "FAILED", outcome(expected, Status.DIVERGENT.value), ("engine failure",), ())
+
+
+@dataclass(frozen=True)
 class CalibrationRow:
     variant: str
     expected: str  # "benign" | "harmful" | "graded"
@@ -58,6 +81,8 @@ class CalibrationRow:
     # where the entry's known place is ("none" for a benign one); None: not localized
     localized: str | None = None
     expected_place: str | None = None
+    # the same entry in the zoo's sampled run (`calibrate --temperature`); None: not run sampled
+    sampled: SampledVerdict | None = None
 
     @property
     def placed(self) -> bool | None:
@@ -338,4 +363,15 @@ def summarize(rows: Sequence[CalibrationRow]) -> dict[str, int]:
     for r in rows:
         if r.expected != "graded":
             out[r.outcome] += 1
+    return out
+
+
+def summarize_sampled(rows: Sequence[CalibrationRow]) -> dict[str, int] | None:
+    """The same counts for the sampled run's verdicts; None when the zoo did not run sampled."""
+    if not any(r.sampled is not None for r in rows):
+        return None
+    out = {CAUGHT: 0, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
+    for r in rows:
+        if r.expected != "graded" and r.sampled is not None:
+            out[r.sampled.outcome] += 1
     return out

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from evalpipe.compare.calibration import DETECTORS, CalibrationRow, SensitivityPoint, smallest_caught, summarize
+from evalpipe.compare.calibration import DETECTORS, CalibrationRow, SensitivityPoint, smallest_caught, summarize, summarize_sampled
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, GATE_ORDER, TEACHER_GATES
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.verdict import fmt_delta
@@ -21,6 +21,46 @@ def _p(p: float | None) -> str:
 
 def _ci(lo: float | None, hi: float | None) -> str:
     return "—" if lo is None or hi is None else f"[{fmt_delta(lo)}, {fmt_delta(hi)}]"
+
+
+def _detectors(families: Sequence[str], gates: Sequence[str]) -> str:
+    joined = ", ".join(gates)
+    return ", ".join(families) + (f" ({joined})" if joined else "") if families else "—"
+
+
+def _sampled(rows: Sequence[CalibrationRow]) -> bool:
+    return any(r.sampled is not None for r in rows)
+
+
+def _sampled_header(rows: Sequence[CalibrationRow]) -> str:
+    first = next(r.sampled for r in rows if r.sampled is not None)
+    return f"sampled at temperature {first.temperature:g}, {first.samples}/item: verdict, outcome (detectors)"
+
+
+def _sampled_cell(r: CalibrationRow) -> str:
+    if r.sampled is None:
+        return "—"
+    return md_escape(f"{r.sampled.status}, {r.sampled.outcome} ({_detectors(r.sampled.detectors, r.sampled.failed_gates)})")
+
+
+def _sampled_summary(rows: Sequence[CalibrationRow], harmful: Sequence[CalibrationRow], fallback: Sequence[CalibrationRow],
+                     benign: Sequence[CalibrationRow]) -> list[str]:
+    """The bold summary line of the sampled run (the last column), when the zoo ran sampled."""
+    counts = summarize_sampled(rows)
+    if counts is None:
+        return []
+    first = next(r.sampled for r in rows if r.sampled is not None)
+
+    def caught(group: Sequence[CalibrationRow]) -> int:
+        return sum(r.sampled is not None and r.sampled.outcome == "caught" for r in group)
+
+    return [
+        f"**Sampled at temperature {first.temperature:g} ({first.samples} per item, common random numbers, "
+        f"docs/sampling.md): harmful caught: {caught(harmful)}/{len(harmful)}. "
+        + (f"Fallbacks flagged INCONCLUSIVE: {caught(fallback)}/{len(fallback)}. " if fallback else "")
+        + f"Benign kept clean: {counts['clean']}/{len(benign)}.**",
+        "",
+    ]
 
 
 def render_calibration(
@@ -60,6 +100,7 @@ def render_calibration(
         + (f"Fallbacks flagged INCONCLUSIVE: {sum(r.outcome == 'caught' for r in fallback)}/{len(fallback)}. " if fallback else "")
         + f"Benign kept clean: {counts['clean']}/{len(benign)}.**",
         "",
+        *_sampled_summary(rows, harmful, fallback, benign),
         *(
             [f"Numerics: {numerics.describe()}; the `auto` floors of that precision apply (docs/numerics.md).", ""]
             if numerics is not None
@@ -72,16 +113,16 @@ def render_calibration(
         "matters for the faults tied to the batch layout).",
         "",
         *_localize_lines(rows),
-        "| variant | expected | verdict | outcome | Δ score [95% CI] | McNemar p | detectors (failed gates) | detection cost | localized first (known place) |",
-        "|---|---|---|---|---:|---:|---|---:|---|",
+        "| variant | expected | verdict | outcome | Δ score [95% CI] | McNemar p | detectors (failed gates) | detection cost | localized first (known place) |"
+        + (f" {_sampled_header(rows)} |" if _sampled(rows) else ""),
+        "|---|---|---|---|---:|---:|---|---:|---|" + ("---|" if _sampled(rows) else ""),
     ]
     for r in rows:
-        gates = ", ".join(r.failed_gates)
-        detectors = ", ".join(r.detectors) + (f" ({gates})" if gates else "") if r.detectors else "—"
         lines.append(
             f"| {md_escape(r.variant)} | {r.expected} | {r.status} | {r.outcome} | "
-            f"{fmt_delta(r.delta)} {_ci(r.ci_low, r.ci_high)} | {_p(r.mcnemar_p)} | {md_escape(detectors)} | "
+            f"{fmt_delta(r.delta)} {_ci(r.ci_low, r.ci_high)} | {_p(r.mcnemar_p)} | {md_escape(_detectors(r.detectors, r.failed_gates))} | "
             f"{'—' if r.detection_cost is None else r.detection_cost} | {_placed(r)} |"
+            + (f" {_sampled_cell(r)} |" if _sampled(rows) else "")
         )
     lines += _sensitivity_section(sensitivity, plot) + _firing_section(firing)
     lines += ["", "## The entries", ""]

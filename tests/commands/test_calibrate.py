@@ -66,3 +66,25 @@ def test_engine_controls_are_the_reference_with_another_batch_arrangement_and_tw
     clash = {**BASE, "variants": {**BASE["variants"], "legacy-aa2": {}}}
     with pytest.raises(ConfigError, match="already has a variant `legacy-aa2`"):
         calibration_config(parse_config(clash), [])
+
+
+def test_a_sampled_zoo_run_is_asked_for_on_the_command_line_of_a_greedy_config(tmp_path):
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    from evalpipe.commands.calibrate import run_calibration
+    from evalpipe.reporting import QuietReporter
+
+    greedy, sampled = tmp_path / "greedy.yaml", tmp_path / "sampled.yaml"
+    greedy.write_text(yaml.safe_dump(BASE))
+    sampled.write_text(yaml.safe_dump({**BASE, "sampling": {"temperature": 0.6}}))
+    reporter = QuietReporter(Console(file=io.StringIO()))
+    with pytest.raises(ConfigError, match="samples already; calibrate a greedy config"):
+        run_calibration(sampled, 2, None, tmp_path / "t.md", reporter)
+    with pytest.raises(ConfigError, match="--temperature 0 is not a sampling temperature"):
+        run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=0.0)
+    with pytest.raises(ConfigError, match="cannot|without it"):
+        run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=0.6, from_run=tmp_path)
+    assert not (tmp_path / "t.md").exists()

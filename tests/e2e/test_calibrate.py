@@ -3,7 +3,9 @@ one harmful fault, the benign `sp` layout, one fault whose input check stops the
 (the run goes on without it, and the table still says what happened), the silent
 fallback to the legacy path (caught by the path probes alone: INCONCLUSIVE), the engine
 controls (A/A2, two threads), and one graded systematic error on each side of the
-default gates' detection limit (1e-3 in one layer: caught; 1e-5: below the fp32 floors)."""
+default gates' detection limit (1e-3 in one layer: caught; 1e-5: below the fp32 floors).
+The zoo runs a second time sampled (temperature 0.6, two samples per item, common random
+numbers): the same entries caught and kept clean there, in the table's last column."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 4.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 7  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 4
 FAULTS = ["heads_permuted", "sp_fallback", "shard_offset_checked", "attn_out_error_1e-3", "attn_out_error_1e-5"]
@@ -39,7 +41,8 @@ def calibrated(tmp_path_factory):
     table = tmp / "calibration.md"
     proc = subprocess.run(
         [sys.executable, "-m", "evalpipe", "calibrate", "-c", str(path), "--limit", str(LIMIT),
-         "--faults", ",".join(FAULTS), "--table", str(table), "--output", str(tmp / "runs"), "--run-id", "cal"],
+         "--faults", ",".join(FAULTS), "--table", str(table), "--output", str(tmp / "runs"), "--run-id", "cal",
+         "--temperature", "0.6", "--samples", "2"],
         cwd=tmp, capture_output=True, text=True, timeout=1800,
     )
     return {"proc": proc, "table": table, "dir": tmp / "runs" / "cal", "ref": ref}
@@ -145,3 +148,20 @@ def test_every_compared_entry_is_localized_at_its_known_place(calibrated):
     assert "localized first (known place)" in text and "| layer 0 attn.heads (layer 0 attn.heads) ✓ |" in text
     docs = json.loads((calibrated["dir"] / "localize.json").read_text())["localizations"]
     assert {d["variant"] for d in docs} == set(r) - {"fault-shard_offset_checked"}
+
+
+def test_the_sampled_zoo_catches_what_the_greedy_one_catches(calibrated):
+    by_name = rows(calibrated)
+    sampled = {name: r["sampled"] for name, r in by_name.items()}
+    assert all(v is not None and v["temperature"] == 0.6 and v["samples"] == 2 for v in sampled.values()), sampled
+    assert sampled["fault-heads_permuted"]["status"] == "DIVERGENT" and sampled["fault-heads_permuted"]["outcome"] == "caught"
+    assert sampled["fault-sp_fallback"]["status"] == "INCONCLUSIVE"
+    assert sampled["fault-shard_offset_checked"]["status"] == "FAILED"
+    assert sampled["fault-attn_out_error_1e-3"]["status"] == "DIVERGENT"
+    for benign in ("sp", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
+        assert sampled[benign]["outcome"] == "clean", (benign, sampled[benign])
+    text = calibrated["table"].read_text()
+    assert "**Sampled at temperature 0.6 (2 per item" in text and "harmful caught: 2/2" in text
+    assert "--temperature 0.6 --samples 2" in text
+    # the sampled run is a run of its own beside the greedy one
+    assert (calibrated["dir"].parent / "cal-sampled" / "compare.json").exists()

@@ -91,3 +91,28 @@ def test_localize_with_decode_steps_names_layer_2s_attention(sp_run):
     earlier = [m for m in doc["modules"] if m["layer"] < 2 and m["rows"] > 0]
     assert earlier and all(m["rel_l2"] <= m["floor"] for m in earlier), earlier
     assert doc["not_reassembled"] == []
+
+
+def test_sampling_catches_the_single_token_bug_too(tmp_path):
+    """The same bug under sampled decoding with common random numbers (temperature 0.6, two
+    samples per item, seeded alike on both sides): the one-token forward passes still draw
+    from another distribution, so sp's samples leave the replicated layout's."""
+    cfg = {
+        "extends": str(default_config().with_name("sp_moe.yaml")),
+        "output": str(tmp_path / "runs"),
+        "noise_floor": False,
+        "localize": "off",
+        "sampling": {"temperature": 0.6, "samples": 2},
+    }
+    path = tmp_path / "sampled.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = in_process.evalpipe("run", "gsm8k", "-c", str(path), "--limit", "3", "--run-id", "sampled",
+                              "--variants", "replicated,sp", cwd=tmp_path)
+    assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-4000:]  # DIVERGENT
+    run_dir = tmp_path / "runs" / "sampled"
+    assert _verdicts(run_dir) == {"sp": "DIVERGENT"}
+    compare = json.loads((run_dir / "compare.json").read_text())
+    (sp,) = compare["comparisons"]
+    assert sp["samples"] == {"a": 6, "b": 6}
+    failed = {g["gate"] for g in sp["gates"] if g["status"] == "fail"}
+    assert "free_hard_divergences" in failed or "free_kl_max" in failed, failed

@@ -5,6 +5,7 @@ and the sensitivity plot's PNG, the same bytes for the same points. Rows and poi
 built by hand (the calibration run itself is an end-to-end matter).
 """
 
+import dataclasses
 from pathlib import Path
 
 from evalpipe.compare.calibration import CalibrationRow, SensitivityPoint
@@ -83,3 +84,26 @@ def test_without_points_firing_or_localization_those_sections_are_left_out():
     assert "## Sensitivity" not in text and "## False alarms" not in text and "`evalpipe localize`" not in text
     assert "Numerics:" not in text
     assert "| sp | benign | DIVERGENT | false alarm | +0.100 [+0.050, +0.150] | 0.01 | scores (score\\_mcnemar) | 4 | \u2014 |" in text
+
+
+def test_the_sampled_run_adds_its_column_and_its_own_summary_line():
+    from evalpipe.compare.calibration import SampledVerdict
+
+    rows = [
+        CalibrationRow("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 100, None, "",
+                       sampled=SampledVerdict(0.6, 2, "EQUIVALENT", "clean", (), ())),
+        CalibrationRow("fault-x", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t", "m",
+                       -0.02, -0.05, 0.01, 0.3, 100, 3, "",
+                       sampled=SampledVerdict(0.6, 2, "EQUIVALENT", "missed", (), ())),
+        CalibrationRow("fault-y", "harmful", "FAILED", "caught", ("engine failure",), (), None, None, None, None, None, None, 0,
+                       None, "", sampled=None),
+    ]
+    text = render_calibration(rows, RunDocument(run_id="cal"), command="c", seconds=60, run_dir=Path("x"))
+    assert "**Sampled at temperature 0.6 (2 per item, common random numbers, docs/sampling.md): harmful caught: 0/2. " \
+           "Benign kept clean: 1/1.**" in text
+    assert "| sampled at temperature 0.6, 2/item: verdict, outcome (detectors) |" in text
+    assert "| EQUIVALENT, missed (—) |" in text and "| EQUIVALENT, clean (—) |" in text
+    assert text.count("|---|---|---|---|---:|---:|---|---:|---|---|") == 1
+    greedy_only = render_calibration([dataclasses.replace(rows[0], sampled=None)], RunDocument(run_id="cal"), command="c",
+                                     seconds=60, run_dir=Path("x"))
+    assert "Sampled at" not in greedy_only and "sampled at temperature" not in greedy_only
