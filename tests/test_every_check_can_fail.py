@@ -26,9 +26,9 @@ from evalpipe.compare.numerics import FLOORS, LOCALIZE_FLOORS, NOISY_AA_FLOORS, 
 from evalpipe.compare.scores import PairedScores
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
-from evalpipe.config.gate_settings import SMALLEST_SIGN_FLIP_P, Gates
+from evalpipe.config.gate_settings import SMALLEST_SAMPLED_ALPHA, SMALLEST_SIGN_FLIP_P, Gates
 from evalpipe.config.loading import load_gates, parse_config
-from evalpipe.documents.comparison import FAILED, ShiftTest
+from evalpipe.documents.comparison import FAILED, SampledTask, ShiftTest
 from evalpipe.gates import registry
 
 TASK = "gsm8k_synth_4shot"
@@ -41,6 +41,7 @@ LOOSEST = {
     "tokens": {g.field_name: {"abs": 1e12, "rel_aa": 1e12} for g in registry.GATES if g.measure is not None},
     "distribution": {"alpha": SMALLEST_SIGN_FLIP_P * (1 + 1e-9), "confidence": 1 - 1e-9,
                      "dlogprob_shift": 1e12, "kl_shift": 1e12},
+    "sampling": {"alpha": SMALLEST_SAMPLED_ALPHA},
 }
 HUGE = 1e30  # a measure beyond the loosest finite bound (1e12 x an A/A value of 1)
 
@@ -75,11 +76,21 @@ def shift_test(test: str, gates: Gates) -> ShiftTest:
                      aa_position_sd=1.0)
 
 
+def sampled_task(divergent: int) -> SampledTask:
+    """A sampled task of N samples of which ``divergent`` left the reference's path, where the
+    distributions allow none (excess p 0 when any did)."""
+    return SampledTask(task=TASK, temperature=0.6, top_p=1.0, top_k=0, min_p=0.0, samples_per_item=1, items=N, samples=N,
+                       divergent=divergent, divergent_rate=divergent / N, first_divergence_min=0 if divergent else None,
+                       first_divergence_median=0.0 if divergent else None, agreeing_positions=100, max_abs_dlogprob=0.0,
+                       predicted_samples=N, predicted=0.0, excess_p=0.0 if divergent else 1.0, tv_max=0.0, pass_at=[])
+
+
 def _worst(gates: Gates, **fields: Any) -> list[G.GateResult]:
     return G.evaluate_gates([score_row(gates)], [token_summary(**fields)], [token_summary(**fields)], gates,
                             G.AASummaries.of([token_summary()], [token_summary()]),
                             numerics=Numerics("float32", "test"),
-                            shift_tests=[shift_test(t, gates) for t in ("dlogprob_shift", "kl_shift")])
+                            shift_tests=[shift_test(t, gates) for t in ("dlogprob_shift", "kl_shift")],
+                            sampled=[sampled_task(N)], aa_sampled=[sampled_task(0)])
 
 
 # gate -> the token-summary fields that make it fail (score and distributional gates fail on the
@@ -94,6 +105,9 @@ FAILING_INPUTS: dict[str, dict[str, Any]] = {
     "teacher_hard_top1_flips": {"n_top1_hard": int(HUGE)},
     "teacher_dlogprob_shift": {},
     "teacher_kl_shift": {},
+    # every sample of the task diverged where its distributions allow none, the A/A run's none
+    "sampled_excess_divergence": {},
+    "sampled_divergence_above_aa": {},
 }
 
 

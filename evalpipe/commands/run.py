@@ -19,6 +19,7 @@ from evalpipe.config.loading import load_config
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.config.run_config import LaunchFields, RunConfig
+from evalpipe.config.sampling import Sampling
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label
@@ -141,13 +142,24 @@ def _print_plan(plan: RunPlan, console: Console) -> None:
         console.print(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:")
         for line in planned_commands(v, model_path, plan.run_dir / v.name):
             console.print(f"  {line}", soft_wrap=True, markup=False)
-    tasks = Table("group", "task", "num_fewshot", "limit")
+    tasks = Table("group", "task", "num_fewshot", "limit", "decoding")
     for t in plan.tasks:
-        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit))))
+        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit),
+                                                 describe_sampling(t.spec.sampling))))
     console.print(tasks)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
     _print_cluster_plan(plan, console)
+
+
+def describe_sampling(sampling: Sampling | None) -> str:
+    """How a task decodes, in the plan's words: "greedy", or the sampler, samples per item and base seed."""
+    if sampling is None:
+        return "greedy"
+    cuts = [f"top_p {sampling.top_p:g}" if sampling.top_p < 1 else "", f"top_k {sampling.top_k}" if sampling.top_k else "",
+            f"min_p {sampling.min_p:g}" if sampling.min_p else ""]
+    return (f"sampled: temperature {sampling.temperature:g}" + "".join(f", {c}" for c in cuts if c)
+            + f"; {sampling.samples} per item, seeds from {sampling.seed}")
 
 
 def _print_cluster_plan(plan: RunPlan, console: Console) -> None:

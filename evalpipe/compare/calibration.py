@@ -30,7 +30,7 @@ from evalpipe.documents.comparison import Status
 from evalpipe.gates import registry
 
 # the gates by family, in the calibration table's column order
-DETECTORS = {family: registry.names(family) for family in ("free-running", "teacher-forced", "distributional", "scores")}
+DETECTORS = {family: registry.names(family) for family in ("free-running", "teacher-forced", "distributional", "sampled", "scores")}
 # Outcomes against the expectation. Graded faults (the sensitivity curve) are harmful by
 # construction but expected to go unseen below the detection limit: "not caught" is
 # their other outcome, and it counts neither as a miss nor as clean.

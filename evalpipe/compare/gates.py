@@ -73,7 +73,7 @@ from typing import Any, Callable, Final, Iterable, Mapping, Sequence
 from evalpipe.compare.distribution import ALTERNATIVE, measured
 from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
-from evalpipe.documents.comparison import GateResult, GateStatus, ScoreRow, ShiftTest, TokenSummary
+from evalpipe.documents.comparison import GateResult, GateStatus, SampledTask, ScoreRow, ShiftTest, TokenSummary
 from evalpipe.gates import registry
 
 PASS: Final = "pass"
@@ -81,6 +81,7 @@ FAIL: Final = "fail"
 SKIP: Final = "skip"
 SCORE_GATES = registry.names("scores")
 DISTRIBUTION_GATES = registry.names("distributional")
+SAMPLED_GATES = registry.names("sampled")
 # Items / positions quoted in a detail sentence; ``evidence`` lists all that the summary kept.
 POINTERS_IN_DETAIL = 3
 NO_TEACHER = "no teacher-forced data (teacher.parquet missing on one side)"
@@ -409,6 +410,68 @@ def distribution_gates(
 
 
 # ---------------------------------------------------------------------------
+# sampled gates (sampled tasks only)
+# ---------------------------------------------------------------------------
+
+
+def _skip(gate: str, task: str, why: str, alpha: float) -> GateResult:
+    return GateResult(gate=gate, task=task, metric=None, status=SKIP, measured=None, threshold=alpha, aa_value=None,
+                      detail=f"{task} {gate}: skipped, {why}")
+
+
+def excess_divergence_gate(t: SampledTask, alpha: float) -> GateResult:
+    """Fail when more samples left the reference's path than the teacher-forced distributions
+    allow: the exact probability of at least that many, each sample at its bound, is < alpha."""
+    gate = "sampled_excess_divergence"
+    if t.samples == 0:
+        return _skip(gate, t.task, "no sampled sample on both sides: nothing was compared", alpha)
+    if t.excess_p is None:
+        why = (f"{t.samples - t.predicted_samples} of {t.samples} samples have no teacher-forced distributions on both "
+               "sides (capture.teacher_forcing)")
+        return _skip(gate, t.task, why, alpha)
+    failed = t.excess_p < alpha
+    text = (f"{t.task} {gate}: {t.divergent} of {t.samples} samples left the reference's path where the distributions "
+            f"allow {_num(t.predicted)} at most (largest TV {_num(t.tv_max)}); P(>= {t.divergent}) = {_num(t.excess_p)} "
+            f"{'<' if failed else '>='} {_num(alpha)}")
+    if failed:
+        text += ": more divergences than the distributions explain"
+    return GateResult(gate=gate, task=t.task, metric=None, status=FAIL if failed else PASS, measured=t.excess_p,
+                      threshold=alpha, aa_value=None, detail=text)
+
+
+def above_aa_gate(t: SampledTask, aa: SampledTask | None, alpha: float) -> GateResult:
+    """Fail when the variant's divergent samples are significantly more than the A/A run's
+    (one-sided Fisher exact test on the two counts of the same number of seeds)."""
+    gate = "sampled_divergence_above_aa"
+    if t.samples == 0:
+        return _skip(gate, t.task, "no sampled sample on both sides: nothing was compared", alpha)
+    if aa is None or aa.samples == 0:
+        return _skip(gate, t.task, "no sampled A/A comparison of this task (noise_floor: true)", alpha)
+    from scipy.stats import fisher_exact  # noqa: PLC0415 - scipy's stats import costs every compare a quarter second
+
+    table = [[t.divergent, t.samples - t.divergent], [aa.divergent, aa.samples - aa.divergent]]
+    p = float(fisher_exact(table, alternative="greater").pvalue)
+    failed = p < alpha
+    text = (f"{t.task} {gate}: {t.divergent} of {t.samples} samples diverged, the A/A run {aa.divergent} of {aa.samples}; "
+            f"Fisher p {_num(p)} {'<' if failed else '>='} {_num(alpha)}")
+    return GateResult(gate=gate, task=t.task, metric=None, status=FAIL if failed else PASS, measured=p, threshold=alpha,
+                      aa_value=aa.divergent / aa.samples, detail=text)
+
+
+def sampled_gates(sampled: Sequence[SampledTask] | None, aa: Sequence[SampledTask] | None, gates: Gates) -> list[GateResult]:
+    """Both sampled gates of every sampled task (none for a greedy comparison)."""
+    cfg = gates.sampling
+    by_task = {t.task: t for t in aa or ()}
+    out = []
+    for t in sampled or ():
+        if cfg.excess_divergence:
+            out.append(excess_divergence_gate(t, cfg.alpha))
+        if cfg.above_aa:
+            out.append(above_aa_gate(t, by_task.get(t.task), cfg.alpha))
+    return out
+
+
+# ---------------------------------------------------------------------------
 # all gates
 # ---------------------------------------------------------------------------
 
@@ -427,13 +490,16 @@ def evaluate_gates(
     numerics: Numerics = Numerics(),
     shift_tests: Sequence[ShiftTest] | None = None,
     shift_missing: str = "no A/A run: these gates compare the A/B distribution with the A/A one (noise_floor: true)",
+    sampled: Sequence[SampledTask] | None = None,
+    aa_sampled: Sequence[SampledTask] | None = None,
 ) -> list[GateResult]:
     """Every gate of every task, ordered by (task, gate, metric).
 
     ``teacher_summaries`` None means the comparison has no teacher-forced data (the
     teacher gates skip); ``aa`` the A/A comparison whose values set the relative bounds;
     ``numerics`` the reference's precision (the ``auto`` floors); ``shift_tests`` the
-    distributional tests (None: those gates skip, ``shift_missing`` says why).
+    distributional tests (None: those gates skip, ``shift_missing`` says why); ``sampled`` the
+    sampled tasks' figures and ``aa_sampled`` the A/A comparison's (greedy: None, no sampled gate).
     A task appears when any input mentions it.
     """
     free = {t.task: t for t in free_summaries}
@@ -452,4 +518,5 @@ def evaluate_gates(
             aa_value = _aa_value(m, None if aa is None else aa.teacher, task)
             out.append(token_gate(m, task, summary, tol, aa_value, missing, numerics))
     out.extend(distribution_gates(tasks, shift_tests, gates, numerics, shift_missing))
+    out.extend(sampled_gates(sampled, aa_sampled, gates))
     return sorted(out, key=_order)

@@ -39,6 +39,7 @@ from evalpipe.compare.code_paths import PathSide, VariantProbes, judge_paths
 from evalpipe.compare.distribution import PositionValues, shift_tests
 from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
+from evalpipe.compare.sampling import reproducibility_problem, sampled_tasks
 from evalpipe.compare.scores import ScoreComparison, compare_scores
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
 from evalpipe.compare.verdict import Verdict, decide, worst_status
@@ -208,6 +209,8 @@ def compare_tables(
         samples_a, samples_b, scores, tokens, teacher, margin=gates.scores.margin, alpha=gates.scores.alpha
     )
     shifts, shift_missing = _shift_tests(teacher, aa, gates)
+    sampled = sampled_tasks(samples_a, samples_b, tokens, teacher, teacher_a, teacher_b)
+    aa_sampled = None if aa is None else aa.doc.sampling
     verdict = decide(
         scores.rows,
         tokens.summaries,
@@ -221,7 +224,12 @@ def compare_tables(
         numerics=numerics,
         shift_tests=shifts,
         shift_missing=shift_missing,
+        sampled=sampled,
+        aa_sampled=aa_sampled,
     )
+    unreproducible = None if aa_sampled is None else reproducibility_problem(aa_sampled, gates.sampling.alpha)
+    if unreproducible is not None:  # the seeds did not make the A/A run repeat itself: no sampled path proves anything
+        verdict = verdict.with_paths(True, [unreproducible])
     judged = None
     if paths is not None:
         judged = judge_paths(paths[0], paths[1], outputs_identical=verdict.status is Status.IDENTICAL)
@@ -248,6 +256,7 @@ def compare_tables(
         outputs_status=verdict.outputs,
         paths=judged,
         by_length=None if by_length is None else [as_written(t) for t in by_length],
+        sampling=None if sampled is None else [as_written(t) for t in sampled],
         unverified=list(unread) or None,
     )
     return VariantComparison(doc, scores, tokens, verdict, teacher, None if shifts is None else tuple(shifts), numerics)

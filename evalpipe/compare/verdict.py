@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import Gates
-from evalpipe.documents.comparison import ScoreRow, ShiftTest, Status, TokenSummary
+from evalpipe.documents.comparison import SampledTask, ScoreRow, ShiftTest, Status, TokenSummary
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
                   "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")
@@ -254,6 +254,8 @@ def decide(
     numerics: Numerics = Numerics(),
     shift_tests: Sequence[ShiftTest] | None = None,
     shift_missing: str | None = None,
+    sampled: Sequence[SampledTask] | None = None,
+    aa_sampled: Sequence[SampledTask] | None = None,
 ) -> Verdict:
     """IDENTICAL, EQUIVALENT or DIVERGENT, with reasons that point at the evidence.
 
@@ -270,7 +272,8 @@ def decide(
     extra = {} if shift_missing is None else {"shift_missing": shift_missing}
     results = tuple(
         evaluate_gates(
-            score_rows, token_summaries, teacher_summaries, gates, aa, numerics=numerics, shift_tests=shift_tests, **extra
+            score_rows, token_summaries, teacher_summaries, gates, aa, numerics=numerics, shift_tests=shift_tests,
+            sampled=sampled, aa_sampled=aa_sampled, **extra
         )
     )
     f = _findings(score_rows, token_summaries, teacher_summaries, ((label_a, metrics_only_a), (label_b, metrics_only_b)))

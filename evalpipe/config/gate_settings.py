@@ -149,9 +149,25 @@ class DistributionGates(Strict):
         return value
 
 
+# Below this level the exact tests of the sampled gates could only fail where their p-value
+# underflows: such an alpha would leave them unable to fail.
+SMALLEST_SAMPLED_ALPHA: Final = 1e-9
+
+
+class SamplingGates(Strict):
+    """The gates of sampled tasks (config `sampling:`; docs/sampling.md): exact tests on the
+    number of samples that left the reference's path."""
+
+    alpha: float = Field(default=1e-3, ge=SMALLEST_SAMPLED_ALPHA, lt=0.5,
+                         description="Level of the sampled gates' exact tests (Poisson-binomial, Fisher).")
+    excess_divergence: bool = Field(default=True, description=registry.gate("sampled_excess_divergence").sentence)
+    above_aa: bool = Field(default=True, description=registry.gate("sampled_divergence_above_aa").sentence)
+
+
 class Gates(Strict):
     """When a non-identical comparison still counts as EQUIVALENT. Any failing gate makes it DIVERGENT."""
 
     scores: ScoreGates = ScoreGates()
     tokens: TokenGates = TokenGates()
     distribution: DistributionGates = DistributionGates()
+    sampling: SamplingGates = SamplingGates()

@@ -459,6 +459,50 @@ class TaskBreakdown(Document):
 # ---------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------
+# sampled decoding (evalpipe.compare.sampling)
+# ---------------------------------------------------------------------------
+
+
+class PassAtK(Document):
+    """pass@k of one 0/1 metric, the unbiased estimate per item from its samples, averaged over
+    the items on each side; ``delta`` (b − a) with its interval, paired per item."""
+
+    metric: str
+    k: int
+    items: int
+    a: float
+    b: float
+    delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class SampledTask(Document):
+    """A sampled task's paths under common random numbers: how many samples left the
+    reference's path, where, and how many the teacher-forced distributions explain."""
+
+    task: str
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    min_p: float
+    samples_per_item: int
+    items: int
+    samples: int  # paired samples compared
+    divergent: int  # samples whose token ids differ somewhere
+    divergent_rate: float | None
+    first_divergence_min: int | None
+    first_divergence_median: float | None
+    agreeing_positions: int  # sampled positions before each sample's first divergence
+    max_abs_dlogprob: float | None  # the sampled tokens' largest |Δlogprob| where the paths agree
+    predicted_samples: int  # samples with teacher-forced distributions on both sides
+    predicted: float | None  # divergent samples the distributions allow at most (sum of the per-sample bounds)
+    excess_p: float | None  # P(at least `divergent` divergent samples | those bounds); None: not every sample predicted
+    tv_max: float | None  # the largest total variation between the sampling distributions at a forced position
+    pass_at: list[PassAtK]
+
+
 class SampleCounts(Document):
     a: int
     b: int
@@ -486,6 +530,8 @@ class Comparison(Document):
     paths: Paths | None  # None: a bare table comparison (not judged)
     # long-context tasks only; other runs' files have no such key
     by_length: list[TaskBreakdown] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # sampled tasks only (config `sampling:`); greedy runs' files have no such key
+    sampling: list[SampledTask] | None = Field(default=None, exclude_if=lambda v: v is None)
     # the sides compared without their manifest.json (`evalpipe compare --unverified`; the A/A
     # variant too when it bounded the gates): the status is then INCONCLUSIVE. Verified
     # comparisons have no such key

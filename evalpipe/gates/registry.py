@@ -18,11 +18,11 @@ from typing import Literal
 FP32, HALF = "fp32", "half"
 PRECISIONS = (FP32, HALF)
 
-Family = Literal["scores", "free-running", "teacher-forced", "distributional"]
+Family = Literal["scores", "free-running", "teacher-forced", "distributional", "sampled"]
 # Where a token gate's detail points (evalpipe/compare/gates.py reads each kind): the positions
 # of the largest KL, the first hard divergences, the first hard top-1 flips.
 Evidence = Literal["largest_kl", "hard_divergences", "hard_top1_flips"]
-FAMILIES: tuple[Family, ...] = ("scores", "free-running", "teacher-forced", "distributional")
+FAMILIES: tuple[Family, ...] = ("scores", "free-running", "teacher-forced", "distributional", "sampled")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Gate:
     """One gate.
 
     ``setting``: where the config holds it, as ``group.field`` of `gates:` (a switch for a
-    score gate, a Tolerance for a token gate, a floor for a distributional one);
+    score or sampled gate, a Tolerance for a token gate, a floor for a distributional one);
     ``floors``: the floor per precision for a deterministic engine or no A/A run, and
     ``noisy_aa_floors`` where the A/A run is noisy (docs/numerics.md measures both);
     ``series``: the (source, measure) a night follows in the history, if any;
@@ -102,6 +102,14 @@ GATES: tuple[Gate, ...] = (
          "Fail when the per-position KL of A/B is above that of A/A over all teacher-forced positions (sign-flip "
          "test), by more than the floor (nats).",
          floors={FP32: 1e-10, HALF: 1e-4}, noisy_aa_floors={HALF: 1e-6}),
+    # Sampled tasks only (config `sampling:`, docs/sampling.md): with common random numbers a
+    # sample can leave the reference's path only where the two distributions differ.
+    Gate("sampled_excess_divergence", "sampled", "sampling.excess_divergence", "divergent samples beyond what the distributions explain",
+         "Fail a sampled task whose samples leave the reference's path more often than the teacher-forced distributions "
+         "allow (at most 2·TV/(1+TV) per step with common random numbers; Poisson-binomial p < sampling.alpha)."),
+    Gate("sampled_divergence_above_aa", "sampled", "sampling.above_aa", "divergent samples above the A/A run's",
+         "Fail a sampled task with more divergent samples than the A/A run has on the same seeds (one-sided Fisher exact "
+         "p < sampling.alpha)."),
 )
 
 BY_NAME: dict[str, Gate] = {g.name: g for g in GATES}

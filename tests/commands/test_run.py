@@ -35,3 +35,14 @@ def test_concurrency_and_distinct_nodes_on_the_command_line():
         with_cluster(config(), None, distinct_nodes=True)
     with pytest.raises(ConfigError, match="remove one of the two"):
         config(cluster={"address": "auto", "distinct_nodes": True, "concurrency": 3})
+
+
+def test_the_plan_says_how_each_task_decodes():
+    from evalpipe.commands.run import describe_sampling
+    from evalpipe.config.sampling import Sampling
+
+    assert describe_sampling(None) == "greedy"
+    assert describe_sampling(Sampling(temperature=0.6, samples=4, seed=1234)) == \
+        "sampled: temperature 0.6; 4 per item, seeds from 1234"
+    assert describe_sampling(Sampling(temperature=1, top_p=0.95, top_k=40, min_p=0.05, seed=7)) == \
+        "sampled: temperature 1, top_p 0.95, top_k 40, min_p 0.05; 1 per item, seeds from 7"

@@ -17,7 +17,8 @@ from evalpipe.nightly import judging
 from tests.test_every_check_can_fail import FAILING_INPUTS
 
 # the kind of setting each family's gate has in `gates:`
-SETTING_KIND = {"scores": bool, "free-running": Tolerance, "teacher-forced": Tolerance, "distributional": (float, str)}
+SETTING_KIND = {"scores": bool, "free-running": Tolerance, "teacher-forced": Tolerance, "distributional": (float, str),
+                "sampled": bool}
 
 
 @pytest.mark.parametrize("gate", GATES, ids=lambda g: g.name)
@@ -33,8 +34,8 @@ def test_a_gate_has_a_setting_of_its_kind_described_in_its_own_words(gate: Gate)
 
 @pytest.mark.parametrize("gate", GATES, ids=lambda g: g.name)
 def test_a_gate_has_floors_for_every_precision_unless_it_judges_scores(gate: Gate):
-    if gate.family == "scores":
-        assert not gate.floors and not gate.noisy_aa_floors, "a score gate's bound is its margin or alpha"
+    if gate.family in ("scores", "sampled"):
+        assert not gate.floors and not gate.noisy_aa_floors, "a score or sampled gate's bound is its margin or alpha"
         return
     assert set(gate.floors) == set(PRECISIONS)
     for precision in PRECISIONS:
@@ -58,7 +59,7 @@ def test_a_gate_has_a_label_a_sentence_a_measure_and_a_failing_input(gate: Gate)
 def test_the_registry_is_what_compare_and_nightly_iterate():
     assert compare_gates.GATE_ORDER == ORDER and len(set(ORDER)) == len(ORDER)
     assert set(compare_gates.SCORE_GATES + compare_gates.FREE_GATES + compare_gates.TEACHER_GATES
-               + compare_gates.DISTRIBUTION_GATES) == set(ORDER)
+               + compare_gates.DISTRIBUTION_GATES + compare_gates.SAMPLED_GATES) == set(ORDER)
     assert set(judging.TOKEN_GATES.values()) == {g.name for g in GATES if g.series is not None}
 
 

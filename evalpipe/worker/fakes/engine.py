@@ -27,10 +27,14 @@ Behaviours, comma-separated in ``EVALPIPE_FAKE_ENGINE`` (a variant's ``env:`` se
   exit_after=N    after N answered requests, the process ends: with exit=CODE (default 3)
                   or signal=NAME (e.g. KILL, SEGV)
   fail_start      the engine fails to start
+  unseeded        a sampler that ignores the request's seed: its noise follows the order the
+                  engine draws in (a sampler drawing per batch), so the same seed gives
+                  other samples in another batch arrangement
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -75,6 +79,7 @@ class Behaviour:
     exit_code: int = 3
     exit_signal: str | None = None
     fail_start: bool = False
+    unseeded: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Behaviour:
@@ -86,12 +91,12 @@ class Behaviour:
         for word in (w.strip() for w in text.split(",")):
             if word in ("", "1", "on"):
                 continue
-            if word == "fail_start":
-                fields["fail_start"] = True
+            if word in ("fail_start", "unseeded"):
+                fields[word] = True
                 continue
             key, _, value = word.partition("=")
             if key not in names or not value:
-                raise RuntimeError(f"{FAKE_ENGINE_ENV}: unknown behaviour {word!r}; known: 1, fail_start, "
+                raise RuntimeError(f"{FAKE_ENGINE_ENV}: unknown behaviour {word!r}; known: 1, fail_start, unseeded, "
                                    + ", ".join(f"{k}=..." for k in names))
             field_name, kind = names[key]
             fields[field_name] = kind(value)
@@ -188,6 +193,7 @@ class FakeEngine(InProcessEngine):
         self._max_model_len = max(int(engine_args.get("max_model_len") or 0), 1 << 16)
         self.journal = journal
         self._answered = 0
+        self._sampled = 0  # sampled requests so far (the `unseeded` sampler's noise)
         # what the path probes see: this class as the model this process built, one forward
         # pass per request (so a comparison of fake variants is judged on its outputs)
         self._probed = ModelRecord(f"{FakeEngine.__module__}.{FakeEngine.__qualname__}", {}, [])
@@ -246,6 +252,14 @@ class FakeEngine(InProcessEngine):
                    **({} if r.draw is None else {"draw": r.draw.settings()})} for r in requests]
         return self._each("generate", bodies, lambda i: self._generate_one(requests[i], topk), GenResult, progress)
 
+    def _drawn(self, draw: Draw) -> Draw:
+        """The draw as this engine's sampler uses it: ``unseeded`` replaces the seed with the
+        number of requests it sampled before (the order its batches came in)."""
+        if not self._behaviour.unseeded:
+            return draw
+        self._sampled += 1
+        return dataclasses.replace(draw, seed=self._sampled)
+
     def _generate_one(self, req: GenRequest, topk: int) -> GenResult:
         state, run = PREFIX_START, 0
         for t in req.prompt_token_ids:
@@ -257,7 +271,7 @@ class FakeEngine(InProcessEngine):
         finish = "length"
         while len(ids) < req.max_tokens:
             pos = position(state, run, self._behaviour.diverge_at)
-            tid = pos.ids[0] if req.draw is None else sampled(pos, req.draw, len(ids))
+            tid = pos.ids[0] if req.draw is None else sampled(pos, self._drawn(req.draw), len(ids))
             ids.append(tid)
             lps.append(pos.logprobs[0])
             top_ids.append(pos.ids[:topk])
