@@ -50,6 +50,12 @@ STANDARD_SWITCHES = {
     "compilation_mode": "compilation_config.mode",
     "cudagraph_mode": "compilation_config.cudagraph_mode",
     "additional_config": "additional_config",
+    # how the engine samples (what a sampled comparison's common random numbers rest on,
+    # docs/sampling.md): the model runner generation, what its logprobs are, speculation
+    "use_v2_model_runner": "use_v2_model_runner",
+    "logprobs_mode": "model_config.logprobs_mode",
+    "speculative_config": "speculative_config",
+    "seed": "model_config.seed",
 }
 # Read from the built model rather than the config. cpu_kernels: the kernels vLLM's CPU
 # build chose by processor (attention ISA, GEMM), read at the first forward pass, once the

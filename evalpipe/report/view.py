@@ -54,6 +54,7 @@ from evalpipe.report.formats import (
     fmt_where,
     quoted,
 )
+from evalpipe.report.sampled import sampling_section
 from evalpipe.report.what_ran import INCONCLUSIVE_NOTE, unverified_note, what_ran_view
 
 TOPK_SHOWN = 5
@@ -295,6 +296,7 @@ def _task_view(task: str, c: Comparison, nf: Comparison | None, esc: Esc) -> dic
         "notes": [(esc(label), esc(text)) for label, text in notes],
         "worst": _worst_sections(free, False, esc) + _worst_sections(teacher, True, esc),
         "by_length": _length_section(task, c, nf, esc),
+        "sampling": sampling_section(task, c, nf, esc),
         # unescaped sources, for renderers that draw from the numbers (plots)
         "data": {"free": free, "teacher": teacher, "free_aa": free_aa, "teacher_aa": teacher_aa},
     }

@@ -27,6 +27,9 @@ LAYOUT_SWITCHES = (
 # The kernels vLLM's CPU build chose by processor (the probes' cpu_kernels): a row wherever
 # recorded, equal or not, since the same config runs other kernels on another x86 kind.
 PROCESSOR_SWITCHES = ("cpu_kernels",)
+# How the engine samples, as it resolved it: a row each where a comparison sampled
+# (docs/sampling.md: what common random numbers need from the engine).
+SAMPLER_SWITCHES = ("use_v2_model_runner", "logprobs_mode", "speculative_config", "seed")
 NOT_RECORDED_CELL = "not recorded"
 ENDPOINT_CELL = "not verifiable (endpoint)"
 PATH_SENTENCES = {
@@ -180,7 +183,7 @@ def _names_in(columns: Sequence[_Column], names_of: Callable[[ProbeSummary], Ite
 Cell = Callable[[ProbeSummary], str]
 
 
-def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
+def _row_makers(recorded: Sequence[_Column], sampled: bool = False) -> list[tuple[str, Cell]]:
     """(label, cell of one summary) per row, the rows that depend on what was recorded included."""
     rows: list[tuple[str, Cell]] = [("processes", _processes_cell), ("model", _models_cell),
                                     ("decoder layers", _layers_cell)]
@@ -193,8 +196,12 @@ def _row_makers(recorded: Sequence[_Column]) -> list[tuple[str, Cell]]:
     rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
     switches = set(_names_in(recorded, lambda s: s.switches))
     rows += [(name, partial(_switch_cell, name)) for name in PROCESSOR_SWITCHES if name in switches]
+    shown = set(LAYOUT_SWITCHES) | set(PROCESSOR_SWITCHES)
+    if sampled:
+        rows += [(name, partial(_switch_cell, name)) for name in SAMPLER_SWITCHES if name in switches]
+        shown |= set(SAMPLER_SWITCHES)
     # any other switch only where the sides disagree: the table shows what sets them apart
-    for name in sorted(switches - set(LAYOUT_SWITCHES) - set(PROCESSOR_SWITCHES)):
+    for name in sorted(switches - shown):
         cell = partial(_switch_cell, name)
         if _differs([cell(col.values) for col in recorded]):
             rows.append((name, cell))
@@ -205,10 +212,10 @@ def _differs(cells: Sequence[str]) -> bool:
     return len(set(cells)) > 1
 
 
-def _what_ran_table(columns: Sequence[_Column], esc: Esc) -> dict[str, Any]:
+def _what_ran_table(columns: Sequence[_Column], esc: Esc, sampled: bool = False) -> dict[str, Any]:
     recorded = [col for col in columns if col.recorded]
     rows = []
-    for i, (label, cell) in enumerate(_row_makers(recorded)):
+    for i, (label, cell) in enumerate(_row_makers(recorded, sampled)):
         # a column without values says why once, in the first row
         cells = [cell(col.values) if col.recorded else (col.missing if i == 0 else DASH) for col in columns]
         differs = _differs([x for x, col in zip(cells, columns) if col.recorded])
@@ -247,5 +254,6 @@ def what_ran_view(compare: ComparisonDocument, esc: Esc) -> dict[str, Any] | Non
     return {
         "paths": [_path_block(c, paths, aa, esc) for c, paths, aa in judged],
         # a table of columns that all say "not recorded" shows nothing
-        "table": _what_ran_table(columns, esc) if any(col.summary is not None for col in columns) else None,
+        "table": (_what_ran_table(columns, esc, sampled=any(c.sampling for c, _ in compare.judged_entries()))
+                  if any(col.summary is not None for col in columns) else None),
     }

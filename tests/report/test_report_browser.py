@@ -105,3 +105,44 @@ def test_dashboard_in_chromium_runs_no_payload(driver, tmp_path):
     assert hrefs and not [h for h in hrefs if h.lower().lstrip().startswith(("javascript:", "data:"))]
     for payload in (SCRIPT, IMG, SVG, IFRAME, A_TAG, BREAKOUT, MD_LINK, TEMPLATE):
         assert payload in body, f"not shown literally: {payload!r}"
+
+
+def test_the_sampling_section_reads_in_chromium(driver, tmp_path):
+    """A sampled run on the fake engine (a reference, its A/A run and a variant whose distribution
+    changes from the 4th token): report.html's sampling section shows the sampler, the variant's
+    and the A/A run's divergent samples, the prediction, and pass@k."""
+    import in_process
+    import yaml
+    from selenium.webdriver.common.by import By
+
+    from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
+
+    config = {
+        "model": {"path": "builtin:tiny-gsm"}, "engine": {"max_model_len": 4096}, "output": str(tmp_path / "runs"),
+        "noise_floor": True, "sampling": {"temperature": 0.7, "top_p": 0.9, "samples": 2},
+        "capture": {"topk": 5, "prompt_positions": {"min_prompt_tokens": 1 << 16}},
+        "variants": {"ref": {}, "diverge": {"env": {FAKE_ENGINE_ENV: "diverge=4"}}}, "reference": "ref",
+        "tasks": {"gsm8k": [{"task": "gsm8k_synth_4shot", "num_fewshot": 4}]},
+    }
+    path = tmp_path / "sampled.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = in_process.evalpipe("run", "gsm8k", "-c", str(path), "--limit", "3", "--run-id", "s", cwd=tmp_path,
+                               env={FAKE_ENGINE_ENV: "1"})
+    assert proc.returncode == 1, proc.stdout[-2000:]  # DIVERGENT
+    driver.get((tmp_path / "runs" / "s" / artifacts.REPORT_HTML).as_uri())
+    _assert_nothing_ran(driver, "evalpipe comparison: s")
+    (heading,) = driver.find_elements(By.CSS_SELECTOR, "h4.sampling")
+    assert heading.text == "Sampled decoding: gsm8k_synth_4shot"
+    table = driver.find_element(By.CSS_SELECTOR, "table.sampling")
+    rows = {r.find_elements(By.TAG_NAME, "td")[0].text: [c.text for c in r.find_elements(By.TAG_NAME, "td")[1:]]
+            for r in table.find_elements(By.TAG_NAME, "tr")[1:]}
+    headers = [h.text for h in table.find_elements(By.TAG_NAME, "th")]
+    assert headers == ["samples", "diverge", "A/A (ref-aa)"]
+    assert rows["samples compared"] == ["6 (3 items × 2)", "6 (3 items × 2)"]
+    assert rows["divergent samples"][0].startswith("6/6") and rows["divergent samples"][1].startswith("0/6")
+    assert rows["first divergence"][0].startswith("position 4")
+    assert rows["divergent samples predicted"][0].startswith("≤ ")
+    pass_rows = driver.find_elements(By.CSS_SELECTOR, "table.pass-at tr")
+    assert len(pass_rows) == 1 + 2 * 2  # two metrics x k in {1, 2}
+    assert "temperature 0.7, top_p 0.9" in driver.find_element(By.TAG_NAME, "body").text
+    full_page_screenshot(driver, artifact_dir(tmp_path) / "report-sampled.png")

@@ -289,6 +289,22 @@ def test_the_kernels_the_processor_chose_get_a_row_wherever_recorded():
     assert "cpu_kernels" in {row["label"] for row in table(d)["rows"] if row["differs"]}
 
 
+def test_a_sampled_run_shows_how_each_engine_samples_and_a_greedy_one_only_where_they_differ():
+    from tests.report.test_sampled import task
+
+    d = pass_compare()
+    for c in (d["comparisons"][0], d["noise_floor"]):
+        for side in ("a", "b"):
+            c["paths"]["what_ran"][side]["switches"].update(
+                use_v2_model_runner=False, logprobs_mode="raw_logprobs", speculative_config=None, seed=0)
+    greedy = rows(d)
+    assert not {"use_v2_model_runner", "logprobs_mode", "speculative_config", "seed"} & set(greedy)
+    d["comparisons"][0]["sampling"] = [task(0).model_dump(mode="json")]
+    sampled = rows(d)
+    assert sampled["use_v2_model_runner"] == ["false"] * 3 and sampled["logprobs_mode"] == ["raw_logprobs"] * 3
+    assert list(sampled).index("use_v2_model_runner") > list(sampled).index("dtype")
+
+
 def test_several_counts_per_forward_pass_and_absent_functions():
     d = pass_compare()
     b = d["comparisons"][0]["paths"]["what_ran"]["b"]
