@@ -14,6 +14,7 @@ from rich.text import Text
 
 from evalpipe.cluster.session import describe_resources
 from evalpipe.commands.localize import localize_after_run
+from evalpipe.commands.sampling_plan import plan_lines
 from evalpipe.config.cluster import ClusterSettings
 from evalpipe.config.loading import load_config
 from evalpipe.config.option_bounds import check_option
@@ -147,6 +148,11 @@ def _print_plan(plan: RunPlan, console: Console) -> None:
         tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit),
                                                  describe_sampling(t.spec.sampling))))
     console.print(tasks)
+    sized = [line for t in plan.tasks for line in plan_lines(t.spec)]
+    if sized:
+        console.print("[bold]sampled tasks[/] (common random numbers; what the samples can see, and what a smaller effect needs):")
+        for line in sized:
+            console.print(f"  {line}", markup=False, soft_wrap=True)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
     _print_cluster_plan(plan, console)
