@@ -3,7 +3,8 @@ default legacy/sp pair at temperature 0.6, three samples per item, each seeded f
 run's seed and its identity.
 
 - the A/A run (the reference again, requests reversed, other batches) draws the same
-  samples: IDENTICAL, offline; served at half the concurrency; and at data parallel 2
+  samples, offline with prompts split across engine steps at other places (every token the
+  same; fp32 logprobs may move in their last bits); served at half the concurrency; and at data parallel 2
   against 1 behind the server;
 - the seeds are honoured: the samples of an item differ, another base seed draws other
   samples, and every row records the seed it was drawn with;
@@ -65,10 +66,17 @@ def sequences(run_dir: Path, variant: str) -> dict[tuple[int, int], list[int]]:
     return out
 
 
+# Steps of 1024 tokens: GSM8K's 4-shot prompts (~700 tokens) are split across steps, where a
+# seeded request's discarded draw must be taken back (evalpipe/engine_patches/cpu_seeded_rewind.py;
+# vLLM 0.32.0's CPU build fails there on its own), and the A/A run splits them elsewhere.
+SPLIT_PREFILLS = {"max_num_batched_tokens": 1024}
+
+
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("sampled")
-    proc = evalpipe("run", "gsm8k", "-c", str(write_config(tmp, "sampled")), "--limit", str(LIMIT), "--run-id", "s", cwd=tmp)
+    proc = evalpipe("run", "gsm8k", "-c", str(write_config(tmp, "sampled", engine=SPLIT_PREFILLS)), "--limit", str(LIMIT),
+                    "--run-id", "s", cwd=tmp)
     # the reference alone with another base seed: other random numbers for the same samples
     other = evalpipe("run", "gsm8k", "-c", str(write_config(tmp, "reseeded", seed=SEED + 1)), "--limit", str(LIMIT),
                      "--run-id", "reseeded", "--variants", "legacy", "--no-noise-floor", cwd=tmp)
@@ -85,7 +93,9 @@ def test_the_layout_change_is_equivalent_at_temperature_0_6(offline):
 
 def test_the_a_a_run_draws_the_same_samples_in_other_batches(offline):
     run_dir = offline["dir"]
-    assert compared(run_dir)["noise_floor"]["status"] == "IDENTICAL"
+    aa = compared(run_dir)["noise_floor"]
+    # prefills split at other places move fp32 logprobs in their last bits (EQUIVALENT), never a token
+    assert aa["status"] in ("IDENTICAL", "EQUIVALENT") and aa["sampling"][0]["divergent"] == 0, aa["reasons"]
     reference, again = sequences(run_dir, "legacy"), sequences(run_dir, "legacy-aa")
     assert len(reference) == LIMIT * SAMPLES and reference == again
 

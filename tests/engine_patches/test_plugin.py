@@ -21,6 +21,8 @@ print(CpuCommunicator.all_gatherv.__module__, getattr(CPUUnquantizedExperts.appl
       getattr(ParallelConfig.use_sequence_parallel_moe.fget, "__evalpipe_patch__", False),
       getattr(deepseek_v2.DeepseekV2DecoderLayer.forward, "__evalpipe_patch__", False),
       getattr(deepseek_v2.DeepseekV2Model.forward, "__evalpipe_patch__", False))
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+print("seeded rewind", getattr(GPUModelRunner, "_evalpipe_rewinds_cpu_generators", False))
 """
 
 
@@ -36,5 +38,7 @@ def test_the_plugin_changes_only_what_the_switches_ask_for(env, expected, tmp_pa
     out = subprocess.run([sys.executable, "-c", _REGISTER], env={**clean, **env}, capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == expected
+    *_, switched, rewind = out.stdout.strip().splitlines()
+    assert switched == expected
+    assert rewind == "seeded rewind True", "on the CPU platform seeded sampling is always fixed (cpu_seeded_rewind)"
     assert ("engine patches active" in out.stderr) == bool(env)
