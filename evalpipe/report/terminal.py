@@ -142,6 +142,21 @@ def length_lines(compare: ComparisonDocument) -> list[str]:
     return out
 
 
+def sampled_lines(compare: ComparisonDocument) -> list[str]:
+    """One line per comparison x sampled task: the samples that left the reference's path
+    against what the distributions allow, and the A/A run's."""
+    out = []
+    aa = {t.task: t for t in (compare.noise_floor.sampling if compare.noise_floor else None) or ()}
+    for c in compare.comparisons:
+        for t in c.sampling or ():
+            allowed = "no prediction" if t.predicted is None else f"<= {fmt_small(t.predicted)} predicted"
+            floor = aa.get(t.task)
+            versus = "" if floor is None else f"; A/A {floor.divergent}/{floor.samples}"
+            out.append(f"{c.variant} {t.task} sampled at temperature {t.temperature:g}: {t.divergent}/{t.samples} samples "
+                       f"left the reference's path ({allowed}){versus}")
+    return out
+
+
 def failed_gates_table(compare: ComparisonDocument) -> Table | None:
     rows = [(c, g) for c in compare.comparisons for g in c.gates if g.status == "fail"]
     if not rows:
@@ -232,7 +247,7 @@ def print_summary(
     _print_paths(compare, console)
     console.print(scores_table(compare))
     console.print(tokens_table(compare))
-    for line in length_lines(compare):
+    for line in length_lines(compare) + sampled_lines(compare):
         console.print(_text(line))
     counts = compare.gate_counts()
     failed = failed_gates_table(compare)

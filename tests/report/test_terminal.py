@@ -74,3 +74,20 @@ def test_terminal_line_per_long_task(long_compare):
     out = io.StringIO()
     print_summary(long_compare, Console(file=out, width=200, color_system=None))
     assert line in out.getvalue()
+
+
+def test_a_sampled_task_gets_a_line_with_its_prediction_and_the_a_a_count():
+    import types
+
+    from evalpipe.report.terminal import sampled_lines
+    from tests.report.test_sampled import task
+
+    compare = types.SimpleNamespace(
+        noise_floor=types.SimpleNamespace(sampling=[task(1)]),
+        comparisons=[types.SimpleNamespace(variant="sp", sampling=[task(3, predicted=4.2)]),
+                     types.SimpleNamespace(variant="greedy", sampling=None)])
+    assert sampled_lines(compare) == [
+        "sp t sampled at temperature 0.6: 3/20 samples left the reference's path (<= 4.2 predicted); A/A 1/20"]
+    compare.noise_floor = None
+    compare.comparisons[0].sampling = [task(0, predicted=None)]
+    assert sampled_lines(compare) == ["sp t sampled at temperature 0.6: 0/20 samples left the reference's path (no prediction)"]
