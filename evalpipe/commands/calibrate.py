@@ -104,6 +104,7 @@ def fault_variant(fault: Fault, config: RunConfig) -> Variant:
 
 
 AA2_SUFFIX = "-aa2"
+SAMPLED_SUFFIX = "-sampled"  # the zoo's sampled run (--temperature), beside the greedy one
 THREADS_SUFFIX = "-threads2"
 SENSITIVITY_ITEMS = 100  # the smoke-test size the sensitivity curve is also read at
 
@@ -184,8 +185,6 @@ def run_calibration(
 
     path = Path(config_path) if config_path else default_config()
     table_path = table_path or default_table()
-    if temperature is not None and from_run is not None:
-        raise ConfigError("--temperature runs the zoo again with sampling; judge a finished run (--from-run) without it.")
     if temperature is not None and not 0 < temperature <= 10:
         raise ConfigError(f"--temperature {temperature:g} is not a sampling temperature; give one in (0, 10], e.g. 0.6.")
     if not 1 <= samples <= 1024:
@@ -270,8 +269,12 @@ def run_calibration(
         rows = _localized(rows, run_dir, places, reporter, again=from_run is None)
     if temperature is not None:
         sampling = Sampling(temperature=temperature, samples=samples)  # both checked above
-        verdicts = _sampled_run(config.model_copy(update={"sampling": sampling}), path, task_group, limit, output,
-                                None if run_id is None else f"{run_id}-sampled", expected, reporter)
+        # the sampled run sits beside the greedy one as `<run id>-sampled`; judging a finished
+        # calibration again (--from-run) judges its sampled run too, and runs it when it is missing
+        sampled_root = run_dir.parent if from_run is not None else output
+        sampled_id = f"{run_dir.name}{SAMPLED_SUFFIX}"
+        verdicts = _sampled_run(config.model_copy(update={"sampling": sampling}), path, task_group, limit, sampled_root,
+                                sampled_id, expected, reporter)
         rows = [dataclasses.replace(r, sampled=verdicts.get(r.variant)) for r in rows]
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
@@ -311,15 +314,20 @@ def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | No
     """The zoo once more with the config's `sampling:`: every entry's verdict under common random numbers."""
     sampling = config.sampling
     assert sampling is not None  # the caller set it
-    reporter.step(f"the zoo again at temperature {sampling.temperature:g}, {sampling.samples} sample(s) per item")
     plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
-    try:
-        info = execute(plan, reporter).document
-    except RunFailed as err:
-        info = read_run_document(plan.run_dir) or RunDocument()
-        if not info.failed_variants:
-            raise
-        reporter.warning(f"[yellow]{err}[/]")
+    found = read_run_document(plan.run_dir)
+    if found is not None and found.variants and set(found.variants) <= {*found.finished_variants, *found.failed_variants}:
+        reporter.step(f"the zoo's sampled run {plan.run_dir}: judged again")
+        info = found
+    else:
+        reporter.step(f"the zoo again at temperature {sampling.temperature:g}, {sampling.samples} sample(s) per item")
+        try:
+            info = execute(plan, reporter).document
+        except RunFailed as err:
+            info = read_run_document(plan.run_dir) or RunDocument()
+            if not info.failed_variants:
+                raise
+            reporter.warning(f"[yellow]{err}[/]")
     failed = set(info.failed_variants)
     survivors = [v for v in info.variants if v not in failed]
     out: dict[str, SampledVerdict] = {}

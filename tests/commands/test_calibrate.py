@@ -85,6 +85,4 @@ def test_a_sampled_zoo_run_is_asked_for_on_the_command_line_of_a_greedy_config(t
         run_calibration(sampled, 2, None, tmp_path / "t.md", reporter)
     with pytest.raises(ConfigError, match="--temperature 0 is not a sampling temperature"):
         run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=0.0)
-    with pytest.raises(ConfigError, match="cannot|without it"):
-        run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=0.6, from_run=tmp_path)
     assert not (tmp_path / "t.md").exists()

@@ -174,6 +174,17 @@ def read_args(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in loaded.items()}
 
 
+
+def _draw(body: dict[str, Any]) -> Draw | None:
+    """The sampler a completion request asks for, as vLLM's server reads it (temperature 0 or
+    absent: greedy; an absent seed: none, which a seeded comparison never sends)."""
+    temperature = float(body.get("temperature") or 0.0)
+    if temperature <= 0:
+        return None
+    return Draw(temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=int(body.get("top_k") or 0),
+                min_p=float(body.get("min_p") or 0.0), seed=int(body.get("seed") or 0))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evalpipe.worker.fakes.server",
                                      description="A FAKE vLLM OpenAI server for evalpipe's tests (not vLLM).")
@@ -219,13 +230,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _draw(body: dict[str, Any]) -> Draw | None:
-    """The sampler a completion request asks for, as vLLM's server reads it (temperature 0 or
-    absent: greedy; an absent seed: none, which a seeded comparison never sends)."""
-    temperature = float(body.get("temperature") or 0.0)
-    if temperature <= 0:
-        return None
-    return Draw(temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=int(body.get("top_k") or 0),
-                min_p=float(body.get("min_p") or 0.0), seed=int(body.get("seed") or 0))
