@@ -38,6 +38,19 @@ def test_a_completion_is_the_fake_engine_s_generation_in_vllm_s_shape():
     assert answer["usage"]["prompt_tokens"] == len(PROMPT)
 
 
+def test_a_sampled_completion_draws_with_the_request_s_seed_as_the_engine_does():
+    from evalpipe.worker.engines import Draw
+
+    server = _server()
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "top_k": 0, "min_p": 0.0}
+    drawn = [server.completion({**body, "seed": seed})["choices"][0]["token_ids"] for seed in (7, 7, 8)]
+    (offline,) = FakeEngine({}, Behaviour()).generate(
+        [GenRequest(prompt_token_ids=PROMPT, max_tokens=12, draw=Draw(0.9, 0.95, 0, 0.0, 7))], topk=1)
+    assert drawn[0] == drawn[1] == offline.token_ids and drawn[2] != drawn[0]
+    greedy = server.completion({"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0.0, "seed": 7})
+    assert greedy["choices"][0]["token_ids"] != drawn[0]
+
+
 def test_prompt_logprobs_rank_each_prompt_token_as_the_engine_scores_it():
     server = _server()
     (choice,) = server.completion({"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 1})["choices"]
