@@ -314,17 +314,20 @@ def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | No
     """The zoo once more with the config's `sampling:`: every entry's verdict under common random numbers."""
     sampling = config.sampling
     assert sampling is not None  # the caller set it
-    plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
-    found = read_run_document(plan.run_dir)
-    if found is not None and found.variants and set(found.variants) <= {*found.finished_variants, *found.failed_variants}:
-        reporter.step(f"the zoo's sampled run {plan.run_dir}: judged again")
-        info = found
+    earlier = Path(output) / run_id if output is not None and run_id is not None else None
+    found = read_run_document(earlier) if earlier is not None else None
+    # a run that ended (ok, or failed with some variants: a fault that stops the engine fails alone)
+    if earlier is not None and found is not None and (found.status == "ok" or (found.status == "failed" and found.failed_variants)):
+        reporter.step(f"the zoo's sampled run {earlier}: judged again")
+        info, run_dir = found, earlier
     else:
+        plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
+        run_dir = plan.run_dir
         reporter.step(f"the zoo again at temperature {sampling.temperature:g}, {sampling.samples} sample(s) per item")
         try:
             info = execute(plan, reporter).document
         except RunFailed as err:
-            info = read_run_document(plan.run_dir) or RunDocument()
+            info = read_run_document(run_dir) or RunDocument()
             if not info.failed_variants:
                 raise
             reporter.warning(f"[yellow]{err}[/]")
@@ -332,7 +335,7 @@ def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | No
     survivors = [v for v in info.variants if v not in failed]
     out: dict[str, SampledVerdict] = {}
     if set(survivors) - {info.reference, info.aa_variant}:
-        for c in compare_run(plan.run_dir, variants=survivors).comparisons:
+        for c in compare_run(run_dir, variants=survivors).comparisons:
             out[c.variant] = sampled_verdict(c, expected.get(c.variant, ("benign", ""))[0], sampling.temperature, sampling.samples)
     for name in failed:
         out[name] = sampled_failure(expected.get(name, ("benign", ""))[0], sampling.temperature, sampling.samples)
