@@ -40,6 +40,11 @@ def test_a_guarded_process_group_is_stopped_whole(tmp_path):
         started = time.monotonic()
         launch.stop_group(proc, grace_s=2.0)
         assert proc.poll() is not None and time.monotonic() - started < 30
+        # the signal reached every member; the kernel ends them (and init reaps the orphaned
+        # grandchild) a moment after the group's leader is gone
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 1, "nothing of the group is left"
     finally:
         if proc.poll() is None:
