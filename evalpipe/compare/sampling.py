@@ -86,8 +86,9 @@ def sampling_distribution(ids: np.ndarray, lps: np.ndarray, s: Sampler) -> np.nd
     keep = mass > 0
     if s.min_p > 0:
         keep &= mass >= s.min_p * mass[:, :1]
-    if s.top_k:
-        keep[:, s.top_k:] = False
+    if s.top_k and ranked.shape[1] > s.top_k:
+        # vLLM masks only logits below the k-th largest: a token tied with it stays
+        keep &= ranked >= ranked[:, s.top_k - 1:s.top_k]
     if s.top_p < 1:
         kept = np.where(keep, mass, 0.0)
         total = kept.sum(axis=1, keepdims=True)

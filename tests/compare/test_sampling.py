@@ -38,6 +38,10 @@ def test_top_k_top_p_and_min_p_cut_as_the_sampler_cuts():
     ids, lps = row(math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1))
     top2 = S.sampling_distribution(ids, lps, S.Sampler(1.0, 1.0, 2, 0.0))[0]
     np.testing.assert_allclose(top2, [4 / 7, 3 / 7, 0, 0], rtol=1e-6)
+    # a token tied with the k-th stays, as vLLM masks only what is below the k-th logit
+    tied = S.sampling_distribution(*row(math.log(0.4), math.log(0.2), math.log(0.2), math.log(0.1)),
+                                   S.Sampler(1.0, 1.0, 2, 0.0))[0]
+    np.testing.assert_allclose(tied, [0.5, 0.25, 0.25, 0], rtol=1e-6)
     # top_p 0.6: 0.4 is not enough, 0.4 + 0.3 reaches it; the third is cut
     nucleus = S.sampling_distribution(ids, lps, S.Sampler(1.0, 0.6, 0, 0.0))[0]
     np.testing.assert_allclose(nucleus, [4 / 7, 3 / 7, 0, 0], rtol=1e-6)
