@@ -26,17 +26,6 @@ sys.path.insert(0, str(ROOT))
 TEMPERATURE = 0.6
 
 
-def cpu_kind() -> str:
-    flags = ""
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name") and model == "unknown CPU":
-            model = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and not flags:
-            flags = line
-    return f"{model}, {'with' if 'amx_tile' in flags else 'without'} AMX, {os.cpu_count()} cores"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=12)
@@ -48,6 +37,7 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     from evalpipe.config.sampling import sample_seed
+    from evalpipe.machine import describe, one_line
     from evalpipe.models.builtin import ensure_builtin
 
     model = ensure_builtin("tiny-gsm")
@@ -76,7 +66,7 @@ def main() -> int:
         keys = sorted(set(a) & set(b))
         return f"{sum(a[k] == b[k] for k in keys)}/{len(keys)}"
 
-    print(f"machine: {cpu_kind()}")
+    print(f"machine: {one_line(describe())}")
     print(f"{args.prompts} prompts, temperature {TEMPERATURE}, {args.tokens} tokens each, one vllm.LLM")
     print(f"  same seeds, reverse order:        {same(first, reversed_order)} identical token sequences")
     print(f"  same seeds, alone vs batched:     {same(first, alone)} identical")
