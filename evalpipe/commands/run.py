@@ -22,6 +22,7 @@ from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.config.run_config import LaunchFields, RunConfig
 from evalpipe.config.sampling import Sampling
 from evalpipe.errors import ExitCode, UserError
+from evalpipe.execution.deployment import planned_node_lines
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label
 from evalpipe.models.builtin import shipped_path
@@ -141,7 +142,8 @@ def _print_plan(plan: RunPlan, console: Console) -> None:
         model_path = str(shipped_path(plan.builtin_model))
     for v in plan.variants:
         console.print(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:")
-        for line in planned_commands(v, model_path, plan.run_dir / v.name):
+        lines = planned_node_lines if v.launch.deployment is not None and not v.server_of else planned_commands
+        for line in lines(v, model_path, plan.run_dir / v.name):
             console.print(f"  {line}", soft_wrap=True, markup=False)
     tasks = Table("group", "task", "num_fewshot", "limit", "decoding")
     for t in plan.tasks:

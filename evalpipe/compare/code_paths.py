@@ -68,6 +68,8 @@ class ProcessProbe(_Doc):
     process_name: str
     role: str  # evalpipe_worker | api_server | engine_core | worker | other
     argv: list[str]
+    node: str | None = Field(default=None, description="The node of a deployment the process ran on (its index; None: a single-node engine).")
+    hostname: str | None = None
     started_at: float
     updated_at: float
     models: list[ModelProbe]
@@ -84,7 +86,8 @@ class ProcessProbe(_Doc):
         rank = self.switches.get("tp_rank")
         dp = self.switches.get("data_parallel_index", self.switches.get("dp_rank"))
         where = "".join(f" {k}{v}" for k, v in (("DP", dp), ("TP", rank)) if v is not None)
-        return f"{self.role} pid {self.pid}{where}"
+        node = f"node {self.node} " if self.node is not None else ""
+        return f"{node}{self.role} pid {self.pid}{where}"
 
 
 class VariantProbes(_Doc):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from evalpipe.config.cluster import ClusterSettings, check_variant_resources
+from evalpipe.config.deployment import Deployment
 from evalpipe.config.engine_args import dtype_problem
 from evalpipe.config.expectations import Expectations, merged_expectations, shadowed_keys
 from evalpipe.config.gate_settings import Gates
@@ -102,6 +103,10 @@ class LaunchFields(Strict):
                     "`--stall-timeout` overrides it for every variant.",
     )
     retries: int = Field(default=3, ge=0, description="serve/endpoint: retries (with backoff) of a request that met a transport error; any other failure fails the variant.")
+    deployment: Deployment | None = Field(
+        default=None,
+        description="serve: the engine over several nodes (a head serving HTTP, headless data-parallel ranks on the others), "
+                    "started, watched and stopped as one; docs/deployments.md.")
 
 
 class Launch(LaunchFields):
@@ -116,6 +121,12 @@ class Launch(LaunchFields):
             raise ValueError(f"`url` is for mode `endpoint` (attach to a running server); mode `{self.mode}` starts its own engine. Remove `url` or set mode: endpoint.")
         if self.mode == "endpoint" and self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"`url: {self.url}` must start with http:// or https://.")
+        if self.deployment is not None and self.mode != "serve":
+            raise ValueError(f"`deployment` starts an engine over several nodes, which needs mode `serve` (not `{self.mode}`); "
+                             "set mode: serve, or remove `deployment` (an endpoint is started by others).")
+        if self.deployment is not None and self.launcher:
+            raise ValueError("`launcher` runs the one server of a variant; a deployment runs a process per node: "
+                             "give each node its prefix in `deployment.launchers` and remove `launcher`.")
         return self
 
 

@@ -89,8 +89,31 @@ def url_of(launch: Launch, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class ServesAClient:
+    """A started engine a worker talks to (one server, or a deployment of several nodes):
+    the worker set as its ``client`` is stopped at once when the engine dies, since it would
+    otherwise wait for answers that never come."""
+
+    client: subprocess.Popen | None
+
+    @property
+    def died(self) -> bool:
+        raise NotImplementedError
+
+    def use(self, client: subprocess.Popen) -> None:
+        """``client`` now depends on this engine (stopped at once if it is already dead)."""
+        self.client = client
+        if self.died:
+            self.stop_client()
+
+    def stop_client(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.client.pid, signal.SIGTERM)
+
+
 @dataclass
-class ServerProcess:
+class ServerProcess(ServesAClient):
     """One started server. If it ends before ``stop``, the worker using it (``client``,
     set by whoever runs one) is stopped at once: it would otherwise wait for a server
     that will never answer."""
@@ -117,17 +140,6 @@ class ServerProcess:
                 self.stop_client()
 
         threading.Thread(target=watch, name="server-watch", daemon=True).start()
-
-    def use(self, client: subprocess.Popen) -> None:
-        """``client`` now depends on this server (stopped at once if it is already dead)."""
-        self.client = client
-        if self.died:
-            self.stop_client()
-
-    def stop_client(self) -> None:
-        if self.client is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.client.pid, signal.SIGTERM)
 
     @property
     def died(self) -> bool:

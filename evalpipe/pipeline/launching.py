@@ -12,6 +12,7 @@ from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.worker_events import StageEvent
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution import serve
+from evalpipe.execution.deployment import DeploymentProcess, deployment_of
 from evalpipe.execution.launch import VariantOutcome, run_worker
 from evalpipe.pipeline.bookkeeping import close_manifest
 from evalpipe.pipeline.jobs import worker_job
@@ -57,17 +58,22 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], v
     vdir.mkdir(parents=True, exist_ok=True)
     vd = artifacts.VariantDir(vdir)
     launch = variant.launch
+    server: serve.ServerProcess | DeploymentProcess
     if variant.server_of:
         server = servers[variant.server_of]
         on_event(StageEvent(stage="server", message=f"reusing {variant.server_of}'s server at {server.url}"))
     else:
         port = launch.port or serve.free_port(launch.host)
-        args_file = vdir / serve.SERVER_ARGS_FILE
-        serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
-        server = serve.ServerProcess(
-            command=serve.server_command(variant.python, launch, args_file),
-            url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
-        )
+        if launch.deployment is not None:
+            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model["path"]}, port, vdir, env,
+                                   variant.run_id)
+        else:
+            args_file = vdir / serve.SERVER_ARGS_FILE
+            serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
+            server = serve.ServerProcess(
+                command=serve.server_command(variant.python, launch, args_file),
+                url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
+            )
         server_env = dict(env)
         if launch.api_key_env and server_env.get(launch.api_key_env):
             server_env["VLLM_API_KEY"] = server_env[launch.api_key_env]
@@ -75,8 +81,9 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], v
             server.start(server_env)
         except OSError as err:  # the launcher or server command itself is missing
 
+            fix = "launch.deployment's launchers and headless_command" if launch.deployment else "launch.command / launch.launcher"
             return VariantOutcome(variant.name, 3, 0.0, f"variant `{variant.name}`: could not start its server "
-                                  f"`{' '.join(server.command)}`: {err}; fix launch.command / launch.launcher")
+                                  f"`{' '.join(server.command)}`: {err}; fix {fix}")
         servers[variant.name] = server
         on_event(StageEvent(stage="server", message=f"server starting at {server.url} (log: {vd.engine_log})"))
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalpipe.config.deployment import deployment_problem
 from evalpipe.config.engine_args import check_values
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
@@ -279,6 +280,8 @@ def make_plan(
     for pv in planned:  # sizes and dtype first: the checks below compute with them
         if pv.launch.mode != "endpoint":
             check_values(pv.name, pv.engine_args)
+        if pv.launch.deployment is not None and (problem := deployment_problem(pv.launch.deployment, pv.engine_args)):
+            raise ConfigError(f"{config_path}: variant `{pv.name}`: {problem}.")
     _check_longctx(config, tasks, planned)
     _check_units_leave_ray_engines_their_devices(config, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Final
 
 SPEC_ENV = "EVALPIPE_PROBES"
+NODE_ENV = "EVALPIPE_NODE"  # a process's node in a deployment of several (its index), recorded with it
 SPEC_FILE = "spec.json"
 SCHEMA_VERSION: Final = 1  # Final: the parent's models type it as Literal[1]
 SITE_DIR = Path(__file__).resolve().with_name("site")

@@ -20,12 +20,13 @@ from __future__ import annotations
 import enum
 import json
 import os
+import socket
 import sys
 import threading
 import time
 from typing import Any
 
-from evalpipe.probes import SCHEMA_VERSION
+from evalpipe.probes import NODE_ENV, SCHEMA_VERSION
 from evalpipe.probes.collectives import is_recorded
 
 SHAPES_KEPT = 3
@@ -273,6 +274,8 @@ class ProcessRecord:
                 "process_name": multiprocessing.current_process().name,
                 "role": self.role(),
                 "argv": [a[:200] for a in sys.argv[:8]],
+                "node": os.environ.get(NODE_ENV),
+                "hostname": socket.gethostname(),
                 "started_at": self.started_at,
                 "updated_at": time.time(),
                 "models": [m.to_json() for m in self.models],
@@ -297,7 +300,9 @@ class ProcessRecord:
             self.dirty = False  # before the snapshot: a change during it marks the record dirty again
             doc = self.to_json()
             os.makedirs(self.out_dir, exist_ok=True)
-            path = os.path.join(self.out_dir, f"{self.pid}.json")
+            # two nodes of a deployment may share the directory and a pid
+            node = os.environ.get(NODE_ENV)
+            path = os.path.join(self.out_dir, f"node{node}-{self.pid}.json" if node else f"{self.pid}.json")
             tmp = f"{path}.{threading.get_ident()}.tmp"
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(doc, fh, sort_keys=True)

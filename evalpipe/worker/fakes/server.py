@@ -2,6 +2,7 @@
 sharing, signals, a server that dies or hangs), answering in milliseconds.
 
     python -m evalpipe.worker.fakes.server --config FILE
+    python -m evalpipe.worker.fakes.server --model M ... [--headless]   (a deployment's node: vLLM's flags)
 
 Test-only, and reachable only on purpose: a config names this module in a served
 variant's ``launch.command`` (its engine arguments, host and port come in the
@@ -24,7 +25,6 @@ was started without ``EVALPIPE_FAKE_ENGINE`` or with a config it cannot read.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from evalpipe.worker.engines import Draw, GenRequest, ScoreRequest
+from evalpipe.worker.fakes import rendezvous
 from evalpipe.worker.fakes.engine import EOS, FAKE_ENGINE_ENV, TOP_CANDIDATES, Behaviour, FakeEngine, setting
 
 TOKEN_ID_PREFIX = "token_id:"  # the key vLLM uses with return_tokens_as_token_ids
@@ -59,6 +60,7 @@ class FakeServer:
         self.api_key = os.environ.get("VLLM_API_KEY") or args.get("api_key")
         self._lock = threading.Lock()
         self._count = 0
+        self.members: rendezvous.HeadRendezvous | None = None  # a deployment's head: the ranks it waits for
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "evalpipe-fake-server",
@@ -132,6 +134,8 @@ def handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                       "/tokenizer_info": server.tokenizer_info}
             if self.path not in routes:
                 return self._reply(404, {"error": f"no route {self.path}"})
+            if self.path == "/health" and server.members is not None and not server.members.ready:
+                return self._reply(503, {"error": "waiting for data-parallel ranks"})
             if self.path.startswith("/v1/") and not self._authorized():
                 return self._reply(401, {"error": "Unauthorized"})
             self._reply(200, routes[self.path]())
@@ -185,11 +189,36 @@ def _draw(body: dict[str, Any]) -> Draw | None:
                 min_p=float(body.get("min_p") or 0.0), seed=int(body.get("seed") or 0))
 
 
+def flag_args(words: list[str]) -> dict[str, Any]:
+    """vLLM-style flags (`--key value`, `--flag`, `--no-flag`, a JSON word for a mapping) as
+    Python names; how a deployment's nodes are started (no --config file on another node)."""
+    args: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            raise ValueError(f"unexpected word {word!r}; flags start with --")
+        values = []
+        while i + 1 < len(words) and not words[i + 1].startswith("--"):
+            i += 1
+            values.append(yaml.safe_load(words[i]))
+        name = word[2:].replace("-", "_")
+        if not values and name.startswith("no_"):
+            args[name[3:]] = False
+        else:
+            args[name] = True if not values else values[0] if len(values) == 1 else values
+        i += 1
+    if "model" not in args:
+        raise ValueError("no --model")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evalpipe.worker.fakes.server",
-                                     description="A FAKE vLLM OpenAI server for evalpipe's tests (not vLLM).")
-    parser.add_argument("--config", required=True, type=Path, help="the YAML file of server flags evalpipe writes")
-    options = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] in (["-h"], ["--help"]):
+        print("usage: python -m evalpipe.worker.fakes.server (--config FILE | vLLM's flags [--headless])\n"
+              "A FAKE vLLM OpenAI server for evalpipe's tests (not vLLM).")
+        return 0
     value = setting()
     if value is None:
         print(f"evalpipe.worker.fakes.server is a fake server for tests; it starts only with {FAKE_ENGINE_ENV} set "
@@ -197,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        args = read_args(options.config)
+        args = read_args(Path(words[1])) if words[:1] == ["--config"] and len(words) == 2 else flag_args(words)
     except (OSError, ValueError, yaml.YAMLError) as err:
-        print(f"fake server: cannot read --config: {err}", file=sys.stderr)
+        print(f"fake server: cannot read its arguments: {err}", file=sys.stderr)
         return 2
     print(f"FAKE SERVER ({FAKE_ENGINE_ENV}={value}): tests only, not vLLM", flush=True)
     try:
@@ -207,7 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         print(f"fake server: the engine failed to start: {err}", flush=True)
         return 1
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(0) if args.get("headless") else None)
+    if args.get("headless"):
+        try:
+            return rendezvous.run_member(args)
+        finally:
+            engine.close()
     fake = FakeServer(args, engine)
+    fake.members = rendezvous.HeadRendezvous(args)
     host, port = str(args.get("host") or "127.0.0.1"), int(args["port"])
     httpd = ThreadingHTTPServer((host, port), handler_for(fake))
     httpd.daemon_threads = True
@@ -224,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         httpd.serve_forever()
     finally:
         httpd.server_close()
+        fake.members.close()
         engine.close()
     return 0
 

@@ -16,7 +16,7 @@ import pytest
 
 from evalpipe.worker.engines import GenRequest, ScoreRequest
 from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV, Behaviour, FakeEngine
-from evalpipe.worker.fakes.server import TOKEN_ID_PREFIX, FakeServer, _RequestRefused, handler_for, main, read_args
+from evalpipe.worker.fakes.server import TOKEN_ID_PREFIX, FakeServer, _RequestRefused, flag_args, handler_for, main, read_args
 
 PROMPT = [ord(c) for c in "Q: 2+2?"]
 
@@ -105,4 +105,10 @@ def test_it_does_not_start_without_the_variable_or_a_readable_config(tmp_path, m
     monkeypatch.setenv(FAKE_ENGINE_ENV, "1")
     (tmp_path / "bad.yaml").write_text("- not a mapping\n")
     assert main(["--config", str(tmp_path / "bad.yaml")]) == 2
-    assert "cannot read --config" in capsys.readouterr().err
+    assert "cannot read its arguments" in capsys.readouterr().err
+    # a deployment's node gets vLLM's flags instead of a file
+    assert flag_args(["--model", "m", "--headless", "--no-enforce-eager", "--additional-config", '{"a": 1}',
+                      "--served-model-name", "x", "y"]) == {
+        "model": "m", "headless": True, "enforce_eager": False, "additional_config": {"a": 1}, "served_model_name": ["x", "y"]}
+    assert main(["--data-parallel-size", "2"]) == 2
+    assert "cannot read its arguments: no --model" in capsys.readouterr().err

@@ -1,0 +1,302 @@
+"""A variant's engine over several nodes, started, watched and stopped as one.
+
+Node 0 (the head) runs vLLM's API server with its local data-parallel ranks; every other
+node runs its ranks headless. Each node's process starts through that node's launcher
+prefix (none: here; `[ssh, NODE]`, `[srun, -N1, -w, NODE]`, `[kubectl, exec, POD, --]`)
+under the guard, so evalpipe's death takes the launcher down with it. The environment a
+node needs travels on its command line (`env K=V ...` after the launcher): what evalpipe
+adds to its own environment (the config's `env:`, the path probes' spec, the run and
+node markers), since a remote shell starts from its own.
+
+What a launcher cannot promise is said in docs/deployments.md: a killed `ssh` ends the
+remote command only with a terminal (`ssh -tt`), `kubectl exec` not at all; evalpipe
+then reaps the node through the launcher when it stops the deployment
+(:mod:`evalpipe.execution.reaper`, run there as a script).
+
+Any node's process ending while the deployment should run fails the variant in one
+sentence naming the node and its ranks, stops the worker using it and every other node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from evalpipe.config.deployment import NodeRole, data_parallel_size, node_flags, node_layout
+from evalpipe.config.run_config import Launch
+from evalpipe.execution.engine_flags import as_flags, shell_line
+from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
+from evalpipe.execution.serve import SERVER_MODULE, ServesAClient, free_port, url_of
+from evalpipe.probes import NODE_ENV
+from evalpipe.redact import redact
+
+REAPER_SCRIPT = Path(__file__).with_name("reaper.py")
+HEADLESS_MODULE = "evalpipe.worker.headless"
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """One node's process: its place, its exact argv, its log."""
+
+    role: NodeRole
+    argv: list[str]
+    log_path: Path
+
+
+def node_log(vdir: Path, role: NodeRole) -> Path:
+    """The head's log is the variant's engine.log (as a single server's); node K's is node-K.log."""
+    return vdir / ("engine.log" if role.head else f"node-{role.index}.log")
+
+
+def node_commands(python: str, launch: Launch, engine_args: dict[str, Any], *, port: int | str, address: str,
+                  rpc_port: int | str, vdir: Path, forwarded: dict[str, str] | None = None) -> list[NodeCommand]:
+    """Every node's command line: launcher, the forwarded environment (remote nodes), the
+    command (the head: vLLM's API server; the others: the headless entry), the node's
+    data-parallel flags, then the engine arguments every node shares."""
+    deployment = launch.deployment
+    assert deployment is not None
+    dp = data_parallel_size(engine_args)
+    shared = {k: v for k, v in engine_args.items() if k != "data_parallel_size"}
+    model = shared.pop("model")
+    commands = []
+    for role in node_layout(deployment, engine_args):
+        if role.head:
+            command = list(launch.command) if launch.command else [python, "-m", SERVER_MODULE]
+            where = {"host": launch.host, "port": port}
+        else:
+            command = list(deployment.headless_command) if deployment.headless_command else [python, "-m", HEADLESS_MODULE]
+            where = {}
+        env_words = []
+        if role.launcher:
+            env_words = ["env", *(f"{k}={v}" for k, v in sorted({**(forwarded or {}), NODE_ENV: str(role.index)}.items()))]
+        argv = [*role.launcher, *env_words, *command, "--model", str(model), *as_flags(where),
+                *as_flags(node_flags(role, dp, address, rpc_port)), *as_flags(shared)]  # type: ignore[arg-type]
+        commands.append(NodeCommand(role=role, argv=argv, log_path=node_log(vdir, role)))
+    return commands
+
+
+def forwarded_env(env: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """What ``env`` adds to or changes in ``base`` (this process's environment): what a
+    remote node must be told on the command line."""
+    base = dict(os.environ) if base is None else base
+    return {k: v for k, v in env.items() if base.get(k) != v}
+
+
+@dataclass
+class _Node:
+    command: NodeCommand
+    proc: subprocess.Popen | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class DeploymentProcess(ServesAClient):
+    """A started deployment, used where a single server is (:class:`~evalpipe.execution.serve.ServerProcess`):
+    ``url``, ``log_path``, ``use``, ``died``, ``death_message``, ``stop``."""
+
+    commands: list[NodeCommand]
+    url: str
+    grace_s: float
+    ready_timeout_s: float = 900.0
+    run_marker: str = ""  # the run id every process of the deployment carries (the reaper looks for it)
+    client: subprocess.Popen | None = None
+    nodes: list[_Node] = field(default_factory=list)
+    healthy: bool = False  # the head has answered /health: every rank joined
+    _stopping: bool = False
+    _death: tuple[NodeRole, int] | None = None
+    _unready: str | None = None  # why the head never became ready (ranks that never came)
+    _ready_deadline: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def log_path(self) -> Path:
+        return self.commands[0].log_path
+
+    @property
+    def command(self) -> list[str]:
+        return self.commands[0].argv
+
+    def start(self, env: dict[str, str]) -> None:
+        """Start every node (the head first: the others connect to it); a launcher that
+        cannot be found stops the nodes already started and raises OSError."""
+        try:
+            for command in self.commands:
+                node = _Node(command)
+                with open(command.log_path, "ab") as log:
+                    log.write((f"$ [{command.role.label}] " + " ".join(redact(command.argv)) + "\n").encode())
+                    log.flush()
+                    node.proc = guarded_popen(command.argv, self.grace_s, stdout=log, stderr=subprocess.STDOUT,
+                                              env={**env, NODE_ENV: str(command.role.index)})
+                self.nodes.append(node)
+                threading.Thread(target=self._watch, args=(node,), name=f"node-{command.role.index}-watch",
+                                 daemon=True).start()
+        except OSError:
+            self.stop()
+            raise
+        self._ready_deadline = time.monotonic() + self.ready_timeout_s
+        threading.Thread(target=self._watch_ready, name="deployment-ready", daemon=True).start()
+
+    def _watch_ready(self) -> None:
+        """Until the head answers /health (vLLM's head answers only once every rank has
+        joined) or the deployment ends; past ready_timeout_s the deployment fails naming
+        the ranks that never came (:meth:`died` decides it, whichever asks first)."""
+        with httpx.Client(timeout=5.0) as http:
+            while not self._stopping and self._death is None and self._unready is None:
+                try:
+                    if http.get(f"{self.url}/health").status_code == 200:
+                        self.healthy = True
+                        return
+                except httpx.HTTPError:
+                    pass
+                if self.died:
+                    return
+                time.sleep(0.5)
+
+    def _check_ready_deadline(self) -> None:
+        if self.healthy or self._death is not None or self._unready is not None or not self._ready_deadline:
+            return
+        if time.monotonic() < self._ready_deadline:
+            return
+        with self._lock:
+            if self._stopping or self._death is not None:
+                return
+            self._unready = self._describe_unready()
+        self.stop_client()
+        threading.Thread(target=self._stop_nodes, name="deployment-stop", daemon=True).start()
+
+    def _describe_unready(self) -> str:
+        """The head not ready within ready_timeout_s: which ranks never started an engine
+        (no engine process of their node wrote a path-probe record), with their node's log."""
+        records = self.log_path.parent / "probes"
+        missing = []
+        for command in self.commands:
+            role = command.role
+            written = list(records.glob(f"node{role.index}-*.json")) if records.is_dir() else []
+            if not written:
+                missing.append(command)
+        head = (f"the head at {self.url} did not answer /health within {self.ready_timeout_s:g}s (launch.ready_timeout_s): "
+                "vLLM's head answers once every data-parallel rank has joined")
+        if not missing:
+            return (f"{head}; every node started an engine process, so the ranks may still be loading: raise "
+                    f"launch.ready_timeout_s, or read the nodes' logs beside {self.log_path}")
+        names = "; ".join(f"data-parallel {c.role.describe_ranks()} on {c.role.label} never started an engine" for c in missing)
+        last = missing[-1]
+        return (f"{head}; {names} (no engine process of the node wrote a path-probe record): check that node's launcher, "
+                f"that it reaches {self.commands[0].argv[self.commands[0].argv.index('--data-parallel-address') + 1]}"
+                f" and its log.\nlast lines of {last.log_path}:\n{log_tail(last.log_path)}")
+
+    def _watch(self, node: _Node) -> None:
+        assert node.proc is not None
+        node.exit_code = node.proc.wait()
+        with self._lock:
+            if self._stopping or self._death is not None or self._unready is not None:
+                return
+            self._death = (node.command.role, node.exit_code)
+        self.stop_client()
+        # the rest of the deployment cannot serve without this node: down with it, now
+        threading.Thread(target=self._stop_nodes, name="deployment-stop", daemon=True).start()
+
+    @property
+    def died(self) -> bool:
+        self._check_ready_deadline()
+        return (self._death is not None or self._unready is not None) and not self._stopping
+
+    def death_message(self) -> str:
+        if self._unready is not None:
+            return self._unready
+        assert self._death is not None
+        role, code = self._death
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
+            else f"exited with code {code}"
+        log = node_log(self.log_path.parent, role)
+        return (f"{role.label}, data-parallel {role.describe_ranks()}, {how} before the variant finished; the "
+                f"deployment's other nodes were stopped.\nlast lines of {log}:\n{log_tail(log)}")
+
+    def _stop_nodes(self) -> None:
+        threads = [threading.Thread(target=stop_group, args=(n.proc, self.grace_s), daemon=True)
+                   for n in self.nodes if n.proc is not None]
+        for thread in threads:  # every node at once: each waits out its own grace period
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self._reap_remote()
+
+    def _reap_remote(self) -> None:
+        """Through each remote node's launcher, end what the run left there (a launcher
+        that does not pass on its own end, such as kubectl exec)."""
+        if not self.run_marker:
+            return
+        for node in self.nodes:
+            role = node.command.role
+            if not role.launcher:
+                continue
+            python = "python3"
+            argv = [*role.launcher, python, "-I", str(REAPER_SCRIPT), self.run_marker, str(role.index), f"{self.grace_s:g}"]
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=self.grace_s + 30, check=False)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        self._stop_nodes()
+
+    def wait_gone(self, timeout_s: float) -> bool:
+        """Whether every node's process has ended within ``timeout_s`` (for tests and the runner)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(n.proc is None or n.proc.poll() is not None for n in self.nodes):
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def data_parallel_address(launch: Launch) -> str:
+    """Where every node finds the head: the deployment's address, else the host the head
+    binds (a wildcard bind means this machine's loopback, as for the client)."""
+    assert launch.deployment is not None
+    if launch.deployment.address:
+        return launch.deployment.address
+    return launch.host if launch.host not in ("0.0.0.0", "::") else "127.0.0.1"
+
+
+def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port: int, vdir: Path,
+                  env: dict[str, str], run_id: str) -> DeploymentProcess:
+    """The deployment of a variant, not started yet: its ports chosen, every node's command line derived."""
+    assert launch.deployment is not None
+    address = data_parallel_address(launch)
+    rpc_port = launch.deployment.rpc_port or free_port(launch.host)
+    commands = node_commands(python, launch, engine_args, port=port, address=address, rpc_port=rpc_port, vdir=vdir,
+                             forwarded=forwarded_env(env))
+    return DeploymentProcess(commands=commands, url=url_of(launch, port), grace_s=launch.stop_grace_s,
+                             ready_timeout_s=launch.ready_timeout_s, run_marker=run_id)
+
+
+def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list[str]:
+    """What a deployment will run, for --dry-run: each node's exact command line (ports not
+    fixed by the config are chosen at start), then the worker that talks to the head."""
+    launch: Launch = variant.launch
+    assert launch.deployment is not None
+    port: int | str = launch.port if launch.port is not None else "<free port>"
+    rpc_port: int | str = launch.deployment.rpc_port if launch.deployment.rpc_port is not None else "<free port>"
+    forwarded = {**variant.env_overrides, "EVALPIPE_PROBES": "<the variant's probe spec>", "EVALPIPE_RUN_ID": "<run id>",
+                 "PYTHONPATH": "<evalpipe's probes and package>"}
+    commands = node_commands(variant.python, launch, {**variant.engine_args, "model": model_path}, port=port,
+                             address=data_parallel_address(launch), rpc_port=rpc_port, vdir=variant_dir,
+                             forwarded=forwarded)
+    lines = [f"deployment over {len(commands)} node(s), data parallel {data_parallel_size(variant.engine_args)}:"]
+    for command in commands:
+        lines.append(f"  {command.role.label}, data-parallel {command.role.describe_ranks()} (log {command.log_path.name}):")
+        lines.append("    " + shell_line(redact(command.argv)))
+    worker = f"{variant.python} -m evalpipe.worker.main {variant_dir / 'job.json'}"
+    lines.append(worker + f"   (client, here; talks to the head at {url_of(launch, port)})")  # type: ignore[arg-type]
+    return lines

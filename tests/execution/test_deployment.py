@@ -1,0 +1,171 @@
+"""A deployment's lifecycle on the fake server (evalpipe/execution/deployment.py): a head and a
+headless node started through a launcher prefix that stands in for ssh on one machine, the
+head healthy only once the other node's rank has joined (evalpipe/worker/fakes/rendezvous.py),
+every node's process recorded by the probes with its node, and the ways a deployment fails:
+a node that dies (at start or mid-run), a rank that never comes, evalpipe killed. What only
+vLLM shows (its own handshake, engine cores per rank) is tests/e2e/test_deployment.py.
+
+One run serves most of the module:
+  single   the reference: one fake server
+  spread   the same fake over two nodes            -> IDENTICAL, probes from both nodes
+  lost     node 1 fails as it starts               -> failed, naming node 1 and its rank
+  never    node 1 runs but its rank never joins    -> failed after ready_timeout_s, naming the rank
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from processes import describe, processes_of, wait_gone
+
+from evalpipe.config.run_config import Launch
+from evalpipe.execution.deployment import DeploymentProcess, node_commands
+from evalpipe.execution.serve import free_port
+from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
+
+FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fakes.server"]
+STANDIN = ["env", "EVALPIPE_STANDIN_NODE=1"]  # a launcher prefix, as [ssh, node1] would be
+NEVER_JOINS = [sys.executable, "-c", "import time; time.sleep(600)"]  # runs, takes its flags, joins nothing
+TASK = "gsm8k_synth_4shot"
+
+
+def deployed(nodes_launchers: list[list[str]], **extra) -> dict:
+    return {"mode": "serve", "command": FAKE_SERVER,
+            "deployment": {"nodes": len(nodes_launchers), "launchers": nodes_launchers, "headless_command": FAKE_SERVER,
+                           **extra.pop("deployment", {})}, **extra}
+
+
+def fake_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, FAKE_ENGINE_ENV: "1", **extra}
+
+
+def write_config(tmp: Path, variants: dict) -> Path:
+    cfg = {
+        "model": {"path": "builtin:tiny-gsm"},
+        # the worker leaves tokenizing to the fake server (no real tokenizer to load)
+        "engine": {"max_model_len": 4096, "seed": 0, "data_parallel_size": 2, "tokenizer": "no-local-tokenizer"},
+        "output": str(tmp / "runs"),
+        "noise_floor": False,
+        "capture": {"topk": 5, "teacher_forcing": True, "prompt_positions": {"min_prompt_tokens": 1 << 16}},
+        "reference": "single",
+        "variants": variants,
+        "tasks": {"gsm8k": [{"task": TASK, "num_fewshot": 4}]},
+    }
+    path = tmp / "deployment.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("deployment")
+    path = write_config(tmp, {
+        "single": {"launch": {"mode": "serve", "command": FAKE_SERVER}},
+        "spread": {"launch": deployed([[], STANDIN]), "expect": {"same_path": True}},
+        "lost": {"launch": deployed([[], ["env", f"{FAKE_ENGINE_ENV}=fail_start"]])},
+        "never": {"launch": deployed([[], STANDIN], ready_timeout_s=8, deployment={"headless_command": NEVER_JOINS})},
+    })
+    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3",
+                           "--run-id", "dep"], cwd=tmp, capture_output=True, text=True, timeout=600, env=fake_env())
+    return {"proc": proc, "dir": tmp / "runs" / "dep"}
+
+
+def test_a_deployment_over_two_nodes_answers_as_one_server_and_every_node_is_recorded(run):
+    run_dir = run["dir"]
+    compare = json.loads((run_dir / "compare.json").read_text())
+    spread = next(c for c in compare["comparisons"] if c["variant"] == "spread")
+    assert spread["status"] == "IDENTICAL", run["proc"].stdout[-3000:]
+    node1 = (run_dir / "spread" / "node-1.log").read_text()
+    # the node was started through its launcher, told its environment on the command line, and joined
+    assert "$ [node 1] env EVALPIPE_STANDIN_NODE=1 env " in node1 and "EVALPIPE_NODE=1" in node1
+    assert "--headless" in node1 and "--data-parallel-start-rank 1" in node1 and "fake headless node: joined" in node1
+    assert "data-parallel ranks [1] joined" in (run_dir / "spread" / "engine.log").read_text()
+    processes = json.loads((run_dir / "spread" / "probes.json").read_text())["processes"]
+    assert sorted(p["node"] for p in processes) == ["0", "1"], processes
+    assert all(p["models"][0]["model_class"].endswith("FakeEngine") for p in processes)
+
+
+def _error(run: dict, variant: str) -> str:
+    status = json.loads((run["dir"] / "run.json").read_text())["variant_status"][variant]
+    assert status["exit_code"] == 3, status
+    return status["error"]
+
+
+def test_a_node_that_dies_fails_its_variant_naming_the_node_and_its_rank(run):
+    error = _error(run, "lost")
+    assert error.startswith("node 1, data-parallel rank 1, exited with code 1 before the variant finished"), error
+    assert "the engine failed to start" in error  # the node's own log tail
+
+
+def test_a_rank_that_never_joins_fails_after_the_ready_timeout_naming_it(run):
+    error = _error(run, "never")
+    assert "did not answer /health within 8s" in error, error
+    assert "data-parallel rank 1 on node 1 never started an engine" in error, error
+
+
+def test_the_run_fails_for_those_alone_and_leaves_nothing(run):
+    proc = run["proc"]
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "variants lost, never failed" in proc.stderr, proc.stderr[-2000:]
+    left = wait_gone("dep", 30)
+    assert left == [], describe(left)
+
+
+def _fake_deployment(tmp: Path, launchers: list[list[str]]) -> tuple[DeploymentProcess, dict[str, str]]:
+    launch = Launch.model_validate(deployed(launchers))
+    port = free_port("127.0.0.1")
+    env = fake_env(EVALPIPE_RUN_ID=f"direct-{os.getpid()}")
+    commands = node_commands(sys.executable, launch, {"model": "m", "data_parallel_size": 2}, port=port,
+                             address="127.0.0.1", rpc_port=free_port("127.0.0.1"), vdir=tmp)
+    return DeploymentProcess(commands=commands, url=f"http://127.0.0.1:{port}", grace_s=5, ready_timeout_s=120), env
+
+
+def test_a_node_killed_mid_run_takes_the_deployment_down_and_says_which(tmp_path):
+    deployment, env = _fake_deployment(tmp_path, [[], STANDIN])
+    deployment.start(env)
+    try:
+        while not deployment.healthy:  # the state, not a duration: the head answers once node 1 joined
+            assert not deployment.died, deployment.death_message()
+            time.sleep(0.1)
+        head, other = deployment.nodes
+        os.killpg(other.proc.pid, signal.SIGKILL)
+        while not deployment.died:
+            time.sleep(0.1)
+        assert deployment.death_message().startswith("node 1, data-parallel rank 1, was killed by SIGKILL")
+        assert deployment.wait_gone(60), "the head outlived the node it needs"
+        assert head.proc.returncode is not None
+    finally:
+        deployment.stop()
+    assert processes_of(env["EVALPIPE_RUN_ID"]) == []
+
+
+def test_a_launcher_that_is_not_there_starts_nothing(tmp_path):
+    deployment, env = _fake_deployment(tmp_path, [[], ["/nonexistent/ssh", "node1"]])
+    with pytest.raises(OSError):
+        deployment.start(env)
+    assert deployment.wait_gone(60) and len(deployment.nodes) == 1, "the head started first is stopped again"
+
+
+def test_evalpipe_killed_leaves_no_node_behind(tmp_path):
+    path = write_config(tmp_path, {"single": {"launch": deployed([[], STANDIN])}})
+    proc = subprocess.Popen([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3",
+                             "--run-id", "killed"], cwd=tmp_path, env=fake_env(EVALPIPE_FAKE_ENGINE="delay=0.5"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "runs" / "killed" / "single" / "node-1.log"
+    try:
+        while "fake headless node: joined" not in (log.read_text() if log.is_file() else ""):
+            assert proc.poll() is None, "the run ended before its node joined"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+    left = wait_gone("killed", 60)
+    assert left == [], describe(left)
