@@ -25,6 +25,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from evalpipe.probes import NODE_ENV
 from evalpipe.redact import redact
 
 REAPER_SCRIPT = Path(__file__).with_name("reaper.py")
+DEPLOYMENT_ENV = "EVALPIPE_DEPLOYMENT"
 HEADLESS_MODULE = "evalpipe.worker.headless"
 
 
@@ -107,7 +109,7 @@ class DeploymentProcess(ServesAClient):
     url: str
     grace_s: float
     ready_timeout_s: float = 900.0
-    run_marker: str = ""  # the run id every process of the deployment carries (the reaper looks for it)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # in every node's environment: what the reaper looks for
     client: subprocess.Popen | None = None
     nodes: list[_Node] = field(default_factory=list)
     healthy: bool = False  # the head has answered /health: every rank joined
@@ -135,7 +137,7 @@ class DeploymentProcess(ServesAClient):
                     log.write((f"$ [{command.role.label}] " + " ".join(redact(command.argv)) + "\n").encode())
                     log.flush()
                     node.proc = guarded_popen(command.argv, self.grace_s, stdout=log, stderr=subprocess.STDOUT,
-                                              env={**env, NODE_ENV: str(command.role.index)})
+                                              env={**env, **self.markers(command.role)})
                 self.nodes.append(node)
                 threading.Thread(target=self._watch, args=(node,), name=f"node-{command.role.index}-watch",
                                  daemon=True).start()
@@ -194,6 +196,10 @@ class DeploymentProcess(ServesAClient):
                 f"that it reaches {self.commands[0].argv[self.commands[0].argv.index('--data-parallel-address') + 1]}"
                 f" and its log.\nlast lines of {last.log_path}:\n{log_tail(last.log_path)}")
 
+    def markers(self, role: NodeRole) -> dict[str, str]:
+        """What marks a node's processes as this deployment's (the probes read the node too)."""
+        return {NODE_ENV: str(role.index), DEPLOYMENT_ENV: self.token}
+
     def _watch(self, node: _Node) -> None:
         assert node.proc is not None
         node.exit_code = node.proc.wait()
@@ -233,14 +239,12 @@ class DeploymentProcess(ServesAClient):
     def _reap_remote(self) -> None:
         """Through each remote node's launcher, end what the run left there (a launcher
         that does not pass on its own end, such as kubectl exec)."""
-        if not self.run_marker:
-            return
         for node in self.nodes:
             role = node.command.role
             if not role.launcher:
                 continue
             python = "python3"
-            argv = [*role.launcher, python, "-I", str(REAPER_SCRIPT), self.run_marker, str(role.index), f"{self.grace_s:g}"]
+            argv = [*role.launcher, python, "-I", str(REAPER_SCRIPT), self.token, str(role.index), f"{self.grace_s:g}"]
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                timeout=self.grace_s + 30, check=False)
@@ -270,15 +274,16 @@ def data_parallel_address(launch: Launch) -> str:
 
 
 def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port: int, vdir: Path,
-                  env: dict[str, str], run_id: str) -> DeploymentProcess:
+                  env: dict[str, str]) -> DeploymentProcess:
     """The deployment of a variant, not started yet: its ports chosen, every node's command line derived."""
     assert launch.deployment is not None
     address = data_parallel_address(launch)
     rpc_port = launch.deployment.rpc_port or free_port(launch.host)
+    token = uuid.uuid4().hex
     commands = node_commands(python, launch, engine_args, port=port, address=address, rpc_port=rpc_port, vdir=vdir,
-                             forwarded=forwarded_env(env))
+                             forwarded={**forwarded_env(env), DEPLOYMENT_ENV: token})
     return DeploymentProcess(commands=commands, url=url_of(launch, port), grace_s=launch.stop_grace_s,
-                             ready_timeout_s=launch.ready_timeout_s, run_marker=run_id)
+                             ready_timeout_s=launch.ready_timeout_s, token=token)
 
 
 def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list[str]:
@@ -289,6 +294,7 @@ def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list
     port: int | str = launch.port if launch.port is not None else "<free port>"
     rpc_port: int | str = launch.deployment.rpc_port if launch.deployment.rpc_port is not None else "<free port>"
     forwarded = {**variant.env_overrides, "EVALPIPE_PROBES": "<the variant's probe spec>", "EVALPIPE_RUN_ID": "<run id>",
+                 DEPLOYMENT_ENV: "<a token of this start>",
                  "PYTHONPATH": "<evalpipe's probes and package>"}
     commands = node_commands(variant.python, launch, {**variant.engine_args, "model": model_path}, port=port,
                              address=data_parallel_address(launch), rpc_port=rpc_port, vdir=variant_dir,

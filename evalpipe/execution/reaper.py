@@ -1,13 +1,15 @@
 """End what a run left on one node of a deployment.
 
-    python3 -I reaper.py RUN_ID NODE GRACE_S
+    python3 -I reaper.py DEPLOYMENT NODE GRACE_S
 
 Run on the node through its launcher (`ssh NODE python3 -I .../reaper.py ...`) when
 evalpipe stops a deployment: a launcher such as `kubectl exec` does not pass its own end
 on to the command it started, so the node's vLLM processes would outlive the run. Every
-process of the node carries EVALPIPE_RUN_ID and EVALPIPE_NODE in its environment; this
-sends them SIGTERM, waits up to GRACE_S seconds, then SIGKILLs what is left, and prints
-how many it ended. Processes of other runs, other nodes and other users' are left alone.
+process of the node carries EVALPIPE_DEPLOYMENT (a token of this start of the deployment)
+and EVALPIPE_NODE in its environment; this sends them SIGTERM, waits up to GRACE_S seconds,
+then SIGKILLs what is left, and prints how many it ended. Processes of other deployments
+(another variant, another run, the same run started again), other nodes and other users'
+are left alone.
 
 Standard library only, run with -I: the node's Python may have nothing of evalpipe's.
 """
@@ -19,13 +21,13 @@ import signal
 import sys
 import time
 
-RUN_ENV = b"EVALPIPE_RUN_ID="
+DEPLOYMENT_ENV = b"EVALPIPE_DEPLOYMENT="
 NODE_ENV = b"EVALPIPE_NODE="
 
 
-def marked(run_id: str, node: str) -> list[int]:
-    """The live processes whose environment names this run and this node."""
-    want = {RUN_ENV + run_id.encode(), NODE_ENV + node.encode()}
+def marked(deployment: str, node: str) -> list[int]:
+    """The live processes whose environment names this deployment and this node."""
+    want = {DEPLOYMENT_ENV + deployment.encode(), NODE_ENV + node.encode()}
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -42,17 +44,17 @@ def marked(run_id: str, node: str) -> list[int]:
     return found
 
 
-def reap(run_id: str, node: str, grace_s: float) -> int:
-    victims = marked(run_id, node)
+def reap(deployment: str, node: str, grace_s: float) -> int:
+    victims = marked(deployment, node)
     for pid in victims:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s
-    while marked(run_id, node) and time.monotonic() < deadline:
+    while marked(deployment, node) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in marked(run_id, node):
+    for pid in marked(deployment, node):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -62,11 +64,11 @@ def reap(run_id: str, node: str, grace_s: float) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: reaper.py RUN_ID NODE GRACE_S", file=sys.stderr)
+        print("usage: reaper.py DEPLOYMENT NODE GRACE_S", file=sys.stderr)
         return 2
-    run_id, node, grace = argv
-    ended = reap(run_id, node, float(grace))
-    print(f"reaper: ended {ended} process(es) of run {run_id} on node {node}")
+    deployment, node, grace = argv
+    ended = reap(deployment, node, float(grace))
+    print(f"reaper: ended {ended} process(es) of deployment {deployment} on node {node}")
     return 0
 
 

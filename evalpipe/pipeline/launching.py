@@ -65,8 +65,7 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], v
     else:
         port = launch.port or serve.free_port(launch.host)
         if launch.deployment is not None:
-            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model["path"]}, port, vdir, env,
-                                   variant.run_id)
+            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model["path"]}, port, vdir, env)
         else:
             args_file = vdir / serve.SERVER_ARGS_FILE
             serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
