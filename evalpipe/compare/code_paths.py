@@ -82,9 +82,14 @@ class ProcessProbe(_Doc):
     errors: list[str]
 
     @property
+    def dp_index(self) -> Any:
+        """The data-parallel rank the process serves (None: not read)."""
+        return self.switches.get("data_parallel_index", self.switches.get("dp_rank"))
+
+    @property
     def label(self) -> str:
         rank = self.switches.get("tp_rank")
-        dp = self.switches.get("data_parallel_index", self.switches.get("dp_rank"))
+        dp = self.dp_index
         where = "".join(f" {k}{v}" for k, v in (("DP", dp), ("TP", rank)) if v is not None)
         node = f"node {self.node} " if self.node is not None else ""
         return f"{node}{self.role} pid {self.pid}{where}"
@@ -104,6 +109,8 @@ class VariantProbes(_Doc):
     server_of: str | None = Field(default=None, description="The A/A run that reused this variant's server: its records are that server's.")
     exposed: dict[str, Any] = Field(default_factory=dict, description="Endpoint mode: what the server says about itself.")
     unreadable: list[str] = Field(default_factory=list, description="Record files that could not be read, with why.")
+    deployment_nodes: int | None = Field(
+        default=None, description="The nodes of the deployment evalpipe started for the variant (None: one server or engine).")
     processes: list[ProcessProbe] = Field(default_factory=list)
 
     @property
@@ -248,14 +255,23 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
         else:
             evidence.append(", ".join(f"{n} `{short(c)}` layers" for c, n in sorted(layer_counts.items())))
 
+    node_failures, node_evidence = check_nodes(who, expect, probes)
+    failures += node_failures
+    evidence += node_evidence
+
+    nodes = sorted({p.node for p in builders if p.node is not None}, key=int)
     for name in expect.called:
         total = probes.total_calls(name)
         if probes.canonical(name) is None:
             failures.append(f"{who} cannot have called `{name}`: it does not exist in that variant's interpreter")
         elif total == 0:
             failures.append(f"{who} never called `{name}` (0 calls in {_n(len(probes.processes), 'process')})")
+        elif idle := [n for n in nodes if not _calls_on(probes, name, n)]:
+            # the path under test must run on every node of a deployment, not on one of them
+            failures.append(f"{who} never called `{name}` on node {idle[0]} ({_n(total, 'call')} on the other nodes); "
+                            f"node {idle[0]}'s processes did not run the path under test")
         else:
-            evidence.append(f"called `{short(name)}` {_n(total, 'time')}")
+            evidence.append(f"called `{short(name)}` {_n(total, 'time')}" + (f", on all {len(nodes)} nodes" if nodes else ""))
     for name in expect.not_called:
         total = probes.total_calls(name)
         if total:
@@ -291,6 +307,61 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
 
 
 _MISSING = object()
+
+
+def _calls_on(probes: VariantProbes, name: str, node: str) -> int:
+    canonical = probes.canonical(name) or ""
+    return sum(p.calls.get(canonical, 0) for p in probes.processes if p.node == node)
+
+
+def node_ranks(probes: VariantProbes) -> dict[str, list[Any]]:
+    """Each node's data-parallel ranks, from the processes that built the model there."""
+    ranks: dict[str, set[Any]] = {}
+    for p in probes.builders:
+        if p.node is not None:
+            ranks.setdefault(p.node, set())
+            if p.dp_index is not None:
+                ranks[p.node].add(p.dp_index)
+    return {node: sorted(r, key=str) for node, r in sorted(ranks.items(), key=lambda kv: int(kv[0]))}
+
+
+def check_nodes(who: str, expect: Expectations, probes: VariantProbes) -> tuple[list[str], list[str]]:
+    """A deployment's nodes: every node evalpipe started built the model (else nothing shows
+    what ran there), and the shape `expect.deployment` states."""
+    failures: list[str] = []
+    evidence: list[str] = []
+    ranks = node_ranks(probes)
+    started = probes.deployment_nodes
+    if started is not None:
+        absent = [str(n) for n in range(started) if str(n) not in ranks]
+        for node in absent:
+            roles = sorted({p.role for p in probes.processes if p.node == node})
+            seen = f"its processes ({', '.join(roles)}) built none" if roles else "no process of it wrote a record"
+            failures.append(f"{who}: node {node} of its {started}-node deployment shows no model built there ({seen}), "
+                            "so nothing shows which code ran on that node")
+    shape = expect.deployment
+    if shape is None:
+        if ranks and not failures:
+            evidence.append(f"model built on {_n(len(ranks), 'node')}")
+        return failures, evidence
+    if shape.nodes is not None and len(ranks) != shape.nodes:
+        failures.append(f"{who} was expected to build its model on {_n(shape.nodes, 'node')}; its processes did on "
+                        f"{len(ranks)} ({', '.join(f'node {n}' for n in ranks) or 'none recorded its node'})")
+    for node, found in ranks.items():
+        want = shape.ranks_of(int(node))
+        if want is not None and len(found) != want:
+            failures.append(f"{who}: node {node} was expected to run {_n(want, 'data-parallel rank')}; its processes "
+                            f"served {len(found)} ({', '.join(map(str, found)) or 'none read'})")
+    if shape.data_parallel_size is not None:
+        wrong = [p for p in probes.builders if p.switches.get("data_parallel_size") != shape.data_parallel_size]
+        if wrong:
+            p = wrong[0]
+            failures.append(f"{who}: {p.label} resolved data_parallel_size to {p.switches.get('data_parallel_size', 'nothing')!r}; "
+                            f"expected {shape.data_parallel_size}")
+    if not failures:
+        evidence.append("nodes × data-parallel ranks: " + "; ".join(f"node {n}: {', '.join(map(str, r)) or '?'}"
+                                                                  for n, r in ranks.items()))
+    return failures, evidence
 
 
 # ---------------------------------------------------------------------------
@@ -454,6 +525,7 @@ def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> ProbeS
         collectives_per_forward=per_forward,
         forwards=sum(p.models[0].forwards for p in builders),
         server_of=probes.server_of,
+        nodes=node_ranks(probes),
     )
 
 

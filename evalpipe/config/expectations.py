@@ -68,6 +68,31 @@ def collective_key(name: str) -> bool:
     return kind in COLLECTIVE_KINDS and (not at or group.isidentifier())
 
 
+class DeploymentShape(Strict):
+    """An engine over several nodes as its processes must show it (`expect.deployment`)."""
+
+    nodes: int | None = Field(default=None, ge=1, strict=True,
+                              description="Nodes whose processes built the model (recorded with their node by the probes).")
+    ranks_per_node: int | list[int] | None = Field(
+        default=None, description="Data-parallel ranks whose processes built the model on each node (one number for all, "
+                                  "or a list, node 0 first).")
+    data_parallel_size: int | None = Field(default=None, ge=1, strict=True,
+                                           description="The data-parallel size as every process that built the model resolved it.")
+
+    @field_validator("ranks_per_node")
+    @classmethod
+    def _whole_ranks(cls, value: Any) -> Any:
+        for n in value if isinstance(value, list) else [] if value is None else [value]:
+            if whole_count(n, "a node's ranks") < 1:
+                raise ValueError("a node runs at least one data-parallel rank; give numbers of 1 or more")
+        return value
+
+    def ranks_of(self, node: int) -> int | None:
+        if isinstance(self.ranks_per_node, list):
+            return self.ranks_per_node[node] if node < len(self.ranks_per_node) else None
+        return self.ranks_per_node
+
+
 class Expectations(Strict):
     """What the path probes must (and must not) find in a variant's engine processes.
 
@@ -97,6 +122,10 @@ class Expectations(Strict):
         "all_to_all, all_reduce, gather, dispatch, combine; `kind@group` for one group: tp, dp, ep, virtual ...) or "
         "a function name, with an exact count or {min, max}.",
     )
+    deployment: DeploymentShape | None = Field(
+        default=None,
+        description="An engine over several nodes: how many nodes, data-parallel ranks per node and data-parallel size "
+                    "its processes show (`launch.deployment` starts it).")
     switches: dict[str, Any] = Field(
         default_factory=dict,
         description="Values the engine resolved, read in every process that builds a model: a standard name "
@@ -165,7 +194,7 @@ class Expectations(Strict):
 
     def declares(self) -> bool:
         return bool(self.model or self.engine_processes or self.layers or self.called or self.not_called
-                    or self.per_forward or self.switches)
+                    or self.per_forward or self.switches or self.deployment)
 
     def claims(self) -> dict[str, Any]:
         """What these expectations say about the path (same_path aside): equal claims on

@@ -98,6 +98,7 @@ class ProbeSummary(Document):
     collectives_per_forward: dict[str, CollectiveCounts]
     forwards: int
     server_of: str | None = None
+    nodes: dict[str, list[Any]] = {}  # a deployment's node -> the data-parallel ranks its model-building processes served
 
 
 class VariantManifest(Document):

@@ -131,4 +131,5 @@ def gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, serv
         vdir, variant.name, variant.launch.mode, names,
         source=probe_records.records_dir(vdir.parent / variant.server_of) if variant.server_of else None,
         server_of=variant.server_of, live=server in servers, exposed=exposed,
+        deployment_nodes=variant.launch.deployment.nodes if variant.launch.deployment is not None else None,
     )

@@ -90,7 +90,8 @@ def read_records(source: Path) -> tuple[list[ProcessProbe], list[str]]:
 
 
 def gather(vdir: Path, variant: str, mode: str, names: VariantNames, *, source: Path | None = None,
-           server_of: str | None = None, live: bool = False, exposed: dict[str, Any] | None = None) -> VariantProbes:
+           server_of: str | None = None, live: bool = False, exposed: dict[str, Any] | None = None,
+           deployment_nodes: int | None = None) -> VariantProbes:
     """probes.json of a finished variant, from its processes' records (``source``: another
     variant's record directory, for an A/A run on that variant's server; ``live``: the
     processes still run, so wait out one flush first). Endpoint mode: what the server
@@ -102,7 +103,7 @@ def gather(vdir: Path, variant: str, mode: str, names: VariantNames, *, source: 
     else:
         records, unreadable = read_records(source or records_dir(vdir))
         doc = VariantProbes(variant=variant, mode=mode, verifiable=True, names=_names(names), server_of=server_of,  # type: ignore[arg-type]
-                            unreadable=unreadable, processes=records)
+                            unreadable=unreadable, deployment_nodes=deployment_nodes, processes=records)
     artifacts.write_text(vdir / PROBES_JSON, doc.model_dump_json(indent=2) + "\n")
     _into_manifest(vdir, doc)
     return doc

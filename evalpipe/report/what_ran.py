@@ -132,6 +132,13 @@ def _processes_cell(summary: ProbeSummary) -> str:
     return f"{summary.mode}: {listed}{reused}"
 
 
+def _nodes_cell(summary: ProbeSummary) -> str:
+    """"node 0: DP 0; node 1: DP 1": where a deployment's ranks built the model."""
+    if not summary.nodes:
+        return "one node"
+    return "; ".join(f"node {node}: DP {', '.join(map(str, ranks)) or '?'}" for node, ranks in summary.nodes.items())
+
+
 def _models_cell(summary: ProbeSummary) -> str:
     return ", ".join(short(m) for m in summary.models) or "none"
 
@@ -185,8 +192,10 @@ Cell = Callable[[ProbeSummary], str]
 
 def _row_makers(recorded: Sequence[_Column], sampled: bool = False) -> list[tuple[str, Cell]]:
     """(label, cell of one summary) per row, the rows that depend on what was recorded included."""
-    rows: list[tuple[str, Cell]] = [("processes", _processes_cell), ("model", _models_cell),
-                                    ("decoder layers", _layers_cell)]
+    rows: list[tuple[str, Cell]] = [("processes", _processes_cell)]
+    if any(col.values.nodes for col in recorded):  # a deployment over several nodes: node x rank
+        rows.append(("nodes × data-parallel ranks", _nodes_cell))
+    rows += [("model", _models_cell), ("decoder layers", _layers_cell)]
     kinds = _names_in(recorded, lambda s: s.collectives_per_forward)
     if kinds:
         rows += [(f"{kind} per forward pass", partial(_collective_cell, kind)) for kind in sorted(kinds)]

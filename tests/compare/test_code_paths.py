@@ -580,3 +580,52 @@ def test_a_judgement_applied_to_a_verdict():
     assert out.status is Status.INCONCLUSIVE and out.reasons[-1] == "the outputs alone would be IDENTICAL: all equal"
     recorded = judge_paths(PathSide("base", None, None), PathSide("pr", None, new_side()), outputs_identical=True)
     assert Verdict(Status.IDENTICAL, ()).with_paths(recorded.inconclusive, recorded.reasons).status is Status.IDENTICAL
+
+
+# ---- a deployment over several nodes --------------------------------------------------------
+
+
+def node_proc(node: str | None, dp: int, pid: int, calls: dict[str, int] | None = None, dp_size: int = 2) -> ProcessProbe:
+    return proc(model(), pid=pid, role="engine_core", calls=calls,
+                switches={"data_parallel_index": dp, "data_parallel_size": dp_size}).model_copy(update={"node": node})
+
+
+def deployed(*processes: ProcessProbe, nodes: int | None = 2) -> VariantProbes:
+    return side(*processes, names={FN: FN}).model_copy(update={"deployment_nodes": nodes})
+
+
+def test_every_node_of_a_deployment_must_show_its_model_built():
+    both = deployed(node_proc("0", 0, 1, {FN: 3}), node_proc("1", 1, 2, {FN: 2}))
+    check = check_side("sp", Expectations(called=[FN]), both)
+    assert check.ok, check.failures
+    assert "model built on 2 nodes" in check.evidence and f"called `{short(FN)}` 5 times, on all 2 nodes" in check.evidence
+    silent = deployed(node_proc("0", 0, 1, {FN: 3}), proc(pid=2, role="other").model_copy(update={"node": "1"}))
+    check = check_side("sp", Expectations(), silent)
+    assert check.failures == ("variant `sp`: node 1 of its 2-node deployment shows no model built there (its processes "
+                              "(other) built none), so nothing shows which code ran on that node",)
+    gone = check_side("sp", Expectations(), deployed(node_proc("0", 0, 1)))
+    assert "node 1 of its 2-node deployment shows no model built there (no process of it wrote a record)" in gone.failures[0]
+
+
+def test_a_node_that_did_not_run_the_path_under_test_is_named():
+    one_sided = deployed(node_proc("0", 0, 1, {FN: 3}), node_proc("1", 1, 2, {OLD_FN: 3}))
+    check = check_side("sp", Expectations(called=[FN]), one_sided)
+    assert not check.ok
+    assert check.failures == (f"variant `sp` never called `{FN}` on node 1 (3 calls on the other nodes); node 1's "
+                              "processes did not run the path under test",)
+
+
+def test_the_deployment_s_shape_is_checked_as_each_rank_resolved_it():
+    shape = {"nodes": 2, "ranks_per_node": 1, "data_parallel_size": 2}
+    good = deployed(node_proc("0", 0, 1), node_proc("0", 0, 2), node_proc("1", 1, 3), node_proc("1", 1, 4))
+    check = check_side("sp", Expectations(deployment=shape), good)
+    assert check.ok and "nodes × data-parallel ranks: node 0: 0; node 1: 1" in check.evidence, check
+    summary = summarize(good)
+    assert summary is not None and summary.nodes == {"0": [0], "1": [1]}
+    crowded = deployed(node_proc("0", 0, 1), node_proc("0", 1, 2, dp_size=1), nodes=None)
+    failures = check_side("sp", Expectations(deployment=shape), crowded).failures
+    assert failures[0] == "variant `sp` was expected to build its model on 2 nodes; its processes did on 1 (node 0)"
+    assert failures[1] == "variant `sp`: node 0 was expected to run 1 data-parallel rank; its processes served 2 (0, 1)"
+    assert failures[2].startswith("variant `sp`: node 0 engine_core pid 2 DP1 resolved data_parallel_size to 1; expected 2")
+    with pytest.raises(ValueError, match="a node runs at least one data-parallel rank"):
+        Expectations(deployment={"ranks_per_node": [1, 0]})
