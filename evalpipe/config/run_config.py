@@ -211,6 +211,11 @@ class NoiseFloor(Strict):
         default_factory=dict,
         description="Engine-arg overrides for the A/A run; default: max_num_seqs halved (from the reference's value, else 256).",
     )
+    launch: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the A/A run's launch, merged over the reference's: e.g. nodes of its own for a "
+        "deployment (`deployment: {launchers: [...]}`) or another port, so it can run beside the reference.",
+    )
     reuse_server: bool = Field(
         default=False,
         description="serve/endpoint modes: the A/A run sends its requests to the reference's server (reversed, with half the "

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -54,9 +54,9 @@ class NodeCommand:
     log_path: Path
 
 
-def node_log(vdir: Path, role: NodeRole) -> Path:
+def node_log(vdir: Path, index: int) -> Path:
     """The head's log is the variant's engine.log (as a single server's); node K's is node-K.log."""
-    return vdir / ("engine.log" if role.head else f"node-{role.index}.log")
+    return vdir / ("engine.log" if index == 0 else f"node-{index}.log")
 
 
 def node_commands(python: str, launch: Launch, engine_args: dict[str, Any], *, port: int | str, address: str,
@@ -82,7 +82,7 @@ def node_commands(python: str, launch: Launch, engine_args: dict[str, Any], *, p
             env_words = ["env", *(f"{k}={v}" for k, v in sorted({**(forwarded or {}), NODE_ENV: str(role.index)}.items()))]
         argv = [*role.launcher, *env_words, *command, "--model", str(model), *as_flags(where),
                 *as_flags(node_flags(role, dp, address, rpc_port)), *as_flags(shared)]  # type: ignore[arg-type]
-        commands.append(NodeCommand(role=role, argv=argv, log_path=node_log(vdir, role)))
+        commands.append(NodeCommand(role=role, argv=argv, log_path=node_log(vdir, role.index)))
     return commands
 
 
@@ -93,10 +93,68 @@ def forwarded_env(env: dict[str, str], base: dict[str, str] | None = None) -> di
     return {k: v for k, v in env.items() if base.get(k) != v}
 
 
+class NodeRunner(Protocol):
+    """Runs one node's process where that node is: here through a launcher prefix
+    (:class:`LocalNode`), or on a Ray node through an actor there
+    (:class:`evalpipe.pipeline.node_actor.RayNode`)."""
+
+    def start(self, command: NodeCommand, env: dict[str, str], forwarded: dict[str, str], grace_s: float) -> None:
+        """Start it; ``env`` is this process's view, ``forwarded`` what it adds (all a remote node gets)."""
+
+    def wait(self) -> int:
+        """Block until the process ends; its exit code (negative: the signal that ended it)."""
+
+    def running(self) -> bool: ...
+
+    def stop(self, grace_s: float) -> None: ...
+
+    def ended_how(self, code: int) -> str:
+        """How the process ended, in words ("was killed by SIGKILL")."""
+
+    def bring_back(self, vdir: Path) -> None:
+        """The node's log and path-probe records into ``vdir`` here (a no-op where they are here already)."""
+
+
+def ended_how(code: int) -> str:
+    if code < 0 and -code in signal.Signals._value2member_map_:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class LocalNode:
+    """A node's process started here, through its launcher prefix, under the guard."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, command: NodeCommand, env: dict[str, str], forwarded: dict[str, str], grace_s: float) -> None:
+        with open(command.log_path, "ab") as log:
+            log.write((f"$ [{command.role.label}] " + " ".join(redact(command.argv)) + "\n").encode())
+            log.flush()
+            self.proc = guarded_popen(command.argv, grace_s, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc is not None:
+            stop_group(self.proc, grace_s)
+
+    def ended_how(self, code: int) -> str:
+        return ended_how(code)
+
+    def bring_back(self, vdir: Path) -> None:
+        return None
+
+
 @dataclass
 class _Node:
     command: NodeCommand
-    proc: subprocess.Popen | None = None
+    runner: NodeRunner
     exit_code: int | None = None
 
 
@@ -109,6 +167,7 @@ class DeploymentProcess(ServesAClient):
     url: str
     grace_s: float
     ready_timeout_s: float = 900.0
+    runners: list[NodeRunner | None] = field(default_factory=list)  # per node; None or absent: LocalNode
     token: str = field(default_factory=lambda: uuid.uuid4().hex)  # in every node's environment: what the reaper looks for
     client: subprocess.Popen | None = None
     nodes: list[_Node] = field(default_factory=list)
@@ -130,14 +189,13 @@ class DeploymentProcess(ServesAClient):
     def start(self, env: dict[str, str]) -> None:
         """Start every node (the head first: the others connect to it); a launcher that
         cannot be found stops the nodes already started and raises OSError."""
+        forwarded = forwarded_env(env)
         try:
-            for command in self.commands:
-                node = _Node(command)
-                with open(command.log_path, "ab") as log:
-                    log.write((f"$ [{command.role.label}] " + " ".join(redact(command.argv)) + "\n").encode())
-                    log.flush()
-                    node.proc = guarded_popen(command.argv, self.grace_s, stdout=log, stderr=subprocess.STDOUT,
-                                              env={**env, **self.markers(command.role)})
+            for i, command in enumerate(self.commands):
+                runner = self.runners[i] if i < len(self.runners) else None
+                node = _Node(command, runner or LocalNode())
+                markers = self.markers(command.role)
+                node.runner.start(command, {**env, **markers}, {**forwarded, **markers}, self.grace_s)
                 self.nodes.append(node)
                 threading.Thread(target=self._watch, args=(node,), name=f"node-{command.role.index}-watch",
                                  daemon=True).start()
@@ -178,6 +236,7 @@ class DeploymentProcess(ServesAClient):
     def _describe_unready(self) -> str:
         """The head not ready within ready_timeout_s: which ranks never started an engine
         (no engine process of their node wrote a path-probe record), with their node's log."""
+        self.bring_back()
         records = self.log_path.parent / "probes"
         missing = []
         for command in self.commands:
@@ -201,8 +260,7 @@ class DeploymentProcess(ServesAClient):
         return {NODE_ENV: str(role.index), DEPLOYMENT_ENV: self.token}
 
     def _watch(self, node: _Node) -> None:
-        assert node.proc is not None
-        node.exit_code = node.proc.wait()
+        node.exit_code = node.runner.wait()
         with self._lock:
             if self._stopping or self._death is not None or self._unready is not None:
                 return
@@ -221,15 +279,20 @@ class DeploymentProcess(ServesAClient):
             return self._unready
         assert self._death is not None
         role, code = self._death
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
-            else f"exited with code {code}"
-        log = node_log(self.log_path.parent, role)
+        self.bring_back()
+        how = self.nodes[role.index].runner.ended_how(code)
+        log = node_log(self.log_path.parent, role.index)
         return (f"{role.label}, data-parallel {role.describe_ranks()}, {how} before the variant finished; the "
                 f"deployment's other nodes were stopped.\nlast lines of {log}:\n{log_tail(log)}")
 
+    def bring_back(self) -> None:
+        """Every node's log and path-probe records into the variant's directory here."""
+        for node in self.nodes:
+            with contextlib.suppress(Exception):  # a node that is gone keeps what it had: the rest still come
+                node.runner.bring_back(self.log_path.parent)
+
     def _stop_nodes(self) -> None:
-        threads = [threading.Thread(target=stop_group, args=(n.proc, self.grace_s), daemon=True)
-                   for n in self.nodes if n.proc is not None]
+        threads = [threading.Thread(target=n.runner.stop, args=(self.grace_s,), daemon=True) for n in self.nodes]
         for thread in threads:  # every node at once: each waits out its own grace period
             thread.start()
         for thread in threads:
@@ -258,7 +321,7 @@ class DeploymentProcess(ServesAClient):
         """Whether every node's process has ended within ``timeout_s`` (for tests and the runner)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(n.proc is None or n.proc.poll() is not None for n in self.nodes):
+            if not any(n.runner.running() for n in self.nodes):
                 return True
             time.sleep(0.1)
         return False
@@ -273,17 +336,37 @@ def data_parallel_address(launch: Launch) -> str:
     return launch.host if launch.host not in ("0.0.0.0", "::") else "127.0.0.1"
 
 
+def head_url(launch: Launch, port: int | str) -> str:
+    """Where the client finds the head: its bound host, or for a wildcard bind (a head on
+    another machine, listening on all its addresses) the deployment's address."""
+    assert launch.deployment is not None
+    if launch.host in ("0.0.0.0", "::") and launch.deployment.address:
+        host = launch.deployment.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return url_of(launch, port)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class NodePlaces:
+    """Where a deployment's nodes run when something placed them (a Ray placement group):
+    the head's address as the others reach it, and a runner per node (None: here)."""
+
+    address: str
+    runners: list[NodeRunner | None]
+
+
 def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port: int, vdir: Path,
-                  env: dict[str, str]) -> DeploymentProcess:
+                  env: dict[str, str], places: NodePlaces | None = None) -> DeploymentProcess:
     """The deployment of a variant, not started yet: its ports chosen, every node's command line derived."""
     assert launch.deployment is not None
-    address = data_parallel_address(launch)
+    address = launch.deployment.address or places.address if places is not None else data_parallel_address(launch)
     rpc_port = launch.deployment.rpc_port or free_port(launch.host)
     token = uuid.uuid4().hex
     commands = node_commands(python, launch, engine_args, port=port, address=address, rpc_port=rpc_port, vdir=vdir,
                              forwarded={**forwarded_env(env), DEPLOYMENT_ENV: token})
-    return DeploymentProcess(commands=commands, url=url_of(launch, port), grace_s=launch.stop_grace_s,
-                             ready_timeout_s=launch.ready_timeout_s, token=token)
+    return DeploymentProcess(commands=commands, url=head_url(launch, port), grace_s=launch.stop_grace_s,
+                             ready_timeout_s=launch.ready_timeout_s, token=token,
+                             runners=list(places.runners) if places is not None else [])
 
 
 def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list[str]:
@@ -304,5 +387,5 @@ def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list
         lines.append(f"  {command.role.label}, data-parallel {command.role.describe_ranks()} (log {command.log_path.name}):")
         lines.append("    " + shell_line(redact(command.argv)))
     worker = f"{variant.python} -m evalpipe.worker.main {variant_dir / 'job.json'}"
-    lines.append(worker + f"   (client, here; talks to the head at {url_of(launch, port)})")  # type: ignore[arg-type]
+    lines.append(worker + f"   (client, here; talks to the head at {head_url(launch, port)})")
     return lines

@@ -111,6 +111,11 @@ class ServesAClient:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.client.pid, signal.SIGTERM)
 
+    def bring_back(self) -> None:
+        """What the engine's processes wrote elsewhere (another node's log and probe
+        records) into the variant's directory; one server writes here already."""
+        return None
+
 
 @dataclass
 class ServerProcess(ServesAClient):

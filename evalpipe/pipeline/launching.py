@@ -4,6 +4,7 @@ here, `evalpipe localize` the configurations it captures."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.worker_events import StageEvent
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution import serve
-from evalpipe.execution.deployment import DeploymentProcess, deployment_of
+from evalpipe.execution.deployment import DeploymentProcess, NodePlaces, deployment_of
 from evalpipe.execution.launch import VariantOutcome, run_worker
 from evalpipe.pipeline.bookkeeping import close_manifest
 from evalpipe.pipeline.jobs import worker_job
@@ -36,14 +37,16 @@ class Limits:
 
 
 def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
-                servers: dict[str, Any], *, spec: Path, job: WorkerJob | None = None) -> VariantOutcome:
+                servers: dict[str, Any], *, spec: Path, job: WorkerJob | None = None,
+                places: NodePlaces | None = None) -> VariantOutcome:
     """One variant's worker, and in serve mode its server around it: started first (the
     worker resolves its tasks while the engine loads) or, for an A/A run that reuses
     the reference's, the running one. A server that dies stops the worker and fails the
     variant with its log's tail. ``servers``: the started ones, by variant; the caller
     stops them (`stop_unneeded`). ``spec``: the probe spec every process of the variant reads
     (:func:`evalpipe.probing.records.write_spec`); ``job``: the worker's job when it is not
-    the plan's (localize), its server URL filled in here."""
+    the plan's (localize), its server URL filled in here. ``places``: where a deployment's nodes
+    run when Ray placed them (None: through their launchers, here)."""
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
     env = probe_env(variant.process_env(), spec)
 
@@ -65,7 +68,8 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], v
     else:
         port = launch.port or serve.free_port(launch.host)
         if launch.deployment is not None:
-            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model["path"]}, port, vdir, env)
+            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model["path"]}, port, vdir, env,
+                                   places)
         else:
             args_file = vdir / serve.SERVER_ARGS_FILE
             serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
@@ -107,12 +111,12 @@ def stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
 
 
 def run_and_close(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
-                  servers: dict[str, Any], names: VariantNames) -> VariantOutcome:
+                  servers: dict[str, Any], names: VariantNames, places: NodePlaces | None = None) -> VariantOutcome:
     """One variant from start to its closed directory: its processes run, its manifest says
     how they ended, its processes' probe records gathered into probes.json. The same steps
     here (a local run) and on a cluster node (:mod:`evalpipe.pipeline.node_actor`)."""
     outcome = run_variant(plan, variant, model, vdir, on_event, limits, servers,
-                          spec=write_spec(vdir, variant.name, names))
+                          spec=write_spec(vdir, variant.name, names), places=places)
     close_manifest(vdir, outcome)
     gather_probes(variant, vdir, names, servers)
     return outcome
@@ -127,9 +131,14 @@ def gather_probes(variant: PlannedVariant, vdir: Path, names: VariantNames, serv
         engine = read_manifest(path).engine if path.is_file() else None
         exposed = engine.model_dump(mode="json") if engine is not None else {}
     server = variant.server_of or variant.name
+    live = server in servers
+    if live and variant.launch.deployment is not None:  # records of other nodes: flushed there, then fetched
+        time.sleep(2 * probe_records.FLUSH_S)
+        servers[server].bring_back()
+        live = False
     probe_records.gather(
         vdir, variant.name, variant.launch.mode, names,
         source=probe_records.records_dir(vdir.parent / variant.server_of) if variant.server_of else None,
-        server_of=variant.server_of, live=server in servers, exposed=exposed,
+        server_of=variant.server_of, live=live, exposed=exposed,
         deployment_nodes=variant.launch.deployment.nodes if variant.launch.deployment is not None else None,
     )

@@ -26,7 +26,9 @@ from evalpipe.cluster import transfer
 from evalpipe.documents.worker_events import StageEvent, WorkerEvent
 from evalpipe.errors import ExitCode
 from evalpipe.execution import launch
+from evalpipe.execution.deployment import NodePlaces, NodeRunner
 from evalpipe.execution.launch import VariantOutcome
+from evalpipe.pipeline.deployment_nodes import RayNode
 from evalpipe.pipeline.launching import Limits, run_and_close, stop_unneeded
 from evalpipe.pipeline.plan import RunPlan
 from evalpipe.probing.names import VariantNames
@@ -44,6 +46,8 @@ class UnitJob:
     limits: Limits
     driver_omp_threads: str | None  # the driver's OMP_NUM_THREADS (Ray sets its own in actors)
     scratch: bool  # run_dir is this unit's copy on its node (not the shared run directory)
+    # a deployment's other nodes: the NodeActor holding each node's bundle, node 1 first
+    node_actors: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -139,7 +143,7 @@ class UnitActor:
                 try:
                     outcome = run_and_close(job.plan, variant, job.model, vdir,
                                             lambda e, n=variant.name: self._emit(n, e), job.limits, servers,
-                                            job.names[variant.name])
+                                            job.names[variant.name], places=self._places(variant))
                 except KeyboardInterrupt:  # stop(): the worker and server were stopped on the way out
                     outcome = VariantOutcome(variant.name, ExitCode.FAILED, time.time() - started,
                                              f"variant `{variant.name}` was stopped: the run is stopping")
@@ -153,6 +157,16 @@ class UnitActor:
             stop_unneeded(servers, [])
             with self._lock:
                 self.done = True
+
+    def _places(self, variant: Any) -> NodePlaces | None:
+        """Where a deployment the variant starts runs: its head here (this node's address is
+        the one the other nodes reach), every other node with its NodeActor."""
+        if variant.launch.deployment is None or variant.server_of or not self.job.node_actors:
+            return None
+        import ray
+
+        runners: list[NodeRunner | None] = [None, *(RayNode(actor, i + 1) for i, actor in enumerate(self.job.node_actors))]
+        return NodePlaces(address=str(ray.util.get_node_ip_address()), runners=runners)
 
     def _finish(self, outcome: VariantOutcome) -> None:
         with self._lock:

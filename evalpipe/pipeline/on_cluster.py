@@ -31,6 +31,7 @@ from evalpipe.documents.run_doc import VariantPlacement
 from evalpipe.documents.worker_events import read_event
 from evalpipe.errors import ExitCode
 from evalpipe.execution.launch import WORKER_GRACE_S, VariantOutcome, stop_if_interrupted
+from evalpipe.pipeline.deployment_nodes import NodeActor
 from evalpipe.pipeline.launching import Limits
 from evalpipe.pipeline.node_actor import NodePlace, UnitActor, UnitJob, for_node
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan
@@ -61,6 +62,12 @@ def units_of(plan: RunPlan, kept: list[str]) -> list[list[PlannedVariant]]:
         units.append(unit)
         by_server[variant.name] = unit
     return units
+
+
+def nodes_of(unit: list[PlannedVariant]) -> int:
+    """The nodes the unit's engine spans on the cluster: a deployment's (Ray places them), else one."""
+    deployment = unit[0].launch.deployment
+    return deployment.nodes if deployment is not None and not unit[0].server_of else 1
 
 
 def demand_of(plan: RunPlan, unit: list[PlannedVariant]) -> dict[str, float]:
@@ -114,21 +121,30 @@ class _Cluster:
         own_group = slot is None
         place: NodePlace | None = None
         counted = False
+        node_actors: list[Any] = []
         try:
             if self.stopping.is_set():
                 raise PlacementFailed("not started: the run is stopping")
+            nodes = nodes_of(unit)
             if slot is None:
                 demand = demand_of(self.plan, unit)
-                slot = one_group(self.ray, demand, f"evalpipe/{self.plan.run_id}/{unit[0].name}")
+                name = f"evalpipe/{self.plan.run_id}/{unit[0].name}"
+                if nodes > 1:  # a deployment: a bundle per node, each on a node of its own
+                    slot = spread_group(self.ray, [demand] * nodes, name)[0]
+                    asked = asked_spread([demand] * nodes)
+                else:
+                    slot = one_group(self.ray, demand, name)
+                    asked = describe_resources(demand)
                 with self.lock:
                     self.groups.append(slot.group)
-                wait_ready(self.ray, slot.group, what=f"variant {label}", asked=describe_resources(demand),
+                wait_ready(self.ray, slot.group, what=f"variant {label}", asked=asked,
                            address=self.address, timeout_s=self.settings.placement_timeout_s, say=self.say,
                            cancelled=self.stopping.is_set, busy=lambda: self.running > 0)
             with self.lock:
                 self.running += 1
             counted = True
-            actor = self._start_actor(unit, slot)
+            node_actors = self._start_node_actors(unit, slot, nodes)
+            actor = self._start_actor(unit, slot, node_actors)
             place = self.ray.get(actor.place.remote())
             self.say(f"variant {label} runs on node {place.hostname} ({place.node_ip}, {place.node_id[:12]}) "
                      f"with {describe_resources(place.resources)}")
@@ -147,6 +163,10 @@ class _Cluster:
                        "`evalpipe run --resume` runs it again")
             self._fail_rest(unit, delivered, why, ExitCode.FAILED, place)
         finally:
+            for node_actor in node_actors:
+                if not self.settings.shared_filesystem:
+                    self._quietly(node_actor.clear_scratch.remote(str(self.node_run_dir(unit).parent)))
+                self._let_go(node_actor, scratch=False)
             if actor is not None:
                 self._let_go(actor)
             if own_group and slot is not None:
@@ -155,7 +175,28 @@ class _Cluster:
                 with self.lock:
                     self.running -= 1
 
-    def _start_actor(self, unit: list[PlannedVariant], slot: Slot) -> Any:
+    def _start_node_actors(self, unit: list[PlannedVariant], slot: Slot, nodes: int) -> list[Any]:
+        """A deployment's nodes beyond the head: a NodeActor in each of the group's other bundles."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actors = []
+        resources = dict(slot.resources)
+        cpus, gpus = resources.pop("CPU", 0.0), resources.pop("GPU", 0.0)
+        actor_class = self.ray.remote(NodeActor)
+        for index in range(1, nodes):
+            actor = actor_class.options(
+                num_cpus=cpus, num_gpus=gpus, resources=resources or None, max_concurrency=8, max_restarts=0,
+                name=f"{self.plan.run_id}/{unit[0].name}/node{index}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=index),
+            ).remote(os.environ.get("OMP_NUM_THREADS"))
+            with self.lock:
+                self.actors.append(actor)
+            actors.append(actor)
+        for index, actor in enumerate(actors, start=1):
+            self.say(f"variant {unit[0].name}: node {index} of its deployment on {self.ray.get(actor.address.remote())}")
+        return actors
+
+    def _start_actor(self, unit: list[PlannedVariant], slot: Slot, node_actors: list[Any]) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         baseline = self.plan.teacher_baseline_dir
@@ -165,7 +206,8 @@ class _Cluster:
             node_baseline = node_dir.parent / "baseline" / baseline.name
         job = UnitJob(plan=for_node(self.plan, node_dir, node_baseline), variants=[v.name for v in unit],
                       model=self.model, names={v.name: self.names[v.name] for v in unit}, limits=self.limits,
-                      driver_omp_threads=os.environ.get("OMP_NUM_THREADS"), scratch=not self.settings.shared_filesystem)
+                      driver_omp_threads=os.environ.get("OMP_NUM_THREADS"), scratch=not self.settings.shared_filesystem,
+                      node_actors=node_actors)
         resources = dict(slot.resources)
         cpus = resources.pop("CPU", 0.0)
         gpus = resources.pop("GPU", 0.0)
@@ -248,8 +290,14 @@ class _Cluster:
                                 hostname=place.hostname, resources=place.resources,
                                 shared_filesystem=self.settings.shared_filesystem)
 
-    def _let_go(self, actor: Any) -> None:
-        if not self.settings.shared_filesystem:
+    def _quietly(self, ref: Any) -> None:
+        try:
+            self.ray.get(ref, timeout=30)
+        except Exception:  # noqa: BLE001 - a dead actor's node keeps its scratch; nothing to free here
+            pass
+
+    def _let_go(self, actor: Any, scratch: bool = True) -> None:
+        if scratch and not self.settings.shared_filesystem:
             try:
                 self.ray.get(actor.clear_scratch.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - a dead actor's node keeps its scratch; nothing to free here

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from evalpipe.config.deployment import deployment_problem
 from evalpipe.config.engine_args import check_values
 from evalpipe.config.errors import ConfigError
@@ -32,6 +34,7 @@ from evalpipe.models.builtin import BUILTIN_MODELS
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
 from evalpipe.redact import api_key_names, redact
 from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
+from evalpipe.validation import first_problem
 
 BUILTIN_PREFIX = "builtin:"
 RUN_ID_ENV = "EVALPIPE_RUN_ID"
@@ -280,8 +283,6 @@ def make_plan(
     for pv in planned:  # sizes and dtype first: the checks below compute with them
         if pv.launch.mode != "endpoint":
             check_values(pv.name, pv.engine_args)
-        if pv.launch.deployment is not None and (problem := deployment_problem(pv.launch.deployment, pv.engine_args)):
-            raise ConfigError(f"{config_path}: variant `{pv.name}`: {problem}.")
     _check_longctx(config, tasks, planned)
     _check_units_leave_ray_engines_their_devices(config, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
@@ -291,6 +292,11 @@ def make_plan(
             raise ConfigError(
                 f"variant `{planned[1].name}` collides with the name of the A/A noise-floor run; rename it or run with --no-noise-floor."
             )
+    for pv in planned:  # the A/A run's too: noise_floor.launch may give it nodes of its own
+        if pv.launch.deployment is not None and (problem := deployment_problem(pv.launch.deployment, pv.engine_args)):
+            raise ConfigError(f"{config_path}: variant `{pv.name}`: {problem}.")
+        if pv.launch.deployment is not None and (problem := _deployment_on_cluster_problem(config, pv)):
+            raise ConfigError(f"{config_path}: variant `{pv.name}`: {problem}.")
 
     canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
     digest = hashlib.sha256(canonical.encode()).hexdigest()
@@ -357,6 +363,21 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
         _check_window(f"`{spec.task}`", "", longest, spec.max_gen_toks or MAX_GEN_TOKS[TASK_PROBE[spec.task]], planned)
 
 
+def _deployment_on_cluster_problem(config: RunConfig, variant: PlannedVariant) -> str | None:
+    """On a Ray cluster Ray places a deployment's nodes, in a placement group of its own."""
+    deployment = variant.launch.deployment
+    if not config.cluster.enabled or deployment is None:
+        return None
+    if deployment.launchers:
+        return ("on a Ray cluster Ray places a deployment's nodes, so `launch.deployment.launchers` would be a second way "
+                "to put them somewhere; remove the launchers, or run without `cluster:` (--cluster off)")
+    if config.cluster.distinct_nodes and deployment.nodes > 1:
+        return ("a deployment spreads its own nodes (a placement group of its own, a bundle per node), which "
+                "`cluster.distinct_nodes` cannot place beside the other variants; remove distinct_nodes (every unit then "
+                "has a group of its own)")
+    return None
+
+
 def _check_units_leave_ray_engines_their_devices(config: RunConfig, planned: list[PlannedVariant]) -> None:
     if not config.cluster.enabled:
         return
@@ -400,8 +421,10 @@ def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
                 "noise_floor.reuse_server needs a server: set launch.mode to serve or endpoint for the reference, "
                 "or drop reuse_server (offline, the A/A run starts an engine of its own)."
             )
-        if nf.engine:
-            raise ConfigError("noise_floor.engine cannot apply with reuse_server (the reference's server is already running); drop one of them.")
+        if nf.engine or nf.launch:
+            which = "engine" if nf.engine else "launch"
+            raise ConfigError(f"noise_floor.{which} cannot apply with reuse_server (the reference's server is already running); "
+                              "drop one of them.")
         # The batch arrangement changes through the client: half the requests in flight.
         launch = reference.launch.model_copy(update={"concurrency": max(1, reference.launch.concurrency // 2)})
         parts.append(f"the reference's server, concurrency {launch.concurrency}")
@@ -421,13 +444,21 @@ def _aa_variant(reference: PlannedVariant, nf: NoiseFloor) -> PlannedVariant:
         "max_num_seqs": max(1, int(reference.engine_args.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS) // 2)
     }
     parts += [f"{k}={v}" for k, v in sorted(overrides.items())]
+    launch = reference.launch
+    if nf.launch:
+        try:
+            launch = Launch.model_validate(deep_merge(reference.launch.model_dump(exclude_unset=True), nf.launch))
+        except ValidationError as err:
+            where, what = first_problem(err)
+            raise ConfigError(f"noise_floor.launch{'.' + where if where else ''}: {what}") from None
+        parts.append("its own launch")
     return PlannedVariant(
         name=aa_variant_name(reference.name),
         description=f"A/A noise floor: {reference.name} again ({', '.join(parts) or 'same settings'})",
         python=reference.python,
         env_overrides=dict(reference.env_overrides),
         engine_args=deep_merge(reference.engine_args, overrides),
-        launch=reference.launch,
+        launch=launch,
         expect=_same_path(reference.expect),
         reverse_order=nf.reverse_order,
         aa_of=reference.name,

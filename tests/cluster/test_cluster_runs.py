@@ -322,3 +322,70 @@ def test_a_driver_killed_by_sigkill_leaves_nothing_and_resume_finishes_the_run(c
     info = run_json(run_dir)
     assert info["status"] == "ok" and info["verdict"] == "IDENTICAL"
     assert_nothing_left(cluster, "kill-9")
+
+
+def _deployed(resources: dict | None = None, **env: str) -> dict:
+    """A variant whose fake engine spans two nodes (a head and a headless node) that Ray places."""
+    return {"launch": {"mode": "serve", "command": FAKE_SERVER,
+                       "deployment": {"nodes": 2, "headless_command": FAKE_SERVER}},
+            "engine": {"tokenizer": "no-local-tokenizer", "data_parallel_size": 2},
+            **({"resources": resources} if resources else {}), **({"env": env} if env else {}),
+            "expect": {"same_path": True, "deployment": {"nodes": 2}}}
+
+
+def test_a_deployment_s_nodes_are_placed_by_ray_on_distinct_nodes_and_each_is_recorded(cluster, tmp_path):
+    variants = {"ref": {"launch": {"mode": "serve", "command": FAKE_SERVER}, "engine": {"tokenizer": "no-local-tokenizer"}},
+                "spread": _deployed()}
+    path = write_config(tmp_path, "deployed", variants, {"address": cluster.address, "scratch": str(tmp_path / "scratch")})
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "deployed", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "deployed"
+    assert run_json(run_dir)["verdict"] == "IDENTICAL"
+    said = " ".join(done.stdout.split())
+    assert "variant spread: node 1 of its deployment on 127.0.0.1" in said, said[-3000:]
+    spread = run_dir / "spread"
+    # node 1's log and probe record came back from its node into the run directory
+    assert "fake headless node: joined" in (spread / "node-1.log").read_text()
+    processes = json.loads((spread / "probes.json").read_text())["processes"]
+    assert sorted(p["node"] for p in processes) == ["0", "1"], processes
+    compare = json.loads((run_dir / "compare.json").read_text())["comparisons"][0]
+    assert compare["paths"]["status"] == "verified", compare["paths"]
+    assert any("model built on 2 nodes" in e or "node 0" in e for c in compare["paths"]["checks"] for e in c["evidence"])
+    assert_nothing_left(cluster, "deployed")
+
+
+def test_a_deployment_s_node_that_dies_fails_only_its_variant_and_resume_finishes_it(cluster, tmp_path):
+    """Two nodes hold the resource the deployment asks for; one of them dies mid-run (its
+    raylet and every process of it): the deployment's variant fails, the reference finishes,
+    nothing of the deployment is left on the surviving node, and --resume runs it again once a
+    spare node has joined."""
+    pair = {"CPU": 1, "pair": 1}
+    steady = join(cluster.address, pair, Path(tempfile.mkdtemp(prefix="evp-steady-", dir="/tmp")), live_after=4)
+    doomed = join(cluster.address, pair, Path(tempfile.mkdtemp(prefix="evp-doomed-", dir="/tmp")), live_after=5)
+    variants = {"ref": {}, "spread": _deployed(pair, **{FAKE_ENGINE_ENV: "delay=0.4"})}
+    path = write_config(tmp_path, "deployment-dies", variants, {"address": cluster.address})
+    args = ["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "deployment-dies"]
+    spare = None
+    try:
+        code, _, said = interrupted_run(args, tmp_path, f"spread · {TASK} · generate:",
+                                        lambda _proc: [os.kill(pid, signal.SIGKILL) for pid in marked_pids(doomed.root)])
+        assert code == 3, said[-2000:]
+        doomed.stop()
+        run_dir = tmp_path / "runs" / "deployment-dies"
+        info = run_json(run_dir)
+        assert info["failed_variants"] == ["spread"] and info["variant_status"]["ref"]["exit_code"] == 0, info
+        error = info["variant_status"]["spread"]["error"]
+        # the head's node died (its unit's actor with it), or node 1's (its node actor): either is named
+        assert "the Ray actor running variant spread" in error or "node 1, data-parallel rank 1, was lost" in error, error
+        assert wait_gone("deployment-dies", 60) == [], "a node's process outlived its deployment"
+        spare = join(cluster.address, pair, Path(tempfile.mkdtemp(prefix="evp-spare-", dir="/tmp")), live_after=5)
+        done = evalpipe(*args, "--resume", str(run_dir), cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert run_json(run_dir)["verdict"] == "IDENTICAL"
+        assert sorted(p["node"] for p in json.loads((run_dir / "spread" / "probes.json").read_text())["processes"]) == ["0", "1"]
+    finally:
+        for node in (doomed, steady, spare):
+            if node is not None:
+                node.stop()
+    assert wait_gone("deployment-dies", 30) == []
+    assert leftovers(cluster)["actors"] == [] and leftovers(cluster)["groups"] == []

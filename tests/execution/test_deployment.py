@@ -136,12 +136,12 @@ def test_a_node_killed_mid_run_takes_the_deployment_down_and_says_which(tmp_path
             assert not deployment.died, deployment.death_message()
             time.sleep(0.1)
         head, other = deployment.nodes
-        os.killpg(other.proc.pid, signal.SIGKILL)
+        os.killpg(other.runner.proc.pid, signal.SIGKILL)
         while not deployment.died:
             time.sleep(0.1)
         assert deployment.death_message().startswith("node 1, data-parallel rank 1, was killed by SIGKILL")
         assert deployment.wait_gone(60), "the head outlived the node it needs"
-        assert head.proc.returncode is not None
+        assert head.runner.proc.returncode is not None
     finally:
         deployment.stop()
     assert processes_of(env["EVALPIPE_RUN_ID"]) == []

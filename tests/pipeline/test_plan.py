@@ -198,3 +198,38 @@ def test_ruler_items_per_length_is_part_of_the_longctx_spec():
     assert parse_config({**CONFIG, "longctx": {"ruler_items_per_length": 2}}).longctx.ruler_items_per_length == 2
     with pytest.raises(ConfigError, match="ruler_items_per_length is 0"):
         parse_config({**CONFIG, "longctx": {"ruler_items_per_length": 0}})
+
+
+DEPLOYED = {"mode": "serve", "deployment": {"nodes": 2}}
+
+
+def _deployed_config(**top) -> dict:
+    cfg = {**CONFIG, "engine": {**CONFIG.get("engine", {}), "data_parallel_size": 2}, "launch": DEPLOYED, **top}
+    return cfg
+
+
+def test_a_deployment_s_shape_is_checked_against_its_engine_arguments_for_the_a_a_run_too(tmp_path):
+    ok = make_plan(parse_config(_deployed_config(noise_floor={"launch": {"deployment": {"rpc_port": 13390}}})),
+                   "cfg.yaml", "gsm8k", output=str(tmp_path))
+    aa = ok.variant(ok.variants[1].name)
+    assert aa.aa_of and aa.launch.deployment is not None and aa.launch.deployment.rpc_port == 13390
+    assert ok.variants[0].launch.deployment.rpc_port is None, "the override is the A/A run's alone"
+    odd = _deployed_config(noise_floor={"launch": {"deployment": {"nodes": 3}}})
+    with pytest.raises(ConfigError, match=r"variant `\w+-aa`: data_parallel_size 2 does not split evenly over 3 nodes"):
+        make_plan(parse_config(odd), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    with pytest.raises(ConfigError, match="noise_floor.launch cannot apply with reuse_server"):
+        make_plan(parse_config(_deployed_config(noise_floor={"reuse_server": True, "launch": {"port": 1}})),
+                  "cfg.yaml", "gsm8k", output=str(tmp_path))
+
+
+def test_on_a_ray_cluster_ray_places_a_deployment_s_nodes(tmp_path):
+    launched = _deployed_config(launch={**DEPLOYED, "deployment": {"nodes": 2, "launchers": [[], ["ssh", "b"]]}},
+                                cluster={"address": "127.0.0.1:6379"})
+    with pytest.raises(ConfigError, match="Ray places a deployment's nodes, so `launch.deployment.launchers` would be"):
+        make_plan(parse_config(launched), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    spread = _deployed_config(cluster={"address": "127.0.0.1:6379", "distinct_nodes": True})
+    with pytest.raises(ConfigError, match="remove distinct_nodes"):
+        make_plan(parse_config(spread), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    plain = make_plan(parse_config(_deployed_config(cluster={"address": "127.0.0.1:6379"})), "cfg.yaml", "gsm8k",
+                      output=str(tmp_path))
+    assert all(v.launch.deployment is not None for v in plain.variants)
