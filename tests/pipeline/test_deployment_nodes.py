@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import sys
 import tarfile
-from pathlib import Path
 from types import SimpleNamespace
 
 from evalpipe.config.deployment import NodeRole
