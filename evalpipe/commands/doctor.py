@@ -23,6 +23,7 @@ import httpx
 
 from evalpipe.cluster.checks import NodeFacts, devices_short, fits, gather, node_facts, unplaceable, version_problems
 from evalpipe.cluster.session import ClusterUnavailable, connect, describe_cluster, describe_nodes, describe_resources, disconnect, nodes
+from evalpipe.commands.deployment_checks import check_deployments
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.data.longctx import TASK_PROBE
@@ -279,12 +280,13 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
                 backend = check_attention_backend(v, model_path, backend_answers)
                 if backend is not None:
                     add(v.name, "attention backend", *backend)
-        if v.launch.mode == "serve":
+        if v.launch.mode == "serve" and v.launch.deployment is None:  # a deployment's head: check_deployments
             if v.launch.port is None:
                 add(v.name, "port", True, f"a free port on {v.launch.host} is chosen at start")
             else:
                 free_port = port_is_free(v.launch.host, v.launch.port)
                 add(v.name, "port", free_port, f"{v.launch.host}:{v.launch.port} " + ("is free" if free_port else "is taken; stop what listens there or change launch.port"))
+    check_deployments(plan, model_path, add)
     if plan.config.cluster.enabled:
         _check_cluster(plan, model_path, add)
     return checks

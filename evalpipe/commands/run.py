@@ -26,7 +26,7 @@ from evalpipe.execution.deployment import planned_node_lines
 from evalpipe.execution.serve import planned_commands
 from evalpipe.install import config_label
 from evalpipe.models.builtin import shipped_path
-from evalpipe.pipeline.on_cluster import demand_of, units_of
+from evalpipe.pipeline.on_cluster import demand_of, nodes_of, units_of
 from evalpipe.pipeline.plan import RunPlan, make_plan, verify_here
 from evalpipe.pipeline.preflight import preflight
 from evalpipe.pipeline.runner import execute
@@ -142,8 +142,11 @@ def _print_plan(plan: RunPlan, console: Console) -> None:
         model_path = str(shipped_path(plan.builtin_model))
     for v in plan.variants:
         console.print(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:")
-        lines = planned_node_lines if v.launch.deployment is not None and not v.server_of else planned_commands
-        for line in lines(v, model_path, plan.run_dir / v.name):
+        if v.launch.deployment is not None and not v.server_of:
+            lines = planned_node_lines(v, model_path, plan.run_dir / v.name, placed_by_ray=plan.config.cluster.enabled)
+        else:
+            lines = planned_commands(v, model_path, plan.run_dir / v.name)
+        for line in lines:
             console.print(f"  {line}", soft_wrap=True, markup=False)
     tasks = Table("group", "task", "num_fewshot", "limit", "decoding")
     for t in plan.tasks:
@@ -181,8 +184,10 @@ def _print_cluster_plan(plan: RunPlan, console: Console) -> None:
              else f"scratch {cluster.scratch} on each node, brought back through Ray")
     console.print(f"cluster {cluster.address}: {len(units)} unit(s) {how}, writing to {where}", markup=False, soft_wrap=True)
     for unit in units:
-        console.print(f"  {' + '.join(v.name for v in unit)} asks for {describe_resources(demand_of(plan, unit))}",
-                      markup=False, soft_wrap=True)
+        nodes = nodes_of(unit)
+        asks = describe_resources(demand_of(plan, unit))
+        asks = f"{nodes} distinct nodes (its deployment's), each with {asks}" if nodes > 1 else asks
+        console.print(f"  {' + '.join(v.name for v in unit)} asks for {asks}", markup=False, soft_wrap=True)
         engine = ray_placed_engine(unit[0].engine_args)
         if engine is not None:
             console.print(f"    and {engine.describe()}", markup=False, soft_wrap=True)

@@ -47,6 +47,11 @@ class Deployment(Strict):
                     "([] runs it here), e.g. [kubectl, exec, POD, --], [srun, -N1, -w, NODE], [ssh, NODE]. The config's "
                     "environment travels on the command line (`env K=V ...`). Absent: every node here, or placed by Ray "
                     "when the run is on a cluster.")
+    remote_shell: bool | None = Field(
+        default=None,
+        description="Whether the launchers hand the command to a shell on the node, which splits and reads it again "
+                    "(ssh does; kubectl exec and srun pass the words as they are): then each word is quoted for that "
+                    "shell. Default: true for a launcher whose command is ssh.")
     headless_command: list[str] | None = Field(
         default=None, min_length=1,
         description=f"The headless nodes' command the engine args follow; default [<variant python>, -m, {HEADLESS_MODULE}] "
@@ -79,6 +84,18 @@ class Deployment(Strict):
             raise ValueError(f"`launchers` has {len(self.launchers)} prefix(es) for `nodes: {self.nodes}`; give one per "
                              "node, the head's first ([] runs a node here)")
         return self
+
+
+SHELL_LAUNCHERS = ("ssh",)  # launchers that join their words into one line for the node's shell
+
+
+def hands_to_shell(deployment: Deployment, launcher: tuple[str, ...] | list[str]) -> bool:
+    """Whether the command after ``launcher`` is read again by a shell on the node."""
+    if not launcher:
+        return False
+    if deployment.remote_shell is not None:
+        return deployment.remote_shell
+    return launcher[0].rsplit("/", 1)[-1] in SHELL_LAUNCHERS
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from evalpipe.config.deployment import NodeRole, data_parallel_size, node_flags, node_layout
+from evalpipe.config.deployment import Deployment, NodeRole, data_parallel_size, hands_to_shell, node_flags, node_layout
 from evalpipe.config.run_config import Launch
 from evalpipe.execution.engine_flags import as_flags, shell_line
 from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
@@ -80,10 +81,20 @@ def node_commands(python: str, launch: Launch, engine_args: dict[str, Any], *, p
         env_words = []
         if role.launcher:
             env_words = ["env", *(f"{k}={v}" for k, v in sorted({**(forwarded or {}), NODE_ENV: str(role.index)}.items()))]
-        argv = [*role.launcher, *env_words, *command, "--model", str(model), *as_flags(where),
-                *as_flags(node_flags(role, dp, address, rpc_port)), *as_flags(shared)]  # type: ignore[arg-type]
+        words = [*env_words, *command, "--model", str(model), *as_flags(where),
+                 *as_flags(node_flags(role, dp, address, rpc_port)), *as_flags(shared)]  # type: ignore[arg-type]
+        argv = through_launcher(deployment, role.launcher, words)
         commands.append(NodeCommand(role=role, argv=argv, log_path=node_log(vdir, role.index)))
     return commands
+
+
+def through_launcher(deployment: Deployment, launcher: tuple[str, ...] | list[str], words: list[str]) -> list[str]:
+    """``words`` run through ``launcher``: as they are, or each quoted for the node's shell
+    when the launcher hands them to one (ssh joins them into a line that shell splits again,
+    which would take a JSON engine argument apart)."""
+    if hands_to_shell(deployment, launcher):
+        return [*launcher, *(shlex.quote(word) for word in words)]
+    return [*launcher, *words]
 
 
 def forwarded_env(env: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
@@ -168,6 +179,7 @@ class DeploymentProcess(ServesAClient):
     grace_s: float
     ready_timeout_s: float = 900.0
     runners: list[NodeRunner | None] = field(default_factory=list)  # per node; None or absent: LocalNode
+    deployment: Deployment | None = None  # its settings (how its launchers take a command)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)  # in every node's environment: what the reaper looks for
     client: subprocess.Popen | None = None
     nodes: list[_Node] = field(default_factory=list)
@@ -308,6 +320,8 @@ class DeploymentProcess(ServesAClient):
                 continue
             python = "python3"
             argv = [*role.launcher, python, "-I", str(REAPER_SCRIPT), self.token, str(role.index), f"{self.grace_s:g}"]
+            if self.deployment is not None:
+                argv = through_launcher(self.deployment, role.launcher, argv[len(role.launcher):])
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                timeout=self.grace_s + 30, check=False)
@@ -365,13 +379,15 @@ def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port
     commands = node_commands(python, launch, engine_args, port=port, address=address, rpc_port=rpc_port, vdir=vdir,
                              forwarded={**forwarded_env(env), DEPLOYMENT_ENV: token})
     return DeploymentProcess(commands=commands, url=head_url(launch, port), grace_s=launch.stop_grace_s,
-                             ready_timeout_s=launch.ready_timeout_s, token=token,
+                             ready_timeout_s=launch.ready_timeout_s, token=token, deployment=launch.deployment,
                              runners=list(places.runners) if places is not None else [])
 
 
-def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list[str]:
+def planned_node_lines(variant: Any, model_path: str, variant_dir: Path, placed_by_ray: bool = False) -> list[str]:
     """What a deployment will run, for --dry-run: each node's exact command line (ports not
-    fixed by the config are chosen at start), then the worker that talks to the head."""
+    fixed by the config are chosen at start), then the worker that talks to the head.
+    ``placed_by_ray``: the nodes are a Ray placement group's bundles, the head's address
+    that of the node Ray puts it on."""
     launch: Launch = variant.launch
     assert launch.deployment is not None
     port: int | str = launch.port if launch.port is not None else "<free port>"
@@ -379,13 +395,15 @@ def planned_node_lines(variant: Any, model_path: str, variant_dir: Path) -> list
     forwarded = {**variant.env_overrides, "EVALPIPE_PROBES": "<the variant's probe spec>", "EVALPIPE_RUN_ID": "<run id>",
                  DEPLOYMENT_ENV: "<a token of this start>",
                  "PYTHONPATH": "<evalpipe's probes and package>"}
+    address = launch.deployment.address or ("<the head node's address>" if placed_by_ray else data_parallel_address(launch))
     commands = node_commands(variant.python, launch, {**variant.engine_args, "model": model_path}, port=port,
-                             address=data_parallel_address(launch), rpc_port=rpc_port, vdir=variant_dir,
-                             forwarded=forwarded)
-    lines = [f"deployment over {len(commands)} node(s), data parallel {data_parallel_size(variant.engine_args)}:"]
+                             address=address, rpc_port=rpc_port, vdir=variant_dir, forwarded=forwarded)
+    where = ", each node a bundle of its own Ray placement group" if placed_by_ray else ""
+    lines = [f"deployment over {len(commands)} node(s), data parallel {data_parallel_size(variant.engine_args)}{where}:"]
     for command in commands:
         lines.append(f"  {command.role.label}, data-parallel {command.role.describe_ranks()} (log {command.log_path.name}):")
         lines.append("    " + shell_line(redact(command.argv)))
     worker = f"{variant.python} -m evalpipe.worker.main {variant_dir / 'job.json'}"
-    lines.append(worker + f"   (client, here; talks to the head at {head_url(launch, port)})")
+    lines.append(worker + f"   (client, {'on the head node' if placed_by_ray else 'here'}; talks to the head at "
+                          f"{head_url(launch, port)})")
     return lines

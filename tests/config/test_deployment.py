@@ -70,3 +70,13 @@ def test_a_deployment_is_for_serve_mode_and_names_its_launchers_itself():
     with pytest.raises(ValidationError, match="give each node its prefix in `deployment.launchers`"):
         Launch(mode="serve", launcher=["ssh", "a"], deployment={"nodes": 2})
     assert Launch(mode="serve", deployment={"nodes": 2}).deployment == Deployment(nodes=2)
+
+
+def test_ssh_hands_its_words_to_a_shell_and_other_launchers_do_not():
+    from evalpipe.config.deployment import hands_to_shell
+
+    auto = Deployment(nodes=2)
+    assert hands_to_shell(auto, ("ssh", "b")) and hands_to_shell(auto, ("/usr/bin/ssh", "-tt", "b"))
+    assert not hands_to_shell(auto, ("kubectl", "exec", "pod", "--")) and not hands_to_shell(auto, ())
+    assert not hands_to_shell(Deployment(nodes=2, remote_shell=False), ("ssh", "b"))
+    assert hands_to_shell(Deployment(nodes=2, remote_shell=True), ("docker", "exec", "c", "sh", "-c"))

@@ -169,3 +169,18 @@ def test_evalpipe_killed_leaves_no_node_behind(tmp_path):
         proc.wait()
     left = wait_gone("killed", 60)
     assert left == [], describe(left)
+
+
+def test_through_a_shell_launcher_every_word_comes_out_as_it_went_in(tmp_path):
+    """`ssh node cmd args` joins its words into one line for the node's shell, which splits it
+    again (as `sh -c LINE` does here): a JSON engine argument must arrive whole."""
+    launch = Launch.model_validate({**deployed([[], ["ssh", "node1"]]),
+                                    "deployment": {"nodes": 2, "launchers": [[], ["ssh", "node1"]], "headless_command": ["echo"]}})
+    (_, node1) = node_commands(sys.executable, launch, {"model": "m", "data_parallel_size": 2,
+                                                        "compilation_config": {"custom_ops": ["-rotary_embedding"]}},
+                               port=1, address="127.0.0.1", rpc_port=2, vdir=tmp_path, forwarded={"A": "x y"})
+    assert node1.argv[:2] == ["ssh", "node1"]
+    shell = subprocess.run(["sh", "-c", " ".join(node1.argv[2:])], capture_output=True, text=True, timeout=60,
+                           env={"PATH": os.environ["PATH"]})
+    assert shell.stdout.startswith("--model m ") and shell.stdout.rstrip("\n").endswith(
+        '--compilation-config {"custom_ops":["-rotary_embedding"]}'), shell
