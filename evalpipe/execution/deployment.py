@@ -20,10 +20,13 @@ sentence naming the node and its ranks, stops the worker using it and every othe
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import shlex
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 import uuid
@@ -38,11 +41,12 @@ from evalpipe.config.run_config import Launch
 from evalpipe.execution.engine_flags import as_flags, shell_line
 from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
 from evalpipe.execution.serve import SERVER_MODULE, ServesAClient, free_port, url_of
-from evalpipe.probes import NODE_ENV
+from evalpipe.probes import NODE_ENV, SPEC_ENV
 from evalpipe.redact import redact
 
 REAPER_SCRIPT = Path(__file__).with_name("reaper.py")
 DEPLOYMENT_ENV = "EVALPIPE_DEPLOYMENT"
+FETCH_TIMEOUT_S = 120.0  # a node's probe records through its launcher
 HEADLESS_MODULE = "evalpipe.worker.headless"
 
 
@@ -137,8 +141,11 @@ class LocalNode:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.command: NodeCommand | None = None
+        self.deployment: Deployment | None = None
 
     def start(self, command: NodeCommand, env: dict[str, str], forwarded: dict[str, str], grace_s: float) -> None:
+        self.command = command
         with open(command.log_path, "ab") as log:
             log.write((f"$ [{command.role.label}] " + " ".join(redact(command.argv)) + "\n").encode())
             log.flush()
@@ -159,7 +166,22 @@ class LocalNode:
         return ended_how(code)
 
     def bring_back(self, vdir: Path) -> None:
-        return None
+        """A node behind a launcher wrote its probe records on its own disk: fetched through the
+        launcher (tar to stdout), this node's only. Here, or on a shared disk, they are in place."""
+        command = self.command
+        if command is None or not command.role.launcher or self.deployment is None:
+            return
+        records = vdir / "probes"
+        argv = through_launcher(self.deployment, command.role.launcher, ["tar", "-C", str(records), "-cf", "-", "."])
+        fetched = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=FETCH_TIMEOUT_S, check=False)
+        if fetched.returncode != 0:
+            return  # nothing there: the node then shows no record, and the comparison says so naming it
+        mine = f"node{command.role.index}-"
+        with tarfile.open(fileobj=io.BytesIO(fetched.stdout), mode="r") as tar:
+            members = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name.startswith(mine)]
+            for member in members:
+                member.name = Path(member.name).name
+            tar.extractall(records, members=members, filter="data")
 
 
 @dataclass
@@ -205,7 +227,10 @@ class DeploymentProcess(ServesAClient):
         try:
             for i, command in enumerate(self.commands):
                 runner = self.runners[i] if i < len(self.runners) else None
-                node = _Node(command, runner or LocalNode())
+                if runner is None:
+                    runner = LocalNode()
+                    runner.deployment = self.deployment
+                node = _Node(command, runner)
                 markers = self.markers(command.role)
                 node.runner.start(command, {**env, **markers}, {**forwarded, **markers}, self.grace_s)
                 self.nodes.append(node)
@@ -376,8 +401,12 @@ def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port
     address = launch.deployment.address or places.address if places is not None else data_parallel_address(launch)
     rpc_port = launch.deployment.rpc_port or free_port(launch.host)
     token = uuid.uuid4().hex
+    forwarded = {**forwarded_env(env), DEPLOYMENT_ENV: token}
+    spec = Path(forwarded.get(SPEC_ENV, ""))
+    if spec.is_file():  # a node behind a launcher may not see this file: it gets the spec itself
+        forwarded[SPEC_ENV] = json.dumps(json.loads(spec.read_text(encoding="utf-8")), separators=(",", ":"))
     commands = node_commands(python, launch, engine_args, port=port, address=address, rpc_port=rpc_port, vdir=vdir,
-                             forwarded={**forwarded_env(env), DEPLOYMENT_ENV: token})
+                             forwarded=forwarded)
     return DeploymentProcess(commands=commands, url=head_url(launch, port), grace_s=launch.stop_grace_s,
                              ready_timeout_s=launch.ready_timeout_s, token=token, deployment=launch.deployment,
                              runners=list(places.runners) if places is not None else [])
@@ -392,7 +421,7 @@ def planned_node_lines(variant: Any, model_path: str, variant_dir: Path, placed_
     assert launch.deployment is not None
     port: int | str = launch.port if launch.port is not None else "<free port>"
     rpc_port: int | str = launch.deployment.rpc_port if launch.deployment.rpc_port is not None else "<free port>"
-    forwarded = {**variant.env_overrides, "EVALPIPE_PROBES": "<the variant's probe spec>", "EVALPIPE_RUN_ID": "<run id>",
+    forwarded = {**variant.env_overrides, SPEC_ENV: "<the variant's probe spec, inline>", "EVALPIPE_RUN_ID": "<run id>",
                  DEPLOYMENT_ENV: "<a token of this start>",
                  "PYTHONPATH": "<evalpipe's probes and package>"}
     address = launch.deployment.address or ("<the head node's address>" if placed_by_ray else data_parallel_address(launch))

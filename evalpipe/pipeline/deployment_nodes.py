@@ -100,7 +100,8 @@ class RayNode:
 
     def start(self, command: NodeCommand, env: dict[str, str], forwarded: dict[str, str], grace_s: float) -> None:
         spec = forwarded.get(SPEC_ENV) or env.get(SPEC_ENV)
-        files = {spec: Path(spec).read_bytes()} if spec and Path(spec).is_file() else {}
+        inline = spec is not None and spec.lstrip().startswith("{")
+        files = {spec: Path(spec).read_bytes()} if spec and not inline and Path(spec).is_file() else {}
         if spec:
             forwarded = {**forwarded, SPEC_ENV: spec}
         self.ray.get(self.actor.start.remote(command.argv, forwarded, str(command.log_path), grace_s, files))

@@ -40,8 +40,14 @@ def active() -> bool:
 
 
 def read_spec(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
+    """The spec file at ``path``, or the spec itself when ``path`` is its JSON (a deployment's
+    node on another machine gets it on its command line: the file is not there)."""
+    if path.lstrip().startswith("{"):
+        spec = json.loads(path)
+        path = "the inline spec"
+    else:
+        with open(path, encoding="utf-8") as fh:
+            spec = json.load(fh)
     if spec.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{path}: probe spec version {spec.get('schema_version')!r}, this probe reads {SCHEMA_VERSION}")
     return spec

@@ -184,3 +184,24 @@ def test_through_a_shell_launcher_every_word_comes_out_as_it_went_in(tmp_path):
                            env={"PATH": os.environ["PATH"]})
     assert shell.stdout.startswith("--model m ") and shell.stdout.rstrip("\n").endswith(
         '--compilation-config {"custom_ops":["-rotary_embedding"]}'), shell
+
+
+def test_a_node_s_records_come_back_through_its_launcher_and_only_that_node_s(tmp_path):
+    """A node behind a launcher writes its probe records on its own disk; evalpipe fetches them
+    through the launcher (tar to stdout). The stand-in launcher ignores the command it gets
+    and packs a directory that plays the node's disk."""
+    from evalpipe.config.deployment import Deployment, NodeRole
+    from evalpipe.execution.deployment import LocalNode, NodeCommand
+
+    remote = tmp_path / "node1-disk"
+    remote.mkdir()
+    (remote / "node1-77.json").write_text('{"node": "1"}')
+    (remote / "node0-76.json").write_text('{"node": "0"}')  # another node's: not taken from there
+    launcher = ("sh", "-c", f'tar -C "{remote}" -cf - .', "ignored")
+    runner = LocalNode()
+    runner.deployment = Deployment(nodes=2, remote_shell=False)
+    runner.command = NodeCommand(NodeRole(1, 1, 1, launcher), [*launcher, "x"], tmp_path / "node-1.log")
+    vdir = tmp_path / "variant"
+    runner.bring_back(vdir)
+    assert sorted(p.name for p in (vdir / "probes").iterdir()) == ["node1-77.json"]
+    assert (vdir / "probes" / "node1-77.json").read_text() == '{"node": "1"}'

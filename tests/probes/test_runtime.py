@@ -685,3 +685,17 @@ def test_a_spec_that_cannot_be_read_leaves_the_process_alone(runs):
     assert not broken["marked"]["initialize_model"]
     assert broken["chained"] is not None, "the shadowed sitecustomize still runs"
     assert not (runs["root"] / "bad-out").exists()
+
+
+def test_a_spec_given_inline_reads_as_the_file_would(tmp_path):
+    """A deployment's node behind a launcher gets the spec itself in EVALPIPE_PROBES (the file
+    is on another machine); a spec of another version is refused either way."""
+    from evalpipe.probes import SCHEMA_VERSION
+    from evalpipe.probes.runtime import read_spec
+
+    spec = {"schema_version": SCHEMA_VERSION, "variant": "v", "out_dir": str(tmp_path)}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert read_spec(json.dumps(spec)) == read_spec(str(path)) == spec
+    with pytest.raises(ValueError, match="the inline spec: probe spec version 99"):
+        read_spec(json.dumps({**spec, "schema_version": 99}))
