@@ -124,6 +124,10 @@ class Launch(LaunchFields):
         if self.deployment is not None and self.mode != "serve":
             raise ValueError(f"`deployment` starts an engine over several nodes, which needs mode `serve` (not `{self.mode}`); "
                              "set mode: serve, or remove `deployment` (an endpoint is started by others).")
+        if self.deployment is not None and self.deployment.launchers and self.deployment.launchers[0] and \
+                (self.port is None or self.deployment.rpc_port is None):
+            raise ValueError("a head started through a launcher needs its ports fixed: set `port` and `deployment.rpc_port` "
+                             "(a free port chosen here says nothing of the head's node).")
         if self.deployment is not None and self.launcher:
             raise ValueError("`launcher` runs the one server of a variant; a deployment runs a process per node: "
                              "give each node its prefix in `deployment.launchers` and remove `launcher`.")

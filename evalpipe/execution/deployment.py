@@ -46,6 +46,7 @@ from evalpipe.redact import redact
 
 REAPER_SCRIPT = Path(__file__).with_name("reaper.py")
 DEPLOYMENT_ENV = "EVALPIPE_DEPLOYMENT"
+RUN_ID_ENV = "EVALPIPE_RUN_ID"  # every process a run starts carries it (evalpipe.pipeline.plan)
 FETCH_TIMEOUT_S = 120.0  # a node's probe records through its launcher
 HEADLESS_MODULE = "evalpipe.worker.headless"
 
@@ -90,6 +91,15 @@ def node_commands(python: str, launch: Launch, engine_args: dict[str, Any], *, p
         argv = through_launcher(deployment, role.launcher, words)
         commands.append(NodeCommand(role=role, argv=argv, log_path=node_log(vdir, role.index)))
     return commands
+
+
+def reap_through(deployment: Deployment, role: NodeRole, marker: list[str], grace_s: float) -> None:
+    """The reaper on ``role``'s node, through its launcher (``marker``: a deployment's token,
+    or ``--run RUN_ID``); a node it cannot reach is left as it is."""
+    words = ["python3", "-I", str(REAPER_SCRIPT), *marker, str(role.index), f"{grace_s:g}"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(through_launcher(deployment, role.launcher, words), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=grace_s + 30, check=False)
 
 
 def through_launcher(deployment: Deployment, launcher: tuple[str, ...] | list[str], words: list[str]) -> list[str]:
@@ -146,6 +156,10 @@ class LocalNode:
 
     def start(self, command: NodeCommand, env: dict[str, str], forwarded: dict[str, str], grace_s: float) -> None:
         self.command = command
+        run_id = env.get(RUN_ID_ENV)
+        if command.role.launcher and run_id and self.deployment is not None:
+            # what an earlier attempt of this run left there (evalpipe killed: no reaper ran)
+            reap_through(self.deployment, command.role, ["--run", run_id], grace_s)
         with open(command.log_path, "ab") as log:
             log.write((f"$ [{command.role.label}] " + " ".join(redact(command.argv)) + "\n").encode())
             log.flush()
@@ -337,19 +351,11 @@ class DeploymentProcess(ServesAClient):
         self._reap_remote()
 
     def _reap_remote(self) -> None:
-        """Through each remote node's launcher, end what the run left there (a launcher
+        """Through each remote node's launcher, end what the deployment left there (a launcher
         that does not pass on its own end, such as kubectl exec)."""
         for node in self.nodes:
-            role = node.command.role
-            if not role.launcher:
-                continue
-            python = "python3"
-            argv = [*role.launcher, python, "-I", str(REAPER_SCRIPT), self.token, str(role.index), f"{self.grace_s:g}"]
-            if self.deployment is not None:
-                argv = through_launcher(self.deployment, role.launcher, argv[len(role.launcher):])
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               timeout=self.grace_s + 30, check=False)
+            if node.command.role.launcher and self.deployment is not None:
+                reap_through(self.deployment, node.command.role, [self.token], self.grace_s)
 
     def stop(self) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """End what a run left on one node of a deployment.
 
     python3 -I reaper.py DEPLOYMENT NODE GRACE_S
+    python3 -I reaper.py --run RUN_ID NODE GRACE_S
 
 Run on the node through its launcher (`ssh NODE python3 -I .../reaper.py ...`) when
 evalpipe stops a deployment: a launcher such as `kubectl exec` does not pass its own end
@@ -10,6 +11,12 @@ and EVALPIPE_NODE in its environment; this sends them SIGTERM, waits up to GRACE
 then SIGKILLs what is left, and prints how many it ended. Processes of other deployments
 (another variant, another run, the same run started again), other nodes and other users'
 are left alone.
+
+With --run, what an earlier attempt of the run left on the node (evalpipe killed with
+SIGKILL, which runs no reaper, behind a launcher that does not pass that end on): every
+process of any deployment of that run on that node. evalpipe runs it there before it starts
+a node again (a resumed run's variants run one after another, so none of the run's own is
+running then).
 
 Standard library only, run with -I: the node's Python may have nothing of evalpipe's.
 """
@@ -25,9 +32,13 @@ DEPLOYMENT_ENV = b"EVALPIPE_DEPLOYMENT="
 NODE_ENV = b"EVALPIPE_NODE="
 
 
-def marked(deployment: str, node: str) -> list[int]:
-    """The live processes whose environment names this deployment and this node."""
-    want = {DEPLOYMENT_ENV + deployment.encode(), NODE_ENV + node.encode()}
+RUN_ENV = b"EVALPIPE_RUN_ID="
+
+
+def marked(deployment: str, node: str, by_run: bool = False) -> list[int]:
+    """The live processes whose environment names this deployment (or, ``by_run``, this run,
+    in a deployment) and this node."""
+    want = {(RUN_ENV if by_run else DEPLOYMENT_ENV) + deployment.encode(), NODE_ENV + node.encode()}
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -39,22 +50,23 @@ def marked(deployment: str, node: str) -> list[int]:
                 state = fh.read().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if want <= entries and state != b"Z":
+        in_deployment = any(e.startswith(DEPLOYMENT_ENV) for e in entries)
+        if want <= entries and in_deployment and state != b"Z":
             found.append(int(name))
     return found
 
 
-def reap(deployment: str, node: str, grace_s: float) -> int:
-    victims = marked(deployment, node)
+def reap(deployment: str, node: str, grace_s: float, by_run: bool = False) -> int:
+    victims = marked(deployment, node, by_run)
     for pid in victims:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s
-    while marked(deployment, node) and time.monotonic() < deadline:
+    while marked(deployment, node, by_run) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in marked(deployment, node):
+    for pid in marked(deployment, node, by_run):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -63,12 +75,14 @@ def reap(deployment: str, node: str, grace_s: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: reaper.py DEPLOYMENT NODE GRACE_S", file=sys.stderr)
+    by_run = argv[:1] == ["--run"]
+    args = argv[1:] if by_run else argv
+    if len(args) != 3:
+        print("usage: reaper.py [--run] DEPLOYMENT|RUN_ID NODE GRACE_S", file=sys.stderr)
         return 2
-    deployment, node, grace = argv
-    ended = reap(deployment, node, float(grace))
-    print(f"reaper: ended {ended} process(es) of deployment {deployment} on node {node}")
+    marker, node, grace = args
+    ended = reap(marker, node, float(grace), by_run)
+    print(f"reaper: ended {ended} process(es) of {'run' if by_run else 'deployment'} {marker} on node {node}")
     return 0
 
 

@@ -382,7 +382,7 @@ def _check_units_leave_ray_engines_their_devices(config: RunConfig, planned: lis
     if not config.cluster.enabled:
         return
     for v in planned:
-        if v.launch.mode == "endpoint":
+        if v.launch.mode == "endpoint" or v.launch.deployment is not None:  # a deployment: evalpipe places its nodes
             continue
         demand = config.variants[v.name].resources or config.cluster.resources
         problem = held_devices_problem(v.name, v.engine_args, demand)

@@ -175,9 +175,19 @@ def checks_lines(variant: Any) -> list[str]:
         lines.append(f"in every forward pass: {count if isinstance(count, int) else count.describe()} x {key}")
     for key, value in expect.switches.items():
         lines.append(f"switch as the engine resolved it: {key} = {value!r}")
+    deployment = variant.launch.deployment
+    if deployment is not None and not variant.server_of:
+        lines.append(f"every one of its {deployment.nodes} nodes built the model" +
+                     (" and called " + ", ".join(expect.called) if expect.called else ""))
+    if expect.deployment is not None:
+        shape = expect.deployment
+        parts = [f"{shape.nodes} nodes" if shape.nodes is not None else "",
+                 f"data-parallel ranks per node {shape.ranks_per_node}" if shape.ranks_per_node is not None else "",
+                 f"data_parallel_size {shape.data_parallel_size} in every process" if shape.data_parallel_size else ""]
+        lines.append("deployment as its processes show it: " + ", ".join(p for p in parts if p))
     if expect.same_path:
         lines.append("meant to run the reference's code (an A/A pair)")
-    if not expect.declares():
+    if not expect.declares() and deployment is None:
         lines.append("no expectations: passes only if its probe profile differs from the reference's or its outputs "
                      "are not identical (else INCONCLUSIVE)")
     return lines

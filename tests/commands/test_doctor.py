@@ -113,18 +113,21 @@ def test_the_cluster_profile_places_each_ascend_engine_on_an_a3_node_of_its_own(
     assert proc.returncode == 2 and "does not exist" in proc.stderr and list(tmp_path.iterdir()) == []
 
 
-def test_the_ray_profile_leaves_the_npus_to_vllms_own_placement_and_refuses_a_unit_that_holds_them(tmp_path):
-    profile = PROFILES / "glm5-dsa-cluster-ray.yaml"
-    config = load_config(profile)
-    assert config.engine["data_parallel_backend"] == "ray" and config.engine["tensor_parallel_size"] == 16
-    assert config.cluster.resources == {"CPU": 8.0} and config.cluster.concurrency == 3
-    proc = evalpipe("run", "gsm8k", "-c", str(profile), "--dry-run", "--output", str(tmp_path), cwd=tmp_path)
+def test_vllms_own_ray_backend_leaves_the_npus_to_its_placement_and_a_unit_that_holds_them_is_refused(tmp_path):
+    """The A/B with vLLM's Ray data-parallel backend (what glm5-dsa-cluster-ray.yaml was before
+    deployments; it is one now: tests/commands/test_ascend_deployments.py)."""
+    ray_backend = tmp_path / "ray-backend.yaml"
+    ray_backend.write_text(f"extends: {PROFILES / 'glm5-dsa-a3.yaml'}\n"
+                           "engine: {tensor_parallel_size: 16, data_parallel_size: 2, data_parallel_backend: ray}\n"
+                           "expect: {switches: {tensor_parallel_size: 16}}\n"
+                           "cluster: {address: auto, resources: {CPU: 8}, concurrency: 3}\n")
+    proc = evalpipe("run", "gsm8k", "-c", str(ray_backend), "--dry-run", "--output", str(tmp_path / "runs"), cwd=tmp_path)
     out = " ".join(proc.stdout.split())
     for name in ("legacy", "legacy-aa", "sp"):
         assert f"{name} asks for {{CPU: 8}} and its engine places its 32 rank(s) itself through Ray (data_parallel_backend: ray)" in out
     assert proc.returncode == 2 and "does not exist" in proc.stderr  # the model: on the A3 nodes, not here
     holding = tmp_path / "holding.yaml"
-    holding.write_text(f"extends: {profile}\ncluster: {{resources: {{NPU: 16, CPU: 8}}}}\n")
+    holding.write_text(f"extends: {ray_backend}\ncluster: {{resources: {{NPU: 16, CPU: 8}}}}\n")
     refused = evalpipe("run", "gsm8k", "-c", str(holding), "--dry-run", "--output", str(tmp_path / "runs"), cwd=tmp_path)
     said = " ".join(refused.stderr.split())
     assert refused.returncode == 2 and "variant `legacy`: its engine places its 32 rank(s) itself through Ray" in said

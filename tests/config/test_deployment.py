@@ -80,3 +80,13 @@ def test_ssh_hands_its_words_to_a_shell_and_other_launchers_do_not():
     assert not hands_to_shell(auto, ("kubectl", "exec", "pod", "--")) and not hands_to_shell(auto, ())
     assert not hands_to_shell(Deployment(nodes=2, remote_shell=False), ("ssh", "b"))
     assert hands_to_shell(Deployment(nodes=2, remote_shell=True), ("docker", "exec", "c", "sh", "-c"))
+
+
+def test_a_head_behind_a_launcher_has_its_ports_fixed():
+    remote_head = {"nodes": 2, "launchers": [["ssh", "a"], ["ssh", "b"]]}
+    with pytest.raises(ValidationError, match="a head started through a launcher needs its ports fixed"):
+        Launch(mode="serve", deployment=remote_head)
+    with pytest.raises(ValidationError, match="needs its ports fixed"):
+        Launch(mode="serve", port=8000, deployment=remote_head)
+    assert Launch(mode="serve", port=8000, deployment={**remote_head, "rpc_port": 13389}).port == 8000
+    assert Launch(mode="serve", deployment={"nodes": 2, "launchers": [[], ["ssh", "b"]]}).port is None  # the head is here

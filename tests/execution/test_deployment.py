@@ -33,6 +33,9 @@ from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 FAKE_SERVER = [sys.executable, "-m", "evalpipe.worker.fakes.server"]
 STANDIN = ["env", "EVALPIPE_STANDIN_NODE=1"]  # a launcher prefix, as [ssh, node1] would be
+# a launcher that, like `kubectl exec`, stays attached to the command but does not pass its own
+# end on: the command runs in a session of its own, out of the guard's process group
+DETACHED = ["sh", "-c", 'setsid "$@" & wait', "detached"]
 NEVER_JOINS = [sys.executable, "-c", "import time; time.sleep(600)"]  # runs, takes its flags, joins nothing
 TASK = "gsm8k_synth_4shot"
 
@@ -69,7 +72,7 @@ def run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("deployment")
     path = write_config(tmp, {
         "single": {"launch": {"mode": "serve", "command": FAKE_SERVER}},
-        "spread": {"launch": deployed([[], STANDIN]), "expect": {"same_path": True}},
+        "spread": {"launch": deployed([[], DETACHED]), "expect": {"same_path": True}},
         "lost": {"launch": deployed([[], ["env", f"{FAKE_ENGINE_ENV}=fail_start"]])},
         "never": {"launch": deployed([[], STANDIN], ready_timeout_s=8, deployment={"headless_command": NEVER_JOINS})},
     })
@@ -85,7 +88,7 @@ def test_a_deployment_over_two_nodes_answers_as_one_server_and_every_node_is_rec
     assert spread["status"] == "IDENTICAL", run["proc"].stdout[-3000:]
     node1 = (run_dir / "spread" / "node-1.log").read_text()
     # the node was started through its launcher, told its environment on the command line, and joined
-    assert "$ [node 1] env EVALPIPE_STANDIN_NODE=1 env " in node1 and "EVALPIPE_NODE=1" in node1
+    assert "$ [node 1] sh -c setsid \"$@\" & wait detached env " in node1 and "EVALPIPE_NODE=1" in node1
     assert "--headless" in node1 and "--data-parallel-start-rank 1" in node1 and "fake headless node: joined" in node1
     assert "data-parallel ranks [1] joined" in (run_dir / "spread" / "engine.log").read_text()
     processes = json.loads((run_dir / "spread" / "probes.json").read_text())["processes"]
@@ -205,3 +208,50 @@ def test_a_node_s_records_come_back_through_its_launcher_and_only_that_node_s(tm
     runner.bring_back(vdir)
     assert sorted(p.name for p in (vdir / "probes").iterdir()) == ["node1-77.json"]
     assert (vdir / "probes" / "node1-77.json").read_text() == '{"node": "1"}'
+
+
+def test_evalpipe_killed_behind_a_launcher_that_keeps_the_node_running_and_resume_reaps_it_first(tmp_path):
+    """With a launcher that does not pass its end on (as kubectl exec), a SIGKILL of evalpipe
+    leaves the node's process running (no reaper runs then); --resume reaps what the run left
+    on that node before it starts the node again, finishes, and leaves nothing."""
+    # the fake headless node ends when its head goes away; a node whose processes outlive the
+    # head (as a remote one may) is this wrapper, which stays after it
+    stays = ["sh", "-c", '"$0" -m evalpipe.worker.fakes.server "$@"; sleep 600', sys.executable]
+    path = write_config(tmp_path, {"single": {"launch": {"mode": "serve", "command": FAKE_SERVER}},
+                                   "spread": {"launch": deployed([[], DETACHED], deployment={"headless_command": stays}),
+                                              "expect": {"same_path": True}}})
+    args = [sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3", "--run-id", "orphan"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=fake_env(EVALPIPE_FAKE_ENGINE="delay=0.5"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "runs" / "orphan" / "spread" / "node-1.log"
+    try:
+        while "fake headless node: joined" not in (log.read_text() if log.is_file() else ""):
+            assert proc.poll() is None, "the run ended before its node joined"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+    # the guards take down what runs here; the node's process, out of their reach, stays
+    _wait_until(lambda: processes_of("orphan") and all(_on_node_1(pid) for pid in processes_of("orphan")))
+    orphans = processes_of("orphan")
+    done = subprocess.run([*args, "--resume", str(tmp_path / "runs" / "orphan")], cwd=tmp_path, env=fake_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not any(pid in orphans for pid in processes_of("orphan")), "the earlier attempt's node was reaped"
+    left = wait_gone("orphan", 60)
+    assert left == [], describe(left)
+
+
+def _on_node_1(pid: int) -> bool:
+    try:
+        return b"EVALPIPE_NODE=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return True  # gone meanwhile: not one that stays
+
+
+def _wait_until(condition, limit_s: float = 120) -> None:
+    """Wait for a state; the limit only keeps a broken run from hanging the suite."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "the state never came"
+        time.sleep(0.2)

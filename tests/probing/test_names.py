@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import evalpipe
+from evalpipe.config.deployment import Deployment
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
 from evalpipe.probing import names as P
@@ -276,8 +277,9 @@ def test_resolve_plan_looks_up_once_per_interpreter_and_skips_endpoints(monkeypa
 
 
 def test_checks_lines():
-    def variant(mode="offline", **expect):
-        return SimpleNamespace(expect=Expectations.model_validate(expect), launch=SimpleNamespace(mode=mode))
+    def variant(mode="offline", launched=None, **expect):
+        return SimpleNamespace(expect=Expectations.model_validate(expect), server_of=None,
+                               launch=SimpleNamespace(mode=mode, deployment=launched))
 
     lines = checks_lines(variant(model="pkg.m.Model", layers=["pkg.m.A", "pkg.m.B"], called=["pkg.m.f"], not_called=["pkg.m.g"],
                                  per_forward={"all_gather": 2, "pkg.m.f": {"min": 1, "max": 3}},
@@ -293,6 +295,12 @@ def test_checks_lines():
         "meant to run the reference's code (an A/A pair)",
     ]
     assert checks_lines(variant())[0].startswith("no expectations: passes only if")
+    # a deployment's nodes are checked whatever the expectations say, and its shape as stated
+    deployed = checks_lines(variant("serve", Deployment(nodes=2), called=["pkg.m.f"],
+                                    deployment={"nodes": 2, "ranks_per_node": 1, "data_parallel_size": 2}))
+    assert deployed[-2:] == ["every one of its 2 nodes built the model and called pkg.m.f",
+                             "deployment as its processes show it: 2 nodes, data-parallel ranks per node 1, "
+                             "data_parallel_size 2 in every process"]
     assert checks_lines(variant("endpoint", model="pkg.m.Model")) == [
         "path not verifiable in endpoint mode: the server runs outside evalpipe, its code cannot be probed "
         "(the verdict is INCONCLUSIVE)"]
