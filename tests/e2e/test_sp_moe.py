@@ -1,8 +1,12 @@
 """configs/sp_moe.yaml end to end: vLLM's own DeepseekV2DecoderLayer on the built-in
 tiny-moe at data parallel 2 x tensor parallel 2 + expert parallel, served (8 engine
-processes, real collectives), with evalpipe's CPU workarounds. One run of the three
-variants (no A/A: its floor is the numerics floor), then `evalpipe localize` with decode
-steps; docs/sp-moe.md explains what is asserted here."""
+processes, real collectives), with evalpipe's CPU workarounds, each engine launched as the
+users' deployment: one engine over two nodes of a loopback Ray cluster (a head serving HTTP
+with data-parallel rank 0, a headless node with rank 1, each node's processes started by
+evalpipe's actor on that node; docs/deployments.md). One run of the three variants and the
+reference's A/A run on its server, then `evalpipe localize` with decode steps (locally: the
+same deployment with both nodes here); docs/sp-moe.md explains what is asserted here. The
+same layout on one node, unlaunched, is the sampled test at the end."""
 
 from __future__ import annotations
 
@@ -12,11 +16,13 @@ from pathlib import Path
 import in_process
 import pytest
 import yaml
+from processes import wait_gone
+from ray_cluster import leftovers, local_cluster
 
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 8.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 11  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 4
 
@@ -24,18 +30,26 @@ LIMIT = 4
 @pytest.fixture(scope="module")
 def sp_run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("sp_moe")
-    cfg = {
-        "extends": str(default_config().with_name("sp_moe.yaml")),
-        "output": str(tmp / "runs"),
-        "noise_floor": False,
-        "localize": "off",
-    }
-    path = tmp / "sp_moe.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    run = in_process.evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "sp", cwd=tmp)
+    with local_cluster([{"CPU": 1.0}, {"CPU": 1.0}]) as cluster:
+        cfg = {
+            "extends": str(default_config().with_name("sp_moe.yaml")),
+            "output": str(tmp / "runs"),
+            # the A/A run on the reference's deployment: the floor of its engine, no fourth engine start
+            "noise_floor": {"reuse_server": True},
+            "localize": "off",
+            "launch": {"deployment": {"nodes": 2}},
+            "expect": {"deployment": {"nodes": 2, "ranks_per_node": 1, "data_parallel_size": 2}},
+            # one engine at a time: each is 8 processes on this machine's two cores
+            "cluster": {"address": cluster.address, "concurrency": 1, "scratch": str(tmp / "scratch")},
+        }
+        path = tmp / "sp_moe.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        run = in_process.evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "sp", cwd=tmp,
+                                  env={"RAY_AUTH_MODE": "disabled"})
+        left = leftovers(cluster)
     run_dir = tmp / "runs" / "sp"
     loc = in_process.evalpipe("localize", str(run_dir), "--variant", "sp", "--samples", "1", "--decode-steps", "2", cwd=tmp)
-    return {"run": run, "localize": loc, "dir": run_dir}
+    return {"run": run, "localize": loc, "dir": run_dir, "left": left}
 
 
 def _verdicts(run_dir: Path) -> dict[str, str]:
@@ -46,8 +60,11 @@ def _verdicts(run_dir: Path) -> dict[str, str]:
 def test_sp_is_divergent_and_its_fix_equivalent(sp_run):
     run = sp_run["run"]
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-4000:]  # the verdict's code: DIVERGENT
+    # the one-node run's verdicts (docs/sp-moe.md), the A/A run on the reference's deployment
     assert _verdicts(sp_run["dir"]) == {"sp": "DIVERGENT", "sp_fixed": "EQUIVALENT"}
     compare = json.loads((sp_run["dir"] / "compare.json").read_text())
+    assert compare["noise_floor"]["variant"] == "replicated-aa"
+    assert compare["noise_floor"]["status"] in ("IDENTICAL", "EQUIVALENT"), compare["noise_floor"]["reasons"]
     sp = next(c for c in compare["comparisons"] if c["variant"] == "sp")
     failed = {g["gate"] for g in sp["gates"] if g["status"] == "fail"}
     assert "free_hard_divergences" in failed or "free_kl_max" in failed, failed
@@ -77,6 +94,28 @@ def test_the_probes_show_sp_exactly_where_vllm_puts_it_and_the_skipped_gathers(s
         assert ranges["0"] == [1, 1] and ranges["2"][0] >= 2, ranges
     fixed = _worker_forwards(run_dir, "sp_fixed")
     assert all(m["per_forward"]["all_gather@tp"] == {"2": m["forwards"]} for m in fixed)
+
+
+def test_every_engine_ran_over_two_nodes_with_each_rank_where_its_node_is(sp_run):
+    """What ran, node x rank: each node's engine core and its two TP workers built the model
+    and served that node's data-parallel rank, as each resolved it; the Ray run left nothing."""
+    run_dir = sp_run["dir"]
+    for variant in ("replicated", "sp", "sp_fixed"):
+        probes = json.loads((run_dir / variant / "probes.json").read_text())
+        assert probes["deployment_nodes"] == 2
+        workers = [p for p in probes["processes"] if p["role"] == "worker" and p["models"]]
+        assert sorted((p["node"], p["switches"]["dp_rank"]) for p in workers) == [("0", 0), ("0", 0), ("1", 1), ("1", 1)], \
+            [(p["node"], p["switches"].get("dp_rank")) for p in workers]
+        assert (run_dir / variant / "node-1.log").is_file(), "node 1's log came back from its node"
+        manifest = json.loads((run_dir / variant / "manifest.json").read_text())
+        assert manifest["probes"]["nodes"] == {"0": [0], "1": [1]}, manifest["probes"]["nodes"]
+    compare = json.loads((run_dir / "compare.json").read_text())
+    for comparison in compare["comparisons"]:
+        evidence = " ".join(e for check in comparison["paths"]["checks"] for e in check["evidence"])
+        assert "nodes × data-parallel ranks: node 0: 0; node 1: 1" in evidence, comparison["paths"]
+    assert "nodes × data-parallel ranks" in (run_dir / "report.md").read_text()
+    assert sp_run["left"]["actors"] == [] and sp_run["left"]["groups"] == [], sp_run["left"]
+    assert wait_gone("sp", 30) == []
 
 
 def test_localize_with_decode_steps_names_layer_2s_attention(sp_run):
