@@ -96,6 +96,17 @@ def unplaceable(demands: list[tuple[str, dict[str, float]]], live: list[NodeCapa
     return problems
 
 
+def deployment_short(name: str, demand: dict[str, float], nodes: int, live: list[NodeCapacity]) -> str | None:
+    """A deployment of ``nodes`` nodes, each a bundle of ``demand`` on a node of its own: None
+    when that many live nodes could each hold one, else the sentence saying how many can."""
+    holding = [n for n in live if fits(demand, n.total)]
+    if len(holding) >= nodes:
+        return None
+    return (f"{name} is a deployment over {nodes} nodes, each asking for {describe_resources(demand)} on a node of its "
+            f"own, and {len(holding)} of the {len(live)} live node(s) can hold one; add nodes, or lower `resources:` "
+            "or `launch.deployment.nodes`")
+
+
 def devices_short(ranks: int, live: list[NodeCapacity]) -> str | None:
     """For an engine that places ``ranks`` one-device ranks itself through Ray: None when the
     live nodes hold that many of some device in all, else what they hold."""

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import httpx
 
-from evalpipe.cluster.checks import NodeFacts, devices_short, fits, gather, node_facts, unplaceable, version_problems
+from evalpipe.cluster.checks import NodeFacts, deployment_short, devices_short, fits, gather, node_facts, unplaceable, version_problems
 from evalpipe.cluster.session import ClusterUnavailable, connect, describe_cluster, describe_nodes, describe_resources, disconnect, nodes
 from evalpipe.commands.deployment_checks import check_deployments
 from evalpipe.config.errors import ConfigError
@@ -35,7 +35,7 @@ from evalpipe.execution.serve import port_is_free
 from evalpipe.install import PACKAGE_DIR, code_version, shipped_dir
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
 from evalpipe.paths import data_dir
-from evalpipe.pipeline.on_cluster import demand_of, units_of
+from evalpipe.pipeline.on_cluster import demand_of, nodes_of, units_of
 from evalpipe.pipeline.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
 from evalpipe.probing import backends
 from evalpipe.probing.names import check_variant, checks_lines, probed_names, resolve
@@ -309,6 +309,8 @@ def _check_cluster(plan: RunPlan, model_path: Path | None, add) -> None:
         units = units_of(plan, kept=[])
         demands = [(" + ".join(v.name for v in unit), demand_of(plan, unit)) for unit in units]
         problems = unplaceable(demands, live, plan.config.cluster.distinct_nodes)
+        problems += [short for unit, (name, demand) in zip(units, demands)
+                     if (short := deployment_short(name, demand, nodes_of(unit), live)) is not None]
         add("cluster", "placeable", not problems,
             "; ".join(problems) + f"; the cluster has {describe_nodes(live)}" if problems
             else f"{len(units)} unit(s) fit{' on distinct nodes' if plan.config.cluster.distinct_nodes else ''}: "

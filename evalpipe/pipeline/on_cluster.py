@@ -24,8 +24,9 @@ from typing import Any, Callable
 from rich.markup import escape
 
 from evalpipe.cluster import transfer
+from evalpipe.cluster.checks import deployment_short
 from evalpipe.cluster.placement import PlacementFailed, Slot, asked_spread, one_group, release, spread_group, wait_ready
-from evalpipe.cluster.session import connect, describe_resources, disconnect
+from evalpipe.cluster.session import connect, describe_nodes, describe_resources, disconnect, nodes
 from evalpipe.config.cluster import ClusterSettings
 from evalpipe.documents.run_doc import VariantPlacement
 from evalpipe.documents.worker_events import read_event
@@ -332,8 +333,14 @@ def run_on_cluster(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, n
     where = "the shared run directory" if settings.shared_filesystem else f"node scratch {settings.scratch}"
     reporter.step(f"[bold]cluster[/] {escape(cluster.address)}: {len(units)} unit(s) "
                   f"({', '.join(' + '.join(v.name for v in u) for u in units)}), writing to {escape(where)}")
-    slots: list[Slot | None] = [None] * len(units)
     pending = {v.name for u in units for v in u}
+    live = [n for n in nodes(cluster.ray) if n.alive]
+    for unit in [u for u in units if nodes_of(u) > 1]:  # a deployment the cluster cannot spread: fails before it starts
+        short = deployment_short(" + ".join(v.name for v in unit), demand_of(plan, unit), nodes_of(unit), live)
+        if short is not None:
+            cluster._fail_rest(unit, set(), f"{short}; the cluster has {describe_nodes(live)}", ExitCode.USER_ERROR, None)
+            units.remove(unit)
+    slots: list[Slot | None] = [None] * len(units)
     pool = ThreadPoolExecutor(max_workers=len(units) if settings.distinct_nodes else (settings.concurrency or len(units)),
                               thread_name_prefix="evalpipe-unit")
     try:

@@ -65,3 +65,26 @@ def test_an_address_nothing_answers_on_fails_at_once(tmp_path):
     assert time.monotonic() - started < 60
     assert done.returncode == 2 and f"FAIL cluster reachable cannot reach the Ray cluster at 127.0.0.1:{port}" in out, out
     assert "Traceback" not in done.stderr
+
+
+def test_a_deployment_needs_as_many_nodes_as_it_spans(cluster, tmp_path):
+    """Three live nodes: a two-node deployment fits, a four-node one is named with what can hold it."""
+    def deployed(nodes: int) -> dict:
+        return {"engine": {"data_parallel_size": nodes},
+                "launch": {"mode": "serve", "deployment": {"nodes": nodes}}}
+
+    done, out = doctor(tmp_path, {"two": deployed(2), "four": deployed(4)}, {"address": cluster.address})
+    assert ("FAIL cluster placeable four is a deployment over 4 nodes, each asking for {CPU: 1} on a node of its own, "
+            "and 3 of the 3 live node(s) can hold one") in out, out
+    assert "two is a deployment" not in out
+
+
+def test_deployment_short_counts_the_nodes_that_can_hold_a_bundle():
+    from evalpipe.cluster.checks import deployment_short
+    from evalpipe.cluster.session import NodeCapacity
+
+    live = [NodeCapacity(node_id=str(i), ip="127.0.0.1", hostname="h", total={"CPU": 1.0, "NPU": npu}, alive=True)
+            for i, npu in enumerate((16.0, 16.0, 8.0))]
+    assert deployment_short("v", {"NPU": 16.0}, 2, live) is None
+    short = deployment_short("v", {"NPU": 16.0}, 3, live)
+    assert short is not None and "2 of the 3 live node(s) can hold one" in short

@@ -389,3 +389,18 @@ def test_a_deployment_s_node_that_dies_fails_only_its_variant_and_resume_finishe
                 node.stop()
     assert wait_gone("deployment-dies", 30) == []
     assert leftovers(cluster)["actors"] == [] and leftovers(cluster)["groups"] == []
+
+
+def test_a_deployment_over_more_nodes_than_the_cluster_has_fails_before_it_starts(cluster, tmp_path):
+    variants = {"ref": {}, "wide": {**_deployed(), "engine": {"tokenizer": "no-local-tokenizer", "data_parallel_size": 4},
+                                    "launch": {**_deployed()["launch"], "deployment": {"nodes": 4, "headless_command": FAKE_SERVER}},
+                                    "expect": {"same_path": True}}}
+    path = write_config(tmp_path, "too-wide", variants, {"address": cluster.address})
+    done = evalpipe("run", "gsm8k", "-c", str(path), "--limit", "2", "--run-id", "too-wide", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    info = run_json(tmp_path / "runs" / "too-wide")
+    assert info["variant_status"]["ref"]["exit_code"] == 0
+    error = info["variant_status"]["wide"]["error"]
+    assert "wide is a deployment over 4 nodes" in error and "3 of the 3 live node(s) can hold one" in error, error
+    assert "wide" not in info.get("placements", {}), "nothing of it was placed"
+    assert_nothing_left(cluster, "too-wide")

@@ -132,16 +132,20 @@ def test_localize_with_decode_steps_names_layer_2s_attention(sp_run):
     assert doc["not_reassembled"] == []
 
 
-def test_sampling_catches_the_single_token_bug_too(tmp_path):
+def test_sampling_catches_the_single_token_bug_too_through_a_launcher_per_node(tmp_path):
     """The same bug under sampled decoding with common random numbers (temperature 0.6, two
     samples per item, seeded alike on both sides): the one-token forward passes still draw
-    from another distribution, so sp's samples leave the replicated layout's."""
+    from another distribution, so sp's samples leave the replicated layout's. Each engine is
+    the same two-node deployment without Ray: node 1 started through a launcher prefix that
+    stands in for ssh on one machine."""
     cfg = {
         "extends": str(default_config().with_name("sp_moe.yaml")),
         "output": str(tmp_path / "runs"),
         "noise_floor": False,
         "localize": "off",
         "sampling": {"temperature": 0.6, "samples": 2},
+        "launch": {"deployment": {"nodes": 2, "launchers": [[], ["env", "EVALPIPE_STANDIN_NODE=1"]]}},
+        "expect": {"deployment": {"nodes": 2, "ranks_per_node": 1, "data_parallel_size": 2}},
     }
     path = tmp_path / "sampled.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -155,3 +159,8 @@ def test_sampling_catches_the_single_token_bug_too(tmp_path):
     assert sp["samples"] == {"a": 6, "b": 6}
     failed = {g["gate"] for g in sp["gates"] if g["status"] == "fail"}
     assert "free_hard_divergences" in failed or "free_kl_max" in failed, failed
+    assert sp["paths"]["status"] == "verified", sp["paths"]
+    assert "nodes × data-parallel ranks: node 0: 0; node 1: 1" in " ".join(
+        e for check in sp["paths"]["checks"] for e in check["evidence"]), sp["paths"]
+    node1 = (run_dir / "sp" / "node-1.log").read_text()
+    assert node1.startswith("$ [node 1] env EVALPIPE_STANDIN_NODE=1 env ") and "--headless" in node1
