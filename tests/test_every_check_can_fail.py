@@ -181,6 +181,8 @@ FAILING_RECORDS: dict[str, Callable[[], tuple[str, ...]]] = {
     # the sp layout's "no all-gather": broken by one all-gather in each pass
     "per_forward": lambda: _side_fails({"per_forward": {"all_gather@tp": 0}}, probes(per_forward={"all_gather@tp": {"1": 4}})),
     "switches": lambda: _side_fails({"switches": {"max_num_seqs": 64}}, probes(switches={"max_num_seqs": 7})),
+    # a deployment over two nodes whose processes all ran on one (or never said where)
+    "deployment": lambda: _side_fails({"deployment": {"nodes": 2}}, probes(processes=2)),
 }
 
 
