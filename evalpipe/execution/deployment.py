@@ -404,7 +404,10 @@ def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port
                   env: dict[str, str], places: NodePlaces | None = None) -> DeploymentProcess:
     """The deployment of a variant, not started yet: its ports chosen, every node's command line derived."""
     assert launch.deployment is not None
-    address = launch.deployment.address or places.address if places is not None else data_parallel_address(launch)
+    if launch.deployment.address:
+        address = launch.deployment.address
+    else:  # Ray put the head on the unit's node: its address, else the one the head binds here
+        address = places.address if places is not None else data_parallel_address(launch)
     rpc_port = launch.deployment.rpc_port or free_port(launch.host)
     token = uuid.uuid4().hex
     forwarded = {**forwarded_env(env), DEPLOYMENT_ENV: token}

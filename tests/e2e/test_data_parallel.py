@@ -2,7 +2,7 @@
 configuration vLLM's offline engine refuses, run end to end on this CPU machine; and the
 same two engine cores as a deployment over two nodes (a head serving HTTP with rank 0, a
 headless node with rank 1, started through a launcher prefix that stands in for ssh), whose
-node killed mid-run fails that variant alone, leaves nothing, and --resume finishes."""
+node killed mid-run fails the variant, leaves nothing, and --resume finishes it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from processes import describe, processes_of, wait_gone
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 5.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 4.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 STANDIN = ["env", "EVALPIPE_STANDIN_NODE=1"]  # a launcher prefix, as [ssh, node1] would be
 SPREAD = {
@@ -116,8 +116,9 @@ def _node_process(run_id: str, node: str) -> int:
 
 
 def test_a_node_killed_mid_run_fails_its_variant_alone_leaves_nothing_and_resume_finishes(tmp_path):
-    args = [sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(_config(tmp_path)), "--limit", "8",
-            "--no-noise-floor", "--output", str(tmp_path), "--run-id", "killed", "--variants", "dp2,spread"]
+    # the deployment alone (a run of one variant compares nothing: INCONCLUSIVE once it finishes, exit 4)
+    args = [sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(_config(tmp_path)), "--limit", "4",
+            "--no-noise-floor", "--output", str(tmp_path), "--run-id", "killed", "--variants", "spread"]
     with open(tmp_path / "out", "w") as out:
         proc = subprocess.Popen(args, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -131,14 +132,15 @@ def test_a_node_killed_mid_run_fails_its_variant_alone_leaves_nothing_and_resume
     said = (tmp_path / "out").read_text()
     assert code == 3, said[-3000:]
     info = json.loads((tmp_path / "killed" / "run.json").read_text())
-    assert info["failed_variants"] == ["spread"] and info["variant_status"]["dp2"]["exit_code"] == 0, info
+    assert info["status"] == "failed" and info["variant_status"]["spread"]["exit_code"] == 3, info
     error = info["variant_status"]["spread"]["error"]
     assert error.startswith("node 1, data-parallel rank 1, was killed by SIGKILL before the variant finished"), error
     left = wait_gone("killed", 60)
     assert left == [], describe(left)
     done = subprocess.run([*args, "--resume", str(tmp_path / "killed")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]  # finished; nothing to compare it with
     info = json.loads((tmp_path / "killed" / "run.json").read_text())
-    assert info["status"] == "ok" and info["verdict"] in ("IDENTICAL", "EQUIVALENT")
+    assert info["status"] == "ok" and info["variant_status"]["spread"]["exit_code"] == 0, info
+    assert (tmp_path / "killed" / "spread" / "tokens.parquet").is_file()
     assert wait_gone("killed", 30) == []

@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         print(f"fake server: the engine failed to start: {err}", flush=True)
         return 1
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(0) if args.get("headless") else None)
-    if args.get("headless"):
+    if args.get("headless"):  # a deployment's other node: no HTTP, its ranks held until the head goes
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
         try:
             return rendezvous.run_member(args)
         finally:
