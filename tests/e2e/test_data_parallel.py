@@ -21,7 +21,7 @@ from processes import describe, processes_of, wait_gone
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 4.5  # alone on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 4.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 STANDIN = ["env", "EVALPIPE_STANDIN_NODE=1"]  # a launcher prefix, as [ssh, node1] would be
 SPREAD = {
