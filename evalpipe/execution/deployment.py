@@ -214,6 +214,7 @@ class DeploymentProcess(ServesAClient):
     url: str
     grace_s: float
     ready_timeout_s: float = 900.0
+    address: str = ""  # the head's data-parallel address, as every node's command line says it
     runners: list[NodeRunner | None] = field(default_factory=list)  # per node; None or absent: LocalNode
     deployment: Deployment | None = None  # its settings (how its launchers take a command)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)  # in every node's environment: what the reaper looks for
@@ -303,8 +304,7 @@ class DeploymentProcess(ServesAClient):
         names = "; ".join(f"data-parallel {c.role.describe_ranks()} on {c.role.label} never started an engine" for c in missing)
         last = missing[-1]
         return (f"{head}; {names} (no engine process of the node wrote a path-probe record): check that node's launcher, "
-                f"that it reaches {self.commands[0].argv[self.commands[0].argv.index('--data-parallel-address') + 1]}"
-                f" and its log.\nlast lines of {last.log_path}:\n{log_tail(last.log_path)}")
+                f"that it reaches {self.address} and its log.\nlast lines of {last.log_path}:\n{log_tail(last.log_path)}")
 
     def markers(self, role: NodeRole) -> dict[str, str]:
         """What marks a node's processes as this deployment's (the probes read the node too)."""
@@ -418,6 +418,7 @@ def deployment_of(python: str, launch: Launch, engine_args: dict[str, Any], port
                              forwarded=forwarded)
     return DeploymentProcess(commands=commands, url=head_url(launch, port), grace_s=launch.stop_grace_s,
                              ready_timeout_s=launch.ready_timeout_s, token=token, deployment=launch.deployment,
+                             address=address,
                              runners=list(places.runners) if places is not None else [])
 
 

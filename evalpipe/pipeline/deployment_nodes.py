@@ -16,15 +16,12 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
-from evalpipe.execution.deployment import NodeCommand, ended_how, node_log
-from evalpipe.execution.launch import guarded_popen, stop_group
+from evalpipe.execution.deployment import LocalNode, NodeCommand, ended_how, node_log
 from evalpipe.probes import SPEC_ENV
-from evalpipe.redact import redact
 
 LOST = -9  # the exit code a node's process is given when its actor or node is gone
 COLLECT_TIMEOUT_S = 120.0
@@ -40,36 +37,30 @@ class NodeActor:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = driver_omp_threads
-        self.proc: subprocess.Popen | None = None
+        self.node = LocalNode()  # its process, as one started here would be
 
     def address(self) -> str:
         import ray
 
         return str(ray.util.get_node_ip_address())
 
-    def start(self, argv: list[str], forwarded: dict[str, str], log_path: str, grace_s: float,
-              files: dict[str, bytes]) -> None:
-        """Write ``files`` (absolute path -> bytes: the probes' spec), then start ``argv`` with
-        this node's environment plus ``forwarded``, its output appended to ``log_path``."""
+    def start(self, command: NodeCommand, forwarded: dict[str, str], grace_s: float, files: dict[str, bytes]) -> None:
+        """Write ``files`` (absolute path -> bytes: the probes' spec), then start the node's
+        command here, as a launcher prefix would, with this node's environment plus ``forwarded``."""
         for path, data in files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_bytes(data)
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            log.write(("$ " + " ".join(redact(argv)) + "\n").encode())
-            log.flush()
-            self.proc = guarded_popen(argv, grace_s, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **forwarded})
+        command.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.node.start(command, {**os.environ, **forwarded}, forwarded, grace_s)
 
     def wait(self) -> int:
-        assert self.proc is not None
-        return self.proc.wait()
+        return self.node.wait()
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.node.running()
 
     def stop(self, grace_s: float) -> None:
-        if self.proc is not None:
-            stop_group(self.proc, grace_s)
+        self.node.stop(grace_s)
 
     def clear_scratch(self, path: str) -> None:
         """The unit's scratch copy on this node (the driver holds what mattered of it)."""
@@ -104,7 +95,7 @@ class RayNode:
         files = {spec: Path(spec).read_bytes()} if spec and not inline and Path(spec).is_file() else {}
         if spec:
             forwarded = {**forwarded, SPEC_ENV: spec}
-        self.ray.get(self.actor.start.remote(command.argv, forwarded, str(command.log_path), grace_s, files))
+        self.ray.get(self.actor.start.remote(command, forwarded, grace_s, files))
 
     def wait(self) -> int:
         try:

@@ -65,6 +65,16 @@ def units_of(plan: RunPlan, kept: list[str]) -> list[list[PlannedVariant]]:
     return units
 
 
+def in_bundle(slot: Slot, index: int) -> dict[str, Any]:
+    """Ray actor options that hold bundle ``index`` of the slot's placement group, all its resources."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    resources = dict(slot.resources)
+    cpus, gpus = resources.pop("CPU", 0.0), resources.pop("GPU", 0.0)
+    return {"num_cpus": cpus, "num_gpus": gpus, "resources": resources or None, "max_concurrency": 8, "max_restarts": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=index)}
+
+
 def nodes_of(unit: list[PlannedVariant]) -> int:
     """The nodes the unit's engine spans on the cluster: a deployment's (Ray places them), else one."""
     deployment = unit[0].launch.deployment
@@ -178,18 +188,11 @@ class _Cluster:
 
     def _start_node_actors(self, unit: list[PlannedVariant], slot: Slot, nodes: int) -> list[Any]:
         """A deployment's nodes beyond the head: a NodeActor in each of the group's other bundles."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         actors = []
-        resources = dict(slot.resources)
-        cpus, gpus = resources.pop("CPU", 0.0), resources.pop("GPU", 0.0)
         actor_class = self.ray.remote(NodeActor)
         for index in range(1, nodes):
-            actor = actor_class.options(
-                num_cpus=cpus, num_gpus=gpus, resources=resources or None, max_concurrency=8, max_restarts=0,
-                name=f"{self.plan.run_id}/{unit[0].name}/node{index}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=index),
-            ).remote(os.environ.get("OMP_NUM_THREADS"))
+            actor = actor_class.options(**in_bundle(slot, index), name=f"{self.plan.run_id}/{unit[0].name}/node{index}",
+                                        ).remote(os.environ.get("OMP_NUM_THREADS"))
             with self.lock:
                 self.actors.append(actor)
             actors.append(actor)
@@ -198,8 +201,6 @@ class _Cluster:
         return actors
 
     def _start_actor(self, unit: list[PlannedVariant], slot: Slot, node_actors: list[Any]) -> Any:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         baseline = self.plan.teacher_baseline_dir
         node_dir = self.node_run_dir(unit)
         node_baseline = baseline
@@ -209,15 +210,8 @@ class _Cluster:
                       model=self.model, names={v.name: self.names[v.name] for v in unit}, limits=self.limits,
                       driver_omp_threads=os.environ.get("OMP_NUM_THREADS"), scratch=not self.settings.shared_filesystem,
                       node_actors=node_actors)
-        resources = dict(slot.resources)
-        cpus = resources.pop("CPU", 0.0)
-        gpus = resources.pop("GPU", 0.0)
-        actor_class = self.ray.remote(UnitActor)
-        actor = actor_class.options(
-            num_cpus=cpus, num_gpus=gpus, resources=resources or None, max_concurrency=8, max_restarts=0,
-            name=f"{self.plan.run_id}/{unit[0].name}",
-            scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=slot.index),
-        ).remote(job)
+        actor = self.ray.remote(UnitActor).options(**in_bundle(slot, slot.index), name=f"{self.plan.run_id}/{unit[0].name}",
+                                                   ).remote(job)
         with self.lock:
             self.actors.append(actor)
         if not self.settings.shared_filesystem:

@@ -159,17 +159,8 @@ def test_a_launcher_that_is_not_there_starts_nothing(tmp_path):
 
 def test_evalpipe_killed_leaves_no_node_behind(tmp_path):
     path = write_config(tmp_path, {"single": {"launch": deployed([[], STANDIN])}})
-    proc = subprocess.Popen([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3",
-                             "--run-id", "killed"], cwd=tmp_path, env=fake_env(EVALPIPE_FAKE_ENGINE="delay=0.5"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = tmp_path / "runs" / "killed" / "single" / "node-1.log"
-    try:
-        while "fake headless node: joined" not in (log.read_text() if log.is_file() else ""):
-            assert proc.poll() is None, "the run ended before its node joined"
-            time.sleep(0.2)
-    finally:
-        proc.kill()
-        proc.wait()
+    _kill_once_node_1_joined([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3",
+                              "--run-id", "killed"], tmp_path, tmp_path / "runs" / "killed" / "single" / "node-1.log")
     left = wait_gone("killed", 60)
     assert left == [], describe(left)
 
@@ -221,16 +212,7 @@ def test_evalpipe_killed_behind_a_launcher_that_keeps_the_node_running_and_resum
                                    "spread": {"launch": deployed([[], DETACHED], deployment={"headless_command": stays}),
                                               "expect": {"same_path": True}}})
     args = [sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3", "--run-id", "orphan"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=fake_env(EVALPIPE_FAKE_ENGINE="delay=0.5"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = tmp_path / "runs" / "orphan" / "spread" / "node-1.log"
-    try:
-        while "fake headless node: joined" not in (log.read_text() if log.is_file() else ""):
-            assert proc.poll() is None, "the run ended before its node joined"
-            time.sleep(0.2)
-    finally:
-        proc.kill()
-        proc.wait()
+    _kill_once_node_1_joined(args, tmp_path, tmp_path / "runs" / "orphan" / "spread" / "node-1.log")
     # the guards take down what runs here; the node's process, out of their reach, stays
     _wait_until(lambda: processes_of("orphan") and all(_on_node_1(pid) for pid in processes_of("orphan")))
     orphans = processes_of("orphan")
@@ -240,6 +222,19 @@ def test_evalpipe_killed_behind_a_launcher_that_keeps_the_node_running_and_resum
     assert not any(pid in orphans for pid in processes_of("orphan")), "the earlier attempt's node was reaped"
     left = wait_gone("orphan", 60)
     assert left == [], describe(left)
+
+
+def _kill_once_node_1_joined(args: list[str], cwd: Path, log: Path) -> None:
+    """Run evalpipe (its fake engine slowed down) and SIGKILL it once node 1's log says it joined."""
+    proc = subprocess.Popen(args, cwd=cwd, env=fake_env(EVALPIPE_FAKE_ENGINE="delay=0.5"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while "fake headless node: joined" not in (log.read_text() if log.is_file() else ""):
+            assert proc.poll() is None, "the run ended before its node joined"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _on_node_1(pid: int) -> bool:

@@ -10,12 +10,18 @@ import sys
 
 from evalpipe.execution import reaper
 
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def _sleeping(**env: str) -> subprocess.Popen:
+    """A process marked as a deployment's node's would be (its environment), doing nothing."""
+    return subprocess.Popen(SLEEP, env={**os.environ, **env})
+
 
 def test_the_reaper_ends_the_processes_of_its_run_and_node_only(tmp_path):
-    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    mine = subprocess.Popen(sleep, env={**os.environ, "EVALPIPE_DEPLOYMENT": "reap", "EVALPIPE_NODE": "1"})
-    other_node = subprocess.Popen(sleep, env={**os.environ, "EVALPIPE_DEPLOYMENT": "reap", "EVALPIPE_NODE": "2"})
-    other_run = subprocess.Popen(sleep, env={**os.environ, "EVALPIPE_DEPLOYMENT": "reap2", "EVALPIPE_NODE": "1"})
+    mine = _sleeping(EVALPIPE_DEPLOYMENT="reap", EVALPIPE_NODE="1")
+    other_node = _sleeping(EVALPIPE_DEPLOYMENT="reap", EVALPIPE_NODE="2")
+    other_run = _sleeping(EVALPIPE_DEPLOYMENT="reap2", EVALPIPE_NODE="1")
     try:
         out = subprocess.run([sys.executable, "-I", reaper.__file__, "reap", "1", "5"], capture_output=True, text=True,
                              timeout=60)
@@ -32,11 +38,9 @@ def test_by_run_it_ends_what_any_deployment_of_the_run_left_on_the_node(tmp_path
     """An earlier attempt killed with SIGKILL ran no reaper; before a node starts again, the
     run's leftovers there go, whatever their deployment's token. The run's worker (no
     deployment) and other nodes stay."""
-    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    base = {**os.environ, "EVALPIPE_RUN_ID": "again"}
-    left = subprocess.Popen(sleep, env={**base, "EVALPIPE_DEPLOYMENT": "old-token", "EVALPIPE_NODE": "1"})
-    worker = subprocess.Popen(sleep, env=base)  # the run's own worker: in no deployment
-    other_node = subprocess.Popen(sleep, env={**base, "EVALPIPE_DEPLOYMENT": "old-token", "EVALPIPE_NODE": "2"})
+    left = _sleeping(EVALPIPE_RUN_ID="again", EVALPIPE_DEPLOYMENT="old-token", EVALPIPE_NODE="1")
+    worker = _sleeping(EVALPIPE_RUN_ID="again")  # the run's own worker: in no deployment
+    other_node = _sleeping(EVALPIPE_RUN_ID="again", EVALPIPE_DEPLOYMENT="old-token", EVALPIPE_NODE="2")
     try:
         out = subprocess.run([sys.executable, "-I", reaper.__file__, "--run", "again", "1", "5"], capture_output=True,
                              text=True, timeout=60)

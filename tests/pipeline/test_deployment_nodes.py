@@ -25,8 +25,8 @@ def test_the_node_actor_runs_its_process_with_the_spec_and_packs_only_its_node_s
     (vdir / "probes" / "node1-22.json").write_text("{}")
     actor = NodeActor(driver_omp_threads="1")
     script = "import os, pathlib; print(os.environ['MARK'], pathlib.Path(os.environ['EVALPIPE_PROBES']).read_text())"
-    actor.start([sys.executable, "-c", script], {"MARK": "node-one", SPEC_ENV: str(spec)}, str(vdir / "node-1.log"), 5,
-                {str(spec): b"the spec"})
+    command = NodeCommand(NodeRole(1, 1, 1, ()), [sys.executable, "-c", script], vdir / "node-1.log")
+    actor.start(command, {"MARK": "node-one", SPEC_ENV: str(spec)}, 5, {str(spec): b"the spec"})
     assert actor.wait() == 0 and not actor.running()
     log = (vdir / "node-1.log").read_text()
     assert "node-one the spec" in log, log
@@ -78,7 +78,7 @@ def test_a_node_s_files_come_back_into_the_head_s_variant_directory(tmp_path):
     spec = head / "probes" / "spec.json"
     spec.write_text('{"spec": 1}')
     runner.start(command, {SPEC_ENV: str(spec)}, {"A": "1"}, 5)
-    (argv, forwarded, log, grace, files), = calls
+    (sent, forwarded, grace, files), = calls
     # the spec travels with the start, to be written at the same path on the node
     assert files == {str(spec): b'{"spec": 1}'} and forwarded == {"A": "1", SPEC_ENV: str(spec)}
-    assert argv == ["x"] and log == str(head / "node-1.log") and grace == 5
+    assert sent.argv == ["x"] and sent.log_path == head / "node-1.log" and grace == 5
