@@ -237,9 +237,9 @@ def calibrate(
              "with --from-run, the run's localize.json is read instead.",
     ),
     temperature: Optional[float] = typer.Option(
-        None, "--temperature", min=0.0, help="Run the zoo a second time with sampled decoding at this temperature (common "
+        None, "--temperature", help="Run the zoo a second time with sampled decoding at this temperature (1e-05 to 10; common "
         "random numbers, docs/sampling.md); the table gets those verdicts beside the greedy ones."),
-    samples: int = typer.Option(1, "--samples", min=1, help="With --temperature: samples per item."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="With --temperature: samples per item (1 to 1024; default 1)."),
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
     from evalpipe.commands.calibrate import run_calibration

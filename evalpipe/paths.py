@@ -35,3 +35,17 @@ def is_plain_name(name: str) -> bool:
     task group names all become directories (reports/runs/<run>/<variant>/...), so one rule
     keeps a name from planning itself into another's directory or into the run's root."""
     return bool(_PLAIN_NAME.fullmatch(name)) and ".." not in name
+
+
+def file_problem(path: Path) -> str | None:
+    """What keeps ``path`` from being read as a file, in the words of a sentence about it
+    ("data file X {problem}"); None: it is a regular file (or a link to one)."""
+    if path.is_file():
+        return None
+    if path.is_symlink() and not path.exists():
+        return f"is a link to {os.readlink(path)}, which does not exist"
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return "is not a regular file (a device, a pipe or a socket)"
+    return "does not exist"

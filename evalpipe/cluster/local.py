@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalpipe.config.cluster import check_variant_resources
+
 MARK_ENV = "EVALPIPE_LOCAL_RAY_CLUSTER"
 ADDRESS_FILE = "address"
 
@@ -159,30 +161,73 @@ def stop_marked(root: Path, grace_s: float = 5.0) -> None:
 
 
 def _parse_node(text: str) -> dict[str, float]:
-    resources = {}
+    """One node's resources from NAME=AMOUNT,... (an argparse type: a problem is its one sentence)."""
+    resources: dict[str, float] = {}
     for part in text.split(","):
-        name, _, amount = part.partition("=")
-        resources[name.strip()] = float(amount)
-    return resources
+        name, equals, amount = (piece.strip() for piece in part.partition("="))
+        if not equals or not name:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} in {text!r} is not NAME=AMOUNT; give e.g. CPU=1,node_a=1")
+        if name in resources:
+            raise argparse.ArgumentTypeError(f"{name} is given twice in {text!r}; give each resource once")
+        try:
+            resources[name] = float(amount)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}={amount!r} in {text!r} is not a number; give e.g. {name}=1") from None
+    try:
+        checked = check_variant_resources(resources)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    cpus = checked.get("CPU", 1.0)
+    if cpus != int(cpus):
+        raise argparse.ArgumentTypeError(f"CPU={cpus:g} in {text!r}: `ray start` takes a whole number of CPUs")
+    return dict(checked)
+
+
+def _cluster_dir(text: str) -> Path:
+    """--dir: a directory, or a path where one can be made (an argparse type)."""
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give the cluster's directory, e.g. /tmp/evp-ray")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory; give a directory (made if missing)")
+    return path.resolve()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evalpipe.cluster.local", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
     up = sub.add_parser("up", help="start the nodes; prints the address")
-    up.add_argument("--node", action="append", required=True, help="one node's resources, e.g. CPU=1,node_a=1 (repeat per node)")
-    up.add_argument("--dir", required=True, type=Path, help="the cluster's directory (short: Ray's sockets live in it)")
+    up.add_argument("--node", action="append", required=True, type=_parse_node,
+                    help="one node's resources, e.g. CPU=1,node_a=1 (repeat per node; CPU a whole number, 1 if absent)")
+    up.add_argument("--dir", required=True, type=_cluster_dir, help="the cluster's directory (short: Ray's sockets live in it)")
     down = sub.add_parser("down", help="stop every process of the cluster")
-    down.add_argument("--dir", required=True, type=Path)
+    down.add_argument("--dir", required=True, type=_cluster_dir)
     args = parser.parse_args(argv)
     if args.verb == "up":
-        cluster = start([_parse_node(n) for n in args.node], args.dir.resolve())
+        if marked_pids(args.dir):
+            parser.error(f"a local cluster already runs under {args.dir}; stop it first: "
+                         f"python -m evalpipe.cluster.local down --dir {args.dir}")
+        try:
+            cluster = start(args.node, args.dir)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:  # start() has stopped what it started
+            print(f"error: the local cluster did not start, nothing of it is left running: {_first_line(err)}", file=sys.stderr)
+            return 3
         print(cluster.address)
         print(f"drivers need RAY_AUTH_MODE=disabled; stop it with: python -m evalpipe.cluster.local down --dir {args.dir}",
               file=sys.stderr)
         return 0
-    stop_marked(args.dir.resolve())
+    running = marked_pids(args.dir)
+    if not running:
+        print(f"no local cluster runs under {args.dir} (no process carries its mark); nothing to stop", file=sys.stderr)
+        return 0
+    stop_marked(args.dir)
+    print(f"stopped the local cluster under {args.dir} ({len(running)} process{'es' if len(running) != 1 else ''})", file=sys.stderr)
     return 0
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalpipe.cluster.loopback import LOOPBACK, is_loopback, pin_to_loopback
+from evalpipe.config.cluster import CLIENT_PORT, GCS_PORT
 from evalpipe.errors import UserError
 
 # The namespace of evalpipe's actors: `ray list actors` tells them from others'.
@@ -43,7 +44,8 @@ def connect(address: str) -> Any:
         return ray
     unreachable = _port_problem(address)
     if unreachable is not None:
-        raise ClusterUnavailable(_cannot_reach(address, unreachable))
+        why, listens = unreachable
+        raise ClusterUnavailable(_not_a_cluster(address, why) if listens else _cannot_reach(address, why))
     kwargs: dict[str, Any] = {}
     if is_loopback(address) and not address.startswith("ray://"):
         pin_to_loopback()
@@ -60,6 +62,10 @@ def connect(address: str) -> Any:
 def _cannot_reach(address: str, why: str) -> str:
     return (f"cannot reach the Ray cluster at {address} ({why}); start it (`ray start --head` on its head node) "
             "or give its address with `cluster.address` / --cluster (HOST:PORT of the head, ray://HOST:PORT or auto).")
+
+
+def _not_a_cluster(address: str, why: str) -> str:
+    return f"no Ray cluster answers at {address}: {why}; give the head's address with `cluster.address` / --cluster."
 
 
 def head_endpoint(address: str) -> tuple[str, int] | None:
@@ -81,18 +87,61 @@ def head_endpoint(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _port_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
-    """Why nothing answers at the address's head port (None: something does, or the port is
-    not known here and Ray finds it itself)."""
+# What a gRPC server (Ray's GCS and its Ray Client server are) answers to the HTTP/2
+# client preface and an empty SETTINGS frame: a SETTINGS frame of its own (type 4).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS_FRAME_TYPE = 4
+
+
+def _port_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> tuple[str, bool] | None:
+    """Why the address's head port is not Ray's, and whether something listens there (None:
+    a gRPC server answers there, or the port is not known here and Ray finds it itself).
+    Ray's own attempt at a dead address, or at a port where something else listens, retries
+    for minutes before it gives up."""
     endpoint = head_endpoint(address)
     if endpoint is None:
         return None
     host, port = endpoint
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.settimeout(timeout_s)
+            conn.sendall(_HTTP2_PREFACE)
+            answer = _first_bytes(conn, 9)
     except OSError as err:
-        return f"nothing answers on {host}:{port}: {err.strerror or type(err).__name__}"
+        return f"nothing answers on {host}:{port}: {err.strerror or type(err).__name__}", False
+    other = _not_ray(answer, host, port, timeout_s)
+    return None if other is None else (other, True)
+
+
+def _first_bytes(conn: socket.socket, count: int) -> bytes | None:
+    """Up to ``count`` bytes of the server's answer; None: it said nothing in the socket's timeout."""
+    got = b""
+    try:
+        while len(got) < count:
+            chunk = conn.recv(count - len(got))
+            if not chunk:
+                break
+            got += chunk
+    except socket.timeout:
+        return got or None
+    except OSError:
+        pass
+    return got
+
+
+def _not_ray(answer: bytes | None, host: str, port: int, timeout_s: float) -> str | None:
+    if answer is not None and len(answer) == 9 and answer[3] == _SETTINGS_FRAME_TYPE:
+        return None
+    where = f"{host}:{port}"
+    hint = (f"the GCS listens on the port `ray start --head --port` gave ({GCS_PORT} by default), the Ray Client "
+            f"server on {CLIENT_PORT}; the dashboard's port (8265) is not one to connect to")
+    if answer is None:
+        return f"something on {where} accepts connections but says nothing in {timeout_s:g} s, where Ray answers at once; {hint}"
+    if answer.startswith(b"HTTP/"):
+        return f"an HTTP server answers on {where}, not Ray's GCS (a gRPC server); {hint}"
+    if not answer:
+        return f"something on {where} closes the connection without a word, where Ray's GCS answers; {hint}"
+    return f"something on {where} answers, but not as Ray's GCS (a gRPC server) does; {hint}"
 
 
 def disconnect() -> None:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -58,6 +59,7 @@ from evalpipe.pipeline.runner import execute
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
 from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
+from evalpipe.validation import first_problem
 
 
 def default_table() -> Path:
@@ -164,6 +166,22 @@ def calibration_config(config: RunConfig, faults: list[Fault]) -> tuple[RunConfi
     return RunConfig.model_validate(data), expected
 
 
+def _sampled_settings(temperature: float | None, samples: int | None) -> Sampling | None:
+    """The sampled run's settings from --temperature and --samples, checked by the config's own
+    `sampling:` model (one range, one sentence); None: no sampled run."""
+    if temperature is None:
+        if samples is not None:
+            raise ConfigError(f"--samples {samples} applies to the sampled run, which --temperature asks for; give "
+                              "--temperature too (e.g. 0.6), or leave --samples out.")
+        return None
+    try:
+        return Sampling(temperature=temperature, samples=1 if samples is None else samples)
+    except ValidationError as err:
+        field, why = first_problem(err)
+        flag = "--samples" if field.endswith("samples") else "--temperature"
+        raise ConfigError(f"{flag} {samples if flag == '--samples' else f'{temperature:g}'}: {why}") from None
+
+
 def run_calibration(
     config_path: Path | None,
     limit: int | None,
@@ -175,7 +193,7 @@ def run_calibration(
     from_run: Path | None = None,
     localize: bool = True,
     temperature: float | None = None,
-    samples: int = 1,
+    samples: int | None = None,
 ) -> int:
     """Run the zoo and write the table; with ``from_run``, judge that finished calibration
     run again (same config and faults) without starting an engine: new gates, or a table
@@ -185,10 +203,7 @@ def run_calibration(
 
     path = Path(config_path) if config_path else default_config()
     table_path = table_path or default_table()
-    if temperature is not None and not 0 < temperature <= 10:
-        raise ConfigError(f"--temperature {temperature:g} is not a sampling temperature; give one in (0, 10], e.g. 0.6.")
-    if not 1 <= samples <= 1024:
-        raise ConfigError(f"--samples {samples} is out of range; give 1 to 1024 samples per item.")
+    sampling = _sampled_settings(temperature, samples)
     base = load_config(path)
     if base.sampling is not None or any(s.sampling is not None for specs in base.tasks.values() for s in specs):
         raise ConfigError(f"{path} samples already; calibrate a greedy config and ask for the sampled run with --temperature.")
@@ -267,8 +282,7 @@ def run_calibration(
         rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
     if localize and comparisons:
         rows = _localized(rows, run_dir, places, reporter, again=from_run is None)
-    if temperature is not None:
-        sampling = Sampling(temperature=temperature, samples=samples)  # both checked above
+    if sampling is not None:
         # the sampled run sits beside the greedy one as `<run id>-sampled`; judging a finished
         # calibration again (--from-run) judges its sampled run too, and runs it when it is missing
         sampled_root = run_dir.parent if from_run is not None else output
@@ -278,7 +292,7 @@ def run_calibration(
         rows = [dataclasses.replace(r, sampled=verdicts.get(r.variant)) for r in rows]
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
-               ("--temperature", temperature), ("--samples", samples if temperature is not None else None))
+               ("--temperature", temperature), ("--samples", samples))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
     benign = [c for c in comparisons if expected.get(c.variant, ("benign", ""))[0] == "benign"]
     firing = {"aa_pairs": gate_firing(aa_pairs), "benign": gate_firing(benign)}

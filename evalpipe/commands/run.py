@@ -15,7 +15,7 @@ from rich.text import Text
 from evalpipe.cluster.session import describe_resources
 from evalpipe.commands.localize import localize_after_run
 from evalpipe.commands.sampling_plan import plan_lines
-from evalpipe.config.cluster import ClusterSettings
+from evalpipe.config.cluster import ClusterSettings, address_problem
 from evalpipe.config.loading import load_config
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.ray_engine import ray_placed_engine
@@ -82,9 +82,9 @@ def with_cluster(config: RunConfig, cluster: str | None, *, concurrency: int | N
                  distinct_nodes: bool | None = None) -> RunConfig:
     """The config with --cluster, --concurrency and --distinct-nodes applied (None: not given)."""
     if cluster is not None:
-        if not cluster.strip() or any(c.isspace() for c in cluster):
-            raise UserError(f"--cluster {cluster!r} is not a cluster address; give HOST:PORT of the Ray head, "
-                            "ray://HOST:PORT, auto, or off.")
+        problem = None if cluster == "off" else address_problem(cluster)
+        if problem is not None:
+            raise UserError(f"--cluster {cluster!r} {problem}; `--cluster off` runs here.")
         config = config.on_cluster(None if cluster == "off" else cluster)
     if concurrency is None and distinct_nodes is None:
         return config
@@ -95,13 +95,19 @@ def with_cluster(config: RunConfig, cluster: str | None, *, concurrency: int | N
     if concurrency is not None and concurrency < 1:
         raise UserError(f"--concurrency {concurrency} is out of range: give 1 or more variants at once.")
     settings = config.cluster.model_dump()
+    # an option that would silently drop a config setting it cannot coexist with is refused, naming both
+    if concurrency is not None and distinct_nodes is None and config.cluster.distinct_nodes:
+        raise UserError(f"--concurrency {concurrency} cannot limit a run whose config places every variant at once "
+                        "(`cluster.distinct_nodes: true`); add --any-nodes to lift that setting, or leave "
+                        "--concurrency out.")
+    if distinct_nodes and concurrency is None and config.cluster.concurrency is not None:
+        raise UserError(f"--distinct-nodes places every variant at once, and the config limits them to "
+                        f"`cluster.concurrency: {config.cluster.concurrency}`; drop one of the two (remove the setting, "
+                        "or leave --distinct-nodes out).")
     if concurrency is not None:
         settings["concurrency"] = concurrency
-        settings["distinct_nodes"] = False if distinct_nodes is None else distinct_nodes
     if distinct_nodes is not None:
         settings["distinct_nodes"] = distinct_nodes
-        if distinct_nodes and concurrency is None:
-            settings["concurrency"] = None
     try:
         checked = ClusterSettings.model_validate(settings)
     except ValidationError as err:

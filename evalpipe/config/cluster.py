@@ -12,7 +12,46 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from evalpipe.config.strict import Strict
+
+# The ports Ray listens on by default, named where an address leaves its port out.
+GCS_PORT = 6379
+CLIENT_PORT = 10001
+CLIENT_SCHEME = "ray://"
+ADDRESS_FORMS = "HOST:PORT of the Ray head's GCS, ray://HOST:PORT of its Ray Client server, or auto"
+
+
+def address_problem(address: str) -> str | None:
+    """What is wrong with a Ray cluster address as written (None: its form is right; whether
+    a cluster answers there is the driver's to find out, :mod:`evalpipe.cluster.session`)."""
+    if not address.strip():
+        return f"is empty; give {ADDRESS_FORMS}"
+    if any(c.isspace() or not c.isprintable() for c in address):
+        return f"holds a space or a control character; give {ADDRESS_FORMS}"
+    if address == "auto":
+        return None
+    if address == "local":
+        # ray.init("local") starts a private one-node cluster inside the driver: not a cluster run
+        return ("would start a private one-node Ray cluster inside evalpipe, not run on a cluster; give "
+                f"{ADDRESS_FORMS} (`python -m evalpipe.cluster.local up` starts a cluster of several nodes on this machine)")
+    rest = address.removeprefix(CLIENT_SCHEME)
+    if "://" in rest:
+        scheme = rest.split("://", 1)[0]
+        return f"has the scheme {scheme}://, which Ray does not connect to; give {ADDRESS_FORMS}"
+    default = CLIENT_PORT if address.startswith(CLIENT_SCHEME) else GCS_PORT
+    if "/" in rest:
+        return f"holds a path ({rest[rest.index('/'):]}); give {ADDRESS_FORMS}"
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host.strip("[]"):
+        return f"names no port; give HOST:PORT, e.g. {rest or 'HOST'}:{default} (Ray's default there)"
+    if not port.isdigit() or not port.isascii():
+        return f"has the port {port!r}, which is not a number; give HOST:PORT, e.g. {host}:{default}"
+    if not 1 <= int(port) <= 65535:
+        return f"has the port {port}, out of range; a port is 1 to 65535 ({default} is Ray's default there)"
+    return None
+
 
 # What each variant asks of its node when the config names nothing: one CPU for the
 # worker that drives the engine (the engine's own devices are the variant's `resources`).
@@ -29,11 +68,13 @@ def _check_resources(value: Any) -> Any:
             raise ValueError(f"resource name {name!r} is not a name; use Ray's resource names (CPU, NPU, GPU or a custom one)")
         if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount < 0:
             raise ValueError(f"resource `{name}`: {amount!r} is not an amount; give a number >= 0")
+    if not any(value.values()):
+        # Ray refuses a placement group bundle that asks for nothing
+        raise ValueError("every amount is 0, and Ray places no bundle that asks for nothing; give at least one amount > 0")
     return {str(k): float(v) for k, v in value.items()}
 
 
-class ClusterSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ClusterSettings(Strict):
 
     address: str | None = Field(
         default=None,
@@ -55,6 +96,14 @@ class ClusterSettings(BaseModel):
                                        description="How long a variant waits for the cluster to place it before it fails.")
 
     _resources = field_validator("resources", mode="before")(_check_resources)
+
+    @field_validator("address")
+    @classmethod
+    def _an_address(cls, value: str | None) -> str | None:
+        problem = None if value is None else address_problem(value)
+        if problem is not None:
+            raise ValueError(f"the address {value!r} {problem}")
+        return value
 
     @model_validator(mode="after")
     def _spread_places_all_at_once(self) -> "ClusterSettings":

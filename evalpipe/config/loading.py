@@ -19,6 +19,7 @@ from evalpipe.config.merge import deep_merge
 from evalpipe.config.run_config import RunConfig
 from evalpipe.config.yaml_source import read_yaml_file
 from evalpipe.install import default_config
+from evalpipe.paths import file_problem
 
 
 def _format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
@@ -95,10 +96,25 @@ def _union_error(errors: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
 def parse_config(data: Any, source: str = "<config>") -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with model, engine, variants, tasks ...; got {type(data).__name__}.")
+    null_sampling = _null_task_sampling(data)
+    if null_sampling is not None:
+        raise ConfigError(f"{source}: `{null_sampling}: null` is not a setting: leave the key out (the task takes the run's "
+                          "`sampling:`, else decodes greedily) or give the task's own sampling settings.")
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def _null_task_sampling(data: dict[str, Any]) -> str | None:
+    """Where a task says `sampling: null`, which reads as "greedy here" but would take the
+    run's sampling (an absent setting and a null one are the same to the model)."""
+    groups = data.get("tasks")
+    for group, specs in groups.items() if isinstance(groups, dict) else ():
+        for i, spec in enumerate(specs if isinstance(specs, list) else [specs]):
+            if isinstance(spec, dict) and "sampling" in spec and spec["sampling"] is None:
+                return f"tasks.{group}.{i}.sampling"
+    return None
 
 
 def load_config(path: str | Path | None = None) -> RunConfig:
@@ -114,10 +130,11 @@ def _load_mapping(path: Path, chain: list[Path]) -> Any:
         where, fix = f" (named by `extends:` in {chain[-1]})", f"fix `extends:` in {chain[-1]} to name a YAML file"
     else:
         where, fix = "", "pass a YAML file with -c/--config"
-    if path.is_dir():
-        raise ConfigError(f"config {path}{where} is a directory; {fix} (e.g. {path / 'default.yaml'}).")
-    if not path.is_file():
-        raise ConfigError(f"config file {path}{where} does not exist; {fix}.")
+    problem = file_problem(path)
+    if problem is not None:
+        inside = sorted(path.glob("*.yaml"))[:3] if path.is_dir() else []
+        example = f" (e.g. {', '.join(str(p) for p in inside)})" if inside else ""
+        raise ConfigError(f"config file {path}{where} {problem}; {fix}{example}.")
     data = read_yaml_file(path, f"config file {path}{where}", fix)
     if not isinstance(data, dict) or "extends" not in data:
         return data
@@ -126,7 +143,9 @@ def _load_mapping(path: Path, chain: list[Path]) -> Any:
         raise ConfigError(f"{path}: `extends` must be the path of another config file; got {base_name!r}.")
     base_path = (path.parent / base_name).resolve()
     if base_path in chain or base_path == path.resolve():
-        raise ConfigError(f"{path}: `extends: {base_name}` makes a cycle; a config cannot extend itself.")
+        loop = [*(chain[chain.index(base_path):] if base_path in chain else []), path.resolve(), base_path]
+        raise ConfigError(f"{path}: `extends: {base_name}` closes a cycle ({' extends '.join(str(p) for p in loop)}); "
+                          "remove `extends:` from one of them.")
     base = _load_mapping(base_path, [*chain, path.resolve()])
     if not isinstance(base, dict):
         raise ConfigError(f"{base_path} (extended by {path}): the top level must be a mapping.")
@@ -152,10 +171,9 @@ def load_gates(path: str | Path | None = None, margin: float | None = None, base
     gates = base or Gates()
     if path is not None:
         path = Path(path)
-        if path.is_dir():
-            raise ConfigError(f"gates file {path} is a directory; pass a YAML file with a `gates:` mapping to --gates.")
-        if not path.is_file():
-            raise ConfigError(f"gates file {path} does not exist; pass a YAML file with a `gates:` mapping.")
+        problem = file_problem(path)
+        if problem is not None:
+            raise ConfigError(f"gates file {path} {problem}; pass a YAML file with a `gates:` mapping to --gates.")
         data = read_yaml_file(path, f"gates file {path}", "pass a YAML file to --gates")
         data = data.get("gates", data) if isinstance(data, dict) else data
         if not isinstance(data, dict):

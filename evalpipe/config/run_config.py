@@ -278,7 +278,9 @@ class RunConfig(Strict):
     noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")
     localize: Localize = Field(default_factory=Localize, description="`auto` or `off` (default), or a mapping: when and how `evalpipe localize` runs.")
     output: str = Field(default="reports/runs", min_length=1, description="Output root of the run directories (`~` expands).")
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, lt=2**32,
+                      description="The engines' seed and the base of every sample's seed (0 to 2^32-1: the engine seeds "
+                                  "numpy's generator with it, which takes no other).")
     sampling: Sampling | None = Field(
         default=None,
         description="Sampled decoding for every task without its own `sampling:` (default: greedy); docs/sampling.md.",

@@ -14,25 +14,37 @@ from __future__ import annotations
 
 import hashlib
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from evalpipe.config.strict import Strict
 
 # Seeds fit in 31 bits: the OpenAI API's `seed` is an integer every client sends as one,
 # and torch's generators take any non-negative one.
 SEED_BITS = 31
+# vLLM decodes greedily below this temperature (vllm/sampling_params.py, _SAMPLING_EPS):
+# a lower one would be called sampled and decoded greedily.
+GREEDY_BELOW = 1e-5
 
 
 class Sampling(Strict):
     """How a task's generations are sampled (absent: greedy, one answer per item)."""
 
-    temperature: float = Field(gt=0, le=10, allow_inf_nan=False,
-                               description="Sampling temperature (> 0; greedy decoding is no `sampling:` at all).")
+    temperature: float = Field(ge=GREEDY_BELOW, le=10, allow_inf_nan=False,
+                               description=f"Sampling temperature, {GREEDY_BELOW:g} to 10 (vLLM decodes greedily below "
+                                           f"{GREEDY_BELOW:g}; greedy decoding is no `sampling:` at all).")
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False, description="Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: off).")
     top_k: int | None = Field(default=None, ge=1, description="Sample among the k most likely tokens only (null: off).")
     min_p: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False, description="Drop tokens less likely than min_p x the most likely one's probability (0: off).")
     samples: int = Field(default=1, ge=1, le=1024, description="Samples per item (n of avg@n and pass@k); each has its own seed.")
     seed: int | None = Field(default=None, ge=0, description="Base of every sample's seed (default: the run's `seed`).")
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _not_greedy(cls, value: object) -> object:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < GREEDY_BELOW:
+            raise ValueError(f"{value:g} is below {GREEDY_BELOW:g}, where vLLM decodes greedily; leave `sampling:` out "
+                             f"for greedy decoding, or give a temperature of {GREEDY_BELOW:g} to 10")
+        return value
 
 
 def sample_seed(base: int, task: str, doc_id: int, request: int, sample: int) -> int:

@@ -17,6 +17,7 @@ import jinja2.meta
 import pyarrow.parquet as pq
 
 from evalpipe.errors import UserError
+from evalpipe.paths import file_problem
 
 SUPPORTED = (".jsonl", ".json", ".csv", ".parquet")
 TEMPLATE_KEYS = ("doc_to_text", "doc_to_target", "doc_to_choice")
@@ -110,10 +111,9 @@ READERS = {".jsonl": _jsonl_columns, ".json": _json_columns, ".csv": _csv_column
 
 def columns_of(path: Path) -> tuple[set[str], int]:
     """(columns, rows) of a data file; DataFileError when it cannot serve as one."""
-    if path.is_dir():
-        raise DataFileError(f"data file {path} is a directory; point `data_files` to a file.")
-    if not path.is_file():
-        raise DataFileError(f"data file {path} does not exist; fix `data_files` or create the file.")
+    problem = file_problem(path)
+    if problem is not None:
+        raise DataFileError(f"data file {path} {problem}; point `data_files` to a file.")
     reader = READERS.get(path.suffix.lower())
     if reader is None:
         raise DataFileError(f"data file {path} has the unsupported type {path.suffix or '(none)'}; use {', '.join(SUPPORTED)}.")

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from evalpipe.errors import UserError
+from evalpipe.paths import file_problem
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import verify_variant
 
@@ -55,8 +56,9 @@ def read_reference_sequences(reference_dir: Path) -> list[ReferenceSequence]:
     ArtifactMismatch, a ValueError naming the file, for one altered since it finished)."""
     vdir = artifacts.VariantDir(reference_dir)
     for path in (vdir.samples, vdir.tokens):
-        if not path.is_file():
-            raise UserError(f"teacher forcing needs the reference's {path.name}, but {path} does not exist.")
+        problem = file_problem(path)
+        if problem is not None:
+            raise UserError(f"teacher forcing needs the reference's {path.name}, but {path} {problem}.")
     verify_variant(vdir)
     return reference_sequences(artifacts.read_table(vdir.samples), artifacts.read_table(vdir.tokens))
 

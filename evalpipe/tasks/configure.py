@@ -21,6 +21,7 @@ from evalpipe.data import longctx
 from evalpipe.data.check import check_data_files
 from evalpipe.data.registry import ensure_dataset_file
 from evalpipe.errors import UserError
+from evalpipe.paths import file_problem
 from evalpipe.tasks import families, hub_data, ruler
 from evalpipe.tasks.index import check_task_names, task_manager
 
@@ -108,8 +109,9 @@ def _resolve_data_files(data_files: Any, data_dir: Path, generated: GeneratedDat
     path = Path(str(data_files)).expanduser()
     if not path.is_absolute():
         path = (generated(path, data_dir) if generated else None) or ensure_dataset_file(path, data_dir)
-    if not path.exists():
-        raise FileNotFoundError(f"data file {path} does not exist; fix `data_files` or create the file.")
+    problem = file_problem(path)
+    if problem is not None:
+        raise FileNotFoundError(f"data file {path} {problem}; point `data_files` to a file.")
     return str(path)
 
 

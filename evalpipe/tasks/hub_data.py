@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from evalpipe.paths import file_problem
 from evalpipe.tasks.families import (
     ESSAY_DATASET,
     OFFLINE_RULER,
@@ -69,9 +70,10 @@ def check_available(
                 f"task `{task_name}` ({fam.name}) does not read `data_files:` (lm-eval builds it in Python), so local files "
                 "cannot stand in for its hub data; pre-fill the Hugging Face datasets cache instead."
             )
-        missing_files = [p for p in _flatten(data_files) if not Path(str(p)).expanduser().exists()]
-        if missing_files:
-            raise DataUnavailable(f"task `{task_name}`: data file {missing_files[0]} does not exist; fix `data_files:`.")
+        unreadable = [(p, problem) for p in _flatten(data_files) if (problem := file_problem(Path(str(p)).expanduser()))]
+        if unreadable:
+            path, problem = unreadable[0]
+            raise DataUnavailable(f"task `{task_name}`: data file {path} {problem}; point `data_files:` to a file.")
         return
     if allow_download:
         return

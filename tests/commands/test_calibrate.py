@@ -83,6 +83,10 @@ def test_a_sampled_zoo_run_is_asked_for_on_the_command_line_of_a_greedy_config(t
     reporter = QuietReporter(Console(file=io.StringIO()))
     with pytest.raises(ConfigError, match="samples already; calibrate a greedy config"):
         run_calibration(sampled, 2, None, tmp_path / "t.md", reporter)
-    with pytest.raises(ConfigError, match="--temperature 0 is not a sampling temperature"):
-        run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=0.0)
+    for temperature, samples, says in [(0.0, None, "--temperature 0: 0 is below 1e-05, where vLLM decodes greedily"),
+                                       (11.0, None, "--temperature 11: Input should be less than or equal to 10"),
+                                       (0.6, 0, "--samples 0: Input should be greater than or equal to 1"),
+                                       (None, 4, "--samples 4 applies to the sampled run, which --temperature asks for")]:
+        with pytest.raises(ConfigError, match=says):
+            run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=temperature, samples=samples)
     assert not (tmp_path / "t.md").exists()

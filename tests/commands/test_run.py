@@ -16,17 +16,26 @@ def test_cluster_option_overrides_the_config():
     assert with_cluster(cfg, "off").cluster.address is None
     moved = with_cluster(cfg, "ray://head:10001")
     assert moved.cluster.address == "ray://head:10001" and moved.cluster.distinct_nodes
-    for bad in ("", " ", "a b"):
-        with pytest.raises(UserError, match="not a cluster address"):
+    for bad, what in [("", "is empty"), (" ", "is empty"), ("a b", "holds a space"), ("local", "would start a private one-node"),
+                      ("http://head:8265", "has the scheme http://"), ("ray://head", "names no port; give HOST:PORT, e.g. head:10001"),
+                      ("head", "names no port; give HOST:PORT, e.g. head:6379"), ("head:x", "has the port 'x', which is not a number"),
+                      ("head:70000", "has the port 70000, out of range"), ("head:6379/x", "holds a path")]:
+        with pytest.raises(UserError, match=f"^--cluster '{bad}' {what}".replace("(", r"\(")):
             with_cluster(cfg, bad)
 
 
 def test_concurrency_and_distinct_nodes_on_the_command_line():
     cfg = config(cluster={"address": "auto", "distinct_nodes": True})
-    assert with_cluster(cfg, None, concurrency=2).cluster.concurrency == 2
-    assert not with_cluster(cfg, None, concurrency=2).cluster.distinct_nodes, "--concurrency alone lifts the spread"
-    spread = with_cluster(config(cluster={"address": "auto", "concurrency": 2}), None, distinct_nodes=True)
-    assert spread.cluster.distinct_nodes and spread.cluster.concurrency is None
+    # an option never drops a config setting it cannot coexist with: it is refused, naming the setting
+    with pytest.raises(UserError, match=r"--concurrency 2 cannot limit .* \(`cluster.distinct_nodes: true`\); add --any-nodes"):
+        with_cluster(cfg, None, concurrency=2)
+    lifted = with_cluster(cfg, None, concurrency=2, distinct_nodes=False)
+    assert lifted.cluster.concurrency == 2 and not lifted.cluster.distinct_nodes
+    limited = config(cluster={"address": "auto", "concurrency": 2})
+    with pytest.raises(UserError, match="the config limits them to `cluster.concurrency: 2`"):
+        with_cluster(limited, None, distinct_nodes=True)
+    assert with_cluster(limited, None, concurrency=3).cluster.concurrency == 3
+    assert not with_cluster(limited, None, distinct_nodes=False).cluster.distinct_nodes
     with pytest.raises(UserError, match="remove one of the two"):
         with_cluster(cfg, None, concurrency=2, distinct_nodes=True)
     with pytest.raises(UserError, match="out of range"):

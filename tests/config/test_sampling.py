@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from evalpipe.config.sampling import SEED_BITS, Sampling, sample_seed
+from evalpipe.config.sampling import GREEDY_BELOW, SEED_BITS, Sampling, sample_seed
 
 
 def test_the_seed_is_a_function_of_the_sample_s_identity():
@@ -37,3 +37,10 @@ def test_bad_settings_are_refused_naming_the_field(bad, field):
     with pytest.raises(ValidationError) as err:
         Sampling.model_validate(bad)
     assert err.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, 1e-6, 9.99e-6])
+def test_a_temperature_at_which_vllm_decodes_greedily_is_refused_saying_so(temperature):
+    with pytest.raises(ValidationError, match="where vLLM decodes greedily; leave `sampling:` out"):
+        Sampling(temperature=temperature)
+    assert Sampling(temperature=GREEDY_BELOW).temperature == GREEDY_BELOW
