@@ -21,7 +21,7 @@ from typer.exceptions import TyperException
 
 from evalpipe import __version__
 from evalpipe.errors import EvalpipeError, ExitCode, UserError
-from evalpipe.reporting import REPORTERS, Reporter
+from evalpipe.reporting import REPORTERS, JsonLinesReporter, Reporter
 
 # Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -35,6 +35,28 @@ class _OneErrorModel(TyperGroup):
     its sentence and 2, a failed run its sentence and 3; anything else is a bug in
     evalpipe, shown with its traceback, and 3 -- never 2, which would send the user
     looking for a mistake of theirs."""
+
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        """``--progress jsonl`` is a contract for every command, its usage errors and help
+        included: stdout carries only the events, one JSON object a line, and the last is
+        the command's one verdict. Everything else a command prints goes to stderr."""
+        global reporter
+        argv = list(sys.argv[1:] if args is None else args)
+        if _progress_asked(argv) != "jsonl":
+            return super().main(argv, *rest, **kwargs)
+        events = sys.stdout
+        reporter = JsonLinesReporter(console, stream=events)
+        sys.stdout = sys.stderr  # the tables, help and usage of every command: stderr
+        try:
+            return super().main(argv, *rest, **kwargs)
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else ExitCode.USER_ERROR)
+            if not reporter.ended:
+                status = ExitCode(code).name if code in ExitCode._value2member_map_ else f"EXIT_{code}"
+                reporter.verdict(status, code)
+            raise
+        finally:
+            sys.stdout = events
 
     # ctx: click's Context (the group's context_class), not typer's; newer typer vendors click under a private
     # module and older typer uses click itself, so no one import names it for every supported typer
@@ -78,7 +100,23 @@ def _options(
     global reporter
     if progress not in REPORTERS:
         raise UserError(f"--progress {progress!r} is not one of {', '.join(REPORTERS)}.")
-    reporter = REPORTERS[progress](console)
+    if progress != "jsonl":  # the JSON lines reporter is the command group's (_OneErrorModel.main)
+        reporter = REPORTERS[progress](console)
+
+
+def _progress_asked(argv: list[str]) -> str | None:
+    """--progress as the command line gives it (before the command's own options; the
+    option parser says what is wrong with it)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--progress" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--progress="):
+            return arg.split("=", 1)[1]
+        if not arg.startswith("-"):  # the command's name: what follows is its own
+            break
+    return None
 
 
 

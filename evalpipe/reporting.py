@@ -64,6 +64,7 @@ class Reporter:
     """Where the pipeline's events go. Subclasses decide :meth:`emit` and :attr:`console`."""
 
     console: Console
+    ended = False  # a verdict was told: the command's outcome is known
 
     def emit(self, event: Event) -> None:
         raise NotImplementedError
@@ -86,6 +87,7 @@ class Reporter:
     def verdict(self, status: str | None, exit_code: int, where: Path | None = None, markup: str = "") -> None:
         """The outcome. ``markup``: the terminal's line for it ("" when a renderer already
         drew it, as the comparison's summary does)."""
+        self.ended = True
         self.emit(Event(EventKind.VERDICT, markup, fields={"status": status, "exit_code": int(exit_code),
                                                            "where": _jsonable(where)}))
 
@@ -128,6 +130,8 @@ class JsonLinesReporter(Reporter):
 
     def emit(self, event: Event) -> None:
         out = self.stream or sys.stdout
+        if event.kind is EventKind.VERDICT and event.markup:
+            self.console.print(event.markup, soft_wrap=True, markup=not event.plain)  # the line a reader looks for
         out.write(json.dumps(event.as_json(), default=str) + "\n")
         out.flush()
 

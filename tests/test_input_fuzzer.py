@@ -28,6 +28,7 @@ import functools
 import os
 import shutil
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,20 +36,25 @@ from typing import Any, Iterator
 import pytest
 import typer
 from fuzz_inputs import (
+    BAD_ADDRESSES,
     BAD_NAMES,
     CONFIGS,
+    GOOD_ADDRESSES,
     Block,
     Mutation,
     bad_values,
     changed,
+    cluster_blocks,
     config_mutations,
     expect_blocks,
     gates_file,
+    jsonl_problems,
     model_blocks,
     names_any,
     outside_bounds,
     record,
     refusal,
+    sampling_blocks,
     shipped_configs,
     shipped_engine_args,
     shipped_probe_names,
@@ -232,7 +238,9 @@ class Case:
 
 def judge(world: World, ex: Example, case: Case, test: str) -> None:
     before, root_before = snapshot(ex.base), set(os.listdir("/"))
-    proc = evalpipe(*case.args, cwd=ex.cwd, env=ex.env)
+    # a third of the inputs again under --progress jsonl, whose stdout is a contract: JSON lines ending in the verdict
+    jsonl = zlib.crc32(repr(case.args).encode()) % 3 == 0
+    proc = evalpipe(*(["--progress", "jsonl"] if jsonl else []), *case.args, cwd=ex.cwd, env=ex.env)
     after, root_after = snapshot(ex.base), set(os.listdir("/"))
     out = proc.stdout + proc.stderr
     problems = []
@@ -241,7 +249,9 @@ def judge(world: World, ex: Example, case: Case, test: str) -> None:
     if "Traceback" in out:
         problems.append("a traceback")
     if proc.returncode == 2:
-        sentence, who = refusal(proc.stderr)
+        # under jsonl, what a terminal shows on stdout (a dry run's plan) is on stderr before the refusal
+        said = _from_the_refusal(proc.stderr) if jsonl else proc.stderr
+        sentence, who = refusal(said)
         if sentence is None:
             problems.append(f"not one sentence: {who}")
         # the parser's usage errors name their option or argument by construction
@@ -256,6 +266,8 @@ def judge(world: World, ex: Example, case: Case, test: str) -> None:
         problems.append(f"created or changed {new[:5]}")
     if root_after - root_before:
         problems.append(f"created {sorted(root_after - root_before)} at the file system's root")
+    if jsonl:
+        problems += [f"--progress jsonl: {p}" for p in jsonl_problems(proc.stdout, proc.returncode)]
     if proc.returncode == 0 and world.plans:
         problems += _plan_problems(world.plans[-1], case.output_root)
     if not problems:
@@ -270,6 +282,12 @@ def judge(world: World, ex: Example, case: Case, test: str) -> None:
         return
     pytest.fail(f"{case.described}\nargs: {case.args}\nexit {proc.returncode}: " + "; ".join(problems)
                 + f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}", pytrace=False)
+
+
+def _from_the_refusal(stderr: str) -> str:
+    lines = stderr.split("\n")
+    first = next((i for i, ln in enumerate(lines) if ln.startswith(("error:", "Usage:"))), 0)
+    return "\n".join(lines[first:])
 
 
 def _plan_problems(plan: Any, output_root: Path | None) -> list[str]:
@@ -667,6 +685,198 @@ def test_baseline_command_lines(world: World, m: ArgMutation) -> None:
         case = _command_case(ex, m, writes=True)
         case.anchors += ["--history", "--output"]
         judge(world, ex, case, "baseline")
+
+
+# ---------------------------------------------------------------------------
+# The cluster and sampling surfaces
+# ---------------------------------------------------------------------------
+
+
+@given(block=cluster_blocks())
+@fuzzing(20)
+def test_cluster_blocks(world: World, block: Block) -> None:
+    with world.example() as ex:
+        (ex.cwd / "configs" / "default.yaml").write_text(with_block("default.yaml", ("cluster",), block), encoding="utf-8")
+        args = ["run", "gsm8k", "-c", "configs/default.yaml", "--dry-run", "--output", str(ex.base / "out")]
+        judge(world, ex, _block_case(args, block, ["default.yaml"], "default.yaml cluster", output_root=ex.base / "out"), "cluster")
+
+
+@given(block=sampling_blocks(), on_task=st.booleans(), null=st.integers(0, 6))
+@fuzzing(20)
+def test_sampling_blocks(world: World, block: Block, on_task: bool, null: int) -> None:
+    import yaml
+
+    doc = yaml.safe_load(with_block("default.yaml", ("sampling",), block))
+    if on_task:  # the same block as the first gsm8k task's own
+        doc["tasks"]["gsm8k"][0]["sampling"] = doc.pop("sampling")
+        if null == 0:  # read as "greedy here", it would take the run's: refused
+            doc["tasks"]["gsm8k"][0]["sampling"] = None
+            block = Block(None, ["tasks.gsm8k.0.sampling: None"], anchors=["sampling", "tasks.gsm8k.0.sampling"])
+            block.bad("a task's `sampling: null`")
+    with world.example() as ex:
+        (ex.cwd / "configs" / "default.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        args = ["run", "gsm8k", "-c", "configs/default.yaml", "--dry-run", "--output", str(ex.base / "out")]
+        judge(world, ex, _block_case(args, block, ["default.yaml"], f"default.yaml {'task' if on_task else 'run'} sampling",
+                                     output_root=ex.base / "out"), "sampling")
+
+
+CONFIG_CLUSTERS = [None, {"address": "auto"}, {"address": "auto", "distinct_nodes": True}, {"address": "auto", "concurrency": 2}]
+
+
+@given(address=st.sampled_from([None, "off", *GOOD_ADDRESSES, *BAD_ADDRESSES]), concurrency=st.sampled_from([None, "1", "3", "0", "-1", "x"]),
+       spread=st.sampled_from([None, "--distinct-nodes", "--any-nodes"]), configured=st.sampled_from(CONFIG_CLUSTERS))
+@fuzzing(30)
+def test_cluster_options_over_the_config(world: World, address: str | None, concurrency: str | None, spread: str | None,
+                                         configured: dict | None) -> None:
+    """--cluster, --concurrency and --distinct-nodes/--any-nodes over a config's `cluster:`:
+    an oracle of the rules (a bad address; an option for a cluster on a run here; a bad
+    count; an option that would drop a setting it cannot coexist with)."""
+    why = None
+    if address is not None and address in BAD_ADDRESSES:
+        why = f"--cluster {address!r} {BAD_ADDRESSES[address]}"
+    on_cluster = address not in (None, "off") or (address is None and configured is not None)
+    conf = configured or {}
+    if why is None and (concurrency is not None or spread is not None) and not on_cluster:
+        why = "--concurrency/--distinct-nodes on a run here"
+    elif why is None and concurrency in ("0", "-1", "x"):
+        why = f"--concurrency {concurrency}"
+    elif why is None and concurrency is not None and spread == "--distinct-nodes":
+        why = "--concurrency with --distinct-nodes"
+    elif why is None and concurrency is not None and spread is None and conf.get("distinct_nodes"):
+        why = "--concurrency over the config's distinct_nodes"
+    elif why is None and spread == "--distinct-nodes" and concurrency is None and conf.get("concurrency"):
+        why = "--distinct-nodes over the config's concurrency"
+    with world.example() as ex:
+        doc = parsed_default()
+        if configured is not None:
+            doc["cluster"] = configured
+        (ex.cwd / "configs" / "default.yaml").write_text(_dump_yaml(doc), encoding="utf-8")
+        args = ["run", "gsm8k", "-c", "configs/default.yaml", "--dry-run", "--output", str(ex.base / "out"),
+                *(["--cluster", address] if address is not None else []),
+                *(["--concurrency", concurrency] if concurrency is not None else []), *([spread] if spread else [])]
+        case = Case(args, ["--cluster", "--concurrency", "--distinct-nodes", "--any-nodes", "cluster.concurrency",
+                           "cluster.distinct_nodes"], must_refuse=why, must_accept=why is None, output_root=ex.base / "out",
+                    described=f"cluster options {args[7:]} over {configured}")
+        judge(world, ex, case, "cluster-options")
+
+
+def parsed_default() -> dict:
+    import yaml
+
+    return yaml.safe_load((CONFIGS / "default.yaml").read_text(encoding="utf-8"))
+
+
+def _dump_yaml(doc: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+GOOD_NODES = ["CPU=1", "CPU=2,node_a=1", "NPU=0.5", "CPU=0,NPU=8", " CPU = 1 , x=2 "]
+BAD_NODES = ["CPU", "CPU=", "=1", "CPU=x", "CPU=-1", "CPU=0", "CPU=0,a=0", "CPU=1.5", "CPU=1,CPU=2", "CPU=nan", "CPU=inf", "",
+             ",", "CPU=1,", "名前=1,CPU=1e999"]
+
+
+@given(nodes=st.lists(st.sampled_from([*GOOD_NODES, *BAD_NODES]), min_size=1, max_size=3),
+       place=st.sampled_from(["new", "existing", "file", ""]), verb=st.sampled_from(["up", "up", "down"]))
+@fuzzing(40)
+def test_the_local_cluster_command_line(tmp_path_factory: pytest.TempPathFactory, nodes: list[str], place: str, verb: str) -> None:
+    """`python -m evalpipe.cluster.local`: a bad node or --dir is one sentence of the option
+    parser before anything starts (no traceback, nothing made); good ones reach the start."""
+    import contextlib
+    import io
+
+    from evalpipe.cluster import local
+
+    root = tmp_path_factory.mktemp("local")
+    where = {"new": root / "c", "existing": root, "file": root / "f", "": Path("")}[place]
+    (root / "f").write_text("")
+    started: list[Any] = []
+    argv = [verb, *(a for n in nodes for a in ("--node", n) if verb == "up"), "--dir", str(where) if place else ""]
+    bad = [n for n in nodes if n in BAD_NODES] if verb == "up" else []
+    must_refuse = bool(bad) or place in ("file", "")
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        mp.setattr(local, "start", lambda specs, root_dir: started.append(specs) or local.LocalCluster(root_dir, "127.0.0.1:1", specs))
+        mp.setattr(local, "marked_pids", lambda root_dir: [])
+        try:
+            code = local.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    text = err.getvalue()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert "Traceback" not in text, text
+    if must_refuse:
+        assert code == 2 and not started, (argv, code, text)
+        assert len([ln for ln in lines if ": error: " in ln]) == 1 and lines[0].startswith("usage:"), text
+        assert not (root / "c").exists(), "a refused command made its directory"
+    else:
+        assert code == 0, (argv, code, text)
+        if verb == "up":
+            (specs,) = started
+            assert len(specs) == len(nodes) and all(float(s.get("CPU", 1)).is_integer() for s in specs), specs
+
+
+@contextlib.contextmanager
+def _listening(kind: str) -> Iterator[int]:
+    """A port on 127.0.0.1 where `nothing` listens, an `http` server answers, or a `silent` one says nothing."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(64)
+                if kind == "http":
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n")
+                else:
+                    conn.recv(64)  # silent until the client hangs up
+
+    if kind == "nothing":
+        server.close()
+    else:
+        threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield port
+    finally:
+        server.close()
+
+
+LISTENERS = {"http": "an HTTP server answers on", "silent": "accepts connections but says nothing in 1 s", "nothing": "nothing answers on"}
+
+
+@given(address=st.sampled_from([*BAD_ADDRESSES, *LISTENERS]), scheme=st.sampled_from(["", "ray://"]))
+@fuzzing(30)
+def test_a_cluster_address_fails_at_once_saying_what_is_wrong(address: str, scheme: str) -> None:
+    """What doctor --cluster and a run on a cluster do first: a malformed address is refused
+    saying what is wrong with it; where no Ray listens (nothing, an HTTP server, a server that
+    says nothing), the sentence says what listens there."""
+    from evalpipe.cluster import session
+    from evalpipe.commands.run import with_cluster
+    from evalpipe.config.loading import parse_config
+    from evalpipe.errors import UserError
+
+    config = parse_config(parsed_default())
+    if address in BAD_ADDRESSES:
+        with pytest.raises(UserError) as refused:
+            with_cluster(config, address)
+        assert BAD_ADDRESSES[address] in str(refused.value), refused.value
+        return
+    fake_ray = type("Ray", (), {"is_initialized": staticmethod(lambda: False)})
+    with _listening(address) as port, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(session, "import_ray", lambda: fake_ray)
+        mp.setattr(session, "REACH_TIMEOUT_S", 1.0)  # what "says nothing" means here
+        given = f"{scheme}127.0.0.1:{port}"
+        with pytest.raises(session.ClusterUnavailable) as failed:
+            session.connect(with_cluster(config, given).cluster.address or "")
+    assert LISTENERS[address] in str(failed.value) and "Traceback" not in str(failed.value), failed.value
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import in_process
+import pytest
 import yaml
 
 from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
@@ -70,3 +71,24 @@ def test_compare_ends_its_json_lines_with_the_verdict_too(tmp_path):
     across = in_process.evalpipe("--progress", "quiet", "compare", str(run_dir / "a"), str(run_dir / "b"),
                                  "--output", str(tmp_path / "across"), cwd=tmp_path)
     assert across.returncode == 1 and across.stdout.splitlines() == [f"DIVERGENT (exit 1) {tmp_path / 'across'}"]
+
+
+@pytest.mark.parametrize("args, code", [
+    (["version"], 0),
+    (["run", "gsm8k", "--bogus"], 2),  # the option parser's usage error
+    (["run"], 2),  # a missing argument
+    (["history"], 2),  # a command group without its command: help
+    (["nosuch"], 2),
+    (["--progress=jsonl", "compare", "/nonexistent/run"], 2),  # the option's other spelling; evalpipe's own refusal
+    (["run", "gsm8k", "--help"], 0),
+])
+def test_every_command_s_stdout_is_json_lines_ending_in_its_one_verdict(tmp_path, args, code):
+    """--progress jsonl is a contract for every command, usage errors and help included: what
+    a command prints for people (tables, help, usage) goes to stderr."""
+    argv = args if args[0].startswith("--progress") else ["--progress", "jsonl", *args]
+    proc = in_process.evalpipe(*argv, cwd=tmp_path)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [e["event"] for e in events].count("verdict") == 1 and events[-1]["event"] == "verdict", events
+    assert events[-1]["exit_code"] == code and events[-1]["status"] == ("OK" if code == 0 else "USER_ERROR"), events
+    assert proc.stderr.strip(), "what people read went to stderr"

@@ -93,7 +93,7 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x0
 _SETTINGS_FRAME_TYPE = 4
 
 
-def _port_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> tuple[str, bool] | None:
+def _port_problem(address: str, timeout_s: float | None = None) -> tuple[str, bool] | None:
     """Why the address's head port is not Ray's, and whether something listens there (None:
     a gRPC server answers there, or the port is not known here and Ray finds it itself).
     Ray's own attempt at a dead address, or at a port where something else listens, retries
@@ -102,6 +102,7 @@ def _port_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> tuple[str
     if endpoint is None:
         return None
     host, port = endpoint
+    timeout_s = REACH_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
             conn.settimeout(timeout_s)
@@ -137,7 +138,7 @@ def _not_ray(answer: bytes | None, host: str, port: int, timeout_s: float) -> st
             f"server on {CLIENT_PORT}; the dashboard's port (8265) is not one to connect to")
     if answer is None:
         return f"something on {where} accepts connections but says nothing in {timeout_s:g} s, where Ray answers at once; {hint}"
-    if answer.startswith(b"HTTP/"):
+    if answer.startswith(b"HTTP/") or answer.lstrip().lower().startswith((b"<!doctype", b"<html")):  # a status line, or HTTP/0.9's page
         return f"an HTTP server answers on {where}, not Ray's GCS (a gRPC server); {hint}"
     if not answer:
         return f"something on {where} closes the connection without a word, where Ray's GCS answers; {hint}"

@@ -230,6 +230,19 @@ def check_output_root(root: Path, what: str) -> None:
         raise ConfigError(f"{what} {root} cannot be written ({parent} is not a writable directory); pass another --output.")
 
 
+def _resources_unused_here(config: RunConfig, names: list[str]) -> list[str]:
+    """A note for each `resources:` a run here does not use (a config written for a cluster,
+    run with --cluster off, keeps them for its cluster runs)."""
+    if config.cluster.enabled:
+        return []
+    holders = (["`cluster.resources`"] if "resources" in config.cluster.model_fields_set else []) + \
+        [f"variant `{n}`'s `resources:`" for n in names if config.variants[n].resources is not None]
+    if not holders:
+        return []
+    return [f"{', '.join(holders)} apply on a Ray cluster only, and this run is here (no `cluster.address`, or "
+            "--cluster off): they are not used."]
+
+
 def make_plan(
     config: RunConfig,
     config_path: str,
@@ -260,6 +273,7 @@ def make_plan(
         notes.append(f"reference `{reference}` is not among the chosen variants; `{names[0]}` serves as reference.")
         reference = names[0]
     ordered = [reference] + [n for n in names if n != reference]
+    notes += _resources_unused_here(config, names)
 
     base_args = {"model": config.model.path, "dtype": config.model.dtype}
     if config.model.tokenizer:

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from rich.markup import escape
 
+from evalpipe.cluster.session import connect
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantPlacement, VariantStatus, write_run_document
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
 from evalpipe.execution.launch import VariantOutcome, stop_if_interrupted
@@ -71,6 +72,9 @@ def execute(plan: RunPlan, reporter: Reporter, timeout_s: float | None = None, *
     launch.stall_timeout_s). What it does goes to ``reporter``, ending in the verdict."""
     names = preflight(plan, reporter)
     limits = Limits(timeout_s, stall_timeout_s)
+    if plan.config.cluster.enabled:
+        # before the run directory exists: a cluster that cannot be reached leaves no run behind
+        connect(str(plan.config.cluster.address))
     try:
         result = _execute(plan, reporter, limits, extra_info, names)
     except KeyboardInterrupt:

@@ -138,8 +138,23 @@ def test_vllms_own_ray_backend_leaves_the_npus_to_its_placement_and_a_unit_that_
 def test_extends_cycle_and_missing_base_are_one_sentence(tmp_path):
     (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
-    with pytest.raises(ConfigError, match="makes a cycle"):
+    a, b = (tmp_path / "a.yaml").resolve(), (tmp_path / "b.yaml").resolve()
+    with pytest.raises(ConfigError) as cycle:
         load_config(tmp_path / "a.yaml")
+    assert f"`extends: a.yaml` closes a cycle ({a} extends {b} extends {a}); remove `extends:` from one of them" in str(cycle.value)
+    (tmp_path / "self.yaml").write_text("extends: self.yaml\n")
+    with pytest.raises(ConfigError, match=r"closes a cycle \(.*self.yaml extends .*self.yaml\)"):
+        load_config(tmp_path / "self.yaml")
+    with pytest.raises(ConfigError, match=r"config file /dev/null is not a regular file \(a device, a pipe or a socket\)"):
+        load_config("/dev/null")
+    (tmp_path / "dangling.yaml").symlink_to(tmp_path / "gone.yaml")
+    with pytest.raises(ConfigError, match=r"dangling.yaml is a link to .*gone.yaml, which does not exist"):
+        load_config(tmp_path / "dangling.yaml")
+    with pytest.raises(ConfigError, match=r"is a directory; pass a YAML file with -c/--config \(e.g. .*a.yaml, .*b.yaml"):
+        load_config(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"empty is a directory; pass a YAML file with -c/--config\.$"):
+        load_config(tmp_path / "empty")
     (tmp_path / "c.yaml").write_text("extends: nowhere.yaml\n")
     with pytest.raises(ConfigError, match=r"nowhere.yaml \(named by `extends:` in .*c.yaml\) does not exist; fix `extends:` in .*c.yaml"):
         load_config(tmp_path / "c.yaml")

@@ -77,7 +77,7 @@ def test_a_silent_worker_is_stopped_by_the_stall_limit(tmp_path):
     started = time.monotonic()
     outcome = run_worker(variant(tmp_path, python, "stall-unit"), JOB, tmp_path / "v", lambda e: None,
                          stall_timeout_s=2)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 300, "stopped, not waited out (the worker sleeps 600 s)"
     assert outcome.stalled and outcome.exit_code == 3
     assert "made no progress for 2s" in outcome.error and "gsm8k generate 3/8 requests" in outcome.error
     assert "engine: waiting in a collective" in outcome.error, "the engine log's tail belongs in the error"
@@ -89,7 +89,7 @@ def test_the_overall_time_limit_fires_on_a_worker_that_says_nothing(tmp_path):
     python = fake_interpreter(tmp_path, [], "sleep 600")
     started = time.monotonic()
     outcome = run_worker(variant(tmp_path, python, "timeout-unit"), JOB, tmp_path / "v", lambda e: None, timeout_s=1.5)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 300, "stopped, not waited out (the worker sleeps 600 s)"
     assert not outcome.stalled and outcome.exit_code == 3 and "exceeded its time limit of 1.5s" in outcome.error
     assert wait_gone("timeout-unit", 5) == []
 

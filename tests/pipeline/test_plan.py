@@ -233,3 +233,13 @@ def test_on_a_ray_cluster_ray_places_a_deployment_s_nodes(tmp_path):
     plain = make_plan(parse_config(_deployed_config(cluster={"address": "127.0.0.1:6379"})), "cfg.yaml", "gsm8k",
                       output=str(tmp_path))
     assert all(v.launch.deployment is not None for v in plain.variants)
+
+
+def test_resources_a_run_here_does_not_use_are_named_in_a_note():
+    assert not [n for n in plan().notes if "resources" in n]
+    variants = {**CONFIG["variants"], "sp": {**CONFIG["variants"]["sp"], "resources": {"NPU": 16}}}
+    here = make_plan(parse_config(dict(CONFIG, variants=variants, cluster={"resources": {"NPU": 8}})), "cfg.yaml", "gsm8k")
+    (note,) = [n for n in here.notes if "resources" in n]
+    assert note.startswith("`cluster.resources`, variant `sp`'s `resources:` apply on a Ray cluster only") and "not used" in note
+    there = make_plan(parse_config(dict(CONFIG, variants=variants, cluster={"address": "auto"})), "cfg.yaml", "gsm8k")
+    assert not [n for n in there.notes if "resources" in n]

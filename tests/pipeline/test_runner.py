@@ -30,3 +30,19 @@ def test_a_run_that_compared_nothing_returns_inconclusive(tmp_path):
     result = execute(plan, TerminalReporter(Console(file=out, width=200)), record=False)
     assert result.exit_code == ExitCode.INCONCLUSIVE and result.document.verdict is None
     assert "nothing was compared" in out.getvalue()
+
+
+def test_a_cluster_that_cannot_be_reached_leaves_no_run_and_no_history_behind(tmp_path):
+    import socket
+
+    import pytest
+
+    from evalpipe.cluster.session import ClusterUnavailable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    plan = fake_plan(tmp_path, {"a": {}, "b": {}}, "unreachable", cluster={"address": f"127.0.0.1:{port}"})
+    with pytest.raises(ClusterUnavailable, match=f"cannot reach the Ray cluster at 127.0.0.1:{port}"):
+        execute(plan, TerminalReporter(Console(file=io.StringIO())))
+    assert list(tmp_path.rglob("*")) == [], "no run directory, no history"

@@ -682,3 +682,101 @@ def outside_bounds(option: str, value: str) -> str | None:
             upper is not None and (number > upper if upper_in else number >= upper)):
         return f"{option} {value} is outside the bounds of its config key"
     return None
+
+
+# ---------------------------------------------------------------------------
+# The cluster and sampling surfaces: `cluster:`, `sampling:` (the run's and a task's),
+# --cluster and its companions, the local cluster's command line, doctor --cluster
+# ---------------------------------------------------------------------------
+
+GOOD_ADDRESSES = ["auto", "10.0.0.1:6379", "ray://head:10001", "[::1]:6379", "head.example:1"]
+# each with why it is wrong: the refusal must say what is wrong with the address, not "start the cluster"
+BAD_ADDRESSES = {"": "is empty", " ": "is empty", "local": "would start a private one-node Ray cluster",
+                 "http://10.0.0.1:8265": "has the scheme http://", "ray://head": "names no port",
+                 "head": "names no port", "head:x": "which is not a number", "head:0": "out of range",
+                 "head:70000": "out of range", "head:6379/x": "holds a path", "a b:1": "holds a space"}
+GOOD_RESOURCES = [{"CPU": 1}, {"NPU": 16, "CPU": 1}, {"node_a": 0.5}, {"CPU": 0, "NPU": 8}]
+BAD_RESOURCES = [{}, {"CPU": 0}, {"CPU": 0, "NPU": 0.0}, {"CPU": -1}, {"CPU": True}, {"CPU": "one"}, {" ": 1}, [["CPU", 1]],
+                 {"CPU": math.inf}]
+
+
+@st.composite
+def address_part(draw: st.DrawFn, block: Block, name: str) -> Any:
+    if draw(st.booleans()):
+        return draw(st.sampled_from(GOOD_ADDRESSES))
+    value = draw(st.sampled_from([*BAD_ADDRESSES, True, 7, ["auto"]]))
+    block.bad(f"`{name}: {value!r}` is not a Ray address")
+    return value
+
+
+@st.composite
+def cluster_blocks(draw: st.DrawFn) -> Block:
+    """A `cluster:` block: an address (good or bad) and some of its other keys, good or bad,
+    with the rule that binds two of them (`distinct_nodes` places all at once)."""
+    from evalpipe.config.cluster import ClusterSettings
+
+    block = Block({}, anchors=["cluster"])
+    fields = ClusterSettings.model_fields
+    chosen = draw(st.lists(st.sampled_from(["resources", "concurrency", "distinct_nodes", "placement_timeout_s",
+                                            "shared_filesystem", "scratch"]), max_size=3, unique=True))
+    for key in ["address", *chosen]:
+        if key == "address":
+            value = draw(address_part(block, "cluster.address"))
+        elif key == "resources":
+            good = draw(st.booleans())
+            value = draw(st.sampled_from(GOOD_RESOURCES if good else BAD_RESOURCES))
+            if not good:
+                block.bad(f"`cluster.resources: {value!r}` is no bundle Ray places")
+        elif key == "scratch":
+            value = draw(st.sampled_from(["/tmp/evalpipe-x", "scratch", ""]))
+            if value == "":
+                block.bad("`cluster.scratch` is empty")
+        else:
+            value = draw(field_part(block, ("cluster", key), fields[key], threshold=False))
+        block.doc[key] = value
+        block.parts.append(f"cluster.{key}: {value!r}")
+        block.anchors += [key, f"cluster.{key}"]
+    if block.doc.get("distinct_nodes") is True and isinstance(block.doc.get("concurrency"), int) \
+            and not isinstance(block.doc.get("concurrency"), bool):
+        block.bad("`distinct_nodes` with `concurrency`: one cannot limit the other")
+    return block
+
+
+@st.composite
+def sampling_blocks(draw: st.DrawFn) -> Block:
+    """A `sampling:` block (the run's or a task's): its keys good or bad, a temperature
+    always (it has no default), at times one where vLLM decodes greedily."""
+    from evalpipe.config.sampling import GREEDY_BELOW, Sampling
+
+    block = draw(model_blocks(Sampling))
+    block.anchors += ["sampling"]
+    if "temperature" not in block.doc:
+        greedy = draw(st.integers(0, 4)) == 0
+        block.doc["temperature"] = draw(st.sampled_from([0, 0.0, GREEDY_BELOW / 10])) if greedy else 0.6
+        block.parts.append(f"temperature: {block.doc['temperature']!r}")
+        block.anchors += ["temperature", "sampling.temperature"]
+        if greedy:
+            block.bad("a temperature where vLLM decodes greedily")
+    return block
+
+
+def jsonl_problems(stdout: str, exit_code: int) -> list[str]:
+    """What breaks the --progress jsonl contract: every stdout line a JSON object with an
+    `event`, the last of them the one verdict, with the command's exit code."""
+    events = []
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return [f"a line on stdout that is not JSON: {line[:120]!r}"]
+        if not isinstance(event, dict) or "event" not in event:
+            return [f"a JSON line that is no event: {line[:120]!r}"]
+        events.append(event)
+    verdicts = [e for e in events if e["event"] == "verdict"]
+    if not events or events[-1]["event"] != "verdict":
+        return ["stdout does not end in a verdict event"]
+    if len(verdicts) != 1:
+        return [f"{len(verdicts)} verdict events"]
+    if verdicts[0]["exit_code"] != exit_code:
+        return [f"the verdict says exit {verdicts[0]['exit_code']}, the command exited {exit_code}"]
+    return []

@@ -26,6 +26,8 @@ Behaviours, comma-separated in ``EVALPIPE_FAKE_ENGINE`` (a variant's ``env:`` se
   hang_after=N    after N answered requests, never answer again (for the watchdog)
   exit_after=N    after N answered requests, the process ends: with exit=CODE (default 3)
                   or signal=NAME (e.g. KILL, SEGV)
+  hold=PATH       after one answered request, answer no other until the file PATH exists:
+                  a point a test controls (kill the variant there, or let it go on)
   fail_start      the engine fails to start
   unseeded        a sampler that ignores the request's seed: its noise follows the order the
                   engine draws in (a sampler drawing per batch), so the same seed gives
@@ -78,6 +80,7 @@ class Behaviour:
     exit_after: int | None = None
     exit_code: int = 3
     exit_signal: str | None = None
+    hold: str | None = None
     fail_start: bool = False
     unseeded: bool = False
 
@@ -87,7 +90,8 @@ class Behaviour:
         must not pass as the plain engine)."""
         fields: dict[str, Any] = {}
         names = {"diverge": ("diverge_at", int), "delay": ("delay_s", float), "hang_after": ("hang_after", int),
-                 "exit_after": ("exit_after", int), "exit": ("exit_code", int), "signal": ("exit_signal", str)}
+                 "exit_after": ("exit_after", int), "exit": ("exit_code", int), "signal": ("exit_signal", str),
+                 "hold": ("hold", str)}
         for word in (w.strip() for w in text.split(",")):
             if word in ("", "1", "on"):
                 continue
@@ -226,6 +230,10 @@ class FakeEngine(InProcessEngine):
                 os.kill(os.getpid(), getattr(signal, "SIG" + b.exit_signal.upper().removeprefix("SIG")))
                 time.sleep(60)  # a signal the process survives: never answer
             os._exit(b.exit_code)
+        if b.hold is not None and self._answered >= 1 and not os.path.exists(b.hold):
+            print(f"fake engine: holding after {self._answered} request(s) until {b.hold} exists (hold)", flush=True)
+            while not os.path.exists(b.hold):
+                time.sleep(0.05)
         if b.delay_s:
             time.sleep(b.delay_s)
         self._answered += 1

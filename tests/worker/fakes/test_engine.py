@@ -98,3 +98,19 @@ def test_the_journal_answers_what_an_earlier_attempt_asked(tmp_path):
     again = FakeEngine({}, Behaviour(exit_after=0), journal=RequestJournal(tmp_path / "j.jsonl"))
     assert generate(again) == want, "answered from the journal: the engine (told to exit) was not asked"
     assert again.journal is not None and again.journal.summary().answers_reused == 1
+
+
+def test_hold_answers_one_request_then_waits_for_its_file(tmp_path):
+    """hold=PATH: a point the test controls (an event, not a duration)."""
+    import threading
+
+    release = tmp_path / "release"
+    eng = engine(hold=str(release))
+    assert Behaviour.parse(f"hold={release}").hold == str(release)
+    generate(eng)  # the first request is answered at once
+    answered = threading.Event()
+    second = threading.Thread(target=lambda: (generate(eng), answered.set()), daemon=True)
+    second.start()
+    assert not answered.wait(0.5), "the second request waits while the file is missing"
+    release.write_text("")
+    assert answered.wait(120), "the file released it"
