@@ -4,8 +4,14 @@
 # process, so a module's shared engine run stays shared. Every engine the shipped configs start
 # has one compute thread (OMP_NUM_THREADS=1, unbound), so two of them share the two cores
 # instead of spinning on each other's; the longest files start first (tests/conftest.py).
+# Each part's wall time is printed on its own line ("[test] ..."): the CI budget is read there.
 #   bash scripts/test.sh     # after `bash scripts/setup.sh --tests`
 set -euo pipefail
 cd "$(dirname "$0")/.."
+machine=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+started=$SECONDS
 .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadfile
+fast=$((SECONDS - started))
+echo "[test] fast part: ${fast} s on ${machine}"
 .venv/bin/python -m pytest -q -m slow -n 2 --dist loadfile
+echo "[test] fast part: ${fast} s, end-to-end part: $((SECONDS - started - fast)) s on ${machine}"

@@ -46,6 +46,7 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.loading import load_config
 from evalpipe.config.run_config import RunConfig, Variant
 from evalpipe.config.sampling import Sampling
+from evalpipe.documents.comparison import Status
 from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import RunFailed
@@ -261,7 +262,7 @@ def run_calibration(
         kind, doc = expected.get(c.variant, ("benign", ""))
         side = side_of(c.variant)
         cost = None
-        if c.status.value == "DIVERGENT":
+        if c.status is Status.DIVERGENT:
             reporter.info(f"detection cost of {c.variant} ...")
             cost = detection_cost(ref, side, gates, aa=aa, numerics=numerics)
         rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))

@@ -11,7 +11,7 @@ from evalpipe.config.gate_settings import Gates
 from evalpipe.config.loading import load_gates
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.errors import UserError
-from evalpipe.pipeline.comparing import compare_across_runs, print_written, read_run_info, report_run, verdict_exit_code, write_outputs
+from evalpipe.pipeline.comparing import compare_across_runs, print_written, read_run_info, report_run, write_outputs
 from evalpipe.pipeline.plan import split_csv
 from evalpipe.report.terminal import print_summary
 from evalpipe.reporting import Reporter
@@ -64,7 +64,7 @@ def compare_two_runs(a: Path, b: Path, reporter: Reporter, output: Path | None =
     written = write_outputs(out_dir, comparison, info)
     print_summary(comparison.doc, reporter.console)
     print_written(written, reporter)
-    code = verdict_exit_code(comparison.status.value)
+    code = comparison.status.exit_code
     reporter.verdict(comparison.status.value, code, out_dir)
     return code
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.run_config import Localize
-from evalpipe.documents.comparison import read_comparison
+from evalpipe.documents.comparison import Status, read_comparison
 from evalpipe.errors import EvalpipeError, ExitCode, UserError
 from evalpipe.pipeline.launching import Limits
 from evalpipe.pipeline.localizing import Request, localize_run
@@ -36,7 +36,7 @@ def localize_after_run(run_dir: Path, reporter: Reporter) -> None:
     rd = RunDir(run_dir)
     if not rd.compare_json.is_file():
         return
-    divergent = tuple(c.variant for c in read_comparison(rd.compare_json).comparisons if c.status == "DIVERGENT")
+    divergent = tuple(c.variant for c in read_comparison(rd.compare_json).comparisons if c.status is Status.DIVERGENT)
     if not divergent:
         return
     try:

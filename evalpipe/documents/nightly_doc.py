@@ -8,7 +8,7 @@ it had the same fields and is read as version 1.
 
 from __future__ import annotations
 
-import typing
+from enum import Enum
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -21,14 +21,27 @@ NIGHTLY_VERSION: Final = 1
 
 # A night's statuses, least severe first: a finding (REGRESSION) outranks a night that
 # proved nothing about its paths, and a run that did not finish outranks both.
-NightStatus = Literal["PASS", "INCONCLUSIVE", "REGRESSION", "FAILED"]
-NIGHT_STATUSES: tuple[NightStatus, ...] = typing.get_args(NightStatus)
+class NightStatus(str, Enum):
+    PASS = "PASS"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    REGRESSION = "REGRESSION"
+    FAILED = "FAILED"
+
+    @property
+    def severity(self) -> int:
+        return NIGHT_STATUSES.index(self)
+
+    def __str__(self) -> str:  # plain "PASS" in f-strings
+        return self.value
+
+
+NIGHT_STATUSES: tuple[NightStatus, ...] = tuple(NightStatus)
 
 
 class NightlyDocument(Document):
     version: Literal[1] = NIGHTLY_VERSION
     run_id: str
-    status: NightStatus = "PASS"
+    status: NightStatus = NightStatus.PASS
     verdict: str | None = None  # tonight's own comparison (compare.json's status)
     baseline: str | None = None  # the night the variants were judged against
     reasons: list[str] = []

@@ -21,6 +21,7 @@ from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.run_config import aa_variant_name
 from evalpipe.documents.base import Document, read_json_object, validated
+from evalpipe.documents.comparison import Status
 from evalpipe.errors import UserError
 from evalpipe.redact import redact
 
@@ -132,7 +133,7 @@ class RunDocument(Document):
     timings: Timings = Timings()
     versions: dict[str, Any] | None = None  # the reference's, for the report's header
     hardware: dict[str, Any] | None = None
-    verdict: str | None = None
+    verdict: Status | None = None
     error: str | None = None
     failed_variants: list[str] = []
     interrupted_by: str | None = None

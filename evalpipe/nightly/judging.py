@@ -11,7 +11,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +19,8 @@ from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.run import check_same_items, compare_artifacts
 from evalpipe.config.expectations import Expectations
 from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
-from evalpipe.documents.comparison import Comparison, Paths, TokenSummary, read_comparison
-from evalpipe.documents.nightly_doc import NIGHT_STATUSES, NightlyDocument, NightStatus
+from evalpipe.documents.comparison import Comparison, Paths, Status, TokenSummary, read_comparison
+from evalpipe.documents.nightly_doc import NightlyDocument, NightStatus
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import UserError
 from evalpipe.gates import registry
@@ -31,7 +31,6 @@ from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RUN_JSON
 
 PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
-INCONCLUSIVE: Final = "INCONCLUSIVE"  # a night's, named as a comparison's (Status.INCONCLUSIVE)
 # token measures followed per task, (source, measure), each with the gate that judges it
 # within a night (its threshold is the series' floor): the registry's gates that have one
 TOKEN_GATES = {g.series: g.name for g in registry.GATES if g.series is not None}
@@ -42,11 +41,11 @@ class _Findings:
     """What makes a night worse than PASS, in the order found; the worst status stands."""
 
     def __init__(self) -> None:
-        self.status: NightStatus = "PASS"
+        self.status: NightStatus = NightStatus.PASS
         self.reasons: list[str] = []
 
-    def fail(self, reason: str, status: NightStatus = "REGRESSION") -> None:
-        if NIGHT_STATUSES.index(status) > NIGHT_STATUSES.index(self.status):
+    def fail(self, reason: str, status: NightStatus = NightStatus.REGRESSION) -> None:
+        if status.severity > self.status.severity:
             self.status = status
         self.reasons.append(reason)
 
@@ -75,7 +74,7 @@ def _only_compared_nothing(night: dict[str, Any]) -> bool:
     of a one-variant series): it proves nothing, but it showed no fault either, so the next
     night may be judged against it."""
     judgement = night.get("judgement") or {}
-    return (night.get("nightly_status") == INCONCLUSIVE and judgement.get("compared") is False
+    return (night.get("nightly_status") == NightStatus.INCONCLUSIVE and judgement.get("compared") is False
             and len(judgement.get("reasons") or []) == 1)
 
 
@@ -191,9 +190,9 @@ def tonight_inconclusive(run_dir: Path, verdict: str | None) -> str | None:
     None when every comparison proves something."""
     path = artifacts.RunDir(run_dir).compare_json
     comparisons = read_comparison(path).comparisons if path.is_file() else []
-    inconclusive = [c for c in comparisons if c.status == INCONCLUSIVE]
+    inconclusive = [c for c in comparisons if c.status is Status.INCONCLUSIVE]
     if not inconclusive:
-        if verdict != INCONCLUSIVE:
+        if verdict != Status.INCONCLUSIVE:
             return None
         return (f"tonight's comparison proves nothing about the paths, and {path} is missing to say why; "
                 f"`evalpipe compare {run_dir}` writes it again")
@@ -332,13 +331,13 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
     tonight_dir = Path(tonight["run_dir"])
     paths: str | None = None
     if tonight.get("status") != "ok":
-        found.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", "FAILED")
+        found.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", NightStatus.FAILED)
     else:
-        if tonight.get("verdict") is not None and tonight["verdict"] not in (*PASSING, INCONCLUSIVE):
+        if tonight.get("verdict") is not None and tonight["verdict"] not in (*PASSING, Status.INCONCLUSIVE):
             found.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
         paths = tonight_inconclusive(tonight_dir, tonight.get("verdict"))
         if paths:
-            found.fail(paths, INCONCLUSIVE)
+            found.fail(paths, NightStatus.INCONCLUSIVE)
     nights = series_nights(history, run_id)
     floor = None
     baseline: str | None = None
@@ -360,16 +359,16 @@ def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int
         against.append(entry)
         if entry.get("error"):
             found.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
-        elif entry["status"] == INCONCLUSIVE:
+        elif entry["status"] == Status.INCONCLUSIVE:
             found.fail(f"{v['name']}'s comparison with baseline {base} proves nothing about the paths: {first_path_reason(entry)}",
-                       INCONCLUSIVE)
+                       NightStatus.INCONCLUSIVE)
         elif entry["status"] not in PASSING:
             first = entry["reasons"][0] if entry["reasons"] else ""
             found.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
     compared = True
     if tonight.get("status") == "ok" and tonight.get("verdict") is None and not any("error" not in e for e in against):
         compared = False
-        found.fail(nothing_compared(tonight.get("reference")), INCONCLUSIVE)
+        found.fail(nothing_compared(tonight.get("reference")), NightStatus.INCONCLUSIVE)
     changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
     for c in changes:
         if c["state"] == "flagged" and c["flipped"]:

@@ -44,9 +44,10 @@ from evalpipe.rundir.artifacts import RUN_JSON
 NIGHTLY_MD = "nightly.md"
 NIGHTLY_JUNIT = "nightly-junit.xml"
 # keyed by the one night status type (documents/nightly_doc.py): a key that is no night status fails type checking
-EXIT_CODES: dict[NightStatus, ExitCode] = {"PASS": ExitCode.OK, "REGRESSION": ExitCode.DIVERGENT, "FAILED": ExitCode.FAILED,
-                                           "INCONCLUSIVE": ExitCode.INCONCLUSIVE}
-NIGHT_COLOURS: dict[NightStatus, str] = {"PASS": "green", "INCONCLUSIVE": "yellow", "REGRESSION": "red", "FAILED": "red"}
+EXIT_CODES: dict[NightStatus, ExitCode] = {NightStatus.PASS: ExitCode.OK, NightStatus.REGRESSION: ExitCode.DIVERGENT, NightStatus.FAILED: ExitCode.FAILED,
+                                           NightStatus.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+NIGHT_COLOURS: dict[NightStatus, str] = {NightStatus.PASS: "green", NightStatus.INCONCLUSIVE: "yellow",
+                                         NightStatus.REGRESSION: "red", NightStatus.FAILED: "red"}
 # ---------------------------------------------------------------------------
 # outputs
 # ---------------------------------------------------------------------------

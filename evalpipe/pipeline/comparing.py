@@ -46,7 +46,7 @@ from evalpipe.compare.run import (
 )
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates
-from evalpipe.documents.comparison import Status, write_comparison
+from evalpipe.documents.comparison import write_comparison
 from evalpipe.documents.localization import LocalizeDocument, read_localizations
 from evalpipe.documents.manifest import read_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
@@ -264,11 +264,6 @@ def write_outputs(
     return {"compare": rd.compare_json, "junit": rd.junit_xml, "markdown": rd.report_md, "html": rd.report_html}
 
 
-def verdict_exit_code(status: str) -> int:
-    """0 identical or equivalent within the gates, 1 divergent, 4 inconclusive (nothing proven about the paths)."""
-    return Status(status).exit_code
-
-
 def report_run(
     run_dir: Path,
     reporter: Reporter,
@@ -289,7 +284,7 @@ def report_run(
     if info is None:  # a broken run.json: one sentence naming it
         info = read_run_document(rd.root) or RunDocument()
     comparison = compare_run(rd.root, reference=reference, variants=variants, gates=gates, unverified=unverified)
-    verdict = comparison.status.value
+    verdict = comparison.status
     if output is None:
         info = info.updated(status="ok", verdict=verdict)
         write_run_document(rd.run_json, info)
@@ -298,7 +293,7 @@ def report_run(
     written = write_outputs(Path(output) if output is not None else rd.root, comparison, info, localizations=localizations)
     print_summary(comparison.doc, reporter.console, localizations=localizations)
     print_written(written, reporter)
-    return verdict_exit_code(verdict), info.updated(verdict=verdict) if output is not None else info
+    return verdict.exit_code, info.updated(verdict=verdict) if output is not None else info
 
 
 def readable_localizations(run_dir: Path, reporter: Reporter) -> list[LocalizeDocument]:

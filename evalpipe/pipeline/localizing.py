@@ -28,7 +28,7 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.run_config import RunConfig
 from evalpipe.documents import localization as schema
 from evalpipe.documents.captures import read_captures
-from evalpipe.documents.comparison import read_comparison
+from evalpipe.documents.comparison import Status, read_comparison
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.documents.worker_job import LocalizeJob, LocalizeSequence, TeacherJob
 from evalpipe.errors import RunFailed, UserError
@@ -166,7 +166,7 @@ def _divergent_variant(rd: RunDir) -> str:
         raise UserError(f"{rd.root} has no compare.json; compare the run first (`evalpipe compare {rd.root}`) or "
                         "name the variant with --variant.")
     comparisons = read_comparison(rd.compare_json).comparisons
-    divergent = [c.variant for c in comparisons if c.status == "DIVERGENT"]
+    divergent = [c.variant for c in comparisons if c.status is Status.DIVERGENT]
     if not divergent:
         states = ", ".join(f"{c.variant} {c.status}" for c in comparisons) or "none"
         raise UserError(f"no variant of {rd.root} is DIVERGENT ({states}); name one with --variant to localize it anyway.")

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from rich.markup import escape
 
 from evalpipe.cluster.session import connect
+from evalpipe.documents.comparison import Status
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantPlacement, VariantStatus, write_run_document
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
 from evalpipe.execution.launch import VariantOutcome, stop_if_interrupted
@@ -85,7 +86,7 @@ def execute(plan: RunPlan, reporter: Reporter, timeout_s: float | None = None, *
             record_in_history(plan, reporter)
         unlock_run_dir(plan.run_dir)  # taken by _execute once it had created the directory
     # the last event: its line (the summary, or the sentence of a run that compared nothing) is above
-    reporter.verdict(result.document.verdict or "INCONCLUSIVE", result.exit_code, result.run_dir)
+    reporter.verdict(str(result.document.verdict or Status.INCONCLUSIVE), result.exit_code, result.run_dir)
     return result
 
 

@@ -15,7 +15,8 @@ from evalpipe.report.markdown import md_escape
 
 PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
 INCONCLUSIVE = Status.INCONCLUSIVE.value
-NIGHT_ICONS: dict[NightStatus, str] = {"PASS": "✅", "INCONCLUSIVE": "⚠️", "REGRESSION": "❌", "FAILED": "💥"}
+NIGHT_ICONS: dict[NightStatus, str] = {NightStatus.PASS: "✅", NightStatus.INCONCLUSIVE: "⚠️", NightStatus.REGRESSION: "❌",
+                                       NightStatus.FAILED: "💥"}
 
 
 def render_night_summary(j: NightlyDocument, dashboard: Path | None = None) -> str:

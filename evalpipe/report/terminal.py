@@ -21,11 +21,11 @@ from evalpipe.report.what_ran import (
     what_ran_view,
 )
 
-STATUS_STYLE = {
-    "IDENTICAL": "bold green",
-    "EQUIVALENT": "bold cyan",
-    "INCONCLUSIVE": "bold yellow",
-    "DIVERGENT": "bold red",
+STATUS_STYLE: dict[Status, str] = {
+    Status.IDENTICAL: "bold green",
+    Status.EQUIVALENT: "bold cyan",
+    Status.INCONCLUSIVE: "bold yellow",
+    Status.DIVERGENT: "bold red",
 }
 PATH_STYLE = "yellow"
 MAX_REASONS = 8
@@ -33,7 +33,7 @@ VALUE_WIDTH = 10  # what-ran table: the narrowest a value column gets
 
 
 def _style(status: str) -> str:
-    return STATUS_STYLE[status]
+    return STATUS_STYLE[Status(status)]
 
 
 def _plain(text: Any, max_len: int | None = None) -> str:
