@@ -6,7 +6,8 @@ with data-parallel rank 0, a headless node with rank 1, each node's processes st
 evalpipe's actor on that node; docs/deployments.md). One run of the three variants and the
 reference's A/A run on its server, then `evalpipe localize` with decode steps (locally: the
 same deployment with both nodes here); docs/sp-moe.md explains what is asserted here. The
-same layout on one node, unlaunched, is the sampled test at the end."""
+sampled test at the end starts the same deployment without Ray, node 1 through a launcher
+prefix that stands in for ssh."""
 
 from __future__ import annotations
 
