@@ -34,7 +34,7 @@ from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 3.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 5.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 24
 CONFIGS = default_config().parent
