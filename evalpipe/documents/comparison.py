@@ -348,11 +348,20 @@ class WhatRan(Document):
     b: ProbeSummary | None
 
 
-PathStatus = Literal["verified", "failed", "same_code", "not_recorded"]
-VERIFIED: Final = "verified"  # the probes show each side ran the code its config declares
-FAILED: Final = "failed"  # an expectation failed
-SAME_CODE: Final = "same_code"  # both sides ran the same code: nothing was compared
-NOT_RECORDED: Final = "not_recorded"  # a side has no probe record (endpoint mode, an older run)
+class PathStatus(str, Enum):
+    VERIFIED = "verified"  # the probes show each side ran the code its config declares
+    FAILED = "failed"  # an expectation failed
+    SAME_CODE = "same_code"  # both sides ran the same code: nothing was compared
+    NOT_RECORDED = "not_recorded"  # a side has no probe record (endpoint mode, an older run)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+VERIFIED: Final = PathStatus.VERIFIED
+FAILED: Final = PathStatus.FAILED
+SAME_CODE: Final = PathStatus.SAME_CODE
+NOT_RECORDED: Final = PathStatus.NOT_RECORDED
 
 
 class Paths(Document):

@@ -11,6 +11,7 @@ version, or with a key this evalpipe does not know, is refused in one sentence.
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -23,7 +24,15 @@ MANIFEST_JSON = "manifest.json"  # in each variant's directory
 MANIFEST_VERSION: Final = 1
 REMEDY = "restore it or re-run the variant"
 
-Status = Literal["running", "ok", "failed"]
+class ManifestStatus(str, Enum):
+    """Where a variant's run stands, as its manifest.json says."""
+
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class ArtifactEntry(Document):
@@ -104,7 +113,7 @@ class ProbeSummary(Document):
 class VariantManifest(Document):
     version: Literal[1] = MANIFEST_VERSION
     variant: str
-    status: Status
+    status: ManifestStatus
     error: str | None = None  # a failed variant's one sentence
     python: str | None = None  # the variant's interpreter
     argv: list[str] = []

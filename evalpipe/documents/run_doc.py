@@ -13,6 +13,7 @@ migrated explicitly by :func:`_migrate_unversioned`.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -30,7 +31,16 @@ RUN_JSON = "run.json"  # the run directory's own document, at its top
 RUN_VERSION: Final = 1
 REMEDY = "fix it, or restore it from a copy"
 
-RunStatus = Literal["running", "ok", "failed", "interrupted"]
+class RunStatus(str, Enum):
+    """Where a run stands, as its run.json says (its verdict is the comparison's Status)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class NoiseFloorEntry(Document):

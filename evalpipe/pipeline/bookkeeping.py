@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.config.errors import ConfigError
-from evalpipe.documents.manifest import read_manifest, write_manifest
+from evalpipe.documents.manifest import ManifestStatus, read_manifest, write_manifest
 from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
 from evalpipe.execution import launch
 from evalpipe.rundir import artifacts
@@ -66,7 +66,7 @@ def mark_stopped(vdir: artifacts.VariantDir, error: str) -> None:
         return
     manifest = read_manifest(vdir.manifest)
     if manifest.status == "running":
-        write_manifest(vdir.manifest, manifest.model_copy(update={"status": "failed", "error": error, "finished_at": time.time()}))
+        write_manifest(vdir.manifest, manifest.model_copy(update={"status": ManifestStatus.FAILED, "error": error, "finished_at": time.time()}))
 
 
 def mark_interrupted(run_dir: Path) -> None:

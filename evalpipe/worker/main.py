@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from evalpipe.documents.manifest import Hardware, VariantManifest, read_manifest, write_manifest
+from evalpipe.documents.manifest import Hardware, ManifestStatus, VariantManifest, read_manifest, write_manifest
 from evalpipe.documents.worker_events import event_line, make_event
 from evalpipe.documents.worker_job import LocalizeJob, TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
@@ -243,7 +243,7 @@ class _VariantRun:
         self.journal: RequestJournal | None = None  # the engine's, once it is built
         self.manifest = VariantManifest(
             variant=job.variant,
-            status="running",
+            status=ManifestStatus.RUNNING,
             python=sys.executable,
             argv=sys.argv,
             env=artifacts.redact_env(dict(os.environ), also=job.secret_env),

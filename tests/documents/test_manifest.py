@@ -17,6 +17,7 @@ from evalpipe.documents.manifest import (
     EngineInfo,
     Hardware,
     JournalSummary,
+    ManifestStatus,
     ProbeSummary,
     ServerInfo,
     VariantManifest,
@@ -114,13 +115,13 @@ def test_the_parent_marks_a_stopped_worker_s_manifest_failed_and_keeps_the_rest(
     from types import SimpleNamespace
 
     from evalpipe.pipeline import bookkeeping
-    running = _manifest().model_copy(update={"status": "running", "artifacts": None, "finished_at": None})
+    running = _manifest().model_copy(update={"status": ManifestStatus.RUNNING, "artifacts": None, "finished_at": None})
     path = tmp_path / MANIFEST_JSON
     write_manifest(path, running)
     bookkeeping.close_manifest(tmp_path, SimpleNamespace(ok=False, error="made no progress for 60 s"))
     closed = read_manifest(path)
     assert closed.status == "failed" and closed.error == "made no progress for 60 s" and closed.finished_at
-    assert closed.model_copy(update={"status": "running", "error": None, "finished_at": None}) == running
-    write_manifest(path, closed.model_copy(update={"status": "ok"}))
+    assert closed.model_copy(update={"status": ManifestStatus.RUNNING, "error": None, "finished_at": None}) == running
+    write_manifest(path, closed.model_copy(update={"status": ManifestStatus.OK}))
     bookkeeping.close_manifest(tmp_path, SimpleNamespace(ok=False, error="late"))
     assert read_manifest(path).status == "ok", "a worker that said it finished is not overruled"
