@@ -65,6 +65,7 @@ from fuzz_inputs import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from in_process import evalpipe
+from listeners import http_answer, listening, silent_answer
 
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.loading import load_config
@@ -817,38 +818,7 @@ def test_the_local_cluster_command_line(tmp_path_factory: pytest.TempPathFactory
             assert len(specs) == len(nodes) and all(float(s.get("CPU", 1)).is_integer() for s in specs), specs
 
 
-@contextlib.contextmanager
-def _listening(kind: str) -> Iterator[int]:
-    """A port on 127.0.0.1 where `nothing` listens, an `http` server answers, or a `silent` one says nothing."""
-    import socket
-    import threading
-
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def answer() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(64)
-                if kind == "http":
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n")
-                else:
-                    conn.recv(64)  # silent until the client hangs up
-
-    if kind == "nothing":
-        server.close()
-    else:
-        threading.Thread(target=answer, daemon=True).start()
-    try:
-        yield port
-    finally:
-        server.close()
-
-
+LISTENER_ANSWERS = {"http": http_answer, "silent": silent_answer, "nothing": None}
 LISTENERS = {"http": "an HTTP server answers on", "silent": "accepts connections but says nothing in 1 s", "nothing": "nothing answers on"}
 
 
@@ -870,7 +840,7 @@ def test_a_cluster_address_fails_at_once_saying_what_is_wrong(address: str, sche
         assert BAD_ADDRESSES[address] in str(refused.value), refused.value
         return
     fake_ray = type("Ray", (), {"is_initialized": staticmethod(lambda: False)})
-    with _listening(address) as port, pytest.MonkeyPatch.context() as mp:
+    with listening(LISTENER_ANSWERS[address]) as port, pytest.MonkeyPatch.context() as mp:
         mp.setattr(session, "import_ray", lambda: fake_ray)
         mp.setattr(session, "REACH_TIMEOUT_S", 1.0)  # what "says nothing" means here
         given = f"{scheme}127.0.0.1:{port}"

@@ -5,11 +5,9 @@ cluster's nodes and their free resources are described in evalpipe's messages.""
 from __future__ import annotations
 
 import socket
-import threading
-from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
+from listeners import http_answer, listening, silent_answer
 
 from evalpipe.cluster import session
 from evalpipe.cluster.session import ClusterUnavailable, NodeCapacity, describe_nodes, describe_resources, head_endpoint
@@ -40,43 +38,9 @@ def test_an_address_nothing_answers_on_fails_at_once_saying_what_to_do(monkeypat
     assert "`ray start --head`" in sentence and "--cluster" in sentence
 
 
-@contextmanager
-def _listener(answer) -> Iterator[int]:
-    """A server on 127.0.0.1 that, for each connection, calls ``answer(conn)``; yields its port."""
-    server = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                answer(conn)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        server.close()
-
-
 def _settings_frame(conn: socket.socket) -> None:
     conn.recv(64)
     conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # what a gRPC server answers to the HTTP/2 preface
-
-
-def _http(conn: socket.socket) -> None:
-    conn.recv(64)
-    conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-
-
-def _silent(conn: socket.socket) -> None:
-    conn.recv(64)
-    conn.recv(64)  # says nothing: returns once the client has given up and closed
 
 
 def _hangs_up(conn: socket.socket) -> None:
@@ -84,22 +48,22 @@ def _hangs_up(conn: socket.socket) -> None:
 
 
 @pytest.mark.parametrize("answer, says", [
-    (_http, "an HTTP server answers on 127.0.0.1:{port}, not Ray's GCS"),
-    (_silent, "something on 127.0.0.1:{port} accepts connections but says nothing in 0.5 s"),
+    (http_answer, "an HTTP server answers on 127.0.0.1:{port}, not Ray's GCS"),
+    (silent_answer, "something on 127.0.0.1:{port} accepts connections but says nothing in 0.5 s"),
     (_hangs_up, "something on 127.0.0.1:{port} closes the connection without a word"),
 ])
 def test_an_address_where_something_else_listens_fails_at_once_saying_what_listens(answer, says):
-    with _listener(answer) as port:
+    with listening(answer) as port:
         problem = session._port_problem(f"127.0.0.1:{port}", timeout_s=0.5)
     assert problem is not None and problem[1], "something listens there"
     assert problem[0].startswith(says.format(port=port)) and "8265" in problem[0], problem
 
 
 def test_a_grpc_server_passes_the_check_and_its_sentence_names_the_address(monkeypatch):
-    with _listener(_settings_frame) as port:
+    with listening(_settings_frame) as port:
         assert session._port_problem(f"127.0.0.1:{port}", timeout_s=120) is None
     monkeypatch.setattr(session, "import_ray", lambda: type("Ray", (), {"is_initialized": staticmethod(lambda: False)}))
-    with _listener(_http) as port, pytest.raises(ClusterUnavailable) as failed:
+    with listening(http_answer) as port, pytest.raises(ClusterUnavailable) as failed:
         session.connect(f"127.0.0.1:{port}")
     assert str(failed.value).startswith(f"no Ray cluster answers at 127.0.0.1:{port}: an HTTP server answers")
 
