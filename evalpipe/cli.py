@@ -456,7 +456,7 @@ def history_import(
     hist = open_history_for(history, config, output, access="create")
     for d, rec in zip(run_dirs, records):
         hist.write(rec)
-        console.print(f"recorded {rec.run['run_id']} ({d})")
+        console.print(f"recorded {rec.run.run_id} ({d})")
 
 
 @history_app.command("simulate")

@@ -48,7 +48,7 @@ from evalpipe.config.run_config import RunConfig, Variant
 from evalpipe.config.sampling import Sampling
 from evalpipe.documents.comparison import Status
 from evalpipe.documents.localization import read_localizations
-from evalpipe.documents.run_doc import RunDocument, read_run_document
+from evalpipe.documents.run_doc import RunDocument, RunStatus, read_run_document
 from evalpipe.errors import RunFailed
 from evalpipe.install import checkout_root, default_config
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, LAST_LAYER, Fault
@@ -332,7 +332,7 @@ def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | No
     earlier = Path(output) / run_id if output is not None and run_id is not None else None
     found = read_run_document(earlier) if earlier is not None else None
     # a run that ended (ok, or failed with some variants: a fault that stops the engine fails alone)
-    if earlier is not None and found is not None and (found.status == "ok" or (found.status == "failed" and found.failed_variants)):
+    if earlier is not None and found is not None and (found.status is RunStatus.OK or (found.status is RunStatus.FAILED and found.failed_variants)):
         reporter.step(f"the zoo's sampled run {earlier}: judged again")
         info, run_dir = found, earlier
     else:

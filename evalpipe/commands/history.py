@@ -51,8 +51,8 @@ def list_runs(hist: History, console: Console, *, kind: str | None, last: int) -
     rows = hist.runs(kind=kind)[-last:]
     table = Table("run id", "kind", "started (UTC)", "status", "verdict", "nightly", "baseline", "config", title=f"history {hist.where}")
     for r in rows:
-        table.add_row(r["run_id"], r["kind"], time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["started_at"])), str(r["status"]),
-                      str(r["verdict"] or "-"), str(r["nightly_status"] or "-"), str(r["baseline_run_id"] or "-"), str(r["config_hash"] or "-")[:12])
+        table.add_row(r.run_id, r.kind, time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at)), str(r.status),
+                      str(r.verdict or "-"), str(r.nightly_status or "-"), str(r.baseline_run_id or "-"), str(r.config_hash or "-")[:12])
     console.print(table)
     if not rows:
         console.print("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; `evalpipe history import RUN_DIR...` adds existing ones.")
@@ -61,15 +61,16 @@ def list_runs(hist: History, console: Console, *, kind: str | None, last: int) -
 def show_run(hist: History, run_id: str, console: Console) -> None:
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
     run = hist.run(run_id)
-    console.print(f"[bold]{run['run_id']}[/] ({run['kind']}) status {run['status']}, verdict {run['verdict']}, nightly {run['nightly_status'] or '-'}"
-                  f", baseline {run['baseline_run_id'] or '-'}\nrun directory {run['run_dir']}", soft_wrap=True)
+    console.print(f"[bold]{run.run_id}[/] ({run.kind}) status {run.status}, verdict {run.verdict}, nightly {run.nightly_status or '-'}"
+                  f", baseline {run.baseline_run_id or '-'}\nrun directory {run.run_dir}", soft_wrap=True)
     for v in hist.variants_of(run_id):
-        comps = ", ".join(f"{k} {val}" for k, val in sorted((v["components"] or {}).items()))
-        console.print(f"  {v['name']} ({v['role']}) {v['status'] or ''}  {comps}", soft_wrap=True, markup=False)
-        paths = f"; paths {v['path_status']}" if v["path_status"] else ""
-        console.print(f"    ran: {describe_what_ran(v['probes'])}{paths}", soft_wrap=True, markup=False)
+        comps = ", ".join(f"{k} {val}" for k, val in sorted(v.components.items()))
+        console.print(f"  {v.name} ({v.role}) {v.status or ''}  {comps}", soft_wrap=True, markup=False)
+        paths = f"; paths {v.path_status}" if v.path_status else ""
+        console.print(f"    ran: {describe_what_ran(v.probes)}{paths}", soft_wrap=True, markup=False)
     for s in hist.score_rows([run_id]):
-        se = f" ± {s['se']:.4f}" if s["se"] is not None else ""
-        console.print(f"    {s['variant']:<20} {s['task']} {s['metric']}: {s['mean']:.4f}{se} (n {s['n']})", markup=False)
-    for reason in (run.get("judgement") or {}).get("reasons") or []:
+        se = f" ± {s.se:.4f}" if s.se is not None else ""
+        mean = "—" if s.mean is None else f"{s.mean:.4f}"
+        console.print(f"    {s.variant:<20} {s.task} {s.metric}: {mean}{se} (n {s.n})", markup=False)
+    for reason in run.judgement.reasons if run.judgement else []:
         console.print(f"  - {reason}", soft_wrap=True, markup=False)

@@ -31,14 +31,18 @@ reported, never flagged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import ruptures
 from scipy import stats
 
+from evalpipe.documents.nightly_doc import ChangeState
+
 PENALTY = 3.0
 TOKEN_DECADES = 1.0
 TINY = 1e-30
+
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class Change:
     p_value: float | None
     nights_after: int
     open: bool  # the new level lasts until the latest night
-    state: str  # flagged | pending | not significant
+    state: ChangeState
     flipped: tuple[tuple[int, float, float], ...] = field(default=())  # (item index, before, after): last_good vs index
 
     @property
@@ -60,7 +64,7 @@ class Change:
         return self.after - self.before
 
     @property
-    def direction(self) -> str:
+    def direction(self) -> Literal["up", "down"]:
         return "up" if self.delta > 0 else "down"
 
     @property
@@ -123,7 +127,7 @@ def score_changes(
             continue
         is_open = b1 == n_nights
         if p >= alpha:
-            state = "not significant"
+            state: ChangeState = "not significant"
         elif b1 - b0 < min_nights:
             state = "pending"
         else:
@@ -166,7 +170,7 @@ def token_changes(
         after_med = float(np.median(v[idx[b0:b1]]))
         rise = np.log10(max(after_med, TINY)) - np.log10(max(before_max, aa_max, TINY))
         if after_med <= before_max and after_med < float(np.median(v[idx[a0:a1]])):
-            state = "not significant"  # a fall: reported in the series, never an alarm
+            state: ChangeState = "not significant"  # a fall: reported in the series, never an alarm
         elif rise <= decades:
             continue
         elif b1 - b0 < min_nights:

@@ -76,9 +76,9 @@ from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolera
 from evalpipe.documents.comparison import GateResult, GateStatus, SampledTask, ScoreRow, ShiftTest, TokenSummary
 from evalpipe.gates import registry
 
-PASS: Final = "pass"
-FAIL: Final = "fail"
-SKIP: Final = "skip"
+PASS: Final = GateStatus.PASS
+FAIL: Final = GateStatus.FAIL
+SKIP: Final = GateStatus.SKIP
 SCORE_GATES = registry.names("scores")
 DISTRIBUTION_GATES = registry.names("distributional")
 SAMPLED_GATES = registry.names("sampled")

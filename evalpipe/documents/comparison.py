@@ -67,7 +67,18 @@ EXIT_CODES = {Status.IDENTICAL: ExitCode.OK, Status.EQUIVALENT: ExitCode.OK, Sta
 STATUS_SEVERITY: dict[Status, int] = {Status.IDENTICAL: 0, Status.EQUIVALENT: 1, Status.INCONCLUSIVE: 2, Status.DIVERGENT: 3}
 
 
-GateStatus = Literal["pass", "fail", "skip"]
+class GateStatus(str, Enum):
+    """One gate's outcome: its measure within its threshold, beyond it, or not measurable
+    on the data at hand (the gate says why)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 Key = tuple[int, int]  # (doc_id, repeat)
 Position = tuple[int, int, int]  # (doc_id, repeat, pos)
 
@@ -290,11 +301,11 @@ class GateResult(Document):
 
     @property
     def failed(self) -> bool:
-        return self.status == "fail"
+        return self.status is GateStatus.FAIL
 
     @property
     def skipped(self) -> bool:
-        return self.status == "skip"
+        return self.status is GateStatus.SKIP
 
 
 class NumericsDoc(Document):
@@ -585,11 +596,11 @@ class ComparisonDocument(Document):
 
     def gate_counts(self) -> dict[str, int]:
         """Gates of the comparisons (the A/A one not included) by status, and their total."""
-        counts = {"total": 0, "fail": 0, "skip": 0, "pass": 0}
+        counts = {"total": 0, **{s.value: 0 for s in GateStatus}}
         for c in self.comparisons:
             for g in c.gates:
                 counts["total"] += 1
-                counts[g.status] += 1
+                counts[g.status.value] += 1
         return counts
 
 

@@ -8,14 +8,14 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from evalpipe.compare.code_paths import short
-from evalpipe.documents.comparison import Comparison, read_comparison
-from evalpipe.documents.manifest import VariantManifest, read_manifest
-from evalpipe.documents.nightly_doc import NIGHTLY_JSON, read_nightly_document
+from evalpipe.documents.comparison import Comparison, PathStatus, TokenSummary, read_comparison
+from evalpipe.documents.history_rows import RecordedGate, RecordedRun, RecordedTokens, RecordedVariant, Role, TokenSource
+from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary, VariantManifest, read_manifest
+from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, read_nightly_document
 from evalpipe.documents.run_doc import RunDocument, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.history import HistoryError
@@ -119,71 +119,76 @@ def components_of(manifest: VariantManifest, run_info: RunDocument, labels: dict
     return out
 
 
-def _token_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
+def _token_rows(comparison: Comparison | None) -> list[RecordedTokens]:
     if comparison is None:
         return []
-    rows = []
-    for source, summaries in (("free", comparison.tokens), ("teacher", comparison.teacher or [])):
-        for t in summaries:
-            rows.append({
-                "task": t.task, "source": source,
-                **{m: (None if getattr(t, m) is None else float(getattr(t, m))) for m in TOKEN_MEASURES},
-                "n_samples": t.n_samples,
-            })
-    return rows
+    sources: tuple[tuple[TokenSource, list[TokenSummary]], ...] = (("free", comparison.tokens), ("teacher", comparison.teacher or []))
+    return [RecordedTokens(task=t.task, source=source, n_samples=t.n_samples,
+                           **{m: (None if getattr(t, m) is None else float(getattr(t, m))) for m in TOKEN_MEASURES})
+            for source, summaries in sources for t in summaries]
 
 
-def _gate_rows(comparison: Comparison | None) -> list[dict[str, Any]]:
+def _gate_rows(comparison: Comparison | None) -> list[RecordedGate]:
     def num(x: float | None) -> float | None:
         return float(x) if x is not None and np.isfinite(x) else None
 
-    return [{"gate": g.gate, "task": g.task, "metric": g.metric, "status": g.status,
-             "measured": num(g.measured), "threshold": num(g.threshold)} for g in (comparison.gates if comparison else [])]
+    return [RecordedGate(gate=g.gate, task=g.task, metric=g.metric, status=g.status, measured=num(g.measured),
+                         threshold=num(g.threshold)) for g in (comparison.gates if comparison else [])]
 
 
-def _probes_summary(manifest: VariantManifest) -> dict[str, Any] | None:
+def _probes_summary(manifest: VariantManifest) -> ProbeSummary | None:
     """What the variant ran (the manifest's "probes" summary), None for a run from before
     the probes; redacted like everything the history keeps (switch values come from the
     engine's configuration)."""
-    return redact(manifest.probes.model_dump(mode="json")) if manifest.probes is not None else None
+    if manifest.probes is None:
+        return None
+    return ProbeSummary.model_validate(redact(manifest.probes.model_dump(mode="json")))
 
 
-def _path_status(comparison: Comparison | None) -> str | None:
+def _path_status(comparison: Comparison | None) -> PathStatus | None:
     """The path status of a comparison in compare.json, None for one without path probes."""
     return comparison.paths.status if comparison is not None and comparison.paths is not None else None
 
 
-def describe_what_ran(probes: dict[str, Any] | None) -> str:
+def describe_what_ran(probes: ProbeSummary | None) -> str:
     """One line for people: model class, decoder layers and collectives per forward pass
     (the most frequent count of each kind, with how often when it varies)."""
-    if not probes:
+    if probes is None:
         return "not recorded (the run predates path probes)"
-    if probes.get("verifiable") is False:
-        return f"not verifiable ({probes.get('mode')} mode: the server runs outside evalpipe)"
-    models = ", ".join(short(str(m)) for m in probes.get("models") or []) or "no model seen"
-    layers = ", ".join(f"{n} {short(str(c))}" for c, n in sorted((probes.get("layers") or {}).items())) or "no decoder layers"
-    per_forward = "; ".join(_collective_text(kind, entry)
-                            for kind, entry in sorted((probes.get("collectives_per_forward") or {}).items()))
+    if not probes.verifiable:
+        return f"not verifiable ({probes.mode} mode: the server runs outside evalpipe)"
+    models = ", ".join(short(str(m)) for m in probes.models) or "no model seen"
+    layers = ", ".join(f"{n} {short(str(c))}" for c, n in sorted(probes.layers.items())) or "no decoder layers"
+    per_forward = "; ".join(_collective_text(kind, entry) for kind, entry in sorted(probes.collectives_per_forward.items()))
     return f"{models}; layers {layers}; per forward: {per_forward or 'no collectives'}"
 
 
-def _collective_text(kind: str, entry: dict[str, Any]) -> str:
-    counts = sorted((entry.get("counts") or {}).items(), key=lambda kv: -kv[1])
-    forwards = entry.get("forwards")
+def _collective_text(kind: str, entry: CollectiveCounts) -> str:
+    counts = sorted(entry.counts.items(), key=lambda kv: -kv[1])
     if len(counts) == 1:
         return f"{kind} {counts[0][0]}"
-    return f"{kind} " + ", ".join(f"{value} in {n} of {forwards}" for value, n in counts[:3]) + (", …" if len(counts) > 3 else "")
+    return f"{kind} " + ", ".join(f"{value} in {n} of {entry.forwards}" for value, n in counts[:3]) + (", …" if len(counts) > 3 else "")
 
 
-@dataclass
+@dataclass(frozen=True)
+class VariantRecord:
+    """One variant of a run directory, as it goes into the database: its row and its
+    scores (with per-item values), token summaries and gate results."""
+
+    row: RecordedVariant
+    scores: list[ItemScores]
+    tokens: list[RecordedTokens]
+    gates: list[RecordedGate]
+
+
+@dataclass(frozen=True)
 class RunRecord:
-    """Everything of one run directory that goes into the database."""
+    """Everything of one run directory that goes into the database; its run row carries the
+    night's judgement when its directory keeps one (nightly.json), read with the rest so a
+    broken one is refused before anything is written."""
 
-    run: dict[str, Any]
-    variants: list[dict[str, Any]]  # each with "scores", "tokens", "gates" lists
-    # the night's judgement its directory keeps (nightly.json), read with the rest so a
-    # broken one is refused before anything is written; None: not a judged night
-    judgement: dict[str, Any] | None = None
+    run: RecordedRun
+    variants: list[VariantRecord]
 
 
 def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] | None = None) -> RunRecord:
@@ -215,42 +220,45 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
         except ArtifactMismatch as err:
             raise HistoryError(str(err)) from None
         manifest = read_manifest(vdir.manifest)
-        role = "reference" if name == reference else "aa" if name == aa else "variant"
+        role: Role = "reference" if name == reference else "aa" if name == aa else "variant"
         comparison = (compare.noise_floor if compare else None) if role == "aa" else by_variant.get(name)
         # run.json is redacted when written; a run directory from before that is not
         entry = info.variant_settings.get(name)
         # a path, differs between machines without meaning anything; the versions are components
         setting = redact(entry.model_dump(mode="json", exclude_unset=True, exclude={"versions", "python"}) if entry else {})
-        out_variants.append({
-            "name": name, "role": role,
-            "status": None if role == "reference" or comparison is None else comparison.status,
-            "exit_code": info.variant_status[name].exit_code if name in info.variant_status else None,
-            "components": redact(components_of(manifest, info, labels)),
-            "settings": setting,
-            "probes": _probes_summary(manifest),
-            "path_status": None if role == "reference" else _path_status(comparison),
-            "scores": item_scores_of(vdir),
-            "tokens": _token_rows(comparison),
-            "gates": _gate_rows(comparison) if role == "variant" else [],
-        })
-    run = {
-        "run_id": info.run_id or rd.root.name,
-        "kind": kind,
-        "started_at": float(info.started_at or rd.run_json.stat().st_mtime),
-        "config_path": info.config_path,
-        "config_hash": info.fingerprints.config_sha256,
-        "code_version": info.fingerprints.code,
-        "model": info.model.name or info.model.path,
-        "model_fingerprint": info.model.fingerprint,
-        "task_selector": info.task_selector,
-        "status": info.status,
-        "verdict": info.verdict,
-        "reference": reference,
-        "aa_variant": aa,
-        "hardware": info.hardware,
-        "run_dir": str(rd.root.resolve()),
-    }
-    return RunRecord(run, out_variants, judgement_of(rd.root))
+        row = RecordedVariant(
+            name=name, role=role,
+            status=None if role == "reference" or comparison is None else comparison.status,
+            exit_code=info.variant_status[name].exit_code if name in info.variant_status else None,
+            components=redact(components_of(manifest, info, labels)),
+            settings=setting,
+            probes=_probes_summary(manifest),
+            path_status=None if role == "reference" else _path_status(comparison),
+        )
+        out_variants.append(VariantRecord(row, item_scores_of(vdir), _token_rows(comparison),
+                                          _gate_rows(comparison) if role == "variant" else []))
+    night = judgement_of(rd.root)
+    run = RecordedRun(
+        run_id=info.run_id or rd.root.name,
+        kind=kind,
+        started_at=float(info.started_at or rd.run_json.stat().st_mtime),
+        config_path=info.config_path,
+        config_hash=info.fingerprints.config_sha256,
+        code_version=info.fingerprints.code,
+        model=info.model.name or info.model.path,
+        model_fingerprint=info.model.fingerprint,
+        task_selector=info.task_selector,
+        status=info.status,
+        verdict=info.verdict,
+        reference=reference,
+        aa_variant=aa,
+        hardware=info.hardware,
+        run_dir=str(rd.root.resolve()),
+        nightly_status=None if night is None else night.status,
+        baseline_run_id=None if night is None else night.baseline,
+        judgement=night,
+    )
+    return RunRecord(run, out_variants)
 
 
 # ---------------------------------------------------------------------------
@@ -258,13 +266,10 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
 # ---------------------------------------------------------------------------
 
 
-def judgement_of(run_dir: Path) -> dict[str, Any] | None:
+def judgement_of(run_dir: Path) -> NightlyDocument | None:
     """A night's judgement as its run directory keeps it (nightly.json), so an import
     rebuilds the night's status too."""
     try:
-        night = read_nightly_document(run_dir / NIGHTLY_JSON)
+        return read_nightly_document(run_dir / NIGHTLY_JSON)
     except UserError as err:
         raise HistoryError(str(err)) from None
-    if night is None:
-        return None
-    return {"nightly_status": night.status, "baseline_run_id": night.baseline, "judgement": night.judgement()}

@@ -37,6 +37,8 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from evalpipe.documents.history_rows import GatePoint, RecordedRun, RecordedVariant, ScorePoint, TokenPoint
+from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.history import HistoryError
 from evalpipe.history.records import TOKEN_MEASURES, ItemScores, RunRecord, decode_items, encode_items, read_run
 from evalpipe.redact import redact_text
@@ -283,28 +285,24 @@ class History:
         """Record (or record again, replacing) one run directory; returns its run id."""
         rec = read_run(run_dir, kind=kind, labels=labels)
         self.write(rec)
-        return rec.run["run_id"]
+        return rec.run.run_id
 
     def write(self, rec: RunRecord) -> None:
         with self.engine.begin() as conn:
             old = conn.execute(sa.select(runs.c.id, runs.c.nightly_status, runs.c.baseline_run_id, runs.c.judgement)
-                               .where(runs.c.run_id == rec.run["run_id"])).first()
-            keep = {}
+                               .where(runs.c.run_id == rec.run.run_id)).first()
+            row = run_values(rec.run)
             if old is not None:
-                # A re-import keeps the night's judgement (it is not in the run directory's
-                # artifacts unless nightly.json is; see records.judgement_of).
-                keep = {"nightly_status": old.nightly_status, "baseline_run_id": old.baseline_run_id, "judgement": old.judgement}
+                if rec.run.judgement is None:
+                    # A re-import keeps the night's judgement (it is not in the run directory's
+                    # artifacts unless nightly.json is; see records.judgement_of).
+                    row.update(nightly_status=old.nightly_status, baseline_run_id=old.baseline_run_id, judgement=old.judgement)
                 self._delete(conn, old.id)
-            if rec.judgement:
-                keep = rec.judgement
-            run_pk = _inserted_pk(conn.execute(runs.insert().values(**rec.run, **keep, recorded_at=time.time())))
+            run_pk = _inserted_pk(conn.execute(runs.insert().values(**row, recorded_at=time.time())))
             for v in rec.variants:
-                vpk = _inserted_pk(conn.execute(variants.insert().values(
-                    run_pk=run_pk, name=v["name"], role=v["role"], status=v["status"], exit_code=v["exit_code"],
-                    components=v["components"], settings=v["settings"], probes=v["probes"], path_status=v["path_status"],
-                )))
+                vpk = _inserted_pk(conn.execute(variants.insert().values(run_pk=run_pk, **v.row.model_dump(mode="json"))))
                 score_rows = []
-                for s in v["scores"]:
+                for s in v.scores:
                     encoding, data = encode_items(s.values)
                     score_rows.append({
                         "variant_pk": vpk, "task": s.task, "metric": s.metric, "mean": s.mean, "se": s.se,
@@ -312,10 +310,10 @@ class History:
                     })
                 if score_rows:
                     conn.execute(scores.insert(), score_rows)
-                if v["tokens"]:
-                    conn.execute(token_summaries.insert(), [{"variant_pk": vpk, **t} for t in v["tokens"]])
-                if v["gates"]:
-                    conn.execute(gate_results.insert(), [{"variant_pk": vpk, **g} for g in v["gates"]])
+                if v.tokens:
+                    conn.execute(token_summaries.insert(), [{"variant_pk": vpk, **t.model_dump(mode="json")} for t in v.tokens])
+                if v.gates:
+                    conn.execute(gate_results.insert(), [{"variant_pk": vpk, **g.model_dump(mode="json")} for g in v.gates])
 
     def write_many(self, records: Iterable[RunRecord]) -> int:
         n = 0
@@ -340,23 +338,24 @@ class History:
             conn.execute(variants.delete().where(variants.c.run_pk == run_pk))
         conn.execute(runs.delete().where(runs.c.id == run_pk))
 
-    def set_judgement(self, run_id: str, status: str, baseline_run_id: str | None, judgement: dict[str, Any]) -> None:
+    def set_judgement(self, night: NightlyDocument) -> None:
+        """Store a night's judgement with its run."""
         with self.engine.begin() as conn:
-            conn.execute(runs.update().where(runs.c.run_id == run_id).values(
-                nightly_status=status, baseline_run_id=baseline_run_id, judgement=judgement,
+            conn.execute(runs.update().where(runs.c.run_id == night.run_id).values(
+                nightly_status=night.status.value, baseline_run_id=night.baseline, judgement=night.judgement(),
             ))
 
     def pin_baseline(self, run_id: str, variant: str | None = None) -> None:
         self.run(run_id)  # HistoryError for a run the history does not hold
-        if variant is not None and variant not in {v["name"] for v in self.variants_of(run_id)}:
-            names = ", ".join(v["name"] for v in self.variants_of(run_id))
+        if variant is not None and variant not in {v.name for v in self.variants_of(run_id)}:
+            names = ", ".join(v.name for v in self.variants_of(run_id))
             raise HistoryError(f"run {run_id} has no variant {variant!r} (it has {names}); pass one of them to --variant.")
         with self.engine.begin() as conn:
             conn.execute(baselines.insert().values(variant=variant, run_id=run_id, pinned_at=time.time()))
 
     # -- reading ------------------------------------------------------------
 
-    def runs(self, kind: str | None = None, config_hash: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, kind: str | None = None, config_hash: str | None = None) -> list[RecordedRun]:
         """Recorded runs, oldest first."""
         q = sa.select(runs).order_by(runs.c.started_at, runs.c.id)
         if kind:
@@ -364,24 +363,25 @@ class History:
         if config_hash:
             q = q.where(runs.c.config_hash == config_hash)
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            return [_recorded_run(r._mapping) for r in conn.execute(q)]
 
-    def run(self, run_id: str) -> dict[str, Any]:
+    def run(self, run_id: str) -> RecordedRun:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
         if row is None:
             raise HistoryError(f"no run {run_id!r} in the history {self.where}; `evalpipe history list` shows the recorded ones.")
-        return dict(row._mapping)
+        return _recorded_run(row._mapping)
 
-    def variants_of(self, run_id: str) -> list[dict[str, Any]]:
-        present = [c for c in variants.columns if _since(c) <= self.version]
+    def variants_of(self, run_id: str) -> list[RecordedVariant]:
+        """The variants of a recorded run, in the order they were recorded; columns a database
+        opened to read does not have yet (see :attr:`version`) read as their defaults."""
+        present = [c for c in variants.columns if _since(c) <= self.version and c.name not in ("id", "run_pk")]
         q = (sa.select(*present).join(runs, variants.c.run_pk == runs.c.id).where(runs.c.run_id == run_id)
              .order_by(variants.c.id))
-        absent = {c.name: None for c in variants.columns if _since(c) > self.version}
         with self.engine.connect() as conn:
-            return [{**absent, **r._mapping} for r in conn.execute(q)]
+            return [RecordedVariant.model_validate(_without_nulls(r._mapping)) for r in conn.execute(q)]
 
-    def score_rows(self, run_ids: Sequence[str] | None = None, *, with_items: bool = False) -> list[dict[str, Any]]:
+    def score_rows(self, run_ids: Sequence[str] | None = None, *, with_items: bool = False) -> list[ScorePoint]:
         """One row per run x variant x task x metric (with the decoded per-item values on request)."""
         cols = [runs.c.run_id, runs.c.started_at, variants.c.name.label("variant"), variants.c.role,
                 scores.c.task, scores.c.metric, scores.c.mean, scores.c.se, scores.c.n, scores.c.item_set_pk]
@@ -398,21 +398,22 @@ class History:
                 row = dict(r._mapping)
                 if with_items:
                     row["values"] = decode_items(row.pop("encoding"), row.pop("item_values"), row["n"])
-                out.append(row)
+                out.append(ScorePoint.model_validate(row))
             return out
 
-    def token_rows(self, run_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    def token_rows(self, run_ids: Sequence[str] | None = None) -> list[TokenPoint]:
         q = (sa.select(runs.c.run_id, runs.c.started_at, variants.c.name.label("variant"), variants.c.role,
-                       token_summaries.c.task, token_summaries.c.source, *(token_summaries.c[m] for m in TOKEN_MEASURES))
+                       token_summaries.c.task, token_summaries.c.source, *(token_summaries.c[m] for m in TOKEN_MEASURES),
+                       token_summaries.c.n_samples)
              .select_from(token_summaries.join(variants, token_summaries.c.variant_pk == variants.c.id)
                           .join(runs, variants.c.run_pk == runs.c.id))
              .order_by(runs.c.started_at, runs.c.id))
         if run_ids is not None:
             q = q.where(runs.c.run_id.in_(list(run_ids)))
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            return [TokenPoint.model_validate(dict(r._mapping)) for r in conn.execute(q)]
 
-    def gate_rows(self, run_id: str | Sequence[str]) -> list[dict[str, Any]]:
+    def gate_rows(self, run_id: str | Sequence[str]) -> list[GatePoint]:
         """Gate results of one run (or of several), in the order they were recorded."""
         ids = [run_id] if isinstance(run_id, str) else list(run_id)
         q = (sa.select(runs.c.run_id, variants.c.name.label("variant"), gate_results.c.gate, gate_results.c.task, gate_results.c.metric,
@@ -421,7 +422,7 @@ class History:
                           .join(runs, variants.c.run_pk == runs.c.id))
              .where(runs.c.run_id.in_(ids)).order_by(gate_results.c.id))
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            return [GatePoint.model_validate(dict(r._mapping)) for r in conn.execute(q)]
 
     def item_keys(self, item_set_pk: int) -> list[tuple[int, int, str]]:
         with self.engine.connect() as conn:
@@ -438,20 +439,17 @@ class History:
     def export_rows(self) -> list[dict[str, Any]]:
         """A flat table for people and other tools: run x variant x task x metric, with the
         run's verdicts and the variant's components as JSON text."""
-        meta = {r["run_id"]: r for r in self.runs()}
-        comps: dict[tuple[str, str], dict[str, Any]] = {}
-        for run_id in meta:
-            for v in self.variants_of(run_id):
-                comps[(run_id, v["name"])] = v
+        meta = {r.run_id: r for r in self.runs()}
+        comps = {(run_id, v.name): v for run_id in meta for v in self.variants_of(run_id)}
         rows = []
         for s in self.score_rows():
-            r, v = meta[s["run_id"]], comps.get((s["run_id"], s["variant"]), {})
+            r, v = meta[s.run_id], comps[(s.run_id, s.variant)]
             rows.append({
-                "run_id": s["run_id"], "kind": r["kind"], "started_at": r["started_at"], "config_hash": r["config_hash"],
-                "model_fingerprint": r["model_fingerprint"], "run_verdict": r["verdict"], "nightly_status": r["nightly_status"],
-                "variant": s["variant"], "role": s["role"], "variant_status": v.get("status"), "path_status": v.get("path_status"),
-                "task": s["task"], "metric": s["metric"], "mean": s["mean"], "se": s["se"], "n": s["n"],
-                "components": json.dumps(v.get("components") or {}, sort_keys=True),
+                "run_id": s.run_id, "kind": r.kind, "started_at": r.started_at, "config_hash": r.config_hash,
+                "model_fingerprint": r.model_fingerprint, "run_verdict": _text(r.verdict), "nightly_status": _text(r.nightly_status),
+                "variant": s.variant, "role": s.role, "variant_status": _text(v.status), "path_status": _text(v.path_status),
+                "task": s.task, "metric": s.metric, "mean": s.mean, "se": s.se, "n": s.n,
+                "components": json.dumps(v.components, sort_keys=True),
             })
         return rows
 
@@ -460,6 +458,31 @@ class History:
         if url.get_backend_name() == "sqlite" and url.database:
             return Path(url.database).stat().st_size
         return None
+
+
+def run_values(run: RecordedRun) -> dict[str, Any]:
+    """The runs table's columns of a recorded run (the judgement as its JSON column holds it)."""
+    row = run.model_dump(mode="json", exclude={"recorded_at", "judgement"})
+    row["judgement"] = None if run.judgement is None else run.judgement.judgement()
+    return row
+
+
+def _without_nulls(mapping: Any) -> dict[str, Any]:
+    """A row's columns without its NULLs, so that each reads as its model's default."""
+    return {k: v for k, v in mapping.items() if v is not None}
+
+
+def _recorded_run(mapping: Any) -> RecordedRun:
+    row = _without_nulls(mapping)
+    row.pop("id")
+    if "judgement" in row:
+        row["judgement"] = NightlyDocument.from_judgement(row["judgement"])
+    return RecordedRun.model_validate(row)
+
+
+def _text(value: str | None) -> str | None:
+    """An enum's value (or None) for the flat export."""
+    return None if value is None else str(value)
 
 
 def _inserted_pk(result: sa.CursorResult[Any]) -> Any:

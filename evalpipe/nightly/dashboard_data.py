@@ -7,10 +7,21 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
 import numpy as np
 
+from evalpipe.documents.dashboard_doc import (
+    Band,
+    DashboardData,
+    NightEntry,
+    ScoreSeries,
+    ScoreValue,
+    TokenSeries,
+    TokenValue,
+)
+from evalpipe.documents.history_rows import RecordedRun, ScorePoint, TokenPoint
+from evalpipe.documents.nightly_doc import NightStatus, SeriesChange
 from evalpipe.history.store import History
 from evalpipe.nightly.judging import TOKEN_SERIES, night_label
 from evalpipe.report.dashboard import render_dashboard
@@ -18,75 +29,89 @@ from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import REPORT_HTML
 
 
-def dashboard_data(history: History, config_hash: str | None, title: str, dashboard_path: Path) -> dict[str, Any]:
+def dashboard_data(history: History, config_hash: str | None, title: str, dashboard_path: Path) -> DashboardData:
     """The dashboard's input (evalpipe.report.dashboard), from the history."""
     nights = history.runs(kind="nightly", config_hash=config_hash)
-    ids = [n["run_id"] for n in nights]
+    ids = [n.run_id for n in nights]
 
-    def href(n: dict[str, Any]) -> str | None:
-        report = Path(n["run_dir"]) / REPORT_HTML
+    def href(n: RecordedRun) -> str | None:
+        report = Path(n.run_dir) / REPORT_HTML
         if not report.is_file():
             return None
         return os.path.relpath(report, dashboard_path.parent)
 
-    timeline = []
-    for n in nights:
-        j = n.get("judgement") or {}
-        timeline.append({"run_id": n["run_id"], "night": night_label(n["started_at"]), "status": n.get("nightly_status") or "PASS",
-                         "verdict": n.get("verdict"), "report": href(n), "baseline": n.get("baseline_run_id"),
-                         "reasons": list(j.get("reasons") or [])})
-    latest_changes = (nights[-1].get("judgement") or {}).get("changes") if nights else None
-    changes = [c for c in latest_changes or [] if c["state"] == "flagged"]
-    by_id = {n["run_id"]: n for n in nights}
-    for c in changes:
-        c["report"] = href(by_id[c["run_id"]]) if c["run_id"] in by_id else None
-    series: dict[tuple[str, str, str], dict[str, Any]] = {}
+    timeline = [NightEntry(run_id=n.run_id, night=night_label(n.started_at), status=n.nightly_status or NightStatus.PASS,
+                           verdict=n.verdict, report=href(n), baseline=n.baseline_run_id,
+                           reasons=n.judgement.reasons if n.judgement else [])
+                for n in nights]
+    latest = nights[-1].judgement if nights else None
+    by_id = {n.run_id: n for n in nights}
+    changes = [c.model_copy(update={"report": href(by_id[c.run_id]) if c.run_id in by_id else None})
+               for c in (latest.changes if latest else []) if c.state == "flagged"]
+    return DashboardData(
+        title=title, generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), database=history.where,
+        nights=timeline, series=_score_series(history.score_rows(ids), changes),
+        token_series=_token_series(history.token_rows(ids), changes),
+        changes=sorted(changes, key=lambda c: c.night, reverse=True),
+    )
+
+
+def _score_series(rows: list[ScorePoint], changes: list[SeriesChange]) -> list[ScoreSeries]:
+    """Each task x metric x variant's nights, with the A/A band: how far two runs of the same
+    engine on the same night lie apart (the largest such gap in the history), drawn around
+    the series' median level."""
+    points: dict[tuple[str, str, str], list[ScoreValue]] = {}
     same_night: dict[tuple[str, str, str], dict[str, float]] = {}  # (task, metric, run) -> role -> mean
-    for r in history.score_rows(ids):
-        if r["role"] in ("aa", "reference") and r["mean"] is not None:
-            same_night.setdefault((r["task"], r["metric"], r["run_id"]), {})[r["role"]] = r["mean"]
-        if r["role"] == "aa":
+    for r in rows:
+        if r.role in ("aa", "reference") and r.mean is not None:
+            same_night.setdefault((r.task, r.metric, r.run_id), {})[r.role] = r.mean
+        if r.role == "aa":
             continue
-        s = series.setdefault((r["task"], r["metric"], r["variant"]), {"task": r["task"], "metric": r["metric"], "variant": r["variant"], "points": [], "changes": []})
-        se = r["se"] or 0.0
-        s["points"].append({"run_id": r["run_id"], "night": night_label(r["started_at"]), "value": r["mean"],
-                            "ci_low": None if r["mean"] is None else r["mean"] - 1.96 * se,
-                            "ci_high": None if r["mean"] is None else r["mean"] + 1.96 * se, "n": r["n"]})
-    for (task, metric, _variant), s in series.items():
-        # The A/A band: how far two runs of the same engine on the same night lie apart
-        # (the largest such gap in the history), drawn around the series' median level.
+        se = r.se or 0.0
+        points.setdefault((r.task, r.metric, r.variant), []).append(ScoreValue(
+            run_id=r.run_id, night=night_label(r.started_at), value=r.mean, n=r.n,
+            ci_low=None if r.mean is None else r.mean - 1.96 * se, ci_high=None if r.mean is None else r.mean + 1.96 * se))
+    out = []
+    for (task, metric, variant), values in points.items():
         gaps = [abs(m["reference"] - m["aa"]) for (t, mt, _), m in same_night.items() if (t, mt) == (task, metric) and len(m) == 2]
-        values = [p["value"] for p in s["points"] if p["value"] is not None]
-        if gaps and values:
-            level, half = float(np.median(values)), max(gaps)
-            s["aa_band"] = {"low": level - half, "high": level + half}
-        else:
-            s["aa_band"] = None
-        idx = {p["run_id"]: i for i, p in enumerate(s["points"])}
-        s["changes"] = [idx[c["run_id"]] for c in changes if c["kind"] == "score" and (c["task"], c["metric"], c["variant"]) == (task, metric, _variant) and c["run_id"] in idx]
-    token_series: dict[tuple[str, str, str], dict[str, Any]] = {}
-    aa_tok: dict[tuple[str, str, str], float | None] = {}
-    for r in history.token_rows(ids):
+        means = [p.value for p in values if p.value is not None]
+        band = None
+        if gaps and means:
+            level, half = float(np.median(means)), max(gaps)
+            band = Band(low=level - half, high=level + half)
+        out.append(ScoreSeries(task=task, metric=metric, variant=variant, points=values, aa_band=band,
+                               changes=_change_indexes(values, changes, "score", task, metric, variant)))
+    return out
+
+
+def _token_series(rows: list[TokenPoint], changes: list[SeriesChange]) -> list[TokenSeries]:
+    """Each task x variant x token measure's nights, beside the same night's A/A value."""
+    points: dict[tuple[str, str, str], list[tuple[str, float, float | None]]] = {}
+    aa: dict[tuple[str, str, str], float | None] = {}
+    for r in rows:
         for source, measure in TOKEN_SERIES:
-            if r["source"] != source:
+            if r.source != source:
                 continue
             name = f"{source}_{measure}"
-            if r["role"] == "aa":
-                aa_tok[(r["task"], name, r["run_id"])] = r[measure]
-                continue
-            t = token_series.setdefault((r["task"], r["variant"], name), {"task": r["task"], "variant": r["variant"], "measure": name,
-                                                                           "log": "kl" in measure, "points": [], "changes": []})
-            t["points"].append({"run_id": r["run_id"], "night": night_label(r["started_at"]), "value": r[measure], "aa_value": None})
-    for (task, _variant, name), t in token_series.items():
-        for p in t["points"]:
-            p["aa_value"] = aa_tok.get((task, name, p["run_id"]))
-        idx = {p["run_id"]: i for i, p in enumerate(t["points"])}
-        t["changes"] = [idx[c["run_id"]] for c in changes if c["kind"] == "token" and (c["task"], c["metric"], c["variant"]) == (task, name, _variant) and c["run_id"] in idx]
-    return {
-        "title": title, "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "database": history.where,
-        "nights": timeline, "series": list(series.values()), "token_series": list(token_series.values()),
-        "changes": sorted(changes, key=lambda c: c["night"], reverse=True),
-    }
+            if r.role == "aa":
+                aa[(r.task, name, r.run_id)] = r.measure(measure)
+            else:
+                points.setdefault((r.task, r.variant, name), []).append((r.run_id, r.started_at, r.measure(measure)))
+    out = []
+    for (task, variant, name), found in points.items():
+        values = [TokenValue(run_id=run_id, night=night_label(started), value=value, aa_value=aa.get((task, name, run_id)))
+                  for run_id, started, value in found]
+        out.append(TokenSeries(task=task, variant=variant, measure=name, log="kl" in name, points=values,
+                               changes=_change_indexes(values, changes, "token", task, name, variant)))
+    return out
+
+
+def _change_indexes(points: Sequence[ScoreValue | TokenValue], changes: list[SeriesChange], kind: str, task: str,
+                    metric: str, variant: str) -> list[int]:
+    """Where in a series each of its flagged changes starts."""
+    index = {p.run_id: i for i, p in enumerate(points)}
+    return [index[c.run_id] for c in changes
+            if (c.kind, c.task, c.metric, c.variant) == (kind, task, metric, variant) and c.run_id in index]
 
 
 def build_dashboard(history: History, config_hash: str | None, title: str, path: Path) -> Path:

@@ -11,16 +11,27 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from evalpipe.compare.changepoint import Change, score_changes, token_changes
 from evalpipe.compare.run import check_same_items, compare_artifacts
 from evalpipe.config.expectations import Expectations
-from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
-from evalpipe.documents.comparison import Comparison, Paths, Status, TokenSummary, read_comparison
-from evalpipe.documents.nightly_doc import NightlyDocument, NightStatus
+from evalpipe.documents.base import as_written
+from evalpipe.documents.comparison import PASSING, Comparison, Paths, Status, TokenSummary, read_comparison
+from evalpipe.documents.history_rows import RecordedRun, RecordedVariant, ScorePoint
+from evalpipe.documents.nightly_doc import (
+    BaselineComparison,
+    ComponentChange,
+    FlippedNightItem,
+    NightlyDocument,
+    NightStatus,
+    PathsBrief,
+    SeriesChange,
+    TokenBrief,
+)
+from evalpipe.documents.run_doc import RunStatus
 from evalpipe.documents.worker_job import JOB_JSON, read_job
 from evalpipe.errors import UserError
 from evalpipe.gates import registry
@@ -30,7 +41,6 @@ from evalpipe.report.view import flatten
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import RUN_JSON
 
-PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
 # token measures followed per task, (source, measure), each with the gate that judges it
 # within a night (its threshold is the series' floor): the registry's gates that have one
 TOKEN_GATES = {g.series: g.name for g in registry.GATES if g.series is not None}
@@ -55,7 +65,7 @@ class _Findings:
 # ---------------------------------------------------------------------------
 
 
-def baseline_of(history: History, variant: str, nights: list[dict[str, Any]], tonight: str | None = None) -> str | None:
+def baseline_of(history: History, variant: str, nights: list[RecordedRun], tonight: str | None = None) -> str | None:
     """The night ``variant`` is judged against: the pinned baseline, else the last night
     of the series that passed (before ``tonight``, when tonight is already recorded).
     One rule for both uses: the teacher pass before the run, the judgement after it."""
@@ -63,19 +73,10 @@ def baseline_of(history: History, variant: str, nights: list[dict[str, Any]], to
     if pinned is not None:
         return pinned
     if tonight is not None:
-        started = history.run(tonight)["started_at"]
-        nights = [n for n in nights if n["run_id"] != tonight and n["started_at"] <= started]
-    passing = [n for n in nights if n.get("nightly_status") == "PASS" or _only_compared_nothing(n)]
-    return passing[-1]["run_id"] if passing else None
-
-
-def _only_compared_nothing(night: dict[str, Any]) -> bool:
-    """A night INCONCLUSIVE for the one reason that it had nothing to compare (the first night
-    of a one-variant series): it proves nothing, but it showed no fault either, so the next
-    night may be judged against it."""
-    judgement = night.get("judgement") or {}
-    return (night.get("nightly_status") == NightStatus.INCONCLUSIVE and judgement.get("compared") is False
-            and len(judgement.get("reasons") or []) == 1)
+        started = history.run(tonight).started_at
+        nights = [n for n in nights if n.run_id != tonight and n.started_at <= started]
+    passing = [n for n in nights if n.passed_as_baseline]
+    return passing[-1].run_id if passing else None
 
 
 def nothing_compared(reference: str | None) -> str:
@@ -89,19 +90,20 @@ def _flat(d: Any) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in flatten(d).items()}
 
 
-def bisect_hint(history: History, last_good: str | None, first_bad: str, variant: str) -> list[dict[str, Any]]:
+def bisect_hint(history: History, last_good: str | None, first_bad: str, variant: str) -> list[ComponentChange]:
     """What changed for ``variant`` between two nights: components, then settings."""
     if last_good is None:
         return []
-    def of(run_id: str) -> dict[str, Any]:
-        return next((v for v in history.variants_of(run_id) if v["name"] == variant), {})
+
+    def of(run_id: str) -> RecordedVariant:
+        return next((v for v in history.variants_of(run_id) if v.name == variant), RecordedVariant(name=variant, role="variant"))
+
     a, b = of(last_good), of(first_bad)
     out = []
-    for kind, key in (("", "components"), ("settings.", "settings")):
-        fa, fb = _flat(a.get(key) or {}), _flat(b.get(key) or {})
+    for kind, fa, fb in (("", _flat(a.components), _flat(b.components)), ("settings.", _flat(a.settings), _flat(b.settings))):
         for name in sorted(set(fa) | set(fb)):
             if fa.get(name) != fb.get(name):
-                out.append({"component": f"{kind}{name}", "before": fa.get(name), "after": fb.get(name)})
+                out.append(ComponentChange(component=f"{kind}{name}", before=fa.get(name), after=fb.get(name)))
     return out
 
 
@@ -135,9 +137,10 @@ def tonight_floor(tonight_dir: Path) -> tuple[Any, Any]:
     return gates, aa
 
 
-def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[Any, Any] | None = None) -> dict[str, Any]:
-    """One variant tonight against itself on the baseline night, as compare.json's
-    comparison entry (plus "error" when the two cannot be compared). ``floor``:
+def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, baseline: str,
+                floor: tuple[Any, Any] | None = None) -> BaselineComparison:
+    """One variant tonight against itself on the baseline night ``baseline``, as compare.json's
+    comparison entry in brief (or why the two cannot be compared). ``floor``:
     :func:`tonight_floor`, computed once per night by the caller."""
     base_v, night_v = base_dir / variant, tonight_dir / variant
     label_a, label_b = f"{base_dir.name}/{variant}", f"{tonight_dir.name}/{variant}"
@@ -151,7 +154,7 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
                            meant_same(read_run_info(tonight_dir).expectations_of(variant, str(tonight_dir / RUN_JSON))))
         check_same_items(a.samples, b.samples, label_a, label_b)
     except UserError as err:
-        return {"variant": variant, "error": str(err)}
+        return BaselineComparison(variant=variant, baseline=baseline, error=str(err))
     # Teacher forcing across nights is clean only on the same forced tokens: the baseline
     # scored its reference's sequences (teacher.parquet), tonight scored the same ones
     # (teacher_baseline.parquet). Without that pair the comparison is free-running only.
@@ -159,28 +162,21 @@ def vs_baseline(base_dir: Path, tonight_dir: Path, variant: str, floor: tuple[An
     a, b = dataclasses.replace(a, teacher=a.teacher if forced is not None else None), dataclasses.replace(b, teacher=forced)
     gates, aa = floor if floor is not None else tonight_floor(tonight_dir)
     vc = compare_artifacts(a, b, worst_k=3, gates=gates, aa=aa, numerics=variant_numerics(artifacts.VariantDir(base_v)))
-    d = vc.doc
-    return {"variant": variant, "status": d.status, "teacher_forced": forced is not None, "reasons": d.reasons,
-            "outputs_status": d.outputs_status, "paths": _paths_brief(d.paths),
-            "scores": [r.model_dump(mode="json") for r in d.scores], "tokens": [_token_brief(t) for t in d.tokens],
-            "teacher": [_token_brief(t) for t in d.teacher or []]}
+    d = as_written(vc.doc)  # the measures as the file would hold them (no NaN, no infinity)
+    return BaselineComparison(
+        variant=variant, baseline=baseline, status=d.status, teacher_forced=forced is not None, reasons=list(d.reasons),
+        outputs_status=d.outputs_status, paths=_paths_brief(d.paths), scores=list(d.scores),
+        tokens=[_token_brief(t) for t in d.tokens], teacher=[_token_brief(t) for t in d.teacher or []])
 
 
-def _paths_brief(paths: Paths | None) -> dict[str, Any] | None:
+def _paths_brief(paths: Paths | None) -> PathsBrief | None:
     if paths is None:
         return None
-    return {"status": paths.status, "reasons": list(paths.reasons)}
-
-
-def first_path_reason(comparison: dict[str, Any]) -> str:
-    """The first reason a comparison's paths give (a compare.json comparison or a
-    vs_baseline entry); its verdict's first reason when it recorded no path reasons."""
-    reasons = (comparison.get("paths") or {}).get("reasons") or comparison.get("reasons") or []
-    return str(reasons[0]) if reasons else "no reason was recorded"
+    return PathsBrief(status=paths.status, reasons=list(paths.reasons))
 
 
 def _first_reason(comparison: Comparison) -> str:
-    """first_path_reason of a compare.json comparison."""
+    """The first reason a compare.json comparison's paths give, else its verdict's first reason."""
     reasons = (comparison.paths.reasons if comparison.paths else []) or comparison.reasons
     return str(reasons[0]) if reasons else "no reason was recorded"
 
@@ -212,9 +208,8 @@ def _baseline_forcing(vdir: artifacts.VariantDir, baseline_reference: Path) -> A
     return load_teacher(vdir, vdir.teacher_baseline)
 
 
-def _token_brief(t: TokenSummary) -> dict[str, Any]:
-    return t.model_dump(mode="json", include={"task", "n_samples", "n_divergent", "n_hard_divergences",
-                                              "n_near_tie_divergences", "kl_p99", "kl_max", "identical"})
+def _token_brief(t: TokenSummary) -> TokenBrief:
+    return TokenBrief.model_validate(t.model_dump(include=set(TokenBrief.model_fields)))
 
 
 # ---------------------------------------------------------------------------
@@ -226,47 +221,48 @@ def night_label(started_at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at))
 
 
-def series_changes(history: History, nights: list[dict[str, Any]], *, alpha: float, min_nights: int) -> list[dict[str, Any]]:
+def series_changes(history: History, nights: list[RecordedRun], *, alpha: float, min_nights: int) -> list[SeriesChange]:
     """Every change the detector finds over ``nights`` (oldest first), scores and tokens."""
-    ids = [n["run_id"] for n in nights]
+    ids = [n.run_id for n in nights]
     pos = {r: i for i, r in enumerate(ids)}
     rows = history.score_rows(ids, with_items=True)
-    by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    aa_items: dict[tuple[str, str, str], dict[str, Any]] = {}
+    by_key: dict[tuple[str, str, str], list[ScorePoint]] = {}
+    aa_items: dict[tuple[str, str, str], ScorePoint] = {}
     for r in rows:
-        if r["role"] == "aa":
-            aa_items[(r["run_id"], r["task"], r["metric"])] = r
+        if r.role == "aa":
+            aa_items[(r.run_id, r.task, r.metric)] = r
             continue
-        by_key.setdefault((r["task"], r["metric"], r["variant"]), []).append(r)
-    ref_items = {(r["run_id"], r["task"], r["metric"]): r for r in rows if r["role"] == "reference"}
+        by_key.setdefault((r.task, r.metric, r.variant), []).append(r)
+    ref_items = {(r.run_id, r.task, r.metric): r for r in rows if r.role == "reference"}
     out = []
     for (task, metric, variant), series in sorted(by_key.items()):
-        latest = series[-1]["item_set_pk"]
-        same = [r for r in series if r["item_set_pk"] == latest]  # the paired stretch
+        latest = series[-1].item_set_pk
+        same = [r for r in series if r.item_set_pk == latest]  # the paired stretch
         if len(same) < 2:
             continue
-        matrix = np.vstack([r["values"] for r in same])
+        matrix = np.vstack([r.items for r in same])
         discordant = [
-            float(np.sum(ref_items[k]["values"] != aa_items[k]["values"]))
+            float(np.sum(ref_items[k].items != aa_items[k].items))
             for r in same
-            if (k := (r["run_id"], task, metric)) in aa_items and k in ref_items
-            and aa_items[k]["item_set_pk"] == ref_items[k]["item_set_pk"] == latest
+            if (k := (r.run_id, task, metric)) in aa_items and k in ref_items
+            and aa_items[k].item_set_pk == ref_items[k].item_set_pk == latest
         ]
         aa_disc = float(np.median(discordant)) if discordant else None
         for c in score_changes(matrix, aa_disc, alpha=alpha, min_nights=min_nights):
             first, last = same[c.index], same[c.last_good]
             keys = history.item_keys(latest)
-            out.append(_change_dict(history, c, "score", task, metric, variant, first["run_id"], last["run_id"], nights[pos[first["run_id"]]],
-                                    flipped=[{"doc_id": keys[i][0], "repeat": keys[i][1], "before": b, "after": a} for i, b, a in c.flipped]))
+            flipped = [FlippedNightItem(doc_id=keys[i][0], repeat=keys[i][1], before=b, after=a) for i, b, a in c.flipped]
+            out.append(_series_change(history, c, "score", task, metric, variant, first.run_id, last.run_id,
+                                      nights[pos[first.run_id]], flipped))
     tok = history.token_rows(ids)
-    tseries: dict[tuple[str, str, str, str], dict[str, dict[str, Any]]] = {}
-    for r in tok:
+    tseries: dict[tuple[str, str, str, str], dict[str, float | None]] = {}
+    for t in tok:
         for source, measure in TOKEN_SERIES:
-            if r["source"] != source:
+            if t.source != source:
                 continue
-            role = "aa" if r["role"] == "aa" else r["variant"]
-            tseries.setdefault((r["task"], source, measure, role), {})[r["run_id"]] = r[measure]
-    thresholds = {(g["run_id"], g["variant"], g["task"], g["gate"]): g["threshold"] for g in history.gate_rows(ids)}
+            role = "aa" if t.role == "aa" else t.variant
+            tseries.setdefault((t.task, source, measure, role), {})[t.run_id] = t.measure(measure)
+    thresholds = {(g.run_id, g.variant, g.task, g.gate): g.threshold for g in history.gate_rows(ids)}
     for (task, source, measure, role), values in sorted(tseries.items()):
         if role == "aa":
             continue
@@ -276,12 +272,13 @@ def series_changes(history: History, nights: list[dict[str, Any]], *, alpha: flo
         a = np.array([np.nan if aa.get(i) is None else aa[i] for i in ids], dtype=np.float64)
         floor = np.array([np.nan if thresholds.get((i, role, task, gate)) is None else thresholds[(i, role, task, gate)] for i in ids])
         for c in token_changes(v, a, floor, min_nights=min_nights):
-            out.append(_change_dict(history, c, "token", task, f"{source}_{measure}", role, ids[c.index], ids[c.last_good], nights[c.index], flipped=[]))
+            out.append(_series_change(history, c, "token", task, f"{source}_{measure}", role, ids[c.index], ids[c.last_good],
+                                      nights[c.index], []))
     return out
 
 
-def _change_dict(history: History, c: Change, kind: str, task: str, metric: str, variant: str, first_bad: str,
-                 last_good: str, night: dict[str, Any], flipped: list[dict[str, Any]]) -> dict[str, Any]:
+def _series_change(history: History, c: Change, kind: Literal["score", "token"], task: str, metric: str, variant: str,
+                   first_bad: str, last_good: str, night: RecordedRun, flipped: list[FlippedNightItem]) -> SeriesChange:
     regression = (c.direction == "down") if kind == "score" else (c.direction == "up")
     scale = 100 if kind == "score" else 1
     unit = " points" if kind == "score" else ""
@@ -291,13 +288,12 @@ def _change_dict(history: History, c: Change, kind: str, task: str, metric: str,
                + (f", paired p {c.p_value:.2g}" if c.p_value is not None else "")
                + f", {c.nights_after} night{'s' if c.nights_after != 1 else ''} so far" * c.open
                + (f", lasted {c.nights_after} night{'s' if c.nights_after != 1 else ''}" if not c.open else "") + ")")
-    return {
-        "kind": kind, "task": task, "metric": metric, "variant": variant, "run_id": first_bad, "night": night_label(night["started_at"]),
-        "direction": c.direction, "before": c.before, "after": c.after, "delta": c.delta, "p_value": c.p_value,
-        "nights_after": c.nights_after, "open": c.open, "state": c.state, "regression": regression,
-        "summary": summary, "flipped": flipped, "bisect": bisect_hint(history, last_good, first_bad, variant),
-        "last_good": last_good, "first_bad": first_bad, "report": None,
-    }
+    return SeriesChange(
+        kind=kind, task=task, metric=metric, variant=variant, run_id=first_bad, night=night_label(night.started_at),
+        direction=c.direction, before=c.before, after=c.after, delta=c.delta, p_value=c.p_value,
+        nights_after=c.nights_after, open=c.open, state=c.state, regression=regression,
+        summary=summary, flipped=flipped, bisect=bisect_hint(history, last_good, first_bad, variant),
+        last_good=last_good, first_bad=first_bad)
 
 
 # ---------------------------------------------------------------------------
@@ -305,79 +301,81 @@ def _change_dict(history: History, c: Change, kind: str, task: str, metric: str,
 # ---------------------------------------------------------------------------
 
 
-def _add_prompts(change: dict[str, Any], vdir: Path, keep: int = 300) -> None:
-    """The end of each flipped item's prompt (where the question is), from the first bad
-    night's samples, when its run directory is still there."""
+def _with_prompts(change: SeriesChange, vdir: Path, keep: int = 300) -> SeriesChange:
+    """The change with the end of each flipped item's prompt (where the question is), from
+    the first bad night's samples, when its run directory is still there."""
     path = artifacts.VariantDir(vdir).samples
     if not path.is_file():
-        return
+        return change
     cols = artifacts.read_table(path).select(["task", "doc_id", "repeat", "prompt"]).to_pydict()
     prompts = {(t, int(d), int(r)): p for t, d, r, p in zip(cols["task"], cols["doc_id"], cols["repeat"], cols["prompt"])}
-    for f in change["flipped"]:
-        text = prompts.get((change["task"], f["doc_id"], f["repeat"]))
-        f["prompt"] = None if text is None else ("…" + text[-keep:] if len(text) > keep else text)
+
+    def ending(text: str | None) -> str | None:
+        return None if text is None else ("…" + text[-keep:] if len(text) > keep else text)
+
+    flipped = [f.model_copy(update={"prompt": ending(prompts.get((change.task, f.doc_id, f.repeat)))}) for f in change.flipped]
+    return change.model_copy(update={"flipped": flipped})
 
 
-def series_nights(history: History, run_id: str) -> list[dict[str, Any]]:
+def series_nights(history: History, run_id: str) -> list[RecordedRun]:
     """The nights of the same config up to and including ``run_id``, oldest first."""
     tonight = history.run(run_id)
-    return [n for n in history.runs(kind="nightly", config_hash=tonight["config_hash"]) if n["started_at"] <= tonight["started_at"]]
+    return [n for n in history.runs(kind="nightly", config_hash=tonight.config_hash) if n.started_at <= tonight.started_at]
 
 
 def judge(history: History, run_id: str, *, alpha: float = 1e-3, min_nights: int = 2) -> NightlyDocument:
     """Judge a night already in the history; stores the result and returns it."""
     tonight = history.run(run_id)
     found = _Findings()
-    tonight_dir = Path(tonight["run_dir"])
+    tonight_dir = Path(tonight.run_dir)
     paths: str | None = None
-    if tonight.get("status") != "ok":
-        found.fail(f"tonight's run {run_id} did not finish ({tonight.get('status')})", NightStatus.FAILED)
+    if tonight.status is not RunStatus.OK:
+        found.fail(f"tonight's run {run_id} did not finish ({tonight.status})", NightStatus.FAILED)
     else:
-        if tonight.get("verdict") is not None and tonight["verdict"] not in (*PASSING, Status.INCONCLUSIVE):
-            found.fail(f"tonight's variants differ from the reference {tonight.get('reference')}: {tonight['verdict']}")
-        paths = tonight_inconclusive(tonight_dir, tonight.get("verdict"))
+        if tonight.verdict is not None and tonight.verdict not in (*PASSING, Status.INCONCLUSIVE):
+            found.fail(f"tonight's variants differ from the reference {tonight.reference}: {tonight.verdict}")
+        paths = tonight_inconclusive(tonight_dir, tonight.verdict)
         if paths:
             found.fail(paths, NightStatus.INCONCLUSIVE)
     nights = series_nights(history, run_id)
     floor = None
     baseline: str | None = None
-    against: list[dict[str, Any]] = []
+    against: list[BaselineComparison] = []
     for v in history.variants_of(run_id):
-        if v["role"] == "aa":
+        if v.role == "aa":
             continue
-        base = baseline_of(history, v["name"], nights, tonight=run_id)
+        base = baseline_of(history, v.name, nights, tonight=run_id)
         if base is None or base == run_id:
             continue
         baseline = baseline or base
-        base_dir = Path(history.run(base)["run_dir"])
-        if not (base_dir / v["name"]).is_dir():
-            against.append({"variant": v["name"], "baseline": base, "error": f"the baseline's run directory {base_dir} has no {v['name']} (moved or deleted)"})
+        base_dir = Path(history.run(base).run_dir)
+        if not (base_dir / v.name).is_dir():
+            against.append(BaselineComparison(variant=v.name, baseline=base,
+                                              error=f"the baseline's run directory {base_dir} has no {v.name} (moved or deleted)"))
             continue
         if floor is None:
             floor = tonight_floor(tonight_dir)
-        entry = {**vs_baseline(base_dir, tonight_dir, v["name"], floor), "baseline": base}
+        entry = vs_baseline(base_dir, tonight_dir, v.name, base, floor)
         against.append(entry)
-        if entry.get("error"):
-            found.fail(f"{v['name']} cannot be compared with baseline {base}: {entry['error']}")
-        elif entry["status"] == Status.INCONCLUSIVE:
-            found.fail(f"{v['name']}'s comparison with baseline {base} proves nothing about the paths: {first_path_reason(entry)}",
+        if entry.error is not None:
+            found.fail(f"{v.name} cannot be compared with baseline {base}: {entry.error}")
+        elif entry.status is Status.INCONCLUSIVE:
+            found.fail(f"{v.name}'s comparison with baseline {base} proves nothing about the paths: {entry.first_path_reason}",
                        NightStatus.INCONCLUSIVE)
-        elif entry["status"] not in PASSING:
-            first = entry["reasons"][0] if entry["reasons"] else ""
-            found.fail(f"{v['name']} drifted from baseline {base}: {entry['status']} ({first})")
+        elif entry.status not in PASSING:
+            first = entry.reasons[0] if entry.reasons else ""
+            found.fail(f"{v.name} drifted from baseline {base}: {entry.status} ({first})")
     compared = True
-    if tonight.get("status") == "ok" and tonight.get("verdict") is None and not any("error" not in e for e in against):
+    if tonight.status is RunStatus.OK and tonight.verdict is None and all(e.error is not None for e in against):
         compared = False
-        found.fail(nothing_compared(tonight.get("reference")), NightStatus.INCONCLUSIVE)
-    changes = series_changes(history, nights, alpha=alpha, min_nights=min_nights)
+        found.fail(nothing_compared(tonight.reference), NightStatus.INCONCLUSIVE)
+    changes = [_with_prompts(c, Path(history.run(c.first_bad).run_dir) / c.variant) if c.state == "flagged" and c.flipped else c
+               for c in series_changes(history, nights, alpha=alpha, min_nights=min_nights)]
     for c in changes:
-        if c["state"] == "flagged" and c["flipped"]:
-            _add_prompts(c, Path(history.run(c["first_bad"])["run_dir"]) / c["variant"])
-    for c in changes:
-        if c["state"] == "flagged" and c["open"] and c["regression"]:
-            hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"][:3]) or "no component changed"
-            found.fail(f"{c['summary']}; changed between {c['last_good']} and {c['first_bad']}: {hint}")
-    night = NightlyDocument(run_id=run_id, status=found.status, verdict=tonight.get("verdict"), baseline=baseline,
+        if c.state == "flagged" and c.open and c.regression:
+            hint = ", ".join(f"{b.component} {b.before} → {b.after}" for b in c.bisect[:3]) or "no component changed"
+            found.fail(f"{c.summary}; changed between {c.last_good} and {c.first_bad}: {hint}")
+    night = NightlyDocument(run_id=run_id, status=found.status, verdict=tonight.verdict, baseline=baseline,
                             reasons=found.reasons, vs_baseline=against, changes=changes, paths=paths, compared=compared)
-    history.set_judgement(run_id, night.status, night.baseline, night.judgement())
+    history.set_judgement(night)
     return night

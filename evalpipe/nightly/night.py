@@ -95,7 +95,7 @@ def record_and_judge(history: History, run_dir: Path, *, labels: dict[str, str],
     run_id = history.record(run_dir, kind="nightly", labels=labels)
     j = judge(history, run_id, alpha=alpha, min_nights=min_nights)
     outputs = write_night(run_dir, j, dashboard)
-    build_dashboard(history, history.run(run_id)["config_hash"], title, dashboard)
+    build_dashboard(history, history.run(run_id).config_hash, title, dashboard)
     return NightResult(run_dir, j, outputs, dashboard)
 
 
@@ -108,8 +108,8 @@ def print_night(result: NightResult, reporter: Reporter) -> None:
     for reason in j.reasons:
         reporter.info(f"  - {reason}", plain=True)
     for c in j.changes:
-        if c["state"] in ("flagged", "pending") and c["open"]:
-            reporter.info(f"  {c['state']}: {c['summary']}", plain=True)
+        if c.state in ("flagged", "pending") and c.open:
+            reporter.info(f"  {c.state}: {c.summary}", plain=True)
     reporter.info(f"summary: {result.outputs['markdown']}  junit: {result.outputs['junit']}  dashboard: {result.dashboard}")
     reporter.verdict(j.status, result.exit_code, result.run_dir)  # its line: the first above
 
@@ -160,13 +160,13 @@ def run_night(config_path: Path | None, reporter: Reporter, *, limit: int | None
     return result
 
 
-def baseline_reference_dir(history: History, config_hash: str, reference: str) -> Path | None:
+def baseline_reference_dir(history: History, config_hash: str | None, reference: str) -> Path | None:
     """The reference directory of the night tonight will be judged against, when its
     artifacts are still there (pinned, else the last passing night of this config)."""
     base = baseline_of(history, reference, history.runs(kind="nightly", config_hash=config_hash))
     if base is None:
         return None
-    ref_dir = Path(history.run(base)["run_dir"]) / reference
+    ref_dir = Path(history.run(base).run_dir) / reference
     vd = artifacts.VariantDir(ref_dir)
     return ref_dir if vd.samples.is_file() and vd.tokens.is_file() else None
 

@@ -31,13 +31,12 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from evalpipe.config.loading import load_config
-from evalpipe.documents.nightly_doc import NightStatus
-from evalpipe.documents.run_doc import RunDocument, SimulatedNight, read_run_document, write_run_document
+from evalpipe.documents.nightly_doc import NightStatus, SeriesChange
+from evalpipe.documents.run_doc import RunDocument, RunStatus, SimulatedNight, read_run_document, write_run_document
 from evalpipe.errors import UserError
 from evalpipe.history.store import open_history
 from evalpipe.install import config_label
@@ -61,11 +60,11 @@ class SimulationSummary:
     nights: list[NightResult]
     fault_night: int | None
     fix_night: int | None
-    flagged: list[dict[str, Any]] = field(default_factory=list)
+    flagged: list[SeriesChange] = field(default_factory=list)
 
     @property
     def flagged_nights(self) -> list[str]:
-        return sorted({c["first_bad"] for c in self.flagged})
+        return sorted({c.first_bad for c in self.flagged})
 
     @property
     def as_expected(self) -> bool:
@@ -81,7 +80,7 @@ def source_runs(config: Path | None, limit: int, root: Path, reporter: Reporter)
     for name in ("good", "fault"):
         run_dir = root / f"source-{name}"
         source = read_run_document(run_dir)
-        if source is not None and source.status == "ok":
+        if source is not None and source.status is RunStatus.OK:
             out.append(run_dir)
             continue
         if run_dir.exists():
@@ -175,14 +174,14 @@ def simulate(reporter: Reporter, *, nights: int = 36, fault_night: int | None = 
         mark = NIGHT_MARKS[r.judgement.status]
         reporter.info(f"night {i:2d} build {build:<6} sp={'fault run' if broken else sp_from:<10} {mark}")
     last = results[-1].judgement
-    flagged = [c for c in last.changes if c["state"] == "flagged" and c["regression"]]
+    flagged = [c for c in last.changes if c.state == "flagged" and c.regression]
     summary = SimulationSummary(results, fault_night, fix_night, flagged)
     false_alarms = sum(1 for r in results[: fault_night if fault_night is not None else nights] if r.judgement.status is not NightStatus.PASS)
     a_a = fault_night if fault_night is not None else nights
     reporter.info(f"A/A nights: {a_a}, nights that were not PASS among them: {false_alarms} (false-alarm rate {false_alarms / max(a_a, 1):.2f})")
     for c in flagged:
-        hint = ", ".join(f"{b['component']} {b['before']} → {b['after']}" for b in c["bisect"]) or "no component changed"
-        reporter.info(f"flagged: {c['summary']}; between {c['last_good']} and {c['first_bad']}: {hint}", plain=True)
+        hint = ", ".join(f"{b.component} {b.before} → {b.after}" for b in c.bisect) or "no component changed"
+        reporter.info(f"flagged: {c.summary}; between {c.last_good} and {c.first_bad}: {hint}", plain=True)
     reporter.info(f"history {history.where}; dashboard {output / 'dashboard' / 'index.html'}; "
                   + ("as expected: only the fault night is flagged" if summary.as_expected else
                      f"NOT as expected: flagged {summary.flagged_nights}"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from evalpipe.config.errors import ConfigError
 from evalpipe.documents.manifest import ManifestStatus, read_manifest, write_manifest
-from evalpipe.documents.run_doc import RunDocument, read_run_document, write_run_document
+from evalpipe.documents.run_doc import RunDocument, RunStatus, read_run_document, write_run_document
 from evalpipe.execution import launch
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.lock import lock_run_dir
@@ -65,7 +65,7 @@ def mark_stopped(vdir: artifacts.VariantDir, error: str) -> None:
     if not vdir.manifest.is_file():
         return
     manifest = read_manifest(vdir.manifest)
-    if manifest.status == "running":
+    if manifest.status is ManifestStatus.RUNNING:
         write_manifest(vdir.manifest, manifest.model_copy(update={"status": ManifestStatus.FAILED, "error": error, "finished_at": time.time()}))
 
 
@@ -73,7 +73,7 @@ def mark_interrupted(run_dir: Path) -> None:
     """run.json of a run stopped by Ctrl-C or SIGTERM says so, with what had finished
     (instead of `running` forever)."""
     info = read_run_document(run_dir)
-    if info is None or info.status != "running":
+    if info is None or info.status is not RunStatus.RUNNING:
         return
     finished = [name for name, v in info.variant_status.items() if v.exit_code == 0]
     by = "SIGTERM" if signal.SIGTERM in launch.interrupts else "SIGINT"  # the list of this process, read now

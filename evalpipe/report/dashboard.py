@@ -1,13 +1,13 @@
 """The nightly trend dashboard: one self-contained HTML page over the run history.
 
-The input is the plain dict the history module builds (nights, score series, token
-series, flagged changes; see :func:`render_dashboard`). The page has no script and
+The input is the dashboard's document (evalpipe.documents.dashboard_doc.DashboardData:
+nights, score series, token series, flagged changes), built from the history. The page has no script and
 nothing external: it is opened from file:// on machines without network, and kept
 as a CI artifact. Charts are inline SVG drawn here rather than matplotlib images:
 a year of nights has hundreds of charts and a matplotlib figure costs ~50 ms each,
 while a path string costs microseconds. Tooltips are SVG ``<title>`` elements.
 
-Every text in the dict is untrusted (prompts, model outputs, component versions,
+Every text in the document is untrusted (prompts, model outputs, component versions,
 even task names). Safety rests on jinja2's autoescape: this module hands the
 template raw text and numbers only; the one exception is SVG path data, which is
 built here from floats alone. Hrefs additionally go through :func:`safe_href`,
@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, Union
 from urllib.parse import urlsplit
 
-from evalpipe.documents.nightly_doc import NIGHT_STATUSES
+from evalpipe.documents.dashboard_doc import DashboardData, NightEntry, ScoreSeries, ScoreValue, TokenSeries, TokenValue
+from evalpipe.documents.nightly_doc import SeriesChange
 from evalpipe.report.formats import show_controls
 from evalpipe.report.markdown import template_environment
 
 TEMPLATE_NAME = "dashboard.html.j2"
 
-# A night's statuses, each styled as its own state: INCONCLUSIVE (amber) proved nothing
-# about the code paths, which is neither a pass nor a regression.
-KNOWN_STATUSES = set(NIGHT_STATUSES)
+# A night's statuses (NightStatus) are each styled as their own state: INCONCLUSIVE (amber)
+# proved nothing about the code paths, which is neither a pass nor a regression.
+Point = Union[ScoreValue, TokenValue]
 DOTS_MAX = 60  # above this many points a chart shows the line and change markers only
 FLIPPED_SHOWN = 20
 PROMPT_MAX = 300
@@ -54,51 +55,45 @@ def _text(value: Any, max_len: int | None = None) -> str:
     return show_controls(s, keep="\t\n")
 
 
-def _num(value: Any) -> float | None:
+def _num(value: float | None) -> float | None:
     """A finite float or None (missing, NaN and inf all mean: nothing to draw)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+    return value if value is not None and math.isfinite(value) else None
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
+def _fmt(value: float | None, digits: int = 4) -> str:
     f = _num(value)
     return "—" if f is None else f"{f:.{digits}g}"
 
 
-def _fmt_p(value: Any) -> str:
+def _fmt_p(value: float | None) -> str:
     p = _num(value)
     if p is None:
         return "—"
     return "< 0.0001" if p < 1e-4 else f"{p:.2g}"
 
 
-def _is_fraction(*values: Any) -> bool:
+def _is_fraction(*values: float | None) -> bool:
     nums = [_num(v) for v in values]
     return all(v is not None and -1.0 <= v <= 1.0 for v in nums)
 
 
-def _fmt_delta(change: dict[str, Any]) -> str:
+def _fmt_delta(change: SeriesChange) -> str:
     """Score deltas of fraction metrics (accuracy, exact match) in percentage points, others raw."""
-    delta = _num(change.get("delta"))
+    delta = _num(change.delta)
     if delta is None:
         return "—"
-    if change.get("kind") == "score" and _is_fraction(change.get("before"), change.get("after")):
+    if change.kind == "score" and _is_fraction(change.before, change.after):
         return f"{delta * 100:+.1f} pts"
     return f"{delta:+.4g}"
 
 
-def _short_night(night: Any) -> str:
+def _short_night(night: str) -> str:
     """The date of an ISO date-time ("2025-03-01T02:00:00Z" -> "2025-03-01"); other text as is."""
     s = _text(night)
     return s.split("T", 1)[0] if len(s) > 10 and s[4:5] == "-" and s[10:11] in ("T", " ") else s
 
 
-def safe_href(href: Any) -> str | None:
+def safe_href(href: str | None) -> str | None:
     """A link target the page may use: relative paths and http(s)/file URLs only.
 
     Autoescape keeps an href inside its attribute, but ``javascript:`` or ``data:``
@@ -115,11 +110,6 @@ def safe_href(href: Any) -> str | None:
         return None
     # a Windows drive letter parses as a one-letter scheme
     return s if scheme in ("", "http", "https", "file") or len(scheme) == 1 else None
-
-
-def _status_class(status: Any) -> str:
-    s = str(status)
-    return s.lower() if s in KNOWN_STATUSES else "unknown"
 
 
 # --- chart geometry -----------------------------------------------------------------
@@ -189,10 +179,10 @@ class _Log:
         return out
 
 
-def _x_positions(points: Sequence[dict[str, Any]], night_index: dict[str, int], n_nights: int) -> list[float]:
+def _x_positions(points: Sequence[Point], night_index: dict[str, int], n_nights: int) -> list[float]:
     """x of each point: the night's place in the whole history, so every chart lines up with the
     timeline; points of unknown nights fall back to their own order."""
-    found = [night_index.get(str(p.get("run_id"))) for p in points]
+    found = [night_index.get(p.run_id) for p in points]
     idx = [i for i in found if i is not None]
     if idx and len(idx) == len(found):  # every night known
         lo, hi = 0, max(n_nights - 1, 0)
@@ -248,18 +238,19 @@ def _band_path(xs: Sequence[float], lows: Sequence[float | None], highs: Sequenc
     return "".join(parts)
 
 
-def _point_title(p: dict[str, Any], value: float | None, extra: str = "") -> str:
-    return f"{_text(p.get('night'))} · {_text(p.get('run_id'))}: {_fmt(value)}{extra}"
+def _point_title(p: Point, value: float | None, extra: str = "") -> str:
+    return f"{_text(p.night)} · {_text(p.run_id)}: {_fmt(value)}{extra}"
 
 
-def _markers(points, xs, ys, changes, scale_y) -> list[dict[str, Any]]:
+def _markers(points: Sequence[Point], xs: Sequence[float], ys: Sequence[float | None], changes: Sequence[int],
+             scale_y: Any) -> list[dict[str, Any]]:
     out = []
-    for i in changes or []:
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(points):
+    for i in changes:
+        if not 0 <= i < len(points):
             continue
         p = points[i]
         out.append({
-            "run_id": _text(p.get("run_id")),
+            "run_id": _text(p.run_id),
             "x": _c(xs[i]),
             "y": None if ys[i] is None else _c(scale_y(ys[i])),
             "title": "flagged change starts here — " + _point_title(p, ys[i]),
@@ -267,44 +258,45 @@ def _markers(points, xs, ys, changes, scale_y) -> list[dict[str, Any]]:
     return out
 
 
-def _axis(points, xs, scale) -> dict[str, Any]:
+def _axis(points: Sequence[Point], xs: Sequence[float], scale: Any) -> dict[str, Any]:
     ticks = [{"y": _c(y), "label": label} for y, label in scale.ticks()]
     xl = []
     if points:
-        xl.append({"x": _c(xs[0]), "label": _short_night(points[0].get("night")), "anchor": "start"})
+        xl.append({"x": _c(xs[0]), "label": _short_night(points[0].night), "anchor": "start"})
         if len(points) > 1:
-            xl.append({"x": _c(xs[-1]), "label": _short_night(points[-1].get("night")), "anchor": "end"})
+            xl.append({"x": _c(xs[-1]), "label": _short_night(points[-1].night), "anchor": "end"})
     return {"yticks": ticks, "xlabels": xl}
 
 
-def _dots(points, xs, ys, scale_y, reports, title) -> list[dict[str, Any]]:
+def _dots(points: Sequence[Point], xs: Sequence[float], ys: Sequence[float | None], scale_y: Any,
+          reports: dict[str, str | None], title: Any) -> list[dict[str, Any]]:
     """The clickable dots with tooltips; `title(i)` is only called for drawn dots (long histories draw none)."""
     if len(points) > DOTS_MAX:
         return []
     return [
-        {"x": _c(x), "y": _c(scale_y(y)), "title": title(i), "href": reports.get(str(p.get("run_id")))}
+        {"x": _c(x), "y": _c(scale_y(y)), "title": title(i), "href": reports.get(p.run_id)}
         for i, (p, x, y) in enumerate(zip(points, xs, ys))
         if y is not None
     ]
 
 
-def score_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: int,
+def score_chart(series: ScoreSeries, night_index: dict[str, int], n_nights: int,
                 reports: dict[str, str | None]) -> dict[str, Any]:
     """Geometry of one score chart: line, confidence band, A/A band, dots, change markers."""
-    points = list(series.get("points") or [])
+    points = series.points
     xs = _x_positions(points, night_index, n_nights)
-    vals = [_num(p.get("value")) for p in points]
-    lows = [_num(p.get("ci_low")) for p in points]
-    highs = [_num(p.get("ci_high")) for p in points]
-    band = series.get("aa_band") or None
-    aa_lo = _num(band.get("low")) if isinstance(band, dict) else None
-    aa_hi = _num(band.get("high")) if isinstance(band, dict) else None
+    vals = [_num(p.value) for p in points]
+    lows = [_num(p.ci_low) for p in points]
+    highs = [_num(p.ci_high) for p in points]
+    band = series.aa_band
+    aa_lo = _num(band.low) if band else None
+    aa_hi = _num(band.high) if band else None
     domain = [v for v in vals + lows + highs + [aa_lo, aa_hi] if v is not None]
     chart: dict[str, Any] = {
         "kind": "score",
-        "task": _text(series.get("task")),
-        "metric": _text(series.get("metric")),
-        "variant": _text(series.get("variant")),
+        "task": _text(series.task),
+        "metric": _text(series.metric),
+        "variant": _text(series.variant),
         "n_points": len(points),
         "empty": not any(v is not None for v in vals),
     }
@@ -324,12 +316,12 @@ def score_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: i
     def title(i: int) -> str:
         p, lo, hi = points[i], lows[i], highs[i]
         extra = f" (CI {_fmt(lo)} – {_fmt(hi)})" if lo is not None and hi is not None else ""
-        if p.get("n") is not None:
-            extra += f", n={_text(p.get('n'))}"
+        if p.n is not None:
+            extra += f", n={p.n}"
         return _point_title(p, vals[i], extra)
 
     chart["dots"] = _dots(points, xs, vals, scale, reports, title)
-    chart["markers"] = _markers(points, xs, vals, series.get("changes"), scale)
+    chart["markers"] = _markers(points, xs, vals, series.changes, scale)
     chart["axis"] = _axis(points, xs, scale)
     last = next((v for v in reversed(vals) if v is not None), None)
     chart["latest"] = _fmt(last)
@@ -337,14 +329,14 @@ def score_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: i
     return chart
 
 
-def token_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: int,
+def token_chart(series: TokenSeries, night_index: dict[str, int], n_nights: int,
                 reports: dict[str, str | None]) -> dict[str, Any]:
     """Geometry of one token-measure chart: the A/B value and the same night's A/A value."""
-    points = list(series.get("points") or [])
+    points = series.points
     xs = _x_positions(points, night_index, n_nights)
-    vals = [_num(p.get("value")) for p in points]
-    aas = [_num(p.get("aa_value")) for p in points]
-    log = bool(series.get("log"))
+    vals = [_num(p.value) for p in points]
+    aas = [_num(p.aa_value) for p in points]
+    log = series.log
     present = [v for v in vals + aas if v is not None]
     if log:
         scale: Any = _Log(present)
@@ -359,9 +351,9 @@ def token_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: i
     last = next((v for v in reversed(vals) if v is not None), None)
     return {
         "kind": "token",
-        "task": _text(series.get("task")),
-        "metric": _text(series.get("measure")),
-        "variant": _text(series.get("variant")),
+        "task": _text(series.task),
+        "metric": _text(series.measure),
+        "variant": _text(series.variant),
         "log": log,
         "n_points": len(points),
         "empty": not present,
@@ -370,7 +362,7 @@ def token_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: i
         "band": "",
         "aa": None,
         "dots": _dots(points, xs, vals, scale, reports, title),
-        "markers": _markers(points, xs, vals, series.get("changes"), scale),
+        "markers": _markers(points, xs, vals, series.changes, scale),
         "axis": _axis(points, xs, scale),
         "latest": _fmt(last),
         "aa_text": "log scale, 0 drawn at the floor" if log else "linear scale",
@@ -380,71 +372,66 @@ def token_chart(series: dict[str, Any], night_index: dict[str, int], n_nights: i
 # --- the view -----------------------------------------------------------------------
 
 
-def _night_view(n: dict[str, Any]) -> dict[str, Any]:
-    status = _text(n.get("status")) or "UNKNOWN"
-    reasons = [_text(r, 500) for r in n.get("reasons") or []]
-    lines = [f"{_text(n.get('night'))} · {status}" + (f" · {_text(n.get('verdict'))}" if n.get("verdict") else ""),
-             f"run {_text(n.get('run_id'))}" + (f", baseline {_text(n.get('baseline'))}" if n.get("baseline") else "")]
+def _night_view(n: NightEntry) -> dict[str, Any]:
+    status = n.status.value
+    reasons = [_text(r, 500) for r in n.reasons]
+    verdict = _text(n.verdict.value) if n.verdict else ""
+    lines = [f"{_text(n.night)} · {status}" + (f" · {verdict}" if verdict else ""),
+             f"run {_text(n.run_id)}" + (f", baseline {_text(n.baseline)}" if n.baseline else "")]
     lines += [f"– {r}" for r in reasons]
     return {
-        "run_id": _text(n.get("run_id")),
-        "night": _text(n.get("night")),
-        "date": _short_night(n.get("night")),
+        "run_id": _text(n.run_id),
+        "night": _text(n.night),
+        "date": _short_night(n.night),
         "status": status,
-        "cls": _status_class(n.get("status")),
-        "verdict": _text(n.get("verdict")),
-        "baseline": _text(n.get("baseline")),
-        "report": safe_href(n.get("report")),
+        "cls": status.lower(),
+        "verdict": verdict,
+        "baseline": _text(n.baseline),
+        "report": safe_href(n.report),
         "reasons": reasons,
         "title": "\n".join(lines),
     }
 
 
-def _change_view(c: dict[str, Any], chart_ids: dict[tuple[str, str, str, str], str]) -> dict[str, Any]:
-    flipped = list(c.get("flipped") or [])
-    kind = _text(c.get("kind"))
-    key = (kind, _text(c.get("task")), _text(c.get("metric")), _text(c.get("variant")))
-    nights_after = c.get("nights_after")
+def _change_view(c: SeriesChange, chart_ids: dict[tuple[str, str, str, str], str]) -> dict[str, Any]:
+    key = (c.kind, _text(c.task), _text(c.metric), _text(c.variant))
     return {
-        "kind": kind,
+        "kind": c.kind,
         "task": key[1],
         "metric": key[2],
         "variant": key[3],
-        "run_id": _text(c.get("run_id")),
-        "night": _text(c.get("night")),
-        "date": _short_night(c.get("night")),
-        "direction": _text(c.get("direction")),
-        "arrow": {"down": "↓", "up": "↑"}.get(str(c.get("direction")), ""),
-        "before": _fmt(c.get("before")),
-        "after": _fmt(c.get("after")),
+        "run_id": _text(c.run_id),
+        "night": _text(c.night),
+        "date": _short_night(c.night),
+        "direction": c.direction,
+        "arrow": {"down": "↓", "up": "↑"}[c.direction],
+        "before": _fmt(c.before),
+        "after": _fmt(c.after),
         "delta": _fmt_delta(c),
-        "p_value": _fmt_p(c.get("p_value")),
-        "lasting": ("open: the new level lasts to the latest night" if c.get("open") else "closed")
-        + (f" ({_text(nights_after)} night{'' if nights_after == 1 else 's'} after)" if nights_after is not None else ""),
-        "open": bool(c.get("open")),
-        "summary": _text(c.get("summary"), 1000),
+        "p_value": _fmt_p(c.p_value),
+        "lasting": ("open: the new level lasts to the latest night" if c.open else "closed")
+        + f" ({c.nights_after} night{'' if c.nights_after == 1 else 's'} after)",
+        "open": c.open,
+        "summary": _text(c.summary, 1000),
         "flipped": [
-            {"doc_id": _text(f.get("doc_id")), "repeat": _text(f.get("repeat")), "before": _fmt(f.get("before")),
-             "after": _fmt(f.get("after")), "prompt": _text(f.get("prompt"), PROMPT_MAX)}
-            for f in flipped[:FLIPPED_SHOWN]
+            {"doc_id": str(f.doc_id), "repeat": str(f.repeat), "before": _fmt(f.before),
+             "after": _fmt(f.after), "prompt": _text(f.prompt, PROMPT_MAX)}
+            for f in c.flipped[:FLIPPED_SHOWN]
         ],
-        "flipped_total": len(flipped),
-        "flipped_more": max(len(flipped) - FLIPPED_SHOWN, 0),
-        "bisect": [
-            {"component": _text(b.get("component")), "before": _text(b.get("before"), 300),
-             "after": _text(b.get("after"), 300)}
-            for b in c.get("bisect") or []
-        ],
-        "last_good": _text(c.get("last_good")),
-        "first_bad": _text(c.get("first_bad")),
-        "report": safe_href(c.get("report")),
+        "flipped_total": len(c.flipped),
+        "flipped_more": max(len(c.flipped) - FLIPPED_SHOWN, 0),
+        "bisect": [{"component": _text(b.component), "before": _text(b.before, 300), "after": _text(b.after, 300)}
+                   for b in c.bisect],
+        "last_good": _text(c.last_good),
+        "first_bad": _text(c.first_bad),
+        "report": safe_href(c.report),
         "chart": chart_ids.get(key),
     }
 
 
-def build_view(data: dict[str, Any]) -> dict[str, Any]:
+def build_view(data: DashboardData) -> dict[str, Any]:
     """Everything the template shows, as raw text, numbers and path strings."""
-    nights = [_night_view(n) for n in data.get("nights") or []]
+    nights = [_night_view(n) for n in data.nights]
     night_index = {n["run_id"]: i for i, n in enumerate(nights)}
     reports = {n["run_id"]: n["report"] for n in nights}
 
@@ -457,28 +444,28 @@ def build_view(data: dict[str, Any]) -> dict[str, Any]:
         return tasks[name]
 
     n = 0
-    for s in data.get("series") or []:
+    for s in data.series:
         ch = score_chart(s, night_index, len(nights), reports)
         ch["id"] = f"chart-{n}"
         n += 1
         chart_ids.setdefault(("score", ch["task"], ch["metric"], ch["variant"]), ch["id"])
         task(ch["task"])["scores"].append(ch)
-    for s in data.get("token_series") or []:
-        ch = token_chart(s, night_index, len(nights), reports)
+    for t in data.token_series:
+        ch = token_chart(t, night_index, len(nights), reports)
         ch["id"] = f"chart-{n}"
         n += 1
         chart_ids.setdefault(("token", ch["task"], ch["metric"], ch["variant"]), ch["id"])
         task(ch["task"])["tokens"].append(ch)
 
-    counts = {k: sum(1 for x in nights if x["cls"] == k) for k in ("pass", "inconclusive", "regression", "failed", "unknown")}
+    counts = {k: sum(1 for x in nights if x["cls"] == k) for k in ("pass", "inconclusive", "regression", "failed")}
     return {
-        "title": _text(data.get("title")) or "evalpipe nightly",
-        "generated_at": _text(data.get("generated_at")),
-        "database": _text(data.get("database")),
+        "title": _text(data.title) or "evalpipe nightly",
+        "generated_at": _text(data.generated_at),
+        "database": _text(data.database),
         "nights": nights,
         "latest": nights[-1] if nights else None,
         "counts": counts,
-        "changes": [_change_view(c, chart_ids) for c in data.get("changes") or []],
+        "changes": [_change_view(c, chart_ids) for c in data.changes],
         "tasks": list(tasks.values()),
         "n_charts": n,
         "dots_max": DOTS_MAX,
@@ -489,6 +476,6 @@ def build_view(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def render_dashboard(data: dict[str, Any]) -> str:
-    """The dashboard page from the history dict (nights, series, token_series, changes)."""
+def render_dashboard(data: DashboardData) -> str:
+    """The dashboard page from its document (nights, series, token_series, changes)."""
     return template_environment(autoescape=True).get_template(TEMPLATE_NAME).render(**build_view(data))

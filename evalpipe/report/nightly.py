@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
-from evalpipe.documents.comparison import PASSING as PASSING_STATUSES
 from evalpipe.documents.comparison import Status
-from evalpipe.documents.nightly_doc import NightlyDocument, NightStatus
+from evalpipe.documents.nightly_doc import BaselineComparison, NightlyDocument, NightStatus
+from evalpipe.report.formats import fmt_p
 from evalpipe.report.junit import xml_text
 from evalpipe.report.markdown import md_escape
 
-PASSING = tuple(s.value for s in PASSING_STATUSES)  # the comparison statuses a night passes with
-INCONCLUSIVE = Status.INCONCLUSIVE.value
 NIGHT_ICONS: dict[NightStatus, str] = {NightStatus.PASS: "✅", NightStatus.INCONCLUSIVE: "⚠️", NightStatus.REGRESSION: "❌",
                                        NightStatus.FAILED: "💥"}
 
@@ -33,33 +30,30 @@ def render_night_summary(j: NightlyDocument, dashboard: Path | None = None) -> s
     if j.vs_baseline:
         lines += ["", "### Against the baseline night", "", "| variant | baseline | status | flips (task metric: right→wrong / wrong→right, McNemar p) |", "|---|---|---|---|"]
         for e in j.vs_baseline:
-            if e.get("error"):
-                lines.append(f"| {md_escape(e['variant'])} | {md_escape(str(e.get('baseline')))} | error | {md_escape(e['error'])} |")
+            if e.error is not None:
+                lines.append(f"| {md_escape(e.variant)} | {md_escape(str(e.baseline))} | error | {md_escape(e.error)} |")
                 continue
-            flips = "; ".join(
-                f"{md_escape(s['task'])} {md_escape(s['metric'])}: {s.get('a_right_b_wrong', 0)}/{s.get('a_wrong_b_right', 0)}, p {s.get('mcnemar_p', 1):.2g}"
-                for s in e["scores"]
-            )
-            lines.append(f"| {md_escape(e['variant'])} | {md_escape(e['baseline'])} | {md_escape(e['status'])} | {flips} |")
+            flips = "; ".join(f"{md_escape(s.task)} {md_escape(s.metric)}: {_count(s.a_right_b_wrong)}/{_count(s.a_wrong_b_right)}, "
+                              f"p {fmt_p(s.mcnemar_p)}" for s in e.scores)
+            lines.append(f"| {md_escape(e.variant)} | {md_escape(str(e.baseline))} | {md_escape(str(e.status))} | {flips} |")
         for e in j.vs_baseline:
-            for sc in e.get("scores") or []:
-                if sc.get("flipped"):
-                    items = ", ".join(f"doc {f.get('doc_id')}" + (f" repeat {f['repeat']}" if f.get("repeat") else "")
-                                      for f in sc["flipped"][:20])
-                    more = f" (+{len(sc['flipped']) - 20} more)" if len(sc["flipped"]) > 20 else ""
-                    lines.append(f"\n{md_escape(e['variant'])}, {md_escape(sc['task'])} {md_escape(sc['metric'])}: "
+            for sc in e.scores:
+                if sc.flipped:
+                    items = ", ".join(f"doc {f.doc_id}" + (f" repeat {f.repeat}" if f.repeat else "") for f in sc.flipped[:20])
+                    more = f" (+{len(sc.flipped) - 20} more)" if len(sc.flipped) > 20 else ""
+                    lines.append(f"\n{md_escape(e.variant)}, {md_escape(sc.task)} {md_escape(sc.metric)}: "
                                  f"flipped {md_escape(items)}{more}")
-    shown = [c for c in j.changes if c["state"] in ("flagged", "pending")]
+    shown = [c for c in j.changes if c.state in ("flagged", "pending")]
     if shown:
         lines += ["", "### Changes in the series", ""]
         for c in shown:
-            lines.append(f"- **{c['state']}** {md_escape(c['summary'])}")
-            if c["bisect"]:
-                lines.append("  - changed between " + md_escape(f"{c['last_good']} and {c['first_bad']}") + ": "
-                             + "; ".join(md_escape(f"{b['component']}: {b['before']} → {b['after']}") for b in c["bisect"][:8]))
-            if c["flipped"]:
-                lines.append(f"  - {len(c['flipped'])} items changed, first: " + md_escape(", ".join(
-                    f"doc {f['doc_id']} ({f['before']:g}→{f['after']:g})" for f in c["flipped"][:10])))
+            lines.append(f"- **{c.state}** {md_escape(c.summary)}")
+            if c.bisect:
+                lines.append("  - changed between " + md_escape(f"{c.last_good} and {c.first_bad}") + ": "
+                             + "; ".join(md_escape(f"{b.component}: {b.before} → {b.after}") for b in c.bisect[:8]))
+            if c.flipped:
+                lines.append(f"  - {len(c.flipped)} items changed, first: " + md_escape(", ".join(
+                    f"doc {f.doc_id} ({f.before:g}→{f.after:g})" for f in c.flipped[:10])))
     return "\n".join(lines) + "\n"
 
 
@@ -67,10 +61,10 @@ def render_night_junit(j: NightlyDocument) -> str:
 
     cases: list[tuple[str, str, tuple[str, str] | None]] = [("tonight", "variants_vs_reference", _tonight_failure(j))]
     for e in j.vs_baseline:
-        cases.append(("vs_baseline", str(e["variant"]), _baseline_failure(e)))
+        cases.append(("vs_baseline", e.variant, _baseline_failure(e)))
     for c in j.changes:
-        if c["state"] == "flagged" and c["regression"]:
-            cases.append(("series", f"{c['task']}[{c['metric']}].{c['variant']}", ("regression", c["summary"]) if c["open"] else None))
+        if c.state == "flagged" and c.regression:
+            cases.append(("series", f"{c.task}[{c.metric}].{c.variant}", ("regression", c.summary) if c.open else None))
     suite = ET.Element("testsuite", name=xml_text(f"evalpipe.nightly.night.{j.run_id}"), tests=str(len(cases)),
                        failures=str(sum(1 for *_, bad in cases if bad)))
     for classname, name, bad in cases:
@@ -86,18 +80,22 @@ def render_night_junit(j: NightlyDocument) -> str:
 
 def _tonight_failure(j: NightlyDocument) -> tuple[str, str] | None:
     """(failure type, text) of tonight's own verdict, None when it passed."""
-    if j.verdict is None or j.verdict in PASSING:
+    if j.verdict is None or j.verdict.passed:
         return None
-    if j.verdict == INCONCLUSIVE:
+    if j.verdict is Status.INCONCLUSIVE:
         return "inconclusive", j.paths or "tonight's comparison proves nothing about the paths"
     return "regression", f"verdict {j.verdict}" + (f"\n{j.paths}" if j.paths else "")
 
 
-def _baseline_failure(e: dict[str, Any]) -> tuple[str, str] | None:
+def _baseline_failure(e: BaselineComparison) -> tuple[str, str] | None:
     """(failure type, text) of one variant against the baseline night, None when it passed."""
-    if e.get("error"):
-        return "error", str(e["error"])
-    if e.get("status") in PASSING:
+    if e.error is not None:
+        return "error", e.error
+    if e.status is not None and e.status.passed:
         return None
-    text = f"{e.get('status')}: " + "; ".join(e.get("reasons") or [])[:2000]
-    return ("inconclusive" if e.get("status") == INCONCLUSIVE else "regression"), text
+    text = f"{e.status}: " + "; ".join(e.reasons)[:2000]
+    return ("inconclusive" if e.status is Status.INCONCLUSIVE else "regression"), text
+
+
+def _count(n: int | None) -> str:
+    return "—" if n is None else str(n)

@@ -158,7 +158,7 @@ def sampled_lines(compare: ComparisonDocument) -> list[str]:
 
 
 def failed_gates_table(compare: ComparisonDocument) -> Table | None:
-    rows = [(c, g) for c in compare.comparisons for g in c.gates if g.status == "fail"]
+    rows = [(c, g) for c in compare.comparisons for g in c.gates if g.failed]
     if not rows:
         return None
     table = _table(

@@ -23,6 +23,7 @@ from evalpipe.documents.comparison import (
     ComparisonDocument,
     FlippedItem,
     FreeFigures,
+    GateStatus,
     GroupFigures,
     GroupScore,
     LengthRow,
@@ -62,7 +63,7 @@ FLIPPED_SHOWN = 10  # per task x metric; compare.json lists more
 EVIDENCE_SHOWN = 10  # per failing gate
 
 # Failing gates first: they are why a run is DIVERGENT.
-GATE_ORDER = {"fail": 0, "skip": 1, "pass": 2}
+GATE_ORDER = {GateStatus.FAIL: 0, GateStatus.SKIP: 1, GateStatus.PASS: 2}
 
 # Worst-example lists of a token summary, with their headings per comparison mode.
 WORST_LISTS = (
@@ -509,13 +510,13 @@ def _gate_rows(compare: ComparisonDocument, esc: Esc) -> list[dict[str, Any]]:
                     "measured": esc(fmt_num(g.measured)),
                     "threshold": esc(fmt_num(g.threshold)),
                     "aa": esc(fmt_num(g.aa_value)),
-                    "status": g.status,  # the templates test it
+                    "status": g.status.value,  # the templates test it
                     "detail": esc(g.detail),
                     "evidence": [esc(e) for e in g.evidence[:EVIDENCE_SHOWN]]
                     + ([esc(f"… {more} more in compare.json")] if more > 0 else []),
                 }
             )
-    rows.sort(key=lambda r: GATE_ORDER[r["status"]])
+    rows.sort(key=lambda r: GATE_ORDER[GateStatus(r["status"])])
     return rows
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from evalpipe.config.errors import ConfigError
 from evalpipe.documents.journal import JOURNAL_FILE
-from evalpipe.documents.manifest import VariantManifest, read_manifest
-from evalpipe.documents.run_doc import Attempt, RunDocument, VariantStatus, read_run_document
+from evalpipe.documents.manifest import ManifestStatus, VariantManifest, read_manifest
+from evalpipe.documents.run_doc import Attempt, RunDocument, RunStatus, VariantStatus, read_run_document
 from evalpipe.errors import UserError
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
@@ -92,7 +92,7 @@ def reopen(run_dir: Path, fresh: RunDocument) -> tuple[RunDocument, list[str]]:
         raise ResumeRefused(str(err)) from None
     if stored is None:
         raise ResumeRefused(f"{run_dir} exists and is not a run directory (no run.json); choose another --run-id or --output.")
-    if stored.status == "ok":
+    if stored.status is RunStatus.OK:
         raise ResumeRefused(
             f"run {run_dir} has already finished (verdict {stored.verdict}); compare it again with "
             f"`evalpipe compare {run_dir}`, or choose another --run-id for a new run."
@@ -144,7 +144,7 @@ def _finished(vdir: artifacts.VariantDir) -> VariantManifest | None:
         manifest = read_manifest(vdir.manifest)
     except UserError:
         return None
-    finished = manifest.status == "ok" and bool(manifest.artifacts)
+    finished = manifest.status is ManifestStatus.OK and bool(manifest.artifacts)
     return manifest if finished else None
 
 

@@ -503,9 +503,9 @@ def wait_for_reference(reference_dir: Path, events: Events, poll_s: float = 1.0)
     said = False
     while True:
         manifest = read_manifest(path) if path.is_file() else None
-        if manifest is not None and manifest.status == "ok" and manifest.artifacts is not None:
+        if manifest is not None and manifest.status is ManifestStatus.OK and manifest.artifacts is not None:
             return
-        if manifest is not None and manifest.status == "failed":
+        if manifest is not None and manifest.status is ManifestStatus.FAILED:
             raise UserError(f"teacher forcing needs the reference's sequences, but the reference failed ({manifest.error})")
         if not said:  # the watchdog is not armed while this variant waits for another
             events.emit("stage", stage="waiting", message="waiting for the reference's sequences (teacher forcing)")

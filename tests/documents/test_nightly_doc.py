@@ -17,13 +17,14 @@ from evalpipe.documents.nightly_doc import (
     write_nightly_document,
 )
 from evalpipe.errors import UserError
+from tests.report.test_nightly import change
 
 
 def _night() -> NightlyDocument:
     return NightlyDocument(run_id="night-3", status="REGRESSION", verdict="EQUIVALENT", baseline="night-2",
                            reasons=["sp drifted from baseline night-2: DIVERGENT"],
                            vs_baseline=[{"variant": "sp", "status": "DIVERGENT", "baseline": "night-2"}],
-                           changes=[{"state": "flagged", "run_id": "night-3"}], paths=None)
+                           changes=[change("flagged", "acc fell")], paths=None)
 
 
 def test_a_nightly_document_round_trips(tmp_path):

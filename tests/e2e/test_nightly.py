@@ -44,11 +44,11 @@ def test_the_fault_night_and_only_it_is_flagged_with_its_component(sim):
     assert statuses == ["PASS"] * FAULT + ["REGRESSION"] * (FIX - FAULT) + ["PASS"] * (NIGHTS - FIX), sim["log"]
     assert summary.flagged_nights == [f"night-{FAULT:02d}"] and summary.as_expected
     for change in summary.flagged:
-        assert change["last_good"] == f"night-{FAULT - 1:02d}" and not change["open"]
-        assert {"component": "vllm_ascend", "before": "good", "after": "fault"} in change["bisect"]
+        assert change.last_good == f"night-{FAULT - 1:02d}" and not change.open
+        assert ("vllm_ascend", "good", "fault") in [(b.component, b.before, b.after) for b in change.bisect]
     first_bad = summary.nights[FAULT].judgement
-    assert any(e["variant"] == "sp" and e["status"] == "DIVERGENT" for e in first_bad.vs_baseline)
-    assert all(e["status"] == "IDENTICAL" for e in first_bad.vs_baseline if e["variant"] != "sp")
+    assert any(e.variant == "sp" and e.status == "DIVERGENT" for e in first_bad.vs_baseline)
+    assert all(e.status == "IDENTICAL" for e in first_bad.vs_baseline if e.variant != "sp")
 
 
 def test_thirty_a_a_nights_raise_no_alarm(sim):
@@ -56,7 +56,7 @@ def test_thirty_a_a_nights_raise_no_alarm(sim):
     assert len(nights) == 30
     # every A/A night passed, and no change of any kind (flagged or pending) was seen before the fault
     assert [r.judgement.status for r in nights] == ["PASS"] * 30
-    assert [c for r in nights for c in r.judgement.changes if c["state"] in ("flagged", "pending")] == []
+    assert [c for r in nights for c in r.judgement.changes if c.state in ("flagged", "pending")] == []
     assert "A/A nights: 30, nights that were not PASS among them: 0 (false-alarm rate 0.00)" in sim["log"]
 
 
@@ -91,8 +91,8 @@ def test_a_real_nightly_run_is_judged_against_the_history(sim):
     assert "PASS" in (run_dir / "nightly.md").read_text()
     hist = open_history(url, sim_dir)
     nights = hist.runs(kind="nightly")
-    assert [n["run_id"] for n in nights][-2:] == [f"night-{NIGHTS - 1:02d}", "real-night"]
-    assert hist.variants_of("real-night")[0]["components"]["vllm_ascend"] == "fixed"
+    assert [n.run_id for n in nights][-2:] == [f"night-{NIGHTS - 1:02d}", "real-night"]
+    assert hist.variants_of("real-night")[0].components["vllm_ascend"] == "fixed"
     assert "real-night" in dashboard.read_text()
 
 

@@ -107,13 +107,13 @@ def test_the_run_is_recorded_in_the_history(run):
     assert db_file.is_file(), "evalpipe run records into history.sqlite under the output root"
     hist = open_history(None, run["tmp"] / "runs")
     rec = hist.run("e2e")
-    assert rec["kind"] == "run" and rec["verdict"] == "DIVERGENT" and rec["model_fingerprint"]
-    variants = {v["name"]: v for v in hist.variants_of("e2e")}
+    assert rec.kind == "run" and rec.verdict == "DIVERGENT" and rec.model_fingerprint
+    variants = {v.name: v for v in hist.variants_of("e2e")}
     assert sorted(variants) == sorted(variant_names(run))
-    assert variants["bf16"]["status"] == "DIVERGENT" and variants[f"{run['ref']}-aa"]["role"] == "aa"
-    assert variants[run["ref"]]["components"]["vllm"] == artifacts.read_json(run["dir"] / run["ref"] / "manifest.json")["versions"]["vllm"]
-    rows = [r for r in hist.score_rows(["e2e"], with_items=True) if r["variant"] == run["ref"]]
-    assert rows and all(r["n"] == LIMIT and len(r["values"]) == LIMIT for r in rows)
+    assert variants["bf16"].status == "DIVERGENT" and variants[f"{run['ref']}-aa"].role == "aa"
+    assert variants[run["ref"]].components["vllm"] == artifacts.read_json(run["dir"] / run["ref"] / "manifest.json")["versions"]["vllm"]
+    rows = [r for r in hist.score_rows(["e2e"], with_items=True) if r.variant == run["ref"]]
+    assert rows and all(r.n == LIMIT and len(r.items) == LIMIT for r in rows)
 
 
 def test_every_variant_has_all_artifacts(run):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from nightly_fakes import N_ITEMS, write_night
 
-from evalpipe.documents.manifest import VariantManifest
+from evalpipe.documents.manifest import ProbeSummary, VariantManifest
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, write_nightly_document
 from evalpipe.documents.run_doc import Fingerprints, RunDocument
 from evalpipe.history import HistoryError, records
@@ -30,11 +30,18 @@ def test_item_encoding_round_trips(values):
     np.testing.assert_array_equal(h.decode_items(enc, data, arr.size), arr)
 
 
+def _probes(**fields) -> ProbeSummary:
+    base = {"mode": "offline", "verifiable": True, "processes": {"engine": 1}, "models": [], "layers": {}, "switches": {},
+            "calls": {}, "absent": [], "collectives_per_forward": {}, "forwards": 0}
+    return ProbeSummary.model_validate({**base, **fields})
+
+
 def test_collectives_whose_count_varies_are_shown_with_how_often():
-    probes = {"models": ["m.Model"], "layers": {"m.Layer": 2},
-              "collectives_per_forward": {"all_gather": {"counts": {"2": 40, "0": 8}, "forwards": 48}}}
+    probes = _probes(models=["m.Model"], layers={"m.Layer": 2},
+                     collectives_per_forward={"all_gather": {"counts": {"2": 40, "0": 8}, "forwards": 48}})
     assert records.describe_what_ran(probes) == "Model; layers 2 Layer; per forward: all_gather 2 in 40 of 48, 0 in 8 of 48"
-    assert records.describe_what_ran({"verifiable": False, "mode": "endpoint"}).startswith("not verifiable (endpoint mode")
+    assert records.describe_what_ran(_probes(verifiable=False, mode="endpoint")).startswith("not verifiable (endpoint mode")
+    assert records.describe_what_ran(None).startswith("not recorded")
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +56,18 @@ def _copy(night, tmp_path):
 
 def test_read_run_gives_each_variant_its_role_status_scores_and_gates(night):
     record = records.read_run(night, labels={"vllm_ascend": "bad7"})
-    assert record.run["run_id"] == "night-00" and record.run["kind"] == "nightly" and record.run["aa_variant"] == "legacy-aa"
-    assert record.judgement is None, "no nightly.json: not a judged night"
-    vs = {v["name"]: v for v in record.variants}
-    assert {n: (v["role"], v["status"]) for n, v in vs.items()} == {
+    assert record.run.run_id == "night-00" and record.run.kind == "nightly" and record.run.aa_variant == "legacy-aa"
+    assert record.run.judgement is None and record.run.nightly_status is None, "no nightly.json: not a judged night"
+    vs = {v.row.name: v for v in record.variants}
+    assert {n: (v.row.role, v.row.status) for n, v in vs.items()} == {
         "legacy": ("reference", None), "legacy-aa": ("aa", "IDENTICAL"), "sp": ("variant", "DIVERGENT")}
-    assert vs["sp"]["components"]["vllm_ascend"] == "bad7", "a label CI passes wins over the run's own"
-    assert vs["legacy"]["gates"] == [] and vs["legacy-aa"]["gates"] == [] and vs["sp"]["gates"]
-    sp, legacy = vs["sp"]["scores"][0], vs["legacy"]["scores"][0]
+    assert vs["sp"].row.components["vllm_ascend"] == "bad7", "a label CI passes wins over the run's own"
+    assert vs["legacy"].gates == [] and vs["legacy-aa"].gates == [] and vs["sp"].gates
+    sp, legacy = vs["sp"].scores[0], vs["legacy"].scores[0]
     assert len(sp.keys) == N_ITEMS and sp.keys == legacy.keys and sp.digest == legacy.digest
     assert legacy.mean - sp.mean == pytest.approx(12 / N_ITEMS)
-    free = [t for t in vs["sp"]["tokens"] if t["source"] == "free"]
-    assert free and free[0]["n_divergent"] == 12
+    free = [t for t in vs["sp"].tokens if t.source == "free"]
+    assert free and free[0].n_divergent == 12
 
 
 def test_read_run_refuses_what_it_cannot_record_in_one_sentence(night, tmp_path):
@@ -75,9 +82,9 @@ def test_read_run_refuses_what_it_cannot_record_in_one_sentence(night, tmp_path)
 def test_a_judged_night_brings_its_judgement(night, tmp_path):
     run_dir = _copy(night, tmp_path)
     write_nightly_document(run_dir / NIGHTLY_JSON, NightlyDocument(run_id="night-00", status="REGRESSION", baseline="night-01"))
-    judgement = records.read_run(run_dir).judgement
-    assert judgement is not None and judgement["nightly_status"] == "REGRESSION" and judgement["baseline_run_id"] == "night-01"
-    assert "version" not in judgement["judgement"]
+    run = records.read_run(run_dir).run
+    assert run.nightly_status == "REGRESSION" and run.baseline_run_id == "night-01"
+    assert run.judgement is not None and run.judgement.baseline == "night-01"
     (run_dir / NIGHTLY_JSON).write_text(json.dumps({"run_id": "x", "version": 9}))
     with pytest.raises(HistoryError, match="nightly.json of version 9"):
         records.judgement_of(run_dir)

@@ -59,23 +59,23 @@ def test_a_run_is_recorded_with_scores_items_tokens_gates_and_components(tmp_pat
     run_dir = write_night(tmp_path, 0, fault=True, components={"vllm_ascend": "bad7"})
     run_id = db.record(run_dir)
     run = db.run(run_id)
-    assert run["kind"] == "nightly" and run["config_hash"] == "cfg1" and run["verdict"] == "DIVERGENT"
-    assert run["model_fingerprint"] == "f" * 64
-    vs = {v["name"]: v for v in db.variants_of(run_id)}
-    assert {n: v["role"] for n, v in vs.items()} == {"legacy": "reference", "legacy-aa": "aa", "sp": "variant"}
-    assert vs["sp"]["status"] == "DIVERGENT" and vs["legacy-aa"]["status"] == "IDENTICAL"
-    assert vs["sp"]["components"]["vllm_ascend"] == "bad7" and vs["sp"]["components"]["vllm"] == "0.32.0"
-    assert vs["sp"]["components"]["evalpipe"] == "v0.1.0-abc"
-    rows = {r["variant"]: r for r in db.score_rows([run_id], with_items=True)}
-    assert rows["sp"]["n"] == N_ITEMS
-    assert rows["legacy"]["mean"] - rows["sp"]["mean"] == pytest.approx(12 / N_ITEMS)
-    assert int(np.sum(rows["legacy"]["values"] != rows["sp"]["values"])) == 12
-    keys = db.item_keys(rows["sp"]["item_set_pk"])
+    assert run.kind == "nightly" and run.config_hash == "cfg1" and run.verdict == "DIVERGENT"
+    assert run.model_fingerprint == "f" * 64
+    vs = {v.name: v for v in db.variants_of(run_id)}
+    assert {n: v.role for n, v in vs.items()} == {"legacy": "reference", "legacy-aa": "aa", "sp": "variant"}
+    assert vs["sp"].status == "DIVERGENT" and vs["legacy-aa"].status == "IDENTICAL"
+    assert vs["sp"].components["vllm_ascend"] == "bad7" and vs["sp"].components["vllm"] == "0.32.0"
+    assert vs["sp"].components["evalpipe"] == "v0.1.0-abc"
+    scores = {r.variant: r for r in db.score_rows([run_id], with_items=True)}
+    assert scores["sp"].n == N_ITEMS
+    assert scores["legacy"].mean - scores["sp"].mean == pytest.approx(12 / N_ITEMS)
+    assert int(np.sum(scores["legacy"].items != scores["sp"].items)) == 12
+    keys = db.item_keys(scores["sp"].item_set_pk)
     assert keys[0][:2] == (0, 0) and len(keys) == N_ITEMS
     gates = db.gate_rows(run_id)
-    assert any(g["gate"] == "score_mcnemar" and g["status"] == "fail" for g in gates)
-    tokens = [t for t in db.token_rows([run_id]) if t["variant"] == "sp" and t["source"] == "free"]
-    assert tokens and tokens[0]["n_divergent"] == 12
+    assert any(g.gate == "score_mcnemar" and g.status == "fail" for g in gates)
+    tokens = [t for t in db.token_rows([run_id]) if t.variant == "sp" and t.source == "free"]
+    assert tokens and tokens[0].n_divergent == 12
 
 
 def test_the_item_set_is_stored_once_across_nights(tmp_path, db):
@@ -90,7 +90,7 @@ def test_recording_again_replaces_and_import_rebuilds_the_same_database(tmp_path
     for d in dirs:
         db.record(d)
     db.record(dirs[1])  # again: replaced, not duplicated
-    assert [r["run_id"] for r in db.runs()] == ["night-00", "night-01", "night-02"]
+    assert [r.run_id for r in db.runs()] == ["night-00", "night-01", "night-02"]
     rebuilt = open_history(f"sqlite:///{tmp_path / 'rebuilt.sqlite'}", tmp_path)
     for d in dirs:
         rebuilt.record(d)
@@ -145,12 +145,12 @@ def test_a_schema_1_database_upgrades_in_place_and_keeps_its_runs(tmp_path):
         assert h.current_version(conn) == h.SCHEMA_VERSION == 2
     # the upgraded database has the schema a new one gets
     assert _variant_columns(db) == V1_VARIANT_COLUMNS + ["probes", "path_status"] == _variant_columns(open_history(None, tmp_path / "new"))
-    old = {v["name"]: v for v in db.variants_of("night-00")}
-    assert old["sp"]["status"] == "IDENTICAL" and old["sp"]["probes"] is None and old["sp"]["path_status"] is None
+    old = {v.name: v for v in db.variants_of("night-00")}
+    assert old["sp"].status == "IDENTICAL" and old["sp"].probes is None and old["sp"].path_status is None
     # and records what ran from now on
     db.record(write_night(tmp_path / "runs", 1, probes=True))
-    new = {v["name"]: v for v in db.variants_of("night-01")}
-    assert new["sp"]["path_status"] == "verified" and new["sp"]["probes"]["models"] == [MODEL]
+    new = {v.name: v for v in db.variants_of("night-01")}
+    assert new["sp"].path_status == "verified" and new["sp"].probes.models == [MODEL]
 
 
 def test_a_history_opened_to_read_is_never_created_migrated_or_written(tmp_path):
@@ -164,9 +164,9 @@ def test_a_history_opened_to_read_is_never_created_migrated_or_written(tmp_path)
     write_v1_history(url, write_night(tmp_path / "runs", 0))
     before = (tmp_path / "old.sqlite").read_bytes()
     db = open_history(url, tmp_path, access="read")
-    assert db.version == 1 and [r["run_id"] for r in db.runs()] == ["night-00"]
-    sp = next(v for v in db.variants_of("night-00") if v["name"] == "sp")
-    assert sp["status"] == "IDENTICAL" and sp["probes"] is None and sp["path_status"] is None
+    assert db.version == 1 and [r.run_id for r in db.runs()] == ["night-00"]
+    sp = next(v for v in db.variants_of("night-00") if v.name == "sp")
+    assert sp.status == "IDENTICAL" and sp.probes is None and sp.path_status is None
     assert db.export_rows() == db.score_rows() == []  # read through the v1 columns (write_v1_history stores no scores)
     with pytest.raises(sa.exc.OperationalError, match="readonly database"):  # SQLite itself refuses
         db.pin_baseline("night-00")
@@ -192,12 +192,13 @@ def test_an_import_reads_every_run_before_writing(tmp_path, db):
 
 def test_what_ran_is_recorded_per_variant(tmp_path, db):
     db.record(write_night(tmp_path, 0, probes=True, sp_ran="legacy"))
-    vs = {v["name"]: v for v in db.variants_of("night-00")}
-    assert {n: v["path_status"] for n, v in vs.items()} == {"legacy": None, "legacy-aa": "verified", "sp": "failed"}
-    assert {n: v["status"] for n, v in vs.items()} == {"legacy": None, "legacy-aa": "IDENTICAL", "sp": "INCONCLUSIVE"}
-    assert db.run("night-00")["verdict"] == "INCONCLUSIVE"
-    sp = vs["sp"]["probes"]
-    assert sp["layers"] == {LAYER: 3} and sp["collectives_per_forward"]["all_gather"] == {"counts": {"3": 48}, "forwards": 48}
+    vs = {v.name: v for v in db.variants_of("night-00")}
+    assert {n: v.path_status for n, v in vs.items()} == {"legacy": None, "legacy-aa": "verified", "sp": "failed"}
+    assert {n: v.status for n, v in vs.items()} == {"legacy": None, "legacy-aa": "IDENTICAL", "sp": "INCONCLUSIVE"}
+    assert db.run("night-00").verdict == "INCONCLUSIVE"
+    sp = vs["sp"].probes
+    assert sp is not None and sp.layers == {LAYER: 3}
+    assert sp.collectives_per_forward["all_gather"].model_dump() == {"counts": {"3": 48}, "forwards": 48}
     assert records.describe_what_ran(sp) == ("LayoutForCausalLM; layers 3 LayoutDecoderLayer; "
                                        "per forward: all_gather 3; reduce_scatter 3")
     assert records.describe_what_ran(None) == "not recorded (the run predates path probes)"

@@ -35,11 +35,11 @@ def test_postgres_records_judges_and_matches_sqlite(tmp_path, pg_url):
     assert statuses["pg"] == statuses["lite"] == ["PASS", "PASS", "REGRESSION", "REGRESSION"]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "recorded_at"} for r in rows]  # noqa: E731
     assert strip(pg.export_rows()) == strip(lite.export_rows())
-    last = pg.run("night-03")["judgement"]
-    assert any(c["state"] == "flagged" and c["first_bad"] == "night-02" for c in last["changes"])
+    last = pg.run("night-03").judgement
+    assert last is not None and any(c.state == "flagged" and c.first_bad == "night-02" for c in last.changes)
     # import again into PostgreSQL: replaced, not duplicated, judgement kept
     pg.record(tmp_path / "runs" / "night-03")
-    assert len(pg.runs()) == 4 and pg.run("night-03")["nightly_status"] == "REGRESSION"
+    assert len(pg.runs()) == 4 and pg.run("night-03").nightly_status == "REGRESSION"
     with pg.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(h.item_sets)).scalar() == 1
 
@@ -61,10 +61,10 @@ def test_postgres_schema_1_database_upgrades_in_place(tmp_path, pg_url):
         assert h.current_version(conn) == h.SCHEMA_VERSION
         columns = [c["name"] for c in sa.inspect(conn).get_columns("variants")]
     assert columns == V1_VARIANT_COLUMNS + ["probes", "path_status"]
-    assert {v["name"]: v["probes"] for v in db.variants_of("night-00")} == {"legacy": None, "legacy-aa": None, "sp": None}
+    assert {v.name: v.probes for v in db.variants_of("night-00")} == {"legacy": None, "legacy-aa": None, "sp": None}
     db.record(write_night(tmp_path / "runs", 1, probes=True, sp_ran="legacy"))
-    sp = next(v for v in db.variants_of("night-01") if v["name"] == "sp")
-    assert sp["path_status"] == "failed" and sp["status"] == "INCONCLUSIVE" and sp["probes"]["models"] == [MODEL]
+    sp = next(v for v in db.variants_of("night-01") if v.name == "sp")
+    assert sp.path_status == "failed" and sp.status == "INCONCLUSIVE" and sp.probes is not None and sp.probes.models == [MODEL]
     db.engine.dispose()
 
 
@@ -82,7 +82,7 @@ def test_postgres_readers_create_no_schema_and_write_nothing(tmp_path, pg_url):
     engine.dispose()
     open_history(url, tmp_path).record(write_night(tmp_path / "runs", 0))
     db = open_history(url, tmp_path, access="read")
-    assert [r["run_id"] for r in db.runs()] == ["night-00"]
+    assert [r.run_id for r in db.runs()] == ["night-00"]
     with pytest.raises(sa.exc.InternalError, match="read-only transaction"):  # the server itself refuses
         db.pin_baseline("night-00")
     db.engine.dispose()

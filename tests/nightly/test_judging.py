@@ -25,26 +25,26 @@ def test_a_fault_night_is_flagged_with_its_component_and_clears_after_the_fix(ju
     # the first bad night: tonight's verdict and the baseline drift say it at once
     first = results[6].judgement
     assert first.baseline == "night-05"
-    sp = next(e for e in first.vs_baseline if e["variant"] == "sp")
-    assert sp["status"] == "DIVERGENT"
-    assert next(e for e in first.vs_baseline if e["variant"] == "legacy")["status"] == "IDENTICAL"
+    sp = next(e for e in first.vs_baseline if e.variant == "sp")
+    assert sp.status == "DIVERGENT"
+    assert next(e for e in first.vs_baseline if e.variant == "legacy").status == "IDENTICAL"
     # the second bad night: the series flags the step, at the first bad night, with the hint
     second = results[7].judgement
-    flagged = [c for c in second.changes if c["state"] == "flagged" and c["regression"]]
-    assert {(c["kind"], c["variant"]) for c in flagged} >= {("score", "sp")}
-    assert {c["first_bad"] for c in flagged} == {"night-06"}
-    score = next(c for c in flagged if c["kind"] == "score")
-    assert score["last_good"] == "night-05" and len(score["flipped"]) == 12
-    assert score["flipped"][0] == {"doc_id": 0, "repeat": 0, "before": 1.0, "after": 0.0, "prompt": "Question 0?"}
-    assert {"component": "vllm_ascend", "before": GOOD, "after": BAD} in score["bisect"]
-    assert score["delta"] == pytest.approx(-12 / 200)
+    flagged = [c for c in second.changes if c.state == "flagged" and c.regression]
+    assert {(c.kind, c.variant) for c in flagged} >= {("score", "sp")}
+    assert {c.first_bad for c in flagged} == {"night-06"}
+    score = next(c for c in flagged if c.kind == "score")
+    assert score.last_good == "night-05" and len(score.flipped) == 12
+    assert score.flipped[0].model_dump() == {"doc_id": 0, "repeat": 0, "before": 1.0, "after": 0.0, "prompt": "Question 0?"}
+    assert {"component": "vllm_ascend", "before": GOOD, "after": BAD} in [b.model_dump() for b in score.bisect]
+    assert score.delta == pytest.approx(-12 / 200)
     # baselines stay on the last passing night while the fault lasts
     assert [r.judgement.baseline for r in results[6:9]] == ["night-05"] * 3
     # after the fix: nothing open, the change stays in the history as closed
     last = results[-1].judgement
     assert last.status == "PASS" and last.reasons == []
-    closed = [c for c in last.changes if c["state"] == "flagged" and c["regression"]]
-    assert closed and all(not c["open"] and c["first_bad"] == "night-06" for c in closed)
+    closed = [c for c in last.changes if c.state == "flagged" and c.regression]
+    assert closed and all(not c.open and c.first_bad == "night-06" for c in closed)
 
 
 def test_outputs_name_the_regression(judged_nights):
@@ -80,16 +80,16 @@ def test_night_over_night_teacher_forcing_only_on_the_baseline_s_own_sequences(t
         for name in ("legacy", "sp"):
             artifacts.write_table(artifacts.VariantDir(night / name).teacher, token_table(good))
     # without tonight's scoring of the baseline's sequences: free-running only
-    plain = judging.vs_baseline(base, tonight, "sp")
-    assert plain["teacher_forced"] is False and plain["teacher"] == [] and plain["status"] == "IDENTICAL"
+    plain = judging.vs_baseline(base, tonight, "sp", base.name)
+    assert plain.teacher_forced is False and plain.teacher == [] and plain.status == "IDENTICAL"
     vd = artifacts.VariantDir(tonight / "sp")
     artifacts.write_table(vd.teacher_baseline, token_table(good))
     write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(base / "legacy")))
-    forced = judging.vs_baseline(base, tonight, "sp")
-    assert forced["teacher_forced"] is True and forced["teacher"][0]["identical"]
+    forced = judging.vs_baseline(base, tonight, "sp", base.name)
+    assert forced.teacher_forced is True and forced.teacher[0].identical
     # scored against another night's sequences: not comparable, left out
     write_job(vd.root / JOB_JSON, _job(vd, baseline_dir=str(tonight / "legacy")))
-    assert judging.vs_baseline(base, tonight, "sp")["teacher_forced"] is False
+    assert judging.vs_baseline(base, tonight, "sp", base.name).teacher_forced is False
 
 
 # -- what ran: path probes ------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_the_same_variant_night_over_night_with_probes_is_judged_on_its_outputs(
     j = results[1].judgement
     assert (j.status, results[1].exit_code) == ("PASS", 0)
     # same code, same probe profile, IDENTICAL outputs: meant to be the same, not "same_code"
-    assert [(e["variant"], e["status"], e["paths"]["status"]) for e in j.vs_baseline] == [
+    assert [(e.variant, e.status, e.paths.status if e.paths else None) for e in j.vs_baseline] == [
         ("legacy", "IDENTICAL", "verified"), ("sp", "IDENTICAL", "verified")]
 
 
@@ -143,8 +143,8 @@ def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_pat
         f"tonight's comparison proves nothing about the paths: {SP_NEVER_RAN}",
         "sp's comparison with baseline night-01 proves nothing about the paths: " + SP_NEVER_RAN.replace("`sp`", "`night-02/sp`"),
     ]
-    sp = next(e for e in j.vs_baseline if e["variant"] == "sp")
-    assert (sp["status"], sp["outputs_status"], sp["paths"]["status"]) == ("INCONCLUSIVE", "IDENTICAL", "failed")
+    sp = next(e for e in j.vs_baseline if e.variant == "sp")
+    assert (sp.status, sp.outputs_status, sp.paths.status if sp.paths else None) == ("INCONCLUSIVE", "IDENTICAL", "failed")
     # an INCONCLUSIVE night is no baseline: the next night is judged against the last PASS
     assert results[3].judgement.baseline == "night-01"
     failures = _failures(results[2].outputs["junit"])
@@ -155,8 +155,8 @@ def test_a_night_whose_variant_fell_back_to_another_path_is_inconclusive(tmp_pat
     assert ("- tonight's comparison proves nothing about the paths: variant \\`sp\\` never called "
             "\\`evalpipe.lab.layout.model.LayoutDecoderLayer.\\_sp\\_attention\\` (0 calls in 1 process)") in md
     assert "| sp | night-01 | INCONCLUSIVE |" in md
-    assert db.run("night-02")["nightly_status"] == "INCONCLUSIVE"
-    assert [n["status"] for n in dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "d.html")["nights"]] == [
+    assert db.run("night-02").nightly_status == "INCONCLUSIVE"
+    assert [n.status for n in dashboard.dashboard_data(db, "cfg1", "t", tmp_path / "d.html").nights] == [
         "PASS", "PASS", "INCONCLUSIVE", "PASS"]
 
 

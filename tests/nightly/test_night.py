@@ -35,8 +35,7 @@ def test_every_night_status_has_an_exit_code_a_colour_an_icon_and_a_mark():
     from evalpipe.documents.nightly_doc import NIGHT_STATUSES
     from evalpipe.nightly.night import EXIT_CODES, NIGHT_COLOURS
     from evalpipe.nightly.simulate import NIGHT_MARKS
-    from evalpipe.report.dashboard import KNOWN_STATUSES
     from evalpipe.report.nightly import NIGHT_ICONS
 
-    for table in (EXIT_CODES, NIGHT_COLOURS, NIGHT_MARKS, KNOWN_STATUSES, NIGHT_ICONS):
+    for table in (EXIT_CODES, NIGHT_COLOURS, NIGHT_MARKS, NIGHT_ICONS):
         assert set(table) == set(NIGHT_STATUSES)

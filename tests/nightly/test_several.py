@@ -43,7 +43,7 @@ def test_two_configs_nights_run_at_once_and_are_both_recorded(cluster, tmp_path)
         assert info["kind"] == "nightly" and info["status"] == "ok" and set(info["placements"]) == {"ref", "same"}
         spans[label] = (info["started_at"], info["started_at"] + info["timings"]["total_s"])
     assert spans["a"][0] < spans["b"][1] and spans["b"][0] < spans["a"][1], f"the nights did not overlap: {spans}"
-    recorded = {r["run_id"] for r in open_history(None, tmp_path / "runs", access="read").runs()}
+    recorded = {r.run_id for r in open_history(None, tmp_path / "runs", access="read").runs()}
     assert {"night-a", "night-b"} <= recorded
     left = leftovers(cluster)
     assert left["actors"] == [] and left["groups"] == []

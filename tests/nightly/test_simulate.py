@@ -13,9 +13,11 @@ import pytest
 from nightly_fakes import write_night
 from rich.console import Console
 
+from evalpipe.documents.nightly_doc import SeriesChange
 from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import UserError
 from evalpipe.nightly import simulate
+from tests.report.test_nightly import change
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -61,7 +63,8 @@ def test_an_aa_night_whose_sp_is_the_reference_s_aa_run_claims_that_run_s_path(t
 
 def _summary(flagged_first_bad: list[str], fault_night: int | None, nights: int = 5) -> simulate.SimulationSummary:
     results = [SimpleNamespace(judgement=SimpleNamespace(run_id=f"night-{i:02d}")) for i in range(nights)]
-    return simulate.SimulationSummary(results, fault_night, None, [{"first_bad": n} for n in flagged_first_bad])
+    flagged = [SeriesChange.model_validate({**change("flagged", "acc fell"), "first_bad": n}) for n in flagged_first_bad]
+    return simulate.SimulationSummary(results, fault_night, None, flagged)
 
 
 def test_the_summary_is_as_expected_only_when_exactly_the_fault_night_is_flagged():

@@ -199,11 +199,11 @@ def test_a_worker_killed_without_a_word_is_named_by_its_signal(run):
 def test_the_run_is_recorded_in_the_history(run):
     hist = open_history(None, run["tmp"] / "runs")
     rec = hist.run("five")
-    assert rec["kind"] == "run" and rec["verdict"] == "DIVERGENT" and rec["model_fingerprint"]
-    variants = {v["name"]: v for v in hist.variants_of("five")}
-    assert set(FINISHED) <= set(variants) and variants["diverge"]["status"] == "DIVERGENT"
-    rows = [r for r in hist.score_rows(["five"], with_items=True) if r["variant"] == "ref"]
-    assert rows and all(r["n"] == LIMIT and len(r["values"]) == LIMIT for r in rows)
+    assert rec.kind == "run" and rec.verdict == "DIVERGENT" and rec.model_fingerprint
+    variants = {v.name: v for v in hist.variants_of("five")}
+    assert set(FINISHED) <= set(variants) and variants["diverge"].status == "DIVERGENT"
+    rows = [r for r in hist.score_rows(["five"], with_items=True) if r.variant == "ref"]
+    assert rows and all(r.n == LIMIT and len(r.items) == LIMIT for r in rows)
 
 
 def test_engine_failure_fails_its_variant_in_one_sentence_and_keeps_the_record(run):
@@ -421,8 +421,8 @@ def test_nightly_passes_its_first_night_and_flags_a_drift_from_the_baseline_nigh
     suite = ET.parse(run_dir / "nightly-junit.xml").getroot().find("testsuite")
     assert suite is not None and int(suite.get("failures") or 0) >= 1
     hist = open_history(history, tmp_path)
-    assert [n["run_id"] for n in hist.runs(kind="nightly")] == ["night-1", "night-2"]
-    assert hist.variants_of("night-2")[0]["components"]["vllm_ascend"] == "bad"
+    assert [n.run_id for n in hist.runs(kind="nightly")] == ["night-1", "night-2"]
+    assert hist.variants_of("night-2")[0].components["vllm_ascend"] == "bad"
     assert "night-2" in dashboard.read_text()
 
 

@@ -11,9 +11,9 @@ import copy
 import re
 from html.parser import HTMLParser
 
-from dashboard_samples import IMG, INCONCLUSIVE_REASON, SCRIPT, run_id, sample_history, synthetic_history
+from dashboard_samples import IMG, INCONCLUSIVE_REASON, SCRIPT, render, run_id, sample_history, synthetic_history
 
-from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, render_dashboard, safe_href
+from evalpipe.report.dashboard import DOTS_MAX, FLIPPED_SHOWN, safe_href
 from evalpipe.rundir.artifacts import write_text
 
 
@@ -51,7 +51,7 @@ class Page(HTMLParser):
 
 def test_sample_page_has_header_timeline_change_and_charts():
     data = sample_history(n_nights=8, change_at=5)
-    html = render_dashboard(data)
+    html = render(data)
     page = Page(html)
 
     assert page.having("title") and "evalpipe nightly — configs/default.yaml" in page.text
@@ -83,7 +83,7 @@ def test_sample_page_has_header_timeline_change_and_charts():
 
 
 def test_page_is_self_contained():
-    html = render_dashboard(synthetic_history(n_nights=40, n_tasks=2))
+    html = render(synthetic_history(n_nights=40, n_tasks=2))
     page = Page(html)
     assert not page.having("script") and not page.having("link") and not page.having("img")
     assert not re.search(r"(src|href)=\"(https?:)?//", html)
@@ -93,9 +93,9 @@ def test_page_is_self_contained():
 def test_untrusted_text_is_shown_literally_never_as_markup():
     data = sample_history(task=f"gsm8k{SCRIPT}")
     data["series"][0]["metric"] = f"acc{IMG}"
-    data["nights"][0]["verdict"] = SCRIPT
+    data["nights"][0]["reasons"] = [SCRIPT]
     data["title"] = f"nightly {SCRIPT}"
-    html = render_dashboard(data)
+    html = render(data)
     page = Page(html)
 
     assert not page.having("script") and not page.having("img")
@@ -114,7 +114,7 @@ def test_hostile_hrefs_are_dropped():
     data["nights"][0]["report"] = "javascript:window.__pwned=1"
     data["nights"][1]["report"] = " JaVaScRiPt:alert(1)"
     data["changes"][0]["report"] = "data:text/html,<script>alert(1)</script>"
-    page = Page(render_dashboard(data))
+    page = Page(render(data))
     hrefs = [a.get("href") or "" for a in page.having("a")]
     assert not [h for h in hrefs if ":" in h and not h.startswith("#")]
     assert [c.get("href") for c in page.having(cls="night")][:3] == [None, None, "runs/run-0002/report.html"]
@@ -124,7 +124,7 @@ def test_hostile_hrefs_are_dropped():
 def test_control_characters_are_made_visible():
     data = sample_history()
     data["changes"][0]["flipped"][0]["prompt"] = "a\x00b\x1bc\u2028d"
-    html = render_dashboard(data)
+    html = render(data)
     assert "a\\u0000b\\u001bc\\u2028d" in Page(html).text
     assert "\x00" not in html and "\x1b" not in html
 
@@ -132,7 +132,7 @@ def test_control_characters_are_made_visible():
 def test_empty_history_says_no_nights_yet():
     data = {"title": "evalpipe nightly", "generated_at": "2025-01-01T00:00:00Z", "database": "sqlite:///h.db",
             "nights": [], "series": [], "token_series": [], "changes": []}
-    page = Page(render_dashboard(data))
+    page = Page(render(data))
     assert page.having(id="empty") and "No nights recorded yet" in page.text
     assert not page.having(cls="night") and not page.having("figure") and not page.having(id="latest")
 
@@ -142,7 +142,7 @@ def test_single_night():
     data["changes"] = []
     for s in data["series"] + data["token_series"]:
         s["changes"] = []
-    page = Page(render_dashboard(data))
+    page = Page(render(data))
     assert len(page.having(cls="night")) == 1 and "1 night:" in page.text
     assert len(page.having("figure", cls="chart")) == 2
     assert "No flagged changes" in page.text
@@ -157,9 +157,9 @@ def test_none_values_leave_gaps():
     pts[5].update(value=None, ci_low=None, ci_high=None, n=None)  # the flagged night itself
     data["series"][0]["aa_band"] = None
     data["token_series"][0]["points"][3].update(value=None, aa_value=None)
-    data["changes"][0].update(p_value=None, last_good=None, report=None)
+    data["changes"][0].update(p_value=None, report=None)
     data["nights"][3].update(verdict=None, report=None, baseline=None)
-    page = Page(render_dashboard(data))
+    page = Page(render(data))
 
     score = page.having("figure", cls="score")[0]["id"]
     paths = {p["class"]: p["d"] for p in page.having("path")[:2]}
@@ -177,7 +177,7 @@ def test_all_values_missing_draws_an_empty_chart():
     for p in data["series"][0]["points"]:
         p.update(value=None, ci_low=None, ci_high=None)
     data["series"][0]["aa_band"] = None
-    page = Page(render_dashboard(data))
+    page = Page(render(data))
     assert page.text.count("no values recorded") == 1
     assert len(page.having("path", cls="line")) == 1  # the token chart's; the score chart has none
 
@@ -187,7 +187,7 @@ def test_year_of_nights_gives_one_chart_per_series_and_compact_paths(tmp_path):
     n_score, n_token = len(data["series"]), len(data["token_series"])
     assert (n_score, n_token) == (10 * 3 * 2, 10 * 3 * 3)
     path = tmp_path / "dash" / "index.html"
-    write_text(path, render_dashboard(copy.deepcopy(data)))
+    write_text(path, render(copy.deepcopy(data)))
     html = path.read_text(encoding="utf-8")
     page = Page(html)
 
@@ -207,12 +207,12 @@ def test_year_of_nights_gives_one_chart_per_series_and_compact_paths(tmp_path):
 
 def test_rendering_is_deterministic():
     data = sample_history()
-    assert render_dashboard(data) == render_dashboard(copy.deepcopy(data))
+    assert render(data) == render(copy.deepcopy(data))
 
 
 def test_an_inconclusive_night_is_its_own_amber_state_neither_pass_nor_regression():
     data = sample_history(n_nights=8, change_at=5, inconclusive=(2, 7))
-    html = render_dashboard(data)
+    html = render(data)
     page = Page(html)
     cells = page.having(cls="night")
     assert [c["class"].split()[1] for c in cells] == ["pass", "pass", "inconclusive", "pass", "pass", "regression", "regression", "inconclusive"]

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 from browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
-from dashboard_samples import IMG, SCRIPT, run_id, sample_history
+from dashboard_samples import IMG, SCRIPT, render, run_id, sample_history
 
-from evalpipe.report.dashboard import render_dashboard
 from evalpipe.rundir.artifacts import write_text
 
 N_NIGHTS, CHANGE_AT = 12, 8
@@ -36,7 +35,7 @@ def test_dashboard_in_chromium(driver, tmp_path):
     from selenium.webdriver.common.by import By
 
     page = tmp_path / "dashboard.html"
-    write_text(page, render_dashboard(_history()))
+    write_text(page, render(_history()))
     driver.get(page.as_uri())
 
     assert driver.title == "evalpipe nightly — configs/default.yaml"

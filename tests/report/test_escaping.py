@@ -17,18 +17,18 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 import pytest
-from dashboard_samples import sample_history
+from dashboard_samples import render, sample_history
 from html_page import Page, parse_page
-from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE, poison
+from payloads import CDATA_END, CONTROLS, SCRIPT, TEMPLATE, TEXT, VISIBLE
 from pydantic import ValidationError
-from report_samples import RUN_INFO, as_document, as_run, make_compare
+from report_samples import RUN_INFO, as_document, as_run, make_compare, score_row
 
 from evalpipe import report
 from evalpipe.compare.code_paths import short
 from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.report import md_escape, render_junit
-from evalpipe.report.dashboard import render_dashboard
 from evalpipe.report.nightly import render_night_junit, render_night_summary
+from tests.report.test_nightly import change
 from tests.report.test_what_ran import inconclusive_comparison, legacy_summary, sp_summary, summary_text, trap_paths
 
 # Numbers a renderer formats as text (ids, positions, gate values): poisoned as strings.
@@ -229,8 +229,8 @@ DASHBOARD_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h
 
 
 def test_dashboard_keeps_hostile_text_inert():
-    data = poison(sample_history(n_nights=6, change_at=3))
-    page = assert_inert_html(render_dashboard(data), DASHBOARD_TAGS)
+    data = poison_text(sample_history(n_nights=6, change_at=3))
+    page = assert_inert_html(render(data), DASHBOARD_TAGS)
     # every link kept is the page's own: relative report paths (poisoned ones are dropped) and chart anchors
     hrefs = [a.get("href") for t, a in page.starts if t == "a"]
     assert all(h and (h.startswith("#chart-") or not re.match(r"^[a-z]+:", h)) for h in hrefs)
@@ -267,16 +267,26 @@ def test_nightly_junit_stays_well_formed_with_hostile_text():
     assert all(CONTROLS not in t for t in texts)
 
 
+# The fields of a night's judgement and the dashboard's data that hold one of a few values
+# (the typed documents refuse any other): every other text is poisoned.
+NIGHT_ENUMS = {"status", "verdict", "outputs_status", "state", "kind", "direction"}
+
+
+def poison_text(value: Any, key: str | None = None) -> Any:
+    """``value`` with the payloads appended to every free text, enumerations left as they are."""
+    if isinstance(value, dict):
+        return {k: poison_text(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [poison_text(v, key) for v in value]
+    if isinstance(value, str) and key not in NIGHT_ENUMS:
+        return value + TEXT
+    return value
+
+
 def _hostile_judgement() -> NightlyDocument:
-    change = {
-        "state": "flagged", "regression": True, "open": True, "kind": "score", "task": "gsm8k", "metric": "acc",
-        "variant": "sp", "summary": "acc fell", "last_good": "run-1", "first_bad": "run-2",
-        "bisect": [{"component": "vllm", "before": "0.1", "after": "0.2"}],
-        "flipped": [{"doc_id": "7", "before": 1.0, "after": 0.0}],
-    }
     vs = {"variant": "sp", "baseline": "run-1", "status": "DIVERGENT", "reasons": ["acc fell"],
-          "scores": [{"task": "gsm8k", "metric": "acc", "a_right_b_wrong": 3, "a_wrong_b_right": 0, "mcnemar_p": 0.01,
-                      "flipped": [{"doc_id": "7", "repeat": 1}]}]}
+          "scores": [score_row(task="gsm8k", metric="acc", a_right_b_wrong=3, a_wrong_b_right=0, mcnemar_p=0.01, alpha=0.05)]}
     err = {"variant": "tp", "baseline": "run-1", "error": "cannot compare"}
-    return NightlyDocument(run_id="night-1" + TEXT, status="REGRESSION", verdict="DIVERGENT" + TEXT, baseline="run-1" + TEXT,
-                            reasons=["strict-match fell"], vs_baseline=[poison(vs), poison(err)], changes=[poison(change)])
+    return NightlyDocument.model_validate(poison_text({
+        "run_id": "night-1", "status": "REGRESSION", "verdict": "DIVERGENT", "baseline": "run-1",
+        "reasons": ["strict-match fell"], "vs_baseline": [vs, err], "changes": [change("flagged", "acc fell")]}))

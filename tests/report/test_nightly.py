@@ -13,20 +13,25 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from report_samples import flipped, score_row
+
 from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.report.nightly import render_night_junit, render_night_summary
 
 
 def _flipped(n: int) -> list[dict[str, Any]]:
-    return [{"doc_id": i, "repeat": i % 2} for i in range(n)]
+    return [{**flipped(i), "repeat": i % 2} for i in range(n)]
 
 
-def _change(state: str, summary: str, open_: bool = True, regression: bool = True) -> dict[str, Any]:
+def change(state: str, summary: str, open_: bool = True, regression: bool = True) -> dict[str, Any]:
+    """A change of the series as the judgement holds it (evalpipe.documents.nightly_doc.SeriesChange)."""
     return {
         "state": state, "regression": regression, "open": open_, "kind": "score", "task": "gsm8k", "metric": "acc",
-        "variant": "sp", "summary": summary, "last_good": "night-0", "first_bad": "night-1",
+        "variant": "sp", "summary": summary, "last_good": "night-0", "first_bad": "night-1", "run_id": "night-1",
+        "night": "2025-01-02T02:00:00Z", "direction": "down", "before": 0.5, "after": 0.4, "delta": -0.1, "p_value": 0.01,
+        "nights_after": 1,
         "bisect": [{"component": "vllm", "before": "0.1", "after": "0.2"}],
-        "flipped": [{"doc_id": 7, "before": 1.0, "after": 0.0}],
+        "flipped": [{"doc_id": 7, "repeat": 0, "before": 1.0, "after": 0.0}],
     }
 
 
@@ -36,12 +41,12 @@ def _regression_night() -> NightlyDocument:
         reasons=["sp: 3 items right→wrong against night-0"],
         vs_baseline=[
             {"variant": "sp", "baseline": "night-0", "status": "DIVERGENT", "reasons": ["gsm8k acc: McNemar p 0.03"],
-             "scores": [{"task": "gsm8k", "metric": "acc", "a_right_b_wrong": 3, "a_wrong_b_right": 1, "mcnemar_p": 0.625,
-                         "flipped": _flipped(25)}]},
+             "scores": [score_row(task="gsm8k", metric="acc", a_right_b_wrong=3, a_wrong_b_right=1, mcnemar_p=0.625, alpha=0.05,
+                                  flipped=_flipped(25))]},
             {"variant": "tp", "baseline": "night-0", "error": "compare.json of night-0 is unreadable"},
             {"variant": "legacy", "baseline": "night-0", "status": "IDENTICAL", "reasons": [], "scores": []},
         ],
-        changes=[_change("flagged", "acc fell"), _change("pending", "kl rose", open_=False), _change("accepted", "old news")],
+        changes=[change("flagged", "acc fell"), change("pending", "kl rose", open_=False), change("not significant", "old news")],
     )
 
 
@@ -70,7 +75,7 @@ def test_summary_of_a_regression_against_the_baseline():
     assert md.startswith("## evalpipe nightly night-1: ❌ REGRESSION\n")
     assert "- baseline night: night-0" in md
     assert "### Why\n\n- sp: 3 items right→wrong against night-0" in md
-    assert "| sp | night-0 | DIVERGENT | gsm8k acc: 3/1, p 0.62 |" in md
+    assert "| sp | night-0 | DIVERGENT | gsm8k acc: 3/1, p 0.625 |" in md
     assert "| tp | night-0 | error | compare.json of night-0 is unreadable |" in md
     assert "| legacy | night-0 | IDENTICAL |  |" in md
     # the flipped items: the first 20 named, repeats only where not 0, the rest counted
@@ -100,7 +105,7 @@ def test_junit_fails_each_case_with_its_type():
     assert cases[("vs_baseline", "legacy")] is None
     assert cases[("series", "gsm8k[acc].sp")].get("type") == "regression"
     # a flagged regression that is no longer open is a passing case
-    closed = _regression_night().model_copy(update={"changes": [_change("flagged", "acc fell", open_=False)], "vs_baseline": []})
+    closed = _regression_night().model_copy(update={"changes": [NightlyDocument.model_validate({"run_id": "n", "changes": [change("flagged", "acc fell", open_=False)]}).changes[0]], "vs_baseline": []})
     assert _cases(render_night_junit(closed))[("series", "gsm8k[acc].sp")] is None
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 from browser import artifact_dir, chromium, full_page_screenshot, severe_console_entries
-from dashboard_samples import sample_history
+from dashboard_samples import render, sample_history
 from fakes import make_samples, mutate, set_column, set_token, write_run
 from payloads import A_TAG, BREAKOUT, CDATA_END, IFRAME, IMG, MD_LINK, SCRIPT, SVG, TEMPLATE, TEXT
 
 from evalpipe.pipeline.comparing import compare_run, write_outputs
-from evalpipe.report.dashboard import render_dashboard
 from evalpipe.rundir import artifacts
 
 # one payload per document, short enough that no excerpt of the report cuts it
@@ -94,7 +93,7 @@ def test_dashboard_in_chromium_runs_no_payload(driver, tmp_path):
     data["nights"][-1]["reasons"] = [TEXT]
     data["nights"][-1]["report"] = "javascript:window.__pwned=6"
     page = tmp_path / "dashboard.html"
-    artifacts.write_text(page, render_dashboard(data))
+    artifacts.write_text(page, render(data))
     driver.get(page.as_uri())
 
     body = _assert_nothing_ran(driver, data["title"])

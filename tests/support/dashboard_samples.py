@@ -1,4 +1,6 @@
-"""History dicts for the dashboard tests, in the shape the history module produces.
+"""Dashboard data for the dashboard tests, as dicts a test can edit, in the shape of the
+dashboard's document (evalpipe.documents.dashboard_doc.DashboardData; `render` validates
+and renders one).
 
 `sample_history` is small and hand-written (one flagged change, hostile text in the
 places untrusted text reaches the page); `synthetic_history` is a year of nights for
@@ -10,9 +12,17 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
+from evalpipe.documents.dashboard_doc import DashboardData
+from evalpipe.report.dashboard import render_dashboard
+
 SCRIPT = "<script>window.__pwned=1</script>"
 IMG = '<img src=x onerror="window.__pwned=1">'
 START = datetime(2025, 1, 1, 2, 0, tzinfo=timezone.utc)
+
+
+def render(data: dict) -> str:
+    """The page of a sample's data (validated as the dashboard's document)."""
+    return render_dashboard(DashboardData.model_validate(data))
 
 
 def night_iso(i: int) -> str:
@@ -65,7 +75,7 @@ def sample_history(n_nights: int = 8, change_at: int = 5, task: str = "gsm8k", i
             "kind": "score", "task": task, "metric": "exact_match,strict-match", "variant": "sp",
             "run_id": run_id(change_at), "night": night_iso(change_at), "direction": "down",
             "before": 0.482, "after": 0.44, "delta": -0.042, "p_value": 0.0031,
-            "nights_after": n_nights - change_at - 1, "open": True,
+            "nights_after": n_nights - change_at - 1, "open": True, "state": "flagged", "regression": True,
             "summary": "strict-match fell 4.2 points on sp and stayed down.",
             "flipped": [{"doc_id": d, "repeat": 0, "before": 1.0, "after": 0.0,
                          "prompt": f"Question {d}: {SCRIPT} {IMG} how many apples?" if d == 3 else f"Question {d}"}
@@ -113,7 +123,8 @@ def synthetic_history(n_nights: int = 365, n_tasks: int = 10, variants=("legacy"
             "kind": "score", "task": task, "metric": metrics[0], "variant": variants[-1],
             "run_id": run_id(change_at), "night": night_iso(change_at), "direction": "down",
             "before": 0.5, "after": 0.45, "delta": -0.05, "p_value": 1e-6,
-            "nights_after": n_nights - change_at - 1, "open": True, "summary": f"{task} dropped 5 points.",
+            "nights_after": n_nights - change_at - 1, "open": True, "state": "flagged", "regression": True,
+            "summary": f"{task} dropped 5 points.",
             "flipped": [{"doc_id": d, "repeat": 0, "before": 1.0, "after": 0.0, "prompt": f"prompt {d}"} for d in range(300)],
             "bisect": [{"component": "vllm", "before": "0.32.0", "after": "0.32.1"}],
             "last_good": run_id(change_at - 1), "first_bad": run_id(change_at), "report": None,

@@ -136,9 +136,10 @@ def write_v1_history(url: str, run_dir: Path) -> None:
         conn.execute(h.schema_version.insert().values(version=1, description=h.MIGRATIONS[0].description, applied_at=T0))
     rec = h.read_run(run_dir)
     with engine.begin() as conn:
-        run_pk = conn.execute(h.runs.insert().values(**rec.run, recorded_at=T0)).inserted_primary_key[0]
+        run_pk = conn.execute(h.runs.insert().values(**h.run_values(rec.run), recorded_at=T0)).inserted_primary_key[0]
         for v in rec.variants:
-            conn.execute(h.variants.insert().values(run_pk=run_pk, **{k: v[k] for k in V1_VARIANT_COLUMNS[2:]}))
+            row = v.row.model_dump(mode="json")
+            conn.execute(h.variants.insert().values(run_pk=run_pk, **{k: row[k] for k in V1_VARIANT_COLUMNS[2:]}))
     engine.dispose()
 
 
