@@ -304,6 +304,15 @@ class GateResult(Document):
         return self.status is GateStatus.FAIL
 
     @property
+    def finding(self) -> str:
+        """The detail without the task, metric and gate it starts with (for a table that shows
+        those in columns of their own; the terminal and the reasons keep the whole sentence)."""
+        for head in (f"{self.task} {self.metric} {self.gate}:", f"{self.task} {self.gate}:"):
+            if self.detail.startswith(head):
+                return self.detail[len(head):].strip()
+        return self.detail
+
+    @property
     def skipped(self) -> bool:
         return self.status is GateStatus.SKIP
 

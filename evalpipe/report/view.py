@@ -511,7 +511,7 @@ def _gate_rows(compare: ComparisonDocument, esc: Esc) -> list[dict[str, Any]]:
                     "threshold": esc(fmt_num(g.threshold)),
                     "aa": esc(fmt_num(g.aa_value)),
                     "status": g.status.value,  # the templates test it
-                    "detail": esc(g.detail),
+                    "detail": esc(g.finding),  # the gate, task and metric have columns of their own
                     "evidence": [esc(e) for e in g.evidence[:EVIDENCE_SHOWN]]
                     + ([esc(f"… {more} more in compare.json")] if more > 0 else []),
                 }
@@ -573,6 +573,15 @@ def _model_text(model: Any) -> str | None:
     return str(model)
 
 
+def _fields_text(d: dict[str, Any]) -> str:
+    """A mapping as a reader reads it ("cpu AMD EPYC, cores 2, ..."), nested keys dotted, lists
+    joined: never a serialised object."""
+    def value(v: Any) -> str:
+        return ", ".join(value(x) for x in v) if isinstance(v, list) else _scalar(v)
+
+    return ", ".join(f"{k} {value(v)}" for k, v in sorted(flatten(d).items()) if v is not None)
+
+
 def _variant_settings(run: RunDocument) -> dict[str, dict[str, Any]]:
     """name -> the settings run.json records for it (credentials redacted: a run.json of an
     older evalpipe may keep them)."""
@@ -605,7 +614,7 @@ def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict
     if run.status is not None:
         rows.append(("status", _scalar(run.status)))
     if run.hardware is not None:
-        rows.append(("hardware", _scalar(redact(run.hardware))))
+        rows.append(("hardware", _fields_text(redact(run.hardware))))
     if run.versions:
         rows.append(("versions", ", ".join(f"{k} {_scalar(v)}" for k, v in sorted(run.versions.items()) if v is not None)))
     for group, values in sorted(compare.gates.model_dump(mode="json").items()):

@@ -68,6 +68,26 @@ def test_gate_rows_fail_first_with_evidence_cut_and_each_gates_own_words():
     assert rows[1]["what"] == "a gate this version of evalpipe does not know"
 
 
+def test_a_gate_rows_detail_does_not_repeat_its_own_columns():
+    c = comparison(gates=[
+        gate("teacher_kl_max", "fail", 0.3, 0.1, detail="gsm8k_synth_4shot teacher_kl_max: 0.3 > 0.1 (floor 0.1)"),
+        gate("score_mcnemar", "pass", 0.5, 0.05, metric="acc", detail="gsm8k_synth_4shot acc score_mcnemar: p 0.5, 1 flip"),
+        gate("odd", "skip", None, None, detail="a sentence of another shape"),
+    ])
+    rows = {r["gate"]: r for r in build_view(as_document(make_compare(comparisons=[c])), None, plain)["gates"]["rows"]}
+    assert rows["teacher_kl_max"]["detail"] == "0.3 > 0.1 (floor 0.1)"
+    assert rows["score_mcnemar"]["detail"] == "p 0.5, 1 flip" and rows["score_mcnemar"]["metric"] == "acc"
+    assert rows["odd"]["detail"] == "a sentence of another shape"
+
+
+def test_the_run_table_shows_fields_never_serialised_objects():
+    run = dict(RUN_INFO, hardware={"cpu": "AMD EPYC", "cores": 2, "flags": ["avx2", "avx512f"], "gpu": None})
+    rows = dict(build_view(as_document(make_compare()), as_run(run), plain)["header"]["rows"])
+    assert rows["hardware"] == "cores 2, cpu AMD EPYC, flags avx2, avx512f"
+    assert rows["model"] == "tiny-layout (path=abc)"
+    assert not any(v.startswith(("{", "[")) for v in rows.values()), rows
+
+
 def test_gate_summary_sentence():
     def summary(d: dict[str, Any]) -> str:
         return build_view(as_document(d), None, plain)["gates"]["summary"]
