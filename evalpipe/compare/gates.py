@@ -75,6 +75,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
 from evalpipe.documents.comparison import GateResult, GateStatus, SampledTask, ScoreRow, ShiftTest, TokenSummary
 from evalpipe.gates import registry
+from evalpipe.numbers import NOT_AVAILABLE, fmt_num
 
 PASS: Final = GateStatus.PASS
 FAIL: Final = GateStatus.FAIL
@@ -108,12 +109,8 @@ class AASummaries:
 
 
 def _num(x: float | None) -> str:
-    """Whole numbers as integers (counts, bounds like 0), everything else with 3 significant digits."""
-    if x is None:
-        return "n/a"
-    if float(x).is_integer() and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.3g}"
+    """A figure in a gate's sentence (evalpipe.numbers.fmt_num; "n/a" when missing)."""
+    return fmt_num(x, NOT_AVAILABLE)
 
 
 def _signed(x: float | None) -> str:

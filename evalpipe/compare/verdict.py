@@ -17,7 +17,6 @@ can show one test case per task x gate whatever the outcome.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -25,10 +24,10 @@ from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.comparison import SampledTask, ScoreRow, ShiftTest, Status, TokenSummary
+from evalpipe.numbers import fmt_delta, fmt_score, fmt_small
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
                   "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")
-MINUS = "\u2212"
 ARROW = "\u2192"
 
 
@@ -74,31 +73,8 @@ def unverified_reason(names: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------------
-# number formatting shared with the reports
+# sample keys in sentences (numbers: evalpipe.numbers)
 # ---------------------------------------------------------------------------
-
-
-def fmt_score(x: float | None) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-
-def fmt_delta(x: float | None) -> str:
-    """Signed delta: 3 decimals, or 2 significant digits when smaller than that shows."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if x == 0:
-        return "0"
-    s = f"{x:+.3f}" if abs(x) >= 0.0005 else f"{x:+.2g}"
-    return MINUS + s[1:] if s.startswith("-") else s
-
-
-def fmt_small(x: float | None) -> str:
-    """|dlogprob|-like magnitudes: 2 significant digits (3.1e-06, 0.12)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if x == 0:
-        return "0"
-    return f"{x:.2g}"
 
 
 def fmt_keys(keys: Sequence[tuple[int, int]], total: int) -> str:

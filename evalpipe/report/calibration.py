@@ -9,9 +9,9 @@ from typing import Mapping, Sequence
 from evalpipe.compare.calibration import DETECTORS, CalibrationRow, SensitivityPoint, smallest_caught, summarize, summarize_sampled
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, GATE_ORDER, TEACHER_GATES
 from evalpipe.compare.numerics import Numerics
-from evalpipe.compare.verdict import fmt_delta
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.machine import one_line
+from evalpipe.numbers import fmt_delta
 from evalpipe.report.markdown import md_escape
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from evalpipe.documents.dashboard_doc import DashboardData, NightEntry, ScoreSeries, ScoreValue, TokenSeries, TokenValue
 from evalpipe.documents.nightly_doc import SeriesChange
+from evalpipe.numbers import fmt_p, fmt_sig
 from evalpipe.report.formats import show_controls
 from evalpipe.report.markdown import template_environment
 
@@ -58,18 +59,6 @@ def _text(value: Any, max_len: int | None = None) -> str:
 def _num(value: float | None) -> float | None:
     """A finite float or None (missing, NaN and inf all mean: nothing to draw)."""
     return value if value is not None and math.isfinite(value) else None
-
-
-def _fmt(value: float | None, digits: int = 4) -> str:
-    f = _num(value)
-    return "—" if f is None else f"{f:.{digits}g}"
-
-
-def _fmt_p(value: float | None) -> str:
-    p = _num(value)
-    if p is None:
-        return "—"
-    return "< 0.0001" if p < 1e-4 else f"{p:.2g}"
 
 
 def _is_fraction(*values: float | None) -> bool:
@@ -239,7 +228,7 @@ def _band_path(xs: Sequence[float], lows: Sequence[float | None], highs: Sequenc
 
 
 def _point_title(p: Point, value: float | None, extra: str = "") -> str:
-    return f"{_text(p.night)} · {_text(p.run_id)}: {_fmt(value)}{extra}"
+    return f"{_text(p.night)} · {_text(p.run_id)}: {fmt_sig(value)}{extra}"
 
 
 def _markers(points: Sequence[Point], xs: Sequence[float], ys: Sequence[float | None], changes: Sequence[int],
@@ -309,13 +298,13 @@ def score_chart(series: ScoreSeries, night_index: dict[str, int], n_nights: int,
     if aa_lo is not None and aa_hi is not None:
         top, bottom = scale(max(aa_lo, aa_hi)), scale(min(aa_lo, aa_hi))
         chart["aa"] = {"y": _c(top), "h": _c(max(bottom - top, 0.5)),
-                       "title": f"A/A noise band {_fmt(aa_lo)} – {_fmt(aa_hi)}"}
+                       "title": f"A/A noise band {fmt_sig(aa_lo)} – {fmt_sig(aa_hi)}"}
     else:
         chart["aa"] = None
 
     def title(i: int) -> str:
         p, lo, hi = points[i], lows[i], highs[i]
-        extra = f" (CI {_fmt(lo)} – {_fmt(hi)})" if lo is not None and hi is not None else ""
+        extra = f" (CI {fmt_sig(lo)} – {fmt_sig(hi)})" if lo is not None and hi is not None else ""
         if p.n is not None:
             extra += f", n={p.n}"
         return _point_title(p, vals[i], extra)
@@ -324,8 +313,8 @@ def score_chart(series: ScoreSeries, night_index: dict[str, int], n_nights: int,
     chart["markers"] = _markers(points, xs, vals, series.changes, scale)
     chart["axis"] = _axis(points, xs, scale)
     last = next((v for v in reversed(vals) if v is not None), None)
-    chart["latest"] = _fmt(last)
-    chart["aa_text"] = f"A/A band {_fmt(aa_lo)} – {_fmt(aa_hi)}" if chart["aa"] else "no A/A band"
+    chart["latest"] = fmt_sig(last)
+    chart["aa_text"] = f"A/A band {fmt_sig(aa_lo)} – {fmt_sig(aa_hi)}" if chart["aa"] else "no A/A band"
     return chart
 
 
@@ -346,7 +335,7 @@ def token_chart(series: TokenSeries, night_index: dict[str, int], n_nights: int,
     aa_ys = [None if v is None else scale(v) for v in aas]
 
     def title(i: int) -> str:
-        return _point_title(points[i], vals[i], f" (A/A {_fmt(aas[i])})" if aas[i] is not None else "")
+        return _point_title(points[i], vals[i], f" (A/A {fmt_sig(aas[i])})" if aas[i] is not None else "")
 
     last = next((v for v in reversed(vals) if v is not None), None)
     return {
@@ -364,7 +353,7 @@ def token_chart(series: TokenSeries, night_index: dict[str, int], n_nights: int,
         "dots": _dots(points, xs, vals, scale, reports, title),
         "markers": _markers(points, xs, vals, series.changes, scale),
         "axis": _axis(points, xs, scale),
-        "latest": _fmt(last),
+        "latest": fmt_sig(last),
         "aa_text": "log scale, 0 drawn at the floor" if log else "linear scale",
     }
 
@@ -405,17 +394,17 @@ def _change_view(c: SeriesChange, chart_ids: dict[tuple[str, str, str, str], str
         "date": _short_night(c.night),
         "direction": c.direction,
         "arrow": {"down": "↓", "up": "↑"}[c.direction],
-        "before": _fmt(c.before),
-        "after": _fmt(c.after),
+        "before": fmt_sig(c.before),
+        "after": fmt_sig(c.after),
         "delta": _fmt_delta(c),
-        "p_value": _fmt_p(c.p_value),
+        "p_value": fmt_p(c.p_value),
         "lasting": ("open: the new level lasts to the latest night" if c.open else "closed")
         + f" ({c.nights_after} night{'' if c.nights_after == 1 else 's'} after)",
         "open": c.open,
         "summary": _text(c.summary, 1000),
         "flipped": [
-            {"doc_id": str(f.doc_id), "repeat": str(f.repeat), "before": _fmt(f.before),
-             "after": _fmt(f.after), "prompt": _text(f.prompt, PROMPT_MAX)}
+            {"doc_id": str(f.doc_id), "repeat": str(f.repeat), "before": fmt_sig(f.before),
+             "after": fmt_sig(f.after), "prompt": _text(f.prompt, PROMPT_MAX)}
             for f in c.flipped[:FLIPPED_SHOWN]
         ],
         "flipped_total": len(c.flipped),

@@ -1,22 +1,20 @@
-"""How the reports write numbers, positions and untrusted text: the formats every
-renderer shares (markdown, HTML, the terminal, JUnit), so a figure reads the same in each."""
+"""How the reports write positions, excerpts and untrusted text: the formats every renderer
+shares (markdown, HTML, the terminal, JUnit); numbers are evalpipe.numbers'."""
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from evalpipe.compare.verdict import fmt_delta, fmt_score
+from evalpipe.numbers import DASH
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
 
 EXCERPT_CHARS = 160
 EXCERPT_CONTEXT = 48
 CONTEXT_CHARS = 200
-DASH = "\u2014"
 ELLIPSIS = "\u2026"
 
 
@@ -30,51 +28,6 @@ def show_controls(s: str, keep: str = "") -> str:
     They break table rows, are invalid in HTML and cannot be encoded as UTF-8.
     """
     return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else f"\\u{ord(m.group()):04x}", s)
-
-
-# ---------------------------------------------------------------------------
-# number formatting
-# ---------------------------------------------------------------------------
-
-
-def fmt_num(x: Any) -> str:
-    """Gate values: counts as integers, measurements with 3 significant digits."""
-    if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
-        return DASH if x is None else str(x)
-    if not math.isfinite(x):
-        return "n/a"
-    if float(x).is_integer() and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.3g}"
-
-
-def fmt_lp(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    s = f"{x:.4g}"
-    return "\u2212" + s[1:] if s.startswith("-") else s
-
-
-def fmt_pct(n: int | None, total: int | None) -> str:
-    if n is None or total is None:
-        return DASH
-    return f"{n}/{total} ({100.0 * n / total:.1f}%)" if total else "0/0"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return DASH
-    if p >= 1.0:
-        return "1"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def fmt_ci(lo: float | None, hi: float | None) -> str:
-    return "n/a" if lo is None or hi is None else f"[{fmt_delta(lo)}, {fmt_delta(hi)}]"
-
-
-def fmt_mean_se(mean: float | None, se: float | None) -> str:
-    return fmt_score(mean) if se is None or mean is None else f"{fmt_score(mean)} \u00b1 {fmt_score(se)}"
 
 
 def fmt_where(doc: Any, repeat: Any, pos: Any = None) -> str:

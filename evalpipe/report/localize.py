@@ -19,7 +19,8 @@ from typing import Any
 
 from evalpipe.compare.localize import MODULES
 from evalpipe.documents.localization import LocalizeDocument, ModuleDoc
-from evalpipe.report.formats import DASH, Esc
+from evalpipe.numbers import DASH, fmt_small
+from evalpipe.report.formats import Esc
 
 MAX_ROWS = 15
 BEFORE_FIRST = 2  # modules shown before the first one above its floor
@@ -29,13 +30,6 @@ MAX_NOT_REASSEMBLED = 5
 LAYER_ROW = "layer.out"  # the module that stands for a whole layer in the growth rows
 
 COLUMNS = ("layer", "module", "rel L2", "A/A rel L2", "floor", "cosine", "max abs", "worst positions")
-
-
-def fmt_small(x: float | None) -> str:
-    """Relative errors and floors: two significant digits, an exact zero as 0."""
-    if x is None:
-        return DASH
-    return "0" if x == 0 else f"{x:.2g}"
 
 
 def fmt_cosine(x: float | None) -> str:
@@ -95,7 +89,7 @@ def _stands_for_layer(m: ModuleDoc, modules: list[ModuleDoc]) -> bool:
 def _worst(m: ModuleDoc, esc: Esc) -> list[str]:
     out = []
     for w in m.worst:
-        text = f"{esc(w.label)} @ {w.position}: {fmt_small(w.rel_l2)}"
+        text = f"{esc(w.label)} @ {w.position}: {fmt_small(w.rel_l2, DASH)}"
         if w.flags:
             text += f" ({esc('; '.join(w.flags))})"
         out.append(text)
@@ -107,11 +101,11 @@ def _row(m: ModuleDoc, esc: Esc, first: ModuleDoc | None) -> dict[str, Any]:
         "layer": str(m.layer),
         "module": esc(m.module),
         "title": esc(m.title),
-        "rel_l2": fmt_small(m.rel_l2) + (f" (NaN/inf at {m.nonfinite})" if m.nonfinite else ""),
-        "aa_rel_l2": fmt_small(m.aa_rel_l2),
-        "floor": fmt_small(m.floor),
+        "rel_l2": fmt_small(m.rel_l2, DASH) + (f" (NaN/inf at {m.nonfinite})" if m.nonfinite else ""),
+        "aa_rel_l2": fmt_small(m.aa_rel_l2, DASH),
+        "floor": fmt_small(m.floor, DASH),
         "cosine": fmt_cosine(m.cosine),
-        "max_abs": fmt_small(m.max_abs),
+        "max_abs": fmt_small(m.max_abs, DASH),
         "worst": _worst(m, esc),
         "above": m.above,
         "first": first is not None and (m.layer, m.module) == (first.layer, first.module),
@@ -131,7 +125,7 @@ def _configurations(doc: LocalizeDocument, esc: Esc) -> list[tuple[str, str]]:
 
 def _floor_text(doc: LocalizeDocument, esc: Esc) -> str:
     text = (f"A module is above its floor when its relative L2 error exceeds max(numerics floor "
-            f"{fmt_small(doc.numerics_floor)} for {esc(doc.precision)}, {doc.rel_aa:g} \u00d7 its A/A relative L2 error).")
+            f"{fmt_small(doc.numerics_floor, DASH)} for {esc(doc.precision)}, {doc.rel_aa:g} \u00d7 its A/A relative L2 error).")
     if doc.aa is None:
         return text + " No A/A configuration ran: every floor is the numerics floor."
     if doc.aa_identical:

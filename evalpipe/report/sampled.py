@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalpipe.compare.verdict import fmt_delta, fmt_score
 from evalpipe.documents.comparison import Comparison, SampledTask
-from evalpipe.report.formats import DASH, Esc, fmt_ci, fmt_num, fmt_pct
+from evalpipe.numbers import DASH, fmt_ci, fmt_delta, fmt_num, fmt_pct, fmt_score
+from evalpipe.report.formats import Esc
 
 SAMPLING_NOTE = (
     "Common random numbers: every sample was drawn with its own seed, the same on both sides and in the A/A run, so two "

@@ -11,10 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import Comparison, ComparisonDocument, LengthRow, Status
 from evalpipe.documents.localization import LocalizeDocument
-from evalpipe.report.formats import DASH, fmt_num, show_controls
+from evalpipe.numbers import DASH, fmt_delta, fmt_num, fmt_score, fmt_small
+from evalpipe.report.formats import show_controls
 from evalpipe.report.localize import terminal_sentence
 from evalpipe.report.what_ran import (
     unverified_note,

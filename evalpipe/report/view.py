@@ -17,7 +17,6 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from evalpipe.compare.verdict import fmt_delta, fmt_score, fmt_small
 from evalpipe.documents.comparison import (
     Comparison,
     ComparisonDocument,
@@ -36,20 +35,14 @@ from evalpipe.documents.comparison import (
 )
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.gates import registry
+from evalpipe.numbers import DASH, fmt_ci, fmt_delta, fmt_lp, fmt_mean_se, fmt_num, fmt_p, fmt_pct, fmt_score, fmt_small
 from evalpipe.redact import redact
 from evalpipe.report.formats import (
     CONTEXT_CHARS,
-    DASH,
     ELLIPSIS,
     EXCERPT_CHARS,
     Esc,
     excerpts,
-    fmt_ci,
-    fmt_lp,
-    fmt_mean_se,
-    fmt_num,
-    fmt_p,
-    fmt_pct,
     fmt_positions,
     fmt_triple,
     fmt_where,

@@ -4,10 +4,11 @@ import pytest
 from fakes import METRIC, TASK, make_samples, mutate, set_token, tables, write_run, write_variant
 
 from evalpipe.compare import Status, compare_tables, decide
-from evalpipe.compare.verdict import fmt_delta, worst_status
+from evalpipe.compare.verdict import worst_status
 from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import UserError
 from evalpipe.gates import registry
+from evalpipe.numbers import fmt_delta
 from evalpipe.pipeline.comparing import compare_run, compare_variants, write_outputs
 from evalpipe.rundir import artifacts
 

@@ -67,7 +67,7 @@ def test_sample_page_has_header_timeline_change_and_charts():
 
     changes = page.having(cls="change")
     assert [c["data-run-id"] for c in changes] == [run_id(5)]
-    assert "-4.2 pts" in page.text and "0.482 → 0.44" in page.text and "0.0031" in page.text
+    assert "-4.2 pts" in page.text and "0.482 → 0.44" in page.text and "0.003" in page.text
     # 25 flipped items: the first 20 listed, the rest counted
     assert "Question 19" in page.text and "Question 20" not in page.text
     assert f"and {25 - FLIPPED_SHOWN} more flipped items" in page.text

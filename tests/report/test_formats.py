@@ -1,33 +1,11 @@
-"""The formats every renderer shares (evalpipe/report/formats.py): gate values as counts or
-three significant digits, percentages, p-values, logprobs with a true minus sign, positions
+"""The formats every renderer shares (evalpipe/report/formats.py): positions
 as "doc D [repeat R] pos P" with how many were left out, the excerpt windows around the first
 differing character, control characters shown as \\uXXXX, token texts as JSON literals.
 """
 
 from __future__ import annotations
 
-import math
-
-import pytest
-
 from evalpipe.report import formats
-
-
-@pytest.mark.parametrize(
-    ("value", "shown"),
-    [(None, formats.DASH), (3, "3"), (3.0, "3"), (0.0012345, "0.00123"), (0.3, "0.3"), (1e16, "1e+16"),
-     (math.inf, "n/a"), (math.nan, "n/a"), (True, "True"), ("12 of 40", "12 of 40")],
-)
-def test_fmt_num_counts_as_integers_measurements_with_three_digits(value, shown):
-    assert formats.fmt_num(value) == shown
-
-
-def test_percentages_p_values_logprobs_and_intervals():
-    assert formats.fmt_pct(5, 6) == "5/6 (83.3%)" and formats.fmt_pct(0, 0) == "0/0" and formats.fmt_pct(None, 6) == formats.DASH
-    assert [formats.fmt_p(p) for p in (None, 1.0, 1.2, 0.0412, 0.001, 0.0009)] == [formats.DASH, "1", "1", "0.041", "0.001", "<0.001"]
-    assert formats.fmt_lp(-0.40531) == "\u22120.4053" and formats.fmt_lp(0.5) == "0.5" and formats.fmt_lp(None) == "n/a"
-    assert formats.fmt_ci(-0.25, 0.5) == "[\u22120.250, +0.500]" and formats.fmt_ci(None, 0.5) == "n/a"
-    assert formats.fmt_mean_se(0.5, 0.2236) == "0.500 \u00b1 0.224" and formats.fmt_mean_se(0.5, None) == "0.500"
 
 
 def test_positions_name_doc_repeat_and_pos_and_say_how_many_more():
