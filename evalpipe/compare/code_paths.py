@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalpipe.config.expectations import CountRange, Expectations, collective_key
+from evalpipe.config.run_config import LaunchMode
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Paths, PathStatus, SideCheck, WhatRan
 from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
@@ -100,7 +101,7 @@ class VariantProbes(_Doc):
 
     schema_version: Literal[1] = PROBES_SCHEMA_VERSION
     variant: str
-    mode: Literal["offline", "serve", "endpoint"]
+    mode: LaunchMode
     verifiable: bool = Field(description="False: an endpoint whose server runs outside evalpipe (no records can exist).")
     names: dict[str, str | None] = Field(
         default_factory=dict,

@@ -26,6 +26,9 @@ from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
 from evalpipe.validation import first_problem
 
+# How a variant's engine runs (see LaunchSettings): one definition for the config, the job,
+# the manifest, the probes' records and localize.json.
+LaunchMode = Literal["offline", "serve", "endpoint"]
 
 class ModelSpec(Strict):
     path: str = Field(description="Local model directory, hub-style id already in the local cache, or builtin:NAME.")
@@ -77,7 +80,7 @@ class LaunchFields(Strict):
               only talks to it and never stops it; engine args are not applied.
     """
 
-    mode: Literal["offline", "serve", "endpoint"] = "offline"
+    mode: LaunchMode = "offline"
     command: list[str] | None = Field(
         default=None,
         description="serve: the server command the engine args follow; default [<variant python>, -m, vllm.entrypoints.openai.api_server] "

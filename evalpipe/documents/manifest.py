@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from evalpipe.atomic_files import write_json
+from evalpipe.config.run_config import LaunchMode
 from evalpipe.documents.base import Document, validated
+from evalpipe.documents.worker_job import EngineKind
 from evalpipe.errors import UserError
 
 MANIFEST_JSON = "manifest.json"  # in each variant's directory
@@ -118,8 +120,8 @@ class VariantManifest(Document):
     python: str | None = None  # the variant's interpreter
     argv: list[str] = []
     env: dict[str, str] = {}  # credentials redacted
-    engine_kind: Literal["offline", "http"] = "offline"
-    launch_mode: Literal["offline", "serve", "endpoint"] = "offline"
+    engine_kind: EngineKind = "offline"
+    launch_mode: LaunchMode = "offline"
     engine_args: dict[str, Any] = {}  # resolved, redacted
     versions: dict[str, str | None] = {}  # python, vllm, torch, ... (None: not installed)
     hardware: Hardware | None = None

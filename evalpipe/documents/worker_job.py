@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from evalpipe.atomic_files import write_text
-from evalpipe.config.run_config import TaskSpec
+from evalpipe.config.run_config import LaunchMode, TaskSpec
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact_text
@@ -22,6 +22,10 @@ from evalpipe.redact import redact_text
 JOB_JSON = "job.json"  # in the variant directory
 JOB_VERSION: Final = 1
 
+
+# The engines a job can name: in-process vLLM or a vLLM server over HTTP. The worker's engine
+# table (evalpipe.worker.engine_choice.ENGINES) serves exactly these (tests/worker/test_engine_choice.py).
+EngineKind = Literal["offline", "http"]
 
 class ServerJob(Document):
     """How the worker reaches a server (serve and endpoint mode); the HTTP engine and
@@ -81,8 +85,8 @@ class WorkerJob(Document):
     variant: str
     run_id: str = ""
     output_dir: str
-    engine_kind: Literal["offline", "http"] = "offline"
-    launch_mode: Literal["offline", "serve", "endpoint"] = "offline"
+    engine_kind: EngineKind = "offline"
+    launch_mode: LaunchMode = "offline"
     journal: str | None = None  # the request journal's file name in the variant directory
     secret_env: list[str] = []  # variables whose values the manifest hides (every variant's API key variables)
     server: ServerJob | None = None  # None offline

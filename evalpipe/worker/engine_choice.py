@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evalpipe.documents.worker_job import ServerJob
+from evalpipe.documents.worker_job import EngineKind, ServerJob
 from evalpipe.worker.engines import Engine, OfflineEngine
 from evalpipe.worker.fakes import engine as fake_engine
 from evalpipe.worker.http_engine import HttpEngine
@@ -27,7 +27,7 @@ class EngineEntry:
     computes with torch (the fake does not, and importing torch to seed it costs 1.5 s)."""
 
     name: str
-    kind: str
+    kind: EngineKind
     build: Callable[[dict[str, Any], ServerJob | None, Waiting | None, RequestJournal | None], Engine]
     takes: Callable[[], bool] = lambda: True
     banner: str | None = None

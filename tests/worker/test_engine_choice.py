@@ -35,3 +35,12 @@ def test_an_unknown_kind_and_a_served_job_without_its_server_are_refused(monkeyp
         engine_choice.choose("grpc")
     with pytest.raises(ValueError, match="needs the job's server settings"):
         engine_choice.build_engine(engine_choice.choose("http"), {"model": "m"})
+
+
+def test_the_table_serves_every_engine_kind_a_job_can_name_and_no_other():
+    from typing import get_args
+
+    from evalpipe.documents.worker_job import EngineKind
+    from evalpipe.worker.engine_choice import ENGINES
+
+    assert {e.kind for e in ENGINES} == set(get_args(EngineKind))
