@@ -147,7 +147,7 @@ LAYERS = (
     ("config", "models", "tasks", "data"),  # what a run is made of
     ("gates",),  # what each gate is: the registry config, compare, nightly and the reports iterate
     ("engine_patches",),  # evalpipe's changes inside vLLM's processes (switches checked by config)
-    ("errors", "paths", "install", "redact", "machine", "atomic_files", "validation", "reporting", "numbers"),  # small utilities
+    ("errors", "paths", "install", "redact", "machine", "atomic_files", "validation", "reporting", "number_format"),  # small utilities
 )
 # Beside the layers: worker/ runs in the variant's interpreter and may use the layers from
 # the run directory down; the lab sits just below the commands (only calibrate imports it,
@@ -257,3 +257,12 @@ def test_every_test_directory_mirrors_a_package():
 def test_every_module_has_a_test_file_of_its_own():
     missing = [f"tests/{rel.parent / ('test_' + rel.name)}" for rel in _modules() if not (TESTS / rel.parent / f"test_{rel.name}").is_file()]
     assert not missing, f"{len(missing)} modules have no test file of their own, first {missing[:5]}"
+
+
+def test_no_module_of_evalpipe_shares_a_name_with_the_standard_library():
+    """Some processes have evalpipe's own directory on their path (the guard's parent in
+    tests/execution/test_guard.py): a top-level evalpipe/numbers.py once shadowed the standard
+    library's numbers there, and pydantic failed to import."""
+    names = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert "cli" in names and "number_format" in names, "the scan must see evalpipe's top-level modules"
+    assert not names & set(sys.stdlib_module_names), sorted(names & set(sys.stdlib_module_names))

@@ -75,7 +75,7 @@ from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import AUTO, DistributionGates, Gates, Tolerance
 from evalpipe.documents.comparison import GateResult, GateStatus, SampledTask, ScoreRow, ShiftTest, TokenSummary
 from evalpipe.gates import registry
-from evalpipe.numbers import NOT_AVAILABLE, fmt_num
+from evalpipe.number_format import NOT_AVAILABLE, fmt_num
 
 PASS: Final = GateStatus.PASS
 FAIL: Final = GateStatus.FAIL
@@ -109,7 +109,7 @@ class AASummaries:
 
 
 def _num(x: float | None) -> str:
-    """A figure in a gate's sentence (evalpipe.numbers.fmt_num; "n/a" when missing)."""
+    """A figure in a gate's sentence (evalpipe.number_format.fmt_num; "n/a" when missing)."""
     return fmt_num(x, NOT_AVAILABLE)
 
 

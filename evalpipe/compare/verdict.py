@@ -24,7 +24,7 @@ from evalpipe.compare.gates import PASS, AASummaries, GateResult, evaluate_gates
 from evalpipe.compare.numerics import Numerics
 from evalpipe.config.gate_settings import Gates
 from evalpipe.documents.comparison import SampledTask, ScoreRow, ShiftTest, Status, TokenSummary
-from evalpipe.numbers import fmt_delta, fmt_score, fmt_small
+from evalpipe.number_format import fmt_delta, fmt_score, fmt_small
 
 NO_GATE_JUDGED = ("the outputs differ and no gate judged the difference, so nothing shows them equivalent; turn the score "
                   "gates on (gates.scores.require_equivalence) or give the comparison the data its gates need")
@@ -73,7 +73,7 @@ def unverified_reason(names: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------------
-# sample keys in sentences (numbers: evalpipe.numbers)
+# sample keys in sentences (numbers: evalpipe.number_format)
 # ---------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, GATE_ORDER, T
 from evalpipe.compare.numerics import Numerics
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.machine import one_line
-from evalpipe.numbers import fmt_delta
+from evalpipe.number_format import fmt_delta
 from evalpipe.report.markdown import md_escape
 
 

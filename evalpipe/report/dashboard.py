@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from evalpipe.documents.dashboard_doc import DashboardData, NightEntry, ScoreSeries, ScoreValue, TokenSeries, TokenValue
 from evalpipe.documents.nightly_doc import SeriesChange
-from evalpipe.numbers import fmt_p, fmt_sig
+from evalpipe.number_format import fmt_p, fmt_sig
 from evalpipe.report.formats import show_controls
 from evalpipe.report.markdown import template_environment
 

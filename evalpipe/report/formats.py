@@ -1,5 +1,5 @@
 """How the reports write positions, excerpts and untrusted text: the formats every renderer
-shares (markdown, HTML, the terminal, JUnit); numbers are evalpipe.numbers'."""
+shares (markdown, HTML, the terminal, JUnit); numbers are evalpipe.number_format'."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from evalpipe.numbers import DASH
+from evalpipe.number_format import DASH
 
 Esc = Callable[..., str]  # (text, max_len=None) -> safe text
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from evalpipe.documents.comparison import NOT_RECORDED, PASSING, VERIFIED, Comparison, ComparisonDocument, GateResult, Status
-from evalpipe.numbers import fmt_num
+from evalpipe.number_format import fmt_num
 
 PASSING_STATUSES = {s.value for s in PASSING}
 INCONCLUSIVE = Status.INCONCLUSIVE.value

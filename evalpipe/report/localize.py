@@ -19,7 +19,7 @@ from typing import Any
 
 from evalpipe.compare.localize import MODULES
 from evalpipe.documents.localization import LocalizeDocument, ModuleDoc
-from evalpipe.numbers import DASH, fmt_small
+from evalpipe.number_format import DASH, fmt_small
 from evalpipe.report.formats import Esc
 
 MAX_ROWS = 15

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evalpipe.documents.comparison import Status
 from evalpipe.documents.nightly_doc import BaselineComparison, NightlyDocument, NightStatus
-from evalpipe.numbers import fmt_p
+from evalpipe.number_format import fmt_p
 from evalpipe.report.junit import xml_text
 from evalpipe.report.markdown import md_escape
 

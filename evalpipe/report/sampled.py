@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from evalpipe.documents.comparison import Comparison, SampledTask
-from evalpipe.numbers import DASH, fmt_ci, fmt_delta, fmt_num, fmt_pct, fmt_score
+from evalpipe.number_format import DASH, fmt_ci, fmt_delta, fmt_num, fmt_pct, fmt_score
 from evalpipe.report.formats import Esc
 
 SAMPLING_NOTE = (

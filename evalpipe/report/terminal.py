@@ -13,7 +13,7 @@ from rich.text import Text
 
 from evalpipe.documents.comparison import Comparison, ComparisonDocument, LengthRow, Status
 from evalpipe.documents.localization import LocalizeDocument
-from evalpipe.numbers import DASH, fmt_delta, fmt_num, fmt_score, fmt_small
+from evalpipe.number_format import DASH, fmt_delta, fmt_num, fmt_score, fmt_small
 from evalpipe.report.formats import show_controls
 from evalpipe.report.localize import terminal_sentence
 from evalpipe.report.what_ran import (

@@ -35,7 +35,7 @@ from evalpipe.documents.comparison import (
 )
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.gates import registry
-from evalpipe.numbers import DASH, fmt_ci, fmt_delta, fmt_lp, fmt_mean_se, fmt_num, fmt_p, fmt_pct, fmt_score, fmt_small
+from evalpipe.number_format import DASH, fmt_ci, fmt_delta, fmt_lp, fmt_mean_se, fmt_num, fmt_p, fmt_pct, fmt_score, fmt_small
 from evalpipe.redact import redact
 from evalpipe.report.formats import (
     CONTEXT_CHARS,

@@ -13,7 +13,7 @@ from typing import Any
 from evalpipe.compare.code_paths import short
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Comparison, ComparisonDocument, Paths, SideCheck, Status
 from evalpipe.documents.manifest import ProbeSummary
-from evalpipe.numbers import DASH, fmt_num
+from evalpipe.number_format import DASH, fmt_num
 from evalpipe.report.formats import Esc
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from evalpipe.compare.verdict import worst_status
 from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import UserError
 from evalpipe.gates import registry
-from evalpipe.numbers import fmt_delta
+from evalpipe.number_format import fmt_delta
 from evalpipe.pipeline.comparing import compare_run, compare_variants, write_outputs
 from evalpipe.rundir import artifacts
 

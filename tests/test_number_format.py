@@ -1,4 +1,4 @@
-"""How evalpipe writes a number (evalpipe/numbers.py): gate values as counts or three
+"""How evalpipe writes a number (evalpipe/number_format.py): gate values as counts or three
 significant digits, scores with three decimals, signed differences with a true minus sign and
 two significant digits when small, small magnitudes with two, percentages, p-values, logprobs,
 intervals; a missing value as the caller's mark, NaN and infinities as "n/a"."""
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from evalpipe import numbers
-from evalpipe.numbers import DASH, MINUS
+from evalpipe import number_format as numbers
+from evalpipe.number_format import DASH, MINUS
 
 
 @pytest.mark.parametrize(
