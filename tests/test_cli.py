@@ -11,6 +11,7 @@ import pytest
 import yaml
 from in_process import evalpipe
 
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.paths import cache_dir
 
 GOOD = {
@@ -123,7 +124,7 @@ def test_a_comparison_that_fails_after_the_variants_finished_is_one_sentence(tmp
         record_artifacts(rd.variant(name))
     # no engine starts (both variants are kept): only the vLLM and model checks are skipped
     monkeypatch.setattr(runner, "preflight", lambda plan, console: 0)
-    monkeypatch.setattr(runner, "ensure_model", lambda plan, console: {"path": "m", "fingerprint": None, "builtin": True})
+    monkeypatch.setattr(runner, "ensure_model", lambda plan, console: RunModel(path="m", builtin=True))
     res = CliRunner().invoke(app, ["run", "gsm8k", "-c", str(cfg), "--resume", str(plan.run_dir), "--no-noise-floor"])
     flat = " ".join((res.stderr or res.output).split())
     assert res.exit_code == 3, res.output

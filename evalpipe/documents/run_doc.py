@@ -92,10 +92,21 @@ class Attempt(Document):
 
 
 class RunModel(Document):
+    """The model a run used: the directory its engines load, and for a built-in model its
+    name and the fingerprint of its shipped files. The runner resolves it once and hands
+    this same object to every variant's job and server."""
+
     path: str | None = None
     fingerprint: str | None = None
     builtin: bool | None = None
     name: str | None = None
+
+    @property
+    def directory(self) -> str:
+        """The directory the engines load (a resolved model always has one)."""
+        if self.path is None:
+            raise ValueError("the run's model was not resolved to a directory")
+        return self.path
 
 
 class Fingerprints(Document):

@@ -4,9 +4,9 @@ model and (serve and endpoint mode) the server to reach."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from evalpipe.documents.journal import JOURNAL_FILE
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.documents.worker_job import ServerJob, TeacherJob, WorkerJob
 from evalpipe.paths import data_dir
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan
@@ -31,10 +31,10 @@ def server_job(variant: PlannedVariant, url: str | None, model_path: str) -> Ser
     )
 
 
-def worker_job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_dir: Path, server_url: str | None = None) -> WorkerJob:
+def worker_job(plan: RunPlan, variant_name: str, model: RunModel, variant_dir: Path, server_url: str | None = None) -> WorkerJob:
     variant = plan.variant(variant_name)
     engine_args = dict(variant.engine_args)
-    engine_args["model"] = model["path"]
+    engine_args["model"] = model.directory
     reference = plan.variants[0]
     teacher = TeacherJob(
         enabled=plan.config.capture.teacher_forcing,
@@ -54,7 +54,7 @@ def worker_job(plan: RunPlan, variant_name: str, model: dict[str, Any], variant_
         launch_mode=variant.launch.mode,
         # every variant's manifest hides the keys any variant reads (they share one environment)
         secret_env=sorted({v.launch.api_key_env for v in plan.variants if v.launch.api_key_env}),
-        server=server_job(variant, server_url, model["path"]),
+        server=server_job(variant, server_url, model.directory),
         engine_args=engine_args,
         tasks=[t.spec for t in plan.tasks],
         topk=plan.config.capture.topk,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.documents.manifest import read_manifest
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.documents.worker_events import StageEvent
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution import serve
@@ -36,7 +37,7 @@ class Limits:
         return self.stall_timeout_s if self.stall_timeout_s is not None else variant.launch.stall_timeout_s
 
 
-def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
+def run_variant(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: Path, on_event, limits: Limits,
                 servers: dict[str, Any], *, spec: Path, job: WorkerJob | None = None,
                 places: NodePlaces | None = None) -> VariantOutcome:
     """One variant's worker, and in serve mode its server around it: started first (the
@@ -68,11 +69,11 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], v
     else:
         port = launch.port or serve.free_port(launch.host)
         if launch.deployment is not None:
-            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model["path"]}, port, vdir, env,
+            server = deployment_of(variant.python, launch, {**variant.engine_args, "model": model.directory}, port, vdir, env,
                                    places)
         else:
             args_file = vdir / serve.SERVER_ARGS_FILE
-            serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model["path"]}, launch, port))
+            serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model.directory}, launch, port))
             server = serve.ServerProcess(
                 command=serve.server_command(variant.python, launch, args_file),
                 url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
@@ -110,7 +111,7 @@ def stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
         servers.pop(name).stop()
 
 
-def run_and_close(plan: RunPlan, variant: PlannedVariant, model: dict[str, Any], vdir: Path, on_event, limits: Limits,
+def run_and_close(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: Path, on_event, limits: Limits,
                   servers: dict[str, Any], names: VariantNames, places: NodePlaces | None = None) -> VariantOutcome:
     """One variant from start to its closed directory: its processes run, its manifest says
     how they ended, its processes' probe records gathered into probes.json. The same steps

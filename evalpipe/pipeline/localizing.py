@@ -29,7 +29,7 @@ from evalpipe.config.run_config import RunConfig
 from evalpipe.documents import localization as schema
 from evalpipe.documents.captures import read_captures
 from evalpipe.documents.comparison import Status, read_comparison
-from evalpipe.documents.run_doc import RunDocument, read_run_document
+from evalpipe.documents.run_doc import RunDocument, RunModel, read_run_document
 from evalpipe.documents.worker_job import LocalizeJob, LocalizeSequence, TeacherJob
 from evalpipe.errors import RunFailed, UserError
 from evalpipe.pipeline.comparing import variant_numerics
@@ -239,7 +239,7 @@ def _tp_sizes(config: RunConfig, plan: RunPlan) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-def _capture(plan: RunPlan, planned: PlannedVariant, model: dict[str, Any], rd: RunDir, targets: list[Target],
+def _capture(plan: RunPlan, planned: PlannedVariant, model: RunModel, rd: RunDir, targets: list[Target],
              decode_steps: int, view: ProgressView, limits: Limits, reporter: Reporter) -> Side:
     """One configuration's engine started (its server stopped again before the next one's
     starts), the sequences prefilled, its captures read."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpipe.cluster import transfer
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.documents.worker_events import StageEvent, WorkerEvent
 from evalpipe.errors import ExitCode
 from evalpipe.execution import launch
@@ -41,7 +42,7 @@ class UnitJob:
 
     plan: RunPlan
     variants: list[str]
-    model: dict[str, Any]
+    model: RunModel
     names: dict[str, VariantNames]
     limits: Limits
     driver_omp_threads: str | None  # the driver's OMP_NUM_THREADS (Ray sets its own in actors)

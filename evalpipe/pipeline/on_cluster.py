@@ -28,7 +28,7 @@ from evalpipe.cluster.checks import deployment_short
 from evalpipe.cluster.placement import PlacementFailed, Slot, asked_spread, one_group, release, spread_group, wait_ready
 from evalpipe.cluster.session import connect, describe_nodes, describe_resources, disconnect, nodes
 from evalpipe.config.cluster import ClusterSettings
-from evalpipe.documents.run_doc import VariantPlacement
+from evalpipe.documents.run_doc import RunModel, VariantPlacement
 from evalpipe.documents.worker_events import read_event
 from evalpipe.errors import ExitCode
 from evalpipe.execution.launch import WORKER_GRACE_S, VariantOutcome, stop_if_interrupted
@@ -92,7 +92,7 @@ def demand_of(plan: RunPlan, unit: list[PlannedVariant]) -> dict[str, float]:
 class _Cluster:
     """The driver's state of one run on the cluster, shared by the unit threads."""
 
-    def __init__(self, plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames],
+    def __init__(self, plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[str, VariantNames],
                  limits: Limits, reporter: Reporter, kept: list[str]):
         self.plan, self.model, self.rd, self.names, self.limits, self.reporter = plan, model, rd, names, limits, reporter
         self.settings: ClusterSettings = plan.config.cluster
@@ -314,7 +314,7 @@ class _Cluster:
             release(self.ray, group)
 
 
-def run_on_cluster(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames],
+def run_on_cluster(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[str, VariantNames],
                    limits: Limits, reporter: Reporter, kept: list[str], record: Record) -> None:
     """Run every variant not ``kept`` on the cluster; ``record`` is called here, in this
     thread, as each ends (it raises when an essential variant failed: the rest are then

@@ -40,18 +40,18 @@ COMPARE_TRACEBACK = "compare-error.txt"  # a comparison that hit a bug: its trac
 
 
 
-def ensure_model(plan: RunPlan, reporter: Reporter) -> dict[str, Any]:
+def ensure_model(plan: RunPlan, reporter: Reporter) -> RunModel:
     """Resolve the model to a local directory; a built-in one is the package's shipped,
     verified files (no training at run time, the same weights on every machine)."""
     name = plan.builtin_model
     if name is None:
-        return {"path": str(Path(plan.model).expanduser()), "fingerprint": None, "builtin": False}
+        return RunModel(path=str(Path(plan.model).expanduser()), fingerprint=None, builtin=False)
     try:
         model = ensure_builtin(name)
     except ShippedModelError as err:
         raise RunFailedOnUserInput(str(err)) from None
     reporter.step(f"[bold]model[/] builtin:{name} (shipped, fingerprint {model.fingerprint[:12]})")
-    return {"path": str(model.path), "fingerprint": model.fingerprint, "builtin": True, "name": f"builtin:{name}"}
+    return RunModel(path=str(model.path), fingerprint=model.fingerprint, builtin=True, name=f"builtin:{name}")
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,10 @@ def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict
         save(status="failed", error=str(err))
         raise
     previous = info.model.fingerprint
-    if previous and model["fingerprint"] and previous != model["fingerprint"]:
+    if previous and model.fingerprint and previous != model.fingerprint:
         raise ResumeRefused(f"cannot continue {rd.root}: its model's files changed since it started "
-                            f"(fingerprint {previous[:12]}, now {model['fingerprint'][:12]}); choose another --run-id.")
-    save(model=RunModel.model_validate({**info.model.model_dump(exclude_unset=True), **model}),
+                            f"(fingerprint {previous[:12]}, now {model.fingerprint[:12]}); choose another --run-id.")
+    save(model=info.model.model_copy(update=model.model_dump(exclude_unset=True)),
          timings=info.timings.model_copy(update={"model_s": time.time() - t0}))
 
 
@@ -211,7 +211,7 @@ def nothing_compared(reference: str, aa: str | None) -> str:
             "`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`")
 
 
-def _run_here(plan: RunPlan, model: dict[str, Any], rd: artifacts.RunDir, names: dict[str, VariantNames], limits: Limits,
+def _run_here(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[str, VariantNames], limits: Limits,
               reporter: Reporter, view: ProgressView, kept: list[str], record) -> None:
     """The variants one after another in this machine's processes (the default)."""
     servers: dict[str, Any] = {}

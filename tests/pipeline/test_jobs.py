@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from plans import fake_plan
 
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.pipeline.jobs import server_job, worker_job
 
-MODEL = {"path": "/models/tiny"}
+MODEL = RunModel(path="/models/tiny")
 
 
 def test_an_offline_variant_gets_the_model_and_the_reference_s_sequences(tmp_path):

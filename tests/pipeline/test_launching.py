@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 from plans import fake_plan
 
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.pipeline.launching import Limits, run_and_close, stop_unneeded
 from evalpipe.probing.names import VariantNames
 from evalpipe.rundir import artifacts
 
-MODEL = {"path": "/models/tiny-gsm", "fingerprint": None, "builtin": False}
+MODEL = RunModel(path="/models/tiny-gsm", builtin=False)
 
 
 def test_a_variant_runs_and_closes_its_directory(tmp_path):

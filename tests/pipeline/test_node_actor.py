@@ -17,6 +17,7 @@ import ray
 from fakes import make_samples, write_run
 from plans import fake_plan
 
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.documents.worker_events import StageEvent
 from evalpipe.execution import launch
 from evalpipe.pipeline.launching import Limits
@@ -42,7 +43,7 @@ def actor_of(tmp_path, monkeypatch):
 
     def make(run_dir, *, scratch=False, omp=None):
         plan = for_node(fake_plan(tmp_path, {"a": {}, "b": {}}, "r1"), run_dir, None)
-        return UnitActor(UnitJob(plan=plan, variants=["a", "b"], model={"path": "/m"}, names={}, limits=Limits(),
+        return UnitActor(UnitJob(plan=plan, variants=["a", "b"], model=RunModel(path="/m"), names={}, limits=Limits(),
                                  driver_omp_threads=omp, scratch=scratch))
 
     return make
