@@ -173,10 +173,7 @@ def describe_sampling(sampling: Sampling | None) -> str:
     """How a task decodes, in the plan's words: "greedy", or the sampler, samples per item and base seed."""
     if sampling is None:
         return "greedy"
-    cuts = [f"top_p {sampling.top_p:g}" if sampling.top_p < 1 else "", f"top_k {sampling.top_k}" if sampling.top_k else "",
-            f"min_p {sampling.min_p:g}" if sampling.min_p else ""]
-    return (f"sampled: temperature {sampling.temperature:g}" + "".join(f", {c}" for c in cuts if c)
-            + f"; {sampling.samples} per item, seeds from {sampling.seed}")
+    return f"sampled: {sampling.describe()}; {sampling.samples} per item, seeds from {sampling.seed}"
 
 
 def _print_cluster_plan(plan: RunPlan, console: Console) -> None:

@@ -33,7 +33,6 @@ beyond the k-th token the TV is an estimate, so a sampled run captures more (cap
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -45,26 +44,12 @@ from evalpipe.compare import stats
 from evalpipe.compare.scores import CONF, align_keys
 from evalpipe.compare.token_results import TokenComparison, prefix_values
 from evalpipe.compare.topk import TopK, topk_width
+from evalpipe.config.sampling import Sampler
 from evalpipe.documents.comparison import PassAtK, SampledTask
 from evalpipe.rundir import artifacts
 
 SETTINGS = ("temperature", "top_p", "top_k", "min_p")
 ROWS_PER_BLOCK = 1 << 15  # positions whose k x k id matches are held at once
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """A task's sampler as its rows record it (top_k 0: off)."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-
-    def describe(self) -> str:
-        cuts = [f"top_p {self.top_p:g}" if self.top_p < 1 else "", f"top_k {self.top_k}" if self.top_k else "",
-                f"min_p {self.min_p:g}" if self.min_p else ""]
-        return f"temperature {self.temperature:g}" + "".join(f", {c}" for c in cuts if c)
 
 
 # ---------------------------------------------------------------------------
@@ -198,7 +183,7 @@ def samplers(samples: pa.Table) -> dict[str, Sampler]:
     out: dict[str, Sampler] = {}
     for task, t, p, k, m in zip(cols["task"], *(cols[c] for c in SETTINGS)):
         if t is not None and task not in out:
-            out[task] = Sampler(float(t), float(p), int(k or 0), float(m))
+            out[task] = Sampler.recorded(float(t), float(p), int(k or 0), float(m))
     return out
 
 
@@ -276,7 +261,7 @@ def sampled_tasks(
         n_div = int(diverged.sum())
         out.append(SampledTask(
             task=task,
-            **vars(by_task[task]),
+            **by_task[task].model_dump(exclude={"top_k"}), top_k=by_task[task].vllm_top_k,
             samples_per_item=int(d.repeat[mine].max()) + 1 if len(mine) else 0,
             items=len({k[1] for k in keys}),
             samples=len(mine),
@@ -340,7 +325,7 @@ def reproducibility_problem(aa: Sequence[SampledTask], alpha: float) -> str | No
         unexplained = (t.excess_p is not None and t.excess_p < alpha) or (t.tv_max is not None and t.tv_max == 0)
         if unexplained:
             predicted = "no divergence" if not t.predicted else f"{t.predicted:.3g} divergent samples at most"
-            return (f"the engine is not reproducible under these sampling settings ({Sampler(t.temperature, t.top_p, t.top_k, t.min_p).describe()}, "
+            return (f"the engine is not reproducible under these sampling settings ({t.sampler.describe()}, "
                     f"one seed per sample): the A/A run (the reference again, same seeds, other batches) drew other tokens in "
                     f"{t.divergent} of {t.samples} samples of {t.task} where its distributions predict {predicted}; seeds not "
                     "honoured, or a sampler that draws per batch (docs/sampling.md), so no sampled comparison can be judged")

@@ -26,8 +26,10 @@ SEED_BITS = 31
 GREEDY_BELOW = 1e-5
 
 
-class Sampling(Strict):
-    """How a task's generations are sampled (absent: greedy, one answer per item)."""
+class Sampler(Strict):
+    """The sampler, defined once: the temperature and the cuts applied after it, each off at its
+    default (top_p 1, top_k null, min_p 0). A task's `sampling:` is one (with its samples and
+    seed); compare reads one back from each sampled task's rows, and the reports describe it."""
 
     temperature: float = Field(ge=GREEDY_BELOW, le=10, allow_inf_nan=False,
                                description=f"Sampling temperature, {GREEDY_BELOW:g} to 10 (vLLM decodes greedily below "
@@ -35,8 +37,6 @@ class Sampling(Strict):
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False, description="Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: off).")
     top_k: int | None = Field(default=None, ge=1, description="Sample among the k most likely tokens only (null: off).")
     min_p: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False, description="Drop tokens less likely than min_p x the most likely one's probability (0: off).")
-    samples: int = Field(default=1, ge=1, le=1024, description="Samples per item (n of avg@n and pass@k); each has its own seed.")
-    seed: int | None = Field(default=None, ge=0, description="Base of every sample's seed (default: the run's `seed`).")
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -45,6 +45,29 @@ class Sampling(Strict):
             raise ValueError(f"{value:g} is below {GREEDY_BELOW:g}, where vLLM decodes greedily; leave `sampling:` out "
                              f"for greedy decoding, or give a temperature of {GREEDY_BELOW:g} to 10")
         return value
+
+    @classmethod
+    def recorded(cls, temperature: float, top_p: float, top_k: int | None, min_p: float) -> Sampler:
+        """The sampler as a sample's row or a comparison records it, where top_k 0 is off (vLLM's word for it)."""
+        return cls(temperature=temperature, top_p=top_p, top_k=top_k or None, min_p=min_p)
+
+    @property
+    def vllm_top_k(self) -> int:
+        """top_k as vLLM takes it and the rows record it: 0 is off."""
+        return self.top_k or 0
+
+    def describe(self) -> str:
+        """"temperature 0.6, top_p 0.95": the temperature and the cuts that are on."""
+        cuts = [f"top_p {self.top_p:g}" if self.top_p < 1 else "", f"top_k {self.top_k}" if self.top_k else "",
+                f"min_p {self.min_p:g}" if self.min_p else ""]
+        return f"temperature {self.temperature:g}" + "".join(f", {c}" for c in cuts if c)
+
+
+class Sampling(Sampler):
+    """How a task's generations are sampled (absent: greedy, one answer per item)."""
+
+    samples: int = Field(default=1, ge=1, le=1024, description="Samples per item (n of avg@n and pass@k); each has its own seed.")
+    seed: int | None = Field(default=None, ge=0, description="Base of every sample's seed (default: the run's `seed`).")
 
 
 def sample_seed(base: int, task: str, doc_id: int, request: int, sample: int) -> int:

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from evalpipe.atomic_files import write_text
 from evalpipe.config.gate_settings import Gates
+from evalpipe.config.sampling import Sampler
 from evalpipe.documents.base import Document, validated
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.errors import ExitCode, UserError
@@ -514,7 +515,7 @@ class SampledTask(Document):
     task: str
     temperature: float
     top_p: float
-    top_k: int  # 0: off
+    top_k: int  # 0: off (as vLLM and the rows have it; `sampler` is the one definition)
     min_p: float
     samples_per_item: int
     items: int
@@ -530,6 +531,11 @@ class SampledTask(Document):
     excess_p: float | None  # P(at least `divergent` divergent samples | those bounds); None: not every sample predicted
     tv_max: float | None  # the largest total variation between the sampling distributions at a forced position
     pass_at: list[PassAtK]
+
+    @property
+    def sampler(self) -> Sampler:
+        """The task's sampler (evalpipe.config.sampling.Sampler: its describe() is the one wording)."""
+        return Sampler.recorded(self.temperature, self.top_p, self.top_k, self.min_p)
 
 
 class SampleCounts(Document):

@@ -19,12 +19,6 @@ SAMPLING_NOTE = (
 )
 
 
-def _sampler(t: SampledTask) -> str:
-    cuts = [f"top_p {t.top_p:g}" if t.top_p < 1 else "", f"top_k {t.top_k}" if t.top_k else "",
-            f"min_p {t.min_p:g}" if t.min_p else ""]
-    return f"temperature {t.temperature:g}" + "".join(f", {c}" for c in cuts if c)
-
-
 def _start(t: SampledTask) -> str:
     if t.first_divergence_min is None:
         return DASH
@@ -57,7 +51,7 @@ def sampling_section(task: str, c: Comparison, nf: Comparison | None, esc: Esc) 
     aa = {t.task: t for t in (nf.sampling if nf is not None else None) or ()}.get(task)
     columns = [c.variant] + ([f"A/A ({nf.variant})"] if aa is not None and nf is not None else [])
     return {
-        "sampler": esc(_sampler(mine)),
+        "sampler": esc(mine.sampler.describe()),
         "note": esc(SAMPLING_NOTE),
         "columns": [esc(x) for x in columns],
         "rows": [(esc(label), [esc(cell(t)) for t in (mine, aa) if t is not None]) for label, cell in ROWS],

@@ -124,7 +124,7 @@ class CapturingLM(LM):
             return None
         s = self.sampling
         base = 0 if s.seed is None else s.seed
-        return Draw(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0, min_p=s.min_p,
+        return Draw(temperature=s.temperature, top_p=s.top_p, top_k=s.vllm_top_k, min_p=s.min_p,
                     seed=sample_seed(base, task, doc_id, request, sample))
 
     # -- likelihoods (multiple-choice and perplexity tasks) ---------------------------

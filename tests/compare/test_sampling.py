@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from evalpipe.compare import sampling as S
 from evalpipe.documents.comparison import SampledTask
 
-PLAIN = S.Sampler(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0)
+PLAIN = S.Sampler(temperature=1.0)
 
 
 def row(*logprobs: float, ids: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -30,23 +30,23 @@ def row(*logprobs: float, ids: list[int] | None = None) -> tuple[np.ndarray, np.
 def test_the_distribution_is_tempered_and_renormalised_over_the_listed_tokens():
     ids, lps = row(math.log(0.5), math.log(0.3), math.log(0.1))
     np.testing.assert_allclose(S.sampling_distribution(ids, lps, PLAIN)[0], [5 / 9, 3 / 9, 1 / 9], rtol=1e-6)
-    cold = S.sampling_distribution(ids, lps, S.Sampler(0.5, 1.0, 0, 0.0))[0]
+    cold = S.sampling_distribution(ids, lps, S.Sampler.recorded(0.5, 1.0, 0, 0.0))[0]
     np.testing.assert_allclose(cold, np.array([25, 9, 1]) / 35, rtol=1e-6)  # p^(1/T), renormalised
 
 
 def test_top_k_top_p_and_min_p_cut_as_the_sampler_cuts():
     ids, lps = row(math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1))
-    top2 = S.sampling_distribution(ids, lps, S.Sampler(1.0, 1.0, 2, 0.0))[0]
+    top2 = S.sampling_distribution(ids, lps, S.Sampler.recorded(1.0, 1.0, 2, 0.0))[0]
     np.testing.assert_allclose(top2, [4 / 7, 3 / 7, 0, 0], rtol=1e-6)
     # a token tied with the k-th stays, as vLLM masks only what is below the k-th logit
     tied = S.sampling_distribution(*row(math.log(0.4), math.log(0.2), math.log(0.2), math.log(0.1)),
-                                   S.Sampler(1.0, 1.0, 2, 0.0))[0]
+                                   S.Sampler.recorded(1.0, 1.0, 2, 0.0))[0]
     np.testing.assert_allclose(tied, [0.5, 0.25, 0.25, 0], rtol=1e-6)
     # top_p 0.6: 0.4 is not enough, 0.4 + 0.3 reaches it; the third is cut
-    nucleus = S.sampling_distribution(ids, lps, S.Sampler(1.0, 0.6, 0, 0.0))[0]
+    nucleus = S.sampling_distribution(ids, lps, S.Sampler.recorded(1.0, 0.6, 0, 0.0))[0]
     np.testing.assert_allclose(nucleus, [4 / 7, 3 / 7, 0, 0], rtol=1e-6)
     # min_p 0.45: tokens below 0.45 x the best's probability (0.1 against 0.18) go
-    minp = S.sampling_distribution(ids, lps, S.Sampler(1.0, 1.0, 0, 0.45))[0]
+    minp = S.sampling_distribution(ids, lps, S.Sampler.recorded(1.0, 1.0, 0, 0.45))[0]
     np.testing.assert_allclose(minp, [4 / 9, 3 / 9, 2 / 9, 0], rtol=1e-6)
     # the list need not be ordered, and padding (-1 / -inf) is never sampled
     shuffled = S.sampling_distribution(np.array([[7, 3, -1]]), np.array([[math.log(0.1), math.log(0.3), -np.inf]]), PLAIN)
@@ -67,7 +67,7 @@ def test_total_variation_over_the_union_of_ids_and_the_coupling_bound():
 @given(st.lists(st.floats(-20, 0), min_size=2, max_size=6), st.lists(st.floats(-20, 0), min_size=2, max_size=6),
        st.floats(0.1, 2.0))
 def test_total_variation_is_symmetric_bounded_and_its_bound_at_most_twice_it(la, lb, temperature):
-    s = S.Sampler(temperature, 1.0, 0, 0.0)
+    s = S.Sampler.recorded(temperature, 1.0, 0, 0.0)
     ids_a, lps_a = row(*la)
     ids_b, lps_b = row(*lb, ids=[i + 1 for i in range(len(lb))])  # overlapping id sets
     p_a, p_b = S.sampling_distribution(ids_a, lps_a, s), S.sampling_distribution(ids_b, lps_b, s)

@@ -44,3 +44,16 @@ def test_a_temperature_at_which_vllm_decodes_greedily_is_refused_saying_so(tempe
     with pytest.raises(ValidationError, match="where vLLM decodes greedily; leave `sampling:` out"):
         Sampling(temperature=temperature)
     assert Sampling(temperature=GREEDY_BELOW).temperature == GREEDY_BELOW
+
+
+def test_the_sampler_is_one_definition_whose_off_values_are_its_defaults():
+    from evalpipe.config.sampling import Sampler, Sampling
+
+    recorded = Sampler.recorded(0.6, 1.0, 0, 0.0)  # a row's top_k 0 is vLLM's "off"
+    assert recorded == Sampler(temperature=0.6) and recorded.top_k is None and recorded.vllm_top_k == 0
+    assert recorded.describe() == "temperature 0.6"
+    cut = Sampler.recorded(0.7, 0.9, 20, 0.05)
+    assert cut.describe() == "temperature 0.7, top_p 0.9, top_k 20, min_p 0.05" and cut.vllm_top_k == 20
+    # a task's `sampling:` is the same sampler with its samples and seed, described in the same words
+    task = Sampling(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, samples=4)
+    assert isinstance(task, Sampler) and task.describe() == cut.describe()
