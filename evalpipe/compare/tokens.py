@@ -60,6 +60,7 @@ The aligned positions (:attr:`TokenComparison.positions`) and per-sample arrays
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -167,122 +168,131 @@ def _sample_keys(table: pa.Table) -> pa.Table:
 # ---------------------------------------------------------------------------
 
 
-def sample_token_diffs(
-    tokens_a: pa.Table,
-    tokens_b: pa.Table,
-    samples_a: pa.Table | None = None,
-    samples_b: pa.Table | None = None,
-    *,
-    near_tie_gap: float = NEAR_TIE_GAP,
-) -> tuple[SampleTokenDiffs, Alignment]:
-    """Align both token tables and compute the per-sample arrays (vectorised)."""
-    pal = _align_positions(tokens_a, tokens_b)
+@dataclass(frozen=True)
+class _Segments:
+    """Per-position figures reduced to one value per sample's run of aligned positions (a
+    segment), with the rows of the positions before each segment's first divergence."""
+
+    starts: np.ndarray  # first row of each segment
+    seg: np.ndarray  # the segment of each row
+    first_div: np.ndarray  # position of the first divergence (_BIG: none)
+    first_div_row: np.ndarray  # its row (_BIG: none)
+    shared: np.ndarray  # positions before it
+    max_dlp: np.ndarray
+    sum_dlp: np.ndarray
+    max_row: np.ndarray  # the row of the largest |dlogprob| there (_BIG: none)
+    lp_diff: np.ndarray  # positions there whose logprob bits differ
+    topk_diff: np.ndarray  # positions there whose top-k lists differ
+    len_a: np.ndarray
+    len_b: np.ndarray
+    keys: pa.Table  # (task, doc_id, repeat) of each segment
+    prefix_rows: np.ndarray
+    dlp: np.ndarray  # |dlogprob| per row (0 outside the prefixes)
+    signed: np.ndarray  # dlogprob per row
+    pm: Any  # prefix_metrics of the prefix rows
+
+
+def _segments(tokens_a: pa.Table, tokens_b: pa.Table, pal: Alignment, topk_a: TopK, topk_b: TopK,
+              near_tie_gap: float) -> _Segments:
     n_pos = len(pal)
-    in_a, in_b = pal.in_a, pal.in_b
-    k = topk_width(tokens_a, tokens_b)
-    topk_a, topk_b = TopK.of(tokens_a, k), TopK.of(tokens_b, k)
-
-    # --- per-position quantities -------------------------------------------------
-    if n_pos:
-        tcode, doc, rep, pos = pal.codes
-        new = np.ones(n_pos, dtype=bool)
-        new[1:] = (tcode[1:] != tcode[:-1]) | (doc[1:] != doc[:-1]) | (rep[1:] != rep[:-1])
-        starts = np.flatnonzero(new)
-        seg = np.cumsum(new) - 1
-        ids_a = _gather(tokens_a, "token_id", pal.idx_a, -1, np.int64)
-        ids_b = _gather(tokens_b, "token_id", pal.idx_b, -1, np.int64)
-        lp_a = _gather(tokens_a, "logprob", pal.idx_a, np.nan, np.float32)
-        lp_b = _gather(tokens_b, "logprob", pal.idx_b, np.nan, np.float32)
-        mismatch = ~(in_a & in_b & (ids_a == ids_b))
-        rows = np.arange(n_pos, dtype=np.int64)
-        fd_seg = np.minimum.reduceat(np.where(mismatch, pos, _BIG), starts)
-        fd_row_seg = np.minimum.reduceat(np.where(mismatch, rows, _BIG), starts)
-        prefix = pos < fd_seg[seg]  # positions before the first divergence (same ids there)
-        bits_eq = lp_a.view(np.uint32) == lp_b.view(np.uint32)
-        signed = np.where(bits_eq, 0.0, lp_b.astype(np.float64) - lp_a.astype(np.float64))
-        dlp = np.abs(signed)
-        dlp = np.where(np.isnan(dlp), np.inf, dlp)  # NaN on one side only: flag as maximal
-        dlp = np.where(prefix, dlp, 0.0)
-        cnt_seg = np.add.reduceat(prefix.astype(np.int64), starts)
-        max_seg = np.maximum.reduceat(dlp, starts)
-        sum_seg = np.add.reduceat(dlp, starts)
-        is_max = prefix & (max_seg[seg] > 0) & (dlp == max_seg[seg])
-        amax_row_seg = np.minimum.reduceat(np.where(is_max, rows, _BIG), starts)
-        lpdiff_seg = np.add.reduceat((prefix & ~bits_eq).astype(np.int64), starts)
-        pr = np.flatnonzero(prefix)
-        pm = prefix_metrics(topk_a, topk_b, pal.idx_a[pr], pal.idx_b[pr], near_tie_gap)
-        topk_row = np.zeros(n_pos, dtype=np.int64)
-        topk_row[pr] = pm.topk_diff
-        topk_seg = np.add.reduceat(topk_row, starts)
-        len_a_seg = np.add.reduceat(in_a.astype(np.int64), starts)
-        len_b_seg = np.add.reduceat(in_b.astype(np.int64), starts)
-        seg_keys = _key_table(_take_union(pal, tokens_a, tokens_b, "task", starts), doc[starts], rep[starts])
-    else:
-        starts = np.zeros(0, dtype=np.int64)
+    if not n_pos:
         z = np.zeros(0, dtype=np.int64)
-        fd_seg = fd_row_seg = amax_row_seg = cnt_seg = lpdiff_seg = topk_seg = len_a_seg = len_b_seg = z
-        max_seg = sum_seg = np.zeros(0, dtype=np.float64)
-        seg_keys = _empty_keys()
-        seg = z
-        prefix = np.zeros(0, dtype=bool)
-        dlp = signed = np.zeros(0, dtype=np.float64)
-        pr = z
-        pm = prefix_metrics(topk_a, topk_b, z, z, near_tie_gap)
+        f = np.zeros(0, dtype=np.float64)
+        return _Segments(starts=z, seg=z, first_div=z, first_div_row=z, shared=z, max_dlp=f, sum_dlp=f, max_row=z,
+                         lp_diff=z, topk_diff=z, len_a=z, len_b=z, keys=_empty_keys(), prefix_rows=z, dlp=f, signed=f,
+                         pm=prefix_metrics(topk_a, topk_b, z, z, near_tie_gap))
+    in_a, in_b = pal.in_a, pal.in_b
+    tcode, doc, rep, pos = pal.codes
+    new = np.ones(n_pos, dtype=bool)
+    new[1:] = (tcode[1:] != tcode[:-1]) | (doc[1:] != doc[:-1]) | (rep[1:] != rep[:-1])
+    starts = np.flatnonzero(new)
+    seg = np.cumsum(new) - 1
+    ids_a = _gather(tokens_a, "token_id", pal.idx_a, -1, np.int64)
+    ids_b = _gather(tokens_b, "token_id", pal.idx_b, -1, np.int64)
+    lp_a = _gather(tokens_a, "logprob", pal.idx_a, np.nan, np.float32)
+    lp_b = _gather(tokens_b, "logprob", pal.idx_b, np.nan, np.float32)
+    mismatch = ~(in_a & in_b & (ids_a == ids_b))
+    rows = np.arange(n_pos, dtype=np.int64)
+    fd_seg = np.minimum.reduceat(np.where(mismatch, pos, _BIG), starts)
+    fd_row_seg = np.minimum.reduceat(np.where(mismatch, rows, _BIG), starts)
+    prefix = pos < fd_seg[seg]  # positions before the first divergence (same ids there)
+    bits_eq = lp_a.view(np.uint32) == lp_b.view(np.uint32)
+    signed = np.where(bits_eq, 0.0, lp_b.astype(np.float64) - lp_a.astype(np.float64))
+    dlp = np.abs(signed)
+    dlp = np.where(np.isnan(dlp), np.inf, dlp)  # NaN on one side only: flag as maximal
+    dlp = np.where(prefix, dlp, 0.0)
+    max_seg = np.maximum.reduceat(dlp, starts)
+    is_max = prefix & (max_seg[seg] > 0) & (dlp == max_seg[seg])
+    pr = np.flatnonzero(prefix)
+    pm = prefix_metrics(topk_a, topk_b, pal.idx_a[pr], pal.idx_b[pr], near_tie_gap)
+    topk_row = np.zeros(n_pos, dtype=np.int64)
+    topk_row[pr] = pm.topk_diff
+    return _Segments(
+        starts=starts, seg=seg, first_div=fd_seg, first_div_row=fd_row_seg,
+        shared=np.add.reduceat(prefix.astype(np.int64), starts), max_dlp=max_seg, sum_dlp=np.add.reduceat(dlp, starts),
+        max_row=np.minimum.reduceat(np.where(is_max, rows, _BIG), starts),
+        lp_diff=np.add.reduceat((prefix & ~bits_eq).astype(np.int64), starts),
+        topk_diff=np.add.reduceat(topk_row, starts),
+        len_a=np.add.reduceat(in_a.astype(np.int64), starts), len_b=np.add.reduceat(in_b.astype(np.int64), starts),
+        keys=_key_table(_take_union(pal, tokens_a, tokens_b, "task", starts), doc[starts], rep[starts]),
+        prefix_rows=pr, dlp=dlp, signed=signed, pm=pm,
+    )
 
-    # --- the sample universe ------------------------------------------------------
-    if samples_a is not None and samples_b is not None:
-        sal = align_keys(_sample_keys(samples_a), _sample_keys(samples_b), SAMPLE_KEY, "samples")
-        uni_rows = np.arange(len(sal))
-        uni_task = _take_union(sal, samples_a, samples_b, "task", uni_rows)
-        uni_doc, uni_rep = sal.codes[1], sal.codes[2]
-        present_a, present_b = sal.in_a, sal.in_b
-        sidx_a, sidx_b = sal.idx_a, sal.idx_b
-        m = align_keys(seg_keys, _key_table(uni_task, uni_doc, uni_rep), SAMPLE_KEY, "samples")
-        stray = m.in_a & ~m.in_b
-        if stray.any():
-            i = int(m.idx_a[np.argmax(stray)])
-            k = seg_keys.slice(i, 1).to_pylist()[0]
+
+@dataclass(frozen=True)
+class _Universe:
+    """Every sample either side has (its samples.parquet's rows, else its tokens), and where
+    each segment sits among them."""
+
+    task: Any
+    doc: np.ndarray
+    rep: np.ndarray
+    present_a: np.ndarray
+    present_b: np.ndarray
+    sidx_a: np.ndarray  # the sample's row in side A's samples.parquet (-1: none)
+    sidx_b: np.ndarray
+    seg_to_uni: np.ndarray  # each segment's sample
+
+
+def _universe(sg: _Segments, samples_a: pa.Table | None, samples_b: pa.Table | None) -> _Universe:
+    """The samples compared; a token row of a sample its side's samples.parquet does not list
+    is refused (the artifacts are inconsistent)."""
+    if samples_a is None or samples_b is None:
+        n_seg = len(sg.starts)
+        none = np.full(n_seg, -1, dtype=np.int64)
+        return _Universe(task=sg.keys.column("task").to_pylist(), doc=sg.keys.column("doc_id").to_numpy(),
+                         rep=sg.keys.column("repeat").to_numpy(), present_a=sg.len_a > 0, present_b=sg.len_b > 0,
+                         sidx_a=none, sidx_b=none, seg_to_uni=np.arange(n_seg, dtype=np.int64))
+    sal = align_keys(_sample_keys(samples_a), _sample_keys(samples_b), SAMPLE_KEY, "samples")
+    task = _take_union(sal, samples_a, samples_b, "task", np.arange(len(sal)))
+    doc, rep = sal.codes[1], sal.codes[2]
+    m = align_keys(sg.keys, _key_table(task, doc, rep), SAMPLE_KEY, "samples")
+    stray = m.in_a & ~m.in_b
+    if stray.any():
+        k = sg.keys.slice(int(m.idx_a[np.argmax(stray)]), 1).to_pylist()[0]
+        raise UserError(
+            f"tokens.parquet has rows for task {k['task']!r} doc {k['doc_id']} repeat {k['repeat']} "
+            "that samples.parquet does not list; the artifacts are inconsistent."
+        )
+    seg_to_uni = np.full(len(sg.starts), -1, dtype=np.int64)
+    ok = m.in_a & m.in_b
+    seg_to_uni[m.idx_a[ok]] = m.idx_b[ok]
+    for side, lens, present in (("A", sg.len_a, sal.in_a), ("B", sg.len_b, sal.in_b)):
+        bad = (lens > 0) & ~present[seg_to_uni]
+        if bad.any():
+            k = sg.keys.slice(int(np.argmax(bad)), 1).to_pylist()[0]
             raise UserError(
-                f"tokens.parquet has rows for task {k['task']!r} doc {k['doc_id']} repeat {k['repeat']} "
-                "that samples.parquet does not list; the artifacts are inconsistent."
+                f"side {side} has tokens for task {k['task']!r} doc {k['doc_id']} repeat {k['repeat']} "
+                "but no row for it in its samples.parquet; the artifacts are inconsistent."
             )
-        seg_to_uni = np.full(len(starts), -1, dtype=np.int64)
-        ok = m.in_a & m.in_b
-        seg_to_uni[m.idx_a[ok]] = m.idx_b[ok]
-        for side, lens, present in (("A", len_a_seg, present_a), ("B", len_b_seg, present_b)):
-            bad = (lens > 0) & ~present[seg_to_uni]
-            if bad.any():
-                k = seg_keys.slice(int(np.argmax(bad)), 1).to_pylist()[0]
-                raise UserError(
-                    f"side {side} has tokens for task {k['task']!r} doc {k['doc_id']} repeat {k['repeat']} "
-                    "but no row for it in its samples.parquet; the artifacts are inconsistent."
-                )
-    else:
-        n_seg = len(starts)
-        seg_to_uni = np.arange(n_seg, dtype=np.int64)
-        uni_task = seg_keys.column("task").to_pylist()
-        uni_doc = seg_keys.column("doc_id").to_numpy()
-        uni_rep = seg_keys.column("repeat").to_numpy()
-        present_a, present_b = len_a_seg > 0, len_b_seg > 0
-        sidx_a = sidx_b = np.full(n_seg, -1, dtype=np.int64)
+    return _Universe(task=task, doc=doc, rep=rep, present_a=sal.in_a, present_b=sal.in_b, sidx_a=sal.idx_a,
+                     sidx_b=sal.idx_b, seg_to_uni=seg_to_uni)
 
-    n_uni = len(uni_doc)
 
-    def scatter(values: np.ndarray, fill: Any, dtype: Any) -> np.ndarray:
-        out = np.full(n_uni, fill, dtype=dtype)
-        out[seg_to_uni] = values
-        return out
-
-    both = present_a & present_b
-    first_div = scatter(np.where(fd_seg == _BIG, -1, fd_seg), -1, np.int64)
-    first_div_row = scatter(np.where(fd_row_seg == _BIG, -1, fd_row_seg), -1, np.int64)
-    cnt = scatter(cnt_seg, 0, np.int64)
-    max_dlp = scatter(max_seg, np.nan, np.float64)
-    max_dlp = np.where(cnt > 0, max_dlp, np.nan)
-    first_div = np.where(both, first_div, -1)
-    first_div_row = np.where(both, first_div_row, -1)
-
-    # --- first divergences classified (vectorised) ---------------------------------
+def _first_divergences(tokens_a: pa.Table, tokens_b: pa.Table, pal: Alignment, topk_a: TopK, topk_b: TopK,
+                       first_div_row: np.ndarray, near_tie_gap: float) -> tuple[np.ndarray, np.ndarray]:
+    """(near tie, the gap there) of each sample's first divergence (False, NaN: none)."""
+    n = len(first_div_row)
     div_s = np.flatnonzero(first_div_row >= 0)
     div_r = first_div_row[div_s]
     ra, rb = pal.idx_a[div_r], pal.idx_b[div_r]
@@ -293,40 +303,73 @@ def sample_token_diffs(
         _gather(tokens_b, "token_id", rb, -1, np.int64), _gather(tokens_b, "logprob", rb, np.nan, np.float64), ids_db, lps_db,
         near_tie_gap,
     )
-    near_tie = np.zeros(n_uni, dtype=bool)
+    near_tie = np.zeros(n, dtype=bool)
     near_tie[div_s] = near_s
-    div_gap = np.full(n_uni, np.nan, dtype=np.float64)
-    div_gap[div_s] = gap_s
+    gap = np.full(n, np.nan, dtype=np.float64)
+    gap[div_s] = gap_s
+    return near_tie, gap
+
+
+def sample_token_diffs(
+    tokens_a: pa.Table,
+    tokens_b: pa.Table,
+    samples_a: pa.Table | None = None,
+    samples_b: pa.Table | None = None,
+    *,
+    near_tie_gap: float = NEAR_TIE_GAP,
+) -> tuple[SampleTokenDiffs, Alignment]:
+    """Align both token tables and compute the per-sample arrays (vectorised), in three
+    phases: the positions reduced per segment, the segments placed among the samples, the
+    first divergences classified."""
+    pal = _align_positions(tokens_a, tokens_b)
+    k = topk_width(tokens_a, tokens_b)
+    topk_a, topk_b = TopK.of(tokens_a, k), TopK.of(tokens_b, k)
+    sg = _segments(tokens_a, tokens_b, pal, topk_a, topk_b, near_tie_gap)
+    u = _universe(sg, samples_a, samples_b)
+    n_uni = len(u.doc)
+
+    def scatter(values: np.ndarray, fill: Any, dtype: Any) -> np.ndarray:
+        out = np.full(n_uni, fill, dtype=dtype)
+        out[u.seg_to_uni] = values
+        return out
+
+    both = u.present_a & u.present_b
+    cnt = scatter(sg.shared, 0, np.int64)
+    max_dlp = np.where(cnt > 0, scatter(sg.max_dlp, np.nan, np.float64), np.nan)
+    first_div = np.where(both, scatter(np.where(sg.first_div == _BIG, -1, sg.first_div), -1, np.int64), -1)
+    first_div_row = np.where(both, scatter(np.where(sg.first_div_row == _BIG, -1, sg.first_div_row), -1, np.int64), -1)
+    near_tie, div_gap = _first_divergences(tokens_a, tokens_b, pal, topk_a, topk_b, first_div_row, near_tie_gap)
+    pr, pm = sg.prefix_rows, sg.pm
     diffs = SampleTokenDiffs(
-        task=np.asarray(uni_task, dtype=object),
-        doc_id=np.asarray(uni_doc, dtype=np.int64),
-        repeat=np.asarray(uni_rep, dtype=np.int64),
-        in_a=np.asarray(present_a, dtype=bool),
-        in_b=np.asarray(present_b, dtype=bool),
-        len_a=scatter(len_a_seg, 0, np.int64),
-        len_b=scatter(len_b_seg, 0, np.int64),
+        task=np.asarray(u.task, dtype=object),
+        doc_id=np.asarray(u.doc, dtype=np.int64),
+        repeat=np.asarray(u.rep, dtype=np.int64),
+        in_a=np.asarray(u.present_a, dtype=bool),
+        in_b=np.asarray(u.present_b, dtype=bool),
+        len_a=scatter(sg.len_a, 0, np.int64),
+        len_b=scatter(sg.len_b, 0, np.int64),
         first_divergence=first_div,
         first_divergence_row=first_div_row,
         shared_prefix=np.where(both, cnt, 0),
         max_abs_dlogprob=np.where(both, max_dlp, np.nan),
-        sum_abs_dlogprob=np.where(both, scatter(sum_seg, 0.0, np.float64), 0.0),
-        max_dlogprob_row=np.where(both, scatter(np.where(amax_row_seg == _BIG, -1, amax_row_seg), -1, np.int64), -1),
-        n_logprob_diff=np.where(both, scatter(lpdiff_seg, 0, np.int64), 0),
-        n_topk_diff=np.where(both, scatter(topk_seg, 0, np.int64), 0),
-        sample_idx_a=np.asarray(sidx_a, dtype=np.int64),
-        sample_idx_b=np.asarray(sidx_b, dtype=np.int64),
+        sum_abs_dlogprob=np.where(both, scatter(sg.sum_dlp, 0.0, np.float64), 0.0),
+        max_dlogprob_row=np.where(both, scatter(np.where(sg.max_row == _BIG, -1, sg.max_row), -1, np.int64), -1),
+        n_logprob_diff=np.where(both, scatter(sg.lp_diff, 0, np.int64), 0),
+        n_topk_diff=np.where(both, scatter(sg.topk_diff, 0, np.int64), 0),
+        sample_idx_a=np.asarray(u.sidx_a, dtype=np.int64),
+        sample_idx_b=np.asarray(u.sidx_b, dtype=np.int64),
         near_tie=near_tie,
         divergence_gap=div_gap,
         prefix_rows=pr,
-        prefix_sample=seg_to_uni[seg[pr]] if len(pr) else np.zeros(0, dtype=np.int64),
-        prefix_abs_dlogprob=np.asarray(dlp[pr], dtype=np.float64),
-        prefix_dlogprob=np.asarray(signed[pr], dtype=np.float64),
+        prefix_sample=u.seg_to_uni[sg.seg[pr]] if len(pr) else np.zeros(0, dtype=np.int64),
+        prefix_abs_dlogprob=np.asarray(sg.dlp[pr], dtype=np.float64),
+        prefix_dlogprob=np.asarray(sg.signed[pr], dtype=np.float64),
         prefix_kl=np.maximum(pm.kl_ab, pm.kl_ba),
         prefix_topk_equal=pm.topk_equal,
         prefix_kl_ab=pm.kl_ab,
         prefix_top1_disagree=pm.top1_disagree,
         prefix_top1_hard=pm.top1_hard,
-        first_row=scatter(starts, -1, np.int64),
+        first_row=scatter(sg.starts, -1, np.int64),
     )
     return diffs, pal
 
