@@ -210,6 +210,106 @@ def _rows_of(d: SampleTokenDiffs, prefix_idx: np.ndarray, per_prefix: np.ndarray
     return values[prefix_idx]
 
 
+def _sample_fields(d: SampleTokenDiffs, sl: slice) -> dict[str, Any]:
+    """A task's samples: which each side has, which are identical, their lengths and the
+    |dlogprob| on the shared prefixes."""
+    paired, ids_id = d.paired[sl], d.ids_identical[sl]
+    only_a = d.in_a[sl] & ~d.in_b[sl]
+    only_b = d.in_b[sl] & ~d.in_a[sl]
+    mx = d.max_abs_dlogprob[sl]
+    mx_paired = mx[paired & (d.shared_prefix[sl] > 0)]
+    mx_same = mx[ids_id & (d.shared_prefix[sl] > 0)]
+    total_cnt = int(d.shared_prefix[sl][paired].sum())
+    n_samples, n_ids_identical, n_identical = int(paired.sum()), int(ids_id.sum()), int(d.identical[sl].sum())
+    return dict(
+        n_samples=n_samples,
+        only_a=int(only_a.sum()),
+        only_b=int(only_b.sum()),
+        only_a_keys=[(int(a), int(b)) for a, b in zip(d.doc_id[sl][only_a][:MAX_LISTED_KEYS], d.repeat[sl][only_a])],
+        only_b_keys=[(int(a), int(b)) for a, b in zip(d.doc_id[sl][only_b][:MAX_LISTED_KEYS], d.repeat[sl][only_b])],
+        n_ids_identical=n_ids_identical,
+        n_identical=n_identical,
+        n_logprob_diff_same_ids=int((ids_id & (d.n_logprob_diff[sl] > 0)).sum()),
+        n_topk_diff_same_ids=int((ids_id & (d.n_logprob_diff[sl] == 0) & (d.n_topk_diff[sl] > 0)).sum()),
+        n_length_diff=int((paired & (d.len_a[sl] != d.len_b[sl])).sum()),
+        tokens_a=int(d.len_a[sl][paired].sum()),
+        tokens_b=int(d.len_b[sl][paired].sum()),
+        n_positions_compared=total_cnt,
+        n_positions_logprob_diff=int(d.n_logprob_diff[sl][paired].sum()),
+        max_abs_dlogprob=opt_float(mx_paired.max()) if len(mx_paired) else None,
+        mean_abs_dlogprob=opt_float(d.sum_abs_dlogprob[sl][paired].sum() / total_cnt) if total_cnt else None,
+        max_abs_dlogprob_same_ids=opt_float(mx_same.max()) if len(mx_same) else None,
+        n_divergent=n_samples - n_ids_identical,
+        share_ids_identical=n_ids_identical / n_samples if n_samples else None,
+        share_identical=n_identical / n_samples if n_samples else None,
+        identical=not only_a.any() and not only_b.any() and n_identical == n_samples,
+    )
+
+
+def _divergence_fields(d: SampleTokenDiffs, sl: slice, near_all: np.ndarray, worst: Any, worst_k: int,
+                       near_tie_gap: float) -> dict[str, Any]:
+    """A task's first divergences: where, the earliest and the largest-|dlogprob| samples, near
+    ties apart from hard divergences."""
+    idx = np.arange(sl.start, sl.stop)
+    paired, fd = d.paired[sl], d.first_divergence[sl]
+    div = paired & (fd >= 0)
+    positions = np.sort(fd[div])
+    # earliest divergences: by (pos, doc_id, repeat)
+    div_idx = idx[div]
+    order = np.lexsort((d.repeat[div_idx], d.doc_id[div_idx], d.first_divergence[div_idx]))
+    worst_div = div_idx[order][:worst_k]
+    # largest |dlogprob| on the shared prefix
+    lp_idx = idx[paired & (np.nan_to_num(d.max_abs_dlogprob[sl], nan=0.0) > 0)]
+    order = np.lexsort((d.repeat[lp_idx], d.doc_id[lp_idx], -d.max_abs_dlogprob[lp_idx]))
+    worst_lp = lp_idx[order][:worst_k]
+    near = div & near_all[sl]
+    hard_idx = idx[div & ~near]
+    hard = [(int(a), int(b), int(c)) for a, b, c in zip(d.doc_id[hard_idx][:MAX_LISTED_HARD], d.repeat[hard_idx][:MAX_LISTED_HARD],
+                                                       d.first_divergence[hard_idx][:MAX_LISTED_HARD])]
+    return dict(
+        divergence_positions=[int(p) for p in positions],
+        median_first_divergence=float(np.median(positions)) if len(positions) else None,
+        worst_divergence=list(worst("earliest_divergence", worst_div, d.first_divergence_row[worst_div])),
+        worst_logprob=list(worst("largest_dlogprob", worst_lp, d.max_dlogprob_row[worst_lp])),
+        near_tie_gap=float(near_tie_gap),
+        n_near_tie_divergences=int(near.sum()),
+        n_hard_divergences=len(hard_idx),
+        hard_divergences=hard,
+    )
+
+
+def _position_fields(d: SampleTokenDiffs, pal: Alignment, rows: np.ndarray, worst: Any, worst_k: int) -> dict[str, Any]:
+    """A task's positions on the shared prefixes (``rows``, in key order): how far the two
+    distributions agree there (top-k sets, KL, the top-1 token)."""
+    n_rows = len(rows)
+    kl = prefix_values(d.prefix_kl)[rows] if n_rows else np.zeros(0)
+    adl = prefix_values(d.prefix_abs_dlogprob)[rows] if n_rows else np.zeros(0)
+    n_same = int(prefix_values(d.prefix_topk_equal)[rows].sum()) if n_rows else 0
+    n_top1_dis = int(prefix_values(d.prefix_top1_disagree)[rows].sum()) if n_rows else 0
+    top1_hard = rows[prefix_values(d.prefix_top1_hard)[rows]] if n_rows else rows
+    kl_max = quantile(kl, 100)
+    # prefix rows are in key order, so index order breaks ties by key
+    worst_kl = rows[_largest(kl, worst_k)]
+    kl_at = rows[[int(np.argmax(kl))]] if kl_max else rows[:0]
+    return dict(
+        n_positions_topk_equal=n_same,
+        share_topk_equal=n_same / n_rows if n_rows else None,
+        kl_p50=quantile(kl, 50),
+        kl_p99=quantile(kl, 99),
+        kl_max=kl_max,
+        abs_dlogprob_p50=quantile(adl, 50),
+        abs_dlogprob_p99=quantile(adl, 99),
+        n_top1_disagree=n_top1_dis,
+        n_top1_hard=len(top1_hard),
+        share_top1_agree=(n_rows - n_top1_dis) / n_rows if n_rows else None,
+        top1_hard_positions=list(_key_triples(pal, _rows_of(d, top1_hard[:MAX_LISTED_HARD]))),
+        worst_kl=list(worst("largest_kl", _rows_of(d, worst_kl, d.prefix_sample), _rows_of(d, worst_kl))),
+        kl_max_at=(_key_triples(pal, _rows_of(d, kl_at)) or (None,))[0],
+        kl_hist=_histogram(kl),
+        abs_dlogprob_hist=_histogram(adl),
+    )
+
+
 def summarize_tokens(
     d: SampleTokenDiffs,
     pal: Alignment,
@@ -221,125 +321,25 @@ def summarize_tokens(
     worst_k: int = 5,
     near_tie_gap: float = NEAR_TIE_GAP,
 ) -> tuple[TokenSummary, ...]:
-    """Per task summary (loop over tasks only) with the ``worst_k`` notable samples of each kind."""
-    out = []
+    """Per task summary (loop over tasks only) with the ``worst_k`` notable samples of each
+    kind: its samples, its first divergences, its prefix positions."""
     n = len(d)
     if n == 0:
         return ()
     task = d.task
     bounds = np.flatnonzero(np.r_[True, task[1:] != task[:-1]])
     ends = np.r_[bounds[1:], n]
-    paired_all, ids_id_all, id_all = d.paired, d.ids_identical, d.identical
     prefix_sample = d.prefix_sample if d.prefix_sample is not None else np.zeros(0, dtype=np.int64)
-    n_pr = len(prefix_sample)
-    if n_pr:
-        pr_order = np.argsort(prefix_sample, kind="stable")
-        pr_sorted = prefix_sample[pr_order]
+    pr_order = np.argsort(prefix_sample, kind="stable")
+    pr_sorted = prefix_sample[pr_order]
     near_all = d.near_tie if d.near_tie is not None else np.zeros(n, dtype=bool)
     worst = functools.partial(_worst, d=d, pal=pal, tokens_a=tokens_a, tokens_b=tokens_b, samples_a=samples_a, samples_b=samples_b)
+    out = []
     for start, end in zip(bounds.tolist(), ends.tolist()):
         sl = slice(start, end)
-        idx = np.arange(start, end)
-        paired = paired_all[sl]
-        ids_id = ids_id_all[sl]
-        only_a = d.in_a[sl] & ~d.in_b[sl]
-        only_b = d.in_b[sl] & ~d.in_a[sl]
-        fd = d.first_divergence[sl]
-        div = paired & (fd >= 0)
-        positions = np.sort(fd[div])
-        cnt = d.shared_prefix[sl][paired]
-        mx = d.max_abs_dlogprob[sl]
-        mx_paired = mx[paired & (d.shared_prefix[sl] > 0)]
-        mx_same = mx[ids_id & (d.shared_prefix[sl] > 0)]
-        total_cnt = int(cnt.sum())
-        # earliest divergences: by (pos, doc_id, repeat)
-        div_idx = idx[div]
-        order = np.lexsort((d.repeat[div_idx], d.doc_id[div_idx], d.first_divergence[div_idx]))
-        worst_div = div_idx[order][:worst_k]
-        # largest |dlogprob| on the shared prefix
-        lp_sel = paired & (np.nan_to_num(mx, nan=0.0) > 0)
-        lp_idx = idx[lp_sel]
-        order = np.lexsort((d.repeat[lp_idx], d.doc_id[lp_idx], -d.max_abs_dlogprob[lp_idx]))
-        worst_lp = lp_idx[order][:worst_k]
-        # near-tie / hard first divergences
-        near = div & near_all[sl]
-        hard_idx = idx[div & ~near]
-        hard = tuple(
-            (int(a), int(b), int(c))
-            for a, b, c in zip(
-                d.doc_id[hard_idx][:MAX_LISTED_HARD],
-                d.repeat[hard_idx][:MAX_LISTED_HARD],
-                d.first_divergence[hard_idx][:MAX_LISTED_HARD],
-            )
-        )
-        # per-position distribution agreement over the shared prefix
-        if n_pr:
-            lo, hi = np.searchsorted(pr_sorted, [start, end])
-            rows = pr_order[lo:hi]
-        else:
-            rows = np.zeros(0, dtype=np.int64)
-        n_rows = len(rows)
-        kl = prefix_values(d.prefix_kl)[rows] if n_rows else np.zeros(0)
-        adl = prefix_values(d.prefix_abs_dlogprob)[rows] if n_rows else np.zeros(0)
-        n_same = int(prefix_values(d.prefix_topk_equal)[rows].sum()) if n_rows else 0
-        n_top1_dis = int(prefix_values(d.prefix_top1_disagree)[rows].sum()) if n_rows else 0
-        top1_hard = rows[prefix_values(d.prefix_top1_hard)[rows]] if n_rows else rows
-        kl_max = quantile(kl, 100)
-        # prefix rows are in key order, so index order breaks ties by key
-        worst_kl = rows[_largest(kl, worst_k)]
-        kl_at = rows[[int(np.argmax(kl))]] if kl_max else rows[:0]
-        n_samples, n_ids_identical, n_identical = int(paired.sum()), int(ids_id.sum()), int(id_all[sl].sum())
-        out.append(
-            TokenSummary(
-                task=str(task[start]),
-                n_samples=n_samples,
-                only_a=int(only_a.sum()),
-                only_b=int(only_b.sum()),
-                only_a_keys=[
-                    (int(a), int(b)) for a, b in zip(d.doc_id[sl][only_a][:MAX_LISTED_KEYS], d.repeat[sl][only_a])
-                ],
-                only_b_keys=[
-                    (int(a), int(b)) for a, b in zip(d.doc_id[sl][only_b][:MAX_LISTED_KEYS], d.repeat[sl][only_b])
-                ],
-                n_ids_identical=n_ids_identical,
-                n_identical=n_identical,
-                n_logprob_diff_same_ids=int((ids_id & (d.n_logprob_diff[sl] > 0)).sum()),
-                n_topk_diff_same_ids=int((ids_id & (d.n_logprob_diff[sl] == 0) & (d.n_topk_diff[sl] > 0)).sum()),
-                n_length_diff=int((paired & (d.len_a[sl] != d.len_b[sl])).sum()),
-                tokens_a=int(d.len_a[sl][paired].sum()),
-                tokens_b=int(d.len_b[sl][paired].sum()),
-                n_positions_compared=total_cnt,
-                n_positions_logprob_diff=int(d.n_logprob_diff[sl][paired].sum()),
-                divergence_positions=[int(p) for p in positions],
-                median_first_divergence=float(np.median(positions)) if len(positions) else None,
-                max_abs_dlogprob=opt_float(mx_paired.max()) if len(mx_paired) else None,
-                mean_abs_dlogprob=opt_float(d.sum_abs_dlogprob[sl][paired].sum() / total_cnt) if total_cnt else None,
-                max_abs_dlogprob_same_ids=opt_float(mx_same.max()) if len(mx_same) else None,
-                worst_divergence=list(worst("earliest_divergence", worst_div, d.first_divergence_row[worst_div])),
-                worst_logprob=list(worst("largest_dlogprob", worst_lp, d.max_dlogprob_row[worst_lp])),
-                near_tie_gap=float(near_tie_gap),
-                n_near_tie_divergences=int(near.sum()),
-                n_hard_divergences=len(hard_idx),
-                hard_divergences=list(hard),
-                n_positions_topk_equal=n_same,
-                share_topk_equal=n_same / n_rows if n_rows else None,
-                kl_p50=quantile(kl, 50),
-                kl_p99=quantile(kl, 99),
-                kl_max=kl_max,
-                abs_dlogprob_p50=quantile(adl, 50),
-                abs_dlogprob_p99=quantile(adl, 99),
-                n_top1_disagree=n_top1_dis,
-                n_top1_hard=len(top1_hard),
-                share_top1_agree=(n_rows - n_top1_dis) / n_rows if n_rows else None,
-                top1_hard_positions=list(_key_triples(pal, _rows_of(d, top1_hard[:MAX_LISTED_HARD]))),
-                worst_kl=list(worst("largest_kl", _rows_of(d, worst_kl, d.prefix_sample), _rows_of(d, worst_kl))),
-                kl_max_at=(_key_triples(pal, _rows_of(d, kl_at)) or (None,))[0],
-                kl_hist=_histogram(kl),
-                abs_dlogprob_hist=_histogram(adl),
-                n_divergent=n_samples - n_ids_identical,
-                share_ids_identical=n_ids_identical / n_samples if n_samples else None,
-                share_identical=n_identical / n_samples if n_samples else None,
-                identical=not only_a.any() and not only_b.any() and n_identical == n_samples,
-            )
-        )
+        lo, hi = np.searchsorted(pr_sorted, [start, end]) if len(prefix_sample) else (0, 0)
+        rows = pr_order[lo:hi] if len(prefix_sample) else np.zeros(0, dtype=np.int64)
+        out.append(TokenSummary(task=str(task[start]), **_sample_fields(d, sl),
+                                **_divergence_fields(d, sl, near_all, worst, worst_k, near_tie_gap),
+                                **_position_fields(d, pal, rows, worst, worst_k)))
     return tuple(out)
