@@ -214,73 +214,9 @@ def run_calibration(
     places = {f"fault-{f.name}": f.place for f in faults}
     task_group = next(iter(config.tasks))
     started = time.time()
-    if from_run is not None:
-        run_dir = Path(from_run)
-        found = read_run_document(run_dir)
-        missing = [v for v in config.variants if v not in (found.variants if found else [])]
-        if found is None or missing:
-            what = "has no run.json" if found is None else f"lacks the variants {', '.join(missing[:3])}"
-            raise ConfigError(
-                f"{run_dir} {what}; --from-run needs a finished `evalpipe calibrate` run with the same -c and --faults."
-            )
-        info = found
-        seconds = float(info.timings.total_s or 0.0)
-    else:
-        plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
-        run_dir = plan.run_dir
-        try:
-            # exit code ignored: DIVERGENT is the expected outcome for harmful entries
-            info = execute(plan, reporter).document
-        except RunFailed as err:
-            # A fault that brings the engine down fails its variant only; the others were compared
-            # (the run raised instead of returning: what it saved is read back).
-            info = read_run_document(plan.run_dir) or RunDocument()
-            if not info.failed_variants:
-                raise
-            reporter.warning(f"[yellow]{err}[/]")
-        seconds = None
-    failed = [v for v in info.variants if v in set(info.failed_variants)]
-    survivors = [v for v in info.variants if v not in failed]
-    essential = {info.reference, info.aa_variant}
-    comparisons: tuple[VariantComparison, ...] = ()
-    rd = artifacts.RunDir(run_dir)
-    sensitivity: list[SensitivityPoint] = []
-    aa_pairs: list[VariantComparison] = []
-    if set(survivors) - essential:
-        comparison = compare_run(run_dir, variants=survivors)
-        comparisons = comparison.comparisons
-        gates = comparison.doc.gates
-
-        def side_of(name: str):  # with the expectations it ran under: the A/A pairs below are judged on their paths too
-            return load_artifacts(rd.variant(name), expect=info.expectations_of(name))
-
-        ref = side_of(comparison.doc.reference)
-        aa = side_of(comparison.noise_floor.variant) if comparison.noise_floor else None
-        numerics = comparisons[0].numerics if comparisons else None
-    rows = []
-    for c in comparisons:
-        kind, doc = expected.get(c.variant, ("benign", ""))
-        side = side_of(c.variant)
-        cost = None
-        if c.status is Status.DIVERGENT:
-            reporter.info(f"detection cost of {c.variant} ...")
-            cost = detection_cost(ref, side, gates, aa=aa, numerics=numerics)
-        rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))
-        magnitude = graded.get(c.variant)
-        if magnitude is not None:
-            n_all = len(item_order(side.samples))
-            for n in sorted({min(SENSITIVITY_ITEMS, n_all), n_all}):
-                at_n = c if n == n_all else compare_first(ref, side, gates, n, aa=aa, numerics=numerics)
-                sensitivity.append(sensitivity_point(at_n, magnitude, n, gates))
-        if c.variant.endswith(AA2_SUFFIX) and aa is not None:
-            # the two A/A pairs: reference vs A/A2 (A/A as its floor) is the row above;
-            # reference vs A/A with A/A2 as its floor is the other
-            aa_pairs.append(c)
-            floor2 = compare_artifacts(ref, side, worst_k=0, gates=gates, numerics=numerics)
-            aa_pairs.append(compare_artifacts(ref, aa, worst_k=0, gates=gates, aa=floor2, numerics=numerics))
-    for name in failed:
-        kind, doc = expected.get(name, ("benign", ""))
-        rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
+    run_dir, info, seconds = _zoo_run(config, path, task_group, limit, output, run_id, from_run, reporter)
+    judged = _judge_zoo(run_dir, info, expected, graded, reporter)
+    rows, comparisons, sensitivity = judged.rows, judged.comparisons, judged.sensitivity
     if localize and comparisons:
         rows = _localized(rows, run_dir, places, reporter, again=from_run is None)
     if sampling is not None:
@@ -296,13 +232,13 @@ def run_calibration(
                ("--temperature", temperature), ("--samples", samples))
     command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
     benign = [c for c in comparisons if expected.get(c.variant, ("benign", ""))[0] == "benign"]
-    firing = {"aa_pairs": gate_firing(aa_pairs), "benign": gate_firing(benign)}
+    firing = {"aa_pairs": gate_firing(judged.aa_pairs), "benign": gate_firing(benign)}
     plot_path = table_path.with_name(table_path.stem + "-sensitivity.png")
     if sensitivity:
         artifacts.write_bytes(plot_path, sensitivity_plot(sensitivity))
-    if from_run is not None and comparisons:
+    if from_run is not None and judged.comparison is not None:
         # compare.json and the reports under today's gates
-        write_outputs(run_dir, comparison, info, localizations=readable_localizations(run_dir, reporter))
+        write_outputs(run_dir, judged.comparison, info, localizations=readable_localizations(run_dir, reporter))
     text = render_calibration(
         rows, info, command=command, seconds=time.time() - started if seconds is None else seconds, run_dir=run_dir,
         sensitivity=sensitivity, firing=firing, plot=plot_path.name if sensitivity else None,
@@ -310,7 +246,7 @@ def run_calibration(
     )
     artifacts.write_text(table_path, text)
     artifacts.write_json(
-        rd.root / "calibration.json",
+        run_dir / "calibration.json",
         {
             "rows": [r.to_dict() for r in rows],
             "summary": summarize(rows),
@@ -322,6 +258,90 @@ def run_calibration(
     reporter.info(f"table: {table_path}")
     every = [summarize(rows), summarize_sampled(rows) or summarize([])]
     return 0 if all(c["missed"] == 0 and c["false alarm"] == 0 for c in every) else 1
+
+
+def _zoo_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None, run_id: str | None,
+             from_run: Path | None, reporter: Reporter) -> tuple[Path, RunDocument, float | None]:
+    """(run directory, its run.json, its seconds when judged again): the zoo run now, or the
+    finished one ``from_run`` names (refused unless it has every variant of the zoo)."""
+    if from_run is not None:
+        run_dir = Path(from_run)
+        found = read_run_document(run_dir)
+        missing = [v for v in config.variants if v not in (found.variants if found else [])]
+        if found is None or missing:
+            what = "has no run.json" if found is None else f"lacks the variants {', '.join(missing[:3])}"
+            raise ConfigError(
+                f"{run_dir} {what}; --from-run needs a finished `evalpipe calibrate` run with the same -c and --faults."
+            )
+        return run_dir, found, float(found.timings.total_s or 0.0)
+    plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
+    try:
+        # exit code ignored: DIVERGENT is the expected outcome for harmful entries
+        info = execute(plan, reporter).document
+    except RunFailed as err:
+        # A fault that brings the engine down fails its variant only; the others were compared
+        # (the run raised instead of returning: what it saved is read back).
+        info = read_run_document(plan.run_dir) or RunDocument()
+        if not info.failed_variants:
+            raise
+        reporter.warning(f"[yellow]{err}[/]")
+    return plan.run_dir, info, None
+
+
+@dataclasses.dataclass
+class _JudgedZoo:
+    """The zoo's comparisons and what calibrate measures on them."""
+
+    rows: list[CalibrationRow]
+    comparisons: tuple[VariantComparison, ...] = ()
+    comparison: Any = None  # the run's comparison (None: nothing but the reference and its A/A finished)
+    sensitivity: list[SensitivityPoint] = dataclasses.field(default_factory=list)
+    aa_pairs: list[VariantComparison] = dataclasses.field(default_factory=list)
+
+
+def _judge_zoo(run_dir: Path, info: RunDocument, expected: dict[str, tuple[str, str]], graded: dict[str, float],
+               reporter: Reporter) -> _JudgedZoo:
+    """Each entry compared with the reference: its row (with the detection cost of a DIVERGENT
+    one), a graded entry's sensitivity by item count, the two A/A pairs; a failed entry's row."""
+    failed = [v for v in info.variants if v in set(info.failed_variants)]
+    survivors = [v for v in info.variants if v not in failed]
+    judged = _JudgedZoo(rows=[])
+    if set(survivors) - {info.reference, info.aa_variant}:
+        rd = artifacts.RunDir(run_dir)
+        comparison = compare_run(run_dir, variants=survivors)
+        judged.comparison, judged.comparisons = comparison, comparison.comparisons
+        gates = comparison.doc.gates
+
+        def side_of(name: str):  # with the expectations it ran under: the A/A pairs below are judged on their paths too
+            return load_artifacts(rd.variant(name), expect=info.expectations_of(name))
+
+        ref = side_of(comparison.doc.reference)
+        aa = side_of(comparison.noise_floor.variant) if comparison.noise_floor else None
+        numerics = judged.comparisons[0].numerics if judged.comparisons else None
+        for c in judged.comparisons:
+            kind, doc = expected.get(c.variant, ("benign", ""))
+            side = side_of(c.variant)
+            cost = None
+            if c.status is Status.DIVERGENT:
+                reporter.info(f"detection cost of {c.variant} ...")
+                cost = detection_cost(ref, side, gates, aa=aa, numerics=numerics)
+            judged.rows.append(calibration_row(c, kind, cost=cost, doc=doc, metric="exact_match,strict-match"))
+            magnitude = graded.get(c.variant)
+            if magnitude is not None:
+                n_all = len(item_order(side.samples))
+                for n in sorted({min(SENSITIVITY_ITEMS, n_all), n_all}):
+                    at_n = c if n == n_all else compare_first(ref, side, gates, n, aa=aa, numerics=numerics)
+                    judged.sensitivity.append(sensitivity_point(at_n, magnitude, n, gates))
+            if c.variant.endswith(AA2_SUFFIX) and aa is not None:
+                # the two A/A pairs: reference vs A/A2 (A/A as its floor) is the row above;
+                # reference vs A/A with A/A2 as its floor is the other
+                judged.aa_pairs.append(c)
+                floor2 = compare_artifacts(ref, side, worst_k=0, gates=gates, numerics=numerics)
+                judged.aa_pairs.append(compare_artifacts(ref, aa, worst_k=0, gates=gates, aa=floor2, numerics=numerics))
+    for name in failed:
+        kind, doc = expected.get(name, ("benign", ""))
+        judged.rows.append(failed_row(name, kind, str(info.variant_status[name].error), doc=doc))
+    return judged
 
 
 def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None,
