@@ -25,6 +25,7 @@ from rich.console import Console
 
 from evalpipe.config.loading import parse_config
 from evalpipe.documents.manifest import VariantManifest, write_manifest
+from evalpipe.documents.run_doc import RunModel
 from evalpipe.documents.worker_job import JOB_JSON, ServerJob, WorkerJob, write_job
 from evalpipe.pipeline.plan import make_plan, run_info
 from evalpipe.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
@@ -125,7 +126,7 @@ def _worker_until_engine_start(plan, vdir: Path) -> str:
     and fails at the engine start (no engine needed); returns what it printed as events."""
     from evalpipe.pipeline.jobs import worker_job
 
-    job = worker_job(plan, "sp", {"path": str(vdir / "no-model")}, vdir)
+    job = worker_job(plan, "sp", RunModel(path=str(vdir / "no-model")), vdir)
     job = job.model_copy(update={"tasks": []})  # lm-eval is not needed to get to the engine start
     job_path = vdir / JOB_JSON
     write_job(job_path, job)
