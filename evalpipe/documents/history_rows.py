@@ -74,7 +74,8 @@ class RecordedVariant(Document):
 
 
 class RecordedTokens(Document):
-    """One task's token summary of a variant's comparison (free-running or teacher-forced)."""
+    """One task's token summary of a variant's comparison (free-running or teacher-forced):
+    the figures of TOKEN_MEASURES, each a column of the history's token table."""
 
     task: str
     source: TokenSource
@@ -86,9 +87,13 @@ class RecordedTokens(Document):
     n_samples: int | None = None
 
     def measure(self, name: str) -> float | None:
-        """One of evalpipe.history.records.TOKEN_MEASURES by name."""
+        """One of TOKEN_MEASURES by name."""
         value = getattr(self, name)
         return None if value is None else float(value)
+
+
+# the token figures the history keeps per variant and task: the measures of RecordedTokens, in its order
+TOKEN_MEASURES: tuple[str, ...] = tuple(n for n in RecordedTokens.model_fields if n not in ("task", "source", "n_samples"))
 
 
 class RecordedGate(Document):

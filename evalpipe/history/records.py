@@ -13,7 +13,15 @@ import numpy as np
 
 from evalpipe.compare.code_paths import short
 from evalpipe.documents.comparison import Comparison, PathStatus, TokenSummary, read_comparison
-from evalpipe.documents.history_rows import RecordedGate, RecordedRun, RecordedTokens, RecordedVariant, Role, TokenSource
+from evalpipe.documents.history_rows import (
+    TOKEN_MEASURES,
+    RecordedGate,
+    RecordedRun,
+    RecordedTokens,
+    RecordedVariant,
+    Role,
+    TokenSource,
+)
 from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary, VariantManifest, read_manifest
 from evalpipe.documents.nightly_doc import NIGHTLY_JSON, NightlyDocument, read_nightly_document
 from evalpipe.documents.run_doc import RunDocument, read_run_document
@@ -23,8 +31,6 @@ from evalpipe.redact import redact
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import SCORE_PREFIX, RunDir, VariantDir
 from evalpipe.rundir.integrity import ArtifactMismatch, verify_variant
-
-TOKEN_MEASURES = ("kl_p99", "kl_max", "n_hard_divergences", "n_near_tie_divergences", "n_divergent")  # the token figures the history keeps per variant and task
 
 # ---------------------------------------------------------------------------
 # reading a run directory

@@ -37,10 +37,10 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from evalpipe.documents.history_rows import GatePoint, RecordedRun, RecordedVariant, ScorePoint, TokenPoint
+from evalpipe.documents.history_rows import TOKEN_MEASURES, GatePoint, RecordedRun, RecordedVariant, ScorePoint, TokenPoint
 from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.history import HistoryError
-from evalpipe.history.records import TOKEN_MEASURES, ItemScores, RunRecord, decode_items, encode_items, read_run
+from evalpipe.history.records import ItemScores, RunRecord, decode_items, encode_items, read_run
 from evalpipe.redact import redact_text
 from evalpipe.rundir import artifacts
 

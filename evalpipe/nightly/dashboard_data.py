@@ -49,7 +49,7 @@ def dashboard_data(history: History, config_hash: str | None, title: str, dashbo
     changes = [c.model_copy(update={"report": href(by_id[c.run_id]) if c.run_id in by_id else None})
                for c in (latest.changes if latest else []) if c.state == "flagged"]
     return DashboardData(
-        title=title, generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), database=history.where,
+        title=title, generated_at=night_label(time.time()), database=history.where,
         nights=timeline, series=_score_series(history.score_rows(ids), changes),
         token_series=_token_series(history.token_rows(ids), changes),
         changes=sorted(changes, key=lambda c: c.night, reverse=True),
