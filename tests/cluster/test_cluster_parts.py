@@ -1,6 +1,6 @@
 """The pure parts of running on a Ray cluster, without Ray: the `cluster:` settings, the
 watchdog while a variant waits for the reference, the worker's wait for the reference's sequences; and the evidence that vLLM's
-CPU build cannot run an engine over Ray nodes (what tests/e2e/test_cluster.py cannot show)."""
+CPU build cannot run an engine over Ray nodes (what tests/e2e/test_run.py cannot show)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_vllms_cpu_build_cannot_run_an_engine_over_ray_nodes():
     """vLLM's Ray executor and Ray data parallelism place one rank per `ray_device_key`
     resource; its CPU platform has none ("current platform cpu does not support ray",
     vllm/v1/executor/ray_utils.py). When this fails, vLLM's CPU build has learned it:
-    add the multi-node engine to tests/e2e/test_cluster.py."""
+    add the multi-node engine to tests/e2e/test_run.py."""
     from vllm.platforms.cpu import CpuPlatform
 
     assert CpuPlatform.ray_device_key == ""

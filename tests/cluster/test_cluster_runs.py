@@ -1,5 +1,5 @@
 """`evalpipe run` on a real Ray cluster of three nodes on 127.0.0.1 (tests/support/ray_cluster.py), with
-the fake engine in every worker (what only vLLM shows on a cluster is tests/e2e/test_cluster.py):
+the fake engine in every worker (what only vLLM shows on a cluster is tests/e2e/test_run.py):
 the variants at once on distinct nodes give the local run's verdict and byte-identical
 artifacts, with the nodes' scratch directories or a shared run directory; a served variant
 on a remote node; a variant the cluster cannot place fails alone, in one sentence; a killed

@@ -1,11 +1,13 @@
 """`evalpipe calibrate` end to end on the real engine, on a small slice of the zoo:
 one harmful fault, the benign `sp` layout, one fault whose input check stops the engine
-(the run goes on without it, and the table still says what happened), the silent
-fallback to the legacy path (caught by the path probes alone: INCONCLUSIVE), the engine
+(the run goes on without it, and the table still says what happened), the engine
 controls (A/A2, two threads), and one graded systematic error on each side of the
 default gates' detection limit (1e-3 in one layer: caught; 1e-5: below the fp32 floors).
 The zoo runs a second time sampled (temperature 0.6, two samples per item, common random
-numbers): the same entries caught and kept clean there, in the table's last column."""
+numbers): the same entries caught and kept clean there, in the table's last column.
+The silent fallback to the legacy path (INCONCLUSIVE by the path probes alone) is the real
+engine's in tests/e2e/test_run.py; the zoo's judgement of a fallback row is unit-tested
+(tests/compare/test_calibration.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.slow
 RUNS_FOR_MINUTES = 10  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 4
-FAULTS = ["heads_permuted", "sp_fallback", "shard_offset_checked", "attn_out_error_1e-3", "attn_out_error_1e-5"]
+FAULTS = ["heads_permuted", "shard_offset_checked", "attn_out_error_1e-3", "attn_out_error_1e-5"]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,8 @@ def test_calibrate_succeeds_with_every_entry_as_expected(calibrated):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     summary = json.loads((calibrated["dir"] / "calibration.json").read_text())["summary"]
-    # harmful: heads_permuted + the engine stop; the fallback; benign: sp + the two engine controls
-    assert summary == {"caught": 3, "missed": 0, "clean": 3, "false alarm": 0}
+    # harmful: heads_permuted + the engine stop; benign: sp + the two engine controls
+    assert summary == {"caught": 2, "missed": 0, "clean": 3, "false alarm": 0}
 
 
 def test_harmful_fault_is_divergent_with_cost_and_detectors(calibrated):
@@ -76,17 +78,6 @@ def test_benign_layout_stays_clean(calibrated):
     assert r["status"] in ("IDENTICAL", "EQUIVALENT") and r["detection_cost"] is None and not r["detectors"]
 
 
-def test_a_silent_fallback_is_caught_by_the_path_probes_alone(calibrated):
-    """sp_fallback's outputs are legacy's: no gate can fire. It declares sp's path, and the
-    probes see legacy's run instead: INCONCLUSIVE, which is the zoo's catch for it."""
-    r = rows(calibrated)["fault-sp_fallback"]
-    assert (r["expected"], r["status"], r["outcome"]) == ("fallback", "INCONCLUSIVE", "caught")
-    assert not r["detectors"] and r["detection_cost"] is None, "the outputs say nothing"
-    compared = json.loads((calibrated["dir"] / "compare.json").read_text())
-    (c,) = [c for c in compared["comparisons"] if c["variant"] == "fault-sp_fallback"]
-    assert c["outputs_status"] == "IDENTICAL" and c["paths"]["status"] == "failed"
-
-
 def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
     r = rows(calibrated)["fault-shard_offset_checked"]
     assert (r["status"], r["outcome"], r["detectors"]) == ("FAILED", "caught", ["engine failure"])
@@ -97,7 +88,7 @@ def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
     # the variants that did run were compared and reported all the same
     compared = json.loads((calibrated["dir"] / "compare.json").read_text())
     assert {c["variant"] for c in compared["comparisons"]} == {
-        "sp", "fault-heads_permuted", "fault-sp_fallback", "fault-attn_out_error_1e-3", "fault-attn_out_error_1e-5",
+        "sp", "fault-heads_permuted", "fault-attn_out_error_1e-3", "fault-attn_out_error_1e-5",
         f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2",
     }
 
@@ -126,8 +117,8 @@ def test_graded_errors_on_each_side_of_the_detection_limit(calibrated):
 
 def test_table_states_the_command_and_every_entry(calibrated):
     text = calibrated["table"].read_text()
-    assert f"--limit {LIMIT}" in text and "--faults heads_permuted,sp_fallback,shard_offset_checked" in text
-    assert "**Harmful caught: 2/2. Fallbacks flagged INCONCLUSIVE: 1/1. Benign kept clean: 3/3.**" in text
+    assert f"--limit {LIMIT}" in text and "--faults heads_permuted,shard_offset_checked" in text
+    assert "**Harmful caught: 2/2. Benign kept clean: 3/3.**" in text
     for name in FAULTS:
         assert f"fault-{name.replace('_', chr(92) + '_')}" in text, name
 
@@ -135,13 +126,13 @@ def test_table_states_the_command_and_every_entry(calibrated):
 def test_every_compared_entry_is_localized_at_its_known_place(calibrated):
     """`evalpipe localize` per entry (the reference started once for all): the harmful fault
     and the graded error above the detection limit at their known layer and module, every
-    benign entry, the fallback and the engine controls at "none"."""
+    benign entry and the engine controls at "none"."""
     r = rows(calibrated)
     assert (r["fault-heads_permuted"]["localized"], r["fault-heads_permuted"]["expected_place"]) == (
         "layer 0 attn.heads", "layer 0 attn.heads")
     assert (r["fault-attn_out_error_1e-3"]["localized"], r["fault-attn_out_error_1e-3"]["expected_place"]) == (
         "layer 1 attn.out", "layer 1 attn.out")
-    for name in ("sp", "fault-sp_fallback", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
+    for name in ("sp", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
         assert (r[name]["localized"], r[name]["expected_place"]) == ("none", "none"), (name, r[name])
     assert r["fault-shard_offset_checked"]["localized"] is None  # its engine never ran
     text = calibrated["table"].read_text()
@@ -155,7 +146,6 @@ def test_the_sampled_zoo_catches_what_the_greedy_one_catches(calibrated):
     sampled = {name: r["sampled"] for name, r in by_name.items()}
     assert all(v is not None and v["temperature"] == 0.6 and v["samples"] == 2 for v in sampled.values()), sampled
     assert sampled["fault-heads_permuted"]["status"] == "DIVERGENT" and sampled["fault-heads_permuted"]["outcome"] == "caught"
-    assert sampled["fault-sp_fallback"]["status"] == "INCONCLUSIVE"
     assert sampled["fault-shard_offset_checked"]["status"] == "FAILED"
     assert sampled["fault-attn_out_error_1e-3"]["status"] == "DIVERGENT"
     for benign in ("sp", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):

@@ -49,7 +49,9 @@ def localized(tmp_path_factory) -> dict:
     run = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", str(LIMIT),
                           "--run-id", "srv"], cwd=tmp, capture_output=True, text=True, timeout=1800)
     run_dir = tmp / "runs" / "srv"
-    loc = in_process.evalpipe("localize", str(run_dir), "--samples", "2", cwd=tmp)
+    # with decode steps: each configuration's engine also runs the first generated tokens one
+    # forward pass each, where single-token layout bugs live
+    loc = in_process.evalpipe("localize", str(run_dir), "--samples", "2", "--decode-steps", "2", cwd=tmp)
     return {"run": run, "localize": loc, "dir": run_dir}
 
 
@@ -69,6 +71,10 @@ def test_the_fault_is_divergent_and_localize_names_its_layer_and_module(localize
     assert before and before[0]["rel_l2"] == 0 and before[0]["rows"] > 0
     assert doc["first"]["rel_l2"] > 0.1 and doc["first"]["floor"] >= 1e-5
     assert doc["not_reassembled"] == []
+    # the decode steps were captured and compared as rows of their own, in every sequence
+    for sequence in doc["sequences"]:
+        reasons = [w for why in sequence["why"].values() for w in why]
+        assert "decode step 2 (one token per forward pass)" in reasons, sequence
 
 
 def test_each_configuration_ran_its_own_engine_which_captured(localized):

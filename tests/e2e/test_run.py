@@ -13,6 +13,11 @@ One run of four engines serves the whole module (engine starts dominate the cost
               (the zoo's `sp_fallback`)                   -> INCONCLUSIVE: its outputs are the
               reference's exactly, only the path probes can tell
 Every variant also teacher-forces the reference's sequences (teacher.parquet).
+
+The default A/B (legacy, its A/A run and sp) runs a second time on a real three-node Ray
+cluster on 127.0.0.1, each variant on a node of its own, and must give this run's verdicts,
+byte-identical tables and the same path evidence (every engine process's probe records back
+from its node): the local side of that comparison is this module's run, not another start.
 """
 
 from __future__ import annotations
@@ -27,14 +32,17 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 import yaml
+from processes import wait_gone
+from ray_cluster import leftovers, local_cluster
 
 from evalpipe.config.loading import load_config
 from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
+from evalpipe.rundir.integrity import sha256_of, verify_variant
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 5.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 7  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 24
 CONFIGS = default_config().parent
@@ -427,3 +435,51 @@ def test_a_run_killed_mid_generation_resumes_to_the_uninterrupted_artifacts(run)
                 print(f"{name}/{table}: {differ} of {of} logprobs differ, by at most {most:.2g}")
         results = [artifacts.read_json(d / name / "results.json")["results"] for d in (run["dir"], run_dir)]
         assert results[0] == results[1]
+
+
+@pytest.fixture(scope="module")
+def on_cluster(run) -> dict:
+    """The module's default A/B again (`--variants` the reference and the other; its A/A run
+    comes along), each variant on a node of its own of a three-node Ray cluster."""
+    tmp = run["tmp"]
+    with local_cluster() as cluster:
+        cfg = {"extends": str(tmp / "e2e.yaml"),
+               "cluster": {"address": cluster.address, "distinct_nodes": True, "scratch": str(tmp / "scratch")}}
+        path = tmp / "on-cluster.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        there = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "there",
+                         "--variants", f"{run['ref']},{run['other']}", cwd=tmp)
+        left = leftovers(cluster)
+        gone = wait_gone("there", 30)
+    return {"proc": there, "dir": tmp / "runs" / "there", "left": left, "gone": gone}
+
+
+def test_the_cluster_run_has_the_local_verdicts_and_bytes(run, on_cluster):
+    there = on_cluster["proc"]
+    assert there.returncode == 0, there.stdout[-3000:] + there.stderr[-3000:]
+    remote = json.loads((on_cluster["dir"] / "compare.json").read_text())
+    assert [c["variant"] for c in remote["comparisons"]] == [run["other"]]
+    assert remote["comparisons"][0]["status"] == comparison(run, run["other"])["status"]
+    local_floor = json.loads((run["dir"] / "compare.json").read_text())["noise_floor"]
+    assert remote["noise_floor"]["status"] == local_floor["status"]
+    info = json.loads((on_cluster["dir"] / "run.json").read_text())
+    assert len({p["node_id"] for p in info["placements"].values()}) == 3
+    for variant in (run["ref"], f"{run['ref']}-aa", run["other"]):
+        verify_variant(artifacts.VariantDir(on_cluster["dir"] / variant))
+        for table in (artifacts.SAMPLES_PARQUET, artifacts.TOKENS_PARQUET, artifacts.TEACHER_PARQUET):
+            assert sha256_of(on_cluster["dir"] / variant / table) == sha256_of(run["dir"] / variant / table), \
+                f"{variant}/{table}"
+
+
+def test_every_engine_process_on_every_node_reported_its_path(run, on_cluster):
+    (remote,) = json.loads((on_cluster["dir"] / "compare.json").read_text())["comparisons"]
+    assert remote["paths"]["status"] == "verified", remote["paths"]
+    assert remote["paths"]["what_ran"] == comparison(run, run["other"])["paths"]["what_ran"]
+    for variant in (run["ref"], f"{run['ref']}-aa", run["other"]):
+        probes = json.loads((on_cluster["dir"] / variant / artifacts.PROBES_JSON).read_text())
+        assert probes["processes"] and probes["unreadable"] == [], f"{variant}: its processes' probe records did not come back"
+
+
+def test_nothing_is_left_on_the_cluster(on_cluster):
+    assert on_cluster["left"]["actors"] == [] and on_cluster["left"]["groups"] == [], on_cluster["left"]
+    assert on_cluster["gone"] == []

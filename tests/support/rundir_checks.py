@@ -30,3 +30,14 @@ def one_error_line(output: str) -> str:
     assert "Traceback" not in output, output
     assert len(lines) >= 1 and lines[0].startswith("error: "), output
     return " ".join(" ".join(lines)[len("error: "):].split())  # rich wraps long lines
+
+
+def sampled_sequences(run_dir: Path, variant: str) -> dict[tuple[int, int], list[int]]:
+    """A variant's generated token ids per (item, sample), from its tokens.parquet."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(run_dir / variant / artifacts.TOKENS_PARQUET).select(["doc_id", "repeat", "token_id"]).to_pylist()
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in rows:  # in position order within each sample
+        out.setdefault((r["doc_id"], r["repeat"]), []).append(r["token_id"])
+    return out
