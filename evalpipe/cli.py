@@ -313,7 +313,7 @@ def data_build(
     from evalpipe.paths import data_dir
 
     for path in build_all(data_dir(), names or None):
-        console.print(f"wrote {path}")
+        reporter.record(f"wrote {path}", plain=True, path=path)
 
 
 @app.command()
@@ -339,11 +339,13 @@ def doctor(
 
     def say(check) -> None:
         mark = "[green]PASS[/]" if check.ok else "[bold red]FAIL[/]"
-        console.print(f"{mark} {check.scope:<12} {check.name:<24} {check.detail}", soft_wrap=True)
+        reporter.record(f"{mark} {rich.markup.escape(f'{check.scope:<12} {check.name:<24} {check.detail}')}", scope=check.scope,
+                        check=check.name, ok=check.ok, detail=check.detail)
 
     checks = run_checks(plan, say)
     failed = [c for c in checks if not c.ok]
-    console.print(f"{len(checks) - len(failed)}/{len(checks)} checks passed" + (f"; {len(failed)} failed" if failed else ""))
+    reporter.info(f"{len(checks) - len(failed)}/{len(checks)} checks passed" + (f"; {len(failed)} failed" if failed else ""),
+                  plain=True, passed=len(checks) - len(failed), failed=len(failed))
     raise typer.Exit(ExitCode.USER_ERROR if failed else ExitCode.OK)
 
 
@@ -409,7 +411,7 @@ def history_list(
     from evalpipe.commands.history import check_kind, list_runs, open_history_for
 
     check_kind(kind)
-    list_runs(open_history_for(history, config, output, access="read"), console, kind=kind, last=last)
+    list_runs(open_history_for(history, config, output, access="read"), reporter, kind=kind, last=last)
 
 
 @history_app.command("show")
@@ -420,7 +422,7 @@ def history_show(
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
     from evalpipe.commands.history import open_history_for, show_run
 
-    show_run(open_history_for(history, config, output, access="read"), run_id, console)
+    show_run(open_history_for(history, config, output, access="read"), run_id, reporter)
 
 
 @history_app.command("export")
@@ -439,7 +441,7 @@ def history_export(
         n = export(hist, path, fmt)
     except OSError as err:
         raise UserError(f"cannot write {path}: {err.strerror or err}; choose a writable path for -o/--out.") from None
-    console.print(f"wrote {n} rows to {path}")
+    reporter.record(f"wrote {n} rows to {path}", plain=True, rows=n, path=path)
 
 
 @history_app.command("import")
@@ -456,7 +458,7 @@ def history_import(
     hist = open_history_for(history, config, output, access="create")
     for d, rec in zip(run_dirs, records):
         hist.write(rec)
-        console.print(f"recorded {rec.run.run_id} ({d})")
+        reporter.record(f"recorded {rec.run.run_id} ({d})", plain=True, run_id=rec.run.run_id, run_dir=d)
 
 
 @history_app.command("simulate")
@@ -487,13 +489,13 @@ def baseline_set(
 
     hist = open_history_for(history, config, output, access="update")
     hist.pin_baseline(run_id, variant)
-    console.print(f"baseline for {variant or 'every variant'}: {run_id}")
+    reporter.record(f"baseline for {variant or 'every variant'}: {run_id}", plain=True, run_id=run_id, variant=variant)
 
 
 @app.command()
 def version() -> None:
     """Print evalpipe's version."""
-    console.print(__version__)
+    reporter.record(__version__, plain=True, version=__version__)
 
 
 _terminated: list[int] = []

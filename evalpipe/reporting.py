@@ -5,13 +5,15 @@ to its :class:`Reporter`. The reporters are one table, :data:`REPORTERS`, which 
 ``--progress`` option names:
 
 - ``terminal``: today's rich lines (the event's markup, as before);
-- ``quiet``: only failures and the final verdict;
+- ``quiet``: only failures, what a command answers (its records) and the final verdict;
 - ``jsonl``: one JSON object per event on stdout, for CI (``{"event": ..., "text": ...}``
   and the event's fields); what the rich renderers draw (progress bars, the summary
   tables) goes to stderr so stdout stays JSON lines.
 
 Renderers that draw more than a line (report/ tables, progress bars) write to
-:attr:`Reporter.console`, which each reporter chooses.
+:attr:`Reporter.console`, which each reporter chooses. A command whose answer is a table
+(`history list`, the dry-run plan, the calibration table) hands it to :meth:`Reporter.table`
+with the rows as records: a person reads the table, a machine reads one record per row.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 
@@ -34,6 +36,7 @@ class EventKind(str, Enum):
     NOTE = "note"  # something the user may want to know (a plan's note)
     WARNING = "warning"  # something went wrong that does not cost the run
     FAILURE = "failure"  # something failed (a variant, tonight's run)
+    RECORD = "record"  # one item of a command's answer: a row of its table, a file written, a check, a version
     VERDICT = "verdict"  # the run's (or night's) outcome: its status and exit code
 
 
@@ -84,6 +87,21 @@ class Reporter:
     def failure(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
         self.emit(Event(EventKind.FAILURE, markup, plain, fields))
 
+    def record(self, markup: str, *, plain: bool = False, **fields: Any) -> None:
+        """One item of the command's answer, as a line and as fields."""
+        self.emit(Event(EventKind.RECORD, markup, plain, {k: _jsonable(v) for k, v in fields.items()}))
+
+    def table(self, table: RenderableType, rows: list[dict[str, Any]]) -> None:
+        """A command's answer as a table: drawn for a reader, each row a record (without a
+        line of its own: the table is the rows' text)."""
+        self.draw(table)
+        for row in rows:
+            self.emit(Event(EventKind.RECORD, "", fields={k: _jsonable(v) for k, v in row.items()}))
+
+    def draw(self, renderable: RenderableType) -> None:
+        """What takes more than a line (a table): on :attr:`console`."""
+        self.console.print(renderable)
+
     def verdict(self, status: str | None, exit_code: int, where: Path | None = None, markup: str = "") -> None:
         """The outcome. ``markup``: the terminal's line for it ("" when a renderer already
         drew it, as the comparison's summary does)."""
@@ -104,7 +122,8 @@ class TerminalReporter(Reporter):
 
 
 class QuietReporter(Reporter):
-    """Failures (on stderr) and the verdict's one line; nothing of the progress."""
+    """Failures (on stderr), what the command answers (its records and tables) and the
+    verdict's one line; nothing of the progress."""
 
     SHOWN = (EventKind.FAILURE, EventKind.VERDICT)
 
@@ -117,8 +136,15 @@ class QuietReporter(Reporter):
             status, code, where = (event.fields.get(k) for k in ("status", "exit_code", "where"))
             self.out.print(f"{status or 'no verdict'} (exit {code})" + (f" {where}" if where else ""),
                            markup=False, soft_wrap=True)
+        elif event.kind is EventKind.RECORD:
+            if event.markup:
+                self.out.print(event.markup, soft_wrap=True, markup=not event.plain)
         elif event.kind in self.SHOWN:
             print(event.text, file=sys.stderr, flush=True)
+
+
+    def draw(self, renderable: RenderableType) -> None:
+        self.out.print(renderable)  # an answer, not progress
 
 
 class JsonLinesReporter(Reporter):

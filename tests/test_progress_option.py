@@ -11,6 +11,7 @@ import in_process
 import pytest
 import yaml
 
+from evalpipe import __version__
 from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
 
@@ -91,4 +92,29 @@ def test_every_command_s_stdout_is_json_lines_ending_in_its_one_verdict(tmp_path
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [e["event"] for e in events].count("verdict") == 1 and events[-1]["event"] == "verdict", events
     assert events[-1]["exit_code"] == code and events[-1]["status"] == ("OK" if code == 0 else "USER_ERROR"), events
-    assert proc.stderr.strip(), "what people read went to stderr"
+    if args == ["version"]:  # the answer itself is a record
+        assert events[0] == {"event": "record", "text": __version__, "version": __version__}
+    else:
+        assert proc.stderr.strip(), "what people read went to stderr"
+
+
+def test_the_commands_that_answer_in_tables_give_a_record_per_row(tmp_path):
+    """The dry-run plan, `history list` and `history show` as records a machine reads: the
+    same facts the tables and lines show people."""
+    assert _run(tmp_path, "quiet", "recorded").returncode == 1
+    plan = in_process.evalpipe("--progress", "jsonl", "run", "gsm8k", "-c", str(_config(tmp_path)), "--limit", "2",
+                               "--dry-run", cwd=tmp_path, env={FAKE_ENGINE_ENV: "1"})
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    records = [e for e in map(json.loads, plan.stdout.splitlines()) if e["event"] == "record"]
+    commands = {r["variant"]: r["commands"] for r in records if "commands" in r}
+    assert set(commands) == {"a", "b"} and all(commands.values()), records
+    assert [r["task"] for r in records if "task" in r] == ["gsm8k_synth_4shot"]
+    assert {r["variant"] for r in records if "checks" in r} == {"a", "b"}
+    listed = in_process.evalpipe("--progress", "jsonl", "history", "list", "--output", str(tmp_path / "runs"), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = [e for e in map(json.loads, listed.stdout.splitlines()) if e["event"] == "record"]
+    assert [(r["run_id"], r["verdict"]) for r in rows] == [("recorded", "DIVERGENT")]
+    shown = in_process.evalpipe("--progress", "quiet", "history", "show", "recorded", "--output", str(tmp_path / "runs"),
+                                cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout.startswith("recorded (run) status ok, verdict DIVERGENT"), shown.stdout
+

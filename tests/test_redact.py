@@ -198,7 +198,7 @@ def test_no_credential_reaches_any_output(tmp_path, monkeypatch):
         server.start(plan.variant("sp").process_env())
     # what --dry-run prints (a CI log keeps it)
     dry_run = Console(file=io.StringIO(), width=400)
-    run_command._print_plan(make_plan(config, "cfg.yaml", "gsm8k", output=str(tmp_path / "runs"), strict=False), dry_run)
+    run_command._print_plan(make_plan(config, "cfg.yaml", "gsm8k", output=str(tmp_path / "runs"), strict=False), TerminalReporter(dry_run))
 
     outputs = {"run.json", "compare.json", "report.md", "report.html", "junit.xml", "nightly.json", "nightly.md",
                "nightly-junit.xml", "dashboard.html", "sp/manifest.json", "sp/worker.log", "tp-engine.log"}

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 
 from evalpipe.reporting import REPORTERS, Event, EventKind, JsonLinesReporter, QuietReporter, Reporter, TerminalReporter
 
@@ -74,3 +75,38 @@ def test_json_lines_are_one_object_per_event_ending_in_the_verdict(capsys):
 def test_an_event_without_markup_has_its_text_as_given():
     assert Event(EventKind.INFO, "[b]x[/b]").text == "x"
     assert Event(EventKind.INFO, "[b]x[/b]", plain=True).text == "[b]x[/b]"
+
+
+def _answer(reporter: Reporter) -> None:
+    """A command's answer: a line of its own, then a table of two rows."""
+    reporter.info("[dim]reading the history[/]")
+    reporter.record("[bold]run[/] r1 (\\[escaped])", run_id="r1", where=Path("/tmp/r1"))
+    table = Table("run id", "status")
+    table.add_row("r1", "ok")
+    table.add_row("r2", "failed")
+    reporter.table(table, [{"run_id": "r1", "status": "ok"}, {"run_id": "r2", "status": "failed"}])
+    reporter.verdict("OK", 0)
+
+
+def test_a_command_s_answer_is_shown_by_the_terminal_and_the_quiet_reporter_alike():
+    shown = []
+    for make in (TerminalReporter, QuietReporter):
+        console, out = _console()
+        _answer(make(console))
+        shown.append(out.getvalue().splitlines())
+    terminal, quiet = shown
+    assert terminal[:2] == ["reading the history", "run r1 ([escaped])"] and "r2" in terminal[-2]
+    # quiet leaves out the progress, never the answer: the record and the whole table
+    assert quiet == terminal[1:] + ["OK (exit 0)"]
+
+
+def test_json_lines_carry_a_record_per_row_and_the_table_goes_to_stderr(capsys):
+    console, out = _console()
+    _answer(JsonLinesReporter(console))
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert [line["event"] for line in lines] == ["info", "record", "record", "record", "verdict"]
+    assert lines[1] == {"event": "record", "text": "run r1 ([escaped])", "run_id": "r1", "where": "/tmp/r1"}
+    assert lines[2:4] == [{"event": "record", "text": "", "run_id": "r1", "status": "ok"},
+                          {"event": "record", "text": "", "run_id": "r2", "status": "failed"}]
+    assert "r2" in captured.err and "failed" in captured.err and out.getvalue() == ""

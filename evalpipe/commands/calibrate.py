@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from evalpipe.compare.calibration import (
@@ -254,7 +253,7 @@ def run_calibration(
             "gate_firing": {k: {g: list(v) for g, v in f.items()} for k, f in firing.items()},
         },
     )
-    _print_rows(rows, reporter.console)
+    _print_rows(rows, reporter)
     reporter.info(f"table: {table_path}")
     every = [summarize(rows), summarize_sampled(rows) or summarize([])]
     return 0 if all(c["missed"] == 0 and c["false alarm"] == 0 for c in every) else 1
@@ -399,7 +398,7 @@ def _localized(rows: list[CalibrationRow], run_dir: Path, places: dict[str, tupl
     return out
 
 
-def _print_rows(rows, console: Console) -> None:
+def _print_rows(rows: list[CalibrationRow], reporter: Reporter) -> None:
     table = Table("variant", "expected", "verdict", "outcome", "detectors", "detection cost", "localized first")
     for r in rows:
         style = "green" if r.outcome in ("caught", "clean") else "yellow" if r.outcome == "not caught" else "bold red"
@@ -408,5 +407,5 @@ def _print_rows(rows, console: Console) -> None:
             "—" if r.detection_cost is None else str(r.detection_cost),
             "—" if r.localized is None else f"{r.localized}" + {True: " ✓", False: f" ✗ (known: {r.expected_place})", None: ""}[r.placed],
         )
-    console.print(table)
+    reporter.table(table, [r.to_dict() for r in rows])
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from evalpipe.config.loading import load_config
 from evalpipe.errors import UserError
 from evalpipe.history import HistoryError
 from evalpipe.history.records import RunRecord, describe_what_ran, read_run
 from evalpipe.history.store import Access, History, open_history
+from evalpipe.reporting import Reporter
 
 KINDS = ("run", "nightly")
 
@@ -46,31 +48,42 @@ def read_runs(run_dirs: list[Path], kind: str | None) -> list[RunRecord]:
     return out
 
 
-def list_runs(hist: History, console: Console, *, kind: str | None, last: int) -> None:
-    """Recorded runs and nights, oldest first."""
-    rows = hist.runs(kind=kind)[-last:]
+def list_runs(hist: History, reporter: Reporter, *, kind: str | None, last: int) -> None:
+    """Recorded runs and nights, oldest first: a table, and a record per run."""
+    runs = hist.runs(kind=kind)[-last:]
+    if not runs:
+        reporter.note("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; "
+                      "`evalpipe history import RUN_DIR...` adds existing ones.", plain=True, history=hist.where)
+        return
     table = Table("run id", "kind", "started (UTC)", "status", "verdict", "nightly", "baseline", "config", title=f"history {hist.where}")
-    for r in rows:
-        table.add_row(r.run_id, r.kind, time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at)), str(r.status),
-                      str(r.verdict or "-"), str(r.nightly_status or "-"), str(r.baseline_run_id or "-"), str(r.config_hash or "-")[:12])
-    console.print(table)
-    if not rows:
-        console.print("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; `evalpipe history import RUN_DIR...` adds existing ones.")
+    rows = []
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at))
+        table.add_row(*(Text(cell) for cell in (r.run_id, r.kind, started, str(r.status), str(r.verdict or "-"),
+                                                 str(r.nightly_status or "-"), str(r.baseline_run_id or "-"),
+                                                 str(r.config_hash or "-")[:12])))
+        rows.append({"run_id": r.run_id, "kind": r.kind, "started_at": r.started_at, "status": r.status, "verdict": r.verdict,
+                     "nightly": r.nightly_status, "baseline": r.baseline_run_id, "config_hash": r.config_hash})
+    reporter.table(table, rows)
 
 
-def show_run(hist: History, run_id: str, console: Console) -> None:
+def show_run(hist: History, run_id: str, reporter: Reporter) -> None:
     """One run: its variants, components, what ran, scores and, for a night, its judgement."""
     run = hist.run(run_id)
-    console.print(f"[bold]{run.run_id}[/] ({run.kind}) status {run.status}, verdict {run.verdict}, nightly {run.nightly_status or '-'}"
-                  f", baseline {run.baseline_run_id or '-'}\nrun directory {run.run_dir}", soft_wrap=True)
+    reporter.record(f"[bold]{escape(run.run_id)}[/] ({run.kind}) status {run.status}, verdict {run.verdict}, "
+                    f"nightly {run.nightly_status or '-'}, baseline {escape(run.baseline_run_id or '-')}\n"
+                    f"run directory {escape(str(run.run_dir))}", run_id=run.run_id, kind=run.kind, status=run.status,
+                    verdict=run.verdict, nightly=run.nightly_status, baseline=run.baseline_run_id, run_dir=run.run_dir)
     for v in hist.variants_of(run_id):
         comps = ", ".join(f"{k} {val}" for k, val in sorted(v.components.items()))
-        console.print(f"  {v.name} ({v.role}) {v.status or ''}  {comps}", soft_wrap=True, markup=False)
         paths = f"; paths {v.path_status}" if v.path_status else ""
-        console.print(f"    ran: {describe_what_ran(v.probes)}{paths}", soft_wrap=True, markup=False)
+        reporter.record(f"  {v.name} ({v.role}) {v.status or ''}  {comps}\n    ran: {describe_what_ran(v.probes)}{paths}",
+                        plain=True, variant=v.name, role=v.role, status=v.status, components=v.components,
+                        paths=v.path_status)
     for s in hist.score_rows([run_id]):
         se = f" ± {s.se:.4f}" if s.se is not None else ""
         mean = "—" if s.mean is None else f"{s.mean:.4f}"
-        console.print(f"    {s.variant:<20} {s.task} {s.metric}: {mean}{se} (n {s.n})", markup=False)
+        reporter.record(f"    {s.variant:<20} {s.task} {s.metric}: {mean}{se} (n {s.n})", plain=True, variant=s.variant,
+                        task=s.task, metric=s.metric, mean=s.mean, se=s.se, n=s.n)
     for reason in run.judgement.reasons if run.judgement else []:
-        console.print(f"  - {reason}", soft_wrap=True, markup=False)
+        reporter.record(f"  - {reason}", plain=True, reason=reason)

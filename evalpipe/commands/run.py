@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -65,8 +64,8 @@ def run_command(tasks: str, reporter: Reporter, *, config: Path | None = None, l
         if code == ExitCode.DIVERGENT and plan.config.localize.when == "auto":
             localize_after_run(plan.run_dir, reporter)
         return code
-    _print_plan(plan, reporter.console)  # first: a profile for another machine still shows its commands and checks
-    _print_path_checks(plan, reporter.console)
+    _print_plan(plan, reporter)  # first: a profile for another machine still shows its commands and checks
+    _print_path_checks(plan, reporter)
     verify_here(plan)
     names = preflight(plan, reporter)  # every probed name looked up in its variant's interpreter
     absent = {v: [n for n, e in found.names.items() if not e.found] for v, found in names.items()}
@@ -130,43 +129,49 @@ def _check_resume(run_dir: Path, run_id: str | None, output: Path | None) -> Non
         raise UserError(f"--resume {run_dir} lies outside --output {output}; give one of them.")
 
 
-def _print_plan(plan: RunPlan, console: Console) -> None:
+def _print_plan(plan: RunPlan, reporter: Reporter) -> None:
     # every value here comes from the user's config (an env value `[/]` is text, not markup)
-    console.print(f"[bold]run[/] {escape(plan.run_id)} -> {escape(str(plan.run_dir))}")
-    console.print(f"[bold]model[/] {escape(plan.model)}")
+    reporter.record(f"[bold]run[/] {escape(plan.run_id)} -> {escape(str(plan.run_dir))}", run_id=plan.run_id,
+                    run_dir=plan.run_dir)
+    reporter.record(f"[bold]model[/] {escape(plan.model)}", model=plan.model)
     keys = api_key_names(v.launch for v in plan.variants)
     table = Table("variant", "python", "env", "engine args")
+    variants = []
     for v in plan.variants:
         marker = " (reference)" if v.name == plan.reference else " (A/A, requests reversed)" if v.reverse_order else ""
         # CI logs keep what a dry run prints: credentials redacted as in run.json
-        env = " ".join(f"{k}={val}" for k, val in redact_env(v.env_overrides, keys).items())
-        args = " ".join(f"{k}={val}" for k, val in sorted(redact(v.engine_args).items()))
-        table.add_row(*(Text(cell) for cell in (v.name + marker, v.python, env, args)))
-    console.print(table)
+        env = redact_env(v.env_overrides, keys)
+        args = redact(v.engine_args)
+        table.add_row(*(Text(cell) for cell in (v.name + marker, v.python, " ".join(f"{k}={val}" for k, val in env.items()),
+                                                 " ".join(f"{k}={val}" for k, val in sorted(args.items())))))
+        variants.append({"variant": v.name, "reference": v.name == plan.reference, "aa": v.reverse_order,
+                         "python": v.python, "env": env, "engine_args": args})
+    reporter.table(table, variants)
     model_path = plan.model
     if plan.builtin_model:
         model_path = str(shipped_path(plan.builtin_model))
     for v in plan.variants:
-        console.print(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:")
         if v.launch.deployment is not None and not v.server_of:
             lines = planned_node_lines(v, model_path, plan.run_dir / v.name, placed_by_ray=plan.config.cluster.enabled)
         else:
             lines = planned_commands(v, model_path, plan.run_dir / v.name)
-        for line in lines:
-            console.print(f"  {line}", soft_wrap=True, markup=False)
+        reporter.record(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:" + "".join(f"\n  {escape(line)}" for line in lines),
+                        variant=v.name, mode=v.launch.mode, commands=lines)
     tasks = Table("group", "task", "num_fewshot", "limit", "decoding")
+    rows = []
     for t in plan.tasks:
-        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit),
-                                                 describe_sampling(t.spec.sampling))))
-    console.print(tasks)
+        decoding = describe_sampling(t.spec.sampling)
+        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit), decoding)))
+        rows.append({"group": t.group, "task": t.spec.task, "num_fewshot": t.spec.num_fewshot, "limit": t.spec.limit,
+                     "decoding": decoding})
+    reporter.table(tasks, rows)
     sized = [line for t in plan.tasks for line in plan_lines(t.spec)]
     if sized:
-        console.print("[bold]sampled tasks[/] (common random numbers; what the samples can see, and what a smaller effect needs):")
-        for line in sized:
-            console.print(f"  {line}", markup=False, soft_wrap=True)
+        reporter.record("[bold]sampled tasks[/] (common random numbers; what the samples can see, and what a smaller "
+                        "effect needs):" + "".join(f"\n  {escape(line)}" for line in sized), sampled_plan=sized)
     for note in plan.notes:
-        console.print(f"note: {note}", markup=False)
-    _print_cluster_plan(plan, console)
+        reporter.note(f"note: {note}", plain=True)
+    _print_cluster_plan(plan, reporter)
 
 
 def describe_sampling(sampling: Sampling | None) -> str:
@@ -176,7 +181,7 @@ def describe_sampling(sampling: Sampling | None) -> str:
     return f"sampled: {sampling.describe()}; {sampling.samples} per item, seeds from {sampling.seed}"
 
 
-def _print_cluster_plan(plan: RunPlan, console: Console) -> None:
+def _print_cluster_plan(plan: RunPlan, reporter: Reporter) -> None:
     cluster = plan.config.cluster
     if not cluster.enabled:
         return
@@ -185,20 +190,21 @@ def _print_cluster_plan(plan: RunPlan, console: Console) -> None:
            else f"up to {cluster.concurrency or len(units)} at once")
     where = ("the shared run directory" if cluster.shared_filesystem
              else f"scratch {cluster.scratch} on each node, brought back through Ray")
-    console.print(f"cluster {cluster.address}: {len(units)} unit(s) {how}, writing to {where}", markup=False, soft_wrap=True)
+    reporter.record(f"cluster {cluster.address}: {len(units)} unit(s) {how}, writing to {where}", plain=True,
+                    cluster=cluster.address, units=len(units))
     for unit in units:
         nodes = nodes_of(unit)
         asks = describe_resources(demand_of(plan, unit))
         asks = f"{nodes} distinct nodes (its deployment's), each with {asks}" if nodes > 1 else asks
-        console.print(f"  {' + '.join(v.name for v in unit)} asks for {asks}", markup=False, soft_wrap=True)
         engine = ray_placed_engine(unit[0].engine_args)
-        if engine is not None:
-            console.print(f"    and {engine.describe()}", markup=False, soft_wrap=True)
+        reporter.record(f"  {' + '.join(v.name for v in unit)} asks for {asks}"
+                        + (f"\n    and {engine.describe()}" if engine is not None else ""), plain=True,
+                        unit=[v.name for v in unit], asks=asks, nodes=nodes)
 
 
-def _print_path_checks(plan: RunPlan, console: Console) -> None:
-    console.print("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
+def _print_path_checks(plan: RunPlan, reporter: Reporter) -> None:
+    reporter.record("[bold]what the path probes will check[/] (a failed check makes the comparison INCONCLUSIVE):")
     for v in plan.variants:
-        console.print(f"  [bold]{escape(v.name)}[/]")
-        for line in checks_lines(v):
-            console.print(f"    {line}", soft_wrap=True, markup=False)
+        lines = checks_lines(v)
+        reporter.record(f"  [bold]{escape(v.name)}[/]" + "".join(f"\n    {escape(line)}" for line in lines),
+                        variant=v.name, checks=lines)
