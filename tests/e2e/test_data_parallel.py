@@ -23,7 +23,7 @@ from rundir_checks import sampled_sequences
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 3.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 5.4  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 SAMPLING = {"temperature": 0.6, "samples": 3}
 STANDIN = ["env", "EVALPIPE_STANDIN_NODE=1"]  # a launcher prefix, as [ssh, node1] would be

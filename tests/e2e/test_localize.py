@@ -21,7 +21,7 @@ from browser import chromium
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 6.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 3.4  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 2
 SP_PATH = "evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attention"

@@ -24,7 +24,7 @@ from evalpipe.nightly.simulate import simulate
 from evalpipe.reporting import TerminalReporter
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 4.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 4.9  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 16
 NIGHTS, FAULT, FIX = 36, 30, 33  # 30 A/A nights, 3 with the fault, 3 after the fix

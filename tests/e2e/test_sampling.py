@@ -30,7 +30,7 @@ from evalpipe.config.sampling import sample_seed
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 4.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 3.8  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 6
 SAMPLES = 3

@@ -27,7 +27,7 @@ from processes import wait_gone
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 3.2  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 3.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 8
 SEQUENTIAL = {"max_num_seqs": 1}

@@ -27,7 +27,7 @@ from ray_cluster import leftovers, local_cluster
 from evalpipe.install import default_config
 
 pytestmark = pytest.mark.slow
-RUNS_FOR_MINUTES = 11  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
+RUNS_FOR_MINUTES = 8.5  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 LIMIT = 4
 

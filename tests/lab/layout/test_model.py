@@ -25,6 +25,7 @@ import pytest
 from evalpipe.lab.layout.faults import FAULTS
 
 pytestmark = pytest.mark.slow
+RUNS_FOR_MINUTES = 3.2  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
 # Measured on this model: the layouts and the benign faults stay below 1e-5 in |dlogprob|
 # (summation order in fp32); the subtlest harmful fault moves a position by ~3e-3.
