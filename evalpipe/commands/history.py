@@ -52,8 +52,9 @@ def list_runs(hist: History, reporter: Reporter, *, kind: str | None, last: int)
     """Recorded runs and nights, oldest first: a table, and a record per run."""
     runs = hist.runs(kind=kind)[-last:]
     if not runs:
-        reporter.note("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; "
-                      "`evalpipe history import RUN_DIR...` adds existing ones.", plain=True, history=hist.where)
+        # the answer itself (quiet shows it too); no record has a run_id
+        reporter.record("no runs recorded yet: `evalpipe run` and `evalpipe nightly` record theirs; "
+                        "`evalpipe history import RUN_DIR...` adds existing ones.", plain=True, history=hist.where)
         return
     table = Table("run id", "kind", "started (UTC)", "status", "verdict", "nightly", "baseline", "config", title=f"history {hist.where}")
     rows = []

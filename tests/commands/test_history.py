@@ -172,3 +172,12 @@ def test_a_postgresql_url_without_a_server_names_the_url(tmp_path):
     assert flat == ("history URL 'postgresql://' names no database server and no database; "
                     "write it as postgresql+psycopg://USER@HOST[:PORT]/DATABASE."), flat
     assert "socket" not in flat
+
+
+def test_a_list_with_nothing_to_show_says_so_even_quietly(tmp_path):
+    root = _nights(tmp_path, n=1)
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    assert evalpipe("history", "import", str(root / "night-00"), "--history", url, cwd=tmp_path).returncode == 0
+    for progress in ("terminal", "quiet"):
+        listed = evalpipe("--progress", progress, "history", "list", "--kind", "run", "--history", url, cwd=tmp_path)
+        assert listed.returncode == 0 and listed.stdout.startswith("no runs recorded yet"), (progress, listed.stdout)
