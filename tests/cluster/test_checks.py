@@ -60,7 +60,7 @@ def test_an_interpreter_missing_on_the_nodes_fails(cluster, tmp_path):
 def test_an_address_where_ray_does_not_listen_fails_saying_what_listens(tmp_path):
     """The dashboard's port is the common slip: an HTTP server answers there, and the check
     says so (Ray's own attempt would retry for minutes); under --progress jsonl stdout stays
-    JSON lines ending in the verdict, the table on stderr."""
+    JSON lines ending in the verdict, a record per check."""
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
@@ -68,12 +68,15 @@ def test_an_address_where_ray_does_not_listen_fails_saying_what_listens(tmp_path
         done, _ = doctor(tmp_path, {"a": {}}, None, "--cluster", f"127.0.0.1:{port}", progress="jsonl")
     finally:
         server.shutdown()
-    out = " ".join(done.stderr.split())
-    assert done.returncode == 2 and (f"FAIL cluster reachable no Ray cluster answers at 127.0.0.1:{port}: an HTTP server "
-                                     f"answers on 127.0.0.1:{port}, not Ray's GCS") in out, out
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert events[-1]["event"] == "verdict" and events[-1]["exit_code"] == 2, events
+    # each check is a record: its line for people, its fields for machines
+    (failed,) = [e for e in events if e["event"] == "record" and not e["ok"]]
+    assert (failed["scope"], failed["check"]) == ("cluster", "reachable"), failed
+    assert failed["detail"].startswith(f"no Ray cluster answers at 127.0.0.1:{port}: an HTTP server answers on "
+                                       f"127.0.0.1:{port}, not Ray's GCS"), failed
+    assert " ".join(failed["text"].split()).startswith("FAIL cluster reachable no Ray cluster answers"), failed
 
 
 def test_a_deployment_needs_as_many_nodes_as_it_spans(cluster, tmp_path):
