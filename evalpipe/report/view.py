@@ -33,7 +33,7 @@ from evalpipe.documents.comparison import (
     TokenSummary,
     WorstExample,
 )
-from evalpipe.documents.run_doc import RunDocument
+from evalpipe.documents.run_doc import RunDocument, RunModel
 from evalpipe.gates import registry
 from evalpipe.number_format import DASH, fmt_ci, fmt_delta, fmt_lp, fmt_mean_se, fmt_num, fmt_p, fmt_pct, fmt_score, fmt_small
 from evalpipe.redact import redact
@@ -555,15 +555,13 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d} if prefix else {"": d}
 
 
-def _model_text(model: Any) -> str | None:
-    if model is None:
-        return None
-    if isinstance(model, dict):
-        name = next((model[k] for k in ("name", "id", "path", "model") if model.get(k)), None)
-        rest = {k: v for k, v in model.items() if not isinstance(v, (dict, list)) and v != name}
-        extras = ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(rest.items()))
-        return f"{name} ({extras})" if name and extras else str(name or extras)
-    return str(model)
+def _model_text(model: RunModel) -> str:
+    """The model as a reader reads it: its name (a built-in's) or its path, then what else the
+    run recorded of it."""
+    name = model.name or model.path
+    fields = {"builtin": model.builtin, "fingerprint": model.fingerprint, "name": model.name, "path": model.path}
+    extras = ", ".join(f"{k}={_scalar(v)}" for k, v in sorted(fields.items()) if v is not None and v != name)
+    return f"{name} ({extras})" if name and extras else str(name or extras)
 
 
 def _fields_text(d: dict[str, Any]) -> str:
@@ -600,7 +598,7 @@ def _run_header(compare: ComparisonDocument, run: RunDocument, esc: Esc) -> dict
     aa = nf.variant if nf is not None else ""
 
     rows: list[tuple[str, str]] = [("run id", compare.run_id)]
-    model = _model_text(redact(run.model.model_dump(mode="json", exclude_none=True)))
+    model = _model_text(RunModel.model_validate(redact(run.model.model_dump(mode="json", exclude_none=True))))
     if model:
         rows.append(("model", model))
     rows.extend((f"fingerprint {k}", _scalar(v)) for k, v in sorted(run.fingerprints.model_dump(exclude_none=True).items()))

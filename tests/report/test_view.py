@@ -86,6 +86,12 @@ def test_the_run_table_shows_fields_never_serialised_objects():
     assert rows["hardware"] == "cores 2, cpu AMD EPYC, flags avx2, avx512f"
     assert rows["model"] == "tiny-layout (path=abc)"
     assert not any(v.startswith(("{", "[")) for v in rows.values()), rows
+    # a built-in model: its name first, then what the run recorded of it; a bare path alone
+    builtin = dict(RUN_INFO, model={"path": "/m/tiny", "fingerprint": "ab12", "builtin": True, "name": "tiny-gsm"})
+    rows = dict(build_view(as_document(make_compare()), as_run(builtin), plain)["header"]["rows"])
+    assert rows["model"] == "tiny-gsm (builtin=True, fingerprint=ab12, path=/m/tiny)"
+    bare = dict(build_view(as_document(make_compare()), as_run(dict(RUN_INFO, model={"path": "/m/x"})), plain)["header"]["rows"])
+    assert bare["model"] == "/m/x"
 
 
 def test_gate_summary_sentence():
