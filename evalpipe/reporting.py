@@ -96,7 +96,7 @@ class Reporter:
         line of its own: the table is the rows' text)."""
         self.draw(table)
         for row in rows:
-            self.emit(Event(EventKind.RECORD, "", fields={k: _jsonable(v) for k, v in row.items()}))
+            self.record("", **row)
 
     def draw(self, renderable: RenderableType) -> None:
         """What takes more than a line (a table): on :attr:`console`."""
@@ -141,7 +141,6 @@ class QuietReporter(Reporter):
                 self.out.print(event.markup, soft_wrap=True, markup=not event.plain)
         elif event.kind in self.SHOWN:
             print(event.text, file=sys.stderr, flush=True)
-
 
     def draw(self, renderable: RenderableType) -> None:
         self.out.print(renderable)  # an answer, not progress

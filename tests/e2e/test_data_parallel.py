@@ -25,6 +25,7 @@ from evalpipe.install import default_config
 pytestmark = pytest.mark.slow
 RUNS_FOR_MINUTES = 5.4  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
 
+LIMIT = 8
 SAMPLING = {"temperature": 0.6, "samples": 3}
 STANDIN = ["env", "EVALPIPE_STANDIN_NODE=1"]  # a launcher prefix, as [ssh, node1] would be
 SPREAD = {
@@ -39,7 +40,7 @@ SPREAD = {
 
 
 def _run(tmp: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(_config(tmp)), "--limit", "8",
+    return subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(_config(tmp)), "--limit", str(LIMIT),
                            "--no-noise-floor", "--output", str(tmp), "--run-id", run_id, *extra],
                           cwd=tmp, capture_output=True, text=True, timeout=1500)
 
@@ -85,9 +86,10 @@ def test_dp1_vs_dp2_runs_and_passes(dp_run):
     assert "model built in 2 processes" in " ".join(dp2["paths"]["reasons"])
     # the same seeds draw the same samples on one engine core or two (fp32 logprobs move in
     # their last bits with the batch, which can flip a near tie: at most one sample here)
-    assert dp2["samples"] == {"a": 8 * 3, "b": 8 * 3}
+    drawn = LIMIT * SAMPLING["samples"]
+    assert dp2["samples"] == {"a": drawn, "b": drawn}
     one, two = sampled_sequences(run_dir, "dp1"), sampled_sequences(run_dir, "dp2")
-    assert len(one) == 8 * 3 and sum(one[k] == two[k] for k in one) >= len(one) - 1
+    assert len(one) == drawn and sum(one[k] == two[k] for k in one) >= len(one) - 1
     assert wait_gone("dp", 10) == [], "a finished run left processes behind"
 
 
