@@ -266,3 +266,40 @@ def test_no_module_of_evalpipe_shares_a_name_with_the_standard_library():
     names = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert "cli" in names and "number_format" in names, "the scan must see evalpipe's top-level modules"
     assert not names & set(sys.stdlib_module_names), sorted(names & set(sys.stdlib_module_names))
+
+
+def _run_ids_named(path: Path) -> set[str]:
+    """The run ids a test module gives as literals: after "--run-id", to the process lookups
+    of tests/support/processes.py (wait_gone, processes_of), and assigned to `run_id`."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Call)):
+            items = node.args if isinstance(node, ast.Call) else node.elts
+            for before, item in zip(items, items[1:]):
+                if isinstance(before, ast.Constant) and before.value == "--run-id" and isinstance(item, ast.Constant):
+                    found.add(str(item.value))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("wait_gone", "processes_of") \
+                and node.args and isinstance(node.args[0], ast.Constant):
+            found.add(str(node.args[0].value))
+        if isinstance(node, ast.Assign):  # run_id = "x", and `base, run_id = ..., "x"`
+            for target in node.targets:
+                pairs = zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                    else [(target, node.value)]
+                for name, value in pairs:
+                    if isinstance(name, ast.Name) and name.id == "run_id" and isinstance(value, ast.Constant):
+                        found.add(str(value.value))
+    return found
+
+
+def test_every_run_id_a_test_names_belongs_to_one_module():
+    """The tests find a run's processes by the run id in their environment (so does a resume
+    that reaps what an earlier attempt left), and two test files run at once: a run id named
+    in two modules would count or reap the other's processes as this run's."""
+    tests = Path(__file__).parent
+    owners: dict[str, set[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        for run_id in _run_ids_named(path):
+            owners.setdefault(run_id, set()).add(str(path.relative_to(tests)))
+    shared = {run_id: sorted(files) for run_id, files in owners.items() if len(files) > 1}
+    assert shared == {}, f"run ids named in more than one test module: {shared}; give each module its own"

@@ -299,14 +299,14 @@ def test_a_node_that_dies_mid_run_fails_only_its_variant_and_resume_finishes_it_
 def test_ctrl_c_stops_every_nodes_processes_and_leaves_nothing_on_the_cluster(cluster, tmp_path):
     held = {"env": {FAKE_ENGINE_ENV: f"hold={tmp_path / 'never-written'}"}}  # running until stopped: Ctrl-C lands mid-run
     variants = {"ref": held, "b": held}
-    path = write_config(tmp_path, "ctrl-c", variants, {"address": cluster.address, "distinct_nodes": True})
-    code, _, said = interrupted_run(["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "ctrl-c"],
+    path = write_config(tmp_path, "ctrl-c-cluster", variants, {"address": cluster.address, "distinct_nodes": True})
+    code, _, said = interrupted_run(["run", "gsm8k", "-c", str(path), "--limit", "8", "--run-id", "ctrl-c-cluster"],
                                              tmp_path, f"· {TASK} · generate:", lambda proc: proc.send_signal(signal.SIGINT),
                                              timeout_s=120)
     assert code == 130, said[-2000:]
-    info = run_json(tmp_path / "runs" / "ctrl-c")
+    info = run_json(tmp_path / "runs" / "ctrl-c-cluster")
     assert info["status"] == "interrupted" and info["interrupted_by"] == "SIGINT"
-    assert_nothing_left(cluster, "ctrl-c")
+    assert_nothing_left(cluster, "ctrl-c-cluster")
 
 
 def test_a_driver_killed_by_sigkill_leaves_nothing_and_resume_finishes_the_run(cluster, tmp_path):

@@ -47,8 +47,8 @@ def localized(tmp_path_factory) -> dict:
     path = tmp / "served.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", str(LIMIT),
-                          "--run-id", "srv"], cwd=tmp, capture_output=True, text=True, timeout=1800)
-    run_dir = tmp / "runs" / "srv"
+                          "--run-id", "loc"], cwd=tmp, capture_output=True, text=True, timeout=1800)
+    run_dir = tmp / "runs" / "loc"
     # with decode steps: each configuration's engine also runs the first generated tokens one
     # forward pass each, where single-token layout bugs live
     loc = in_process.evalpipe("localize", str(run_dir), "--samples", "2", "--decode-steps", "2", cwd=tmp)

@@ -410,7 +410,7 @@ def test_a_run_killed_mid_generation_resumes_to_the_uninterrupted_artifacts(run)
     byte, the continued one's up to the last bits of the logprobs its engine computed again
     in other batches. results.json may differ in its timing fields only. (Kills at every
     other point of a run, and --resume, are orchestration: tests/pipeline/test_runs_on_the_fake_engine.py.)"""
-    tmp, run_id = run["tmp"], "resumed"
+    tmp, run_id = run["tmp"], "resumed-vllm"
     run_dir = tmp / "runs" / run_id
     args = ["run", "gsm8k", "-c", str(tmp / "e2e.yaml"), "--limit", str(LIMIT),
             "--variants", f"{run['ref']},{run['other']}", "--no-noise-floor", "--run-id", run_id]
@@ -447,11 +447,11 @@ def on_cluster(run) -> dict:
                "cluster": {"address": cluster.address, "distinct_nodes": True, "scratch": str(tmp / "scratch")}}
         path = tmp / "on-cluster.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        there = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "there",
+        there = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "there-vllm",
                          "--variants", f"{run['ref']},{run['other']}", cwd=tmp)
         left = leftovers(cluster)
-        gone = wait_gone("there", 30)
-    return {"proc": there, "dir": tmp / "runs" / "there", "left": left, "gone": gone}
+        gone = wait_gone("there-vllm", 30)
+    return {"proc": there, "dir": tmp / "runs" / "there-vllm", "left": left, "gone": gone}
 
 
 def test_the_cluster_run_has_the_local_verdicts_and_bytes(run, on_cluster):

@@ -115,10 +115,10 @@ def test_served_at_half_the_concurrency_the_a_a_run_draws_the_same_samples(tmp_p
     server at 2 and reversed: the same seeds give the same samples, and the same as offline."""
     path = write_config(tmp_path, "served", launch={"mode": "serve", "concurrency": 4},
                         noise_floor={"reuse_server": True})
-    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "srv", "--variants", "legacy",
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "sampled-srv", "--variants", "legacy",
                     cwd=tmp_path)
     assert proc.returncode == 4 and "nothing was compared" in proc.stdout, ran(proc)  # the reference and its A/A run only
-    run_dir = tmp_path / "runs" / "srv"
+    run_dir = tmp_path / "runs" / "sampled-srv"
     served, again = sequences(run_dir, "legacy"), sequences(run_dir, "legacy-aa")
     same = sum(served[k] == again[k] for k in served)
     assert same >= len(served) - 1, f"{same}/{len(served)} samples agree"
@@ -126,7 +126,7 @@ def test_served_at_half_the_concurrency_the_a_a_run_draws_the_same_samples(tmp_p
     # with the batch, which can flip a near tie: at most one sample here)
     offline_samples = sequences(offline["dir"], "legacy")
     assert sum(served[k] == offline_samples[k] for k in served) >= len(served) - 1
-    assert wait_gone("srv", 10) == []
+    assert wait_gone("sampled-srv", 10) == []
 
 
 def test_on_a_noisy_engine_the_a_a_divergences_stay_within_the_predicted_bound(tmp_path):

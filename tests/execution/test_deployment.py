@@ -160,8 +160,8 @@ def test_a_launcher_that_is_not_there_starts_nothing(tmp_path):
 def test_evalpipe_killed_leaves_no_node_behind(tmp_path):
     path = write_config(tmp_path, {"single": {"launch": deployed([[], STANDIN])}})
     _kill_once_node_1_joined([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", "3",
-                              "--run-id", "killed"], tmp_path, tmp_path / "runs" / "killed" / "single" / "node-1.log")
-    left = wait_gone("killed", 60)
+                              "--run-id", "killed-node"], tmp_path, tmp_path / "runs" / "killed-node" / "single" / "node-1.log")
+    left = wait_gone("killed-node", 60)
     assert left == [], describe(left)
 
 

@@ -108,8 +108,8 @@ def run(tmp_path_factory) -> dict:
         "died": {**served("exit_after=2,signal=KILL"), "engine": SERVER_TOKENIZES},
     })
     proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", str(path), "--limit", str(LIMIT),
-                           "--run-id", "srv"], cwd=tmp, capture_output=True, text=True, timeout=600, env=fake_env())
-    return {"proc": proc, "dir": tmp / "runs" / "srv"}
+                           "--run-id", "fake-srv"], cwd=tmp, capture_output=True, text=True, timeout=600, env=fake_env())
+    return {"proc": proc, "dir": tmp / "runs" / "fake-srv"}
 
 
 FAILED = ["dead", "died", "hung", "refused"]
@@ -161,7 +161,7 @@ def test_failed_servers_fail_their_variants_and_the_others_are_compared(run):
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "failed" and info["failed_variants"] == FAILED and info["verdict"] == "IDENTICAL"
     assert "fail_start" in (run_dir / "dead" / "engine.log").read_text()  # the server's own words, kept
-    assert wait_gone("srv", 10) == [], "a server or worker outlived the run"
+    assert wait_gone("fake-srv", 10) == [], "a server or worker outlived the run"
 
 
 def test_a_server_that_dies_at_start_fails_its_variant_with_its_log(run):
@@ -298,7 +298,7 @@ def wait_for_served_generation(proc: subprocess.Popen, timeout: float = 120) -> 
 
 
 def test_ctrl_c_stops_every_process_the_run_started(tmp_path):
-    run_id = "ctrl-c"
+    run_id = "ctrl-c-served"
     proc, run_dir = start_served_run(tmp_path, run_id)
     try:
         wait_for_served_generation(proc)

@@ -53,8 +53,8 @@ def run(tmp_path_factory) -> dict:
         "diverge": {"env": {FAKE_ENGINE_ENV: "diverge=4"}},
         "unseeded": {"env": {FAKE_ENGINE_ENV: "unseeded"}},
     })
-    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "s", cwd=tmp)
-    return {"proc": proc, "dir": tmp / "runs" / "s", "tmp": tmp}
+    proc = evalpipe("run", "gsm8k", "-c", str(path), "--limit", str(LIMIT), "--run-id", "fake-sampled", cwd=tmp)
+    return {"proc": proc, "dir": tmp / "runs" / "fake-sampled", "tmp": tmp}
 
 
 def test_every_sample_is_a_row_with_its_seed_and_the_a_a_run_repeats_them(run):

@@ -125,10 +125,10 @@ def test_the_sampling_section_reads_in_chromium(driver, tmp_path):
     }
     path = tmp_path / "sampled.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = in_process.evalpipe("run", "gsm8k", "-c", str(path), "--limit", "3", "--run-id", "s", cwd=tmp_path,
+    proc = in_process.evalpipe("run", "gsm8k", "-c", str(path), "--limit", "3", "--run-id", "browser", cwd=tmp_path,
                                env={FAKE_ENGINE_ENV: "1"})
     assert proc.returncode == 1, proc.stdout[-2000:]  # DIVERGENT
-    driver.get((tmp_path / "runs" / "s" / artifacts.REPORT_HTML).as_uri())
+    driver.get((tmp_path / "runs" / "browser" / artifacts.REPORT_HTML).as_uri())
     _assert_nothing_ran(driver, "evalpipe comparison: s")
     (heading,) = driver.find_elements(By.CSS_SELECTOR, "h4.sampling")
     assert heading.text == "Sampled decoding: gsm8k_synth_4shot"
