@@ -129,7 +129,7 @@ def test_the_sampling_section_reads_in_chromium(driver, tmp_path):
                                env={FAKE_ENGINE_ENV: "1"})
     assert proc.returncode == 1, proc.stdout[-2000:]  # DIVERGENT
     driver.get((tmp_path / "runs" / "browser" / artifacts.REPORT_HTML).as_uri())
-    _assert_nothing_ran(driver, "evalpipe comparison: s")
+    _assert_nothing_ran(driver, "evalpipe comparison: browser")
     (heading,) = driver.find_elements(By.CSS_SELECTOR, "h4.sampling")
     assert heading.text == "Sampled decoding: gsm8k_synth_4shot"
     table = driver.find_element(By.CSS_SELECTOR, "table.sampling")
