@@ -24,9 +24,6 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from evalpipe.compare.calibration import (
-    CalibrationRow,
-    SampledVerdict,
-    SensitivityPoint,
     calibration_row,
     compare_first,
     detection_cost,
@@ -45,6 +42,7 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.loading import load_config
 from evalpipe.config.run_config import RunConfig, Variant
 from evalpipe.config.sampling import Sampling
+from evalpipe.documents.calibration import CalibrationFile, CalibrationRow, Expected, SampledVerdict, SensitivityPoint, write_calibration
 from evalpipe.documents.comparison import Status
 from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, RunStatus, read_run_document
@@ -81,7 +79,7 @@ def zoo(names: list[str] | None = None) -> list[Fault]:
     return [f for f in FAULTS.values() if not (f.raises or f.hangs)]
 
 
-def fault_kind(fault: Fault) -> str:
+def fault_kind(fault: Fault) -> Expected:
     if fault.falls_back:
         return "fallback"
     return "graded" if fault.magnitude is not None else "harmful" if fault.harmful else "benign"
@@ -142,10 +140,10 @@ def control_variants(config: RunConfig) -> dict[str, tuple[Variant, str]]:
     }
 
 
-def calibration_config(config: RunConfig, faults: list[Fault]) -> tuple[RunConfig, dict[str, tuple[str, str]]]:
+def calibration_config(config: RunConfig, faults: list[Fault]) -> tuple[RunConfig, dict[str, tuple[Expected, str]]]:
     """The config with the engine controls and one variant per fault; and per variant (expected, doc)."""
     variants = dict(config.variants)
-    expected: dict[str, tuple[str, str]] = {
+    expected: dict[str, tuple[Expected, str]] = {
         name: ("benign", v.description or "layout variant without a fault")
         for name, v in config.variants.items()
         if name != config.reference_name
@@ -225,7 +223,7 @@ def run_calibration(
         sampled_id = f"{run_dir.name}{SAMPLED_SUFFIX}"
         verdicts = _sampled_run(config.model_copy(update={"sampling": sampling}), path, task_group, limit, sampled_root,
                                 sampled_id, expected, reporter)
-        rows = [dataclasses.replace(r, sampled=verdicts.get(r.variant)) for r in rows]
+        rows = [r.model_copy(update={"sampled": verdicts.get(r.variant)}) for r in rows]
 
     options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
                ("--temperature", temperature), ("--samples", samples))
@@ -244,19 +242,14 @@ def run_calibration(
         numerics=comparisons[0].numerics if comparisons else None,
     )
     artifacts.write_text(table_path, text)
-    artifacts.write_json(
-        run_dir / "calibration.json",
-        {
-            "rows": [r.to_dict() for r in rows],
-            "summary": summarize(rows),
-            "sensitivity": [p.to_dict() for p in sensitivity],
-            "gate_firing": {k: {g: list(v) for g, v in f.items()} for k, f in firing.items()},
-        },
-    )
+    write_calibration(run_dir, CalibrationFile(
+        rows=rows, summary=summarize(rows), sampled_summary=summarize_sampled(rows), sensitivity=sensitivity,
+        gate_firing={k: dict(f) for k, f in firing.items()},
+    ))
     _print_rows(rows, reporter)
     reporter.info(f"table: {table_path}")
     every = [summarize(rows), summarize_sampled(rows) or summarize([])]
-    return 0 if all(c["missed"] == 0 and c["false alarm"] == 0 for c in every) else 1
+    return 0 if all(c.all_as_expected for c in every) else 1
 
 
 def _zoo_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None, run_id: str | None,
@@ -298,7 +291,7 @@ class _JudgedZoo:
     aa_pairs: list[VariantComparison] = dataclasses.field(default_factory=list)
 
 
-def _judge_zoo(run_dir: Path, info: RunDocument, expected: dict[str, tuple[str, str]], graded: dict[str, float],
+def _judge_zoo(run_dir: Path, info: RunDocument, expected: dict[str, tuple[Expected, str]], graded: dict[str, float],
                reporter: Reporter) -> _JudgedZoo:
     """Each entry compared with the reference: its row (with the detection cost of a DIVERGENT
     one), a graded entry's sensitivity by item count, the two A/A pairs; a failed entry's row."""
@@ -344,7 +337,7 @@ def _judge_zoo(run_dir: Path, info: RunDocument, expected: dict[str, tuple[str, 
 
 
 def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None,
-                 run_id: str | None, expected: dict[str, tuple[str, str]], reporter: Reporter) -> dict[str, SampledVerdict]:
+                 run_id: str | None, expected: dict[str, tuple[Expected, str]], reporter: Reporter) -> dict[str, SampledVerdict]:
     """The zoo once more with the config's `sampling:`: every entry's verdict under common random numbers."""
     sampling = config.sampling
     assert sampling is not None  # the caller set it
@@ -394,7 +387,7 @@ def _localized(rows: list[CalibrationRow], run_dir: Path, places: dict[str, tupl
         known = places.get(r.variant)
         expected = place_name(None, None) if known is None else place_name(last if known[0] == LAST_LAYER else known[0], known[1])
         first = place_name(doc.first.layer, doc.first.module) if doc.first is not None else place_name(None, None)
-        out.append(dataclasses.replace(r, localized=first, expected_place=expected))
+        out.append(r.model_copy(update={"localized": first, "expected_place": expected}))
     return out
 
 
@@ -407,5 +400,5 @@ def _print_rows(rows: list[CalibrationRow], reporter: Reporter) -> None:
             "—" if r.detection_cost is None else str(r.detection_cost),
             "—" if r.localized is None else f"{r.localized}" + {True: " ✓", False: f" ✗ (known: {r.expected_place})", None: ""}[r.placed],
         )
-    reporter.table(table, [r.to_dict() for r in rows])
+    reporter.table(table, [r.model_dump(mode="json") for r in rows])
 

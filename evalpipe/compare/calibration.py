@@ -14,8 +14,8 @@ Pure functions over loaded artifacts; nothing here starts an engine.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from typing import Any, Sequence
+from collections import Counter
+from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +24,8 @@ from evalpipe.compare.distribution import measured
 from evalpipe.compare.gates import FAIL, GATE_ORDER, SCORE_GATES, SKIP
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.run import VariantArtifacts, VariantComparison, compare_artifacts
-from evalpipe.compare.scores import to_jsonable
 from evalpipe.config.gate_settings import Gates
+from evalpipe.documents.calibration import CalibrationRow, Expected, Outcome, OutcomeCounts, SampledVerdict, SensitivityPoint
 from evalpipe.documents.comparison import Status
 from evalpipe.gates import registry
 
@@ -34,68 +34,26 @@ DETECTORS = {family: registry.names(family) for family in ("free-running", "teac
 # Outcomes against the expectation. Graded faults (the sensitivity curve) are harmful by
 # construction but expected to go unseen below the detection limit: "not caught" is
 # their other outcome, and it counts neither as a miss nor as clean.
-CAUGHT, MISSED, CLEAN, FALSE_ALARM, NOT_CAUGHT = "caught", "missed", "clean", "false alarm", "not caught"
+CAUGHT: Outcome = "caught"
+MISSED: Outcome = "missed"
+CLEAN: Outcome = "clean"
+FALSE_ALARM: Outcome = "false alarm"
+NOT_CAUGHT: Outcome = "not caught"
 
 
-@dataclass(frozen=True)
-class SampledVerdict:
-    """An entry's verdict when the zoo runs again with sampled decoding (common random numbers)."""
-
-    temperature: float
-    samples: int
-    status: str
-    outcome: str
-    detectors: tuple[str, ...]
-    failed_gates: tuple[str, ...]
-
-
-def sampled_verdict(comparison: VariantComparison, expected: str, temperature: float, samples: int) -> SampledVerdict:
+def sampled_verdict(comparison: VariantComparison, expected: Expected, temperature: float, samples: int) -> SampledVerdict:
     families, gate_names = detectors_fired(comparison)
-    return SampledVerdict(temperature, samples, comparison.status.value, outcome(expected, comparison.status.value),
-                          families, gate_names)
+    return SampledVerdict(temperature=temperature, samples=samples, status=comparison.status.value,
+                          outcome=outcome(expected, comparison.status.value), detectors=families, failed_gates=gate_names)
 
 
-def sampled_failure(expected: str, temperature: float, samples: int) -> SampledVerdict:
+def sampled_failure(expected: Expected, temperature: float, samples: int) -> SampledVerdict:
     """An entry whose engine run failed in the sampled run: judged as a failed greedy run is."""
-    return SampledVerdict(temperature, samples, "FAILED", outcome(expected, Status.DIVERGENT.value), ("engine failure",), ())
+    return SampledVerdict(temperature=temperature, samples=samples, status="FAILED", outcome=outcome(expected, Status.DIVERGENT.value),
+                          detectors=("engine failure",), failed_gates=())
 
 
-@dataclass(frozen=True)
-class CalibrationRow:
-    variant: str
-    expected: str  # "benign" | "harmful" | "graded"
-    status: str
-    outcome: str  # CAUGHT / MISSED for harmful, CLEAN / FALSE_ALARM for benign
-    detectors: tuple[str, ...]  # families with a failing gate
-    failed_gates: tuple[str, ...]
-    task: str | None  # the task of the score figures below (the first one)
-    metric: str | None
-    delta: float | None
-    ci_low: float | None
-    ci_high: float | None
-    mcnemar_p: float | None
-    n_items: int
-    detection_cost: int | None  # None: never DIVERGENT on any prefix (or not computed)
-    doc: str = ""
-    # `evalpipe localize`: the first module above its floor ("layer 1 attn.out", "none"), and
-    # where the entry's known place is ("none" for a benign one); None: not localized
-    localized: str | None = None
-    expected_place: str | None = None
-    # the same entry in the zoo's sampled run (`calibrate --temperature`); None: not run sampled
-    sampled: SampledVerdict | None = None
-
-    @property
-    def placed(self) -> bool | None:
-        """Whether localize named the entry's known place (None: not localized, or no known place)."""
-        if self.localized is None or self.expected_place is None:
-            return None
-        return self.localized == self.expected_place
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
-
-
-def outcome(expected: str, status: str) -> str:
+def outcome(expected: Expected, status: str) -> Outcome:
     """``expected``: harmful (must be DIVERGENT), graded (DIVERGENT above the detection
     limit), fallback (left its declared path: must be INCONCLUSIVE, whatever its outputs),
     benign (must pass: IDENTICAL or EQUIVALENT)."""
@@ -219,27 +177,6 @@ def compare_first(
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SensitivityPoint:
-    """What the gates make of one graded fault on the first ``n_items`` items.
-
-    ``ratios``: per token / distributional gate, measured / threshold (> 1 fails a
-    token gate; a distributional gate also needs its p-value below alpha, in
-    ``significant``)."""
-
-    variant: str
-    magnitude: float
-    n_items: int
-    status: str
-    families: tuple[str, ...]
-    failed_gates: tuple[str, ...]
-    ratios: dict[str, float | None]
-    significant: dict[str, bool]
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
-
-
 def _ratio(measured: float | None, threshold: float | None) -> float | None:
     if measured is None or threshold is None:
         return None
@@ -299,7 +236,7 @@ def gate_firing(comparisons: Sequence[VariantComparison]) -> dict[str, tuple[int
 
 def calibration_row(
     comparison: VariantComparison,
-    expected: str,
+    expected: Expected,
     *,
     cost: int | None,
     doc: str = "",
@@ -329,7 +266,7 @@ def calibration_row(
     )
 
 
-def failed_row(variant: str, expected: str, error: str, doc: str = "") -> CalibrationRow:
+def failed_row(variant: str, expected: Expected, error: str, doc: str = "") -> CalibrationRow:
     """A variant whose engine run failed: a harmful one counts as caught (the run fails
     loudly, exit 3), a benign one as a false alarm; no score or detector figures."""
     return CalibrationRow(
@@ -356,22 +293,19 @@ def place_name(layer: int | None, module: str | None) -> str:
     return "none" if layer is None or module is None else f"layer {layer} {module}"
 
 
-def summarize(rows: Sequence[CalibrationRow]) -> dict[str, int]:
+def summarize(rows: Sequence[CalibrationRow]) -> OutcomeCounts:
     """Counts per outcome: how many harmful variants were caught, benign ones kept clean
     (graded faults are the sensitivity curve's, not counted here)."""
-    out = {CAUGHT: 0, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
-    for r in rows:
-        if r.expected != "graded":
-            out[r.outcome] += 1
-    return out
+    return _counts(r.outcome for r in rows if r.expected != "graded")
 
 
-def summarize_sampled(rows: Sequence[CalibrationRow]) -> dict[str, int] | None:
+def summarize_sampled(rows: Sequence[CalibrationRow]) -> OutcomeCounts | None:
     """The same counts for the sampled run's verdicts; None when the zoo did not run sampled."""
     if not any(r.sampled is not None for r in rows):
         return None
-    out = {CAUGHT: 0, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
-    for r in rows:
-        if r.expected != "graded" and r.sampled is not None:
-            out[r.sampled.outcome] += 1
-    return out
+    return _counts(r.sampled.outcome for r in rows if r.expected != "graded" and r.sampled is not None)
+
+
+def _counts(outcomes: Iterable[str]) -> OutcomeCounts:
+    seen = Counter(outcomes)
+    return OutcomeCounts(caught=seen[CAUGHT], missed=seen[MISSED], clean=seen[CLEAN], false_alarm=seen[FALSE_ALARM])

@@ -6,9 +6,10 @@ import io
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from evalpipe.compare.calibration import DETECTORS, CalibrationRow, SensitivityPoint, smallest_caught, summarize, summarize_sampled
+from evalpipe.compare.calibration import DETECTORS, smallest_caught, summarize, summarize_sampled
 from evalpipe.compare.gates import DISTRIBUTION_GATES, FREE_GATES, GATE_ORDER, TEACHER_GATES
 from evalpipe.compare.numerics import Numerics
+from evalpipe.documents.calibration import CalibrationRow, SensitivityPoint
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.machine import one_line
 from evalpipe.number_format import fmt_delta
@@ -58,7 +59,7 @@ def _sampled_summary(rows: Sequence[CalibrationRow], harmful: Sequence[Calibrati
         f"**Sampled at temperature {first.temperature:g} ({first.samples} per item, common random numbers, "
         f"docs/sampling.md): harmful caught: {caught(harmful)}/{len(harmful)}. "
         + (f"Fallbacks flagged INCONCLUSIVE: {caught(fallback)}/{len(fallback)}. " if fallback else "")
-        + f"Benign kept clean: {counts['clean']}/{len(benign)}.**",
+        + f"Benign kept clean: {counts.clean}/{len(benign)}.**",
         "",
     ]
 
@@ -98,7 +99,7 @@ def render_calibration(
         "",
         f"**Harmful caught: {sum(r.outcome == 'caught' for r in harmful)}/{len(harmful)}. "
         + (f"Fallbacks flagged INCONCLUSIVE: {sum(r.outcome == 'caught' for r in fallback)}/{len(fallback)}. " if fallback else "")
-        + f"Benign kept clean: {counts['clean']}/{len(benign)}.**",
+        + f"Benign kept clean: {counts.clean}/{len(benign)}.**",
         "",
         *_sampled_summary(rows, harmful, fallback, benign),
         *(

@@ -11,12 +11,14 @@ from evalpipe.compare.calibration import (
     calibration_row,
     detection_cost,
     failed_row,
+    gate_firing,
     item_order,
     outcome,
     summarize,
 )
 from evalpipe.compare.run import VariantArtifacts, compare_artifacts
 from evalpipe.config.gate_settings import Gates
+from evalpipe.documents.calibration import CalibrationRow, OutcomeCounts
 
 
 def side(name, samples):
@@ -36,14 +38,13 @@ def test_outcome_against_expectation():
 
 
 def test_graded_rows_are_not_counted_as_misses_and_gates_firing_is_counted_per_comparison():
-    from evalpipe.compare.calibration import CalibrationRow, gate_firing, summarize
-
     def row(expected, out):
-        return CalibrationRow("v", expected, "EQUIVALENT", out, (), (), None, None, None, None, None, None, 0, None)
+        return CalibrationRow(variant="v", expected=expected, status="EQUIVALENT", outcome=out, detectors=(), failed_gates=(),
+                              task=None, metric=None, delta=None, ci_low=None, ci_high=None, mcnemar_p=None, n_items=0,
+                              detection_cost=None)
 
-    assert summarize([row("graded", "not caught"), row("harmful", CAUGHT), row("benign", CLEAN)]) == {
-        CAUGHT: 1, MISSED: 0, CLEAN: 1, FALSE_ALARM: 0
-    }
+    assert summarize([row("graded", "not caught"), row("harmful", CAUGHT), row("benign", CLEAN)]) == OutcomeCounts(
+        caught=1, missed=0, clean=1, false_alarm=0)
     a = make_samples(6)
     b = mutate(a, 2, set_token(1, 7))
     sa, ta = tables(a)
@@ -93,8 +94,8 @@ def test_calibration_row_reports_score_figures_and_detectors():
     assert row.delta == pytest.approx(-0.3) and row.n_items == 10
     assert row.ci_low < -0.3 < row.ci_high
     assert row.mcnemar_p == pytest.approx(0.25)  # b = 3, c = 0: 2 * 0.5^3
-    assert summarize([row]) == {CAUGHT: 1, MISSED: 0, CLEAN: 0, FALSE_ALARM: 0}
-    assert row.to_dict()["detection_cost"] == 2
+    assert summarize([row]) == OutcomeCounts(caught=1)
+    assert row.model_dump(mode="json")["detection_cost"] == 2
 
 
 def test_failed_variant_row_counts_by_expectation_and_keeps_the_error():
@@ -103,4 +104,4 @@ def test_failed_variant_row_counts_by_expectation_and_keeps_the_error():
     assert (harmful.status, harmful.outcome, harmful.detectors) == ("FAILED", "caught", ("engine failure",))
     assert benign.outcome == "false alarm" and benign.delta is None and benign.detection_cost is None
     assert harmful.doc == "off by one. Run failed: engine failed to start: ShardMismatch"
-    assert summarize([harmful, benign]) == {"caught": 1, "missed": 0, "clean": 0, "false alarm": 1}
+    assert summarize([harmful, benign]).model_dump(by_alias=True) == {"caught": 1, "missed": 0, "clean": 0, "false alarm": 1}

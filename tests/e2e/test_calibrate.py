@@ -18,6 +18,7 @@ import sys
 import pytest
 import yaml
 
+from evalpipe.documents.calibration import CalibrationRow, OutcomeCounts, read_calibration
 from evalpipe.install import default_config
 from evalpipe.rundir import artifacts
 
@@ -50,38 +51,37 @@ def calibrated(tmp_path_factory):
     return {"proc": proc, "table": table, "dir": tmp / "runs" / "cal", "ref": ref}
 
 
-def rows(calibrated) -> dict[str, dict]:
-    data = json.loads((calibrated["dir"] / "calibration.json").read_text())
-    return {r["variant"]: r for r in data["rows"]}
+def rows(calibrated) -> dict[str, CalibrationRow]:
+    return {r.variant: r for r in read_calibration(calibrated["dir"]).rows}
 
 
 def test_calibrate_succeeds_with_every_entry_as_expected(calibrated):
     proc = calibrated["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
-    summary = json.loads((calibrated["dir"] / "calibration.json").read_text())["summary"]
+    summary = read_calibration(calibrated["dir"]).summary
     # harmful: heads_permuted + the engine stop; benign: sp + the two engine controls
-    assert summary == {"caught": 2, "missed": 0, "clean": 3, "false alarm": 0}
+    assert summary == OutcomeCounts(caught=2, missed=0, clean=3, false_alarm=0)
 
 
 def test_harmful_fault_is_divergent_with_cost_and_detectors(calibrated):
     r = rows(calibrated)["fault-heads_permuted"]
-    assert (r["expected"], r["status"], r["outcome"]) == ("harmful", "DIVERGENT", "caught")
-    assert r["n_items"] == LIMIT and r["delta"] is not None
-    assert 1 <= r["detection_cost"] <= LIMIT
-    assert "teacher-forced" in r["detectors"] and "teacher_kl_max" in r["failed_gates"]
+    assert (r.expected, r.status, r.outcome) == ("harmful", "DIVERGENT", "caught")
+    assert r.n_items == LIMIT and r.delta is not None
+    assert 1 <= r.detection_cost <= LIMIT
+    assert "teacher-forced" in r.detectors and "teacher_kl_max" in r.failed_gates
 
 
 def test_benign_layout_stays_clean(calibrated):
     r = rows(calibrated)["sp"]
-    assert (r["expected"], r["outcome"]) == ("benign", "clean")
-    assert r["status"] in ("IDENTICAL", "EQUIVALENT") and r["detection_cost"] is None and not r["detectors"]
+    assert (r.expected, r.outcome) == ("benign", "clean")
+    assert r.status in ("IDENTICAL", "EQUIVALENT") and r.detection_cost is None and not r.detectors
 
 
 def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
     r = rows(calibrated)["fault-shard_offset_checked"]
-    assert (r["status"], r["outcome"], r["detectors"]) == ("FAILED", "caught", ["engine failure"])
-    assert "shard" in r["doc"]
+    assert (r.status, r.outcome, r.detectors) == ("FAILED", "caught", ("engine failure",))
+    assert "shard" in r.doc
     info = artifacts.read_json(calibrated["dir"] / "run.json")
     assert info["status"] == "failed" and info["failed_variants"] == ["fault-shard_offset_checked"]
     assert "fault-shard_offset_checked" in info["error"]
@@ -96,20 +96,19 @@ def test_a_variant_that_stops_the_engine_fails_alone(calibrated):
 def test_engine_controls_stay_clean(calibrated):
     for name in (f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
         r = rows(calibrated)[name]
-        assert (r["expected"], r["outcome"]) == ("benign", "clean"), r
+        assert (r.expected, r.outcome) == ("benign", "clean"), r
 
 
 def test_graded_errors_on_each_side_of_the_detection_limit(calibrated):
     above, below = rows(calibrated)["fault-attn_out_error_1e-3"], rows(calibrated)["fault-attn_out_error_1e-5"]
-    assert (above["expected"], above["status"], above["outcome"]) == ("graded", "DIVERGENT", "caught")
-    assert "teacher-forced" in above["detectors"] and above["delta"] == 0, "no score moves: the logits show it"
-    assert (below["expected"], below["status"], below["outcome"]) == ("graded", "EQUIVALENT", "not caught")
-    data = json.loads((calibrated["dir"] / "calibration.json").read_text())
-    points = {p["magnitude"]: p for p in data["sensitivity"]}
-    assert set(points) == {1e-3, 1e-5} and {p["n_items"] for p in points.values()} == {LIMIT}
+    assert (above.expected, above.status, above.outcome) == ("graded", "DIVERGENT", "caught")
+    assert "teacher-forced" in above.detectors and above.delta == 0, "no score moves: the logits show it"
+    assert (below.expected, below.status, below.outcome) == ("graded", "EQUIVALENT", "not caught")
+    points = {p.magnitude: p for p in read_calibration(calibrated["dir"]).sensitivity}
+    assert set(points) == {1e-3, 1e-5} and {p.n_items for p in points.values()} == {LIMIT}
     # the same gate measures ~100x less for a 100x smaller error (KL grows with the square)
-    assert points[1e-3]["ratios"]["teacher_kl_max"] > 1 > points[1e-5]["ratios"]["teacher_kl_max"]
-    assert points[1e-3]["ratios"]["teacher_kl_max"] > 1000 * points[1e-5]["ratios"]["teacher_kl_max"]
+    assert points[1e-3].ratios["teacher_kl_max"] > 1 > points[1e-5].ratios["teacher_kl_max"]
+    assert points[1e-3].ratios["teacher_kl_max"] > 1000 * points[1e-5].ratios["teacher_kl_max"]
     text = calibrated["table"].read_text()
     assert "## Sensitivity: graded systematic errors" in text and "## False alarms, measured" in text
     assert (calibrated["table"].parent / "calibration-sensitivity.png").read_bytes().startswith(b"\x89PNG")
@@ -128,13 +127,13 @@ def test_every_compared_entry_is_localized_at_its_known_place(calibrated):
     and the graded error above the detection limit at their known layer and module, every
     benign entry and the engine controls at "none"."""
     r = rows(calibrated)
-    assert (r["fault-heads_permuted"]["localized"], r["fault-heads_permuted"]["expected_place"]) == (
+    assert (r["fault-heads_permuted"].localized, r["fault-heads_permuted"].expected_place) == (
         "layer 0 attn.heads", "layer 0 attn.heads")
-    assert (r["fault-attn_out_error_1e-3"]["localized"], r["fault-attn_out_error_1e-3"]["expected_place"]) == (
+    assert (r["fault-attn_out_error_1e-3"].localized, r["fault-attn_out_error_1e-3"].expected_place) == (
         "layer 1 attn.out", "layer 1 attn.out")
     for name in ("sp", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
-        assert (r[name]["localized"], r[name]["expected_place"]) == ("none", "none"), (name, r[name])
-    assert r["fault-shard_offset_checked"]["localized"] is None  # its engine never ran
+        assert (r[name].localized, r[name].expected_place) == ("none", "none"), (name, r[name])
+    assert r["fault-shard_offset_checked"].localized is None  # its engine never ran
     text = calibrated["table"].read_text()
     assert "localized first (known place)" in text and "| layer 0 attn.heads (layer 0 attn.heads) ✓ |" in text
     docs = json.loads((calibrated["dir"] / "localize.json").read_text())["localizations"]
@@ -143,13 +142,13 @@ def test_every_compared_entry_is_localized_at_its_known_place(calibrated):
 
 def test_the_sampled_zoo_catches_what_the_greedy_one_catches(calibrated):
     by_name = rows(calibrated)
-    sampled = {name: r["sampled"] for name, r in by_name.items()}
-    assert all(v is not None and v["temperature"] == 0.6 and v["samples"] == 2 for v in sampled.values()), sampled
-    assert sampled["fault-heads_permuted"]["status"] == "DIVERGENT" and sampled["fault-heads_permuted"]["outcome"] == "caught"
-    assert sampled["fault-shard_offset_checked"]["status"] == "FAILED"
-    assert sampled["fault-attn_out_error_1e-3"]["status"] == "DIVERGENT"
+    sampled = {name: r.sampled for name, r in by_name.items()}
+    assert all(v is not None and v.temperature == 0.6 and v.samples == 2 for v in sampled.values()), sampled
+    assert sampled["fault-heads_permuted"].status == "DIVERGENT" and sampled["fault-heads_permuted"].outcome == "caught"
+    assert sampled["fault-shard_offset_checked"].status == "FAILED"
+    assert sampled["fault-attn_out_error_1e-3"].status == "DIVERGENT"
     for benign in ("sp", f"{calibrated['ref']}-aa2", f"{calibrated['ref']}-threads2"):
-        assert sampled[benign]["outcome"] == "clean", (benign, sampled[benign])
+        assert sampled[benign].outcome == "clean", (benign, sampled[benign])
     text = calibrated["table"].read_text()
     assert "**Sampled at temperature 0.6 (2 per item" in text and "harmful caught: 2/2" in text
     assert "--temperature 0.6 --samples 2" in text

@@ -7,7 +7,8 @@ unrelated directory with the fresh environment's `evalpipe` script, without PYTH
 The suite's environment also holds this checkout's editable install (its metadata and
 its finder .pth, which a .pth-added directory does not run): the wheel's evalpipe and its
 metadata must win, and vLLM must find evalpipe's plugins once, from the wheel.
-One run of three engines (the default config's legacy, its A/A and sp), ~2-3 minutes.
+One run of two engines (the default config's legacy and sp, without the A/A run: what a wheel
+install can get wrong is the same in every worker), ~2 minutes.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def test_doctor_and_a_run_from_an_unrelated_directory(installed):
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "checks passed" in doctor.stdout and f"from {installed['site'] / 'evalpipe'}" in doctor.stdout, doctor.stdout
 
-    run = subprocess.run([script, "run", "gsm8k", "--limit", "4", "--run-id", "wheel"], cwd=cwd, env=env,
+    run = subprocess.run([script, "run", "gsm8k", "--limit", "4", "--no-noise-floor", "--run-id", "wheel"], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     run_dir = cwd / "reports" / "runs" / "wheel"  # the default config's `output: reports/runs`, under the current directory
@@ -141,7 +142,7 @@ def test_doctor_and_a_run_from_an_unrelated_directory(installed):
     assert info["fingerprints"]["code"] == __version__, "the wheel's version, no git of whatever directory it sits in"
     assert re.search(r"^wheel: (IDENTICAL|EQUIVALENT)$", run.stdout, re.M), run.stdout[-3000:]  # the verdict line
     manifests = sorted(run_dir.glob("*/manifest.json"))
-    assert len(manifests) == 3, manifests  # legacy, its A/A and sp
+    assert len(manifests) == 2, manifests  # legacy and sp
     for path in manifests:  # what each worker ran: the wheel's code and model, on a path of evalpipe alone
         manifest = json.loads(path.read_text())
         assert Path(manifest["argv"][0]).resolve().is_relative_to(installed["site"]), manifest["argv"]

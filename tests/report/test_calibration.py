@@ -5,18 +5,33 @@ and the sensitivity plot's PNG, the same bytes for the same points. Rows and poi
 built by hand (the calibration run itself is an end-to-end matter).
 """
 
-import dataclasses
 from pathlib import Path
 
-from evalpipe.compare.calibration import CalibrationRow, SensitivityPoint
+from evalpipe.documents.calibration import CalibrationRow, SampledVerdict, SensitivityPoint
 from evalpipe.documents.run_doc import RunDocument
 from evalpipe.report.calibration import render_calibration, sensitivity_plot
 
 
+def _positional(model, args, kwargs):
+    """The model from its fields in declaration order (the rows below read as table rows)."""
+    return model(**dict(zip(model.model_fields, args)), **kwargs)
+
+
+def _row(*args, **kwargs) -> CalibrationRow:
+    return _positional(CalibrationRow, args, kwargs)
+
+
+def _sensitivity(*args, **kwargs) -> SensitivityPoint:
+    return _positional(SensitivityPoint, args, kwargs)
+
+
+def _sampled(*args, **kwargs) -> SampledVerdict:
+    return _positional(SampledVerdict, args, kwargs)
+
 def test_table_states_command_machine_and_outcomes():
     rows = [
-        CalibrationRow("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "exact_match,strict-match", 0.0, 0.0, 0.0, 1.0, 100, None, "pass-through"),
-        CalibrationRow("fault-x", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t",
+        _row("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "exact_match,strict-match", 0.0, 0.0, 0.0, 1.0, 100, None, "pass-through"),
+        _row("fault-x", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t",
                        "exact_match,strict-match", -0.02, -0.05, 0.01, 0.3, 100, 3, "a <bad> | bug"),
     ]
     info = RunDocument(run_id="cal", hardware={"cpus": 2, "machine": "x86_64", "system": "Linux"}, versions={"vllm": "0.32.0"})
@@ -28,12 +43,12 @@ def test_table_states_command_machine_and_outcomes():
 
 
 def _point(m, n, families, status="DIVERGENT", ratio=2.0, significant=True):
-    return SensitivityPoint(f"fault-attn_out_error_{m:g}", m, n, status, families, (),
+    return _sensitivity(f"fault-attn_out_error_{m:g}", m, n, status, families, (),
                             {"teacher_kl_max": ratio, "teacher_kl_shift": ratio / 2}, {"teacher_kl_shift": significant})
 
 
 def test_sensitivity_and_false_alarm_sections_and_the_plot():
-    rows = [CalibrationRow("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 100, None, "")]
+    rows = [_row("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 100, None, "")]
     points = [
         _point(1e-2, 100, ("teacher-forced", "distributional")), _point(1e-2, 600, ("teacher-forced", "distributional")),
         _point(1e-3, 100, (), "EQUIVALENT", 0.5, False), _point(1e-3, 600, ("teacher-forced",)),
@@ -58,11 +73,11 @@ def _render(rows, run=None, **kw) -> str:
 
 def test_fallback_count_and_localization_column():
     rows = [
-        CalibrationRow("fault-fallback", "fallback", "INCONCLUSIVE", "caught", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 50, None,
+        _row("fault-fallback", "fallback", "INCONCLUSIVE", "caught", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 50, None,
                        "leaves its path", localized="none", expected_place="none"),
-        CalibrationRow("fault-err_1e-2", "graded", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t", "m",
+        _row("fault-err_1e-2", "graded", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t", "m",
                        0.0, 0.0, 0.0, 1.0, 50, 7, "", localized="layer 1 attn.out", expected_place="layer 1 attn.out"),
-        CalibrationRow("fault-err_1e-5", "graded", "EQUIVALENT", "missed", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 50, None, "",
+        _row("fault-err_1e-5", "graded", "EQUIVALENT", "missed", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 50, None, "",
                        localized="none", expected_place="layer 1 attn.out"),
     ]
     text = _render(rows)
@@ -76,7 +91,7 @@ def test_fallback_count_and_localization_column():
 
 
 def test_without_points_firing_or_localization_those_sections_are_left_out():
-    rows = [CalibrationRow("sp", "benign", "DIVERGENT", "false alarm", ("scores",), ("score_mcnemar",), "t", "m",
+    rows = [_row("sp", "benign", "DIVERGENT", "false alarm", ("scores",), ("score_mcnemar",), "t", "m",
                            0.1, 0.05, 0.15, 0.01, 10, 4, "")]
     text = _render(rows, RunDocument())
     assert "Run: `cal-7`; items per variant: 10." in text  # no run id in run.json: the run directory's name
@@ -87,15 +102,14 @@ def test_without_points_firing_or_localization_those_sections_are_left_out():
 
 
 def test_the_sampled_run_adds_its_column_and_its_own_summary_line():
-    from evalpipe.compare.calibration import SampledVerdict
 
     rows = [
-        CalibrationRow("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 100, None, "",
-                       sampled=SampledVerdict(0.6, 2, "EQUIVALENT", "clean", (), ())),
-        CalibrationRow("fault-x", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t", "m",
+        _row("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 100, None, "",
+                       sampled=_sampled(0.6, 2, "EQUIVALENT", "clean", (), ())),
+        _row("fault-x", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t", "m",
                        -0.02, -0.05, 0.01, 0.3, 100, 3, "",
-                       sampled=SampledVerdict(0.6, 2, "EQUIVALENT", "missed", (), ())),
-        CalibrationRow("fault-y", "harmful", "FAILED", "caught", ("engine failure",), (), None, None, None, None, None, None, 0,
+                       sampled=_sampled(0.6, 2, "EQUIVALENT", "missed", (), ())),
+        _row("fault-y", "harmful", "FAILED", "caught", ("engine failure",), (), None, None, None, None, None, None, 0,
                        None, "", sampled=None),
     ]
     text = render_calibration(rows, RunDocument(run_id="cal"), command="c", seconds=60, run_dir=Path("x"))
@@ -104,6 +118,6 @@ def test_the_sampled_run_adds_its_column_and_its_own_summary_line():
     assert "| sampled at temperature 0.6, 2/item: verdict, outcome (detectors) |" in text
     assert "| EQUIVALENT, missed (—) |" in text and "| EQUIVALENT, clean (—) |" in text
     assert text.count("|---|---|---|---|---:|---:|---|---:|---|---|") == 1
-    greedy_only = render_calibration([dataclasses.replace(rows[0], sampled=None)], RunDocument(run_id="cal"), command="c",
+    greedy_only = render_calibration([rows[0].model_copy(update={"sampled": None})], RunDocument(run_id="cal"), command="c",
                                      seconds=60, run_dir=Path("x"))
     assert "Sampled at" not in greedy_only and "sampled at temperature" not in greedy_only
