@@ -54,11 +54,13 @@ class HeadRendezvous:
             threading.Thread(target=self._member, args=(conn, peer), daemon=True).start()
 
     def close(self) -> None:
-        """Stop listening and drop every member (what the head's exit does)."""
+        """Stop listening and drop every member (what the head's exit does). No rank counts as
+        joined from here on, at once: each member's thread notices its dropped connection later."""
         if self.waiting_for:
             self._sock.close()
         with self._lock:
             conns, self._conns = self._conns, []
+            self.joined = set()
         for conn in conns:
             conn.shutdown(socket.SHUT_RDWR)
 
