@@ -306,6 +306,6 @@ def summarize_sampled(rows: Sequence[CalibrationRow]) -> OutcomeCounts | None:
     return _counts(r.sampled.outcome for r in rows if r.expected != "graded" and r.sampled is not None)
 
 
-def _counts(outcomes: Iterable[str]) -> OutcomeCounts:
+def _counts(outcomes: Iterable[Outcome]) -> OutcomeCounts:
     seen = Counter(outcomes)
     return OutcomeCounts(caught=seen[CAUGHT], missed=seen[MISSED], clean=seen[CLEAN], false_alarm=seen[FALSE_ALARM])

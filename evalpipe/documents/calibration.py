@@ -76,7 +76,7 @@ class SensitivityPoint(Document):
 
     ``ratios``: per token / distributional gate, measured / threshold (> 1 fails a
     token gate; a distributional gate also needs its p-value below alpha, in
-    ``significant``; None where a ratio is not a finite number)."""
+    ``significant``; a ratio past every threshold is inf here and null in the file)."""
 
     variant: str
     magnitude: float
