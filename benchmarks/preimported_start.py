@@ -49,17 +49,20 @@ def engine_run(engine_args: dict[str, Any], out: Path) -> None:
 
 
 def reference_engine(config_path: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """The config's reference variant: its engine arguments and environment, as a run resolves them."""
+    """The config's reference variant as a run plans it: its engine arguments (the model
+    resolved to its directory) and the environment the config adds."""
+    from rich.console import Console
+
     from evalpipe.config.loading import load_config
-    from evalpipe.models.builtin import ensure_builtin
+    from evalpipe.pipeline.plan import make_plan
+    from evalpipe.pipeline.runner import ensure_model
+    from evalpipe.reporting import QuietReporter
 
     config = load_config(config_path)
-    variant = config.variants[config.reference_name]
-    path = config.model.path
-    model = str(ensure_builtin(path.split(":", 1)[1]).path) if path.startswith("builtin:") else path
-    args: dict[str, Any] = {"model": model, "dtype": config.model.dtype, **config.engine, **variant.engine}
-    env = {**config.env, **variant.env, "HF_HUB_OFFLINE": "1"}
-    return args, {k: str(v) for k, v in env.items()}
+    plan = make_plan(config, config_path, "gsm8k", variants=config.reference_name, noise_floor=False)
+    reference = plan.variant(config.reference_name)
+    model = ensure_model(plan, QuietReporter(Console(stderr=True)))
+    return {**reference.engine_args, "model": model.directory}, {**reference.env_overrides, "HF_HUB_OFFLINE": "1"}
 
 
 def fresh_start(job: Path, out: Path, env: dict[str, str]) -> float:
