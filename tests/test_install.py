@@ -130,3 +130,30 @@ def test_an_installed_package_refuses_to_replace_its_shipped_model_files(monkeyp
     monkeypatch.setattr(build, "ship", ship)
     assert build.main(["tiny-gsm", "--ship"]) == 2
     assert "installed package" in capsys.readouterr().err
+
+
+def _pip_settings_for_uv():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pip_settings_for_uv", CHECKOUT / "scripts" / "pip_settings_for_uv.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_setup_hands_pip_s_settings_to_uv_with_pip_s_precedence():
+    helper = _pip_settings_for_uv()
+    listing = "\n".join([
+        ":env:.find-links='/wheels/env'",
+        "global.extra-index-url='file:///a/simple file:///b/simple'",
+        "global.find-links='/wheels/file'",
+        "global.timeout='60'",
+        "install.constraint='/etc/c.txt'",
+        "not a setting",
+    ])
+    found = helper.settings(listing)
+    assert found["find-links"] == ["/wheels/env"], "a PIP_* variable wins over pip's files"
+    assert helper.uv_arguments(found) == [
+        "--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple",
+        "--find-links", "/wheels/env", "--constraint", "/etc/c.txt"]
+    assert helper.uv_arguments(helper.settings("")) == [], "no pip settings: uv's defaults"
