@@ -245,6 +245,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
     probes: dict[str, tuple[dict[str, Any] | None, str]] = {}
     patch_checks: dict[str, list[tuple[str, bool, str]]] = {}
     backend_answers: dict[str, backends.BackendChoice | str | None] = {}
+    looked_up: dict[tuple[str, str], Any] = {}
     for v in plan.variants:
         if v.launch.mode == "endpoint":
             add(v.name, "endpoint", *check_endpoint(v))
@@ -259,7 +260,7 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             continue
         add(v.name, "vllm", *_package_line("vllm", info.get("vllm")))
         add(v.name, "evalpipe", *check_evalpipe(info.get("evalpipe")))
-        add(v.name, "path probes", *check_probe_names(v, plan))
+        add(v.name, "path probes", *check_probe_names(v, plan, looked_up))
         if requested(v.env_overrides).anything:
             if v.python not in patch_checks:
                 patch_checks[v.python] = check_engine_patches(v)
@@ -369,11 +370,17 @@ def check_attention_backend(v: PlannedVariant, model_path: Path,
     return backends.judge(choice, backends.expected_backends(v.expect.switches))
 
 
-def check_probe_names(v: PlannedVariant, plan: RunPlan) -> tuple[bool, str]:
-    """Every name the run probes, looked up in the variant's interpreter; what will be checked."""
+def check_probe_names(v: PlannedVariant, plan: RunPlan, looked_up: dict[tuple[str, str], Any] | None = None) -> tuple[bool, str]:
+    """Every name the run probes, looked up in the variant's interpreter; what will be checked.
+    ``looked_up``: this doctor run's lookups, by interpreter and import path, as the run plans
+    them (evalpipe.probing.names.resolve_plan): an A/A pair's variants import vLLM once."""
+    looked_up = {} if looked_up is None else looked_up
+    env = v.process_env()
+    where = (v.python, env.get("PYTHONPATH", ""))
     try:
-        found = resolve(v.python, v.process_env(), probed_names(p.expect for p in plan.variants))
-        check_variant(v.name, v.python, v.expect, found)
+        if where not in looked_up:
+            looked_up[where] = resolve(v.python, env, probed_names(p.expect for p in plan.variants))
+        check_variant(v.name, v.python, v.expect, looked_up[where])
     except ConfigError as err:
         return False, str(err)
     return True, "; ".join(checks_lines(v))

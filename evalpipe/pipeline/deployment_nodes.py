@@ -20,6 +20,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from evalpipe import atomic_files
 from evalpipe.execution.deployment import LocalNode, NodeCommand, ended_how, node_log
 from evalpipe.probes import SPEC_ENV
 
@@ -46,10 +47,13 @@ class NodeActor:
 
     def start(self, command: NodeCommand, forwarded: dict[str, str], grace_s: float, files: dict[str, bytes]) -> None:
         """Write ``files`` (absolute path -> bytes: the probes' spec), then start the node's
-        command here, as a launcher prefix would, with this node's environment plus ``forwarded``."""
+        command here, as a launcher prefix would, with this node's environment plus ``forwarded``.
+        Each file is replaced whole (written beside it, then renamed): where nodes share the
+        path (one machine, or a shared filesystem), another node's process may be reading it
+        as it starts, and a half-written spec would leave that node's probes inactive."""
         for path, data in files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_bytes(data)
+            atomic_files.write_bytes(Path(path), data)
         command.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.node.start(command, {**os.environ, **forwarded}, forwarded, grace_s)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from in_process import evalpipe
+from plans import fake_plan
 
 from evalpipe.commands import doctor
 from evalpipe.config.errors import ConfigError
@@ -237,3 +238,23 @@ def test_a_missing_launcher_fails_the_variant_in_one_sentence(tmp_path):
     flat = " ".join(proc.stderr.split())
     assert "variant `sp`: could not start its server `no-such-launcher-xyz" in flat and "launch.launcher" in flat
     assert "Traceback" not in proc.stderr
+
+
+def test_variants_on_one_interpreter_and_import_path_look_their_probe_names_up_once(tmp_path, monkeypatch):
+    """An A/A pair (and any variants that differ only in settings read at run time) share
+    the interpreter and import path: one process importing vLLM answers for all of them, as
+    the run's own lookup does (evalpipe.probing.names.resolve_plan); another path asks again."""
+    asked: list[tuple[str, str]] = []
+
+    def resolve(python, env, names, say=None):
+        asked.append((python, env["PYTHONPATH"]))
+        return {}
+
+    monkeypatch.setattr(doctor, "resolve", resolve)
+    plan = fake_plan(tmp_path, {"ref": {}, "ref-aa": {}, "other": {"env": {"EVALPIPE_LAYOUT": "sp"}},
+                                "elsewhere": {"env": {"PYTHONPATH": str(tmp_path)}}}, "lookups")
+    looked_up: dict = {}
+    for variant in plan.variants:
+        ok, detail = doctor.check_probe_names(variant, plan, looked_up)
+        assert ok, detail
+    assert len(asked) == 2 and asked[0][1] != asked[1][1], asked

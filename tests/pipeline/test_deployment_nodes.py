@@ -34,6 +34,25 @@ def test_the_node_actor_runs_its_process_with_the_spec_and_packs_only_its_node_s
         assert sorted(tar.getnames()) == ["node-1.log", "probes/node1-22.json"]
 
 
+def test_the_spec_is_replaced_whole_so_a_process_reading_it_on_another_node_never_sees_it_half_written(tmp_path):
+    """Nodes of one machine (or of a shared filesystem) share the spec's path: the head's
+    process may be reading it while node 1's actor writes it. Written in place, a reader
+    that opened it just before saw it truncated (no probes on that node, the run
+    INCONCLUSIVE); replaced by a rename, the reader keeps the whole file it opened."""
+    vdir = tmp_path / "spread"
+    spec = vdir / "probes" / "spec.json"
+    spec.parent.mkdir(parents=True)
+    spec.write_bytes(b'{"attempt": 1}')  # an earlier attempt's (a resumed run)
+    actor = NodeActor(driver_omp_threads=None)
+    command = NodeCommand(NodeRole(1, 1, 1, ()), [sys.executable, "-c", "pass"], vdir / "node-1.log")
+    with open(spec, "rb") as reading:  # a process on another node, opening the spec as the actor writes
+        actor.start(command, {SPEC_ENV: str(spec)}, 5, {str(spec): b'{"attempt": 2, "longer": true}'})
+        assert reading.read() == b'{"attempt": 1}', "the file being read was rewritten in place"
+    assert actor.wait() == 0
+    assert spec.read_bytes() == b'{"attempt": 2, "longer": true}'
+    assert sorted(p.name for p in spec.parent.iterdir()) == ["spec.json"], "nothing but the spec is left beside it"
+
+
 class _Gone(Exception):
     pass
 
