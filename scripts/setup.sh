@@ -44,6 +44,12 @@ fi
 # not exist"). vLLM and transformers run without them, so they are removed.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
+# The checkout's own bytecode, as installing a wheel compiles it: where interpreters may not
+# write it (PYTHONDONTWRITEBYTECODE), every evalpipe process would compile evalpipe anew
+# (about 1.1 of 8.5 CPU-s in a run of three fake-engine workers, docs/measured.md). An edited
+# module's stale bytecode is not used: Python compares it with the source.
+.venv/bin/python -m compileall -q evalpipe >/dev/null
+
 .venv/bin/python - <<'PY'
 import importlib.util, sys
 missing = [m for m in ("vllm", "lm_eval", "torch", "evalpipe") if importlib.util.find_spec(m) is None]
