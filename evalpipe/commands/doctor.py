@@ -38,7 +38,7 @@ from evalpipe.paths import data_dir
 from evalpipe.pipeline.on_cluster import demand_of, nodes_of, units_of
 from evalpipe.pipeline.plan import DEFAULT_ENV, PlannedVariant, RunPlan, model_file_problems
 from evalpipe.probing import backends
-from evalpipe.probing.names import check_variant, checks_lines, probed_names, resolve
+from evalpipe.probing.names import check_variant, checks_lines, lookup_place, probed_names, resolve
 from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
 from evalpipe.tasks.index import TaskNotFound
@@ -376,7 +376,7 @@ def check_probe_names(v: PlannedVariant, plan: RunPlan, looked_up: dict[tuple[st
     them (evalpipe.probing.names.resolve_plan): an A/A pair's variants import vLLM once."""
     looked_up = {} if looked_up is None else looked_up
     env = v.process_env()
-    where = (v.python, env.get("PYTHONPATH", ""))
+    where = lookup_place(v.python, env)
     try:
         if where not in looked_up:
             looked_up[where] = resolve(v.python, env, probed_names(p.expect for p in plan.variants))

@@ -133,6 +133,12 @@ def check_variant(variant: str, python: str, expect: Expectations, found: dict[s
                 )
 
 
+def lookup_place(python: str, env: dict[str, str]) -> tuple[str, str]:
+    """Where a name lookup is made, and what variants on it share: the interpreter and the
+    import path (one interpreter sees other modules on another path)."""
+    return python, env.get("PYTHONPATH", "")
+
+
 def resolve_plan(variants: Iterable[Any], say: Callable[[str], None] | None = None) -> dict[str, VariantNames]:
     """Look every probed name up in each planned variant's interpreter (one lookup per
     interpreter) and refuse a variant whose own expectations name something missing there.
@@ -146,7 +152,7 @@ def resolve_plan(variants: Iterable[Any], say: Callable[[str], None] | None = No
             out[v.name] = VariantNames()  # its server runs elsewhere: nothing here to look in
             continue
         env = v.process_env()
-        where = (v.python, env.get("PYTHONPATH", ""))  # one interpreter sees other modules on another path
+        where = lookup_place(v.python, env)
         if where not in by_environment:
             by_environment[where] = resolve(v.python, env, names, say=say)
         check_variant(v.name, v.python, v.expect, by_environment[where])
