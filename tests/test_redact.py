@@ -283,7 +283,7 @@ def test_worker_events_redact_their_free_text_only(monkeypatch):
     real = main.redact_text
     monkeypatch.setattr(main, "redact_text", lambda text: scanned.append(text) or real(text))
     events = Events.__new__(Events)  # not __init__: it would take over this process's stdout
-    events._out, events._last_progress = io.StringIO(), 0.0
+    events._out, events._thinning = io.StringIO(), main.ProgressThinning()
     events.progress("gsm8k_synth_4shot", "generate", 8, 8)
     events.emit("error", kind="engine", message=f"no server at http://bob:{URL_PASSWORD}@127.0.0.1:9/v1")
     progress, error = (json.loads(line) for line in events._out.getvalue().splitlines())

@@ -70,11 +70,15 @@ class CapturingLM(LM):
     def _ordered(self, call: Callable[[list], list], requests: list) -> list:
         return in_order(call, requests, self.reverse_order)
 
-    def _report(self, phase: str) -> Callable[[int, int], None] | None:
+    def _report(self, phase: str, total: int) -> Callable[[int, int], None] | None:
+        """The engine call's progress, opened with ``0/total`` as its requests are handed to the
+        engine: from then on the silence is the engine's, which the no-progress watchdog times
+        (lm-eval's request building and the tokenizing before it are not)."""
         progress = self.progress  # set once, in __init__
         if progress is None:
             return None
-        return lambda done, total: progress(phase, done, total)
+        progress(phase, 0, total)
+        return lambda done, n: progress(phase, done, n)
 
     # -- generation -----------------------------------------------------------------
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
@@ -111,7 +115,7 @@ class CapturingLM(LM):
 
         t0 = time.perf_counter()
         results = self._ordered(
-            lambda reqs: self.engine.generate(reqs, self.topk, progress=self._report("generate")), gen_requests
+            lambda reqs: self.engine.generate(reqs, self.topk, progress=self._report("generate", len(reqs))), gen_requests
         )
         self.engine_seconds += time.perf_counter() - t0
         for key, req, cut, res in zip(keys, gen_requests, truncated, results):
@@ -157,7 +161,7 @@ class CapturingLM(LM):
                 ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids), label=f"{inst.task_name} doc {inst.doc_id}")
             )
         t0 = time.perf_counter()
-        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood")), score_requests)
+        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood", len(reqs))), score_requests)
         self.engine_seconds += time.perf_counter() - t0
         return [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
 
@@ -180,7 +184,7 @@ class CapturingLM(LM):
                 windows.append(ScoreRequest(token_ids=ids, start=len(context), label=f"{inst.task_name} doc {inst.doc_id}"))
                 owner.append(i)
         totals = [0.0] * len(requests)
-        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood_rolling")), windows)
+        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood_rolling", len(reqs))), windows)
         for i, s in zip(owner, scored):
             totals[i] += float(sum(s.logprobs))
         return totals

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
@@ -47,6 +48,24 @@ FREE_TEXT = ("message",)  # the event fields that are prose, not names or number
 FROM_THE_CONFIG = ("argv", "env", "engine_args", "engine", "error")
 
 
+@dataclass
+class ProgressThinning:
+    """Which request counts go out: within one engine call at most one every ``interval_s``;
+    a call's first count (its requests handed to the engine) and its last always, since the
+    no-progress watchdog times the engine from them."""
+
+    interval_s: float = 0.5
+    _last_at: float = -math.inf
+    _last_call: tuple[str, str, int] | None = None
+
+    def passes(self, task: str, phase: str, done: int, total: int, now: float) -> bool:
+        call = (task, phase, total)
+        if done < total and call == self._last_call and now - self._last_at < self.interval_s:
+            return False
+        self._last_at, self._last_call = now, call
+        return True
+
+
 class Events:
     """JSON-lines event stream to the parent on a private copy of the original stdout."""
 
@@ -54,7 +73,7 @@ class Events:
         self._out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
         sys.stdout.flush()
         os.dup2(2, 1)  # whatever else prints to stdout (vLLM, lm-eval) lands in engine.log
-        self._last_progress = 0.0
+        self._thinning = ProgressThinning()
 
     def emit(self, event: str, **fields: Any) -> None:
         # messages become run.json errors and console (CI log) lines: no URL passwords. Only
@@ -64,11 +83,8 @@ class Events:
         self._out.write(event_line(make_event(event, **fields)))
 
     def progress(self, task: str, phase: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self._last_progress < 0.5:
-            return
-        self._last_progress = now
-        self.emit("progress", task=task, phase=phase, done=done, total=total)
+        if self._thinning.passes(task, phase, done, total, time.monotonic()):
+            self.emit("progress", task=task, phase=phase, done=done, total=total)
 
 
 def _version(*dists: str) -> str | None:

@@ -147,3 +147,24 @@ def test_a_rolling_likelihood_sums_its_windows():
     windows = engine.scored[0]
     assert len(windows) > 1  # the text is longer than one window
     assert abs(total - -sum(range(97, 104)) / 1000) < 1e-12  # every character scored exactly once
+
+
+def test_each_engine_call_opens_its_progress_as_its_requests_are_handed_over():
+    """``0/n`` reaches the progress callback before the engine computes anything: the
+    no-progress watchdog times the engine from there, not lm-eval's request building."""
+    seen: list[tuple] = []
+
+    class Recording(CharEngine):
+        def generate(self, requests, topk, progress=None):
+            seen.append(("engine generate", len(requests)))
+            return super().generate(requests, topk, progress)
+
+        def score(self, requests, topk=0, progress=None):
+            seen.append(("engine score", len(requests)))
+            return super().score(requests, topk, progress)
+
+    lm = CapturingLM(Recording(), topk=1, progress=lambda phase, done, total: seen.append((phase, done, total)))
+    lm.generate_until([_gen("t", 0, "ab"), _gen("t", 1, "cd")])
+    ll = Instance(request_type="loglikelihood", doc={}, arguments=("A", "B"), idx=0, metadata=("t", 0, 1))
+    lm.loglikelihood([ll])
+    assert seen == [("generate", 0, 2), ("engine generate", 2), ("loglikelihood", 0, 1), ("engine score", 1)]

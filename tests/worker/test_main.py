@@ -98,3 +98,14 @@ def test_a_sampled_task_writes_a_row_per_sample_scored_on_its_own_answer(tmp_pat
         assert r["score:exact_match,flexible-extract"] == float(r["answer:flexible-extract"] == r["target"])
     answers = {(r["doc_id"], r["answer:flexible-extract"]) for r in rows}
     assert len(answers) > 3
+
+
+def test_progress_within_a_call_is_thinned_but_every_call_s_first_and_last_count_go_out():
+    thin = main.ProgressThinning(interval_s=0.5)
+    assert thin.passes("t", "generate", 0, 8, now=10.0)  # the requests handed over
+    assert not thin.passes("t", "generate", 1, 8, now=10.1)
+    assert thin.passes("t", "generate", 2, 8, now=10.6)
+    assert thin.passes("t", "generate", 8, 8, now=10.7)  # the call's end
+    # the next call opens at once, however soon after the last count
+    assert thin.passes("t", "loglikelihood", 0, 3, now=10.75)
+    assert thin.passes("u", "generate", 0, 8, now=10.8)
