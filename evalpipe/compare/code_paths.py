@@ -57,6 +57,7 @@ class ModelProbe(_Doc):
     per_forward: dict[str, dict[str, int]]  # name -> {calls in one forward: forward passes}; "other": the rest
     per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: tokens of the first such passes}
     per_forward_token_range: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: [fewest, most] tokens}
+    tokens_per_forward: dict[str, int] = {}  # passes by tokens, power-of-two bins ("1", "2", "4" ...; "other")
 
 
 class ProcessProbe(_Doc):
@@ -525,9 +526,20 @@ def summarize(probes: VariantProbes | None, names: Sequence[str] = ()) -> ProbeS
         absent=sorted(n for n in names if probes.canonical(n) is None),
         collectives_per_forward=per_forward,
         forwards=sum(p.models[0].forwards for p in builders),
+        tokens_per_forward=tokens_per_forward(builders),
         server_of=probes.server_of,
         nodes=node_ranks(probes),
     )
+
+
+def tokens_per_forward(builders: Sequence[ProcessProbe]) -> dict[str, int]:
+    """The model's forward passes by their tokens (power-of-two bins, least first), summed over
+    the processes that built it: each tensor-parallel rank counts the passes it ran."""
+    total: dict[str, int] = {}
+    for p in builders:
+        for key, n in p.models[0].tokens_per_forward.items():
+            total[key] = total.get(key, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0)))
 
 
 def profile_names(sides: Iterable[PathSide]) -> list[str]:

@@ -108,8 +108,25 @@ class ProbeSummary(Document):
     absent: list[str]
     collectives_per_forward: dict[str, CollectiveCounts]
     forwards: int
+    # the forward passes by their tokens, power-of-two bins keyed by their least count ("1": a
+    # single request decoding alone, "2": 2-3 tokens ...), summed over the model's processes
+    tokens_per_forward: dict[str, int] = {}
     server_of: str | None = None
     nodes: dict[str, list[Any]] = {}  # a deployment's node -> the data-parallel ranks its model-building processes served
+
+
+class EngineCounters(Document):
+    """What vLLM's own counters say the engine did over one task (evalpipe.worker.engine_counters):
+    the scheduler paths it took. None: the engine does not expose that counter."""
+
+    prefix_cache_queries: int | None = None  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int | None = None  # of those, tokens found cached (not computed again)
+    preemptions: int | None = None  # requests preempted for KV-cache room (recomputed later)
+    prompt_tokens: int | None = None
+    generation_tokens: int | None = None
+    engine_steps: int | None = None  # scheduler iterations
+    spec_decode_draft_tokens: int | None = None
+    spec_decode_accepted_tokens: int | None = None
 
 
 class VariantManifest(Document):
@@ -132,6 +149,9 @@ class VariantManifest(Document):
     truncated_prompts: int | None = None
     n_samples: int | None = None
     timings: dict[str, float] = {}  # seconds: engine_start_s, task:<name>_s, tasks_s, ..., total_s
+    # task -> vLLM's counters over it (a served engine shared with another variant at the same
+    # time counts both); a task whose engine exposes none is not listed
+    engine_counters: dict[str, EngineCounters] = {}
     artifacts: dict[str, ArtifactEntry] | None = None  # a finished variant's verified files
     probes: ProbeSummary | None = None  # added by the parent once the variant's processes are done
 

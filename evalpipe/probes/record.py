@@ -36,6 +36,11 @@ TEXT_LIMIT = 2000
 OTHER = "other"
 
 
+def token_bin(tokens: int) -> int:
+    """The power-of-two bin of a pass's token count: its least member (1, 2, 4, 8 ...)."""
+    return 1 << (max(tokens, 1).bit_length() - 1)
+
+
 def jsonable(value: Any, depth: int = 0) -> Any:
     """A JSON value for whatever a switch holds (dtypes, enums, config objects), bounded."""
     if isinstance(value, enum.Enum):
@@ -94,6 +99,10 @@ class ModelRecord:
         # belongs to one batch size exactly (a collective skipped in every one-token pass)
         self.per_forward_token_range: dict[str, dict[str, list[int]]] = {}
         self.token_range: list[int] | None = None  # [fewest, most] tokens over every pass so far
+        # passes by their tokens, in power-of-two bins keyed by the bin's least count ("1": one
+        # token, a single request decoding alone; "2": 2-3; "4": 4-7 ...): which of the
+        # scheduler's batch shapes the engine ran, the evidence that a path was exercised
+        self.tokens_per_forward: dict[str, int] = {}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +117,7 @@ class ModelRecord:
             "per_forward": self.per_forward,
             "per_forward_tokens": self.per_forward_tokens,
             "per_forward_token_range": self.per_forward_token_range,
+            "tokens_per_forward": self.tokens_per_forward,
         }
 
 
@@ -239,6 +249,7 @@ class ProcessRecord:
                     span[0], span[1] = min(span[0], tokens), max(span[1], tokens)
                 span = model.token_range or [tokens, tokens]
                 model.token_range = [min(span[0], tokens), max(span[1], tokens)]
+                _bump(model.tokens_per_forward, token_bin(tokens))
             self.dirty = True
 
     # ------------------------------------------------------------------ writing

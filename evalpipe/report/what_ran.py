@@ -166,6 +166,21 @@ def _collective_cell(kind: str, summary: ProbeSummary) -> str:
     return ", ".join(f"{value} in {n}/{forwards}" for value, n in ordered)
 
 
+def _tokens_per_forward_cell(summary: ProbeSummary) -> str:
+    """"1: 230, 2-3: 4, 64-127: 8": the passes of each size bin, smallest first (the batch
+    shapes the engine ran: one request decoding alone, decode batches, prefill chunks)."""
+    if not summary.tokens_per_forward:
+        return NOT_RECORDED_CELL
+    return ", ".join(f"{_bin_label(key)}: {fmt_num(n)}" for key, n in summary.tokens_per_forward.items())
+
+
+def _bin_label(key: str) -> str:
+    if not key.isdigit() or key == "1":
+        return key
+    least = int(key)
+    return f"{least}-{2 * least - 1}"
+
+
 def _no_collectives_cell(summary: ProbeSummary) -> str:
     forwards = summary.forwards
     return f"none in {forwards}/{forwards}" if forwards else "no forward pass"
@@ -202,6 +217,8 @@ def _row_makers(recorded: Sequence[_Column], sampled: bool = False) -> list[tupl
         rows += [(f"{kind} per forward pass", partial(_collective_cell, kind)) for kind in sorted(kinds)]
     else:
         rows.append(("collectives per forward pass", _no_collectives_cell))
+    if any(col.values.tokens_per_forward for col in recorded):  # the batch shapes each engine ran
+        rows.append(("forward passes by tokens", _tokens_per_forward_cell))
     rows += [(f"calls of {short(name)}", partial(_calls_cell, name)) for name in _names_in(recorded, lambda s: s.calls)]
     rows += [(name, partial(_switch_cell, name)) for name in LAYOUT_SWITCHES]
     switches = set(_names_in(recorded, lambda s: s.switches))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from tqdm import tqdm
 
 from evalpipe.documents.manifest import EngineInfo
+from evalpipe.worker import engine_counters
 from evalpipe.worker.journal import RequestJournal, request_key
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
@@ -108,6 +109,10 @@ class Engine(Protocol):
 
     def info(self) -> EngineInfo: ...
 
+    def counters(self) -> dict[str, float] | None:
+        """A reading of vLLM's own counters (evalpipe.worker.engine_counters); None: not exposed."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -175,6 +180,9 @@ class InProcessEngine:
     def max_model_len(self) -> int:
         return self._max_model_len
 
+    def counters(self) -> dict[str, float] | None:
+        return None
+
     def close(self) -> None:
         if self.journal is not None:
             self.journal.close()
@@ -192,7 +200,9 @@ class OfflineEngine(InProcessEngine):
         from vllm import LLM
 
         self._args = dict(engine_args)
-        self._llm = LLM(**self._args)
+        # vLLM counts the scheduler's paths (prefix-cache hits, preemptions, steps) only with
+        # stat logging on, which LLM turns off by default; it changes no computation
+        self._llm = LLM(**{"disable_log_stats": False, **self._args})
         self._tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
         self.journal = journal
@@ -298,6 +308,11 @@ class OfflineEngine(InProcessEngine):
     def info(self) -> EngineInfo:
         # the journal's summary is the worker's to add, once, as the variant ends
         return EngineInfo(kind="offline", max_model_len=self._max_model_len)
+
+    def counters(self) -> dict[str, float] | None:
+        if self._llm.llm_engine.log_stats is False:  # the config turned stat logging off
+            return None
+        return engine_counters.in_process()
 
     def close(self) -> None:
         """Stop vLLM's engine-core process now, not during interpreter teardown."""

@@ -28,6 +28,7 @@ import httpx
 from evalpipe.documents.manifest import EngineInfo, ServerInfo
 from evalpipe.documents.worker_job import ServerJob
 from evalpipe.errors import RunFailed
+from evalpipe.worker import engine_counters
 from evalpipe.worker.engines import GenRequest, GenResult, ProgressFn, ScoreRequest, ScoreResult, ranked_topk
 from evalpipe.worker.journal import RequestJournal, request_key
 
@@ -338,6 +339,21 @@ class HttpEngine:
         return EngineInfo(kind="http", max_model_len=self._max_model_len, model=self.model,
                           server=self._server, ready_wait_s=self.ready_wait_s,
                           tokenized_by=self.tokenized_by)
+
+    def counters(self) -> dict[str, float] | None:
+        """The server's counters from its ``/metrics`` (None: it has no such route, or is gone)."""
+        self._connect()
+        assert self._client is not None
+        try:
+            reply = self._client.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        if reply.status_code != 200:
+            return None
+        try:
+            return engine_counters.parse_exposition(reply.text)
+        except ValueError:  # not Prometheus' text format: another server on that route
+            return None
 
     def close(self) -> None:
         """Only the connection: whoever started the server stops it."""

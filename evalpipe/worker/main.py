@@ -9,6 +9,7 @@ engine.log). Exit codes: 0 ok, 2 user error (task, data), 3 engine or run failur
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -23,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from evalpipe.documents.manifest import Hardware, ManifestStatus, VariantManifest, read_manifest, write_manifest
+from evalpipe.documents.manifest import EngineCounters, Hardware, ManifestStatus, VariantManifest, read_manifest, write_manifest
 from evalpipe.documents.worker_events import event_line, make_event
 from evalpipe.documents.worker_job import LocalizeJob, TeacherJob, WorkerJob, read_job
 from evalpipe.errors import ExitCode, UserError
@@ -37,7 +38,7 @@ from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
 from evalpipe.tasks.index import task_manager
 from evalpipe.tasks.ruler import sample_columns
-from evalpipe.worker import engine_choice
+from evalpipe.worker import engine_choice, engine_counters
 from evalpipe.worker import teacher as tf
 from evalpipe.worker.engines import Draw, Engine, GenRequest, ScoreRequest, decode_each
 from evalpipe.worker.journal import RequestJournal
@@ -245,6 +246,7 @@ class _Collected:
     results: dict[str, Any]
     rows: list[dict]
     tokens: dict[str, list]
+    counters: dict[str, EngineCounters] = dataclasses.field(default_factory=dict)  # task -> vLLM's counters over it
 
 
 class _VariantRun:
@@ -390,6 +392,9 @@ class _VariantRun:
         for spec, cfg in zip(job.tasks, task_cfgs):
             current["task"] = spec.task
             events.emit("stage", stage="task", task=spec.task, message=f"running {spec.task}")
+            # vLLM's counters before the task (a server still starting is waited for here, as
+            # engine start: its wait is known before the task's clock starts)
+            before = engine.counters()
             waited_before = getattr(engine, "ready_wait_s", None)
             lm.first_request_at = None
             lm.sampling = None if spec.sampling is None else spec.sampling.model_copy(
@@ -421,6 +426,9 @@ class _VariantRun:
             if lm.first_request_at is not None:
                 requests_s += time.time() - lm.first_request_at
             self.timings[f"task:{spec.task}_s"] = elapsed
+            counted = engine_counters.between(before, engine.counters())
+            if counted is not None:
+                collected.counters[spec.task] = counted
             for key in ("results", "configs", "versions", "n-samples", "higher_is_better"):
                 collected.results[key].update(out_eval.get(key) or {})
             for task_name, logged in (out_eval.get("samples") or {}).items():
@@ -447,7 +455,7 @@ class _VariantRun:
         if truncated:
             # Left-truncated prompts are still compared, but a reader should know.
             self.events.emit("stage", stage="warning", message=f"{truncated} prompts were longer than max_model_len - max_gen_toks and lost their beginning")
-        self.manifest = self.manifest.model_copy(update={"truncated_prompts": truncated})
+        self.manifest = self.manifest.model_copy(update={"truncated_prompts": truncated, "engine_counters": collected.counters})
         collected.results["sampling_overridden"] = sorted(lm.sampling_overridden)
         tokens = collected.tokens or {name: [] for name in artifacts.TOKENS_REQUIRED}
         tokens["token_text"] = decode_each(engine, tokens["token_id"])

@@ -43,9 +43,10 @@ NBSP = "\u202f"
 
 
 def model(cls: str = MODEL, layers: dict[str, int] | None = None, forwards: int = 4,
-          per_forward: dict[str, dict[str, int]] | None = None) -> ModelProbe:
+          per_forward: dict[str, dict[str, int]] | None = None, tokens_per_forward: dict[str, int] | None = None) -> ModelProbe:
     return ModelProbe(model_class=cls, layers={LAYER: 2} if layers is None else layers, attention_backends=["CPU_ATTN"],
-                      forwards=forwards, forward_tokens=[], per_forward=per_forward or {})
+                      forwards=forwards, forward_tokens=[], per_forward=per_forward or {},
+                      tokens_per_forward=tokens_per_forward or {})
 
 
 def proc(*models: ModelProbe, pid: int = 1, role: str = "worker", calls: dict[str, int] | None = None,
@@ -407,7 +408,16 @@ def test_summarize():
     assert s["calls"] == {FN: 4, "pkg.gone.f": 0} and s["absent"] == ["pkg.gone.f"]
     assert s["collectives_per_forward"] == {"all_gather": {"counts": {"2": 7, "0": 1}, "forwards": 8}}
     assert s["forwards"] == 8 and s["mode"] == "offline" and s["verifiable"] is True
+    assert s["tokens_per_forward"] == {}, "records of older evalpipe have no bins"
     assert summarize(None) is None
+
+
+def test_summarize_sums_each_process_s_passes_by_tokens_smallest_bin_first():
+    probes = side(proc(model(tokens_per_forward={"64": 2, "1": 5, "other": 1}), pid=1),
+                  proc(model(tokens_per_forward={"2": 4, "1": 1}), pid=2))
+    summary = summarize(probes)
+    assert summary is not None
+    assert list(summary.tokens_per_forward.items()) == [("1", 6), ("2", 4), ("64", 2), ("other", 1)]
 
 
 def test_profile_names_leaves_out_classes_predicates_and_config_paths():

@@ -93,6 +93,24 @@ def test_offline_and_served_are_identical(offline_vs_served):
     assert (vdir / "teacher.parquet").is_file() and (vdir / "tokens.parquet").is_file()
 
 
+def test_vllm_s_own_counters_count_the_same_work_offline_and_served(offline_vs_served):
+    """vLLM's counters of the scheduler's paths over the task, read from the offline engine's
+    registry and from the server's /metrics: the same prompts one at a time, the same answers,
+    so the same counts (prefix-cache hits included: the same cache sees the same requests).
+    The steps alone may differ by a few: a server's requests arrive between its steps."""
+    run_dir = offline_vs_served["dir"]
+    task = "gsm8k_synth_4shot"
+    offline, served = (json.loads((run_dir / v / "manifest.json").read_text())["engine_counters"][task]
+                       for v in ("offline", "served"))
+    steps = {"offline": offline.pop("engine_steps"), "served": served.pop("engine_steps")}
+    assert offline == served, (offline, served)
+    assert offline["prompt_tokens"] == offline["prefix_cache_queries"] > 0 and offline["preemptions"] == 0, offline
+    # one request at a time: a step per generated token (its prompt's step makes the first)
+    generated = offline["generation_tokens"]
+    assert generated >= LIMIT and all(generated <= n <= generated + LIMIT for n in steps.values()), (steps, offline)
+    assert "spec_decode_draft_tokens" not in offline, "no speculative decoding configured: the counter is not exposed"
+
+
 def records(run_dir: Path, variant: str) -> list[dict]:
     return json.loads((run_dir / variant / "probes.json").read_text())["processes"]
 
@@ -110,6 +128,11 @@ def test_every_process_of_a_served_engine_recorded_what_it_ran(offline_vs_served
     assert model["model_class"] == "evalpipe.lab.layout.model.LayoutForCausalLM"
     assert model["layers"] == {"evalpipe.lab.layout.model.LayoutDecoderLayer": 3}
     assert model["forwards"] > 0 and model["per_forward"]["all_gather"] == {"3": model["forwards"]}
+    # the batch shapes it ran: at max_num_seqs 1 every decode step is one request alone (1 token),
+    # and each of the LIMIT prompts is prefilled in passes of more
+    bins = model["tokens_per_forward"]
+    assert sum(bins.values()) == model["forwards"] and bins["1"] > 0, bins
+    assert sum(n for size, n in bins.items() if size != "1") >= LIMIT, bins
     # the engine core's own switches and collectives (legacy's virtual gathers), read where they happened
     # every finished pass made its 3 gathers; a pass the shutdown cut short made at most 2 more
     partial = core["calls"]["virtual:all_gather"] - 3 * model["forwards"]
@@ -119,6 +142,7 @@ def test_every_process_of_a_served_engine_recorded_what_it_ran(offline_vs_served
     # the manifest carries the summary, and probes.json is a verified artifact
     manifest = json.loads((run_dir / "served" / "manifest.json").read_text())
     assert manifest["probes"]["processes"] == {"api_server": 1, "engine_core": 1, "evalpipe_worker": 1}
+    assert manifest["probes"]["tokens_per_forward"] == bins, "the summary holds the core's passes, the only builder"
     assert "probes.json" in manifest["artifacts"]
     # a variant that stopped half-way still says what its processes built
     hung = json.loads((run_dir / "hung" / "probes.json").read_text())

@@ -353,7 +353,7 @@ def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(tmp
     tree at once), each time continued with the same command (or --resume): the finished
     variants are kept, the unfinished one continues from its request journal, and the end
     result is the uninterrupted run's."""
-    base, run_id = resume_config(tmp_path), "resumed"
+    base, run_id = resume_config(tmp_path), "resumed-again"
     run_dir = tmp_path / "runs" / run_id
     args = [*base, "--run-id", run_id]
     journaled = 0

@@ -259,3 +259,16 @@ def test_the_passes_behind_each_count_keep_their_sizes():
     for tokens in (1, 2, 300):
         rec.forward_finished(model, rec.forward_started(model, tokens))
     assert model.per_forward_token_range["all_gather"] == {"3": [1, 512], "0": [1, 300]}
+
+
+def test_passes_are_counted_by_their_tokens_in_power_of_two_bins():
+    """One token (a single request decoding alone) has a bin of its own; the others are binned
+    by their least power of two, so a prefill chunk of the budget and a decode batch part."""
+    assert [R.token_bin(n) for n in (1, 2, 3, 4, 7, 8, 8191, 8192)] == [1, 2, 2, 4, 4, 8, 4096, 8192]
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    rec.models.append(model)
+    for tokens in (1, 1, 1, 3, 2, 8192, None):
+        rec.forward_finished(model, rec.forward_started(model, tokens))
+    assert rec.to_json()["models"][0]["tokens_per_forward"] == {"1": 3, "2": 2, "8192": 1}
+    assert model.forwards == 7, "a pass whose tokens were not read counts, in no bin"

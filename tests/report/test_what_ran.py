@@ -279,6 +279,16 @@ def test_rows_of_a_verified_run():
                        "calls of LayoutDecoderLayer._legacy_attention", "calls of LayoutDecoderLayer._sp_attention"}
 
 
+def test_the_batch_shapes_each_engine_ran_get_a_row_where_recorded():
+    d = pass_compare()
+    what_ran = d["comparisons"][0]["paths"]["what_ran"]
+    what_ran["a"]["tokens_per_forward"] = {"1": 40, "2": 6, "64": 2}
+    what_ran["b"]["tokens_per_forward"] = {"1": 40, "2": 6, "64": 2}
+    r = rows(d)
+    assert r["forward passes by tokens"] == ["1: 40, 2-3: 6, 64-127: 2", "1: 40, 2-3: 6, 64-127: 2", "not recorded"]
+    assert "forward passes by tokens" not in rows(pass_compare()), "no row where no side recorded them"
+
+
 def test_the_kernels_the_processor_chose_get_a_row_wherever_recorded():
     """Equal on both sides or not: another x86 kind runs the same config on other kernels."""
     d = pass_compare()

@@ -109,3 +109,15 @@ def test_progress_within_a_call_is_thinned_but_every_call_s_first_and_last_count
     # the next call opens at once, however soon after the last count
     assert thin.passes("t", "loglikelihood", 0, 3, now=10.75)
     assert thin.passes("u", "generate", 0, 8, now=10.8)
+
+
+def test_each_task_records_what_vllm_s_counters_say_it_drove_the_engine_through(tmp_path, monkeypatch):
+    """A reading before and after every task; the manifest keeps the difference per task (an
+    engine that exposes no counters, as the fake one by default, leaves the map empty)."""
+    from evalpipe.worker.fakes.engine import FakeEngine
+
+    readings = iter([{"prefix_cache_hits": 40.0, "engine_steps": 3.0}, {"prefix_cache_hits": 296.0, "engine_steps": 19.0}])
+    monkeypatch.setattr(FakeEngine, "counters", lambda self: next(readings))
+    monkeypatch.setenv(FAKE_ENGINE_ENV, "1")
+    assert main.run(_job(tmp_path), Recorder()) == 0
+    assert _manifest(tmp_path)["engine_counters"] == {"gsm8k_synth_4shot": {"prefix_cache_hits": 256, "engine_steps": 16}}
