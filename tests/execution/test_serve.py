@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -286,11 +287,12 @@ def start_served_run(tmp: Path, run_id: str, behaviour: str = "delay=0.3", limit
 
 
 def wait_for_served_generation(proc: subprocess.Popen, timeout: float = 120) -> None:
-    """Until the served variant's client reports generation progress."""
+    """Until the served variant's client reports an answer (its first count, 0/n, only says the
+    requests were sent)."""
     deadline = time.time() + timeout
     assert proc.stdout is not None
     for line in proc.stdout:
-        if f"served · {TASK} · generate" in line:
+        if re.search(rf"served · {TASK} · generate: [1-9]", line):
             return
         assert time.time() < deadline, "the served variant never started generating"
     assert proc.stderr is not None
