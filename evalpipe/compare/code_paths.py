@@ -34,6 +34,7 @@ from evalpipe.config.run_config import LaunchMode
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Paths, PathStatus, SideCheck, WhatRan
 from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
+from evalpipe.probes.record import bin_tokens
 
 PROBES_SCHEMA_VERSION: Final = 1
 NOT_VERIFIABLE_ENDPOINT = (
@@ -294,6 +295,18 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
                             f"seen {_counts_text(hist, forwards)} forward passes{sizes}")
         else:
             evidence.append(f"{wanted} {label if collective_key(key) else short(key)} in each of {_n(forwards, 'forward pass')}")
+
+    if expect.forward_tokens:
+        ran = tokens_per_forward(builders)
+        for key, wanted_range in expect.forward_tokens.items():
+            passes = ran.get(key, 0)
+            shape = "1 token (a single request decoding alone)" if key == "1" else f"{bin_tokens(key)} tokens"
+            if wanted_range.holds(passes):
+                evidence.append(f"{_n(passes, 'forward pass')} of {shape}")
+            else:
+                failures.append(f"{who} was expected to run {wanted_range.describe()} forward passes of {shape}; it ran "
+                                f"{passes} ({_n(sum(ran.values()), 'pass')} in all): the batch shape under test "
+                                "did not run as declared")
 
     for key, expected in expect.switches.items():
         canonical = probes.canonical(key) or key

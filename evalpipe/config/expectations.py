@@ -122,6 +122,13 @@ class Expectations(Strict):
         "all_to_all, all_reduce, gather, dispatch, combine; `kind@group` for one group: tp, dp, ep, virtual ...) or "
         "a function name, with an exact count or {min, max}.",
     )
+    forward_tokens: dict[str, CountRange] = Field(
+        default_factory=dict,
+        description="Batch shapes the engine must have run: forward passes (all processes that build the model "
+        "together) whose token count falls in a power-of-two bin, keyed by the bin's least count (\"1\": a single "
+        "request decoding alone, \"2\": 2-3 tokens, \"4\": 4-7 ...), with {min, max}. A layout bug that lives in one "
+        "batch shape is only tested where that shape ran.",
+    )
     deployment: DeploymentShape | None = Field(
         default=None,
         description="An engine over several nodes: how many nodes, data-parallel ranks per node and data-parallel size "
@@ -169,6 +176,16 @@ class Expectations(Strict):
                 whole_count(count, f"the count of `{name}`")
         return value
 
+    @field_validator("forward_tokens", mode="before")
+    @classmethod
+    def _token_bins(cls, value: Any) -> Any:
+        for key in value if isinstance(value, dict) else ():
+            bound = int(key) if isinstance(key, (int, str)) and not isinstance(key, bool) and str(key).isdigit() else 0
+            if bound < 1 or bound & (bound - 1):
+                raise ValueError(f"{key!r} is not a bin of tokens per forward pass: bins are powers of two "
+                                 "(\"1\", \"2\", \"4\", ... \"8192\"), each the least count it holds")
+        return {str(int(k)): v for k, v in value.items()} if isinstance(value, dict) else value
+
     @field_validator("switches")
     @classmethod
     def _switch_names(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +211,7 @@ class Expectations(Strict):
 
     def declares(self) -> bool:
         return bool(self.model or self.engine_processes or self.layers or self.called or self.not_called
-                    or self.per_forward or self.switches or self.deployment)
+                    or self.per_forward or self.forward_tokens or self.switches or self.deployment)
 
     def claims(self) -> dict[str, Any]:
         """What these expectations say about the path (same_path aside): equal claims on

@@ -125,6 +125,9 @@ class EngineCounters(Document):
     prompt_tokens: int | None = None
     generation_tokens: int | None = None
     engine_steps: int | None = None  # scheduler iterations
+    # the steps by their tokens, vLLM's buckets keyed by upper bound ("1": a single request
+    # decoding alone, "8": 2-8 tokens ... "+Inf"), empty ones left out
+    steps_by_tokens: dict[str, int] | None = None
     spec_decode_draft_tokens: int | None = None
     spec_decode_accepted_tokens: int | None = None
 

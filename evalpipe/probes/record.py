@@ -41,6 +41,14 @@ def token_bin(tokens: int) -> int:
     return 1 << (max(tokens, 1).bit_length() - 1)
 
 
+def bin_tokens(key: str) -> str:
+    """A bin of :func:`token_bin` as a reader counts its tokens: "1", "2-3", "64-127" (other keys as they are)."""
+    if not key.isdigit() or key == "1":
+        return key
+    least = int(key)
+    return f"{least}-{2 * least - 1}"
+
+
 def jsonable(value: Any, depth: int = 0) -> Any:
     """A JSON value for whatever a switch holds (dtypes, enums, config objects), bounded."""
     if isinstance(value, enum.Enum):

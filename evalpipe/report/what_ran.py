@@ -14,6 +14,7 @@ from evalpipe.compare.code_paths import short
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Comparison, ComparisonDocument, Paths, SideCheck, Status
 from evalpipe.documents.manifest import ProbeSummary
 from evalpipe.number_format import DASH, fmt_num
+from evalpipe.probes.record import bin_tokens
 from evalpipe.report.formats import Esc
 
 # ---------------------------------------------------------------------------
@@ -171,14 +172,7 @@ def _tokens_per_forward_cell(summary: ProbeSummary) -> str:
     shapes the engine ran: one request decoding alone, decode batches, prefill chunks)."""
     if not summary.tokens_per_forward:
         return NOT_RECORDED_CELL
-    return ", ".join(f"{_bin_label(key)}: {fmt_num(n)}" for key, n in summary.tokens_per_forward.items())
-
-
-def _bin_label(key: str) -> str:
-    if not key.isdigit() or key == "1":
-        return key
-    least = int(key)
-    return f"{least}-{2 * least - 1}"
+    return ", ".join(f"{bin_tokens(key)}: {fmt_num(n)}" for key, n in summary.tokens_per_forward.items())
 
 
 def _no_collectives_cell(summary: ProbeSummary) -> str:

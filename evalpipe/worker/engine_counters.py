@@ -32,12 +32,23 @@ COUNTERS: Mapping[str, tuple[str, str]] = {
 }
 
 
+# the histogram of tokens per engine step, read by bucket: its first bucket (1 token) holds the
+# steps in which a single request decoded alone
+STEP_TOKENS = "vllm:iteration_tokens_total"
+STEP_BUCKET = "steps_by_tokens:"  # a reading's key of one bucket: this prefix and the bucket's bound
+
+
 def reading(families: Iterable[Any]) -> dict[str, float]:
     """The counters found among prometheus_client metric families, each summed over its label
     sets (a data-parallel server keeps one per engine); a counter the engine does not
-    expose is left out."""
+    expose is left out. The steps' histogram adds its cumulative buckets, keyed by
+    :data:`STEP_BUCKET` and the bucket's upper bound."""
     wanted = {family: (field, suffix) for field, (family, suffix) in COUNTERS.items()}
     out: dict[str, float] = {}
+
+    def add(key: str, value: float) -> None:
+        out[key] = out.get(key, 0.0) + value
+
     for family in families:
         entry = wanted.get(family.name)
         if entry is None:
@@ -45,7 +56,34 @@ def reading(families: Iterable[Any]) -> dict[str, float]:
         field, suffix = entry
         for sample in family.samples:
             if sample.name == family.name + suffix:
-                out[field] = out.get(field, 0.0) + float(sample.value)
+                add(field, float(sample.value))
+            elif family.name == STEP_TOKENS and sample.name == family.name + "_bucket":
+                add(STEP_BUCKET + _bound(sample.labels["le"]), float(sample.value))
+    return out
+
+
+def _bound(le: str) -> str:
+    """A bucket's upper bound as text: "1" for the registry's "1.0" and the exposition's "1"."""
+    value = float(le)
+    if value == float("inf"):
+        return "+Inf"
+    return str(int(value)) if value.is_integer() else str(value)
+
+
+def _step_buckets(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, int] | None:
+    """The steps between two readings by their tokens, each bucket's own count (the
+    histogram's are cumulative) keyed by its upper bound, empty buckets left out."""
+    bounds = sorted((key.removeprefix(STEP_BUCKET) for key in after if key.startswith(STEP_BUCKET) and key in before),
+                    key=float)
+    if not bounds:
+        return None
+    out, below = {}, 0
+    for bound in bounds:
+        key = STEP_BUCKET + bound
+        cumulative = int(round(after[key] - before[key]))
+        if cumulative > below:
+            out[bound] = cumulative - below
+        below = cumulative
     return out
 
 
@@ -65,5 +103,5 @@ def between(before: Mapping[str, float] | None, after: Mapping[str, float] | Non
     only one reading has is not known for the span, and stays None."""
     if before is None or after is None:
         return None
-    return EngineCounters(**{field: int(round(after[field] - before[field]))
-                             for field in COUNTERS if field in before and field in after})
+    counted = {field: int(round(after[field] - before[field])) for field in COUNTERS if field in before and field in after}
+    return EngineCounters(**counted, steps_by_tokens=_step_buckets(before, after))

@@ -245,6 +245,18 @@ def test_per_forward_exact():
         f"variant `v` was expected to make 3 `{FN}` call(s) in every forward pass; seen 2 in 6 of 6 forward passes",)
 
 
+def test_a_batch_shape_that_did_not_run_fails_its_expectation():
+    """A layout bug in one-token passes is only tested where a request decoded alone: an engine
+    that never ran that shape cannot vouch for it, however equal its outputs."""
+    probes = side(proc(model(tokens_per_forward={"2": 40, "256": 8}), pid=1),
+                  proc(model(tokens_per_forward={"1": 3, "2": 37}), pid=2))
+    assert check({"forward_tokens": {"1": {"min": 1}}}, probes).evidence == ("3 forward passes of 1 token (a single request decoding alone)",)
+    assert check({"forward_tokens": {"256": {"min": 10}}}, probes).failures == (
+        "variant `v` was expected to run >= 10 forward passes of 256-511 tokens; it ran 8 (88 passes in all): "
+        "the batch shape under test did not run as declared",)
+    assert check({"forward_tokens": {"4": {"max": 0}}}, probes).ok
+
+
 def test_per_forward_partial_fallback_shows_the_zeros():
     # the new path in 3 of 4 forward passes of one process, none in the other's 2
     probes = side(proc(model(forwards=4, per_forward={"dispatch@ep": {"3": 3}})),

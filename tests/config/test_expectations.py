@@ -119,6 +119,15 @@ def test_engine_processes_is_a_positive_whole_number(value):
     assert config({"engine_processes": 2}).variant_expect("b").engine_processes == 2
 
 
+def test_forward_tokens_are_keyed_by_power_of_two_bins():
+    assert config({"forward_tokens": {1: {"min": 1}, "8192": {"min": 2}}}).variant_expect("b").forward_tokens == {
+        "1": CountRange(min=1), "8192": CountRange(min=2)}, "a YAML number is the same bin as its text"
+    for key in ("3", "0", "one", True):
+        text = error_of({"forward_tokens": {key: {"min": 1}}})
+        assert text.startswith("my.yaml: variant `b`: `expect.forward_tokens`:") and "powers of two" in text, text
+    assert "a range needs a `max`" in error_of({"forward_tokens": {"1": {}}})
+
+
 @pytest.mark.parametrize("key", ["all_gather", "all_gather@tp", "all_to_all@virtual", "combine", "pkg.m.Class.forward"])
 def test_per_forward_keys_accepted(key):
     assert config({"per_forward": {key: {"min": 1}}}).variant_expect("b").per_forward[key] == CountRange(min=1)

@@ -103,11 +103,14 @@ def test_vllm_s_own_counters_count_the_same_work_offline_and_served(offline_vs_s
     offline, served = (json.loads((run_dir / v / "manifest.json").read_text())["engine_counters"][task]
                        for v in ("offline", "served"))
     steps = {"offline": offline.pop("engine_steps"), "served": served.pop("engine_steps")}
+    shapes = {"offline": offline.pop("steps_by_tokens"), "served": served.pop("steps_by_tokens")}
     assert offline == served, (offline, served)
     assert offline["prompt_tokens"] == offline["prefix_cache_queries"] > 0 and offline["preemptions"] == 0, offline
-    # one request at a time: a step per generated token (its prompt's step makes the first)
+    # one request at a time: a step per generated token (its prompt's step makes the first),
+    # every later one a single request decoding alone (the one-token bucket)
     generated = offline["generation_tokens"]
     assert generated >= LIMIT and all(generated <= n <= generated + LIMIT for n in steps.values()), (steps, offline)
+    assert all(s["1"] >= generated - LIMIT and sum(s.values()) == steps[v] for v, s in shapes.items()), (shapes, steps)
     assert "spec_decode_draft_tokens" not in offline, "no speculative decoding configured: the counter is not exposed"
 
 

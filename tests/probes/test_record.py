@@ -265,6 +265,7 @@ def test_passes_are_counted_by_their_tokens_in_power_of_two_bins():
     """One token (a single request decoding alone) has a bin of its own; the others are binned
     by their least power of two, so a prefill chunk of the budget and a decode batch part."""
     assert [R.token_bin(n) for n in (1, 2, 3, 4, 7, 8, 8191, 8192)] == [1, 2, 2, 4, 4, 8, 4096, 8192]
+    assert [R.bin_tokens(k) for k in ("1", "2", "64", "other")] == ["1", "2-3", "64-127", "other"]
     rec = R.ProcessRecord("/nonexistent", "v")
     model = _model()
     rec.models.append(model)

@@ -283,6 +283,7 @@ def test_checks_lines():
 
     lines = checks_lines(variant(model="pkg.m.Model", layers=["pkg.m.A", "pkg.m.B"], called=["pkg.m.f"], not_called=["pkg.m.g"],
                                  per_forward={"all_gather": 2, "pkg.m.f": {"min": 1, "max": 3}},
+                                 forward_tokens={"1": {"min": 1}, "64": {"max": 0}},
                                  switches={"tensor_parallel_size": 2}, same_path=True))
     assert lines == [
         "model class pkg.m.Model",
@@ -291,6 +292,8 @@ def test_checks_lines():
         "never called: pkg.m.g",
         "in every forward pass: 2 x all_gather",
         "in every forward pass: 1..3 x pkg.m.f",
+        "forward passes of 1 token: >= 1",
+        "forward passes of 64-127 tokens: <= 0",
         "switch as the engine resolved it: tensor_parallel_size = 2",
         "meant to run the reference's code (an A/A pair)",
     ]

@@ -43,6 +43,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 1.0
 def test_a_server_s_counters_are_summed_over_its_engines_and_unexposed_ones_left_out():
     assert engine_counters.parse_exposition(EXPOSITION) == {
         "prefix_cache_queries": 1806.0, "prefix_cache_hits": 1280.0, "preemptions": 3.0, "engine_steps": 16.0,
+        "steps_by_tokens:1": 7.0, "steps_by_tokens:+Inf": 16.0,
     }
 
 
@@ -56,7 +57,8 @@ def test_the_registry_and_its_text_read_the_same():
     for tokens in (1, 1, 300):
         steps.labels(engine="0").observe(tokens)
     from_registry = engine_counters.reading(registry.collect())
-    assert from_registry == {"prefix_cache_hits": 256.0, "engine_steps": 3.0}
+    assert from_registry == {"prefix_cache_hits": 256.0, "engine_steps": 3.0, "steps_by_tokens:1": 2.0,
+                             "steps_by_tokens:8": 2.0, "steps_by_tokens:+Inf": 3.0}
     assert engine_counters.parse_exposition(generate_latest(registry).decode()) == from_registry
 
 
@@ -65,3 +67,14 @@ def test_a_task_s_counters_are_the_difference_of_two_readings():
     after = {"prefix_cache_hits": 356.0, "engine_steps": 26.0, "prompt_tokens": 50.0}
     assert engine_counters.between(before, after) == EngineCounters(prefix_cache_hits=256, engine_steps=16)
     assert engine_counters.between(None, after) is None and engine_counters.between(before, None) is None
+
+
+def test_a_task_s_steps_by_tokens_are_each_bucket_s_own_count_over_the_task():
+    """The histogram's buckets are cumulative and count the engine's lifetime: over a task,
+    5 one-token steps, none of 2-8 tokens and 2 of 9-1024 (bucket bounds sorted as numbers)."""
+    def buckets(one: float, eight: float, many: float, inf: float) -> dict[str, float]:
+        return {"steps_by_tokens:1": one, "steps_by_tokens:8": eight, "steps_by_tokens:1024": many,
+                "steps_by_tokens:+Inf": inf, "engine_steps": inf}
+    counted = engine_counters.between(buckets(10, 12, 20, 20), buckets(15, 17, 27, 27))
+    assert counted == EngineCounters(engine_steps=7, steps_by_tokens={"1": 5, "1024": 2})
+    assert engine_counters.between({}, {}) == EngineCounters(), "an engine that exposes nothing: nothing known"
