@@ -179,11 +179,14 @@ class Expectations(Strict):
     @field_validator("forward_tokens", mode="before")
     @classmethod
     def _token_bins(cls, value: Any) -> Any:
-        for key in value if isinstance(value, dict) else ():
+        for key, passes in value.items() if isinstance(value, dict) else ():
             bound = int(key) if isinstance(key, (int, str)) and not isinstance(key, bool) and str(key).isdigit() else 0
             if bound < 1 or bound & (bound - 1):
                 raise ValueError(f"{key!r} is not a bin of tokens per forward pass: bins are powers of two "
                                  "(\"1\", \"2\", \"4\", ... \"8192\"), each the least count it holds")
+            if not isinstance(passes, dict):
+                raise ValueError(f"the passes of bin {key!r} are {passes!r}; give a range of forward passes, "
+                                 "{min: 1} (at least one) or {min, max}")
         return {str(int(k)): v for k, v in value.items()} if isinstance(value, dict) else value
 
     @field_validator("switches")

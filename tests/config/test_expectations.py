@@ -126,6 +126,7 @@ def test_forward_tokens_are_keyed_by_power_of_two_bins():
         text = error_of({"forward_tokens": {key: {"min": 1}}})
         assert text.startswith("my.yaml: variant `b`: `expect.forward_tokens`:") and "powers of two" in text, text
     assert "a range needs a `max`" in error_of({"forward_tokens": {"1": {}}})
+    assert "give a range of forward passes, {min: 1}" in error_of({"forward_tokens": {"1": 3}})
 
 
 @pytest.mark.parametrize("key", ["all_gather", "all_gather@tp", "all_to_all@virtual", "combine", "pkg.m.Class.forward"])

@@ -577,7 +577,8 @@ def expect_blocks(draw: st.DrawFn) -> Block:
     block = Block({})
     classes, functions = _shipped_names("class"), _shipped_names("function")
     keys = draw(st.lists(st.sampled_from(["same_path", "model", "engine_processes", "layers", "called", "not_called",
-                                          "per_forward", "switches", "unknown"]), min_size=1, max_size=3, unique=True))
+                                          "per_forward", "forward_tokens", "switches", "unknown"]), min_size=1, max_size=3,
+                             unique=True))
     for key in keys:
         good = draw(st.booleans())
         value: Any
@@ -624,6 +625,13 @@ def expect_blocks(draw: st.DrawFn) -> Block:
                             block.bad(f"`per_forward.{name}: {count!r}` is not a count nor a {{min, max}} range")
                 value[name] = count
                 block.anchors.append(name)
+        elif key == "forward_tokens":
+            if good:
+                value = {draw(st.sampled_from(["1", 2, "64", 8192])): draw(st.sampled_from([{"min": 1}, {"max": 0}, {"min": 0, "max": 5}]))}
+            else:
+                value = draw(st.sampled_from([{"3": {"min": 1}}, {"0": {"min": 1}}, {"one": {"min": 1}}, {"1": 2},
+                                              {"1": {"min": 2, "max": 1}}, {"1": {"min": True}}, {"1": {}}, [1]]))
+                block.bad(f"`forward_tokens: {value!r}` is not a power-of-two bin with a range of passes")
         elif key == "switches":
             value = draw(st.sampled_from([{"tensor_parallel_size": 1}, {"dtype": "float32"}])) if good else draw(
                 st.sampled_from([{"bogus": 1}, {"tensor parallel size": 1}, [1], "x"]))
