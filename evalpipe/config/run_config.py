@@ -162,6 +162,14 @@ class Variant(Strict):
     _resources = field_validator("resources", mode="before")(check_variant_resources)
 
 
+# How a task's requests reach the engine (the scheduler paths they drive):
+#   together       all at once, as lm-eval hands them over: the engine batches them freely
+#   one_at_a_time  each alone, the next once it finished: every decode step is one request's
+#   prime_first    the first alone, then the rest together: what the first leaves in the
+#                  prefix cache is there for the others (prefix-cache hits on a shared prefix)
+RequestSchedule = Literal["together", "one_at_a_time", "prime_first"]
+
+
 class TaskSpec(Strict):
     task: str = Field(description="lm-eval task name (from tasks/ or lm-eval's own registry).")
     num_fewshot: int | None = Field(default=None, ge=0)
@@ -175,6 +183,12 @@ class TaskSpec(Strict):
         default=None,
         description="Sample this task's generations (common random numbers: every sample seeded alike in every variant); "
         "default: the run's `sampling:`, else greedy.",
+    )
+    schedule: RequestSchedule = Field(
+        default="together",
+        description="How the task's requests (generations and likelihoods alike) reach the engine: `together` (all at once, the default), "
+        "`one_at_a_time` (each alone: every decode step is a single request's), `prime_first` (the first alone, then "
+        "the rest together: a shared prefix the first cached is hit by the others).",
     )
 
 

@@ -18,11 +18,23 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from evalpipe.config.run_config import RequestSchedule
 from evalpipe.config.sampling import Sampling, sample_seed
 from evalpipe.worker.engines import Draw, Engine, GenRequest, GenResult, ScoreRequest, in_order
 
 CaptureKey = tuple[str, int, int, int]  # task, doc_id, request idx, repeat
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own fallback when a task sets none
+
+
+def waves(n: int, schedule: RequestSchedule) -> list[tuple[int, int]]:
+    """The (lo, hi) slices of ``n`` requests that go to the engine one after another."""
+    if n == 0:
+        return []
+    if schedule == "one_at_a_time":
+        return [(i, i + 1) for i in range(n)]
+    if schedule == "prime_first" and n > 1:
+        return [(0, 1), (1, n)]
+    return [(0, n)]
 
 
 @dataclass
@@ -54,6 +66,7 @@ class CapturingLM(LM):
         self.sampling_overridden: set[str] = set()
         # the current task's `sampling:` (the worker sets it per task; its seed resolved); None: greedy
         self.sampling: Sampling | None = None
+        self.schedule: RequestSchedule = "together"  # the current task's, set by the worker as sampling is
         self.engine_seconds = 0.0  # time inside engine calls, incl. converting their logprobs
         self.tokenize_seconds = 0.0  # prompts to ids
         # When the current task's first request reached the LM (lm-eval has built them by
@@ -70,15 +83,16 @@ class CapturingLM(LM):
     def _ordered(self, call: Callable[[list], list], requests: list) -> list:
         return in_order(call, requests, self.reverse_order)
 
-    def _report(self, phase: str, total: int) -> Callable[[int, int], None] | None:
-        """The engine call's progress, opened with ``0/total`` as its requests are handed to the
+    def _report(self, phase: str, total: int, done: int = 0) -> Callable[[int, int], None] | None:
+        """An engine call's progress, opened with ``done/total`` as its requests are handed to the
         engine: from then on the silence is the engine's, which the no-progress watchdog times
-        (lm-eval's request building and the tokenizing before it are not)."""
+        (lm-eval's request building and the tokenizing before it are not). ``done``: requests
+        of the same lm-eval call an earlier wave answered (the counts run over the whole call)."""
         progress = self.progress  # set once, in __init__
         if progress is None:
             return None
-        progress(phase, 0, total)
-        return lambda done, n: progress(phase, done, n)
+        progress(phase, done, total)
+        return lambda answered, _n: progress(phase, done + answered, total)
 
     # -- generation -----------------------------------------------------------------
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
@@ -114,13 +128,24 @@ class CapturingLM(LM):
             seen[base] += 1
 
         t0 = time.perf_counter()
-        results = self._ordered(
-            lambda reqs: self.engine.generate(reqs, self.topk, progress=self._report("generate", len(reqs))), gen_requests
-        )
+        results = self._scheduled("generate", lambda reqs, report: self.engine.generate(reqs, self.topk, progress=report),
+                                  gen_requests)
         self.engine_seconds += time.perf_counter() - t0
         for key, req, cut, res in zip(keys, gen_requests, truncated, results):
             self.captures[key] = Capture(prompt_token_ids=req.prompt_token_ids, truncated_prompt=cut, result=res, draw=req.draw)
         return [res.text for res in results]
+
+    def _scheduled(self, phase: str, call: Callable[[list, Any], list], requests: list) -> list:
+        """The requests through the engine (in reverse order for the A/A run) in the task's
+        schedule's waves: one engine call each, the next once the last finished, their progress
+        counted over the whole lm-eval call."""
+        def in_waves(ordered: list) -> list:
+            results: list = []
+            for lo, hi in waves(len(ordered), self.schedule):
+                results += call(ordered[lo:hi], self._report(phase, len(ordered), done=lo))
+            return results
+
+        return self._ordered(in_waves, requests)
 
     def _draw(self, task: str, doc_id: int, request: int, sample: int) -> Draw | None:
         """The sample's sampler and seed (lm-eval's repeats of a request are its samples), or None: greedy."""
@@ -161,7 +186,7 @@ class CapturingLM(LM):
                 ScoreRequest(token_ids=ids, start=len(ids) - len(cont_ids), label=f"{inst.task_name} doc {inst.doc_id}")
             )
         t0 = time.perf_counter()
-        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood", len(reqs))), score_requests)
+        scored = self._scheduled("loglikelihood", lambda reqs, report: self.engine.score(reqs, progress=report), score_requests)
         self.engine_seconds += time.perf_counter() - t0
         return [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
 
@@ -184,7 +209,7 @@ class CapturingLM(LM):
                 windows.append(ScoreRequest(token_ids=ids, start=len(context), label=f"{inst.task_name} doc {inst.doc_id}"))
                 owner.append(i)
         totals = [0.0] * len(requests)
-        scored = self._ordered(lambda reqs: self.engine.score(reqs, progress=self._report("loglikelihood_rolling", len(reqs))), windows)
+        scored = self._scheduled("loglikelihood_rolling", lambda reqs, report: self.engine.score(reqs, progress=report), windows)
         for i, s in zip(owner, scored):
             totals[i] += float(sum(s.logprobs))
         return totals

@@ -13,7 +13,7 @@ from lm_eval.api.instance import Instance
 
 from evalpipe.documents.manifest import EngineInfo
 from evalpipe.worker.engines import GenRequest, GenResult, ScoreRequest, ScoreResult
-from evalpipe.worker.lm import CapturingLM
+from evalpipe.worker.lm import CapturingLM, waves
 
 EOS = 0
 
@@ -168,3 +168,36 @@ def test_each_engine_call_opens_its_progress_as_its_requests_are_handed_over():
     ll = Instance(request_type="loglikelihood", doc={}, arguments=("A", "B"), idx=0, metadata=("t", 0, 1))
     lm.loglikelihood([ll])
     assert seen == [("generate", 0, 2), ("engine generate", 2), ("loglikelihood", 0, 1), ("engine score", 1)]
+
+
+def test_a_task_s_schedule_decides_the_engine_calls_its_requests_make():
+    """`together`: one call; `one_at_a_time`: a call per request (each decodes alone);
+    `prime_first`: the first alone, then the rest (hits on what it cached). Answers keep
+    lm-eval's order, and the progress counts run over the whole lm-eval call."""
+    requests = [_gen("t", i, c) for i, c in enumerate("abcd")]
+    for schedule, calls in [("together", [4]), ("one_at_a_time", [1, 1, 1, 1]), ("prime_first", [1, 3])]:
+        engine, seen = CharEngine(), []
+        lm = CapturingLM(engine, topk=1, progress=lambda phase, done, total, seen=seen: seen.append((done, total)))
+        lm.schedule = schedule
+        assert lm.generate_until(requests) == ["aa", "bb", "cc", "dd"], schedule
+        assert [len(call) for call in engine.generated] == calls, schedule
+        assert seen[0] == (0, 4) and all(total == 4 for _, total in seen), (schedule, seen)
+    # the A/A run's reversed order is the order the waves are cut from
+    engine = CharEngine()
+    lm = CapturingLM(engine, topk=1, reverse_order=True)
+    lm.schedule = "prime_first"
+    assert lm.generate_until(requests) == ["aa", "bb", "cc", "dd"]
+    assert [[r.prompt_token_ids[-1] for r in call] for call in engine.generated] == [[ord("d")], [ord(c) for c in "cba"]]
+    # likelihoods go in the same waves
+    lm.schedule, lm.reverse_order = "one_at_a_time", False
+    pairs = [Instance(request_type="loglikelihood", doc={}, arguments=("A", c), idx=0, metadata=("t", i, 1)) for i, c in enumerate("BC")]
+    lm.loglikelihood(pairs)
+    assert [len(call) for call in engine.scored] == [1, 1]
+
+
+def test_waves_cover_every_request_once_in_order():
+    assert waves(0, "one_at_a_time") == [] and waves(1, "prime_first") == [(0, 1)]
+    for n in range(1, 6):
+        for schedule in ("together", "one_at_a_time", "prime_first"):
+            cut = waves(n, schedule)
+            assert [i for lo, hi in cut for i in range(lo, hi)] == list(range(n)), (n, schedule)
