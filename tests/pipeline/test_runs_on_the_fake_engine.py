@@ -335,7 +335,7 @@ def test_a_run_killed_mid_generation_resumes_from_the_journal(tmp_path):
     """The whole process tree SIGKILLed while the second variant generates (the OOM killer
     of a job's cgroup): the same command keeps the finished variant and answers the other's
     requests its journal holds without asking the engine again."""
-    base, run_id = resume_config(tmp_path), "resumed"
+    base, run_id = resume_config(tmp_path), "resumed-once"
     run_dir = tmp_path / "runs" / run_id
     _what, variant, marker, _kept = next(k for k in KILL_POINTS if k[0] == MID_GENERATION)
     run_and_kill_at([*base, "--run-id", run_id], tmp_path, run_id, variant, marker, whole_tree=True)
@@ -353,7 +353,7 @@ def test_a_run_killed_again_and_again_resumes_to_the_uninterrupted_artifacts(tmp
     tree at once), each time continued with the same command (or --resume): the finished
     variants are kept, the unfinished one continues from its request journal, and the end
     result is the uninterrupted run's."""
-    base, run_id = resume_config(tmp_path), "resumed-again"
+    base, run_id = resume_config(tmp_path), "resumed"
     run_dir = tmp_path / "runs" / run_id
     args = [*base, "--run-id", run_id]
     journaled = 0
