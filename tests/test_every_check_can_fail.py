@@ -183,6 +183,9 @@ FAILING_RECORDS: dict[str, Callable[[], tuple[str, ...]]] = {
     "switches": lambda: _side_fails({"switches": {"max_num_seqs": 64}}, probes(switches={"max_num_seqs": 7})),
     # a deployment over two nodes whose processes all ran on one (or never said where)
     "deployment": lambda: _side_fails({"deployment": {"nodes": 2}}, probes(processes=2)),
+    # one-token passes asked for (where a decode-only bug lives); the engine ran none (its
+    # passes here recorded no bins at all, as an engine whose batches never shrank to one)
+    "forward_tokens": lambda: _side_fails({"forward_tokens": {"1": {"min": 1}}}, probes()),
 }
 
 
