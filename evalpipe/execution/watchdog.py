@@ -15,9 +15,11 @@ from evalpipe.documents.worker_events import ProgressEvent, StageEvent, WorkerEv
 
 # Stages that mean the engine is up and requests are being (or about to be) sent.
 ARMING_STAGES = frozenset({"engine_ready", "task", "teacher"})
-# The variant waits for another (on a cluster, the reference it teacher-forces): its
-# silence is that variant's time, not a hang; the next arming stage arms it again.
-DISARMING_STAGES = frozenset({"waiting"})
+# The variant waits for another (on a cluster, the reference it teacher-forces), or its engine
+# is still starting (a server that became ready loads its tokenizer, lm-eval builds the
+# requests): that silence is not a hang; the next arming stage, or the count that opens the
+# next engine call (its requests handed over), arms it again.
+DISARMING_STAGES = frozenset({"waiting", "engine"})
 
 
 @dataclass

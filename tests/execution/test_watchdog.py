@@ -51,6 +51,19 @@ def test_only_a_finished_request_or_a_new_stage_counts_as_progress():
     assert not dog.stalled(39) and "teacher forcing" in dog.describe(41)
 
 
+def test_a_server_still_starting_after_the_task_began_disarms_it_until_its_requests_are_sent():
+    """A served variant's task begins before its server is up: the wait, the tokenizer's load
+    and lm-eval's request building are start-up, not a hang; the engine call that opens with
+    0/n arms it again (the silence from there on is the engine's)."""
+    dog = Watchdog(30)
+    dog.see(_read({"event": "stage", "stage": "task", "message": "running gsm8k"}), 0)
+    dog.see(_read({"event": "stage", "stage": "engine", "message": "waiting for the server (70s)"}), 70)
+    assert not dog.stalled(200), "the server's start and what follows it until the first request"
+    dog.see(_read(progress(0)), 200)
+    assert not dog.stalled(230) and dog.stalled(231)
+    assert "gsm8k generate 0/8 requests" in dog.describe(231)
+
+
 def test_no_limit_never_stalls():
     dog = Watchdog(None)
     dog.see(_read(progress(1)), 0)
