@@ -34,7 +34,7 @@ from evalpipe.config.run_config import LaunchMode
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Paths, PathStatus, SideCheck, WhatRan
 from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
-from evalpipe.probes.record import bin_tokens
+from evalpipe.probes.record import bin_size
 
 PROBES_SCHEMA_VERSION: Final = 1
 NOT_VERIFIABLE_ENDPOINT = (
@@ -300,7 +300,7 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
         ran = tokens_per_forward(builders)
         for key, wanted_range in expect.forward_tokens.items():
             passes = ran.get(key, 0)
-            shape = "1 token (a single request decoding alone)" if key == "1" else f"{bin_tokens(key)} tokens"
+            shape = bin_size(key) + (" (a single request decoding alone)" if key == "1" else "")
             if wanted_range.holds(passes):
                 evidence.append(f"{_n(passes, 'forward pass')} of {shape}")
             else:

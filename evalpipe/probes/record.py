@@ -49,6 +49,11 @@ def bin_tokens(key: str) -> str:
     return f"{least}-{2 * least - 1}"
 
 
+def bin_size(key: str) -> str:
+    """A bin's passes as a sentence names them: "1 token", "64-127 tokens"."""
+    return "1 token" if key == "1" else f"{bin_tokens(key)} tokens"
+
+
 def jsonable(value: Any, depth: int = 0) -> Any:
     """A JSON value for whatever a switch holds (dtypes, enums, config objects), bounded."""
     if isinstance(value, enum.Enum):

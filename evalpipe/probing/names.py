@@ -27,7 +27,7 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
 from evalpipe.paths import cache_dir
 from evalpipe.probes import resolve as lookup
-from evalpipe.probes.record import bin_tokens
+from evalpipe.probes.record import bin_size
 from evalpipe.probes.resolve import MARK
 from evalpipe.rundir.artifacts import write_json
 
@@ -181,7 +181,7 @@ def checks_lines(variant: Any) -> list[str]:
     for key, count in expect.per_forward.items():
         lines.append(f"in every forward pass: {count if isinstance(count, int) else count.describe()} x {key}")
     for key, passes in expect.forward_tokens.items():
-        lines.append(f"forward passes of {bin_tokens(key)} token{'' if key == '1' else 's'}: {passes.describe()}")
+        lines.append(f"forward passes of {bin_size(key)}: {passes.describe()}")
     for key, value in expect.switches.items():
         lines.append(f"switch as the engine resolved it: {key} = {value!r}")
     deployment = variant.launch.deployment

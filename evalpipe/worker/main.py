@@ -9,7 +9,6 @@ engine.log). Exit codes: 0 ok, 2 user error (task, data), 3 engine or run failur
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import hashlib
 import json
@@ -19,7 +18,7 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -246,7 +245,7 @@ class _Collected:
     results: dict[str, Any]
     rows: list[dict]
     tokens: dict[str, list]
-    counters: dict[str, EngineCounters] = dataclasses.field(default_factory=dict)  # task -> vLLM's counters over it
+    counters: dict[str, EngineCounters] = field(default_factory=dict)  # task -> vLLM's counters over it
 
 
 class _VariantRun:
