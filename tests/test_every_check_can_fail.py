@@ -29,6 +29,7 @@ from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import SMALLEST_SAMPLED_ALPHA, SMALLEST_SIGN_FLIP_P, Gates
 from evalpipe.config.loading import load_gates, parse_config
 from evalpipe.documents.comparison import FAILED, SampledTask, ShiftTest
+from evalpipe.documents.manifest import EngineCounters
 from evalpipe.gates import registry
 
 TASK = "gsm8k_synth_4shot"
@@ -186,6 +187,9 @@ FAILING_RECORDS: dict[str, Callable[[], tuple[str, ...]]] = {
     # one-token passes asked for (where a decode-only bug lives); the engine ran none (its
     # passes here recorded no bins at all, as an engine whose batches never shrank to one)
     "forward_tokens": lambda: _side_fails({"forward_tokens": {"1": {"min": 1}}}, probes()),
+    # a prefix-cache scenario whose engine found nothing in its prefix cache (caching off)
+    "tasks": lambda: check_side("v", Expectations.model_validate({"tasks": {"scenario_prefix_cache": {"prefix_cache_hits": {"min": 1}}}}),
+                                probes(), {"scenario_prefix_cache": EngineCounters(prefix_cache_hits=0, prefix_cache_queries=1024)}).failures,
 }
 
 

@@ -54,10 +54,12 @@ from fuzz_inputs import (
     outside_bounds,
     record,
     refusal,
+    requires_blocks,
     sampling_blocks,
     shipped_configs,
     shipped_engine_args,
     shipped_probe_names,
+    shipped_text,
     snapshot,
     task_groups,
     with_block,
@@ -70,6 +72,7 @@ from listeners import http_answer, listening, silent_answer
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.loading import load_config
 from evalpipe.config.run_config import Localize
+from evalpipe.data.scenarios import ScenarioSpec
 from evalpipe.probing.names import ResolvedName
 
 # ---------------------------------------------------------------------------
@@ -375,6 +378,30 @@ def test_localize_blocks(world: World, block: Block, word: str | bool | None) ->
         (ex.cwd / "configs" / "default.yaml").write_text(with_block("default.yaml", ("localize",), block), encoding="utf-8")
         args = ["run", "gsm8k", "-c", "configs/default.yaml", "--dry-run", "--output", str(ex.base / "out")]
         judge(world, ex, _block_case(args, block, ["default.yaml"], "default.yaml localize", output_root=ex.base / "out"), "localize-block")
+
+
+@given(block=requires_blocks())
+@fuzzing(20)
+def test_requires_blocks(world: World, block: Block) -> None:
+    import yaml
+
+    doc = yaml.safe_load(shipped_text("scenarios.yaml"))
+    doc["tasks"]["scenarios"][0]["requires"] = block.doc
+    with world.example() as ex:
+        (ex.cwd / "configs" / "scenarios.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        args = ["run", "scenarios", "-c", "configs/scenarios.yaml", "--dry-run", "--output", str(ex.base / "out")]
+        judge(world, ex, _block_case(args, block, ["scenarios.yaml"], "scenarios.yaml task requires",
+                                     output_root=ex.base / "out", anchors_extra=["tasks.scenarios.0.requires"]), "requires")
+
+
+@given(block=model_blocks(ScenarioSpec, skip=("chunk_offsets", "chunk_tokens", "window_tokens")))
+@fuzzing(20)
+def test_scenario_blocks(world: World, block: Block) -> None:
+    with world.example() as ex:
+        (ex.cwd / "configs" / "scenarios.yaml").write_text(with_block("scenarios.yaml", ("scenarios",), block), encoding="utf-8")
+        args = ["run", "scenarios", "-c", "configs/scenarios.yaml", "--dry-run", "--output", str(ex.base / "out")]
+        judge(world, ex, _block_case(args, block, ["scenarios.yaml"], "scenarios.yaml scenarios",
+                                     output_root=ex.base / "out", anchors_extra=["scenarios"]), "scenarios")
 
 
 @given(block=model_blocks(Gates, threshold=True), wrapped=st.booleans(), output=st.booleans())

@@ -157,13 +157,15 @@ def _print_plan(plan: RunPlan, reporter: Reporter) -> None:
             lines = planned_commands(v, model_path, plan.run_dir / v.name)
         reporter.record(f"[bold]{escape(v.name)}[/] ({v.launch.mode}) runs:" + "".join(f"\n  {escape(line)}" for line in lines),
                         variant=v.name, mode=v.launch.mode, commands=lines)
-    tasks = Table("group", "task", "num_fewshot", "limit", "decoding")
+    tasks = Table("group", "task", "num_fewshot", "limit", "decoding", "requests")
     rows = []
     for t in plan.tasks:
         decoding = describe_sampling(t.spec.sampling)
-        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit), decoding)))
+        schedule = t.spec.schedule.replace("_", " ")
+        tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit), decoding,
+                                                schedule)))
         rows.append({"group": t.group, "task": t.spec.task, "num_fewshot": t.spec.num_fewshot, "limit": t.spec.limit,
-                     "decoding": decoding})
+                     "decoding": decoding, "schedule": t.spec.schedule})
     reporter.table(tasks, rows)
     sized = [line for t in plan.tasks for line in plan_lines(t.spec)]
     if sized:

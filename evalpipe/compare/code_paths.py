@@ -23,16 +23,17 @@ versioned). Here, with no file read or written:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evalpipe.compare.task_paths import check_tasks
 from evalpipe.config.expectations import CountRange, Expectations, collective_key
 from evalpipe.config.run_config import LaunchMode
 from evalpipe.documents.comparison import FAILED, NOT_RECORDED, SAME_CODE, VERIFIED, Paths, PathStatus, SideCheck, WhatRan
-from evalpipe.documents.manifest import CollectiveCounts, ProbeSummary
+from evalpipe.documents.manifest import CollectiveCounts, EngineCounters, ProbeSummary
 from evalpipe.probes import SCHEMA_VERSION as RECORD_SCHEMA_VERSION
 from evalpipe.probes.record import bin_size
 
@@ -208,8 +209,10 @@ def _side_check(variant: str, failures: Sequence[str], evidence: Sequence[str] =
                      failures=tuple(failures), evidence=tuple(evidence))
 
 
-def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> SideCheck:
-    """Failures (each one sentence naming what was expected and what was seen) or the evidence."""
+def check_side(variant: str, expect: Expectations, probes: VariantProbes,
+               counters: Mapping[str, EngineCounters] | None = None) -> SideCheck:
+    """Failures (each one sentence naming what was expected and what was seen) or the evidence;
+    ``counters`` are vLLM's own per task (the manifest's), which each task's requirements read."""
     who = f"variant `{variant}`"
     if not probes.verifiable:
         return _side_check(variant, (f"{who}: {NOT_VERIFIABLE_ENDPOINT} (say so, or start it with evalpipe's probes)",), (), False)
@@ -318,7 +321,8 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes) -> Sid
             failures.append(f"{who}: the engine resolved `{key}` to {seen} in {p.label}; expected {expected!r}")
         else:
             evidence.append(f"{key} = {expected!r}")
-    return _side_check(variant, failures, evidence)
+    task_failures, task_evidence = check_tasks(who, expect.tasks, counters)
+    return _side_check(variant, failures + task_failures, evidence + task_evidence)
 
 
 _MISSING = object()
@@ -422,6 +426,7 @@ class PathSide:
     variant: str
     expect: Expectations | None
     probes: VariantProbes | None
+    counters: Mapping[str, EngineCounters] | None = None  # task -> vLLM's counters over it (the manifest's)
 
 
 SAME_CODE_REASON = ("the variants ran the same code: nothing was compared (same model and layer classes, functions "
@@ -478,7 +483,8 @@ def judge_paths(reference: PathSide, variant: PathSide, outputs_identical: bool)
         missing = [s.variant for s in sides if s.probes is None]
         return judged(NOT_RECORDED, (f"path not verified: {', '.join(f'`{m}`' for m in missing)} ran before "
                                      "evalpipe recorded path probes",))
-    checks = tuple(check_side(s.variant, s.expect or Expectations(), s.probes) for s in sides)  # type: ignore[arg-type]
+    checks = tuple(check_side(s.variant, s.expect or Expectations(), s.probes, s.counters)  # type: ignore[arg-type]
+                   for s in sides)
     failures = tuple(f for c in checks for f in c.failures)
     if failures:
         return judged(FAILED, failures, checks)

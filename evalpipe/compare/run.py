@@ -30,7 +30,7 @@ compare.json of other runs has no such key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pyarrow as pa
 
@@ -48,6 +48,7 @@ from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
 from evalpipe.documents.base import as_written
 from evalpipe.documents.comparison import ShiftTest, Status
+from evalpipe.documents.manifest import EngineCounters
 from evalpipe.errors import UserError
 
 
@@ -145,10 +146,11 @@ class VariantArtifacts:
     probes: VariantProbes | None = None  # None: the run predates path probes
     expect: Expectations | None = None
     verified: bool = True  # False: read without its manifest (`compare --unverified`)
+    counters: Mapping[str, EngineCounters] | None = None  # task -> vLLM's counters over it (the manifest's)
 
     @property
     def path_side(self) -> PathSide:
-        return PathSide(self.name, self.expect, self.probes)
+        return PathSide(self.name, self.expect, self.probes, self.counters)
 
 
 # ---------------------------------------------------------------------------

@@ -6,51 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
+from evalpipe.config.counts import CountRange, whole_count
 from evalpipe.config.merge import deep_merge
+from evalpipe.config.path_requirements import PathRequirements
 from evalpipe.config.strict import Strict
 from evalpipe.probes.collectives import COLLECTIVE_KINDS, collective_problem, looks_collective
 from evalpipe.probes.engine_hooks import MODEL_SWITCHES, RANKS, STANDARD_SWITCHES
-
-
-def whole_count(value: Any, what: str) -> int:
-    """A count as a config writes it: a whole number, 0 or more. YAML's `true` is refused
-    (pydantic would read it as 1), as are 2.0 and "2"."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be a whole number, 0 or more; got {value!r}")
-    if value < 0:
-        raise ValueError(f"{what} must be 0 or more; got {value}")
-    return value
-
-
-class CountRange(Strict):
-    """Calls per forward pass between ``min`` and ``max`` (either may be left out, not both)."""
-
-    min: int | None = Field(default=None, ge=0)
-    max: int | None = Field(default=None, ge=0)
-
-    @field_validator("min", "max", mode="before")
-    @classmethod
-    def _whole(cls, value: Any, info: Any) -> Any:
-        return None if value is None else whole_count(value, f"`{info.field_name}`")
-
-    @model_validator(mode="after")
-    def _bounded(self) -> "CountRange":
-        if not self.min and self.max is None:
-            raise ValueError("a range needs a `max`, or a `min` above 0 (without either every count holds)")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"the range's min {self.min} is above its max {self.max} (no count holds); swap them")
-        return self
-
-    def holds(self, n: int) -> bool:
-        return (self.min is None or n >= self.min) and (self.max is None or n <= self.max)
-
-    def describe(self) -> str:
-        if self.min is not None and self.max is not None:
-            return f"{self.min}..{self.max}" if self.min != self.max else str(self.min)
-        return f">= {self.min}" if self.min is not None else f"<= {self.max}"
-
 
 # Switch names every probe record holds (besides vllm_config paths and predicates).
 STANDARD_SWITCH_NAMES = (*STANDARD_SWITCHES, *MODEL_SWITCHES, *RANKS)
@@ -133,6 +96,13 @@ class Expectations(Strict):
         default=None,
         description="An engine over several nodes: how many nodes, data-parallel ranks per node and data-parallel size "
                     "its processes show (`launch.deployment` starts it).")
+    tasks: dict[str, PathRequirements] = Field(
+        default_factory=dict,
+        description="Per task, what vLLM's own counters must show the engine did over it (prefix-cache hits, "
+                    "preemptions, engine steps by tokens ...): the path a scenario drives. Filled from each task's "
+                    "`requires:` (and a scenario task's defaults); a task whose counters fall short makes the "
+                    "comparison INCONCLUSIVE, naming the task and the counter.",
+    )
     switches: dict[str, Any] = Field(
         default_factory=dict,
         description="Values the engine resolved, read in every process that builds a model: a standard name "
@@ -214,7 +184,8 @@ class Expectations(Strict):
 
     def declares(self) -> bool:
         return bool(self.model or self.engine_processes or self.layers or self.called or self.not_called
-                    or self.per_forward or self.forward_tokens or self.switches or self.deployment)
+                    or self.per_forward or self.forward_tokens or self.switches or self.deployment
+                    or self.tasks)
 
     def claims(self) -> dict[str, Any]:
         """What these expectations say about the path (same_path aside): equal claims on

@@ -18,9 +18,11 @@ from evalpipe.config.engine_args import dtype_problem
 from evalpipe.config.expectations import Expectations, merged_expectations, shadowed_keys
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.merge import deep_merge
+from evalpipe.config.path_requirements import PathRequirements
 from evalpipe.config.sampling import Sampling
 from evalpipe.config.strict import Strict
 from evalpipe.data.longctx import LongCtxSpec
+from evalpipe.data.scenarios import ScenarioSpec
 from evalpipe.engine_patches.switches import check_env
 from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
@@ -188,7 +190,12 @@ class TaskSpec(Strict):
         default="together",
         description="How the task's requests (generations and likelihoods alike) reach the engine: `together` (all at once, the default), "
         "`one_at_a_time` (each alone: every decode step is a single request's), `prime_first` (the first alone, then "
-        "the rest together: a shared prefix the first cached is hit by the others).",
+        "the rest together: a shared prefix the first cached is hit by the others). A scenario task's default is its own.",
+    )
+    requires: PathRequirements | None = Field(
+        default=None,
+        description="What vLLM's own counters must show the engine did over this task (e.g. `prefix_cache_hits: {min: 1}`); "
+        "a variant whose counters fall short makes its comparison INCONCLUSIVE. A scenario task's default is its own.",
     )
 
 
@@ -290,6 +297,10 @@ class RunConfig(Strict):
     longctx: LongCtxSpec = Field(
         default_factory=LongCtxSpec,
         description="Lengths, layout edge cases and items of the generated long-context probes (tasks/longctx).",
+    )
+    scenarios: ScenarioSpec = Field(
+        default_factory=ScenarioSpec,
+        description="Sizes of the engine-path scenarios' prompts (tasks/scenarios, docs/scenarios.md).",
     )
     gates: Gates = Gates()
     noise_floor: NoiseFloor | None = Field(default=None, description="true (defaults) or a mapping; runs the reference a second time as `<reference>-aa`.")

@@ -524,6 +524,13 @@ def generate(probe: str, tokenizer: Any, spec: LongCtxSpec | None = None) -> lis
     return _generate(probe, _Meter(tokenizer), spec, target_lengths(spec))
 
 
+def generate_at(probe: str, tokenizer: Any, spec: LongCtxSpec, lengths: list[tuple[int, list[str]]]) -> list[dict]:
+    """Items of one probe at exactly the given lengths (each with its tags), not the spec's
+    own lengths and edges: what a scenario builds its prompts from (evalpipe.data.scenarios)."""
+    _check_probe(probe)
+    return _generate(probe, _Meter(tokenizer), spec, [(n, "edge", list(tags)) for n, tags in lengths])
+
+
 def fingerprint(probe: str, spec: LongCtxSpec, tokenizer: Any) -> str:
     """sha256 over GENERATOR_VERSION, probe, spec (edge bases resolved) and tokenizer content."""
     _check_probe(probe)

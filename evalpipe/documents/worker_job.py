@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 
 from evalpipe.atomic_files import write_text
 from evalpipe.config.run_config import LaunchMode, TaskSpec
+from evalpipe.data.scenarios import ScenarioSpec
 from evalpipe.documents.base import Document, validated
 from evalpipe.errors import UserError
 from evalpipe.redact import redact_text
@@ -97,6 +98,7 @@ class WorkerJob(Document):
     data_dir: str
     reverse_order: bool = False
     longctx: dict[str, Any] | None = None  # config.LongCtxSpec as a mapping
+    scenarios: ScenarioSpec | None = None  # the run's, resolved against its engine arguments (the same prompts for every variant)
     teacher: TeacherJob = TeacherJob()
     localize: LocalizeJob | None = None
 

@@ -114,8 +114,9 @@ def load_artifacts(vdir: VariantDir, name: str | None = None, expect: Expectatio
         raise UserError(f"variant {vdir.name!r} has no directory in {_where(vdir)}; was it part of this run?")
     verified = verify_variant(vdir, allow_unverified=unverified, fix=UNVERIFIED_FIX)
     samples, tokens = load_variant(vdir)
+    counters = read_manifest(vdir.manifest).engine_counters if vdir.manifest.is_file() else None
     return VariantArtifacts(name or vdir.name, samples, tokens, load_teacher(vdir), probes=read_probes(vdir.root),
-                            expect=expect, verified=verified)
+                            expect=expect, verified=verified, counters=counters)
 
 
 def variant_numerics(vdir: VariantDir) -> Numerics:

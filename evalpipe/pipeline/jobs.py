@@ -62,5 +62,6 @@ def worker_job(plan: RunPlan, variant_name: str, model: RunModel, variant_dir: P
         data_dir=str(data_dir()),
         reverse_order=variant.reverse_order,
         longctx=plan.config.longctx.model_dump(mode="json"),
+        scenarios=plan.config.scenarios.resolved(plan.config.engine),
         teacher=teacher,
     )

@@ -25,10 +25,14 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.merge import deep_merge
 from evalpipe.config.option_bounds import check_option
+from evalpipe.config.path_requirements import PathRequirements
 from evalpipe.config.ray_engine import held_devices_problem
 from evalpipe.config.run_config import Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
+from evalpipe.data.scenarios import MAX_GEN_TOKS as SCENARIO_MAX_GEN_TOKS
+from evalpipe.data.scenarios import SCENARIOS
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
+from evalpipe.errors import UserError
 from evalpipe.install import code_version, worker_import_dir
 from evalpipe.models.builtin import BUILTIN_MODELS
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
@@ -143,6 +147,7 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
         chosen = [PlannedTask(t.group, t.spec.model_copy(update={"limit": limit})) for t in chosen]
     # each task carries its sampling as it runs (the run's, with the seed resolved): the job is all a worker reads
     chosen = [PlannedTask(t.group, t.spec.model_copy(update={"sampling": config.task_sampling(t.spec)})) for t in chosen]
+    chosen = [PlannedTask(t.group, with_scenario_defaults(t.spec)) for t in chosen]
     seen: set[str] = set()
     unique = []
     for t in chosen:
@@ -150,6 +155,25 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
             seen.add(t.spec.task)
             unique.append(t)
     return unique
+
+
+def with_scenario_defaults(spec: TaskSpec) -> TaskSpec:
+    """A scenario task (evalpipe.data.scenarios) with its own schedule and `requires:` where
+    its entry leaves them out: the path it drives, and the evidence that it ran."""
+    scenario = SCENARIOS.get(spec.task)
+    if scenario is None:
+        return spec
+    update: dict[str, Any] = {}
+    if "schedule" not in spec.model_fields_set:
+        update["schedule"] = scenario.schedule
+    if spec.requires is None and scenario.requires:
+        update["requires"] = PathRequirements.model_validate(scenario.requires)
+    return spec.model_copy(update=update) if update else spec
+
+
+def task_requirements(tasks: list[PlannedTask]) -> dict[str, PathRequirements]:
+    """task -> what vLLM's counters must show over it (the tasks that require anything)."""
+    return {t.spec.task: t.spec.requires for t in tasks if t.spec.requires is not None}
 
 
 def _resolve_python(python: str | None, variant: str, strict: bool = True) -> str:
@@ -290,7 +314,7 @@ def make_plan(
                 env_overrides={**config.env, **v.env},
                 engine_args=deep_merge(base_args, v.engine),
                 launch=config.variant_launch(name),
-                expect=config.variant_expect(name),
+                expect=_with_tasks(config.variant_expect(name), tasks),
             )
         )
 
@@ -298,6 +322,7 @@ def make_plan(
         if pv.launch.mode != "endpoint":
             check_values(pv.name, pv.engine_args)
     _check_longctx(config, tasks, planned)
+    _check_scenarios(config, tasks, planned)
     _check_units_leave_ray_engines_their_devices(config, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
     if nf is not None and nf.enabled:
@@ -375,6 +400,45 @@ def _check_longctx(config: RunConfig, tasks: list, planned: list[PlannedVariant]
                 "remove num_fewshot from its entry."
             )
         _check_window(f"`{spec.task}`", "", longest, spec.max_gen_toks or MAX_GEN_TOKS[TASK_PROBE[spec.task]], planned)
+
+
+def _with_tasks(expect: Expectations, tasks: list[PlannedTask]) -> Expectations:
+    """A variant's expectations with what each selected task requires of vLLM's counters."""
+    required = task_requirements(tasks)
+    return expect.model_copy(update={"tasks": {**required, **expect.tasks}}) if required else expect
+
+
+def _check_scenarios(config: RunConfig, tasks: list[PlannedTask], planned: list[PlannedVariant]) -> None:
+    """The scenarios' prompts must drive their paths in every variant's engine: refuse, before
+    any engine starts, a prompt that does not fit the window or a chunked prompt no chunk cuts."""
+    chosen = [t.spec for t in tasks if t.spec.task in SCENARIOS]
+    if not chosen:
+        return
+    spec = config.scenarios.resolved(config.engine)
+    for task in chosen:
+        if task.num_fewshot:
+            raise ConfigError(f"task `{task.task}` is zero-shot by construction (its prompts have exact token lengths); "
+                              "remove num_fewshot from its entry.")
+        try:
+            lengths = [n for n, _ in spec.lengths(task.task)]
+        except UserError as err:
+            raise ConfigError(str(err)) from None
+        generated = task.max_gen_toks or SCENARIO_MAX_GEN_TOKS
+        source = {"scenario_prefix_cache": "scenarios.prefix_tokens", "scenario_chunked_prefill":
+                  "scenarios.chunk_tokens + scenarios.chunk_offsets", "scenario_near_limit": "scenarios.window_tokens"}[task.task]
+        for v in planned:
+            window = v.engine_args.get("max_model_len")
+            if window is not None and max(lengths) + generated > int(window):
+                raise ConfigError(
+                    f"`{task.task}` needs prompts of up to {max(lengths)} tokens ({source}) plus {generated} generated, more "
+                    f"than max_model_len {window} of variant `{v.name}`; raise engine.max_model_len to at least "
+                    f"{max(lengths) + generated} or lower {source}.")
+            chunk = v.engine_args.get("max_num_batched_tokens")
+            if task.task == "scenario_chunked_prefill" and chunk is not None and int(chunk) >= min(lengths):
+                raise ConfigError(
+                    f"`{task.task}` cuts prompts of {min(lengths)} tokens into chunks, but variant `{v.name}` prefills "
+                    f"{chunk} tokens per step (max_num_batched_tokens), so no chunk would cut them; set scenarios.chunk_tokens "
+                    f"to that variant's max_num_batched_tokens or lower max_num_batched_tokens below {min(lengths)}.")
 
 
 def _deployment_on_cluster_problem(config: RunConfig, variant: PlannedVariant) -> str | None:

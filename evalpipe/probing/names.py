@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 
 from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
+from evalpipe.config.path_requirements import counter_words
 from evalpipe.paths import cache_dir
 from evalpipe.probes import resolve as lookup
 from evalpipe.probes.record import bin_size
@@ -184,6 +185,9 @@ def checks_lines(variant: Any) -> list[str]:
         lines.append(f"forward passes of {bin_size(key)}: {passes.describe()}")
     for key, value in expect.switches.items():
         lines.append(f"switch as the engine resolved it: {key} = {value!r}")
+    for task, requirements in expect.tasks.items():
+        lines += [f"task {task}, vLLM's counters: {wanted.describe()} {counter_words(name)}"
+                  for name, wanted in requirements.counted()]
     deployment = variant.launch.deployment
     if deployment is not None and not variant.server_of:
         lines.append(f"every one of its {deployment.nodes} nodes built the model" +

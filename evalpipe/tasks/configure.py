@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalpipe.config.run_config import TaskSpec
-from evalpipe.data import longctx
+from evalpipe.data import longctx, scenarios
 from evalpipe.data.check import check_data_files
 from evalpipe.data.registry import ensure_dataset_file
 from evalpipe.errors import UserError
@@ -34,28 +34,36 @@ GeneratedData = Callable[[Path, Path], "Path | None"]
 
 
 class LongCtxData:
-    """Resolves tasks/longctx's `longctx/<probe>-{fingerprint}/test.jsonl` placeholders:
+    """Resolves tasks/longctx's `longctx/<probe>-{fingerprint}/test.jsonl` placeholders (and
+    tasks/scenarios' `scenarios/<name>-{fingerprint}/test.jsonl`, from ``scenario_spec``):
     the probe's items are generated with the model's own tokenizer (exact lengths) and
     cached under the data directory by fingerprint. The tokenizer loads on first use.
 
     Also builds lm-eval's RULER tasks (:meth:`ruler_config`) from the same spec's
     lengths with the same tokenizer; ``seed`` is the run's seed."""
 
-    def __init__(self, tokenizer_path: str, spec: dict[str, Any] | None, seed: int | None = None):
+    def __init__(self, tokenizer_path: str, spec: dict[str, Any] | None, seed: int | None = None,
+                 scenario_spec: scenarios.ScenarioSpec | None = None):
         self.tokenizer_path = tokenizer_path
         self.spec = spec
         self.seed = seed
+        self.scenario_spec = scenario_spec or scenarios.ScenarioSpec()
         self._tokenizer: Any = None  # a transformers tokenizer, loaded on first use
 
     def __call__(self, relative: Path, data_dir: Path) -> Path | None:
+        if scenarios.is_placeholder(relative):
+            return scenarios.resolve_data_file(relative, self.tokenizer(), self.scenario_spec, data_dir)
         if not longctx.is_placeholder(relative):
             return None
+        spec = longctx.LongCtxSpec(**(self.spec or {}))
+        return longctx.resolve_data_file(relative, self.tokenizer(), spec, data_dir)
+
+    def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        spec = longctx.LongCtxSpec(**(self.spec or {}))
-        return longctx.resolve_data_file(relative, self._tokenizer, spec, data_dir)
+        return self._tokenizer
 
     def local_tokenizer_dir(self) -> str:
         """The tokenizer as a local directory (RULER never loads one from the hub): the

@@ -313,7 +313,8 @@ class _VariantRun:
         events.emit("stage", stage="tasks", message="resolving tasks")
         try:
             generated = task_lookup.LongCtxData(
-                str(job.engine_args.get("tokenizer") or job.engine_args["model"]), job.longctx, seed=job.seed
+                str(job.engine_args.get("tokenizer") or job.engine_args["model"]), job.longctx, seed=job.seed,
+                scenario_spec=job.scenarios,
             )
             task_cfgs = []
             for spec in job.tasks:

@@ -651,3 +651,21 @@ def test_the_deployment_s_shape_is_checked_as_each_rank_resolved_it():
     assert failures[2].startswith("variant `sp`: node 0 engine_core pid 2 DP1 resolved data_parallel_size to 1; expected 2")
     with pytest.raises(ValueError, match="a node runs at least one data-parallel rank"):
         Expectations(deployment={"ranks_per_node": [1, 0]})
+
+
+def test_a_task_whose_counters_fall_short_fails_its_side_and_the_paths():
+    from evalpipe.compare.code_paths import PathSide, judge_paths
+    from evalpipe.documents.comparison import PathStatus
+    from evalpipe.documents.manifest import EngineCounters
+
+    expect = Expectations.model_validate({"model": MODEL, "tasks": {"scenario_prefix_cache": {"prefix_cache_hits": {"min": 1}}}})
+    records = side(proc(model()))
+    hit = {"scenario_prefix_cache": EngineCounters(prefix_cache_hits=896, prefix_cache_queries=1024)}
+    missed = {"scenario_prefix_cache": EngineCounters(prefix_cache_hits=0, prefix_cache_queries=1024)}
+    ok = check_side("v", expect, records, hit)
+    assert ok.ok and "task `scenario_prefix_cache`: 896 prefix-cache hit tokens" in ok.evidence
+    bad = check_side("v", expect, records, missed)
+    assert not bad.ok and any("scenario_prefix_cache" in f and "prefix-cache hit tokens" in f for f in bad.failures)
+    judged = judge_paths(PathSide("a", expect, records, hit), PathSide("b", expect, records, missed), outputs_identical=False)
+    assert judged.status is PathStatus.FAILED and judged.inconclusive
+    assert any(r.startswith("variant `b`: task `scenario_prefix_cache`") for r in judged.reasons)

@@ -243,3 +243,44 @@ def test_resources_a_run_here_does_not_use_are_named_in_a_note():
     assert note.startswith("`cluster.resources`, variant `sp`'s `resources:` apply on a Ray cluster only") and "not used" in note
     there = make_plan(parse_config(dict(CONFIG, variants=variants, cluster={"address": "auto"})), "cfg.yaml", "gsm8k")
     assert not [n for n in there.notes if "resources" in n]
+
+
+SCENARIO_CONFIG = {**CONFIG, "engine": {"max_model_len": 2048, "max_num_batched_tokens": 512},
+                   "tasks": {"scenarios": [{"task": "scenario_prefix_cache"}, {"task": "scenario_chunked_prefill"},
+                                           {"task": "gsm8k_synth_4shot", "schedule": "one_at_a_time",
+                                            "requires": {"steps_by_tokens": {"1": {"min": 1}}}}]}}
+
+
+def test_a_scenario_task_takes_its_own_schedule_and_requirements_into_every_variants_expectations(tmp_path):
+    p = make_plan(parse_config(SCENARIO_CONFIG), "cfg.yaml", "scenarios", output=str(tmp_path))
+    schedules = {t.spec.task: t.spec.schedule for t in p.tasks}
+    assert schedules == {"scenario_prefix_cache": "prime_first", "scenario_chunked_prefill": "one_at_a_time",
+                         "gsm8k_synth_4shot": "one_at_a_time"}
+    for v in p.variants:  # the A/A run too: it is held to the same paths
+        assert set(v.expect.tasks) == {"scenario_prefix_cache", "gsm8k_synth_4shot"}, v.name
+        assert v.expect.tasks["scenario_prefix_cache"].prefix_cache_hits.min == 1
+
+
+def test_a_scenario_entry_keeps_what_it_states(tmp_path):
+    cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [
+        {"task": "scenario_prefix_cache", "schedule": "together", "requires": {"prefix_cache_hits": {"min": 5000}}}]}}
+    p = make_plan(parse_config(cfg), "cfg.yaml", "scenarios", output=str(tmp_path))
+    assert p.tasks[0].spec.schedule == "together"
+    assert p.variant("sp").expect.tasks["scenario_prefix_cache"].prefix_cache_hits.min == 5000
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"scenarios": {"prefix_tokens": 4096}}, "more than max_model_len 2048 of variant `legacy`"),
+    ({"scenarios": {"chunk_tokens": 256}}, "prompts of 257 tokens into chunks, but variant `legacy` prefills 512"),
+    ({"engine": {"max_model_len": 2048}}, "set engine.max_num_batched_tokens or scenarios.chunk_tokens"),
+    ({"variants": {"legacy": {}, "sp": {"engine": {"max_num_batched_tokens": 2048}}}}, "variant `sp` prefills 2048"),
+])
+def test_a_scenario_that_cannot_drive_its_path_is_refused_before_any_engine_starts(tmp_path, change, says):
+    with pytest.raises(ConfigError, match=says):
+        make_plan(parse_config({**SCENARIO_CONFIG, **change}), "cfg.yaml", "scenarios", output=str(tmp_path))
+
+
+def test_requires_that_names_nothing_is_refused():
+    cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [{"task": "scenario_prefix_cache", "requires": {}}]}}
+    with pytest.raises(ConfigError, match="requires no counter"):
+        parse_config(cfg)

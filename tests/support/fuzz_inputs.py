@@ -788,3 +788,33 @@ def jsonl_problems(stdout: str, exit_code: int) -> list[str]:
     if verdicts[0]["exit_code"] != exit_code:
         return [f"the verdict says exit {verdicts[0]['exit_code']}, the command exited {exit_code}"]
     return []
+
+
+@st.composite
+def requires_blocks(draw: st.DrawFn) -> Block:
+    """A task's `requires:`: counters good or bad, vLLM's step buckets or none of them."""
+    block = Block({})
+    block.anchors += ["requires"]
+    good_ranges = [{"min": 1}, {"max": 0}, {"min": 0, "max": 5}]
+    bad_ranges = [{}, {"min": 0}, {"min": 2, "max": 1}, {"min": True}, 1, "many", [1]]
+    for key in draw(st.lists(st.sampled_from(["prefix_cache_hits", "preemptions", "spec_decode_accepted_tokens",
+                                              "steps_by_tokens", "prefix_cache_hit"]), min_size=0, max_size=2, unique=True)):
+        good = draw(st.booleans())
+        value: Any
+        if key == "prefix_cache_hit":
+            value = {"min": 1}
+            block.bad("unknown key `prefix_cache_hit`")
+        elif key == "steps_by_tokens":
+            bucket = draw(st.sampled_from(["1", 8, "512"] if good else ["3", "0", "two", True]))
+            value = {bucket: draw(st.sampled_from(good_ranges))}
+            good or block.bad(f"`steps_by_tokens: {value!r}` names no bucket of vLLM's")
+        else:
+            value = draw(st.sampled_from(good_ranges if good else bad_ranges))
+            good or block.bad(f"`{key}: {value!r}` is no range of counts")
+        block.doc[key] = value
+        block.parts.append(f"requires.{key}: {value!r}")
+        block.anchors += [key, f"requires.{key}"]
+    if not block.doc:
+        block.parts.append("requires: {}")
+        block.bad("`requires: {}` requires nothing")
+    return block
