@@ -203,10 +203,12 @@ def same_value(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
-def _side_check(variant: str, failures: Sequence[str], evidence: Sequence[str] = (), verifiable: bool = True) -> SideCheck:
+def _side_check(variant: str, failures: Sequence[str], evidence: Sequence[str] = (), verifiable: bool = True,
+                task_failures: Mapping[str, Sequence[str]] | None = None) -> SideCheck:
     """One variant's records against its expectations: ok when verifiable and nothing failed."""
     return SideCheck(variant=variant, ok=verifiable and not failures, verifiable=verifiable,
-                     failures=tuple(failures), evidence=tuple(evidence))
+                     failures=tuple(failures), evidence=tuple(evidence),
+                     task_failures={t: tuple(f) for t, f in (task_failures or {}).items() if f})
 
 
 def check_side(variant: str, expect: Expectations, probes: VariantProbes,
@@ -321,8 +323,10 @@ def check_side(variant: str, expect: Expectations, probes: VariantProbes,
             failures.append(f"{who}: the engine resolved `{key}` to {seen} in {p.label}; expected {expected!r}")
         else:
             evidence.append(f"{key} = {expected!r}")
-    task_failures, task_evidence = check_tasks(who, expect.tasks, counters)
-    return _side_check(variant, failures + task_failures, evidence + task_evidence)
+    by_task = {task: check_tasks(who, {task: wanted}, counters) for task, wanted in expect.tasks.items()}
+    task_failures = {task: found[0] for task, found in by_task.items()}
+    return _side_check(variant, failures + [f for fs in task_failures.values() for f in fs],
+                       evidence + [e for _, ev in by_task.values() for e in ev], task_failures=task_failures)
 
 
 _MISSING = object()

@@ -41,8 +41,9 @@ from evalpipe.compare.gates import AASummaries
 from evalpipe.compare.numerics import Numerics
 from evalpipe.compare.sampling import reproducibility_problem, sampled_tasks
 from evalpipe.compare.scores import ScoreComparison, compare_scores
+from evalpipe.compare.task_verdicts import task_verdicts
 from evalpipe.compare.tokens import TokenComparison, compare_tokens
-from evalpipe.compare.verdict import Verdict, decide, worst_status
+from evalpipe.compare.verdict import Verdict, decide, unverified_reason, worst_status
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.gate_settings import Gates, margin_problem
 from evalpipe.documents import comparison as schema
@@ -238,6 +239,12 @@ def compare_tables(
         verdict = verdict.with_paths(judged.inconclusive, judged.reasons)
     unread = tuple(dict.fromkeys([*unverified, *(aa.unverified if aa is not None else ())]))
     verdict = verdict.unverified(unread)
+    per_task = task_verdicts(
+        scores.rows, tokens.summaries, teacher_summaries=None if teacher is None else teacher.summaries, gates=gates,
+        aa=None if aa is None else aa.aa_summaries(), numerics=numerics, shift_tests=shifts, shift_missing=shift_missing,
+        sampled=sampled, aa_sampled=aa_sampled, paths=judged,
+        shared_reasons=[*([unreproducible] if unreproducible else []), *([unverified_reason(unread)] if unread else [])],
+    )
     doc = schema.Comparison(
         a=label_a,
         b=label_b,
@@ -259,6 +266,7 @@ def compare_tables(
         paths=judged,
         by_length=None if by_length is None else [as_written(t) for t in by_length],
         sampling=None if sampled is None else [as_written(t) for t in sampled],
+        tasks=per_task,
         unverified=list(unread) or None,
     )
     return VariantComparison(doc, scores, tokens, verdict, teacher, None if shifts is None else tuple(shifts), numerics)

@@ -360,6 +360,8 @@ class SideCheck(Document):
     verifiable: bool
     failures: tuple[str, ...]
     evidence: tuple[str, ...]
+    # task -> those of ``failures`` that are the task's own (its requirements of vLLM's counters)
+    task_failures: dict[str, tuple[str, ...]] = {}
 
 
 class WhatRan(Document):
@@ -538,6 +540,18 @@ class SampledTask(Document):
         return Sampler.recorded(self.temperature, self.top_p, self.top_k, self.min_p)
 
 
+class TaskVerdict(Document):
+    """One task of a comparison judged on its own evidence (compare.task_verdicts): a scenario's
+    verdict of the path it drives."""
+
+    task: str
+    status: Status
+    reasons: list[str]
+    outputs_status: Status | None  # INCONCLUSIVE: what the task's outputs alone said
+    gates_failed: int
+    gates_passed: int
+
+
 class SampleCounts(Document):
     a: int
     b: int
@@ -567,6 +581,8 @@ class Comparison(Document):
     by_length: list[TaskBreakdown] | None = Field(default=None, exclude_if=lambda v: v is None)
     # sampled tasks only (config `sampling:`); greedy runs' files have no such key
     sampling: list[SampledTask] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # each task's own verdict (None: a file from before task verdicts)
+    tasks: list[TaskVerdict] | None = Field(default=None, exclude_if=lambda v: v is None)
     # the sides compared without their manifest.json (`evalpipe compare --unverified`; the A/A
     # variant too when it bounded the gates): the status is then INCONCLUSIVE. Verified
     # comparisons have no such key

@@ -107,6 +107,23 @@ class RecordedGate(Document):
     threshold: float | None = None
 
 
+class RecordedTaskVerdict(Document):
+    """One task's own verdict in a variant's comparison (a scenario's series of verdicts)."""
+
+    task: str
+    status: Status
+    outputs_status: Status | None = None  # INCONCLUSIVE: what the task's outputs alone said
+
+
+class TaskVerdictPoint(RecordedTaskVerdict):
+    """A task verdict with the run and variant it belongs to."""
+
+    run_id: str
+    started_at: float
+    variant: str
+    role: Role
+
+
 class ScorePoint(Document):
     """A run x variant x task x metric as the history's queries return it: the run, the
     variant's role, the mean with its standard error, and (asked for) the per-item values."""

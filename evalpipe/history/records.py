@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ from evalpipe.documents.history_rows import (
     TOKEN_MEASURES,
     RecordedGate,
     RecordedRun,
+    RecordedTaskVerdict,
     RecordedTokens,
     RecordedVariant,
     Role,
@@ -142,6 +143,12 @@ def _gate_rows(comparison: Comparison | None) -> list[RecordedGate]:
                          threshold=num(g.threshold)) for g in (comparison.gates if comparison else [])]
 
 
+def _task_verdict_rows(comparison: Comparison | None) -> list[RecordedTaskVerdict]:
+    """Each task's own verdict (none for a compare.json from before task verdicts)."""
+    return [RecordedTaskVerdict(task=t.task, status=t.status, outputs_status=t.outputs_status)
+            for t in (comparison.tasks or [] if comparison is not None else [])]
+
+
 def _probes_summary(manifest: VariantManifest) -> ProbeSummary | None:
     """What the variant ran (the manifest's "probes" summary), None for a run from before
     the probes; redacted like everything the history keeps (switch values come from the
@@ -185,6 +192,7 @@ class VariantRecord:
     scores: list[ItemScores]
     tokens: list[RecordedTokens]
     gates: list[RecordedGate]
+    task_verdicts: list[RecordedTaskVerdict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -242,7 +250,8 @@ def read_run(run_dir: Path, *, kind: str | None = None, labels: dict[str, str] |
             path_status=None if role == "reference" else _path_status(comparison),
         )
         out_variants.append(VariantRecord(row, item_scores_of(vdir), _token_rows(comparison),
-                                          _gate_rows(comparison) if role == "variant" else []))
+                                          _gate_rows(comparison) if role == "variant" else [],
+                                          _task_verdict_rows(comparison)))
     night = judgement_of(rd.root)
     run = RecordedRun(
         run_id=info.run_id or rd.root.name,

@@ -37,7 +37,15 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from evalpipe.documents.history_rows import TOKEN_MEASURES, GatePoint, RecordedRun, RecordedVariant, ScorePoint, TokenPoint
+from evalpipe.documents.history_rows import (
+    TOKEN_MEASURES,
+    GatePoint,
+    RecordedRun,
+    RecordedVariant,
+    ScorePoint,
+    TaskVerdictPoint,
+    TokenPoint,
+)
 from evalpipe.documents.nightly_doc import NightlyDocument
 from evalpipe.history import HistoryError
 from evalpipe.history.records import ItemScores, RunRecord, decode_items, encode_items, read_run
@@ -143,6 +151,14 @@ token_summaries = sa.Table(
     *(sa.Column(m, sa.Float) for m in TOKEN_MEASURES),
     sa.Column("n_samples", sa.Integer),
 )
+task_verdicts = sa.Table(
+    "task_verdicts", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("variant_pk", sa.Integer, sa.ForeignKey("variants.id", ondelete="CASCADE"), nullable=False, index=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("outputs_status", sa.String(20)),
+)
 baselines = sa.Table(
     "baselines", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -152,7 +168,8 @@ baselines = sa.Table(
 )
 
 V1_TABLES = (runs, variants, gate_results, item_sets, scores, token_summaries, baselines)
-TABLES = V1_TABLES  # every table (a migration that adds columns looks for them here)
+V3_TABLES = (task_verdicts,)
+TABLES = V1_TABLES + V3_TABLES  # every table (a migration that adds columns looks for them here)
 
 
 def _since(column: sa.Column) -> int:
@@ -192,6 +209,8 @@ class Migration:
     def apply(self, conn: Connection) -> None:
         if self.version == 1:
             create_tables_as_of(conn, V1_TABLES, 1)
+        elif self.version == 3:
+            create_tables_as_of(conn, V3_TABLES, 3)
         else:
             add_columns_of(conn, self.version)
 
@@ -202,6 +221,7 @@ class Migration:
 MIGRATIONS = (
     Migration(1, "runs, variants, gates, scores with per-item values, token summaries, baselines"),
     Migration(2, "variants: what ran (the manifest's path-probe summary) and the path status of the comparison"),
+    Migration(3, "task_verdicts: each task's own verdict in a variant's comparison (a scenario's series)"),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -314,6 +334,8 @@ class History:
                     conn.execute(token_summaries.insert(), [{"variant_pk": vpk, **t.model_dump(mode="json")} for t in v.tokens])
                 if v.gates:
                     conn.execute(gate_results.insert(), [{"variant_pk": vpk, **g.model_dump(mode="json")} for g in v.gates])
+                if v.task_verdicts:
+                    conn.execute(task_verdicts.insert(), [{"variant_pk": vpk, **t.model_dump(mode="json")} for t in v.task_verdicts])
 
     def write_many(self, records: Iterable[RunRecord]) -> int:
         n = 0
@@ -333,7 +355,7 @@ class History:
     def _delete(self, conn: Connection, run_pk: int) -> None:
         vpks = [r.id for r in conn.execute(sa.select(variants.c.id).where(variants.c.run_pk == run_pk))]
         if vpks:
-            for table in (scores, token_summaries, gate_results):
+            for table in (scores, token_summaries, gate_results, task_verdicts):
                 conn.execute(table.delete().where(table.c.variant_pk.in_(vpks)))
             conn.execute(variants.delete().where(variants.c.run_pk == run_pk))
         conn.execute(runs.delete().where(runs.c.id == run_pk))
@@ -412,6 +434,21 @@ class History:
             q = q.where(runs.c.run_id.in_(list(run_ids)))
         with self.engine.connect() as conn:
             return [TokenPoint.model_validate(dict(r._mapping)) for r in conn.execute(q)]
+
+    def task_verdict_rows(self, run_ids: Sequence[str] | None = None) -> list[TaskVerdictPoint]:
+        """Each task's own verdict of every recorded comparison (of the given runs), oldest run
+        first: a scenario's series. A database from before task verdicts (read, not upgraded) has none."""
+        if self.version < 3:
+            return []
+        q = (sa.select(runs.c.run_id, runs.c.started_at, variants.c.name.label("variant"), variants.c.role,
+                       task_verdicts.c.task, task_verdicts.c.status, task_verdicts.c.outputs_status)
+             .select_from(task_verdicts.join(variants, task_verdicts.c.variant_pk == variants.c.id)
+                          .join(runs, variants.c.run_pk == runs.c.id))
+             .order_by(runs.c.started_at, runs.c.id, task_verdicts.c.id))
+        if run_ids is not None:
+            q = q.where(runs.c.run_id.in_(list(run_ids)))
+        with self.engine.connect() as conn:
+            return [TaskVerdictPoint.model_validate(dict(r._mapping)) for r in conn.execute(q)]
 
     def gate_rows(self, run_id: str | Sequence[str]) -> list[GatePoint]:
         """Gate results of one run (or of several), in the order they were recorded."""

@@ -85,6 +85,7 @@ def tokens_table(compare: ComparisonDocument) -> Table:
     table = _table("generated tokens", columns + [("verdict", True)])
     for c in comparisons:
         teacher = {t.task: t for t in c.teacher or ()}
+        own = {v.task: v.status for v in c.tasks or ()}  # each task's own verdict (a file from before them: the comparison's)
         for t in c.tokens:
             n = t.n_samples
             samples = str(n) + (f" (+{t.only_a}/+{t.only_b} one-sided)" if t.only_a or t.only_b else "")
@@ -97,7 +98,8 @@ def tokens_table(compare: ComparisonDocument) -> Table:
             if with_teacher:
                 tf = teacher.get(t.task)
                 row += [fmt_small(tf.kl_p99), fmt_num(tf.n_top1_hard)] if tf else [DASH, DASH]
-            table.add_row(*row, _text(c.status, style=_style(c.status)))
+            status = own.get(t.task, c.status)
+            table.add_row(*row, _text(status, style=_style(status)))
     return table
 
 

@@ -271,8 +271,12 @@ def _task_view(task: str, c: Comparison, nf: Comparison | None, esc: Esc) -> dic
         notes.append(("Hard free-running divergences", fmt_positions(free.hard_divergences, free.n_hard_divergences)))
     if teacher and teacher.top1_hard_positions:
         notes.append(("Hard teacher-forced top-1 flips", fmt_positions(teacher.top1_hard_positions, teacher.n_top1_hard)))
+    own = next((v for v in c.tasks or () if v.task == task), None)  # None: a file from before task verdicts
     return {
         "name": esc(task),
+        "status": esc(own.status) if own is not None else "",
+        # why a task is not a pass, when the comparison's reasons are about others too
+        "why": esc(own.reasons[0]) if own is not None and not own.status.passed and own.reasons else "",
         "scores": [
             {
                 "metric": esc(r.metric),

@@ -17,7 +17,7 @@ RUN_KEYS = {"schema_version", "run_id", "reference", "variants", "status", "gate
 COMPARISON_KEYS = {
     "a", "b", "reference", "variant", "status", "reasons", "samples", "scores",
     "metrics_only_a", "metrics_only_b", "tokens", "teacher", "gates", "numerics", "distribution",
-    "outputs_status", "paths",
+    "outputs_status", "paths", "tasks",
 }
 
 
@@ -113,6 +113,9 @@ def test_compare_json_v2_shape_and_bytes(tmp_path):
     assert c["teacher"][0]["task"] == TASK and c["reasons"][-1] == f"all {len(greedy)} gates passed (0 skipped)"
     assert c["numerics"]["precision"] == "half" and c["numerics"]["aa_identical"] is not None
     assert [t["test"] for t in c["distribution"]] == ["dlogprob_shift", "kl_shift"]
+    # one task: its own verdict is the comparison's, with the same gates
+    assert [(t["task"], t["status"], t["gates_failed"]) for t in c["tasks"]] == [(TASK, "EQUIVALENT", 0)]
+    assert c["tasks"][0]["gates_passed"] == sum(g["status"] == "pass" for g in c["gates"])
     assert "NaN" not in first.decode() and str(tmp_path) not in first.decode()
     # the same artifacts with their rows in another order: the same bytes
     s = make_samples(8)

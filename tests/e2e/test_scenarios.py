@@ -9,7 +9,8 @@ task, in each variant's manifest) or in the path probes' forward passes:
 - one-token engine steps of the one-at-a-time GSM8K task;
 - prompts longer than the 512-token prefill chunk, prefilled in whole 512-token passes;
 - prompts that fill the 2048-token window up to the answer's room;
-- legacy against sp EQUIVALENT, with that evidence in its reasons.
+- legacy against sp EQUIVALENT, with that evidence in its reasons, and every task's own
+  verdict a pass; without the cache only the prefix scenario is INCONCLUSIVE.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def test_legacy_against_sp_is_equivalent_with_every_scenarios_evidence(scenario_
     assert "forward passes of 512-1023 tokens" in evidence
     tasks = {row["task"] for row in sp["tokens"]}
     assert tasks == {"scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit", "gsm8k_synth_4shot"}
+    assert {t["task"] for t in sp["tasks"]} == tasks
+    assert {t["status"] for t in sp["tasks"]} <= {"EQUIVALENT", "IDENTICAL"}, sp["tasks"]
 
 
 def test_every_variant_that_caches_hit_the_shared_document_after_the_first_request(scenario_run):
@@ -87,6 +90,10 @@ def test_without_the_prefix_cache_the_comparison_is_inconclusive_naming_the_scen
     assert any(r.startswith("variant `sp_nocache`: task `scenario_prefix_cache` was to drive >= 1 prefix-cache hit tokens; "
                             "vLLM counted 0") for r in nocache["reasons"]), nocache["reasons"]
     assert scenario_run["proc"].returncode == 4, "an INCONCLUSIVE variant makes the run INCONCLUSIVE (exit 4)"
+    # the scenario alone: the tasks beside it keep what their outputs showed
+    own = {t["task"]: t["status"] for t in nocache["tasks"]}
+    assert own.pop("scenario_prefix_cache") == "INCONCLUSIVE"
+    assert set(own.values()) <= {"EQUIVALENT", "IDENTICAL"}, own
 
 
 def test_the_chunked_and_near_limit_prompts_have_their_lengths_and_were_prefilled_in_whole_chunks(scenario_run):

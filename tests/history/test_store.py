@@ -142,7 +142,7 @@ def test_a_schema_1_database_upgrades_in_place_and_keeps_its_runs(tmp_path):
         assert [c["name"] for c in sa.inspect(conn).get_columns("variants")] == V1_VARIANT_COLUMNS
     db = open_history(url, tmp_path)
     with db.engine.connect() as conn:
-        assert h.current_version(conn) == h.SCHEMA_VERSION == 2
+        assert h.current_version(conn) == h.SCHEMA_VERSION == 3
     # the upgraded database has the schema a new one gets
     assert _variant_columns(db) == V1_VARIANT_COLUMNS + ["probes", "path_status"] == _variant_columns(open_history(None, tmp_path / "new"))
     old = {v.name: v for v in db.variants_of("night-00")}
@@ -226,3 +226,21 @@ def test_processes_opening_a_new_history_at_once_all_get_its_schema(tmp_path):
         with ProcessPoolExecutor(4) as pool:
             versions = list(pool.map(_open_new_history, [str(root)] * 4))
         assert len(set(versions)) == 1 and versions[0] > 0
+
+
+def test_each_tasks_own_verdict_is_a_series_and_a_rerecorded_run_replaces_its_rows(tmp_path, db):
+    dirs = [write_night(tmp_path, i, fault=i == 1) for i in range(3)]
+    for d in dirs:
+        db.record(d)
+    db.record(dirs[1])
+    rows = [r for r in db.task_verdict_rows() if r.variant == "sp"]
+    assert [(r.run_id, r.status) for r in rows] == [("night-00", "IDENTICAL"), ("night-01", "DIVERGENT"), ("night-02", "IDENTICAL")]
+    assert {r.role for r in db.task_verdict_rows()} == {"variant", "aa"}  # the reference is compared with nothing
+    assert [r.run_id for r in db.task_verdict_rows(["night-02"])] == ["night-02", "night-02"]
+    # a schema 1 database read as it is has no task verdicts; upgraded, it records them from then on
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    write_v1_history(url, write_night(tmp_path / "old-runs", 0))
+    assert open_history(url, tmp_path, access="read").task_verdict_rows() == []
+    upgraded = open_history(url, tmp_path)
+    upgraded.record(dirs[1])
+    assert [r.status for r in upgraded.task_verdict_rows() if r.variant == "sp"] == ["DIVERGENT"]

@@ -121,3 +121,10 @@ def test_a_page_without_plots_says_so_and_keeps_everything_else(html):
     assert "Plots were not drawn for this page" in bare
     strip = lambda page: re.sub(r"<figure.*?</figure>|<img[^>]*>|<p class=\"muted\">[^<]*</p>", "", page, flags=re.S)  # noqa: E731
     assert len(bare) < len(html) and strip(bare).count("<table") == strip(html).count("<table")
+
+
+def test_each_task_heading_carries_its_own_verdict_badge():
+    own = [{"task": "gsm8k_synth_4shot", "status": "INCONCLUSIVE", "reasons": ["no prefix-cache hit"],
+            "outputs_status": "EQUIVALENT", "gates_failed": 0, "gates_passed": 4}]
+    page = render_html(make_compare(comparisons=[comparison(tasks=own)]), RUN_INFO)
+    assert '<h3>Task gsm8k_synth_4shot <span class="badge inconclusive">INCONCLUSIVE</span></h3>\n<p>no prefix-cache hit</p>' in page

@@ -176,3 +176,15 @@ def test_markdown_of_a_document_read_back_is_the_same():
     assert render_markdown(ComparisonDocument.model_validate_json(doc.model_dump_json()), RUN_INFO) == render_markdown(doc, RUN_INFO)
 
 
+
+
+def test_each_task_heading_carries_its_own_verdict_and_why_it_is_no_pass():
+    from report_samples import TASK
+
+    why = "variant `sp`: task `gsm8k_synth_4shot` was to drive >= 1 prefix-cache hit tokens; vLLM counted 0"
+    doc = make_compare(comparisons=[comparison(tasks=[{"task": TASK, "status": "INCONCLUSIVE", "reasons": [why],
+                                                       "outputs_status": "EQUIVALENT", "gates_failed": 0, "gates_passed": 4}])])
+    md = render_markdown(doc, RUN_INFO)
+    assert f"### Task {md_escape(TASK)}: INCONCLUSIVE\n\n{md_escape(why)}\n" in md
+    # a file from before task verdicts: the heading as it was
+    assert f"### Task {md_escape(TASK)}\n" in render_markdown(make_compare(), RUN_INFO)

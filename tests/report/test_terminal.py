@@ -91,3 +91,11 @@ def test_a_sampled_task_gets_a_line_with_its_prediction_and_the_a_a_count():
     compare.noise_floor = None
     compare.comparisons[0].sampling = [task(0, predicted=None)]
     assert sampled_lines(compare) == ["sp t sampled at temperature 0.6: 0/20 samples left the reference's path (no prediction)"]
+
+
+def test_the_token_rows_verdict_is_each_tasks_own():
+    own = [{"task": TASK, "status": "INCONCLUSIVE", "reasons": ["variant `sp`: task ..."], "outputs_status": "EQUIVALENT",
+            "gates_failed": 0, "gates_passed": 4}]
+    out = _summary(make_compare(comparisons=[comparison(tasks=own)]))
+    row = next(line for line in out.splitlines() if line.startswith("│ sp") and "%" in line)
+    assert "INCONCLUSIVE" in row and "DIVERGENT" not in row
