@@ -13,6 +13,9 @@ probes, and scored the same way (a value retrieved from the prompt, exact match)
   ``chunk_tokens`` (the engine's max_num_batched_tokens).
 * ``scenario_near_limit``    pass keys in prompts that fill the context window up to the room
   the answer needs (``window_tokens`` less the task's max_gen_toks, and a token less).
+* ``scenario_preemption``    the synthetic GSM8K items, sent at once (its data is GSM8K's, not
+  generated here): under a KV cache too small for all of them (the engine's
+  num_gpu_blocks_override) the scheduler preempts requests and computes them again.
 
 Every prompt length is exact under the tokenizer (evalpipe.data.longctx does the fitting).
 ``chunk_tokens`` and ``window_tokens`` default to the run's engine arguments
@@ -37,7 +40,7 @@ from evalpipe.errors import UserError
 
 GENERATOR_VERSION = 1
 DATA_DIR_NAME = "scenarios"
-ScenarioName = Literal["scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit"]
+ScenarioName = Literal["scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit", "scenario_preemption"]
 MAX_GEN_TOKS = 16  # the scenario YAMLs' max_gen_toks (a five-digit value and the stop)
 TEST_SEED = 6_000_101
 
@@ -86,6 +89,8 @@ class ScenarioSpec(BaseModel):
         if name == "scenario_chunked_prefill":
             chunk = self._needed("chunk_tokens", "max_num_batched_tokens", name)
             return [(chunk + o, [f"chunk+{o}"]) for o in sorted(set(self.chunk_offsets))]
+        if name != "scenario_near_limit":
+            raise UserError(f"`{name}` has no generated prompts; those are {', '.join(GENERATED_SCENARIOS)}.")
         window = self._needed("window_tokens", "max_model_len", name)
         return [(window - MAX_GEN_TOKS - 1, ["window-1"]), (window - MAX_GEN_TOKS, ["window"])]
 
@@ -99,10 +104,10 @@ class ScenarioSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Scenario:
-    """A scenario task: its generator probe, how its requests reach the engine, and what vLLM's
-    counters must show over it (`requires:` defaults, as run-config mappings)."""
+    """A scenario task: its generator probe (None: the task's own data), how its requests reach
+    the engine, and what vLLM's counters must show over it (`requires:` defaults, as run-config mappings)."""
 
-    probe: str
+    probe: str | None
     schedule: str
     requires: dict[str, Any]
     what: str
@@ -113,7 +118,10 @@ SCENARIOS: dict[str, Scenario] = {
                                       "prefix-cache hits on a shared document"),
     "scenario_chunked_prefill": Scenario("passkey", "one_at_a_time", {}, "prefills cut into chunks at layout edges"),
     "scenario_near_limit": Scenario("passkey", "together", {}, "prompts that fill the context window"),
+    "scenario_preemption": Scenario(None, "together", {"preemptions": {"min": 1}},
+                                    "GSM8K at once under a KV cache too small for it: preemption and recompute"),
 }
+GENERATED_SCENARIOS = tuple(name for name, s in SCENARIOS.items() if s.probe is not None)
 
 
 def _longctx_spec(spec: ScenarioSpec, name: str) -> longctx.LongCtxSpec:
@@ -124,10 +132,11 @@ def _longctx_spec(spec: ScenarioSpec, name: str) -> longctx.LongCtxSpec:
 
 
 def generate(name: str, tokenizer: Any, spec: ScenarioSpec) -> list[dict]:
-    """The items of one scenario (a resolved spec): longctx items with the scenario named."""
-    if name not in SCENARIOS:
-        raise UserError(f"unknown scenario `{name}`; known: {', '.join(SCENARIOS)}.")
-    items = longctx.generate_at(SCENARIOS[name].probe, tokenizer, _longctx_spec(spec, name), spec.lengths(name))
+    """The items of one generated scenario (a resolved spec): longctx items with the scenario named."""
+    probe = SCENARIOS[name].probe if name in SCENARIOS else None
+    if probe is None:
+        raise UserError(f"`{name}` is no scenario evalpipe generates; those are {', '.join(GENERATED_SCENARIOS)}.")
+    items = longctx.generate_at(probe, tokenizer, _longctx_spec(spec, name), spec.lengths(name))
     return [{**item, "scenario": name, "id": f"{name}-{i}"} for i, item in enumerate(items)]
 
 

@@ -29,8 +29,8 @@ from evalpipe.config.path_requirements import PathRequirements
 from evalpipe.config.ray_engine import held_devices_problem
 from evalpipe.config.run_config import Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
+from evalpipe.data.scenarios import GENERATED_SCENARIOS, SCENARIOS
 from evalpipe.data.scenarios import MAX_GEN_TOKS as SCENARIO_MAX_GEN_TOKS
-from evalpipe.data.scenarios import SCENARIOS
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
 from evalpipe.errors import UserError
 from evalpipe.install import code_version, worker_import_dir
@@ -323,6 +323,9 @@ def make_plan(
             check_values(pv.name, pv.engine_args)
     _check_longctx(config, tasks, planned)
     _check_scenarios(config, tasks, planned)
+    for pv in planned:
+        if pv.launch.mode != "endpoint" and (problem := kv_budget_problem(pv.engine_args)):
+            raise ConfigError(f"variant `{pv.name}`: {problem}")
     _check_units_leave_ray_engines_their_devices(config, planned)
     nf = config.noise_floor if noise_floor is None else (NoiseFloor() if noise_floor else None)
     if nf is not None and nf.enabled:
@@ -408,10 +411,21 @@ def _with_tasks(expect: Expectations, tasks: list[PlannedTask]) -> Expectations:
     return expect.model_copy(update={"tasks": {**required, **expect.tasks}}) if required else expect
 
 
+def kv_budget_problem(engine_args: dict[str, Any]) -> str | None:
+    """A KV cache set too small to hold one request of the context window (vLLM refuses it only
+    once the engine is up); known when the config fixes both the blocks and their size."""
+    blocks, size, window = (engine_args.get(k) for k in ("num_gpu_blocks_override", "block_size", "max_model_len"))
+    if blocks is None or size is None or window is None or int(blocks) * int(size) >= int(window):
+        return None
+    return (f"num_gpu_blocks_override {blocks} blocks of block_size {size} hold {int(blocks) * int(size)} tokens, fewer than "
+            f"one request of max_model_len {window}, so the engine could serve no long request; give at least "
+            f"{-(-int(window) // int(size))} blocks or lower max_model_len.")
+
+
 def _check_scenarios(config: RunConfig, tasks: list[PlannedTask], planned: list[PlannedVariant]) -> None:
     """The scenarios' prompts must drive their paths in every variant's engine: refuse, before
     any engine starts, a prompt that does not fit the window or a chunked prompt no chunk cuts."""
-    chosen = [t.spec for t in tasks if t.spec.task in SCENARIOS]
+    chosen = [t.spec for t in tasks if t.spec.task in GENERATED_SCENARIOS]
     if not chosen:
         return
     spec = config.scenarios.resolved(config.engine)

@@ -6,7 +6,8 @@ A run continued after a kill (evalpipe/rundir/resume.py keeps this file of an un
 variant) answers the requests it finds here from the journal and sends only the rest:
 a kill -9 loses at most the requests that were in flight. The key is the request
 itself (prompt token ids and every sampling setting), so an answer is only ever reused
-for the very same request. A line cut short by the kill is ignored; each line is a
+for the very same request, and only from the interrupted run: within a run every request
+reaches the engine, also one that another task sent before. A line cut short by the kill is ignored; each line is a
 versioned document (evalpipe.documents.journal). Flushing hands each
 line to the kernel, which keeps it through the death of the process; only the
 machine's own crash could lose the last lines.
@@ -52,7 +53,9 @@ class RequestJournal:
         return answer
 
     def put(self, key: str, answer: dict[str, Any]) -> None:
-        self._answers[key] = answer
+        # not answered from here again in this run: a request sent twice (two tasks asking the same
+        # prompt, a scenario repeating another's items) must reach the engine twice, or the path
+        # its second sending drives would not run. Only an earlier, interrupted run's answers are reused.
         self._out.write(journal_line(JournalLine(key=key, answer=answer)))
         self._out.flush()
 

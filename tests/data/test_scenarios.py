@@ -80,3 +80,12 @@ def test_every_scenario_has_a_task_file():
 
     for name in scenarios.SCENARIOS:
         assert (shipped_dir("tasks") / "scenarios" / f"{name}.yaml").is_file()
+
+
+def test_the_preemption_scenario_has_no_generated_prompts(tok):
+    spec = scenarios.ScenarioSpec().resolved(ENGINE)
+    assert "scenario_preemption" in scenarios.SCENARIOS and "scenario_preemption" not in scenarios.GENERATED_SCENARIOS
+    with pytest.raises(UserError, match="no scenario evalpipe generates"):
+        scenarios.generate("scenario_preemption", tok, spec)
+    with pytest.raises(UserError, match="has no generated prompts"):
+        spec.lengths("scenario_preemption")

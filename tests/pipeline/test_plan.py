@@ -284,3 +284,19 @@ def test_requires_that_names_nothing_is_refused():
     cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [{"task": "scenario_prefix_cache", "requires": {}}]}}
     with pytest.raises(ConfigError, match="requires no counter"):
         parse_config(cfg)
+
+
+def test_a_kv_cache_too_small_for_one_request_of_the_window_is_refused(tmp_path):
+    small = {**SCENARIO_CONFIG, "engine": {**SCENARIO_CONFIG["engine"], "block_size": 128, "num_gpu_blocks_override": 15}}
+    with pytest.raises(ConfigError, match=r"variant `legacy`: num_gpu_blocks_override 15 blocks of block_size 128 hold 1920 "
+                                          r"tokens, fewer than one request of max_model_len 2048.*at least 16 blocks"):
+        make_plan(parse_config(small), "cfg.yaml", "gsm8k", output=str(tmp_path))
+    enough = {**small, "engine": {**small["engine"], "num_gpu_blocks_override": 16}}
+    assert make_plan(parse_config(enough), "cfg.yaml", "gsm8k", output=str(tmp_path))
+
+
+def test_the_preemption_scenario_runs_its_task_at_once_and_requires_a_preemption(tmp_path):
+    cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [{"task": "scenario_preemption", "limit": 8}]}}
+    p = make_plan(parse_config(cfg), "cfg.yaml", "scenarios", output=str(tmp_path))
+    assert p.tasks[0].spec.schedule == "together"
+    assert p.variant("sp").expect.tasks["scenario_preemption"].preemptions.min == 1

@@ -129,3 +129,14 @@ def test_an_older_vllm_without_enqueue_journals_each_call(tmp_path):
     assert _engine(llm, path).generate(_requests(6), topk=1, progress=lambda d, t: progress.append(d))[:3] == results
     assert llm.sent == [[30, 31], [40, 41], [50, 51]]
     assert progress == [3, 4, 5, 6]  # the journal's answers, then each finished request once
+
+
+def test_a_request_answered_in_this_run_is_sent_again_and_one_of_the_interrupted_run_is_reused(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    first = RequestJournal(path)
+    first.put("k1", {"text": "a"})
+    assert first.get("k1") is None, "within a run every request reaches the engine (a scenario's second sending too)"
+    first.close()
+    again = RequestJournal(path)
+    assert again.get("k1") == {"text": "a"} and again.reused == 1
+    again.close()

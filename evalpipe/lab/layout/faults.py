@@ -82,6 +82,31 @@ def _graded(text: str) -> Fault:
     )
 
 
+# The path-specific faults: the graded error's 1e-2 (a one-percent scale on layer GRADED_LAYER's
+# attention output), applied only where one engine path runs, as the layout bugs that live in
+# one scheduler path do (docs/scenarios.md says which scenario drives which path).
+PATH_ERROR = 1e-2
+FAR_POSITION = 1536  # positions from here on: a context near the 2048-token window of configs/scenarios.yaml
+
+
+def _path_fault(name: str, where: str, scenario: str) -> Fault:
+    return Fault(
+        name, harmful=True, layout="sp", place=(GRADED_LAYER, "attn.out"),
+        doc=(f"Path-specific: layer {GRADED_LAYER}'s attention output multiplied by (1 + {PATH_ERROR:g}) only {where}; "
+             f"everywhere else sp is exact. Whether a run sees it depends on whether that path ran: "
+             f"`{scenario}` drives it (docs/scenarios.md)."),
+    )
+
+
+PATH_FAULTS = (
+    _path_fault("lone_decode_error", "in forward passes of a single token (one request decoding alone)",
+                "gsm8k_synth_4shot with schedule: one_at_a_time"),
+    _path_fault("continued_prefill_error", "on the tokens of a prefill that continues an earlier part of its prompt (the "
+                "part the prefix cache held, or the chunks already prefilled)", "scenario_prefix_cache, scenario_chunked_prefill"),
+    _path_fault("far_position_error", f"at positions {FAR_POSITION} and beyond (a context near the window)", "scenario_near_limit"),
+)
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
@@ -293,7 +318,7 @@ FAULTS: dict[str, Fault] = {
             ),
         ),
     )
-} | {f.name: f for f in map(_graded, GRADED_MAGNITUDES)}
+} | {f.name: f for f in map(_graded, GRADED_MAGNITUDES)} | {f.name: f for f in PATH_FAULTS}
 
 
 def graded_magnitude(faults: frozenset[str]) -> float:

@@ -70,7 +70,8 @@ from vllm.model_executor.models.llama import (
 from vllm.model_executor.models.utils import extract_layer_index
 
 from evalpipe.lab.layout import collectives as C
-from evalpipe.lab.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, graded_magnitude
+from evalpipe.lab.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, PATH_ERROR, graded_magnitude
+from evalpipe.lab.layout.path_faults import path_fault_rows
 from evalpipe.lab.layout.plugin import ARCHITECTURE
 from evalpipe.lab.layout.settings import LayoutSettings, resolve
 from evalpipe.probes import runtime as probes
@@ -311,6 +312,9 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             # model a relative error below half an ulp (2^-9, ~2e-3) still rounds away on
             # every element: there the graded faults from 1e-3 down compute exactly what sp does
             out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
+        if self.layer_idx == GRADED_LAYER and (rows := path_fault_rows(s.faults, positions)) is not None:
+            out = out.clone()
+            out[rows] = (out[rows].float() * (1.0 + PATH_ERROR)).to(out.dtype)
         self._capture("attn.out", [out], "full", scale=self.settings.out_scale)
         return out
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe.lab.layout.faults import FAULTS
+from evalpipe.lab.layout.faults import FAULTS, PATH_FAULTS
 
 pytestmark = pytest.mark.slow
 RUNS_FOR_MINUTES = 3.2  # beside another module on the 2-core machine: the longest modules start first (tests/conftest.py)
@@ -42,7 +42,9 @@ def setting(name: str) -> str:
 
 ORDERED = sorted(FAULTS, key=lambda n: FAULTS[n].raises)  # a setting that raises goes last
 SETTINGS = ["legacy", "sp", f"sp@{SCALE}", *(setting(n) for n in ORDERED)]
-HARMFUL = [n for n in ORDERED if FAULTS[n].harmful and not FAULTS[n].raises and FAULTS[n].magnitude is None]
+# a path-specific fault moves only what its path computes, which these prompts need not drive (docs/scenarios.md)
+HARMFUL = [n for n in ORDERED if FAULTS[n].harmful and not FAULTS[n].raises and FAULTS[n].magnitude is None
+           and n not in {f.name for f in PATH_FAULTS}]
 GRADED = sorted((n for n in ORDERED if FAULTS[n].magnitude is not None), key=lambda n: FAULTS[n].magnitude)
 BENIGN = [n for n in ORDERED if not FAULTS[n].harmful]
 

@@ -1,0 +1,37 @@
+"""Which rows of a forward pass each path-specific fault acts on."""
+
+import torch
+
+from evalpipe.lab.layout.faults import FAR_POSITION, FAULTS, PATH_FAULTS
+from evalpipe.lab.layout.path_faults import path_fault_rows
+
+# a pass holding: a fresh prefill (0-3), a prefill continuing from a cached part (896-898),
+# a decode step (57), and a prefill near the window (FAR_POSITION - 1 ..)
+POSITIONS = torch.tensor([0, 1, 2, 3, 896, 897, 898, 57, FAR_POSITION - 1, FAR_POSITION, FAR_POSITION + 1])
+
+
+def rows(fault: str, positions: torch.Tensor = POSITIONS) -> list[int]:
+    mask = path_fault_rows(frozenset({fault}), positions)
+    return [] if mask is None else torch.nonzero(mask).flatten().tolist()
+
+
+def test_a_continued_prefill_is_a_run_of_tokens_starting_past_position_zero():
+    assert rows("continued_prefill_error") == [4, 5, 6, 8, 9, 10]
+    assert rows("continued_prefill_error", torch.tensor([0, 1, 2])) == []
+    assert rows("continued_prefill_error", torch.tensor([700])) == [], "a decode step is no prefill"
+
+
+def test_far_positions_and_lone_decodes():
+    assert rows("far_position_error") == [9, 10]
+    assert rows("lone_decode_error", torch.tensor([57])) == [0]
+    assert rows("lone_decode_error") == [], "a pass of many tokens is no lone decode"
+
+
+def test_no_path_fault_or_another_fault_acts_nowhere():
+    assert path_fault_rows(frozenset(), POSITIONS) is None
+    assert path_fault_rows(frozenset({"heads_permuted"}), POSITIONS) is None
+
+
+def test_the_path_faults_are_harmful_sp_faults_of_the_zoo():
+    assert {f.name for f in PATH_FAULTS} == {"lone_decode_error", "continued_prefill_error", "far_position_error"}
+    assert all(FAULTS[f.name] is f and f.harmful and f.layout == "sp" for f in PATH_FAULTS)
