@@ -278,6 +278,9 @@ def calibrate(
         None, "--temperature", help="Run the zoo a second time with sampled decoding at this temperature (1e-05 to 10; common "
         "random numbers, docs/sampling.md); the table gets those verdicts beside the greedy ones."),
     samples: Optional[int] = typer.Option(None, "--samples", help="With --temperature: samples per item (1 to 1024; default 1)."),
+    tasks: Optional[str] = typer.Option(
+        None, "--tasks", help="The config's task group the zoo runs (default: its first); with several tasks the table "
+                              "says which task caught which entry (e.g. `scenarios` of configs/scenarios.yaml)."),
 ) -> None:
     """Run every fault of the layout model's zoo against `legacy` and write the calibration table."""
     from evalpipe.commands.calibrate import run_calibration
@@ -287,7 +290,7 @@ def calibrate(
 
     with _writing_into(from_run):
         code = run_calibration(config, limit, names, table, reporter, run_id=run_id, output=output, from_run=from_run,
-                               localize=localize, temperature=temperature, samples=samples)
+                               localize=localize, temperature=temperature, samples=samples, task_group=tasks)
     raise typer.Exit(code)
 
 

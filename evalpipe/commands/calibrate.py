@@ -68,6 +68,15 @@ def default_table() -> Path:
     return root / "docs" / "calibration.md" if root is not None else Path("calibration.md")
 
 
+def _shown(path: Path) -> str:
+    """A path as the regenerate command gives it: relative to the checkout when inside it."""
+    root = checkout_root()
+    try:
+        return str(path.resolve().relative_to(root)) if root is not None else str(path)
+    except ValueError:
+        return str(path)
+
+
 def zoo(names: list[str] | None = None) -> list[Fault]:
     """The faults to calibrate: all of them (except those the model itself refuses to
     run, which the tests cover), or the named ones."""
@@ -192,6 +201,7 @@ def run_calibration(
     localize: bool = True,
     temperature: float | None = None,
     samples: int | None = None,
+    task_group: str | None = None,
 ) -> int:
     """Run the zoo and write the table; with ``from_run``, judge that finished calibration
     run again (same config and faults) without starting an engine: new gates, or a table
@@ -209,7 +219,9 @@ def run_calibration(
     config, expected = calibration_config(base, faults)
     graded = {f"fault-{f.name}": f.magnitude for f in faults if f.magnitude is not None}
     places = {f"fault-{f.name}": f.place for f in faults}
-    task_group = next(iter(config.tasks))
+    if task_group is not None and task_group not in config.tasks:
+        raise ConfigError(f"--tasks {task_group}: {path} has no such task group; its groups are {', '.join(config.tasks)}.")
+    task_group = task_group or next(iter(config.tasks))
     started = time.time()
     run_dir, info, seconds = _zoo_run(config, path, task_group, limit, output, run_id, from_run, reporter)
     judged = _judge_zoo(run_dir, info, expected, graded, reporter)
@@ -225,9 +237,12 @@ def run_calibration(
                                 sampled_id, expected, reporter)
         rows = [r.model_copy(update={"sampled": verdicts.get(r.variant)}) for r in rows]
 
-    options = (("-c", config_path), ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
-               ("--temperature", temperature), ("--samples", samples))
-    command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None)
+    options = (("-c", config_path), ("--tasks", task_group if task_group != next(iter(config.tasks)) else None),
+               ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
+               ("--temperature", temperature), ("--samples", samples),
+               ("--table", _shown(table_path) if table_path != default_table() else None))
+    command = "evalpipe calibrate" + "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in options if v is not None) + \
+        ("" if localize else " --no-localize")
     benign = [c for c in comparisons if expected.get(c.variant, ("benign", ""))[0] == "benign"]
     firing = {"aa_pairs": gate_firing(judged.aa_pairs), "benign": gate_firing(benign)}
     plot_path = table_path.with_name(table_path.stem + "-sensitivity.png")

@@ -263,6 +263,7 @@ def calibration_row(
         n_items=first.n_paired if first else 0,
         detection_cost=cost,
         doc=doc,
+        by_task={t.task: t.status.value for t in comparison.doc.tasks or ()},
     )
 
 

@@ -13,9 +13,10 @@ probes, and scored the same way (a value retrieved from the prompt, exact match)
   ``chunk_tokens`` (the engine's max_num_batched_tokens).
 * ``scenario_near_limit``    pass keys in prompts that fill the context window up to the room
   the answer needs (``window_tokens`` less the task's max_gen_toks, and a token less).
-* ``scenario_preemption``    the synthetic GSM8K items, sent at once (its data is GSM8K's, not
-  generated here): under a KV cache too small for all of them (the engine's
-  num_gpu_blocks_override) the scheduler preempts requests and computes them again.
+* ``scenario_preemption``    ``preempt_requests`` pass keys, each prompt ``preempt_tokens`` long
+  (a whole number of KV blocks), sent at once: under a KV cache that holds fewer of them (the
+  engine's num_gpu_blocks_override), the admitted requests fill it, the first decode step of
+  each needs a new block, and the scheduler preempts requests and computes them again.
 
 Every prompt length is exact under the tokenizer (evalpipe.data.longctx does the fitting).
 ``chunk_tokens`` and ``window_tokens`` default to the run's engine arguments
@@ -63,6 +64,11 @@ class ScenarioSpec(BaseModel):
     window_tokens: int | None = Field(default=None, ge=longctx.MIN_LENGTH + MAX_GEN_TOKS + 1, strict=True,
                                       description="scenario_near_limit: the context window its prompts fill; default the "
                                                   "engine's max_model_len.")
+    preempt_tokens: int = Field(default=256, ge=longctx.MIN_LENGTH, strict=True,
+                                description="scenario_preemption: length of each prompt; a whole number of KV blocks, so "
+                                            "that its first decode step needs a new block.")
+    preempt_requests: int = Field(default=24, ge=2, strict=True,
+                                  description="scenario_preemption: requests sent at once (more than the KV cache holds).")
     value_digits: int = Field(default=5, ge=1, le=9, strict=True, description="Digits of every value asked for.")
     seed: int = Field(default=TEST_SEED, ge=0, strict=True)
 
@@ -89,6 +95,8 @@ class ScenarioSpec(BaseModel):
         if name == "scenario_chunked_prefill":
             chunk = self._needed("chunk_tokens", "max_num_batched_tokens", name)
             return [(chunk + o, [f"chunk+{o}"]) for o in sorted(set(self.chunk_offsets))]
+        if name == "scenario_preemption":
+            return [(self.preempt_tokens, ["preempt"])]
         if name != "scenario_near_limit":
             raise UserError(f"`{name}` has no generated prompts; those are {', '.join(GENERATED_SCENARIOS)}.")
         window = self._needed("window_tokens", "max_model_len", name)
@@ -111,6 +119,7 @@ class Scenario:
     schedule: str
     requires: dict[str, Any]
     what: str
+    max_gen_toks: int = MAX_GEN_TOKS  # its task YAML's (tests check they agree)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -118,17 +127,23 @@ SCENARIOS: dict[str, Scenario] = {
                                       "prefix-cache hits on a shared document"),
     "scenario_chunked_prefill": Scenario("passkey", "one_at_a_time", {}, "prefills cut into chunks at layout edges"),
     "scenario_near_limit": Scenario("passkey", "together", {}, "prompts that fill the context window"),
-    "scenario_preemption": Scenario(None, "together", {"preemptions": {"min": 1}},
-                                    "GSM8K at once under a KV cache too small for it: preemption and recompute"),
+    "scenario_preemption": Scenario("passkey", "together", {"preemptions": {"min": 1}},
+                                    "more requests at once than the KV cache holds: preemption and recompute",
+                                    max_gen_toks=128),
 }
 GENERATED_SCENARIOS = tuple(name for name, s in SCENARIOS.items() if s.probe is not None)
 
 
 def _longctx_spec(spec: ScenarioSpec, name: str) -> longctx.LongCtxSpec:
     lengths = tuple(n for n, _ in spec.lengths(name))
-    n = spec.prefix_questions if name == "scenario_prefix_cache" else 1
-    return longctx.LongCtxSpec(lengths=lengths, value_digits=spec.value_digits, seed=spec.seed, items_per_length=n,
-                               questions_per_haystack=n, n_keys=max(n, 4), n_chains=max(n, 3))
+    base = longctx.LongCtxSpec(lengths=lengths, value_digits=spec.value_digits, seed=spec.seed, items_per_length=1)
+    if name == "scenario_prefix_cache":  # one document, every key asked once
+        n = spec.prefix_questions
+        return base.model_copy(update={"items_per_length": n, "questions_per_haystack": n, "n_keys": max(n, 4),
+                                       "n_chains": max(n, 3)})
+    if name == "scenario_preemption":  # a haystack of its own each
+        return base.model_copy(update={"items_per_length": spec.preempt_requests})
+    return base
 
 
 def generate(name: str, tokenizer: Any, spec: ScenarioSpec) -> list[dict]:

@@ -62,6 +62,8 @@ class CalibrationRow(Document):
     expected_place: str | None = None
     # the same entry in the zoo's sampled run (`calibrate --temperature`); None: not run sampled
     sampled: SampledVerdict | None = None
+    # each task's own verdict (compare.task_verdicts): which task, a scenario, caught the entry
+    by_task: dict[str, str] = {}
 
     @property
     def placed(self) -> bool | None:

@@ -30,7 +30,6 @@ from evalpipe.config.ray_engine import held_devices_problem
 from evalpipe.config.run_config import Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
 from evalpipe.data.scenarios import GENERATED_SCENARIOS, SCENARIOS
-from evalpipe.data.scenarios import MAX_GEN_TOKS as SCENARIO_MAX_GEN_TOKS
 from evalpipe.documents.run_doc import RUN_VERSION, RunDocument
 from evalpipe.errors import UserError
 from evalpipe.install import code_version, worker_import_dir
@@ -437,9 +436,10 @@ def _check_scenarios(config: RunConfig, tasks: list[PlannedTask], planned: list[
             lengths = [n for n, _ in spec.lengths(task.task)]
         except UserError as err:
             raise ConfigError(str(err)) from None
-        generated = task.max_gen_toks or SCENARIO_MAX_GEN_TOKS
+        generated = task.max_gen_toks or SCENARIOS[task.task].max_gen_toks
         source = {"scenario_prefix_cache": "scenarios.prefix_tokens", "scenario_chunked_prefill":
-                  "scenarios.chunk_tokens + scenarios.chunk_offsets", "scenario_near_limit": "scenarios.window_tokens"}[task.task]
+                  "scenarios.chunk_tokens + scenarios.chunk_offsets", "scenario_near_limit": "scenarios.window_tokens",
+                  "scenario_preemption": "scenarios.preempt_tokens"}[task.task]
         for v in planned:
             window = v.engine_args.get("max_model_len")
             if window is not None and max(lengths) + generated > int(window):
@@ -447,6 +447,13 @@ def _check_scenarios(config: RunConfig, tasks: list[PlannedTask], planned: list[
                     f"`{task.task}` needs prompts of up to {max(lengths)} tokens ({source}) plus {generated} generated, more "
                     f"than max_model_len {window} of variant `{v.name}`; raise engine.max_model_len to at least "
                     f"{max(lengths) + generated} or lower {source}.")
+            blocks, size = v.engine_args.get("num_gpu_blocks_override"), v.engine_args.get("block_size")
+            burst = spec.preempt_requests * (max(lengths) + generated)
+            if task.task == "scenario_preemption" and blocks is not None and size is not None and int(blocks) * int(size) >= burst:
+                raise ConfigError(
+                    f"`{task.task}` sends {spec.preempt_requests} requests of up to {max(lengths) + generated} tokens at once "
+                    f"({burst} tokens), which the {blocks} KV blocks of {size} tokens of variant `{v.name}` hold, so nothing "
+                    "would be preempted; lower engine.num_gpu_blocks_override or raise scenarios.preempt_requests.")
             chunk = v.engine_args.get("max_num_batched_tokens")
             if task.task == "scenario_chunked_prefill" and chunk is not None and int(chunk) >= min(lengths):
                 raise ConfigError(

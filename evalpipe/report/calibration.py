@@ -125,11 +125,28 @@ def render_calibration(
             f"{'—' if r.detection_cost is None else r.detection_cost} | {_placed(r)} |"
             + (f" {_sampled_cell(r)} |" if _sampled(rows) else "")
         )
-    lines += _sensitivity_section(sensitivity, plot) + _firing_section(firing)
+    lines += _by_task_section(rows) + _sensitivity_section(sensitivity, plot) + _firing_section(firing)
     lines += ["", "## The entries", ""]
     for r in rows:
         lines.append(f"- **{md_escape(r.variant)}** ({r.expected}): {md_escape(r.doc)}")
     return "\n".join(lines) + "\n"
+
+
+def _by_task_section(rows: Sequence[CalibrationRow]) -> list[str]:
+    """Which task caught which entry: each task's own verdict (a zoo run over several tasks,
+    e.g. the engine-path scenarios; one task says nothing the table above does not)."""
+    tasks = sorted({t for r in rows for t in r.by_task})
+    if len(tasks) < 2:
+        return []
+    out = ["", "## Which task catches which entry", "",
+           "Each task's own verdict (its gates against its own A/A figures, docs/verdict.md): a path-specific",
+           "fault is DIVERGENT only in the tasks that drive its engine path (docs/scenarios.md).", "",
+           "| variant | expected | " + " | ".join(md_escape(t) for t in tasks) + " |",
+           "|---|---|" + "---|" * len(tasks)]
+    for r in rows:
+        cells = [f"**{s}**" if (s := r.by_task.get(t, "—")) == "DIVERGENT" else s for t in tasks]
+        out.append(f"| {md_escape(r.variant)} | {r.expected} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _placed(r: CalibrationRow) -> str:

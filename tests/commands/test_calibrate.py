@@ -90,3 +90,19 @@ def test_a_sampled_zoo_run_is_asked_for_on_the_command_line_of_a_greedy_config(t
         with pytest.raises(ConfigError, match=says):
             run_calibration(greedy, 2, None, tmp_path / "t.md", reporter, temperature=temperature, samples=samples)
     assert not (tmp_path / "t.md").exists()
+
+
+def test_a_task_group_the_config_lacks_is_refused_naming_its_groups(tmp_path):
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    from evalpipe.commands.calibrate import run_calibration
+    from evalpipe.reporting import QuietReporter
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(ConfigError, match=r"--tasks scenarios: .* has no such task group; its groups are gsm8k\."):
+        run_calibration(path, 2, None, tmp_path / "t.md", QuietReporter(Console(file=io.StringIO())), task_group="scenarios")
+    assert not (tmp_path / "t.md").exists()

@@ -82,10 +82,21 @@ def test_every_scenario_has_a_task_file():
         assert (shipped_dir("tasks") / "scenarios" / f"{name}.yaml").is_file()
 
 
-def test_the_preemption_scenario_has_no_generated_prompts(tok):
-    spec = scenarios.ScenarioSpec().resolved(ENGINE)
-    assert "scenario_preemption" in scenarios.SCENARIOS and "scenario_preemption" not in scenarios.GENERATED_SCENARIOS
+def test_the_preemption_scenario_is_many_prompts_of_whole_blocks_each_with_a_pass_key_of_its_own(tok):
+    spec = scenarios.ScenarioSpec(preempt_tokens=256, preempt_requests=6, value_digits=2).resolved(ENGINE)
+    items = scenarios.generate("scenario_preemption", tok, spec)
+    assert [len(ids(tok, it["prompt"])) for it in items] == [256] * 6
+    assert len({it["haystack_id"] for it in items}) == 6, "no shared document: no prefix-cache hits to soften the pressure"
     with pytest.raises(UserError, match="no scenario evalpipe generates"):
-        scenarios.generate("scenario_preemption", tok, spec)
-    with pytest.raises(UserError, match="has no generated prompts"):
-        spec.lengths("scenario_preemption")
+        scenarios.generate("gsm8k_synth_4shot", tok, spec)
+
+
+def test_each_scenario_tasks_yaml_generates_what_the_registry_says():
+    import yaml
+
+    from evalpipe.install import shipped_dir
+
+    for name, scenario in scenarios.SCENARIOS.items():
+        cfg = yaml.safe_load((shipped_dir("tasks") / "scenarios" / f"{name}.yaml").read_text())
+        assert cfg["task"] == name and cfg["generation_kwargs"]["max_gen_toks"] == scenario.max_gen_toks, name
+        assert cfg["dataset_kwargs"]["data_files"]["test"] == f"scenarios/{name}-{{fingerprint}}/test.jsonl"

@@ -4,7 +4,7 @@ One run of the scenarios group: legacy, its A/A run, sp, and sp with vLLM's pref
 switched off (`sp_nocache`). Each scenario's path must show in vLLM's own counters (per
 task, in each variant's manifest) or in the path probes' forward passes:
 
-- preemptions of the GSM8K burst under the 20-block KV cache;
+- preemptions of the 24-request burst under the 18-block KV cache;
 - prefix-cache hits on the shared document in every variant that caches; none, and so an
   INCONCLUSIVE comparison naming the scenario and the counter, where caching is off;
 - one-token engine steps of the one-at-a-time GSM8K task;
@@ -82,8 +82,6 @@ def test_every_variant_that_caches_hit_the_shared_document_after_the_first_reque
         assert prefix["prefix_cache_hits"] >= 15 * 6 * 128, (variant, prefix)
         alone = counters(scenario_run, variant)["gsm8k_synth_4shot"]["steps_by_tokens"]
         assert alone.get("1", 0) >= 20, (variant, alone)
-        # the same GSM8K prompts as scenario_preemption's first 20: sent to the engine again, not answered by the journal
-        assert counters(scenario_run, variant)["gsm8k_synth_4shot"]["prompt_tokens"] > 0
         assert counters(scenario_run, variant)["scenario_preemption"]["preemptions"] >= 1, variant
 
 

@@ -296,7 +296,12 @@ def test_a_kv_cache_too_small_for_one_request_of_the_window_is_refused(tmp_path)
 
 
 def test_the_preemption_scenario_runs_its_task_at_once_and_requires_a_preemption(tmp_path):
-    cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [{"task": "scenario_preemption", "limit": 8}]}}
+    cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [{"task": "scenario_preemption"}]}}
     p = make_plan(parse_config(cfg), "cfg.yaml", "scenarios", output=str(tmp_path))
     assert p.tasks[0].spec.schedule == "together"
     assert p.variant("sp").expect.tasks["scenario_preemption"].preemptions.min == 1
+    # a KV cache that holds the whole burst would preempt nothing: refused
+    roomy = {**cfg, "engine": {**cfg["engine"], "block_size": 128, "num_gpu_blocks_override": 100}}
+    with pytest.raises(ConfigError, match=r"sends 24 requests of up to 384 tokens at once \(9216 tokens\), which the 100 KV "
+                                          r"blocks of 128 tokens of variant `legacy` hold, so nothing would be preempted"):
+        make_plan(parse_config(roomy), "cfg.yaml", "scenarios", output=str(tmp_path))

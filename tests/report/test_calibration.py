@@ -121,3 +121,19 @@ def test_the_sampled_run_adds_its_column_and_its_own_summary_line():
     greedy_only = render_calibration([rows[0].model_copy(update={"sampled": None})], RunDocument(run_id="cal"), command="c",
                                      seconds=60, run_dir=Path("x"))
     assert "Sampled at" not in greedy_only and "sampled at temperature" not in greedy_only
+
+
+def test_a_zoo_over_several_tasks_says_which_task_caught_which_entry():
+    rows = [
+        _row("sp", "benign", "EQUIVALENT", "clean", (), (), "t", "m", 0.0, 0.0, 0.0, 1.0, 20, None, "",
+             by_task={"gsm8k_synth_4shot": "EQUIVALENT", "scenario_near_limit": "IDENTICAL"}),
+        _row("fault-far_position_error", "harmful", "DIVERGENT", "caught", ("teacher-forced",), ("teacher_kl_max",), "t", "m",
+             0.0, 0.0, 0.0, 1.0, 20, 2, "", by_task={"gsm8k_synth_4shot": "EQUIVALENT", "scenario_near_limit": "DIVERGENT"}),
+    ]
+    text = _render(rows)
+    assert "## Which task catches which entry" in text
+    assert "| variant | expected | gsm8k\\_synth\\_4shot | scenario\\_near\\_limit |" in text
+    assert "| fault-far\\_position\\_error | harmful | EQUIVALENT | **DIVERGENT** |" in text
+    # one task: the section says nothing the main table does not
+    single = [r.model_copy(update={"by_task": {"gsm8k_synth_4shot": r.status}}) for r in rows]
+    assert "Which task catches" not in _render(single)
