@@ -14,6 +14,7 @@ from rich.text import Text
 from evalpipe.cluster.session import describe_resources
 from evalpipe.commands.localize import localize_after_run
 from evalpipe.commands.sampling_plan import plan_lines
+from evalpipe.commands.scenario_plan import path_lines
 from evalpipe.config.cluster import ClusterSettings, address_problem
 from evalpipe.config.loading import load_config
 from evalpipe.config.option_bounds import check_option
@@ -171,6 +172,11 @@ def _print_plan(plan: RunPlan, reporter: Reporter) -> None:
     if sized:
         reporter.record("[bold]sampled tasks[/] (common random numbers; what the samples can see, and what a smaller "
                         "effect needs):" + "".join(f"\n  {escape(line)}" for line in sized), sampled_plan=sized)
+    scenarios = plan.config.scenarios.resolved(plan.config.engine)
+    paths = [line for t in plan.tasks for line in path_lines(t.spec, scenarios)]
+    if paths:
+        reporter.record("[bold]engine-path tasks[/] (what their requests can see, and what a smaller share needs):"
+                        + "".join(f"\n  {escape(line)}" for line in paths), path_plan=paths)
     for note in plan.notes:
         reporter.note(f"note: {note}", plain=True)
     _print_cluster_plan(plan, reporter)

@@ -102,6 +102,11 @@ class ScenarioSpec(BaseModel):
         window = self._needed("window_tokens", "max_model_len", name)
         return [(window - MAX_GEN_TOKS - 1, ["window-1"]), (window - MAX_GEN_TOKS, ["window"])]
 
+    def requests(self, name: str) -> int:
+        """How many requests one generated scenario sends (a resolved spec)."""
+        per_length = {"scenario_prefix_cache": self.prefix_questions, "scenario_preemption": self.preempt_requests}.get(name, 1)
+        return len(self.lengths(name)) * per_length
+
     def _needed(self, field: str, engine_arg: str, name: str) -> int:
         value = getattr(self, field)
         if value is None:

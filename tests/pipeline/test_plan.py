@@ -305,3 +305,17 @@ def test_the_preemption_scenario_runs_its_task_at_once_and_requires_a_preemption
     with pytest.raises(ConfigError, match=r"sends 24 requests of up to 384 tokens at once \(9216 tokens\), which the 100 KV "
                                           r"blocks of 128 tokens of variant `legacy` hold, so nothing would be preempted"):
         make_plan(parse_config(roomy), "cfg.yaml", "scenarios", output=str(tmp_path))
+
+
+def test_the_glm5_scenarios_profile_plans_with_sizes_for_the_real_model(tmp_path):
+    from evalpipe.config.loading import load_config
+
+    path = ROOT / "configs" / "ascend" / "glm5-dsa-a3-scenarios.yaml"
+    p = make_plan(load_config(path), str(path), "scenarios", output=str(tmp_path), strict=False)
+    assert [t.spec.task for t in p.tasks] == ["scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit",
+                                              "scenario_preemption", "gsm8k_4shot"]
+    spec = p.config.scenarios.resolved(p.config.engine)
+    assert spec.lengths("scenario_prefix_cache") == [(32768, ["shared-prefix"])]
+    assert min(n for n, _ in spec.lengths("scenario_chunked_prefill")) == 8193  # the nightly's 8192-token chunk, cut
+    assert spec.lengths("scenario_near_limit")[-1][0] == 135000 - 16
+    assert set(p.variant("sp").expect.tasks) == {"scenario_prefix_cache", "scenario_preemption", "gsm8k_4shot"}
