@@ -26,6 +26,16 @@ def step_bucket_of(tokens: int) -> str:
     return next((b for b in STEP_BUCKETS if tokens <= int(b)), "+Inf")
 
 
+def chunked_bucket(budget: int, shortest: int) -> str | None:
+    """The bucket that shows prompts of ``shortest`` tokens or more were prefilled in chunks of
+    ``budget``: vLLM records a chunked prefill as one step of the whole prompt, so a step counted
+    in a bucket whose every step holds more than ``budget`` tokens was one. None when the
+    shortest prompt's bucket also holds steps of ``budget`` tokens or fewer (no count can tell)."""
+    bucket = step_bucket_of(shortest)
+    i = STEP_BUCKETS.index(bucket) if bucket in STEP_BUCKETS else 0
+    return bucket if i > 0 and int(STEP_BUCKETS[i - 1]) >= budget else None
+
+
 def bucket_span(bound: str) -> str:
     """The tokens of the steps one bucket holds, as words."""
     if bound == "1":

@@ -13,6 +13,10 @@ probes, and scored the same way (a value retrieved from the prompt, exact match)
   ``chunk_tokens`` (the engine's max_num_batched_tokens).
 * ``scenario_near_limit``    pass keys in prompts that fill the context window up to the room
   the answer needs (``window_tokens`` less the task's max_gen_toks, and a token less).
+* ``scenario_speculative``   ``speculative_requests`` pass keys in prompts of ``speculative_tokens``,
+  answered at length, for an engine with speculative decoding (``speculative_config``; the
+  CPU build runs vLLM's n-gram proposer, which needs no draft model): drafted tokens verified
+  in multi-token passes.
 * ``scenario_preemption``    ``preempt_requests`` pass keys, each prompt ``preempt_tokens`` long
   (a whole number of KV blocks), sent at once: under a KV cache that holds fewer of them (the
   engine's num_gpu_blocks_override), the admitted requests fill it, the first decode step of
@@ -41,7 +45,8 @@ from evalpipe.errors import UserError
 
 GENERATOR_VERSION = 1
 DATA_DIR_NAME = "scenarios"
-ScenarioName = Literal["scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit", "scenario_preemption"]
+ScenarioName = Literal["scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit", "scenario_preemption",
+                       "scenario_speculative"]
 MAX_GEN_TOKS = 16  # the scenario YAMLs' max_gen_toks (a five-digit value and the stop)
 TEST_SEED = 6_000_101
 
@@ -69,6 +74,11 @@ class ScenarioSpec(BaseModel):
                                             "that its first decode step needs a new block.")
     preempt_requests: int = Field(default=24, ge=2, strict=True,
                                   description="scenario_preemption: requests sent at once (more than the KV cache holds).")
+    speculative_tokens: int = Field(default=512, ge=longctx.MIN_LENGTH, strict=True,
+                                    description="scenario_speculative: length of each prompt.")
+    speculative_requests: int = Field(default=8, ge=1, strict=True,
+                                      description="scenario_speculative: requests, each answered at length (the drafts' "
+                                                  "chance to be accepted).")
     value_digits: int = Field(default=5, ge=1, le=9, strict=True, description="Digits of every value asked for.")
     seed: int = Field(default=TEST_SEED, ge=0, strict=True)
 
@@ -97,6 +107,8 @@ class ScenarioSpec(BaseModel):
             return [(chunk + o, [f"chunk+{o}"]) for o in sorted(set(self.chunk_offsets))]
         if name == "scenario_preemption":
             return [(self.preempt_tokens, ["preempt"])]
+        if name == "scenario_speculative":
+            return [(self.speculative_tokens, ["speculative"])]
         if name != "scenario_near_limit":
             raise UserError(f"`{name}` has no generated prompts; those are {', '.join(GENERATED_SCENARIOS)}.")
         window = self._needed("window_tokens", "max_model_len", name)
@@ -104,7 +116,8 @@ class ScenarioSpec(BaseModel):
 
     def requests(self, name: str) -> int:
         """How many requests one generated scenario sends (a resolved spec)."""
-        per_length = {"scenario_prefix_cache": self.prefix_questions, "scenario_preemption": self.preempt_requests}.get(name, 1)
+        per_length = {"scenario_prefix_cache": self.prefix_questions, "scenario_preemption": self.preempt_requests,
+                      "scenario_speculative": self.speculative_requests}.get(name, 1)
         return len(self.lengths(name)) * per_length
 
     def _needed(self, field: str, engine_arg: str, name: str) -> int:
@@ -125,6 +138,7 @@ class Scenario:
     requires: dict[str, Any]
     what: str
     max_gen_toks: int = MAX_GEN_TOKS  # its task YAML's (tests check they agree)
+    needs_engine: str | None = None  # the engine argument without which its path cannot run
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -135,6 +149,9 @@ SCENARIOS: dict[str, Scenario] = {
     "scenario_preemption": Scenario("passkey", "together", {"preemptions": {"min": 1}},
                                     "more requests at once than the KV cache holds: preemption and recompute",
                                     max_gen_toks=128),
+    "scenario_speculative": Scenario("passkey", "together", {"spec_decode_accepted_tokens": {"min": 1}},
+                                     "speculative decoding: drafts verified in multi-token passes, answered at length",
+                                     max_gen_toks=128, needs_engine="speculative_config"),
 }
 GENERATED_SCENARIOS = tuple(name for name, s in SCENARIOS.items() if s.probe is not None)
 
@@ -146,8 +163,8 @@ def _longctx_spec(spec: ScenarioSpec, name: str) -> longctx.LongCtxSpec:
         n = spec.prefix_questions
         return base.model_copy(update={"items_per_length": n, "questions_per_haystack": n, "n_keys": max(n, 4),
                                        "n_chains": max(n, 3)})
-    if name == "scenario_preemption":  # a haystack of its own each
-        return base.model_copy(update={"items_per_length": spec.preempt_requests})
+    if name in ("scenario_preemption", "scenario_speculative"):  # a haystack of its own each
+        return base.model_copy(update={"items_per_length": spec.requests(name)})
     return base
 
 

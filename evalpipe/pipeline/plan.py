@@ -25,7 +25,7 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.expectations import Expectations
 from evalpipe.config.merge import deep_merge
 from evalpipe.config.option_bounds import check_option
-from evalpipe.config.path_requirements import PathRequirements
+from evalpipe.config.path_requirements import PathRequirements, chunked_bucket
 from evalpipe.config.ray_engine import held_devices_problem
 from evalpipe.config.run_config import Launch, NoiseFloor, RunConfig, TaskSpec, aa_variant_name
 from evalpipe.data.longctx import MAX_GEN_TOKS, TASK_PROBE, target_lengths
@@ -146,7 +146,7 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
         chosen = [PlannedTask(t.group, t.spec.model_copy(update={"limit": limit})) for t in chosen]
     # each task carries its sampling as it runs (the run's, with the seed resolved): the job is all a worker reads
     chosen = [PlannedTask(t.group, t.spec.model_copy(update={"sampling": config.task_sampling(t.spec)})) for t in chosen]
-    chosen = [PlannedTask(t.group, with_scenario_defaults(t.spec)) for t in chosen]
+    chosen = [PlannedTask(t.group, with_scenario_defaults(t.spec, config)) for t in chosen]
     seen: set[str] = set()
     unique = []
     for t in chosen:
@@ -156,7 +156,7 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
     return unique
 
 
-def with_scenario_defaults(spec: TaskSpec) -> TaskSpec:
+def with_scenario_defaults(spec: TaskSpec, config: RunConfig) -> TaskSpec:
     """A scenario task (evalpipe.data.scenarios) with its own schedule and `requires:` where
     its entry leaves them out: the path it drives, and the evidence that it ran."""
     scenario = SCENARIOS.get(spec.task)
@@ -165,9 +165,21 @@ def with_scenario_defaults(spec: TaskSpec) -> TaskSpec:
     update: dict[str, Any] = {}
     if "schedule" not in spec.model_fields_set:
         update["schedule"] = scenario.schedule
-    if spec.requires is None and scenario.requires:
-        update["requires"] = PathRequirements.model_validate(scenario.requires)
+    requires = scenario.requires or _chunked_evidence(spec.task, config)
+    if spec.requires is None and requires:
+        update["requires"] = PathRequirements.model_validate(requires)
     return spec.model_copy(update=update) if update else spec
+
+
+def _chunked_evidence(task: str, config: RunConfig) -> dict[str, Any]:
+    """scenario_chunked_prefill's evidence: a step vLLM counted with more tokens than the budget
+    allows one step, which only a prefill run in chunks gives (vLLM records it as one step of
+    the whole prompt); none when the budget is not a bucket's bound."""
+    resolved = config.scenarios.resolved(config.engine)
+    if task != "scenario_chunked_prefill" or resolved.chunk_tokens is None:
+        return {}
+    bucket = chunked_bucket(resolved.chunk_tokens, resolved.chunk_tokens + min(resolved.chunk_offsets))
+    return {} if bucket is None else {"steps_by_tokens": {bucket: {"min": 1}}}
 
 
 def task_requirements(tasks: list[PlannedTask]) -> dict[str, PathRequirements]:
@@ -439,8 +451,14 @@ def _check_scenarios(config: RunConfig, tasks: list[PlannedTask], planned: list[
         generated = task.max_gen_toks or SCENARIOS[task.task].max_gen_toks
         source = {"scenario_prefix_cache": "scenarios.prefix_tokens", "scenario_chunked_prefill":
                   "scenarios.chunk_tokens + scenarios.chunk_offsets", "scenario_near_limit": "scenarios.window_tokens",
-                  "scenario_preemption": "scenarios.preempt_tokens"}[task.task]
+                  "scenario_preemption": "scenarios.preempt_tokens", "scenario_speculative": "scenarios.speculative_tokens"}[task.task]
+        needed = SCENARIOS[task.task].needs_engine
         for v in planned:
+            if needed is not None and v.launch.mode != "endpoint" and not v.engine_args.get(needed):
+                raise ConfigError(
+                    f"`{task.task}` drives {SCENARIOS[task.task].what.split(':')[0]}, which variant `{v.name}`'s engine does "
+                    f"not run (no engine.{needed}); add it (configs/speculative.yaml: {{method: ngram, "
+                    "num_speculative_tokens: 3, prompt_lookup_max: 4}) or drop the task.")
             window = v.engine_args.get("max_model_len")
             if window is not None and max(lengths) + generated > int(window):
                 raise ConfigError(

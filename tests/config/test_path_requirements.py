@@ -35,6 +35,15 @@ def test_what_requires_nothing_or_names_nothing_is_refused(doc, says):
         PathRequirements.model_validate(doc)
 
 
+def test_the_bucket_that_shows_a_chunked_prefill_holds_only_steps_over_the_budget():
+    from evalpipe.config.path_requirements import chunked_bucket
+
+    assert chunked_bucket(512, 513) == "1024" and chunked_bucket(8192, 8193) == "16384"
+    assert chunked_bucket(512, 1100) == "2048"
+    assert chunked_bucket(600, 601) is None, "1024's steps of 513-600 tokens fit the budget: no count tells"
+    assert chunked_bucket(16384, 16385) is None, "past vLLM's last bound"
+
+
 def test_buckets_and_their_words():
     assert step_bucket_of(1) == "1" and step_bucket_of(2) == "8" and step_bucket_of(512) == "512"
     assert step_bucket_of(513) == "1024" and step_bucket_of(10**6) == "+Inf"

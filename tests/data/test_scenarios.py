@@ -100,3 +100,10 @@ def test_each_scenario_tasks_yaml_generates_what_the_registry_says():
         cfg = yaml.safe_load((shipped_dir("tasks") / "scenarios" / f"{name}.yaml").read_text())
         assert cfg["task"] == name and cfg["generation_kwargs"]["max_gen_toks"] == scenario.max_gen_toks, name
         assert cfg["dataset_kwargs"]["data_files"]["test"] == f"scenarios/{name}-{{fingerprint}}/test.jsonl"
+
+
+def test_the_speculative_scenario_is_its_requests_prompts_each_of_its_length(tok):
+    spec = scenarios.ScenarioSpec(speculative_tokens=200, speculative_requests=3, value_digits=2).resolved(ENGINE)
+    items = scenarios.generate("scenario_speculative", tok, spec)
+    assert [len(ids(tok, it["prompt"])) for it in items] == [200] * 3 and spec.requests("scenario_speculative") == 3
+    assert scenarios.SCENARIOS["scenario_speculative"].needs_engine == "speculative_config"

@@ -11,7 +11,9 @@ task, in each variant's manifest) or in the path probes' forward passes:
 - prompts longer than the 512-token prefill chunk, prefilled in whole 512-token passes;
 - prompts that fill the 2048-token window up to the answer's room;
 - legacy against sp EQUIVALENT, with that evidence in its reasons, and every task's own
-  verdict a pass; without the cache only the prefix scenario is INCONCLUSIVE.
+  verdict a pass; without the cache only the prefix scenario is INCONCLUSIVE;
+- speculative decoding (configs/speculative.yaml, vLLM's n-gram proposer): drafts accepted
+  in both variants, verified in multi-token passes, EQUIVALENT.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def test_legacy_against_sp_is_equivalent_with_every_scenarios_evidence(scenario_
         side_evidence = next(r for r in sp["paths"]["reasons"] if r.startswith(f"{side}:"))
         assert "task `scenario_prefix_cache`:" in side_evidence and "prefix-cache hit tokens" in side_evidence
         assert "task `gsm8k_synth_4shot`:" in side_evidence and "engine steps of 1 token" in side_evidence
+        # vLLM counts a chunked prefill as one step of the whole prompt: over the 512-token budget
+        assert "task `scenario_chunked_prefill`: 10 engine steps of 513-1024 tokens" in side_evidence
     assert "forward passes of 512-1023 tokens" in evidence
     tasks = {row["task"] for row in sp["tokens"]}
     assert tasks == {"scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit", "scenario_preemption",
@@ -111,3 +115,27 @@ def test_the_chunked_and_near_limit_prompts_have_their_lengths_and_were_prefille
     # no engine step holds more than the 512-token budget: the 512-1023 bin holds the whole chunks
     assert probes["tokens_per_forward"]["512"] >= 10
     assert not {k for k in probes["tokens_per_forward"] if k.isdigit() and int(k) > 512}
+
+
+@pytest.fixture(scope="module")
+def speculative_run(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("speculative")
+    cfg = {"extends": str(shipped_dir("configs") / "speculative.yaml"), "output": str(tmp / "runs")}
+    path = tmp / "speculative.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "speculative", "-c", str(path), "--run-id", "spec",
+                           "--no-noise-floor"], cwd=tmp, capture_output=True, text=True, timeout=1500)
+    run_dir = tmp / "runs" / "spec"
+    assert (run_dir / "compare.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"proc": proc, "dir": run_dir, "compare": json.loads((run_dir / "compare.json").read_text())}
+
+
+def test_speculative_decoding_accepts_drafts_in_both_variants_and_keeps_the_outputs(speculative_run):
+    sp = comparison(speculative_run, "sp")
+    assert sp["status"] in ("EQUIVALENT", "IDENTICAL"), sp["reasons"]
+    assert sp["paths"]["status"] == "verified"
+    for variant in ("legacy", "sp"):
+        counted = counters(speculative_run, variant)["scenario_speculative"]
+        assert 0 < counted["spec_decode_accepted_tokens"] <= counted["spec_decode_draft_tokens"], (variant, counted)
+        side = next(r for r in sp["paths"]["reasons"] if r.startswith(f"{variant}:"))
+        assert "accepted draft tokens" in side and "forward passes of 4-7 tokens" in side

@@ -257,8 +257,10 @@ def test_a_scenario_task_takes_its_own_schedule_and_requirements_into_every_vari
     assert schedules == {"scenario_prefix_cache": "prime_first", "scenario_chunked_prefill": "one_at_a_time",
                          "gsm8k_synth_4shot": "one_at_a_time"}
     for v in p.variants:  # the A/A run too: it is held to the same paths
-        assert set(v.expect.tasks) == {"scenario_prefix_cache", "gsm8k_synth_4shot"}, v.name
+        assert set(v.expect.tasks) == {"scenario_prefix_cache", "scenario_chunked_prefill", "gsm8k_synth_4shot"}, v.name
         assert v.expect.tasks["scenario_prefix_cache"].prefix_cache_hits.min == 1
+        # a prompt over the 512-token budget counted as one step of 513-1024 tokens: it ran in chunks
+        assert v.expect.tasks["scenario_chunked_prefill"].steps_by_tokens["1024"].min == 1
 
 
 def test_a_scenario_entry_keeps_what_it_states(tmp_path):
@@ -318,4 +320,16 @@ def test_the_glm5_scenarios_profile_plans_with_sizes_for_the_real_model(tmp_path
     assert spec.lengths("scenario_prefix_cache") == [(32768, ["shared-prefix"])]
     assert min(n for n, _ in spec.lengths("scenario_chunked_prefill")) == 8193  # the nightly's 8192-token chunk, cut
     assert spec.lengths("scenario_near_limit")[-1][0] == 135000 - 16
-    assert set(p.variant("sp").expect.tasks) == {"scenario_prefix_cache", "scenario_preemption", "gsm8k_4shot"}
+    assert set(p.variant("sp").expect.tasks) == {"scenario_prefix_cache", "scenario_chunked_prefill", "scenario_preemption",
+                                                 "gsm8k_4shot"}
+    assert set(p.variant("sp").expect.tasks["scenario_chunked_prefill"].steps_by_tokens) == {"16384"}
+
+
+def test_the_speculative_scenario_needs_an_engine_that_drafts(tmp_path):
+    cfg = {**SCENARIO_CONFIG, "tasks": {"speculative": [{"task": "scenario_speculative"}]}}
+    with pytest.raises(ConfigError, match=r"`scenario_speculative` drives speculative decoding, which variant `legacy`'s engine "
+                                          r"does not run \(no engine.speculative_config\)"):
+        make_plan(parse_config(cfg), "cfg.yaml", "speculative", output=str(tmp_path))
+    drafting = {**cfg, "engine": {**cfg["engine"], "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}}
+    p = make_plan(parse_config(drafting), "cfg.yaml", "speculative", output=str(tmp_path))
+    assert p.variant("sp").expect.tasks["scenario_speculative"].spec_decode_accepted_tokens.min == 1
