@@ -162,11 +162,11 @@ def _print_plan(plan: RunPlan, reporter: Reporter) -> None:
     rows = []
     for t in plan.tasks:
         decoding = describe_sampling(t.spec.sampling)
-        schedule = t.spec.schedule.replace("_", " ")
+        schedule = t.spec.sends.replace("_", " ")
         tasks.add_row(*(Text(cell) for cell in (t.group, t.spec.task, str(t.spec.num_fewshot), str(t.spec.limit), decoding,
                                                 schedule)))
         rows.append({"group": t.group, "task": t.spec.task, "num_fewshot": t.spec.num_fewshot, "limit": t.spec.limit,
-                     "decoding": decoding, "schedule": t.spec.schedule})
+                     "decoding": decoding, "schedule": t.spec.sends})
     reporter.table(tasks, rows)
     sized = [line for t in plan.tasks for line in plan_lines(t.spec)]
     if sized:

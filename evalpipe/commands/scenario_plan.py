@@ -19,7 +19,7 @@ RATES = (0.05, 0.01)  # shares of a path's requests a divergence touches, to siz
 
 def drives_a_path(spec: TaskSpec) -> bool:
     """A task run for the engine path it drives: a scenario, or a schedule or `requires:` of its own."""
-    return spec.task in GENERATED_SCENARIOS or spec.requires is not None or spec.schedule != "together"
+    return spec.task in GENERATED_SCENARIOS or spec.requires is not None or spec.sends != "together"
 
 
 def requests_sent(spec: TaskSpec, scenarios: ScenarioSpec) -> int | None:
@@ -37,8 +37,8 @@ def path_lines(spec: TaskSpec, scenarios: ScenarioSpec) -> list[str]:
     n = requests_sent(spec, scenarios)
     need = ", ".join(f"{rate:.0%}: {samples_to_see(rate, POWER_TO_SEE)} requests" for rate in RATES)
     if n is None:
-        return [f"{spec.task}: every item, sent {spec.schedule.replace('_', ' ')} (--limit N sizes it); a divergence "
+        return [f"{spec.task}: every item, sent {spec.sends.replace('_', ' ')} (--limit N sizes it); a divergence "
                 f"touching a share of the requests needs, to show at least once with {POWER_TO_SEE:.0%} probability: {need}"]
-    return [f"{spec.task}: {n} requests per variant, sent {spec.schedule.replace('_', ' ')}; a divergence touching "
+    return [f"{spec.task}: {n} requests per variant, sent {spec.sends.replace('_', ' ')}; a divergence touching "
             f"{smallest_rate_seen(n):.1%} of them or more shows in at least one with {POWER_TO_SEE:.0%} probability "
             f"(one beyond the floors fails the token gates); a smaller share needs {need}"]

@@ -51,6 +51,8 @@ class PathRequirements(Strict):
         default=None, description="Prompt tokens found in the prefix cache instead of computed again.")
     preemptions: CountRange | None = Field(
         default=None, description="Requests preempted for KV-cache room (recomputed later).")
+    prompt_tokens: CountRange | None = Field(
+        default=None, description="Prompt tokens the engine took in (a window filled: its prompts counted whole).")
     spec_decode_accepted_tokens: CountRange | None = Field(
         default=None, description="Draft tokens the target model accepted (speculative decoding).")
     steps_by_tokens: dict[str, CountRange] = Field(
@@ -79,14 +81,15 @@ class PathRequirements(Strict):
 
     def counted(self) -> list[tuple[str, CountRange]]:
         """(counter name as the manifest keys it, range): the requirements, in a fixed order."""
-        out = [(name, getattr(self, name)) for name in ("prefix_cache_hits", "preemptions", "spec_decode_accepted_tokens")
-               if getattr(self, name) is not None]
+        out = [(name, getattr(self, name)) for name in ("prefix_cache_hits", "preemptions", "prompt_tokens",
+                                                        "spec_decode_accepted_tokens") if getattr(self, name) is not None]
         return out + [(f"steps_by_tokens.{k}", r) for k, r in sorted(self.steps_by_tokens.items(), key=lambda kv: int(kv[0]))]
 
 
 COUNTER_WORDS = {
     "prefix_cache_hits": "prefix-cache hit tokens",
     "preemptions": "preemptions",
+    "prompt_tokens": "prompt tokens",
     "spec_decode_accepted_tokens": "accepted draft tokens",
 }
 

@@ -8,7 +8,7 @@ different Python interpreter), the tasks, what to capture, and where to write.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -22,7 +22,7 @@ from evalpipe.config.path_requirements import PathRequirements
 from evalpipe.config.sampling import Sampling
 from evalpipe.config.strict import Strict
 from evalpipe.data.longctx import LongCtxSpec
-from evalpipe.data.scenarios import ScenarioSpec
+from evalpipe.data.scenarios import SCENARIOS, ScenarioSpec
 from evalpipe.engine_patches.switches import check_env
 from evalpipe.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
@@ -186,17 +186,28 @@ class TaskSpec(Strict):
         description="Sample this task's generations (common random numbers: every sample seeded alike in every variant); "
         "default: the run's `sampling:`, else greedy.",
     )
-    schedule: RequestSchedule = Field(
-        default="together",
+    schedule: RequestSchedule | None = Field(
+        default=None,
         description="How the task's requests (generations and likelihoods alike) reach the engine: `together` (all at once, the default), "
         "`one_at_a_time` (each alone: every decode step is a single request's), `prime_first` (the first alone, then "
-        "the rest together: a shared prefix the first cached is hit by the others). A scenario task's default is its own.",
+        "the rest together: a shared prefix the first cached is hit by the others). Default: a scenario task's own, "
+        "else `together`.",
     )
     requires: PathRequirements | None = Field(
         default=None,
         description="What vLLM's own counters must show the engine did over this task (e.g. `prefix_cache_hits: {min: 1}`); "
         "a variant whose counters fall short makes its comparison INCONCLUSIVE. A scenario task's default is its own.",
     )
+
+
+    @property
+    def sends(self) -> RequestSchedule:
+        """How the requests reach the engine: the entry's `schedule:`, else a scenario task's own,
+        else together (resolved where it is read, so a config dumped and read back keeps it)."""
+        if self.schedule is not None:
+            return self.schedule
+        scenario = SCENARIOS.get(self.task)
+        return cast(RequestSchedule, scenario.schedule) if scenario is not None else "together"
 
 
 class PromptPositions(Strict):

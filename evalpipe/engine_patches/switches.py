@@ -33,7 +33,7 @@ LAYOUT_FAULT_NAMES = (
     "padding_not_zeroed", "residual_not_rescaled", "tree_reduce", "reduce_fp64", "reduce_bf16",
     "nondeterministic_reduce", "hang", "sp_fallback", "subtle_last_layer_boundary",
     "attn_out_error_1e-1", "attn_out_error_1e-2", "attn_out_error_1e-3", "attn_out_error_1e-4", "attn_out_error_1e-5",
-    "lone_decode_error", "continued_prefill_error", "far_position_error",
+    "lone_decode_error", "cached_prefix_error", "chunk_continuation_error", "far_position_error",
 )
 
 ON_VALUES = ("1", "on", "true")

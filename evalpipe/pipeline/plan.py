@@ -157,29 +157,30 @@ def select_tasks(config: RunConfig, selector: str, limit: int | None) -> list[Pl
 
 
 def with_scenario_defaults(spec: TaskSpec, config: RunConfig) -> TaskSpec:
-    """A scenario task (evalpipe.data.scenarios) with its own schedule and `requires:` where
-    its entry leaves them out: the path it drives, and the evidence that it ran."""
+    """A scenario task (evalpipe.data.scenarios) with its own `requires:` where its entry leaves
+    it out: the evidence that its path ran (its schedule: TaskSpec.sends)."""
     scenario = SCENARIOS.get(spec.task)
     if scenario is None:
         return spec
     update: dict[str, Any] = {}
-    if "schedule" not in spec.model_fields_set:
-        update["schedule"] = scenario.schedule
-    requires = scenario.requires or _chunked_evidence(spec.task, config)
+    requires = scenario.requires or _sized_evidence(spec, config)
     if spec.requires is None and requires:
         update["requires"] = PathRequirements.model_validate(requires)
     return spec.model_copy(update=update) if update else spec
 
 
-def _chunked_evidence(task: str, config: RunConfig) -> dict[str, Any]:
-    """scenario_chunked_prefill's evidence: a step vLLM counted with more tokens than the budget
-    allows one step, which only a prefill run in chunks gives (vLLM records it as one step of
-    the whole prompt); none when the budget is not a bucket's bound."""
+def _sized_evidence(spec: TaskSpec, config: RunConfig) -> dict[str, Any]:
+    """The evidence of the scenarios whose counts follow from the run's sizes. Chunked prefill:
+    a step vLLM counted with more tokens than the budget allows one step, which only a prefill
+    run in chunks gives (vLLM records it as one step of the whole prompt); none when that
+    bucket also holds steps within the budget. A full window: every prompt token taken in."""
     resolved = config.scenarios.resolved(config.engine)
-    if task != "scenario_chunked_prefill" or resolved.chunk_tokens is None:
-        return {}
-    bucket = chunked_bucket(resolved.chunk_tokens, resolved.chunk_tokens + min(resolved.chunk_offsets))
-    return {} if bucket is None else {"steps_by_tokens": {bucket: {"min": 1}}}
+    if spec.task == "scenario_chunked_prefill" and resolved.chunk_tokens is not None:
+        bucket = chunked_bucket(resolved.chunk_tokens, resolved.chunk_tokens + min(resolved.chunk_offsets))
+        return {} if bucket is None else {"steps_by_tokens": {bucket: {"min": 1}}}
+    if spec.task == "scenario_near_limit" and resolved.window_tokens is not None and spec.limit is None:
+        return {"prompt_tokens": {"min": sum(n for n, _ in resolved.lengths(spec.task))}}
+    return {}
 
 
 def task_requirements(tasks: list[PlannedTask]) -> dict[str, PathRequirements]:

@@ -399,7 +399,7 @@ class _VariantRun:
             lm.first_request_at = None
             lm.sampling = None if spec.sampling is None else spec.sampling.model_copy(
                 update={"seed": job.seed if spec.sampling.seed is None else spec.sampling.seed})
-            lm.schedule = spec.schedule
+            lm.schedule = spec.sends
             t0 = time.time()
             try:
                 # a sampled task is built here, so that its filters and metrics can score each sample after

@@ -253,7 +253,7 @@ SCENARIO_CONFIG = {**CONFIG, "engine": {"max_model_len": 2048, "max_num_batched_
 
 def test_a_scenario_task_takes_its_own_schedule_and_requirements_into_every_variants_expectations(tmp_path):
     p = make_plan(parse_config(SCENARIO_CONFIG), "cfg.yaml", "scenarios", output=str(tmp_path))
-    schedules = {t.spec.task: t.spec.schedule for t in p.tasks}
+    schedules = {t.spec.task: t.spec.sends for t in p.tasks}
     assert schedules == {"scenario_prefix_cache": "prime_first", "scenario_chunked_prefill": "one_at_a_time",
                          "gsm8k_synth_4shot": "one_at_a_time"}
     for v in p.variants:  # the A/A run too: it is held to the same paths
@@ -263,11 +263,20 @@ def test_a_scenario_task_takes_its_own_schedule_and_requirements_into_every_vari
         assert v.expect.tasks["scenario_chunked_prefill"].steps_by_tokens["1024"].min == 1
 
 
+def test_a_scenarios_schedule_survives_a_config_dumped_and_read_back(tmp_path):
+    # calibrate rebuilds the run config from its dump: every field is then "set", and a default
+    # filled in as a value would have turned the scenario's own schedule into `together`
+    config = parse_config(SCENARIO_CONFIG)
+    again = type(config).model_validate(config.model_dump(mode="json"))
+    p = make_plan(again, "cfg.yaml", "scenarios", output=str(tmp_path))
+    assert [t.spec.sends for t in p.tasks] == ["prime_first", "one_at_a_time", "one_at_a_time"]
+
+
 def test_a_scenario_entry_keeps_what_it_states(tmp_path):
     cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [
         {"task": "scenario_prefix_cache", "schedule": "together", "requires": {"prefix_cache_hits": {"min": 5000}}}]}}
     p = make_plan(parse_config(cfg), "cfg.yaml", "scenarios", output=str(tmp_path))
-    assert p.tasks[0].spec.schedule == "together"
+    assert p.tasks[0].spec.sends == "together"
     assert p.variant("sp").expect.tasks["scenario_prefix_cache"].prefix_cache_hits.min == 5000
 
 
@@ -300,7 +309,7 @@ def test_a_kv_cache_too_small_for_one_request_of_the_window_is_refused(tmp_path)
 def test_the_preemption_scenario_runs_its_task_at_once_and_requires_a_preemption(tmp_path):
     cfg = {**SCENARIO_CONFIG, "tasks": {"scenarios": [{"task": "scenario_preemption"}]}}
     p = make_plan(parse_config(cfg), "cfg.yaml", "scenarios", output=str(tmp_path))
-    assert p.tasks[0].spec.schedule == "together"
+    assert p.tasks[0].spec.sends == "together"
     assert p.variant("sp").expect.tasks["scenario_preemption"].preemptions.min == 1
     # a KV cache that holds the whole burst would preempt nothing: refused
     roomy = {**cfg, "engine": {**cfg["engine"], "block_size": 128, "num_gpu_blocks_override": 100}}
@@ -320,8 +329,9 @@ def test_the_glm5_scenarios_profile_plans_with_sizes_for_the_real_model(tmp_path
     assert spec.lengths("scenario_prefix_cache") == [(32768, ["shared-prefix"])]
     assert min(n for n, _ in spec.lengths("scenario_chunked_prefill")) == 8193  # the nightly's 8192-token chunk, cut
     assert spec.lengths("scenario_near_limit")[-1][0] == 135000 - 16
-    assert set(p.variant("sp").expect.tasks) == {"scenario_prefix_cache", "scenario_chunked_prefill", "scenario_preemption",
-                                                 "gsm8k_4shot"}
+    assert set(p.variant("sp").expect.tasks) == {"scenario_prefix_cache", "scenario_chunked_prefill", "scenario_near_limit",
+                                                 "scenario_preemption", "gsm8k_4shot"}
+    assert p.variant("sp").expect.tasks["scenario_near_limit"].prompt_tokens.min == 2 * 135000 - 33  # both prompts, whole
     assert set(p.variant("sp").expect.tasks["scenario_chunked_prefill"].steps_by_tokens) == {"16384"}
 
 

@@ -101,8 +101,10 @@ def _path_fault(name: str, where: str, scenario: str) -> Fault:
 PATH_FAULTS = (
     _path_fault("lone_decode_error", "in forward passes of a single token (one request decoding alone)",
                 "gsm8k_synth_4shot with schedule: one_at_a_time"),
-    _path_fault("continued_prefill_error", "on the tokens of a prefill that continues an earlier part of its prompt (the "
-                "part the prefix cache held, or the chunks already prefilled)", "scenario_prefix_cache, scenario_chunked_prefill"),
+    _path_fault("cached_prefix_error", "on the tokens of a prefill that continues a prefix the prefix cache held",
+                "scenario_prefix_cache"),
+    _path_fault("chunk_continuation_error", "on the tokens of a prefill chunk after the first (a prompt longer than "
+                "max_num_batched_tokens)", "scenario_chunked_prefill"),
     _path_fault("far_position_error", f"at positions {FAR_POSITION} and beyond (a context near the window)", "scenario_near_limit"),
 )
 

@@ -99,6 +99,8 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
     def __init__(self, vllm_config: VllmConfig, prefix: str = "", config=None, attn_layer_type=LlamaAttention):
         super().__init__(vllm_config, prefix=prefix, config=config, attn_layer_type=attn_layer_type)
         hf_config = config or vllm_config.model_config.hf_config
+        # the prefill chunk: where a chunked prefill's continuations start (the path faults tell them from cache hits)
+        self.chunk_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         self.layer_idx = extract_layer_index(prefix)
         self.is_last_layer = self.layer_idx == hf_config.num_hidden_layers - 1
         self.num_heads = self.self_attn.total_num_heads
@@ -312,7 +314,7 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             # model a relative error below half an ulp (2^-9, ~2e-3) still rounds away on
             # every element: there the graded faults from 1e-3 down compute exactly what sp does
             out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
-        if self.layer_idx == GRADED_LAYER and (rows := path_fault_rows(s.faults, positions)) is not None:
+        if self.layer_idx == GRADED_LAYER and (rows := path_fault_rows(s.faults, positions, self.chunk_tokens)) is not None:
             out = out.clone()
             out[rows] = (out[rows].float() * (1.0 + PATH_ERROR)).to(out.dtype)
         self._capture("attn.out", [out], "full", scale=self.settings.out_scale)

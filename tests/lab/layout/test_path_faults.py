@@ -10,15 +10,21 @@ from evalpipe.lab.layout.path_faults import path_fault_rows
 POSITIONS = torch.tensor([0, 1, 2, 3, 896, 897, 898, 57, FAR_POSITION - 1, FAR_POSITION, FAR_POSITION + 1])
 
 
-def rows(fault: str, positions: torch.Tensor = POSITIONS) -> list[int]:
-    mask = path_fault_rows(frozenset({fault}), positions)
+def rows(fault: str, positions: torch.Tensor = POSITIONS, chunk: int = 512) -> list[int]:
+    mask = path_fault_rows(frozenset({fault}), positions, chunk)
     return [] if mask is None else torch.nonzero(mask).flatten().tolist()
 
 
-def test_a_continued_prefill_is_a_run_of_tokens_starting_past_position_zero():
-    assert rows("continued_prefill_error") == [4, 5, 6, 8, 9, 10]
-    assert rows("continued_prefill_error", torch.tensor([0, 1, 2])) == []
-    assert rows("continued_prefill_error", torch.tensor([700])) == [], "a decode step is no prefill"
+def test_a_continued_prefill_is_a_run_of_tokens_past_position_zero_a_chunk_at_a_multiple_of_the_budget():
+    # 896 (7 cached blocks) and FAR_POSITION - 1 are not multiples of 512: cache hits
+    assert rows("cached_prefix_error") == [4, 5, 6, 8, 9, 10]
+    assert rows("chunk_continuation_error") == []
+    chunks = torch.tensor([512, 513, 514, 1024, 1025])  # two requests' next chunks
+    assert rows("chunk_continuation_error", chunks) == [0, 1, 2, 3, 4] and rows("cached_prefix_error", chunks) == []
+    assert rows("chunk_continuation_error", chunks, chunk=8192) == [], "another budget: those are cache hits"
+    for fault in ("cached_prefix_error", "chunk_continuation_error"):
+        assert rows(fault, torch.tensor([0, 1, 2])) == []
+        assert rows(fault, torch.tensor([1024])) == [], "a decode step is no prefill"
 
 
 def test_far_positions_and_lone_decodes():
@@ -28,10 +34,11 @@ def test_far_positions_and_lone_decodes():
 
 
 def test_no_path_fault_or_another_fault_acts_nowhere():
-    assert path_fault_rows(frozenset(), POSITIONS) is None
-    assert path_fault_rows(frozenset({"heads_permuted"}), POSITIONS) is None
+    assert path_fault_rows(frozenset(), POSITIONS, 512) is None
+    assert path_fault_rows(frozenset({"heads_permuted"}), POSITIONS, 512) is None
 
 
 def test_the_path_faults_are_harmful_sp_faults_of_the_zoo():
-    assert {f.name for f in PATH_FAULTS} == {"lone_decode_error", "continued_prefill_error", "far_position_error"}
+    assert {f.name for f in PATH_FAULTS} == {"lone_decode_error", "cached_prefix_error", "chunk_continuation_error",
+                                             "far_position_error"}
     assert all(FAULTS[f.name] is f and f.harmful and f.layout == "sp" for f in PATH_FAULTS)
