@@ -90,12 +90,14 @@ class ScenarioSpec(BaseModel):
         return self
 
     def resolved(self, engine_args: dict[str, Any]) -> ScenarioSpec:
-        """This spec with the sizes it leaves to the engine taken from the run's engine arguments."""
+        """This spec with the sizes it leaves to the engine taken from the run's engine arguments
+        (a value that is no whole number is left to the engine arguments' own check, which
+        refuses it in its words)."""
         update: dict[str, Any] = {}
-        if self.chunk_tokens is None and engine_args.get("max_num_batched_tokens") is not None:
-            update["chunk_tokens"] = int(engine_args["max_num_batched_tokens"])
-        if self.window_tokens is None and engine_args.get("max_model_len") is not None:
-            update["window_tokens"] = int(engine_args["max_model_len"])
+        for field, arg in (("chunk_tokens", "max_num_batched_tokens"), ("window_tokens", "max_model_len")):
+            value = engine_args.get(arg)
+            if getattr(self, field) is None and isinstance(value, int) and not isinstance(value, bool):
+                update[field] = value
         return self.model_copy(update=update)
 
     def lengths(self, name: str) -> list[tuple[int, list[str]]]:

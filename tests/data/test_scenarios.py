@@ -107,3 +107,9 @@ def test_the_speculative_scenario_is_its_requests_prompts_each_of_its_length(tok
     items = scenarios.generate("scenario_speculative", tok, spec)
     assert [len(ids(tok, it["prompt"])) for it in items] == [200] * 3 and spec.requests("scenario_speculative") == 3
     assert scenarios.SCENARIOS["scenario_speculative"].needs_engine == "speculative_config"
+
+
+def test_an_engine_size_that_is_no_whole_number_is_left_to_the_engine_arguments_check():
+    # `max_model_len: [2048]` is refused by the engine arguments' own check, in its words, not here
+    spec = scenarios.ScenarioSpec().resolved({"max_model_len": [2048], "max_num_batched_tokens": True})
+    assert spec.window_tokens is None and spec.chunk_tokens is None
