@@ -34,6 +34,7 @@ LAYOUT_FAULT_NAMES = (
     "nondeterministic_reduce", "hang", "sp_fallback", "subtle_last_layer_boundary",
     "attn_out_error_1e-1", "attn_out_error_1e-2", "attn_out_error_1e-3", "attn_out_error_1e-4", "attn_out_error_1e-5",
     "lone_decode_error", "cached_prefix_error", "chunk_continuation_error", "far_position_error",
+    "recompute_error",
 )
 
 ON_VALUES = ("1", "on", "true")

@@ -1,7 +1,8 @@
 """The engine-path scenarios (configs/scenarios.yaml) on the real engine: what only vLLM shows.
 
-One run of the scenarios group: legacy, its A/A run, sp, and sp with vLLM's prefix cache
-switched off (`sp_nocache`). Each scenario's path must show in vLLM's own counters (per
+One run of the scenarios group: legacy, its A/A run, sp, sp with vLLM's prefix cache
+switched off (`sp_nocache`), and sp with the zoo's `recompute_error` (`sp_recompute`: wrong
+only where the engine recomputes a preempted request). Each scenario's path must show in vLLM's own counters (per
 task, in each variant's manifest) or in the path probes' forward passes:
 
 - preemptions of the 24-request burst under the 18-block KV cache;
@@ -12,6 +13,8 @@ task, in each variant's manifest) or in the path probes' forward passes:
 - prompts that fill the 2048-token window up to the answer's room;
 - legacy against sp EQUIVALENT, with that evidence in its reasons, and every task's own
   verdict a pass; without the cache only the prefix scenario is INCONCLUSIVE;
+- the recompute fault DIVERGENT in the preemption scenario alone: the scheduler's resumed
+  requests reach the model (evalpipe.lab.layout.resumed), and only that path shows it;
 - speculative decoding (configs/speculative.yaml, vLLM's n-gram proposer): drafts accepted
   in both variants, verified in multi-token passes, EQUIVALENT.
 """
@@ -41,7 +44,8 @@ SP_EXPECT = {"called": ["evalpipe.lab.layout.model.LayoutDecoderLayer._sp_attent
 def scenario_run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("scenarios")
     cfg = {"extends": str(shipped_dir("configs") / "scenarios.yaml"), "output": str(tmp / "runs"),
-           "variants": {"sp_nocache": {"env": SP, "engine": {"enable_prefix_caching": False}, "expect": SP_EXPECT}}}
+           "variants": {"sp_nocache": {"env": SP, "engine": {"enable_prefix_caching": False}, "expect": SP_EXPECT},
+                        "sp_recompute": {"env": {**SP, "EVALPIPE_LAYOUT_FAULT": "recompute_error"}, "expect": SP_EXPECT}}}
     path = tmp / "scenarios.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "scenarios", "-c", str(path), "--run-id", "scen"],
@@ -96,7 +100,8 @@ def test_without_the_prefix_cache_the_comparison_is_inconclusive_naming_the_scen
     assert nocache["outputs_status"] in ("EQUIVALENT", "IDENTICAL"), "the outputs agree: only the path is missing"
     assert any(r.startswith("variant `sp_nocache`: task `scenario_prefix_cache` was to drive >= 1 prefix-cache hit tokens; "
                             "vLLM counted 0") for r in nocache["reasons"]), nocache["reasons"]
-    assert scenario_run["proc"].returncode == 4, "an INCONCLUSIVE variant makes the run INCONCLUSIVE (exit 4)"
+    # beside the DIVERGENT sp_recompute the run is DIVERGENT (documents.comparison's severity order)
+    assert scenario_run["proc"].returncode == 1
     # the scenario alone: the tasks beside it keep what their outputs showed
     own = {t["task"]: t["status"] for t in nocache["tasks"]}
     assert own.pop("scenario_prefix_cache") == "INCONCLUSIVE"
@@ -115,6 +120,15 @@ def test_the_chunked_and_near_limit_prompts_have_their_lengths_and_were_prefille
     # no engine step holds more than the 512-token budget: the 512-1023 bin holds the whole chunks
     assert probes["tokens_per_forward"]["512"] >= 10
     assert not {k for k in probes["tokens_per_forward"] if k.isdigit() and int(k) > 512}
+
+
+def test_a_fault_only_in_the_recompute_after_preemption_is_divergent_in_the_preemption_scenario_alone(scenario_run):
+    faulty = comparison(scenario_run, "sp_recompute")
+    assert counters(scenario_run, "sp_recompute")["scenario_preemption"]["preemptions"] >= 1
+    assert faulty["status"] == "DIVERGENT", faulty["reasons"]
+    own = {t["task"]: t["status"] for t in faulty["tasks"]}
+    assert own.pop("scenario_preemption") == "DIVERGENT", faulty["tasks"]
+    assert set(own.values()) <= {"EQUIVALENT", "IDENTICAL"}, own
 
 
 @pytest.fixture(scope="module")

@@ -106,6 +106,8 @@ PATH_FAULTS = (
     _path_fault("chunk_continuation_error", "on the tokens of a prefill chunk after the first (a prompt longer than "
                 "max_num_batched_tokens)", "scenario_chunked_prefill"),
     _path_fault("far_position_error", f"at positions {FAR_POSITION} and beyond (a context near the window)", "scenario_near_limit"),
+    _path_fault("recompute_error", "on the tokens that recompute a request after the scheduler preempted it",
+                "scenario_preemption"),
 )
 
 

@@ -73,6 +73,7 @@ from evalpipe.lab.layout import collectives as C
 from evalpipe.lab.layout.faults import GRADED_LAYER, HANG_AFTER_FORWARDS, PATH_ERROR, graded_magnitude
 from evalpipe.lab.layout.path_faults import path_fault_rows
 from evalpipe.lab.layout.plugin import ARCHITECTURE
+from evalpipe.lab.layout.resumed import resumed_rows, watch_resumed_requests
 from evalpipe.lab.layout.settings import LayoutSettings, resolve
 from evalpipe.probes import runtime as probes
 from evalpipe.probes.collectives import VIRTUAL_GROUP  # the virtual ranks' collectives reach the probes under it
@@ -113,6 +114,8 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
     def use_settings(self, settings: LayoutSettings) -> None:
         self.settings = settings
         self.graded_error = graded_magnitude(settings.faults)
+        if "recompute_error" in settings.faults:
+            watch_resumed_requests()
         scaled = settings.out_scale**2 * self.eps
         # Layer 0's input norm sees the embedding before the rescale; every other norm sees
         # the scaled stream.
@@ -314,7 +317,8 @@ class LayoutDecoderLayer(LlamaDecoderLayer):
             # model a relative error below half an ulp (2^-9, ~2e-3) still rounds away on
             # every element: there the graded faults from 1e-3 down compute exactly what sp does
             out = (out.float() * (1.0 + self.graded_error)).to(out.dtype)
-        if self.layer_idx == GRADED_LAYER and (rows := path_fault_rows(s.faults, positions, self.chunk_tokens)) is not None:
+        recomputed = resumed_rows(n, positions.device) if "recompute_error" in s.faults else None
+        if self.layer_idx == GRADED_LAYER and (rows := path_fault_rows(s.faults, positions, self.chunk_tokens, recomputed)) is not None:
             out = out.clone()
             out[rows] = (out[rows].float() * (1.0 + PATH_ERROR)).to(out.dtype)
         self._capture("attn.out", [out], "full", scale=self.settings.out_scale)

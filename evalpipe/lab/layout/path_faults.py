@@ -9,19 +9,25 @@ import torch
 from evalpipe.lab.layout.faults import FAR_POSITION
 
 
-def path_fault_rows(faults: frozenset[str], positions: torch.Tensor, chunk_tokens: int) -> torch.Tensor | None:
+def path_fault_rows(
+    faults: frozenset[str], positions: torch.Tensor, chunk_tokens: int, recomputed: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """The rows of a forward pass a path-specific fault acts on (a boolean mask), None for none.
     A request's tokens sit in the pass as a run of consecutive positions: a run longer than one
     token that starts past position 0 is a prefill continuing what the engine computed before,
     either the next chunk of a prompt longer than the budget (it starts at a multiple of
     ``chunk_tokens``) or the rest of a prompt whose start the prefix cache held (it starts at a
-    whole KV block elsewhere; a cached prefix of a whole number of chunks reads as a chunk)."""
+    whole KV block elsewhere; a cached prefix of a whole number of chunks reads as a chunk). A
+    recompute after preemption looks like any prefill: ``recomputed`` marks its rows, as the
+    scheduler told the model runner (evalpipe.lab.layout.resumed)."""
     n = positions.shape[0]
     mask = torch.zeros(n, dtype=torch.bool, device=positions.device)
     if "lone_decode_error" in faults and n == 1:
         mask[:] = True
     if "far_position_error" in faults:
         mask |= positions >= FAR_POSITION
+    if "recompute_error" in faults and recomputed is not None:
+        mask |= recomputed
     continued = {"cached_prefix_error", "chunk_continuation_error"} & faults
     if continued and n > 1:
         starts = torch.ones(n, dtype=torch.bool, device=positions.device)

@@ -40,5 +40,14 @@ def test_no_path_fault_or_another_fault_acts_nowhere():
 
 def test_the_path_faults_are_harmful_sp_faults_of_the_zoo():
     assert {f.name for f in PATH_FAULTS} == {"lone_decode_error", "cached_prefix_error", "chunk_continuation_error",
-                                             "far_position_error"}
+                                             "far_position_error", "recompute_error"}
     assert all(FAULTS[f.name] is f and f.harmful and f.layout == "sp" for f in PATH_FAULTS)
+
+
+def test_the_recompute_fault_acts_on_the_rows_the_scheduler_resumed_and_nowhere_without_them():
+    recomputed = torch.zeros(POSITIONS.shape[0], dtype=torch.bool)
+    recomputed[1:3] = True
+    mask = path_fault_rows(frozenset({"recompute_error"}), POSITIONS, 512, recomputed)
+    assert mask is not None and torch.equal(mask, recomputed)
+    assert path_fault_rows(frozenset({"recompute_error"}), POSITIONS, 512) is None
+    assert path_fault_rows(frozenset({"lone_decode_error"}), POSITIONS, 512, recomputed) is None
