@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from evalpipe import __version__
-from evalpipe.errors import EvalpipeError, ExitCode, UserError
+from evalpipe.errors import EvalpipeError, ExitCode, UserError, for_git_bisect
 from evalpipe.reporting import REPORTERS, JsonLinesReporter, Reporter
 
 # Logs (CI, files) get a fixed, wide width so tables do not fold at 80 columns.
@@ -182,6 +182,16 @@ _STALL_OPT = typer.Option(
 )
 
 
+_RESULTS_OPT = typer.Option(
+    None, "--results-json", parser=_path("--results-json"),
+    help="Also write the verdict as a results file with a top-level `pass_fail` (pass, fail or inconclusive) and one "
+         "entry per variant and task: the file vllm-ascend's tools/bisect reads (docs/bisect.md).")
+_GIT_BISECT_OPT = typer.Option(
+    False, "--git-bisect",
+    help="Exit as `git bisect run` reads it: 0 for IDENTICAL or EQUIVALENT, 1 for DIVERGENT, 125 (skip) for a run that "
+         "failed or proved nothing, 128 (stop the bisect) for a usage or config error (docs/bisect.md).")
+
+
 @app.command()
 def run(
     tasks: str = typer.Argument(..., help="Task group of the config (gsm8k, ...), `all`, or an lm-eval task name; comma-separated for several."),
@@ -208,13 +218,16 @@ def run(
     distinct_nodes: Optional[bool] = typer.Option(
         None, "--distinct-nodes/--any-nodes",
         help="On a cluster: every variant on a node of its own, all placed at once (default: the config's cluster.distinct_nodes)."),
+    results_json: Optional[Path] = _RESULTS_OPT,
+    git_bisect: bool = _GIT_BISECT_OPT,
 ) -> None:
     """Run TASKS on every variant, compare them with the reference, write the report."""
     from evalpipe.commands.run import run_command
 
     raise typer.Exit(run_command(tasks, reporter, config=config, limit=limit, variants=variants, output=output, run_id=run_id,
                                  timeout=timeout, stall_timeout=stall_timeout, noise_floor=noise_floor, dry_run=dry_run,
-                                 resume=resume, cluster=cluster, concurrency=concurrency, distinct_nodes=distinct_nodes))
+                                 resume=resume, cluster=cluster, concurrency=concurrency, distinct_nodes=distinct_nodes,
+                                 results_json=results_json))
 
 
 @app.command()
@@ -230,12 +243,14 @@ def compare(
         help="Compare a variant whose manifest.json is missing (its files are then checked against nothing); "
              "the reports name it and the verdict is INCONCLUSIVE (exit 4). Without it such a variant is refused.",
     ),
+    results_json: Optional[Path] = _RESULTS_OPT,
+    git_bisect: bool = _GIT_BISECT_OPT,
 ) -> None:
     """Re-run the comparison and the report from stored artifacts (no engine)."""
     from evalpipe.commands.compare import compare_command
 
     raise typer.Exit(compare_command(targets, reporter, reference=reference, variants=variants, output=output, gates=gates, margin=margin,
-                                     unverified=unverified))
+                                     unverified=unverified, results_json=results_json))
 
 
 @app.command()
@@ -292,6 +307,22 @@ def calibrate(
         code = run_calibration(config, limit, names, table, reporter, run_id=run_id, output=output, from_run=from_run,
                                localize=localize, temperature=temperature, samples=samples, task_group=tasks)
     raise typer.Exit(code)
+
+
+@app.command()
+def bisect(
+    good: str = typer.Option(..., "--good", parser=_given("--good"), help="A commit of the config's bisect.repo whose build is good."),
+    bad: str = typer.Option(..., "--bad", parser=_given("--bad"), help="A later commit whose build changed the outputs."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", parser=_path("--config"), help="Run config YAML with a `bisect:` section (docs/bisect.md)."),
+    tasks: str = typer.Option("gsm8k", "--tasks", help="Task group of the config each step runs (as `evalpipe run TASKS`)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N documents of every task at each step (bisect.escalate: the larger limits of an UNKNOWN step's reruns)."),
+    output: Optional[Path] = typer.Option(None, "--output", parser=_path("--output"), help="Where the bisect's runs, journal and report go (default: reports/bisect beside the config's `output`)."),
+    timeout: Optional[float] = _TIMEOUT_OPT,
+) -> None:
+    """Find the first build between --good and --bad whose outputs differ from the good build's."""
+    from evalpipe.commands.bisect import BisectRequest, bisect_command
+
+    raise typer.Exit(bisect_command(BisectRequest(config, good, bad, tasks, limit, output, timeout), reporter))
 
 
 def _writing_into(from_run: Optional[Path]):
@@ -529,6 +560,12 @@ def _record_interrupt(signum: int) -> None:
     raise KeyboardInterrupt
 
 
+def _git_bisect_asked(argv: list[str]) -> bool:
+    """--git-bisect given to `run` or `compare` (before a `--` that ends the options)."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--git-bisect" in options and bool({"run", "compare"} & set(options))
+
+
 def main() -> None:
     import signal
 
@@ -536,10 +573,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         app()
-    except SystemExit:
+    except SystemExit as done:
         if _terminated:  # click turned the interrupt into its own exit (130)
             err_console.print("terminated; the workers and servers of this run were stopped")
             sys.exit(ExitCode.TERMINATED)
+        if _git_bisect_asked(sys.argv[1:]):
+            sys.exit(for_git_bisect(done.code if isinstance(done.code, int) else (0 if done.code is None else ExitCode.USER_ERROR)))
         raise
     except KeyboardInterrupt:
         if _terminated:

@@ -27,6 +27,21 @@ class ExitCode(enum.IntEnum):
     TERMINATED = 143  # SIGTERM
 
 
+# `git bisect run` reads 0 as good, 1-127 but 125 as bad, 125 as "cannot test this commit"
+# and anything above 127 as "stop the bisect": a run that failed or proved nothing is a
+# skip, never a bad commit, and a usage or config error (the same at every commit) stops it.
+GIT_BISECT_SKIP, GIT_BISECT_STOP = 125, 128
+
+
+def for_git_bisect(code: int) -> int:
+    """evalpipe's exit code as `git bisect run` reads it (`--git-bisect`)."""
+    if code in (ExitCode.OK, ExitCode.DIVERGENT, ExitCode.INTERRUPTED, ExitCode.TERMINATED):
+        return code  # an interrupt (above 127) stops the bisect too
+    if code == ExitCode.USER_ERROR:
+        return GIT_BISECT_STOP
+    return GIT_BISECT_SKIP
+
+
 class EvalpipeError(Exception):
     """An error evalpipe raises on purpose; its message is one sentence for the user."""
 

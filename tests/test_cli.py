@@ -186,3 +186,17 @@ def test_the_plan_shows_markup_like_values_as_text(tmp_path):
     proc = evalpipe("run", "gsm8k", "-c", str(cfg), "--dry-run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "X=[/]" in proc.stdout and "Y=[bold]y" in proc.stdout
+
+
+def test_git_bisect_exit_codes_from_a_real_process(tmp_path):
+    from fakes import make_samples, mutate, set_token, write_run
+
+    base = make_samples(4)
+    run = write_run(tmp_path / "run", {"a": base, "b": mutate(base, 1, set_token(1, 999))})
+
+    def code(*args: str) -> int:
+        return subprocess.run([sys.executable, "-m", "evalpipe", *args], cwd=tmp_path, capture_output=True, timeout=120).returncode
+
+    assert code("compare", str(run), "--git-bisect") == 1, "DIVERGENT is a bad commit"
+    assert code("compare", str(tmp_path / "absent"), "--git-bisect") == 128, "a usage error stops the bisect"
+    assert code("compare", str(tmp_path / "absent")) == 2, "without the flag the codes are evalpipe's own"

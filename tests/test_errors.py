@@ -108,3 +108,12 @@ def test_exit_codes_are_numbers_in_one_place():
                 if any(isinstance(a, ast.Constant) and type(a.value) is int and a.value != 0 for a in node.args):
                     bad.append(f"{rel}:{node.lineno} exit with a literal code")
     assert not bad, "use evalpipe.errors.ExitCode: " + "; ".join(bad)
+
+
+def test_exit_codes_as_git_bisect_run_reads_them():
+    from evalpipe.errors import GIT_BISECT_SKIP, GIT_BISECT_STOP, ExitCode, for_git_bisect
+
+    assert for_git_bisect(ExitCode.OK) == 0 and for_git_bisect(ExitCode.DIVERGENT) == 1
+    assert for_git_bisect(ExitCode.FAILED) == for_git_bisect(ExitCode.INCONCLUSIVE) == GIT_BISECT_SKIP == 125
+    assert for_git_bisect(ExitCode.USER_ERROR) == GIT_BISECT_STOP > 127, "a config error stops the bisect, never blames"
+    assert for_git_bisect(ExitCode.INTERRUPTED) > 127

@@ -139,7 +139,7 @@ def test_task_lookup_does_not_import_the_worker():
 LAYERS = (
     ("cli", "__main__"),  # the verbs
     ("commands",),  # use cases bigger than a call into the pipeline (doctor, calibrate)
-    ("pipeline", "nightly"),  # a run from config to report; a night from run to judgement
+    ("pipeline", "nightly", "bisection"),  # a run from config to report; a night from run to judgement; a bisect's search
     ("report", "history", "execution", "probing", "cluster"),  # renderers, the history, processes, probe records, Ray
     ("compare",),  # pure comparison
     ("rundir",),  # the run directory: its layout, tables, integrity, resuming

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
+from evalpipe.commands.run import write_results_json
 from evalpipe.config.gate_settings import Gates
 from evalpipe.config.loading import load_gates
 from evalpipe.documents.run_doc import RunDocument
@@ -15,13 +16,13 @@ from evalpipe.pipeline.comparing import compare_across_runs, print_written, read
 from evalpipe.pipeline.plan import split_csv
 from evalpipe.report.terminal import print_summary
 from evalpipe.reporting import Reporter
-from evalpipe.rundir.artifacts import MANIFEST_JSON, RUN_JSON, SAMPLES_PARQUET
+from evalpipe.rundir.artifacts import COMPARE_JSON, MANIFEST_JSON, RUN_JSON, SAMPLES_PARQUET
 from evalpipe.rundir.lock import holding_run_dir
 
 
 def compare_command(targets: list[Path], reporter: Reporter, *, reference: str | None = None, variants: str | None = None,
                     output: Path | None = None, gates: Path | None = None, margin: float | None = None,
-                    unverified: bool = False) -> int:
+                    unverified: bool = False, results_json: Path | None = None) -> int:
     """The verdict's exit code; bad arguments are one sentence (UserError). ``unverified``
     (--unverified): a variant without manifest.json is compared as it is, and its verdict is
     INCONCLUSIVE (exit 4) naming it, instead of being refused."""
@@ -37,6 +38,7 @@ def compare_command(targets: list[Path], reporter: Reporter, *, reference: str |
         with holding_run_dir(run_dir, elsewhere="or write the reports elsewhere with --output") if output is None else nullcontext():
             code, info = report_run(run_dir, reporter, reference=reference, variants=chosen, output=output,
                                     gates=chosen_gates, unverified=unverified)
+        write_results_json(results_json, (output or run_dir) / COMPARE_JSON, code, reporter)
         reporter.verdict(info.verdict, code, output or run_dir)
         return code
     if len(targets) == 2:
@@ -49,12 +51,13 @@ def compare_command(targets: list[Path], reporter: Reporter, *, reference: str |
             # --unverified: a variant directory is known by its samples when its manifest is gone
             if not ((t / MANIFEST_JSON).is_file() or (unverified and (t / SAMPLES_PARQUET).is_file())):
                 raise UserError(f"{t} is not a variant directory (no manifest.json); pass reports/runs/<run_id>/<variant>.")
-        return compare_two_runs(targets[0], targets[1], reporter, output=output, gates=chosen_gates, unverified=unverified)
+        return compare_two_runs(targets[0], targets[1], reporter, output=output, gates=chosen_gates, unverified=unverified,
+                                results_json=results_json)
     raise UserError("compare takes RUN_DIR, or exactly two variant directories RUN_A/VARIANT RUN_B/VARIANT.")
 
 
 def compare_two_runs(a: Path, b: Path, reporter: Reporter, output: Path | None = None, gates: Gates | None = None,
-                     unverified: bool = False) -> int:
+                     unverified: bool = False, results_json: Path | None = None) -> int:
     """`evalpipe compare RUN_A/VARIANT RUN_B/VARIANT`: the same items, from two runs."""
     comparison = compare_across_runs(a, b, gates=gates, unverified=unverified)
     name = f"{Path(a).parent.name}.{Path(a).name}-vs-{Path(b).parent.name}.{Path(b).name}"
@@ -65,6 +68,7 @@ def compare_two_runs(a: Path, b: Path, reporter: Reporter, output: Path | None =
     print_summary(comparison.doc, reporter.console)
     print_written(written, reporter)
     code = comparison.status.exit_code
+    write_results_json(results_json, out_dir / COMPARE_JSON, code, reporter)
     reporter.verdict(comparison.status.value, code, out_dir)
     return code
 

@@ -21,6 +21,8 @@ from evalpipe.config.option_bounds import check_option
 from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.config.run_config import LaunchFields, RunConfig
 from evalpipe.config.sampling import Sampling
+from evalpipe.documents.comparison import read_comparison
+from evalpipe.documents.pass_fail import pass_fail_result, write_pass_fail
 from evalpipe.errors import ExitCode, UserError
 from evalpipe.execution.deployment import planned_node_lines
 from evalpipe.execution.serve import planned_commands
@@ -33,7 +35,7 @@ from evalpipe.pipeline.runner import execute
 from evalpipe.probing.names import checks_lines
 from evalpipe.redact import api_key_names, redact, redact_env
 from evalpipe.reporting import Reporter
-from evalpipe.rundir.artifacts import RUN_JSON
+from evalpipe.rundir.artifacts import COMPARE_JSON, RUN_JSON
 from evalpipe.validation import first_problem
 
 
@@ -41,7 +43,7 @@ def run_command(tasks: str, reporter: Reporter, *, config: Path | None = None, l
                 output: Path | None = None, run_id: str | None = None, timeout: float | None = None,
                 stall_timeout: float | None = None, noise_floor: bool | None = None, dry_run: bool = False,
                 resume: Path | None = None, cluster: str | None = None, concurrency: int | None = None,
-                distinct_nodes: bool | None = None) -> int:
+                distinct_nodes: bool | None = None, results_json: Path | None = None) -> int:
     """The run's exit code (the verdict's, or a failure's); bad arguments are one sentence.
     ``cluster``: --cluster, over the config's cluster.address (`off`: run here); ``concurrency``
     and ``distinct_nodes``: over the config's cluster settings."""
@@ -62,6 +64,7 @@ def run_command(tasks: str, reporter: Reporter, *, config: Path | None = None, l
     check_time_limits(timeout, stall_timeout)
     if not dry_run:
         code = execute(plan, reporter, timeout_s=timeout, stall_timeout_s=stall_timeout).exit_code
+        write_results_json(results_json, plan.run_dir / COMPARE_JSON, code, reporter)
         if code == ExitCode.DIVERGENT and plan.config.localize.when == "auto":
             localize_after_run(plan.run_dir, reporter)
         return code
@@ -76,6 +79,15 @@ def run_command(tasks: str, reporter: Reporter, *, config: Path | None = None, l
                           "counted as never called there)", plain=True)
     reporter.info("every probed name exists where its variant runs")
     return ExitCode.OK
+
+
+def write_results_json(path: Path | None, compare_json: Path, code: int, reporter: Reporter) -> None:
+    """--results-json: the verdict in the shape other bisect tools read (documents.pass_fail);
+    a run that compared nothing writes none (its exit code says so)."""
+    if path is None or not compare_json.is_file():
+        return
+    write_pass_fail(path, pass_fail_result(read_comparison(compare_json), code))
+    reporter.info(f"results: {escape(str(path))}")
 
 
 def with_cluster(config: RunConfig, cluster: str | None, *, concurrency: int | None = None,

@@ -12,6 +12,7 @@ from typing import Any, Literal, cast
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from evalpipe.config.bisect import BisectSpec
 from evalpipe.config.cluster import ClusterSettings, check_variant_resources
 from evalpipe.config.deployment import Deployment
 from evalpipe.config.engine_args import dtype_problem
@@ -327,6 +328,7 @@ class RunConfig(Strict):
     nightly: Nightly = Field(default_factory=Nightly, description="`evalpipe nightly`: task selector, history database, dashboard, change detection.")
     cluster: ClusterSettings = Field(default_factory=ClusterSettings,
                                      description="Run the variants at once on a Ray cluster (`address:`); absent: here, one after another.")
+    bisect: BisectSpec | None = Field(default=None, description="`evalpipe bisect`: the git repository of the candidate builds and how each step escalates (docs/bisect.md).")
 
     _env_strings = field_validator("env", mode="before")(_env_values_as_strings)
     _env_switches = field_validator("env")(_engine_switches_valid)
@@ -374,6 +376,8 @@ class RunConfig(Strict):
             raise ValueError(
                 f"`reference: {self.reference}` is not a variant; choose one of: {', '.join(self.variants)}."
             )
+        if self.bisect is not None and self.bisect.variant is not None and self.bisect.variant not in self.variants:
+            raise ValueError(f"`bisect.variant: {self.bisect.variant}` is not a variant; choose one of: {', '.join(self.variants)}.")
         if "all" in self.tasks:
             raise ValueError("`all` is reserved as a task group name (it means every group); rename that group.")
         if self.noise_floor is not None and self.noise_floor.enabled and self.aa_name in self.variants:

@@ -309,3 +309,40 @@ def readable_localizations(run_dir: Path, reporter: Reporter) -> list[LocalizeDo
 
 def print_written(written: dict[str, Path], reporter: Reporter) -> None:
     reporter.info(f"report: {written['html']}  ({written['markdown'].name}, {written['compare'].name}, {written['junit'].name} beside it)")
+
+
+def compare_with_reference_run(reference_run: Path, candidate: Path, *, label: str, worst_k: int = 5,
+                               against: Path | None = None) -> RunComparison:
+    """``candidate`` (a variant directory of another run: a bisect's step) against the
+    reference of ``reference_run``, bounded by that run's A/A comparison, judged by its
+    gates: the good build measured once, with its own noise, for every step. ``against``:
+    another variant directory in the reference's place (a build's second run against its
+    first), still bounded by the reference run's floor."""
+    rd = RunDir(reference_run)
+    info = read_run_info(reference_run)
+    where = str(rd.run_json)
+    gates = info.gates_of(where)
+    ref = str(info.reference)
+    aa_name = info.noise_floor_of(ref)
+    expect_ref = info.expectations_of(ref, where)
+    ref_side = load_artifacts(rd.variant(ref), expect=expect_ref)
+    numerics = variant_numerics(rd.variant(ref))
+    aa = None
+    if aa_name is not None:
+        aa = compare_artifacts(ref_side, load_artifacts(rd.variant(aa_name), expect=info.expectations_of(aa_name, where)),
+                               worst_k=worst_k, gates=gates, numerics=numerics)
+    if against is not None:
+        other = VariantDir(against)
+        expect_ref = read_run_info(against.parent).expectations_of(other.name, str(RunDir(against.parent).run_json))
+        ref = f"{against.parent.name}/{other.name}"
+        ref_side = load_artifacts(other, ref, expect_ref)
+    vdir = VariantDir(candidate)
+    cand_info = read_run_info(candidate.parent)
+    expect = cand_info.expectations_of(vdir.name, str(RunDir(candidate.parent).run_json))
+    if expect is not None and expect_ref is not None and expect.claims() == expect_ref.claims():
+        expect = expect.model_copy(update={"same_path": True})  # one declared path, another build: IDENTICAL answers
+    side = load_artifacts(vdir, label, expect)
+    check_same_items(ref_side.samples, side.samples, ref, label)
+    vc = compare_artifacts(ref_side, side, worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
+    return RunComparison.of(run_id=f"{reference_run.name}/{ref} vs {label}", reference=ref, comparisons=(vc,),
+                            noise_floor=aa, gates=gates)

@@ -65,19 +65,22 @@ class RunResult:
 
 
 def execute(plan: RunPlan, reporter: Reporter, timeout_s: float | None = None, *,
-            extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None) -> RunResult:
+            extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None,
+            compared_elsewhere: bool = False) -> RunResult:
     """Run the plan; the run (finished or failed) is then recorded in the history
     database unless ``record`` is false (`nightly` records and judges it itself).
     ``extra_info``: more run.json fields (nightly: its kind and the components CI named).
     ``stall_timeout_s``: the watchdog's limit for every variant (default: each variant's
-    launch.stall_timeout_s). What it does goes to ``reporter``, ending in the verdict."""
+    launch.stall_timeout_s). What it does goes to ``reporter``, ending in the verdict.
+    ``compared_elsewhere``: the run's variants are compared with another run's (bisect's
+    steps against the good build): a run of one variant then says nothing of its own."""
     names = preflight(plan, reporter)
     limits = Limits(timeout_s, stall_timeout_s)
     if plan.config.cluster.enabled:
         # before the run directory exists: a cluster that cannot be reached leaves no run behind
         connect(str(plan.config.cluster.address))
     try:
-        result = _execute(plan, reporter, limits, extra_info, names)
+        result = _execute(plan, reporter, limits, extra_info, names, compared_elsewhere)
     except KeyboardInterrupt:
         mark_interrupted(plan.run_dir)
         raise
@@ -85,6 +88,8 @@ def execute(plan: RunPlan, reporter: Reporter, timeout_s: float | None = None, *
         if record and plan.run_dir.is_dir() and (plan.run_dir / artifacts.RUN_JSON).is_file():
             record_in_history(plan, reporter)
         unlock_run_dir(plan.run_dir)  # taken by _execute once it had created the directory
+    if compared_elsewhere:
+        return result
     # the last event: its line (the summary, or the sentence of a run that compared nothing) is above
     reporter.verdict(str(result.document.verdict or Status.INCONCLUSIVE), result.exit_code, result.run_dir)
     return result
@@ -108,7 +113,7 @@ def record_in_history(plan: RunPlan, reporter: Reporter) -> None:
 
 
 def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict[str, Any] | None,
-             names: dict[str, VariantNames]) -> RunResult:
+             names: dict[str, VariantNames], compared_elsewhere: bool = False) -> RunResult:
 
     rd = artifacts.RunDir(plan.run_dir)
     info, kept = open_run_dir(rd, run_info(plan, **(extra_info or {})))
@@ -181,6 +186,8 @@ def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict
             _fail_run(info, failures, save)
         save(status="ok", verdict=None)
         aa = next((v.name for v in plan.variants if v.aa_of), None)
+        if compared_elsewhere:
+            return RunResult(rd.root, info, ExitCode.OK)
         reporter.info(f"[bold yellow]INCONCLUSIVE[/] {escape(nothing_compared(plan.variants[0].name, aa))}")
         return RunResult(rd.root, info, ExitCode.INCONCLUSIVE)
     try:

@@ -109,3 +109,22 @@ def test_a_later_run_that_left_its_path_is_inconclusive(tmp_path):
     from nightly_fakes import ATTENTION
 
     assert f"variant `run2/legacy` never called `{ATTENTION['legacy']}`" in c.verdict.reasons[0], c.verdict.reasons
+
+
+def test_a_variant_of_another_run_is_judged_against_a_reference_run_and_its_floor(tmp_path):
+    """bisect's steps: the good build measured once (with its A/A run), each candidate
+    compared with it; and a build's second run compared with its first under the same floor."""
+    from fakes import make_samples, mutate, set_token, write_run
+
+    from evalpipe.pipeline.comparing import compare_with_reference_run
+
+    base = make_samples(6)
+    good = write_run(tmp_path / "good", {"ref": base, "ref-aa": base}, noise_floor="ref-aa")
+    same = write_run(tmp_path / "same", {"candidate": base})
+    moved = write_run(tmp_path / "moved", {"candidate": mutate(base, 2, set_token(1, 999))})
+    assert compare_with_reference_run(good, same / "candidate", label="same").status.passed
+    judged = compare_with_reference_run(good, moved / "candidate", label="moved")
+    assert judged.status.value == "DIVERGENT" and judged.doc.noise_floor is not None
+    again = compare_with_reference_run(good, moved / "candidate", label="again", against=same / "candidate")
+    assert again.status.value == "DIVERGENT" and again.doc.reference.endswith("same/candidate")
+    assert compare_with_reference_run(good, moved / "candidate", label="x", against=moved / "candidate").status.passed

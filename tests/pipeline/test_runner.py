@@ -32,6 +32,15 @@ def test_a_run_that_compared_nothing_returns_inconclusive(tmp_path):
     assert "nothing was compared" in out.getvalue()
 
 
+def test_a_run_compared_elsewhere_says_nothing_of_its_own_and_ends_ok(tmp_path):
+    plan = fake_plan(tmp_path, {"a": {}}, "step")
+    out = io.StringIO()
+    reporter = TerminalReporter(Console(file=out, width=200))
+    result = execute(plan, reporter, record=False, compared_elsewhere=True)
+    assert result.exit_code == ExitCode.OK and result.document.status == "ok"
+    assert "nothing was compared" not in out.getvalue() and not reporter.ended, "bisect compares it and tells the verdict"
+
+
 def test_a_cluster_that_cannot_be_reached_leaves_no_run_and_no_history_behind(tmp_path):
     import socket
 

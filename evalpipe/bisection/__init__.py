@@ -1,0 +1,1 @@
+"""`evalpipe bisect`: candidate builds from git, and the search over their verdicts."""
