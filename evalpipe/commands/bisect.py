@@ -34,6 +34,7 @@ from evalpipe.bisection.candidates import BuildFailed, build, candidates, checko
 from evalpipe.bisection.search import bounds, expected_steps, next_candidate, suspects
 from evalpipe.config.bisect import BisectSpec
 from evalpipe.config.loading import load_config
+from evalpipe.config.merge import deep_merge
 from evalpipe.config.option_bounds import check_option
 from evalpipe.config.run_config import LaunchFields, NoiseFloor, RunConfig, TaskSpec, Variant
 from evalpipe.documents.bisect import (
@@ -42,10 +43,12 @@ from evalpipe.documents.bisect import (
     Answer,
     Attempt,
     BisectJournal,
+    Candidate,
     Evidence,
     Step,
     StepVerdict,
     read_journal,
+    short,
     write_journal,
 )
 from evalpipe.documents.comparison import Comparison, GateStatus
@@ -57,7 +60,7 @@ from evalpipe.pipeline.launching import Limits
 from evalpipe.pipeline.localizing import Request, localize_run
 from evalpipe.pipeline.plan import make_plan
 from evalpipe.pipeline.runner import execute
-from evalpipe.report.bisect import bisect_table, write_bisect_reports
+from evalpipe.report.bisect import bisect_table, source, write_bisect_reports
 from evalpipe.reporting import Reporter
 from evalpipe.rundir import artifacts
 
@@ -83,7 +86,7 @@ class Bisection:
     config_path: str
     config: RunConfig
     spec: BisectSpec
-    repo: Path
+    repo: Path | None  # None: an explicit list of builds
     variant: str
     root: Path
     reporter: Reporter
@@ -94,34 +97,39 @@ class Bisection:
 
     def tree(self, commit: str) -> Path:
         """The commit's tree, built when the config names a build command (BuildFailed)."""
+        assert self.repo is not None, "a list of builds has no trees"
         tree = checkout(self.repo, commit, self.cache)
         build(tree, self.spec.build or [])
         return tree
 
-    def build_config(self, tree: Path, name: str, *, floor: bool, also: dict[str, Path] | None = None) -> RunConfig:
-        """The config with the searched variant as ``name``, ``tree`` first on its PYTHONPATH
-        (the reference), and ``also``: more builds of it, by name."""
+    def built(self, key: str) -> Variant:
+        """The searched variant as candidate ``key`` builds it: a commit's tree first on its
+        PYTHONPATH, or a listed build's env, interpreter and launch over its own."""
         variant = self.config.variants[self.variant]
+        if self.spec.builds is not None:
+            listed = self.spec.build_named(key)
+            return variant.model_copy(update={"env": {**variant.env, **listed.env}, "python": listed.python or variant.python,
+                                              "launch": deep_merge(variant.launch, listed.launch)})
+        tree = self.tree(key)
         inherited = variant.env.get("PYTHONPATH") or self.config.env.get("PYTHONPATH", "")
+        paths = [str((tree / p).resolve()) for p in self.spec.pythonpath]
+        env = {**variant.env, "PYTHONPATH": os.pathsep.join([*paths, *([inherited] if inherited else [])])}
+        return variant.model_copy(update={"env": env})
 
-        def built(tree: Path) -> Variant:
-            paths = [str((tree / p).resolve()) for p in self.spec.pythonpath]
-            env = {**variant.env, "PYTHONPATH": os.pathsep.join([*paths, *([inherited] if inherited else [])])}
-            return variant.model_copy(update={"env": env})
-
-        variants = {name: built(tree), **{n: built(t) for n, t in (also or {}).items()}}
+    def build_config(self, variants: dict[str, Variant], *, floor: bool) -> RunConfig:
+        """The config with these builds of the searched variant, the first the reference."""
         # a run of builds, no longer a bisect: its run.json must read back as a config of its own
         return self.config.model_copy(update={
-            "variants": variants, "reference": name, "bisect": None,
+            "variants": variants, "reference": next(iter(variants)), "bisect": None,
             "noise_floor": (self.config.noise_floor or NoiseFloor()) if floor else None,
         })
 
-    def run(self, tree: Path, name: str, run_id: str, limit: int | None, *, floor: bool) -> Path:
-        """One run of the build in ``tree``; a directory a killed bisect left half-written is
-        run again. RunFailed when the build does not run."""
-        plan = make_plan(self.build_config(tree, name, floor=floor), self.config_path, self.request.tasks, limit=limit,
-                         output=str(self.root / "runs" if not floor else self.root.parent / "good"), run_id=run_id,
-                         noise_floor=floor)
+    def run(self, key: str, name: str, run_id: str, limit: int | None, *, floor: bool) -> Path:
+        """One run of candidate ``key``'s build as variant ``name``; a directory a killed
+        bisect left half-written is run again. RunFailed when the build does not run."""
+        plan = make_plan(self.build_config({name: self.built(key)}, floor=floor), self.config_path, self.request.tasks,
+                         limit=limit, output=str(self.root / "runs" if not floor else self.root.parent / "good"),
+                         run_id=run_id, noise_floor=floor)
         if plan.run_dir.is_dir():
             if _finished(plan.run_dir):
                 return plan.run_dir
@@ -138,8 +146,22 @@ def _finished(run_dir: Path) -> bool:
     return doc is not None and doc.status is RunStatus.OK
 
 
-def _repo(spec: BisectSpec, config_path: str) -> Path:
-    repo = Path(spec.repo).expanduser()
+def listed_candidates(spec: BisectSpec, good: str, bad: str) -> tuple[str, list[Candidate]]:
+    """The listed builds after --good up to --bad, by name, in the list's order."""
+    names = [b.name for b in spec.builds or []]
+    for option, name in (("--good", good), ("--bad", bad)):
+        if name not in names:
+            raise UserError(f"{option} {name}: no build of that name in bisect.builds; give one of: {', '.join(names)}.")
+    if good == bad:
+        raise UserError(f"--good and --bad both name build {good}; pass a good build listed before the bad one.")
+    first, last = names.index(good), names.index(bad)
+    if first > last:
+        raise UserError(f"--good {good} comes after --bad {bad} in bisect.builds (oldest first); swap them.")
+    return good, [Candidate(commit=b.name, subject=b.description or b.name) for b in (spec.builds or [])[first + 1: last + 1]]
+
+
+def _repo(given: str, config_path: str) -> Path:
+    repo = Path(given).expanduser()
     return repo if repo.is_absolute() else (Path(config_path).resolve().parent / repo)
 
 
@@ -162,25 +184,28 @@ def prepare(request: BisectRequest, reporter: Reporter) -> tuple[Bisection, Bise
         raise UserError(f"bisect.escalate {spec.escalate} in {config_path} must be larger than --limit {request.limit}: "
                         "an escalation runs more items than the step before it.")
     variant = spec.variant or config.reference_name
-    repo = _repo(spec, config_path)
-    good_sha, found = candidates(repo, request.good, request.bad, first_parent=spec.first_parent)
+    repo = _repo(spec.repo, config_path) if spec.repo is not None else None
+    if repo is not None:
+        good_key, found = candidates(repo, request.good, request.bad, first_parent=spec.first_parent)
+    else:
+        good_key, found = listed_candidates(spec, request.good, request.bad)
     output = request.output or Path(config.output).expanduser().parent / "bisect"
-    root = output / f"{good_sha[:10]}-{found[-1].commit[:10]}-{_key(config_path, config.model_dump_json(), request.tasks, request.limit)}"
-    bisection = Bisection(request, config_path, config, spec, repo.resolve(), variant, root, reporter)
-    # the tasks, limits and variant as a run would plan them: refused here, not after the good build ran
-    make_plan(bisection.build_config(repo, variant, floor=True), config_path, request.tasks, limit=request.limit,
-              output=str(root / "runs"), run_id="check", noise_floor=True)
+    root = output / f"{short(good_key)}-{short(found[-1].commit)}-{_key(config_path, config.model_dump_json(), request.tasks, request.limit)}"
+    bisection = Bisection(request, config_path, config, spec, repo.resolve() if repo else None, variant, root, reporter)
     try:
-        bisection.tree(good_sha)
+        good_variant = bisection.built(good_key)
     except BuildFailed as err:
-        raise UserError(f"the good end {good_sha[:12]} does not build ({err}); fix bisect.build or pass another --good.") from None
+        raise UserError(f"the good end {short(good_key)} does not build ({err}); fix bisect.build or pass another --good.") from None
+    # the tasks, limits and variant as a run would plan them: refused here, not after the good build ran
+    make_plan(bisection.build_config({variant: good_variant}, floor=True), config_path, request.tasks, limit=request.limit,
+              output=str(root / "runs"), run_id="check", noise_floor=True)
     journal_path = root / BISECT_JSON
     if journal_path.is_file():
         journal = read_journal(journal_path)
         reporter.step(f"[bold]continuing[/] the bisect in {root}: {journal.runs()} runs kept")
     else:
-        journal = BisectJournal(config=config_path, repo=str(repo.resolve()), variant=variant, good=good_sha,
-                                bad=found[-1].commit, candidates=found)
+        journal = BisectJournal(config=config_path, repo=str(repo.resolve()) if repo else None, variant=variant,
+                                good=good_key, bad=found[-1].commit, candidates=found)
     return bisection, journal
 
 
@@ -212,26 +237,26 @@ class Searcher:
             return self.good_runs[limit]
         b = self.b
         key = str(limit or "all")
-        run_id = f"{self.journal.good[:10]}-{_key(b.config_path, b.config.model_dump_json(), b.request.tasks, limit)}-{key}"
-        b.reporter.step(f"[bold]good build[/] {self.journal.good[:12]} with its A/A run ({key} items)")
+        run_id = f"{short(self.journal.good)}-{_key(b.config_path, b.config.model_dump_json(), b.request.tasks, limit)}-{key}"
+        b.reporter.step(f"[bold]good build[/] {short(self.journal.good)} with its A/A run ({key} items)")
         try:
-            run_dir = b.run(b.tree(self.journal.good), "good", run_id, limit, floor=True)
+            run_dir = b.run(self.journal.good, "good", run_id, limit, floor=True)
         except (RunFailed, BuildFailed) as err:
-            raise UserError(f"the good build {self.journal.good[:12]} did not run ({str(err).splitlines()[0]}); "
+            raise UserError(f"the good build {short(self.journal.good)} did not run ({str(err).splitlines()[0]}); "
                             "a bisect needs a good end that works: pass another --good.") from None
         self.good_runs[limit] = run_dir
         return run_dir
 
     def attempt(self, commit: str, limit: int | None, number: int, good: Path, repeat_of: str | None = None) -> Attempt:
         b = self.b
-        run_id = f"{commit[:12]}-{number}"
+        run_id = f"{short(commit)}-{number}"
         try:
-            run_dir = b.run(b.tree(commit), CANDIDATE, run_id, limit, floor=False)
+            run_dir = b.run(commit, CANDIDATE, run_id, limit, floor=False)
         except (RunFailed, BuildFailed) as err:
             reason = f"the build did not run: {str(err).splitlines()[0]}"
             return Attempt(run_dir=str(b.root / "runs" / run_id), limit=limit, status=None, verdict=StepVerdict.SKIP,
                            reason=reason, repeat_of=repeat_of)
-        comparison = compare_with_reference_run(good, run_dir / CANDIDATE, label=commit[:12])
+        comparison = compare_with_reference_run(good, run_dir / CANDIDATE, label=short(commit))
         write_outputs(run_dir, comparison, plots=False)
         doc = comparison.doc.comparisons[0]
         return Attempt(run_dir=str(run_dir), limit=limit, status=doc.status, verdict=STEP_OF_STATUS[doc.status],
@@ -245,14 +270,14 @@ class Searcher:
 
     def step(self, index: int, *, endpoint: bool = False) -> Step:
         cand = self.journal.candidates[index]
-        short = f"{cand.commit[:12]} {cand.subject}"
+        label = f"{short(cand.commit)} {cand.subject}"
         b = self.b
         attempts: list[Attempt] = list(prev.attempts) if (prev := self.journal.step(cand.commit)) else []
         limits = [b.request.limit, *b.spec.escalate]
         reason = ""
         for level, limit in enumerate(limits):
             done = [a for a in attempts if a.limit == limit]
-            b.reporter.step(f"[bold]step[/] {short} ({limit or 'all'} items"
+            b.reporter.step(f"[bold]step[/] {label} ({limit or 'all'} items"
                             f"{', escalated' if level else ''})", commit=cand.commit)
             good = self.good_run(limit)
             first = done[0] if done else self._record(cand.commit, attempts, self.attempt(cand.commit, limit, len(attempts) + 1, good))
@@ -270,7 +295,7 @@ class Searcher:
                           "its two runs differ from each other beyond the good build's A/A floor: it does not repeat itself")
             else:
                 reason = first.reason
-            b.reporter.info(f"[yellow]UNKNOWN[/] {short}: {reason}")
+            b.reporter.info(f"[yellow]UNKNOWN[/] {label}: {reason}")
         return self._decided(cand.commit, attempts, StepVerdict.SKIP,
                              f"UNKNOWN after {len(attempts)} runs ({reason}); skipped as `git bisect skip` does", endpoint)
 
@@ -285,7 +310,7 @@ class Searcher:
         step = Step(commit=commit, attempts=list(attempts), verdict=verdict, reason=reason, endpoint=endpoint)
         self.journal = self.journal.with_step(step)
         self.save()
-        self.b.reporter.step(f"[bold]{verdict}[/] {commit[:12]}: {reason}", commit=commit, verdict=str(verdict))
+        self.b.reporter.step(f"[bold]{verdict}[/] {short(commit)}: {reason}", commit=commit, verdict=str(verdict))
         return step
 
     def localize(self, answer: Answer) -> Answer:
@@ -296,8 +321,8 @@ class Searcher:
         last_same = bounds(self.journal.verdicts(), count).last_same
         parent = self.journal.good if last_same < 0 else self.journal.candidates[last_same].commit
         culprit = str(answer.first_different)
-        b.reporter.step(f"[bold]localize[/] {culprit[:12]} against {parent[:12]}")
-        cfg = b.build_config(b.tree(parent), "parent", floor=False, also={"first_different": b.tree(culprit)})
+        b.reporter.step(f"[bold]localize[/] {short(culprit)} against {short(parent)}")
+        cfg = b.build_config({"parent": b.built(parent), "first_different": b.built(culprit)}, floor=False)
         plan = make_plan(cfg, b.config_path, b.request.tasks, limit=b.request.limit, output=str(b.root / "runs"),
                          run_id="localize", noise_floor=False)
         if not plan.run_dir.is_dir() or not _finished(plan.run_dir):
@@ -313,10 +338,10 @@ class Searcher:
         self.good_run(self.b.request.limit)
         bad = self.step(count - 1, endpoint=True)
         if bad.verdict is StepVerdict.SAME:
-            return Answer(kind="bad_is_same", sentence=f"the bad end {bad.commit[:12]} is SAME as the good build: there is "
+            return Answer(kind="bad_is_same", sentence=f"the bad end {short(bad.commit)} is SAME as the good build: there is "
                           "nothing to bisect (the change is not in these builds, or the gates cannot see it).")
         if bad.verdict is not StepVerdict.DIFFERENT:
-            return Answer(kind="bad_not_different", sentence=f"the bad end {bad.commit[:12]} is {bad.verdict} ({bad.reason}); "
+            return Answer(kind="bad_not_different", sentence=f"the bad end {short(bad.commit)} is {bad.verdict} ({bad.reason}); "
                           "pass a bad commit that runs and differs.")
         while (index := next_candidate(self.journal.verdicts(), count)) is not None:
             self.step(index)
@@ -324,11 +349,11 @@ class Searcher:
         commits = [self.journal.candidates[i] for i in found]
         first = commits[-1]
         if len(commits) == 1:
-            sentence = f"the first DIFFERENT build is {first.commit[:12]} \"{first.subject}\""
+            sentence = f"the first DIFFERENT build is {short(first.commit)} \"{first.subject}\""
             return Answer(kind="found", sentence=sentence, first_different=first.commit)
-        skipped = ", ".join(c.commit[:12] for c in commits[:-1])
+        skipped = ", ".join(short(c.commit) for c in commits[:-1])
         return Answer(kind="ambiguous", first_different=first.commit, could_be=[c.commit for c in commits],
-                      sentence=f"the first DIFFERENT build is {first.commit[:12]} or one of the skipped builds before it ({skipped})")
+                      sentence=f"the first DIFFERENT build is {short(first.commit)} or one of the skipped builds before it ({skipped})")
 
 
 def bisect_command(request: BisectRequest, reporter: Reporter) -> int:
@@ -337,7 +362,7 @@ def bisect_command(request: BisectRequest, reporter: Reporter) -> int:
     bisection, journal = prepare(request, reporter)
     bisection.root.mkdir(parents=True, exist_ok=True)
     count = len(journal.candidates)
-    reporter.step(f"[bold]bisect[/] {count} candidate builds of {bisection.repo} ({journal.good[:12]}..{journal.bad[:12]}); "
+    reporter.step(f"[bold]bisect[/] {count} candidate builds of {escape(source(journal))} ({short(journal.good)}..{short(journal.bad)}); "
                   f"about {expected_steps(count)} runs without skips or escalations -> {bisection.root}")
     searcher = Searcher(bisection, journal)
     if journal.answer is None:
@@ -346,7 +371,7 @@ def bisect_command(request: BisectRequest, reporter: Reporter) -> int:
             try:
                 found = searcher.localize(found)
             except EvalpipeError as err:  # the answer stands without it
-                reporter.warning(f"[yellow]warning:[/] localizing {str(found.first_different)[:12]} failed: {escape(str(err))}")
+                reporter.warning(f"[yellow]warning:[/] localizing {short(str(found.first_different))} failed: {escape(str(err))}")
         searcher.journal = searcher.journal.model_copy(update={"answer": found})
         searcher.save()
     journal = searcher.journal

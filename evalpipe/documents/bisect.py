@@ -36,6 +36,11 @@ STEP_OF_STATUS: Final = {Status.IDENTICAL: StepVerdict.SAME, Status.EQUIVALENT: 
                          Status.DIVERGENT: StepVerdict.DIFFERENT, Status.INCONCLUSIVE: StepVerdict.UNKNOWN}
 
 
+def short(key: str) -> str:
+    """A commit as people read it (its first 12 hex digits); a listed build's name whole."""
+    return key[:12] if len(key) == 40 and all(c in "0123456789abcdef" for c in key) else key
+
+
 class Evidence(Document):
     """What the comparison with the good build showed, for the report's row."""
 
@@ -58,7 +63,7 @@ class Attempt(Document):
 
 
 class Candidate(Document):
-    commit: str
+    commit: str  # the commit's sha, or a listed build's name
     subject: str
     files: list[str] = Field(default_factory=list, description="Files the commit changed against its first parent.")
 
@@ -85,7 +90,7 @@ class Answer(Document):
 class BisectJournal(Document):
     schema_version: Literal[1] = BISECT_SCHEMA_VERSION
     config: str
-    repo: str
+    repo: str | None  # None: the config's explicit list of builds
     variant: str
     good: str
     bad: str

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from evalpipe.atomic_files import write_text
-from evalpipe.documents.bisect import BisectJournal, Step
+from evalpipe.documents.bisect import BisectJournal, Step, short
 from evalpipe.number_format import DASH, fmt_small
 from evalpipe.report.markdown import md_escape, template_environment
 
@@ -41,7 +41,7 @@ def rows(journal: BisectJournal) -> list[Row]:
         last = next((a for a in reversed(step.attempts) if a.evidence is not None), None) if step else None
         ev = last.evidence if last is not None else None
         out.append(Row(
-            index=i + 1, commit=cand.commit[:12], subject=cand.subject,
+            index=i + 1, commit=short(cand.commit), subject=cand.subject,
             verdict=str(step.verdict) if step else DASH, runs=str(len(step.attempts)) if step else "0",
             first_divergence=DASH if ev is None or ev.first_divergence is None else str(ev.first_divergence),
             kl_p99=DASH if ev is None else fmt_small(ev.kl_p99, DASH),
@@ -54,14 +54,18 @@ def rows(journal: BisectJournal) -> list[Row]:
 
 def _view(journal: BisectJournal) -> dict:
     first = next((c for c in journal.candidates if journal.answer and c.commit == journal.answer.first_different), None)
-    return {"journal": journal, "rows": rows(journal), "columns": COLUMNS, "first": first,
+    return {"journal": journal, "source": source(journal), "good": short(journal.good), "bad": short(journal.bad), "rows": rows(journal), "columns": COLUMNS, "first": first,
             "runs": journal.runs(), "minutes": journal.seconds / 60}
+
+
+def source(journal: BisectJournal) -> str:
+    return journal.repo if journal.repo is not None else f"the builds listed in {journal.config}"
 
 
 def bisect_markdown(journal: BisectJournal) -> str:
     view = _view(journal)
-    lines = [f"# Bisect of {md_escape(journal.repo)}", "",
-             f"Good {journal.good[:12]}, bad {journal.bad[:12]}, {len(journal.candidates)} candidate builds of variant "
+    lines = [f"# Bisect of {md_escape(source(journal))}", "",
+             f"Good {short(journal.good)}, bad {short(journal.bad)}, {len(journal.candidates)} candidate builds of variant "
              f"`{md_escape(journal.variant)}` (config {md_escape(journal.config)}); {view['runs']} runs of a build, "
              f"{view['minutes']:.1f} min.", ""]
     if journal.answer is not None:
@@ -92,7 +96,7 @@ def write_bisect_reports(root: Path, journal: BisectJournal) -> list[Path]:
 
 def bisect_table(journal: BisectJournal) -> tuple[Table, list[dict[str, str]]]:
     """The terminal's table and its rows as records (--progress jsonl)."""
-    table = Table(title=f"bisect {journal.good[:12]}..{journal.bad[:12]}")
+    table = Table(title=f"bisect {short(journal.good)}..{short(journal.bad)}")
     for c in COLUMNS:
         table.add_column(c, overflow="fold")
     records = []

@@ -175,3 +175,39 @@ def test_the_command_line_refuses_in_one_sentence_and_keeps_the_jsonl_contract(s
     assert out.returncode == 2 and not jsonl_problems(out.stdout, out.returncode), out.stdout
     out = evalpipe("bisect", "-c", str(path), "--good", "", "--bad", "HEAD", cwd=tmp)
     assert out.returncode == 2 and "--good is empty" in out.stderr
+
+
+def listed_config(tmp: Path) -> Path:
+    builds = [{"name": f"w{i}", "description": f"wheel {i}", "env": {"EVALPIPE_LAYOUT_FAULT": "tree_reduce"} if i >= 2 else {}}
+              for i in range(5)]
+    path = tmp / "listed.yaml"
+    path.write_text(yaml.safe_dump({"extends": str(shipped_dir("configs") / "default.yaml"), "output": str(tmp / "runs"),
+                                    "bisect": {"builds": builds, "variant": "sp"}}))
+    return path
+
+
+@pytest.mark.parametrize(("good", "bad", "words"), [
+    ("w9", "w4", "--good w9: no build of that name"),
+    ("w0", "w0", "both name build w0"),
+    ("w3", "w1", "comes after --bad w1"),
+])
+def test_a_listed_range_that_makes_no_sense_is_one_sentence(tmp_path, good, bad, words):
+    with pytest.raises(UserError, match=words):
+        prepare(BisectRequest(listed_config(tmp_path), good, bad), _reporter())
+
+
+def test_listed_builds_are_candidates_in_order_each_its_env_over_the_variants(tmp_path):
+    bisection, journal = prepare(BisectRequest(listed_config(tmp_path), "w0", "w4", limit=10), _reporter())
+    assert [c.commit for c in journal.candidates] == ["w1", "w2", "w3", "w4"] and journal.repo is None
+    variant = bisection.built("w3")
+    assert variant.env["EVALPIPE_LAYOUT_FAULT"] == "tree_reduce" and variant.env["EVALPIPE_LAYOUT"] == "sp"
+    assert bisection.root.name.startswith("w0-w4-")
+    bisection.root.mkdir(parents=True)
+    truth = {"w1": StepVerdict.SAME, "w2": StepVerdict.DIFFERENT, "w3": StepVerdict.DIFFERENT, "w4": StepVerdict.DIFFERENT}
+
+    class ByName(Scripted):
+        def attempt(self, commit, limit, number, good, repeat_of=None):
+            return _attempt(truth[commit], number, limit)
+
+    answer = ByName(bisection, journal, []).search()
+    assert answer.kind == "found" and answer.first_different == "w2" and "w2 \"wheel 2\"" in answer.sentence
