@@ -86,8 +86,9 @@ def main() -> None:
         journal = json.loads(next((tmp / "bisect").glob("*/bisect.json")).read_text())
         named = journal["answer"]["first_different"] if journal["answer"] else None
         runs = sum(len(s["attempts"]) for s in journal["steps"])
-        print(f"evalpipe bisect: exit {ours.returncode}; {len(journal['steps'])} steps, {runs} candidate runs + 2 good-build "
-              f"runs (the reference and its A/A), of which localize: 2 more runs; {ours_s:.0f} s; names "
+        print(f"evalpipe bisect: exit {ours.returncode}; {len(journal['steps'])} steps, {runs} candidate runs, 2 good-build "
+              f"runs (the reference and its A/A), then localize (a run of two builds and its own engine starts); "
+              f"{ours_s:.0f} s in all; names "
               f"{(named or 'nothing')[:12]} ({'the harmful commit' if named == harmful else 'NOT the harmful commit'})")
 
         # git bisect run, score window, the whole A/B each step
