@@ -232,7 +232,8 @@ class Searcher:
         write_journal(self.b.root / BISECT_JSON, self.journal)
 
     def good_run(self, limit: int | None) -> Path:
-        """The good build with its A/A run, at ``limit`` items; refused when it does not repeat itself."""
+        """The good build with its A/A run (the floor of every step), at ``limit`` items; a good
+        build that does not run stops the bisect (UserError)."""
         if limit in self.good_runs:
             return self.good_runs[limit]
         b = self.b
