@@ -209,6 +209,15 @@ def compare_run(
     return RunComparison.of(run_id=run_id, reference=ref, comparisons=comparisons, noise_floor=aa, gates=gates)
 
 
+def same_declared_path(expect_a: Expectations | None, expect_b: Expectations | None) -> Expectations | None:
+    """``expect_b``, marked as the same path when both runs declare the same one (another
+    night, another build): meant to run the same code, so IDENTICAL outputs answer the
+    question instead of proving "nothing compared"; each side is still held to its own."""
+    if expect_a is not None and expect_b is not None and expect_a.claims() == expect_b.claims():
+        return expect_b.model_copy(update={"same_path": True})
+    return expect_b
+
+
 def compare_across_runs(
     a: Path, b: Path, *, worst_k: int = 5, margin: float | None = None, gates: Gates | None = None,
     unverified: bool = False,
@@ -228,11 +237,7 @@ def compare_across_runs(
     gates = with_margin(gates, margin)
     expect_a = info_a.expectations_of(va.name, str(RunDir(va.root.parent).run_json))
     expect_b = info_b.expectations_of(vb.name, str(RunDir(vb.root.parent).run_json))
-    if expect_a is not None and expect_b is not None and expect_a.claims() == expect_b.claims():
-        # one declared path in two runs (another night, another build): meant to run the same
-        # code, so IDENTICAL outputs answer the question instead of proving "nothing compared";
-        # each side is still held to its own expectations
-        expect_b = expect_b.model_copy(update={"same_path": True})
+    expect_b = same_declared_path(expect_a, expect_b)
     side_a = load_artifacts(va, label_a, expect_a, unverified=unverified)
     side_b = load_artifacts(vb, label_b, expect_b, unverified=unverified)
     check_same_items(side_a.samples, side_b.samples, label_a, label_b)
@@ -339,8 +344,7 @@ def compare_with_reference_run(reference_run: Path, candidate: Path, *, label: s
     vdir = VariantDir(candidate)
     cand_info = read_run_info(candidate.parent)
     expect = cand_info.expectations_of(vdir.name, str(RunDir(candidate.parent).run_json))
-    if expect is not None and expect_ref is not None and expect.claims() == expect_ref.claims():
-        expect = expect.model_copy(update={"same_path": True})  # one declared path, another build: IDENTICAL answers
+    expect = same_declared_path(expect_ref, expect)
     side = load_artifacts(vdir, label, expect)
     check_same_items(ref_side.samples, side.samples, ref, label)
     vc = compare_artifacts(ref_side, side, worst_k=worst_k, gates=gates, aa=aa, numerics=numerics)
