@@ -31,6 +31,7 @@ from evalpipe.documents.worker_job import ServerJob
 from evalpipe.engine_patches.backend_choice import MARK as BACKEND_MARK
 from evalpipe.engine_patches.checks import MARK as PATCHES_MARK
 from evalpipe.engine_patches.switches import requested
+from evalpipe.errors import UserError
 from evalpipe.execution.serve import port_is_free
 from evalpipe.install import PACKAGE_DIR, code_version, shipped_dir
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
@@ -41,7 +42,6 @@ from evalpipe.probing import backends
 from evalpipe.probing.names import check_variant, checks_lines, lookup_place, probed_names, resolve
 from evalpipe.tasks import configure as task_lookup
 from evalpipe.tasks.families import is_generated_ruler
-from evalpipe.tasks.index import TaskNotFound
 
 MIN_FREE_DISK_BYTES = 1 << 30  # a GLM-5 run of 1319 questions with top-k logprobs stays well below
 
@@ -406,13 +406,14 @@ def _check_tasks(plan: RunPlan, model_path: Path | None, add) -> None:
     """Resolve every task as the worker will (local data found or generated, RULER items
     built with the model's tokenizer), in this process."""
     tokenizer = str(plan.config.model.tokenizer or model_path or plan.model)
-    generated = task_lookup.LongCtxData(tokenizer, plan.config.longctx.model_dump(mode="json"), seed=plan.config.seed)
+    generated = task_lookup.LongCtxData(tokenizer, plan.config.longctx.model_dump(mode="json"), seed=plan.config.seed,
+                                        scenario_spec=plan.config.scenarios.resolved(plan.config.engine))
     for t in plan.tasks:
         try:
             # lm-eval and RULER's generators print progress bars; the check's line is the output
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 task_lookup.task_config(t.spec, data_dir(), generated=generated)
-        except (TaskNotFound, FileNotFoundError, ValueError, OSError) as err:
+        except (UserError, FileNotFoundError, ValueError, OSError) as err:  # TaskNotFound among the first
             detail = str(err)
             if _needs_tokenizer(t.spec.task) and not Path(tokenizer).expanduser().exists():
                 detail = f"its items are built with the model's tokenizer, and {tokenizer} is not on this machine"

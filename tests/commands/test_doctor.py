@@ -258,3 +258,15 @@ def test_variants_on_one_interpreter_and_import_path_look_their_probe_names_up_o
         ok, detail = doctor.check_probe_names(variant, plan, looked_up)
         assert ok, detail
     assert len(asked) == 2 and asked[0][1] != asked[1][1], asked
+
+
+def test_scenario_tasks_are_sized_by_the_configs_engine(tmp_path):
+    """The chunked-prefill scenario sizes its prompts by the engine's max_num_batched_tokens:
+    doctor builds its items from the config's engine as the run does (it once built them
+    from no engine and stopped at that task on the default config)."""
+    plan = fake_plan(tmp_path, {"ref": {}}, "sized", tasks={"gsm8k": [{"task": "scenario_chunked_prefill"}]},
+                     engine={"max_model_len": 4096, "seed": 0, "max_num_batched_tokens": 512})
+    checks: list[doctor.Check] = []
+    add = lambda scope, name, ok, detail: checks.append(doctor.Check(scope, name, ok, detail))  # noqa: E731
+    doctor._check_tasks(plan, doctor._model_path(plan, add), add)
+    assert [(c.name, c.ok) for c in checks if c.name.startswith("task ")] == [("task scenario_chunked_prefill", True)], checks
