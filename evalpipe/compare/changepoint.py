@@ -35,8 +35,8 @@ from typing import Literal
 
 import numpy as np
 import ruptures
-from scipy import stats
 
+from evalpipe.compare.stats import one_sample_t_pvalue
 from evalpipe.documents.nightly_doc import ChangeState
 
 PENALTY = 3.0
@@ -100,7 +100,7 @@ def paired_p(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
     mean = float(d.mean())
     if d.size < 2 or np.all(d == d[0]):
         return mean, (1.0 if mean == 0 else 0.0)
-    return mean, float(stats.ttest_1samp(d, 0.0).pvalue)
+    return mean, one_sample_t_pvalue(d)
 
 
 def score_changes(

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
+from evalpipe.compare.stats import quantile
 from evalpipe.config.gate_settings import SIGN_FLIP_RESAMPLES
 from evalpipe.documents.comparison import ShiftTest
 
@@ -68,8 +68,8 @@ class ClusterMean:
             return -np.inf, np.inf
         df = self.n_clusters - 1
         if alternative == "greater":
-            return self.estimate - stats.t.ppf(confidence, df) * self.se, np.inf
-        q = stats.t.ppf(0.5 + confidence / 2, df)
+            return self.estimate - quantile(confidence, df) * self.se, np.inf
+        q = quantile(0.5 + confidence / 2, df)
         return self.estimate - q * self.se, self.estimate + q * self.se
 
 
@@ -107,6 +107,9 @@ def sign_flip_pvalue(totals: np.ndarray, alternative: str = "two-sided") -> floa
     if len(totals) < 2 or not np.any(totals):
         return 1.0  # one sample has no arrangement to compare with (and scipy refuses it)
     if len(totals) <= EXACT_MAX_SAMPLES:
+        # scipy.stats costs a command a second to import: loaded when a test runs, not with the gates
+        from scipy import stats  # noqa: PLC0415
+
         res = stats.permutation_test(
             (totals,), lambda x, axis: np.sum(x, axis=axis), permutation_type="samples",
             vectorized=True, n_resamples=np.inf, alternative=alternative,

@@ -38,7 +38,6 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy import stats as sps
 
 from evalpipe.compare import stats
 from evalpipe.compare.scores import CONF, align_keys
@@ -158,7 +157,7 @@ def items_for_difference(sd: float, difference: float, alpha: float = 0.05, powe
     difference ``difference`` with ``power``, the per-item differences having spread ``sd``."""
     if sd <= 0 or difference <= 0:
         raise ValueError("the spread and the difference are positive")
-    z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
+    z = stats.quantile(1 - alpha / 2, None) + stats.quantile(power, None)
     return math.ceil((z * sd / difference) ** 2)
 
 

@@ -58,25 +58,36 @@ __all__ = [
     "mcnemar_exact",
     "minimum_detectable_difference",
     "no_change_se",
+    "one_sample_t_pvalue",
     "paired_difference",
+    "quantile",
     "tost",
+    "upper_tail",
 ]
 
 
-def _quantile(p: float, df: float | None) -> float:
+def quantile(p: float, df: float | None) -> float:
     """Quantile of the standard normal (df None) or of Student t with df > 0 degrees of freedom."""
     if df is None or math.isinf(df):
         return float(_sp.ndtri(p))
     return float(_sp.stdtrit(df, p))
 
 
-def _sf(x: float, df: float | None) -> float:
+def upper_tail(x: float, df: float | None) -> float:
     """Upper tail P(T > x); exact 0 / 1 at ±inf."""
     if math.isinf(x):
         return 0.0 if x > 0 else 1.0
     if df is None or math.isinf(df):
         return float(_sp.ndtr(-x))
     return float(_sp.stdtr(df, -x))
+
+
+def one_sample_t_pvalue(d: np.ndarray) -> float:
+    """Two-sided p of Student's one-sample t-test of mean(d) = 0 (scipy.stats.ttest_1samp's
+    pvalue); ``d`` holds at least two values that are not all equal."""
+    n = len(d)
+    t = float(np.mean(d) / (np.std(d, ddof=1) / math.sqrt(n)))
+    return min(1.0, 2.0 * upper_tail(abs(t), n - 1))
 
 
 def cluster_codes(clusters: Sequence[Any] | np.ndarray | None, n: int) -> np.ndarray:
@@ -141,7 +152,7 @@ def _interval(center: float | None, se: float | None, df: int | None, conf: floa
         return None, None
     if se == 0.0:
         return center, center
-    q = _quantile(1.0 - (1.0 - conf) / 2.0, df)
+    q = quantile(1.0 - (1.0 - conf) / 2.0, df)
     return center - q * se, center + q * se
 
 
@@ -238,7 +249,7 @@ def _one_sided_p(excess: float, se: float, df: int | None) -> float:
     """P(T > excess / se): small when the difference clears the margin by many SEs."""
     if se == 0.0:
         return 0.0 if excess > 0 else 1.0
-    return _sf(excess / se, df)
+    return upper_tail(excess / se, df)
 
 
 def tost(
@@ -267,7 +278,7 @@ def tost(
     if se == 0.0:
         lo = hi = diff
     else:
-        q = _quantile(1.0 - alpha, df)
+        q = quantile(1.0 - alpha, df)
         lo, hi = diff - q * se, diff + q * se
     p_lower = _one_sided_p(diff + margin, se, df)
     p_upper = _one_sided_p(margin - diff, se, df)
@@ -294,7 +305,7 @@ def minimum_detectable_difference(
         return 0.0
     if df is not None and df < 1:
         return None
-    return (_quantile(1.0 - alpha / 2.0, df) + _quantile(power, df)) * se
+    return (quantile(1.0 - alpha / 2.0, df) + quantile(power, df)) * se
 
 
 def no_change_se(n: int | None) -> float | None:

@@ -10,18 +10,17 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
-from matplotlib.ticker import MaxNLocator, NullLocator
 
 from evalpipe.documents.comparison import DepthRow, FreeFigures, GroupFigures, Histogram, LengthRow, TeacherFigures, TokenSummary
 from evalpipe.documents.localization import LocalizeDocument
 from evalpipe.report.formats import show_controls
 from evalpipe.report.localize import module_order
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 90
 PANEL_SIZE = (3.6, 2.3)  # inches per panel
@@ -44,6 +43,8 @@ DISTRIBUTIONS: tuple[tuple[Callable[[TokenSummary], Histogram], str], ...] = (
 
 
 def _png(fig: Figure) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
@@ -69,6 +70,9 @@ def _shares(values: np.ndarray) -> np.ndarray:
 
 def distribution_plot(ab: TokenSummary | None, aa: TokenSummary | None, mode: str) -> str | None:
     """Per-position KL and |Δlogprob| as shares of positions per decade, A/B beside A/A; None if empty."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
+
     panels = []
     for hist_of, title in DISTRIBUTIONS:
         series = []
@@ -104,6 +108,9 @@ def distribution_plot(ab: TokenSummary | None, aa: TokenSummary | None, mode: st
 
 def divergence_plot(ab: Sequence[int] | None, aa: Sequence[int] | None) -> str | None:
     """Histogram of free-running first-divergence positions, A/B beside A/A; None without any."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     series = [(name, np.asarray(list(p), dtype=float), color) for name, p, color in (("A/B", ab, COLOR_AB), ("A/A", aa, COLOR_AA)) if p]
     if not series:
         return None
@@ -209,6 +216,9 @@ def _trend_plot(
     diamonds, so a divergence that sits on the edges stands out from the trend. Zeros
     (bit-equal) are drawn at the bottom edge of the log axis.
     """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
+
     mode = "teacher-forced" if source == "teacher" else "free-running"
     panels = []
     for metric, title in TREND_METRICS:
@@ -317,6 +327,10 @@ def _log_ratio(rel_l2: float | None, floor: float) -> float:
 def localize_heatmap(doc: LocalizeDocument) -> str | None:
     """Layer (rows) x module (columns, forward order): log10(rel L2 / floor), warm above the floor,
     cells without a value grey, the first module above its floor outlined; None without any value."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
     columns = module_order(doc)
     layers = sorted({m.layer for m in doc.modules})
     if not columns or not any(m.rel_l2 is not None or m.nonfinite for m in doc.modules):
@@ -358,6 +372,9 @@ def localize_heatmap(doc: LocalizeDocument) -> str | None:
 def localize_curve(doc: LocalizeDocument) -> str | None:
     """Per layer, the residual stream's rel L2: reference vs variant beside reference vs A/A, with
     the floor (log y axis; exact zeros on a line at the bottom); None without any point."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, NullLocator
+
     points = [p for p in doc.layer_curve if p.rel_l2 is not None or p.aa_rel_l2 is not None]
     if not points:
         return None

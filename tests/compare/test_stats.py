@@ -12,7 +12,9 @@ from evalpipe.compare.stats import (
     cluster_codes,
     mcnemar_exact,
     minimum_detectable_difference,
+    one_sample_t_pvalue,
     paired_difference,
+    quantile,
     tost,
 )
 
@@ -145,6 +147,21 @@ def test_mcnemar_matches_binomtest(b, c):
     expected = 1.0 if b + c == 0 else sst.binomtest(b, b + c, 0.5).pvalue
     assert mcnemar_exact(b, c) == pytest.approx(expected, rel=1e-9, abs=1e-300)
     assert mcnemar_exact(b, c) == mcnemar_exact(c, b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=60))
+def test_one_sample_t_pvalue_matches_scipy(values):
+    d = np.asarray(values)
+    assume(np.std(d, ddof=1) > 1e-9 * max(1.0, float(np.max(np.abs(d)))))
+    assert one_sample_t_pvalue(d) == pytest.approx(sst.ttest_1samp(d, 0.0).pvalue, rel=1e-7, abs=1e-300)
+
+
+@pytest.mark.parametrize("df", [None, 1, 3, 30])
+@pytest.mark.parametrize("p", [0.025, 0.5, 0.8, 0.975])
+def test_quantiles_match_scipy(p, df):
+    expected = sst.norm.ppf(p) if df is None else sst.t.ppf(p, df)
+    assert quantile(p, df) == pytest.approx(expected, rel=1e-12, abs=1e-15)
 
 
 def test_mcnemar_known_values_and_large_counts():
