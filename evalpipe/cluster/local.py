@@ -53,8 +53,10 @@ def _free_port() -> int:
 def _node_args(resources: dict[str, float]) -> list[str]:
     cpus = resources.get("CPU", 1.0)
     custom = {k: v for k, v in resources.items() if k != "CPU"}
+    # no log monitor: evalpipe's drivers connect with log_to_driver=False and every process it
+    # starts writes its own log, so the monitor would only poll files for no reader
     args = ["--num-cpus", f"{int(cpus)}", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-            "--object-store-memory", str(96 * 1024 * 1024)]
+            "--object-store-memory", str(96 * 1024 * 1024), "--include-log-monitor=false"]
     if custom:
         args += ["--resources", json.dumps(custom)]
     return args

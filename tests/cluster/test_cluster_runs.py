@@ -415,3 +415,11 @@ def test_a_deployment_over_more_nodes_than_the_cluster_has_fails_before_it_start
     assert "wide is a deployment over 4 nodes" in error and "3 of the 3 live node(s) can hold one" in error, error
     assert "wide" not in info.get("placements", {}), "nothing of it was placed"
     assert_nothing_left(cluster, "too-wide")
+
+
+def test_the_local_cluster_runs_no_log_monitor(cluster):
+    """Every driver evalpipe connects leaves Ray's log forwarding off: a log monitor per node
+    would poll files for no reader, on the cores the runs need."""
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in marked_pids(cluster.root)]
+    assert any(b"raylet" in c or b"ray_cli" in c or b"gcs_server" in c for c in commands), commands
+    assert not [c for c in commands if b"log_monitor" in c]
