@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
@@ -28,8 +28,6 @@ from evalpipe.config.errors import ConfigError
 from evalpipe.config.ray_engine import ray_placed_engine
 from evalpipe.data.longctx import TASK_PROBE
 from evalpipe.documents.worker_job import ServerJob
-from evalpipe.engine_patches.backend_choice import MARK as BACKEND_MARK
-from evalpipe.engine_patches.checks import MARK as PATCHES_MARK
 from evalpipe.engine_patches.switches import requested
 from evalpipe.errors import UserError
 from evalpipe.execution.serve import port_is_free
@@ -45,9 +43,11 @@ from evalpipe.tasks.families import is_generated_ruler
 
 MIN_FREE_DISK_BYTES = 1 << 30  # a GLM-5 run of 1319 questions with top-k logprobs stays well below
 
-# Run under each variant's interpreter: what it imports, at which version and commit.
+# Run under each variant's interpreter: what it imports, at which version and commit, and
+# the questions only its vLLM can answer, all in one process (each new process imports vLLM
+# again: seconds to tens of seconds).
 _PROBE = r"""
-import importlib, importlib.util, json, os, platform, subprocess
+import importlib, importlib.util, json, os, platform, subprocess, sys
 from importlib import metadata
 
 def commit(mod, path):
@@ -91,6 +91,26 @@ out["evalpipe"] = {"path": os.path.realpath(os.path.dirname(spec.origin)) if spe
 if out["torch_npu"] and "error" not in out["torch_npu"]:
     import torch
     out["npu_count"] = torch.npu.device_count()
+
+def first_line(err):
+    return f"{type(err).__name__}: {err}".splitlines()[0]
+
+# the questions (stdin): the engine patches' checks first, while no plugin has patched vLLM
+# in this process; then vLLM's attention backend per request, which loads the plugins
+asked = json.loads(sys.stdin.read() or "{}")
+if asked.get("patches"):
+    try:
+        from evalpipe.engine_patches.checks import run_all
+        out["patches"] = run_all()
+    except Exception as err:
+        out["patches"] = [["checks", False, f"cannot check the engine patches: {first_line(err)}"]]
+out["backends"] = {}
+for request in asked.get("backends", []):
+    try:
+        from evalpipe.engine_patches.backend_choice import choose
+        out["backends"][request] = choose(json.loads(request))
+    except Exception as err:
+        out["backends"][request] = {"error": first_line(err)}
 print("EVALPIPE_DOCTOR " + json.dumps(out))
 """
 _MARK = "EVALPIPE_DOCTOR "
@@ -121,9 +141,36 @@ def ask_interpreter(v: PlannedVariant, script: str, mark: str, timeout_s: float 
     return json.loads(line[len(mark):]), ""
 
 
-def probe_interpreter(v: PlannedVariant, timeout_s: float = 300) -> tuple[dict[str, Any] | None, str]:
-    """(what the interpreter imports, "") or (None, why it could not be asked)."""
-    return ask_interpreter(v, _PROBE, _MARK, timeout_s)
+@dataclass(frozen=True)
+class Survey:
+    """One interpreter and import path, asked once: what it imports (None: it could not be
+    asked, ``why``), the engine patches' checks (None: no variant on it asks for patches),
+    and vLLM's answer per attention-backend request (backend_choice's JSON)."""
+
+    packages: dict[str, Any] | None
+    why: str = ""
+    patches: list[tuple[str, bool, str]] | None = None
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def survey_interpreter(v: PlannedVariant, backend_requests: list[str], patches: bool, timeout_s: float = 300) -> Survey:
+    """Ask the variant's interpreter, under its environment, everything doctor needs from it
+    in one process: its packages, the patches' checks when ``patches``, each request's backend."""
+    answer, why = ask_interpreter(v, _PROBE, _MARK, timeout_s, stdin=json.dumps({"patches": patches, "backends": backend_requests}))
+    if answer is None:
+        return Survey(None, why)
+    found = answer.pop("patches", None)
+    return Survey(answer, "", None if found is None else [(str(n), bool(ok), str(d)) for n, ok, d in found],
+                  answer.pop("backends", {}))
+
+
+def survey_key(v: PlannedVariant) -> tuple[str, str]:
+    """Variants on one interpreter and import path get the same answers."""
+    return v.python, v.process_env().get("PYTHONPATH", "")
+
+
+def backend_request(v: PlannedVariant, model_path: Path) -> str:
+    return json.dumps(backends.request(model_path, v.engine_args), sort_keys=True, default=str)
 
 
 def _package_line(name: str, info: dict[str, Any] | None) -> tuple[bool, str]:
@@ -242,9 +289,17 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
         add("run", "CANN", cann is not None, f"CANN {cann}" if cann else
             "no CANN toolkit found (ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest); source its set_env.sh")
 
-    probes: dict[str, tuple[dict[str, Any] | None, str]] = {}
-    patch_checks: dict[str, list[tuple[str, bool, str]]] = {}
-    backend_answers: dict[str, backends.BackendChoice | str | None] = {}
+    local = [v for v in plan.variants if v.launch.mode != "endpoint"]
+    # what each interpreter will be asked, gathered first: one process answers it all
+    questions: dict[tuple[str, str], tuple[list[str], bool]] = {}
+    for v in local:
+        requests, patches = questions.get(survey_key(v), ([], False))
+        if _asks_backend(v, model_path, device):
+            assert model_path is not None
+            request = backend_request(v, model_path)
+            requests = requests if request in requests else [*requests, request]
+        questions[survey_key(v)] = (requests, patches or requested(v.env_overrides).anything)
+    surveys: dict[tuple[str, str], Survey] = {}
     looked_up: dict[tuple[str, str], Any] = {}
     for v in plan.variants:
         if v.launch.mode == "endpoint":
@@ -252,19 +307,19 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
             add(v.name, "path probes", False, "path not verifiable in endpoint mode (the server runs outside evalpipe, "
                 "its code cannot be probed): every comparison with this variant will be INCONCLUSIVE")
             continue
-        if v.python not in probes:
-            probes[v.python] = probe_interpreter(v)
-        info, why = probes[v.python]
-        add(v.name, "interpreter", info is not None, f"{v.python}: Python {info['python']}" if info else why)
+        where = survey_key(v)
+        if where not in surveys:
+            surveys[where] = survey_interpreter(v, *questions[where])
+        survey = surveys[where]
+        info = survey.packages
+        add(v.name, "interpreter", info is not None, f"{v.python}: Python {info['python']}" if info else survey.why)
         if info is None:
             continue
         add(v.name, "vllm", *_package_line("vllm", info.get("vllm")))
         add(v.name, "evalpipe", *check_evalpipe(info.get("evalpipe")))
         add(v.name, "path probes", *check_probe_names(v, plan, looked_up))
         if requested(v.env_overrides).anything:
-            if v.python not in patch_checks:
-                patch_checks[v.python] = check_engine_patches(v)
-            for name, ok, detail in patch_checks[v.python]:
+            for name, ok, detail in survey.patches or []:
                 add(v.name, f"engine patch: {name}", ok, detail)
         if device == "npu":
             add(v.name, "vllm_ascend", *_package_line("vllm_ascend", info.get("vllm_ascend")))
@@ -277,8 +332,8 @@ def run_checks(plan: RunPlan, say: Callable[[Check], None] | None = None) -> lis
         if model_path is not None:
             problems = model_dir_problems(model_path, v.engine_args)
             add(v.name, "model", not problems, f"{model_path}: " + ("; ".join(problems) if problems else "config.json, weights, tokenizer"))
-            if device in ("auto", "cpu") and not problems:
-                backend = check_attention_backend(v, model_path, backend_answers)
+            if _asks_backend(v, model_path, device):
+                backend = check_attention_backend(v, survey.backends[backend_request(v, model_path)])
                 if backend is not None:
                     add(v.name, "attention backend", *backend)
         if v.launch.mode == "serve" and v.launch.deployment is None:  # a deployment's head: check_deployments
@@ -343,26 +398,17 @@ def _check_cluster(plan: RunPlan, model_path: Path | None, add) -> None:
         disconnect()
 
 
-def check_engine_patches(v: PlannedVariant, timeout_s: float = 300) -> list[tuple[str, bool, str]]:
-    """evalpipe's engine patches (docs/sp-moe.md) checked in the variant's interpreter: the
-    plugin is registered there, and each patch still applies and is still needed."""
-    results, why = ask_interpreter(v, "from evalpipe.engine_patches.checks import main; main()", PATCHES_MARK, timeout_s)
-    if results is None:
-        return [("checks", False, f"cannot check the engine patches: {why}")]
-    return [(str(name), bool(ok), str(detail)) for name, ok, detail in results]
+def _asks_backend(v: PlannedVariant, model_path: Path | None, device: str) -> bool:
+    """Whether doctor asks the variant's vLLM for its attention backend: on the CPU platform
+    (an accelerator build chooses per device, at start), for a model directory that is whole."""
+    return model_path is not None and device in ("auto", "cpu") and not model_dir_problems(model_path, v.engine_args)
 
 
-def check_attention_backend(v: PlannedVariant, model_path: Path,
-                            answers: dict[str, backends.BackendChoice | str | None]) -> tuple[bool, str] | None:
-    """The attention backend vLLM's CPU build will pick on this processor, against the
-    model's dtype and the variant's expectations (evalpipe.probing.backends). ``answers``:
-    this doctor run's, by interpreter and request (variants that share them ask once)."""
-    request = json.dumps(backends.request(model_path, v.engine_args), sort_keys=True, default=str)
-    key = json.dumps([v.python, v.process_env().get("PYTHONPATH", ""), request])
-    if key not in answers:
-        answer, why = ask_interpreter(v, "from evalpipe.engine_patches.backend_choice import main; main()", BACKEND_MARK, stdin=request)
-        answers[key] = why if answer is None else backends.answered(answer)
-    choice = answers[key]
+def check_attention_backend(v: PlannedVariant, answer: dict[str, Any]) -> tuple[bool, str] | None:
+    """The attention backend vLLM's CPU build will pick on this processor (``answer``: what
+    the variant's vLLM said), against the model's dtype and the variant's expectations
+    (evalpipe.probing.backends); None off the CPU platform."""
+    choice = backends.answered(answer)
     if choice is None:
         return None  # not vLLM's CPU platform: the probes record what the device built
     if isinstance(choice, str):

@@ -15,6 +15,7 @@ lives in vLLM and changes with it; the variant's interpreter is the one that wil
 Only the CPU platform is asked: an accelerator build picks per device, at start.
 
 Runs in the variant's interpreter (as engine_patches.checks does): standard library and that interpreter's vLLM.
+`evalpipe doctor` calls :func:`choose` there, in the one process that answers all its questions.
 """
 
 from __future__ import annotations

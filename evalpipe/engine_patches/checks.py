@@ -1,5 +1,6 @@
-"""Whether the engine patches fit the vLLM at hand: `evalpipe doctor` runs :func:`main` in a
-variant's interpreter, tests/engine_patches/test_engine_patches.py calls the checks directly.
+"""Whether the engine patches fit the vLLM at hand: `evalpipe doctor` calls :func:`run_all` in a
+variant's interpreter (in the one process that answers all its questions there; :func:`main`
+prints the same alone), tests/engine_patches/test_engine_patches.py calls the checks directly.
 
 Each check is (name, ok, detail). A patch that no longer applies, or whose gap upstream
 has closed (then it is unnecessary), is not ok; so is an installation whose vLLM does

@@ -167,9 +167,9 @@ def test_doctor_runs_the_deployment_checks_in_place_of_its_port_check(tmp_path, 
     """Wiring only: the interpreter's answers are stubbed (asking vLLM takes many seconds);
     a single server's port is still doctor's own check, a deployment's head's is ours."""
     answer = {"python": "3", **{m: {"path": "/x", "version": "1"} for m in ("vllm", "torch")}}
-    monkeypatch.setattr(doctor, "probe_interpreter", lambda v: (answer, ""))
+    monkeypatch.setattr(doctor, "survey_interpreter", lambda v, requests, patches: doctor.Survey(
+        answer, backends={r: {"platform": "stub"} for r in requests}))
     monkeypatch.setattr(doctor, "check_probe_names", lambda v, plan, looked_up=None: (True, "stubbed"))
-    monkeypatch.setattr(doctor, "check_attention_backend", lambda *args: None)
     served = {"mode": "serve", "port": listening}
     plan = fake_plan(tmp_path, {"single": {"launch": served},
                                 "spread": {"engine": {"data_parallel_size": 2}, "launch": {**served, "deployment": {"nodes": 2}}}},

@@ -270,3 +270,30 @@ def test_scenario_tasks_are_sized_by_the_configs_engine(tmp_path):
     add = lambda scope, name, ok, detail: checks.append(doctor.Check(scope, name, ok, detail))  # noqa: E731
     doctor._check_tasks(plan, doctor._model_path(plan, add), add)
     assert [(c.name, c.ok) for c in checks if c.name.startswith("task ")] == [("task scenario_chunked_prefill", True)], checks
+
+
+def test_each_interpreter_and_import_path_is_asked_everything_in_one_process(tmp_path, monkeypatch):
+    """Each process importing vLLM costs seconds: the packages, the engine patches' checks and
+    the attention backend of every distinct request on one interpreter and import path are
+    one question, whose answers every variant there reads."""
+    asked: list[tuple[str, str, dict]] = []
+
+    def ask(v, script, mark, timeout_s=300, stdin=None):
+        question = json.loads(stdin)
+        asked.append((v.name, v.process_env()["PYTHONPATH"], question))
+        packages = {"python": "3", **{m: {"path": "/x", "version": "1"} for m in ("vllm", "torch")}}
+        patches = [["plugin", True, "stub"]] if question["patches"] else None
+        return {**packages, "patches": patches, "backends": {r: {"platform": "stub"} for r in question["backends"]}}, ""
+
+    monkeypatch.setattr(doctor, "ask_interpreter", ask)
+    monkeypatch.setattr(doctor, "check_probe_names", lambda v, plan, looked_up=None: (True, "stubbed"))
+    plan = fake_plan(tmp_path, {"ref": {}, "ref-aa": {}, "bf16": {"engine": {"dtype": "bfloat16"}},
+                                "patched": {"env": {"EVALPIPE_CPU_EP": "1"}},
+                                "elsewhere": {"env": {"PYTHONPATH": str(tmp_path)}}}, "one-ask")
+    checks = doctor.run_checks(plan)
+    assert [name for name, _, _ in asked] == ["ref", "elsewhere"], asked
+    first = asked[0][2]
+    assert first["patches"] and len(first["backends"]) == 2, "two dtypes, one request each; `patched` asks for patches"
+    assert not asked[1][2]["patches"] and len(asked[1][2]["backends"]) == 1
+    assert [c.scope for c in checks if c.name == "engine patch: plugin"] == ["patched"]
+    assert [(c.scope, c.ok) for c in checks if c.name == "interpreter"] == [(v.name, True) for v in plan.variants]
