@@ -12,7 +12,7 @@ that A/A floor, judged by the run's own gates:
 - A DIFFERENT build runs again (``bisect.confirm``); two runs that differ from each other
   beyond the good build's floor make it UNKNOWN: a build that does not repeat itself is
   never blamed on one run.
-- UNKNOWN reruns with the larger item limits of ``bisect.escalate``; past the last, SKIP.
+- UNKNOWN reruns at each level of ``bisect.escalate`` (more items, more samples); past the last, SKIP.
 
 The bad end is verified first; a bad end that is SAME is reported, not bisected. The search
 (:mod:`evalpipe.bisection.search`) goes around skipped builds. bisect.json is rewritten after
@@ -31,6 +31,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from evalpipe.bisection.candidates import BuildFailed, build, candidates, checkout
+from evalpipe.bisection.levels import Level, escalation_problem, levels
 from evalpipe.bisection.search import bounds, expected_steps, next_candidate, suspects
 from evalpipe.config.bisect import BisectSpec
 from evalpipe.config.loading import load_config
@@ -116,19 +117,29 @@ class Bisection:
         env = {**variant.env, "PYTHONPATH": os.pathsep.join([*paths, *([inherited] if inherited else [])])}
         return variant.model_copy(update={"env": env})
 
-    def build_config(self, variants: dict[str, Variant], *, floor: bool) -> RunConfig:
-        """The config with these builds of the searched variant, the first the reference."""
+    def build_config(self, variants: dict[str, Variant], *, floor: bool, samples: int | None = None) -> RunConfig:
+        """The config with these builds of the searched variant, the first the reference;
+        ``samples``: per item, in place of the config's (an escalation's)."""
+        config = self.config
+        if samples is not None:
+            more = {"samples": samples}
+            config = config.model_copy(update={
+                "sampling": config.sampling.model_copy(update=more) if config.sampling else None,
+                "tasks": {group: [t.model_copy(update={"sampling": t.sampling.model_copy(update=more)}) if t.sampling else t
+                                  for t in specs] for group, specs in config.tasks.items()},
+            })
         # a run of builds, no longer a bisect: its run.json must read back as a config of its own
-        return self.config.model_copy(update={
+        return config.model_copy(update={
             "variants": variants, "reference": next(iter(variants)), "bisect": None,
-            "noise_floor": (self.config.noise_floor or NoiseFloor()) if floor else None,
+            "noise_floor": (config.noise_floor or NoiseFloor()) if floor else None,
         })
 
-    def run(self, key: str, name: str, run_id: str, limit: int | None, *, floor: bool) -> Path:
-        """One run of candidate ``key``'s build as variant ``name``; a directory a killed
-        bisect left half-written is run again. RunFailed when the build does not run."""
-        plan = make_plan(self.build_config({name: self.built(key)}, floor=floor), self.config_path, self.request.tasks,
-                         limit=limit, output=str(self.root / "runs" if not floor else self.root.parent / "good"),
+    def run(self, key: str, name: str, run_id: str, level: Level, *, floor: bool) -> Path:
+        """One run of candidate ``key``'s build as variant ``name`` at ``level``; a directory a
+        killed bisect left half-written is run again. RunFailed when the build does not run."""
+        plan = make_plan(self.build_config({name: self.built(key)}, floor=floor, samples=level.samples), self.config_path,
+                         self.request.tasks, limit=level.limit,
+                         output=str(self.root / "runs" if not floor else self.root.parent / "good"),
                          run_id=run_id, noise_floor=floor)
         if plan.run_dir.is_dir():
             if _finished(plan.run_dir):
@@ -180,9 +191,10 @@ def prepare(request: BisectRequest, reporter: Reporter) -> tuple[Bisection, Bise
         raise UserError(f"{config_path} has no `bisect:` section; add one with `repo:` naming the git repository "
                         "the variant takes its code from (docs/bisect.md).")
     spec = config.bisect
-    if request.limit is not None and any(n <= request.limit for n in spec.escalate):
-        raise UserError(f"bisect.escalate {spec.escalate} in {config_path} must be larger than --limit {request.limit}: "
-                        "an escalation runs more items than the step before it.")
+    if request.tasks in config.tasks:  # an unknown group is the plan's to refuse, below
+        problem = escalation_problem(request.limit, spec.escalate, [config.task_sampling(t) for t in config.tasks[request.tasks]])
+        if problem is not None:
+            raise UserError(f"bisect.escalate in {config_path} {problem}.")
     variant = spec.variant or config.reference_name
     repo = _repo(spec.repo, config_path) if spec.repo is not None else None
     if repo is not None:
@@ -225,42 +237,44 @@ class Searcher:
         self.b = bisection
         self.journal = journal
         self.t0 = time.monotonic() - journal.seconds
-        self.good_runs: dict[int | None, Path] = {}
+        self.good_runs: dict[Level, Path] = {}
+        self.levels = levels(bisection.request.limit, bisection.spec.escalate)
 
     def save(self) -> None:
         self.journal = self.journal.model_copy(update={"seconds": round(time.monotonic() - self.t0, 1)})
         write_journal(self.b.root / BISECT_JSON, self.journal)
 
-    def good_run(self, limit: int | None) -> Path:
-        """The good build with its A/A run (the floor of every step), at ``limit`` items; a good
-        build that does not run stops the bisect (UserError)."""
-        if limit in self.good_runs:
-            return self.good_runs[limit]
+    def good_run(self, level: Level) -> Path:
+        """The good build with its A/A run (the floor of every step) at ``level``; a good build
+        that does not run stops the bisect (UserError)."""
+        if level in self.good_runs:
+            return self.good_runs[level]
         b = self.b
-        key = str(limit or "all")
-        run_id = f"{short(self.journal.good)}-{_key(b.config_path, b.config.model_dump_json(), b.request.tasks, limit)}-{key}"
-        b.reporter.step(f"[bold]good build[/] {short(self.journal.good)} with its A/A run ({key} items)")
+        key = str(level.limit or "all") + (f"x{level.samples}" if level.samples else "")
+        at = level.limit if level.samples is None else (level.limit, level.samples)  # the key of runs before samples escalated
+        run_id = f"{short(self.journal.good)}-{_key(b.config_path, b.config.model_dump_json(), b.request.tasks, at)}-{key}"
+        b.reporter.step(f"[bold]good build[/] {short(self.journal.good)} with its A/A run ({level.label()})")
         try:
-            run_dir = b.run(self.journal.good, "good", run_id, limit, floor=True)
+            run_dir = b.run(self.journal.good, "good", run_id, level, floor=True)
         except (RunFailed, BuildFailed) as err:
             raise UserError(f"the good build {short(self.journal.good)} did not run ({str(err).splitlines()[0]}); "
                             "a bisect needs a good end that works: pass another --good.") from None
-        self.good_runs[limit] = run_dir
+        self.good_runs[level] = run_dir
         return run_dir
 
-    def attempt(self, commit: str, limit: int | None, number: int, good: Path, repeat_of: str | None = None) -> Attempt:
+    def attempt(self, commit: str, level: Level, number: int, good: Path, repeat_of: str | None = None) -> Attempt:
         b = self.b
         run_id = f"{short(commit)}-{number}"
         try:
-            run_dir = b.run(commit, CANDIDATE, run_id, limit, floor=False)
+            run_dir = b.run(commit, CANDIDATE, run_id, level, floor=False)
         except (RunFailed, BuildFailed) as err:
             reason = f"the build did not run: {str(err).splitlines()[0]}"
-            return Attempt(run_dir=str(b.root / "runs" / run_id), limit=limit, status=None, verdict=StepVerdict.SKIP,
-                           reason=reason, repeat_of=repeat_of)
+            return Attempt(run_dir=str(b.root / "runs" / run_id), limit=level.limit, samples=level.samples, status=None,
+                           verdict=StepVerdict.SKIP, reason=reason, repeat_of=repeat_of)
         comparison = compare_with_reference_run(good, run_dir / CANDIDATE, label=short(commit))
         write_outputs(run_dir, comparison, plots=False)
         doc = comparison.doc.comparisons[0]
-        return Attempt(run_dir=str(run_dir), limit=limit, status=doc.status, verdict=STEP_OF_STATUS[doc.status],
+        return Attempt(run_dir=str(run_dir), limit=level.limit, samples=level.samples, status=doc.status, verdict=STEP_OF_STATUS[doc.status],
                        reason="; ".join(doc.reasons[:2]), evidence=_evidence(doc), repeat_of=repeat_of)
 
     def repeats(self, first: Attempt, second: Attempt, good: Path) -> bool:
@@ -274,21 +288,19 @@ class Searcher:
         label = f"{short(cand.commit)} {cand.subject}"
         b = self.b
         attempts: list[Attempt] = list(prev.attempts) if (prev := self.journal.step(cand.commit)) else []
-        limits = [b.request.limit, *b.spec.escalate]
         reason = ""
-        for level, limit in enumerate(limits):
-            done = [a for a in attempts if a.limit == limit]
-            b.reporter.step(f"[bold]step[/] {label} ({limit or 'all'} items"
-                            f"{', escalated' if level else ''})", commit=cand.commit)
-            good = self.good_run(limit)
-            first = done[0] if done else self._record(cand.commit, attempts, self.attempt(cand.commit, limit, len(attempts) + 1, good))
+        for escalated, level in enumerate(self.levels):
+            done = [a for a in attempts if (a.limit, a.samples) == (level.limit, level.samples)]
+            b.reporter.step(f"[bold]step[/] {label} ({level.label()}{', escalated' if escalated else ''})", commit=cand.commit)
+            good = self.good_run(level)
+            first = done[0] if done else self._record(cand.commit, attempts, self.attempt(cand.commit, level, len(attempts) + 1, good))
             if first.verdict in (StepVerdict.SAME, StepVerdict.SKIP):
                 return self._decided(cand.commit, attempts, first.verdict, first.reason, endpoint)
             if first.verdict is StepVerdict.DIFFERENT:
                 if not b.spec.confirm:
                     return self._decided(cand.commit, attempts, StepVerdict.DIFFERENT, first.reason, endpoint)
                 second = done[1] if len(done) > 1 else self._record(
-                    cand.commit, attempts, self.attempt(cand.commit, limit, len(attempts) + 1, good, repeat_of=first.run_dir))
+                    cand.commit, attempts, self.attempt(cand.commit, level, len(attempts) + 1, good, repeat_of=first.run_dir))
                 if second.verdict is StepVerdict.DIFFERENT and self.repeats(first, second, good):
                     return self._decided(cand.commit, attempts, StepVerdict.DIFFERENT,
                                          f"confirmed by a second run; {first.reason}", endpoint)
@@ -336,7 +348,7 @@ class Searcher:
 
     def search(self) -> Answer:
         count = len(self.journal.candidates)
-        self.good_run(self.b.request.limit)
+        self.good_run(self.levels[0])
         bad = self.step(count - 1, endpoint=True)
         if bad.verdict is StepVerdict.SAME:
             return Answer(kind="bad_is_same", sentence=f"the bad end {short(bad.commit)} is SAME as the good build: there is "

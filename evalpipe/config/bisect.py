@@ -29,6 +29,20 @@ class BuildSpec(Strict):
         return value
 
 
+class Escalation(Strict):
+    """One rerun of a step that came out UNKNOWN: more items, more samples per item (a config
+    that samples), or both; what it leaves out stays as the level before it had it."""
+
+    limit: StrictInt | None = Field(default=None, ge=1, description="Items per task of the rerun (larger than the level before).")
+    samples: StrictInt | None = Field(default=None, ge=2, le=1024, description="Samples per item of the rerun, for a config with `sampling:` (more than the level before).")
+
+    @model_validator(mode="after")
+    def _something(self) -> Escalation:
+        if self.limit is None and self.samples is None:
+            raise ValueError("an escalation gives `limit:`, `samples:` or both")
+        return self
+
+
 class BisectSpec(Strict):
     repo: str | None = Field(default=None, min_length=1, description="Git repository the searched variant takes its code from (a plugin or engine source); `~` expands, relative to the config's directory.")
     builds: list[BuildSpec] | None = Field(default=None, description="Instead of `repo:`, the candidate builds in order, oldest first (wheels, interpreters, images through a launcher, settings).")
@@ -36,15 +50,29 @@ class BisectSpec(Strict):
     pythonpath: list[str] = Field(default_factory=lambda: ["."], min_length=1, description="Directories of a candidate's tree put first on the variant's PYTHONPATH, relative to the tree's root.")
     build: list[str] | None = Field(default=None, min_length=1, description="A command run once in each candidate's tree before its run (e.g. compiling an extension in place); a build that fails is skipped with its reason, on the good end it stops the bisect before anything runs.")
     first_parent: bool = Field(default=True, description="Candidates are the first-parent commits between the ends (a merged branch is one candidate), as vllm-ascend's tools/bisect does.")
-    escalate: list[StrictInt] = Field(default_factory=list, description="Item limits of the reruns of a step that came out UNKNOWN, in order (each larger than the run's own); past the last one the build is skipped.")
+    escalate: list[Escalation] = Field(default_factory=list, description="The reruns of a step that came out UNKNOWN, in order: each an item limit (an integer, larger than the run's own), or `{limit: N, samples: M}` (more samples per item, for a config with `sampling:`); past the last one the build is skipped.")
     confirm: bool = Field(default=True, description="Run a DIFFERENT build a second time; a build whose two runs differ from each other beyond the good build's A/A floor is UNKNOWN (it does not repeat itself), never blamed.")
     localize: bool = Field(default=True, description="Run `evalpipe localize` on the first DIFFERENT build against the good build's reference.")
 
+    @field_validator("escalate", mode="before")
+    @classmethod
+    def _limits(cls, value: Any) -> Any:
+        """An integer is an item limit; a mapping says more (checked by Escalation)."""
+        if not isinstance(value, list):
+            return value
+        for entry in value:
+            if isinstance(entry, bool) or (isinstance(entry, int) and entry < 1):
+                raise ValueError(f"got {value}; give item limits that are positive and grow (a valid integer each, "
+                                 "e.g. [100, 300]), or mappings with `limit:` and `samples:`")
+        return [{"limit": entry} if isinstance(entry, int) else entry for entry in value]
+
     @field_validator("escalate")
     @classmethod
-    def _growing(cls, value: list[int]) -> list[int]:
-        if any(n < 1 for n in value) or any(b <= a for a, b in zip(value, value[1:])):
-            raise ValueError(f"got {value}; give item limits that are positive and grow, e.g. [100, 300]")
+    def _growing(cls, value: list[Escalation]) -> list[Escalation]:
+        for field in ("limit", "samples"):
+            given = [getattr(e, field) for e in value if getattr(e, field) is not None]
+            if any(b <= a for a, b in zip(given, given[1:])):
+                raise ValueError(f"the escalations' {field} values {given} must grow: each rerun looks harder than the one before")
         return value
 
     @field_validator("pythonpath")

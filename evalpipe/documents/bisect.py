@@ -55,6 +55,7 @@ class Attempt(Document):
 
     run_dir: str
     limit: int | None
+    samples: int | None = Field(default=None, description="Samples per item when an escalation asked for more than the config's (None: the config's).")
     status: Status | None = Field(description="The comparison with the good build; None when the build did not run.")
     verdict: StepVerdict
     reason: str

@@ -45,6 +45,7 @@ def setup(tmp_path):
     ("HEAD", "HEAD", {}, {}, "are the same commit"),
     ("HEAD", "HEAD~5", {}, {}, "is not an ancestor of --bad"),
     ("HEAD~5", "HEAD", {"escalate": [20, 40]}, {"limit": 20}, "must be larger than --limit 20"),
+    ("HEAD~5", "HEAD", {"escalate": [{"samples": 4}]}, {"limit": 20}, "decodes greedily"),
     ("HEAD~5", "HEAD", {"build": ["false"]}, {}, "does not build .*the build command exited 1"),
     ("HEAD~5", "HEAD", {"variant": "nosuch"}, {}, "nosuch"),
     ("HEAD~5", "HEAD", {}, {"limit": 0}, "--limit 0 is out of range"),
@@ -64,10 +65,10 @@ def test_a_repository_with_uncommitted_changes_is_refused(setup):
         prepare(BisectRequest(config(), "HEAD~5", "HEAD"), _reporter())
 
 
-def _attempt(verdict: StepVerdict, n: int, limit=None) -> Attempt:
+def _attempt(verdict: StepVerdict, n: int, limit=None, samples=None) -> Attempt:
     status = {StepVerdict.SAME: Status.EQUIVALENT, StepVerdict.DIFFERENT: Status.DIVERGENT,
               StepVerdict.UNKNOWN: Status.INCONCLUSIVE, StepVerdict.SKIP: None}[verdict]
-    return Attempt(run_dir=f"/runs/{n}", limit=limit, status=status, verdict=verdict, reason=f"run {n} {verdict}")
+    return Attempt(run_dir=f"/runs/{n}", limit=limit, samples=samples, status=status, verdict=verdict, reason=f"run {n} {verdict}")
 
 
 class Scripted(Searcher):
@@ -75,14 +76,15 @@ class Scripted(Searcher):
 
     def __init__(self, bisection, journal, outcomes: list[StepVerdict], repeats: bool = True):
         super().__init__(bisection, journal)
-        self.outcomes, self.repeat_answer, self.limits = list(outcomes), repeats, []
+        self.outcomes, self.repeat_answer, self.limits, self.goods = list(outcomes), repeats, [], []
 
-    def good_run(self, limit):
+    def good_run(self, level):
+        self.goods.append(level)
         return Path("/good")
 
-    def attempt(self, commit, limit, number, good, repeat_of=None):
-        self.limits.append(limit)
-        return _attempt(self.outcomes.pop(0), number, limit)
+    def attempt(self, commit, level, number, good, repeat_of=None):
+        self.limits.append(level.limit if level.samples is None else (level.limit, level.samples))
+        return _attempt(self.outcomes.pop(0), number, level.limit, level.samples)
 
     def repeats(self, first, second, good):
         return self.repeat_answer
@@ -111,6 +113,24 @@ def test_each_steps_rules(setup, outcomes, repeats, escalate, verdict, runs, wor
     assert not searcher.outcomes, "every scripted run was used"
 
 
+def test_an_unknown_step_of_a_sampled_config_escalates_to_more_samples_against_a_good_run_with_as_many(setup):
+    repo, config, tmp = setup
+    path = tmp / "sampled.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(config(escalate=[{"samples": 4}, 40]).read_text()),
+                                    "sampling": {"temperature": 0.6, "samples": 2}}))
+    bisection, journal = prepare(BisectRequest(path, "HEAD~5", "HEAD", limit=10), _reporter())
+    bisection.root.mkdir(parents=True)
+    searcher = Scripted(bisection, journal, [StepVerdict.UNKNOWN, StepVerdict.UNKNOWN, StepVerdict.SAME])
+    step = searcher.step(2)
+    assert step.verdict is StepVerdict.SAME and searcher.limits == [10, (10, 4), (40, 4)]
+    assert [(g.limit, g.samples) for g in searcher.goods] == [(10, None), (10, 4), (40, 4)]
+    assert [(a.limit, a.samples) for a in step.attempts] == [(10, None), (10, 4), (40, 4)]
+    # continued from its journal, the step runs nothing again: each attempt is found at its level
+    assert Scripted(bisection, searcher.journal, []).step(2).verdict is StepVerdict.SAME
+    sampled = bisection.build_config({"b": bisection.built(journal.good)}, floor=False, samples=4)
+    assert sampled.sampling is not None and sampled.sampling.samples == 4 and bisection.config.sampling.samples == 2
+
+
 def test_the_search_verifies_the_bad_end_first_and_reports_a_bad_end_that_is_same(setup):
     repo, config, _ = setup
     bisection, journal = prepare(BisectRequest(config(), "HEAD~5", "HEAD", limit=10), _reporter())
@@ -129,8 +149,8 @@ def test_the_search_finds_the_first_different_build_around_a_skipped_one_and_con
     commits = [c.commit for c in journal.candidates]
 
     class ByCommit(Scripted):
-        def attempt(self, commit, limit, number, good, repeat_of=None):
-            return _attempt(truth[commits.index(commit)], number, limit)
+        def attempt(self, commit, level, number, good, repeat_of=None):
+            return _attempt(truth[commits.index(commit)], number, level.limit)
 
     searcher = ByCommit(bisection, journal, [])
     answer = searcher.search()
@@ -142,7 +162,7 @@ def test_the_search_finds_the_first_different_build_around_a_skipped_one_and_con
     assert [s.commit for s in again.steps] == looked
 
     class NothingRuns(Scripted):
-        def attempt(self, commit, limit, number, good, repeat_of=None):
+        def attempt(self, commit, level, number, good, repeat_of=None):
             raise AssertionError(f"ran {commit} again")
 
     assert NothingRuns(bisection, again, []).search() == answer
@@ -156,8 +176,8 @@ def test_a_skipped_build_just_before_the_first_different_one_leaves_the_answer_o
     commits = [c.commit for c in journal.candidates]
 
     class ByCommit(Scripted):
-        def attempt(self, commit, limit, number, good, repeat_of=None):
-            return _attempt(truth[commits.index(commit)], number, limit)
+        def attempt(self, commit, level, number, good, repeat_of=None):
+            return _attempt(truth[commits.index(commit)], number, level.limit)
 
     answer = ByCommit(bisection, journal, []).search()
     assert answer.kind == "ambiguous" and answer.could_be == commits[1:3] and "skipped" in answer.sentence
@@ -206,8 +226,8 @@ def test_listed_builds_are_candidates_in_order_each_its_env_over_the_variants(tm
     truth = {"w1": StepVerdict.SAME, "w2": StepVerdict.DIFFERENT, "w3": StepVerdict.DIFFERENT, "w4": StepVerdict.DIFFERENT}
 
     class ByName(Scripted):
-        def attempt(self, commit, limit, number, good, repeat_of=None):
-            return _attempt(truth[commit], number, limit)
+        def attempt(self, commit, level, number, good, repeat_of=None):
+            return _attempt(truth[commit], number, level.limit)
 
     answer = ByName(bisection, journal, []).search()
     assert answer.kind == "found" and answer.first_different == "w2" and "w2 \"wheel 2\"" in answer.sentence

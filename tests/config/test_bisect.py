@@ -12,9 +12,13 @@ def test_defaults_search_first_parents_confirm_and_localize():
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
-    ("escalate", [100, 50], "positive and grow"),
+    ("escalate", [100, 50], "limit values \\[100, 50\\] must grow"),
     ("escalate", [0], "positive and grow"),
     ("escalate", [True], "valid integer"),
+    ("escalate", [{"samples": 8}, {"limit": 50, "samples": 4}], "samples values \\[8, 4\\] must grow"),
+    ("escalate", [{}], "gives `limit:`, `samples:` or both"),
+    ("escalate", [{"samples": 1}], "greater than or equal to 2"),
+    ("escalate", [{"limit": 50, "tries": 2}], "Extra inputs"),
     ("pythonpath", ["../elsewhere"], "leaves the candidate's tree"),
     ("pythonpath", ["/abs"], "leaves the candidate's tree"),
     ("pythonpath", [], "at least 1"),
@@ -26,6 +30,11 @@ def test_defaults_search_first_parents_confirm_and_localize():
 def test_bad_values_are_refused_with_what_to_give(field, value, words):
     with pytest.raises(ValidationError, match=words):
         BisectSpec(**{"repo": "plugin", field: value})
+
+
+def test_an_escalation_is_an_item_limit_or_more_samples_or_both():
+    spec = BisectSpec(repo="plugin", escalate=[50, {"samples": 4}, {"limit": 200, "samples": 8}])
+    assert [(e.limit, e.samples) for e in spec.escalate] == [(50, None), (None, 4), (200, 8)]
 
 
 def test_an_explicit_list_of_builds_instead_of_a_repository():
