@@ -65,8 +65,9 @@ def candidates(repo: Path, good: str, bad: str, *, first_parent: bool = True) ->
                         "(swapped ends, or two branches that parted).") from None
     listing = git(repo, "rev-list", "--reverse", *(["--first-parent"] if first_parent else []), f"{good_sha}..{bad_sha}")
     shas = listing.split()
-    if not shas:
-        raise UserError(f"no commits between --good {good} and --bad {bad} on the first-parent line; pass a bad commit that descends from the good one.")
+    # never empty: bad descends from good and is not good, so bad itself is listed (a range
+    # with no commits is good equal to bad, refused above)
+    assert shas, (good_sha, bad_sha)
     return good_sha, [describe(repo, sha) for sha in shas]
 
 
