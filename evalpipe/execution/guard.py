@@ -3,10 +3,11 @@
     python -I guard.py GRACE_S -- COMMAND [ARGS...]
 
 evalpipe starts every worker and server through this guard, as the leader of a new
-process group, with a pipe on the guard's stdin whose other end only evalpipe holds.
-The command (and whatever it spawns: vLLM's engine core, a resource tracker) runs in
-the guard's group. When evalpipe dies, even by SIGKILL, the kernel closes the pipe; the
-guard reads end-of-file and takes the group down (SIGTERM, GRACE_S seconds, SIGKILL),
+session and process group, with a pipe on the guard's stdin whose other end only evalpipe
+holds. The command (and whatever it spawns: vLLM's engine core, a resource tracker) runs in
+the guard's group, a fork server's children in groups of their own in the guard's session.
+When evalpipe dies, even by SIGKILL, the kernel closes the pipe; the guard reads
+end-of-file and takes the session down (SIGTERM, GRACE_S seconds, SIGKILL),
 so nothing is left holding the devices. Otherwise it waits for the command and exits
 with its code (128 + N for a command killed by signal N).
 
@@ -14,7 +15,7 @@ The watching is done by a forked watcher, not by the guard itself: whoever kills
 guard's parent may kill the guard first. A Ray worker does exactly that on its way out
 (it SIGKILLs its direct children, not their children: Ray's "user-spawned processes"
 guide), which would orphan the command. The watcher is a grandchild, so it survives,
-and it also takes the group down when the guard itself dies.
+and it also takes the session down when the guard itself dies.
 
 Started as a script with -I (stdlib only, no evalpipe import): a variant's environment
 may point PYTHONPATH at another build, which must not change how the guard runs.
@@ -30,8 +31,9 @@ import sys
 import time
 
 
-def _others_in_group(pgid: int) -> list[int]:
-    """Live processes of the group, the caller excepted (Linux /proc)."""
+def _others_in_session(sid: int) -> list[int]:
+    """Live processes of the session, the caller excepted (Linux /proc). The session, not only
+    the group: a fork server's children run in groups of their own (evalpipe/execution/forkserver.py)."""
     me, found = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
@@ -41,23 +43,35 @@ def _others_in_group(pgid: int) -> list[int]:
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] != b"Z" and int(fields[2]) == pgid:
+        if fields[0] != b"Z" and int(fields[3]) == sid:
             found.append(int(name))
     return found
 
 
-def take_down_group(grace_s: float) -> None:
-    pgid = os.getpgrp()
-    os.killpg(pgid, signal.SIGTERM)  # the guard's own handler ignores it
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def take_down_session(grace_s: float) -> None:
+    sid = os.getsid(0)
+    _signal_all(_others_in_session(sid), signal.SIGTERM)  # the guard's own handler ignores it
     deadline = time.monotonic() + grace_s
-    while _others_in_group(pgid) and time.monotonic() < deadline:
+    while (left := _others_in_session(sid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    os.killpg(pgid, signal.SIGKILL)  # the guard included: its work is done
+    deadline = time.monotonic() + grace_s
+    while (left := _others_in_session(sid)) and time.monotonic() < deadline:
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.05)
+    os._exit(0)  # its work is done
 
 
 def watch(guard: int, grace_s: float) -> None:
     """The watcher: wait until evalpipe's pipe closes or the guard is gone, then take the
-    group down if anything of it is left. Never returns."""
+    session down if anything of it is left. Never returns."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # the command's stdout may be evalpipe's pipe: it must see EOF when the command ends
     reason = ""
@@ -66,9 +80,9 @@ def watch(guard: int, grace_s: float) -> None:
             reason = "its guard is gone"
         elif select.select([0], [], [], 0.2)[0] and not _read_some():
             reason = "evalpipe is gone"
-    if _others_in_group(os.getpgrp()):
-        print(f"guard: {reason}; stopping process group {os.getpgrp()}", file=sys.stderr, flush=True)
-        take_down_group(grace_s)
+    if _others_in_session(os.getsid(0)):
+        print(f"guard: {reason}; stopping session {os.getsid(0)}", file=sys.stderr, flush=True)
+        take_down_session(grace_s)
     os._exit(0)
 
 

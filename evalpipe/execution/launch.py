@@ -50,6 +50,12 @@ class Launchable(Protocol):
     def process_env(self) -> dict[str, str]: ...
 
 
+class Starter(Protocol):
+    """Turns a worker's command line into the one that starts it (evalpipe/execution/preimport.py)."""
+
+    def command(self, python: str, command: list[str], env: dict[str, str]) -> list[str]: ...
+
+
 def stop_if_interrupted() -> None:
     if interrupts:
         raise KeyboardInterrupt
@@ -168,6 +174,7 @@ def run_worker(
     stall_timeout_s: float | None = None,
     stall_log: Path | None = None,
     env: dict[str, str] | None = None,
+    starter: Starter | None = None,
 ) -> VariantOutcome:
     """Run the variant's worker to its end. ``log_path``: where its stderr goes (default
     engine.log). ``stopped``: asked when the worker ends; a message means something
@@ -175,7 +182,9 @@ def run_worker(
     ``stall_timeout_s``: the watchdog's limit on time without a finished request once the
     engine is up (evalpipe/execution/watchdog.py); the variant then fails with its last progress
     and the tail of ``stall_log`` (default its own log; a server's log in serve mode).
-    ``env``: the worker's environment (default the variant's process environment)."""
+    ``env``: the worker's environment (default the variant's process environment).
+    ``starter``: what the worker's command line becomes (a pre-imported interpreter's client,
+    evalpipe/execution/preimport.py); default the command as it is."""
     vdir = artifacts.VariantDir(variant_dir)
     vdir.root.mkdir(parents=True, exist_ok=True)
     job_path = vdir.root / JOB_JSON
@@ -184,11 +193,12 @@ def run_worker(
     outcome = VariantOutcome(name=variant.name, exit_code=-1, seconds=0.0)
     watchdog = Watchdog(stall_timeout_s)
     failure: str | None = None
+    worker_env = env or variant.process_env()
+    command = [variant.python, "-m", "evalpipe.worker.main", str(job_path)]
+    if starter is not None:
+        command = starter.command(variant.python, command, worker_env)
     with open(log_path or vdir.engine_log, "ab") as log:
-        proc = guarded_popen(
-            [variant.python, "-m", "evalpipe.worker.main", str(job_path)],
-            WORKER_GRACE_S, stdout=subprocess.PIPE, stderr=log, env=env or variant.process_env(), text=True, bufsize=1,
-        )
+        proc = guarded_popen(command, WORKER_GRACE_S, stdout=subprocess.PIPE, stderr=log, env=worker_env, text=True, bufsize=1)
         try:
             if on_start is not None:
                 on_start(proc)

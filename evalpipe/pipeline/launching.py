@@ -15,7 +15,7 @@ from evalpipe.documents.worker_events import StageEvent
 from evalpipe.documents.worker_job import WorkerJob
 from evalpipe.execution import serve
 from evalpipe.execution.deployment import DeploymentProcess, NodePlaces, deployment_of
-from evalpipe.execution.launch import VariantOutcome, run_worker
+from evalpipe.execution.launch import Starter, VariantOutcome, run_worker
 from evalpipe.pipeline.bookkeeping import close_manifest
 from evalpipe.pipeline.jobs import worker_job
 from evalpipe.pipeline.plan import PlannedVariant, RunPlan
@@ -39,7 +39,7 @@ class Limits:
 
 def run_variant(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: Path, on_event, limits: Limits,
                 servers: dict[str, Any], *, spec: Path, job: WorkerJob | None = None,
-                places: NodePlaces | None = None) -> VariantOutcome:
+                places: NodePlaces | None = None, starter: Starter | None = None) -> VariantOutcome:
     """One variant's worker, and in serve mode its server around it: started first (the
     worker resolves its tasks while the engine loads) or, for an A/A run that reuses
     the reference's, the running one. A server that dies stops the worker and fails the
@@ -47,7 +47,8 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: P
     stops them (`stop_unneeded`). ``spec``: the probe spec every process of the variant reads
     (:func:`evalpipe.probing.records.write_spec`); ``job``: the worker's job when it is not
     the plan's (localize), its server URL filled in here. ``places``: where a deployment's nodes
-    run when Ray placed them (None: through their launchers, here)."""
+    run when Ray placed them (None: through their launchers, here). ``starter``: how the worker
+    starts (pre-imported interpreters, evalpipe/execution/preimport.py; None: a new interpreter)."""
     # every process the variant starts (worker, server, engine cores, workers) records what it ran
     env = probe_env(variant.process_env(), spec)
 
@@ -57,7 +58,7 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: P
 
     if variant.launch.mode != "serve":
         return run_worker(variant, job_for(None), vdir, on_event, limits.timeout_s,
-                          stall_timeout_s=limits.stall_of(variant), env=env)
+                          stall_timeout_s=limits.stall_of(variant), env=env, starter=starter)
 
     vdir.mkdir(parents=True, exist_ok=True)
     vd = artifacts.VariantDir(vdir)
@@ -94,7 +95,7 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: P
         outcome = run_worker(
             variant, job_for(server.url), vdir, on_event, limits.timeout_s,
             log_path=vd.worker_log, stopped=lambda: server.death_message() if server.died else None, on_start=server.use,
-            stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path, env=env,
+            stall_timeout_s=limits.stall_of(variant), stall_log=server.log_path, env=env, starter=starter,
         )
     finally:
         server.client = None
@@ -112,12 +113,13 @@ def stop_unneeded(servers: dict[str, Any], later: list[PlannedVariant]) -> None:
 
 
 def run_and_close(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: Path, on_event, limits: Limits,
-                  servers: dict[str, Any], names: VariantNames, places: NodePlaces | None = None) -> VariantOutcome:
+                  servers: dict[str, Any], names: VariantNames, places: NodePlaces | None = None,
+                  starter: Starter | None = None) -> VariantOutcome:
     """One variant from start to its closed directory: its processes run, its manifest says
     how they ended, its processes' probe records gathered into probes.json. The same steps
     here (a local run) and on a cluster node (:mod:`evalpipe.pipeline.node_actor`)."""
     outcome = run_variant(plan, variant, model, vdir, on_event, limits, servers,
-                          spec=write_spec(vdir, variant.name, names), places=places)
+                          spec=write_spec(vdir, variant.name, names), places=places, starter=starter)
     close_manifest(vdir, outcome)
     gather_probes(variant, vdir, names, servers)
     return outcome

@@ -32,6 +32,7 @@ from evalpipe.documents.comparison import Status, read_comparison
 from evalpipe.documents.run_doc import RunDocument, RunModel, read_run_document
 from evalpipe.documents.worker_job import LocalizeJob, LocalizeSequence, TeacherJob
 from evalpipe.errors import RunFailed, UserError
+from evalpipe.execution.preimport import Preimport
 from evalpipe.pipeline.comparing import variant_numerics
 from evalpipe.pipeline.jobs import worker_job
 from evalpipe.pipeline.launching import Limits, run_variant, stop_unneeded
@@ -100,11 +101,12 @@ def localize_run(run_dir: Path, reporter: Reporter, request: Request = Request()
     sizes: dict[str, int] = {}
     sides: dict[str, Side] = {}
     view = ProgressView(reporter.console)
-    for planned in plan.variants:
-        t0 = time.monotonic()
-        sides[planned.name] = _capture(plan, planned, model, rd, targets, decode_steps, view, limits, reporter)
-        seconds[planned.name] = round(time.monotonic() - t0, 2)
-        sizes[planned.name] = sum(p.values.nbytes for p in sides[planned.name].pieces)
+    with Preimport() as starter:
+        for planned in plan.variants:
+            t0 = time.monotonic()
+            sides[planned.name] = _capture(plan, planned, model, rd, targets, decode_steps, view, limits, reporter, starter)
+            seconds[planned.name] = round(time.monotonic() - t0, 2)
+            sizes[planned.name] = sum(p.values.nbytes for p in sides[planned.name].pieces)
 
     numerics = variant_numerics(VariantDir(rd.root / reference))
     docs = []
@@ -240,7 +242,7 @@ def _tp_sizes(config: RunConfig, plan: RunPlan) -> tuple[int, ...]:
 
 
 def _capture(plan: RunPlan, planned: PlannedVariant, model: RunModel, rd: RunDir, targets: list[Target],
-             decode_steps: int, view: ProgressView, limits: Limits, reporter: Reporter) -> Side:
+             decode_steps: int, view: ProgressView, limits: Limits, reporter: Reporter, starter: Preimport) -> Side:
     """One configuration's engine started (its server stopped again before the next one's
     starts), the sequences prefilled, its captures read."""
     vdir = rd.root / LOCALIZE_DIR / planned.name
@@ -260,7 +262,8 @@ def _capture(plan: RunPlan, planned: PlannedVariant, model: RunModel, rd: RunDir
     reporter.step(f"[bold cyan]configuration {planned.name}[/] {escape(planned.description)}".rstrip(), variant=planned.name)
     servers: dict[str, Any] = {}
     try:
-        outcome = run_variant(plan, planned, model, vdir, view.handle(planned.name), limits, servers, spec=spec, job=job)
+        outcome = run_variant(plan, planned, model, vdir, view.handle(planned.name), limits, servers, spec=spec, job=job,
+                              starter=starter)
     finally:
         view.close()
         stop_unneeded(servers, [])

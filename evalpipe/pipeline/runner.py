@@ -20,6 +20,7 @@ from evalpipe.documents.comparison import Status
 from evalpipe.documents.run_doc import RunDocument, RunModel, VariantPlacement, VariantStatus, write_run_document
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, RunFailedOnUserInput, failure
 from evalpipe.execution.launch import VariantOutcome, stop_if_interrupted
+from evalpipe.execution.preimport import Preimport
 from evalpipe.history import HistoryError
 from evalpipe.history.store import open_history
 from evalpipe.models.builtin import ShippedModelError, ensure_builtin
@@ -220,8 +221,10 @@ def nothing_compared(reference: str, aa: str | None) -> str:
 
 def _run_here(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[str, VariantNames], limits: Limits,
               reporter: Reporter, view: ProgressView, kept: list[str], record) -> None:
-    """The variants one after another in this machine's processes (the default)."""
+    """The variants one after another in this machine's processes (the default), their workers
+    forked from pre-imported interpreters (evalpipe/execution/preimport.py)."""
     servers: dict[str, Any] = {}
+    starter = Preimport()
     try:
         for i, variant in enumerate(plan.variants):
             if variant.name in kept:
@@ -229,7 +232,7 @@ def _run_here(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[
             reporter.step(f"[bold cyan]variant {variant.name}[/] {escape(variant.description)}".rstrip(), variant=variant.name)
             try:
                 outcome = run_and_close(plan, variant, model, rd.root / variant.name, view.handle(variant.name), limits,
-                                        servers, names[variant.name])
+                                        servers, names[variant.name], starter=starter)
             finally:
                 view.close()
                 stop_unneeded(servers, plan.variants[i + 1:])
@@ -237,6 +240,7 @@ def _run_here(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[
             stop_if_interrupted()
     finally:
         stop_unneeded(servers, [])
+        starter.close()
 
 
 def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save: Callable[..., None]) -> NoReturn:
