@@ -50,7 +50,8 @@ from typing import Any, Mapping
 RUN_MARK = "EVALPIPE_RUN_ID"  # evalpipe.pipeline.plan.RUN_ID_ENV: every process of a run carries it
 MESSAGE_MAX = 1 << 20  # one request: argv, environment and working directory
 READY_TIMEOUT_S = 900.0  # the client waits this long for a server still importing, then starts alone
-STOP_GRACE_S = 10.0  # the server's children, between SIGTERM and SIGKILL when it is stopped
+STOP_GRACE_S = 10.0
+REQUEST_TIMEOUT_S = 10.0  # a client sends its request as soon as it connects  # the server's children, between SIGTERM and SIGKILL when it is stopped
 
 
 def comparable_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -125,12 +126,17 @@ class Server:
 
     def accept(self) -> None:
         conn, _ = self.listener.accept()
+        conn.settimeout(REQUEST_TIMEOUT_S)  # a client that connected and died must not stop the server
+        fds: list[int] = []
         try:
             data, fds, _, _ = socket.recv_fds(conn, MESSAGE_MAX, 3)
             request = json.loads(data)
         except (OSError, ValueError):
+            for fd in fds:
+                os.close(fd)
             conn.close()
             return
+        conn.settimeout(None)
         why = self.refusal(request) if len(fds) == 3 else "it sent no standard streams"
         if why is not None:
             for fd in fds:

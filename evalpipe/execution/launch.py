@@ -104,6 +104,23 @@ def kill_live_groups() -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group runs (Linux /proc). Not ``killpg(pgid, 0)``: that
+    counts zombies, and the guard's watcher is one until init reaps it, which can take
+    seconds (measured in docs/measured.md): every stopped worker waited it out."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     """SIGTERM the process's whole group (vLLM's engine-core child may outlive its
     parent), wait up to ``grace_s``, then SIGKILL what is left. A second Ctrl-C while
@@ -115,9 +132,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and len(interrupts) < 2:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
+        if not group_alive(proc.pid):
             break
         if proc.poll() is None:
             try:
