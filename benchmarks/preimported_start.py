@@ -1,21 +1,20 @@
-"""What would a pre-imported interpreter save per in-process engine?
+"""What do pre-imported interpreters save a run, and do they change anything it records?
 
-Every variant's worker is a new interpreter that imports vLLM, torch and lm-eval before its
-engine starts; on a 2-core machine the end-to-end tests spend most of their CPU on such
-starts (docs/measured.md). This measures, side by side in one run, the reference variant
-of a config (its engine arguments and environment) started N times:
-  fresh   a new interpreter each time (what evalpipe does today);
-  forked  a child forked from one interpreter that imported vLLM, torch and lm-eval once;
-and prints each start's CPU seconds (the child's own, from wait4), the time until `LLM(...)`
-returned, the import paid once by the forking parent, and whether every start generated
-bitwise the same tokens and logprobs.
+A local run forks its real-engine workers from a fork server that imported torch,
+transformers and lm-eval once (evalpipe/execution/preimport.py). This runs the same
+`evalpipe run` side by side, one after another, with `EVALPIPE_PREIMPORT=off` (every worker a
+new interpreter) and on (the default), and prints each one's wall time and CPU seconds (its
+whole process tree: evalpipe, guards, fork server, workers), the ratio, how each worker
+started (from its log), and whether the runs' artifacts are the same: every variant's
+parquet files bitwise, its probe records but for their timestamps.
 
-    .venv/bin/python benchmarks/preimported_start.py [--repeats 2] [-c configs/default.yaml]
+    .venv/bin/python benchmarks/preimported_start.py [--limit 4] [-c configs/default.yaml] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import resource
@@ -29,122 +28,81 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = [f"Question: Tom has {i} apples and buys {i + 3} more. How many apples does he have?\nAnswer:" for i in range(8)]
-MAX_TOKENS = 48
+VOLATILE = {"started_at", "updated_at", "pid", "ppid"}
 
 
-def engine_run(engine_args: dict[str, Any], out: Path) -> None:
-    """One engine start and one greedy batch; the outputs and the start time to ``out``."""
-    started = time.monotonic()
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(**engine_args)
-    start_s = time.monotonic() - started
-    results = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5), use_tqdm=False)
-    outputs = []
-    for result in results:
-        ids = list(result.outputs[0].token_ids)
-        outputs.append([ids, [position[tid].logprob for tid, position in zip(ids, result.outputs[0].logprobs or [])]])
-    out.write_text(json.dumps({"start_s": start_s, "outputs": outputs}))
-
-
-def reference_engine(config_path: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """The config's reference variant as a run plans it: its engine arguments (the model
-    resolved to its directory) and the environment the config adds."""
-    from rich.console import Console
-
-    from evalpipe.config.loading import load_config
-    from evalpipe.pipeline.plan import make_plan
-    from evalpipe.pipeline.runner import ensure_model
-    from evalpipe.reporting import QuietReporter
-
-    config = load_config(config_path)
-    plan = make_plan(config, config_path, "gsm8k", variants=config.reference_name, noise_floor=False)
-    reference = plan.variant(config.reference_name)
-    model = ensure_model(plan, QuietReporter(Console(stderr=True)))
-    return {**reference.engine_args, "model": model.directory}, {**reference.env_overrides, "HF_HUB_OFFLINE": "1"}
-
-
-def fresh_start(job: Path, out: Path, env: dict[str, str]) -> float:
-    """A new interpreter for one engine; its CPU seconds."""
+def timed_run(config: str, limit: int, out: Path, run_id: str, switch: str) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, __file__, "--child", str(job), str(out)], env={**os.environ, **env}, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "evalpipe", "run", "gsm8k", "-c", config, "--limit", str(limit),
+                           "--output", str(out), "--run-id", run_id], env={**os.environ, "EVALPIPE_PREIMPORT": switch},
+                          capture_output=True, text=True)
+    wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise SystemExit(f"`evalpipe run` with EVALPIPE_PREIMPORT={switch} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    run_dir = out / run_id
+    starts = {v.name: _how_started(v / "engine.log") for v in sorted(run_dir.iterdir()) if (v / "engine.log").is_file()}
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "dir": run_dir, "starts": starts}
 
 
-def forked_starts(job: Path, work: Path, repeats: int, env: dict[str, str]) -> dict[str, Any]:
-    """One interpreter imports once (in a process of its own, so this script stays clean),
-    then forks a child per engine; the import's CPU and each child's."""
-    out = work / "forked.json"
-    subprocess.run([sys.executable, __file__, "--forker", str(job), str(work), str(repeats), str(out)],
-                   env={**os.environ, **env}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
+def _how_started(log: Path) -> str:
+    text = log.read_text(errors="replace")
+    if "forked from a pre-imported interpreter" in text:
+        return "forked"
+    line = next((line for line in text.splitlines() if "a new interpreter for this worker" in line), "")
+    return "new interpreter" + (f" ({line.split('(', 1)[1].rstrip(')')})" if line else "")
 
 
-def forker(job: Path, work: Path, repeats: int, out: Path) -> None:
-    import threading
+def _records(run_dir: Path, variant: str) -> list[dict[str, Any]]:
+    """A variant's probe records but their timestamps and process ids, its run's directory
+    in argv (the job's path) written RUN."""
+    processes = json.loads((run_dir / variant / "probes.json").read_text())["processes"]
+    return [{k: [a.replace(str(run_dir), "RUN") for a in v] if k == "argv" else v for k, v in p.items() if k not in VOLATILE}
+            for p in processes]
 
-    import lm_eval.evaluator  # noqa: F401 - what a worker imports before its engine
-    import torch  # noqa: F401
-    from vllm import LLM  # noqa: F401
 
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    engine_args = json.loads(job.read_text())
-    children = []
-    for i in range(repeats):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                engine_run(engine_args, work / f"forked-{i}.json")
-            finally:
-                os._exit(0)
-        _, status, usage = os.wait4(pid, 0)
-        children.append({"status": status, "cpu_s": usage.ru_utime + usage.ru_stime})
-    out.write_text(json.dumps({"import_cpu_s": own.ru_utime + own.ru_stime, "threads_at_fork": len(os.listdir("/proc/self/task")),
-                               "python_threads": threading.active_count(), "children": children}))
+def same_artifacts(a: Path, b: Path) -> list[str]:
+    """What differs between two runs' variants (nothing: an empty list)."""
+    differ = []
+    for variant in sorted(p.name for p in a.iterdir() if (p / "engine.log").is_file()):
+        for parquet in sorted((a / variant).glob("*.parquet")):
+            if not filecmp.cmp(parquet, b / variant / parquet.name, shallow=False):
+                differ.append(f"{variant}/{parquet.name}")
+        if _records(a, variant) != _records(b, variant):
+            differ.append(f"{variant}/probes.json")
+    return differ
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["--child"]:
-        engine_run(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3]))
-        return 0
-    if sys.argv[1:2] == ["--forker"]:
-        forker(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
-        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("-c", "--config", default=str(ROOT / "configs" / "default.yaml"))
     args = parser.parse_args()
 
     from evalpipe.machine import describe
 
-    engine_args, env = reference_engine(args.config)
     work = Path(tempfile.mkdtemp(prefix="evalpipe-preimport-"))
-    job = work / "engine_args.json"
-    job.write_text(json.dumps(engine_args))
     print(f"machine: {describe()}")
-    print(f"config: {args.config}, reference engine, {args.repeats} starts each way, one after another")
-    fresh = []
+    print(f"config: {args.config}, gsm8k --limit {args.limit}, {args.repeats} run(s) each way, one after another")
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for i in range(args.repeats):
-        cpu = fresh_start(job, work / f"fresh-{i}.json", env)
-        fresh.append({"cpu_s": cpu, **json.loads((work / f"fresh-{i}.json").read_text())})
-    forked = forked_starts(job, work, args.repeats, env)
-    for i, child in enumerate(forked["children"]):
-        child.update(json.loads((work / f"forked-{i}.json").read_text()))
-    outputs = [r["outputs"] for r in fresh + forked["children"]]
-    print(f"{'start':<8} {'CPU s':>7} {'LLM() ready s':>14}")
-    for name, runs in (("fresh", fresh), ("forked", forked["children"])):
-        for r in runs:
-            print(f"{name:<8} {r['cpu_s']:7.1f} {r['start_s']:14.1f}")
-    mean = {name: sum(r["cpu_s"] for r in runs) / len(runs) for name, runs in (("fresh", fresh), ("forked", forked["children"]))}
-    print(f"the forking parent's import, paid once: {forked['import_cpu_s']:.1f} CPU s "
-          f"(OS threads at the fork: {forked['threads_at_fork']}, Python threads: {forked['python_threads']})")
-    print(f"CPU per start, forked / fresh: {mean['forked'] / mean['fresh']:.2f}")
-    print(f"outputs bitwise the same in every start: {all(o == outputs[0] for o in outputs)}")
-    return 0
+        for switch in ("off", "on"):
+            runs[switch].append(timed_run(args.config, args.limit, work, f"{switch}-{i}", switch))
+    print(f"{'EVALPIPE_PREIMPORT':<19} {'wall s':>7} {'CPU s':>7}  workers")
+    for switch, done in runs.items():
+        for r in done:
+            starts = ", ".join(f"{v}: {how}" for v, how in r["starts"].items())
+            print(f"{switch:<19} {r['wall_s']:7.1f} {r['cpu_s']:7.1f}  {starts}")
+    mean = {s: sum(r["cpu_s"] for r in done) / len(done) for s, done in runs.items()}
+    wall = {s: sum(r["wall_s"] for r in done) / len(done) for s, done in runs.items()}
+    print(f"on / off: CPU {mean['on'] / mean['off']:.2f}, wall {wall['on'] / wall['off']:.2f}")
+    differ = [d for r in runs["on"] + runs["off"][1:] for d in same_artifacts(runs["off"][0]["dir"], r["dir"])]
+    print("artifacts (parquet bitwise, probe records but their timestamps): "
+          + ("the same in every run" if not differ else f"DIFFERENT: {', '.join(differ)}"))
+    return 0 if not differ else 1
 
 
 if __name__ == "__main__":
