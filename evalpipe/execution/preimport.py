@@ -4,8 +4,8 @@ imported torch, transformers and lm-eval already, instead of a new one importing
 One fork server (evalpipe/execution/forkserver.py) per interpreter and environment the run's
 real-engine workers ask for, started by the first of them and stopped with the run; each
 worker's command goes through the server's client, which starts a new interpreter itself
-whenever the server cannot start the worker faithfully. Measured in docs/measured.md: half
-the CPU of a local engine start on a small CPU machine, the same tokens bitwise.
+whenever the server cannot start the worker faithfully. Measured in docs/measured.md: a
+fifth less CPU for a three-engine run on a 2-core CPU machine, the same tokens bitwise.
 `EVALPIPE_PREIMPORT=off` in evalpipe's environment starts every worker in a new interpreter.
 """
 
