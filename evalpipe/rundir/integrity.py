@@ -109,7 +109,8 @@ def missing_manifest(vdir: VariantDir, fix: str = "restore it or re-run the vari
 
 
 def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = None, *,
-                   allow_unverified: bool = False, fix: str | None = None) -> bool:
+                   allow_unverified: bool = False, fix: str | None = None,
+                   files: tuple[str, ...] = VERIFIED_FILES) -> bool:
     """Check every file the variant's manifest records (present, same size, rows and
     sha256) and that no file of :data:`VERIFIED_FILES` was added after it finished;
     :class:`ArtifactMismatch` naming the first file that differs. A manifest without an
@@ -117,7 +118,9 @@ def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = N
     check it against. A directory without a manifest is refused (:class:`ManifestMissing`,
     its sentence ending with ``fix`` when given) unless ``allow_unverified``. True: checked;
     False: read unverified. ``manifest``: its content, when the caller has read it already
-    (resume keeps what it verified)."""
+    (resume keeps what it verified). ``files``: only these are checked, for a reader of a
+    variant that is still being finished (teacher forcing reads the reference's tables
+    while its parent may be adding probes.json to the record)."""
     vdir = vdir if isinstance(vdir, VariantDir) else VariantDir(Path(vdir))
     if manifest is None:
         if not vdir.manifest.is_file():
@@ -134,8 +137,9 @@ def verify_variant(vdir: VariantDir | Path, manifest: VariantManifest | None = N
     for name, entry in sorted(record.items()):
         if Path(name).name != name or name == MANIFEST_JSON:
             raise ArtifactMismatch(f"{vdir.manifest} records the artifact {name!r}, which is not a file of the variant; restore it or re-run the variant.")
-        _verify_file(vdir.root / name, entry)
-    for name in VERIFIED_FILES:
+        if name in files:
+            _verify_file(vdir.root / name, entry)
+    for name in files:
         path = vdir.root / name
         if name not in record and path.is_file():
             raise ArtifactMismatch(

@@ -55,6 +55,21 @@ def test_a_variant_directory_is_read_only_when_it_matches_its_manifest(tmp_path)
         read_reference_sequences(vdir.root)
 
 
+def test_the_reference_is_read_while_its_parent_adds_probes_json_to_the_record(tmp_path):
+    # On a cluster the reference's parent writes probes.json, then adds it to the manifest;
+    # a variant teacher-forcing beside it may read in between.
+    samples, tokens = _tables()
+    vdir = artifacts.VariantDir(tmp_path / "legacy")
+    artifacts.write_table(vdir.samples, samples)
+    artifacts.write_table(vdir.tokens, tokens)
+    write_manifest(vdir.manifest, VariantManifest.model_validate(
+        {"variant": "legacy", "status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)}))
+    artifacts.write_text(vdir.root / artifacts.PROBES_JSON, "{}\n")
+    assert read_reference_sequences(vdir.root) == reference_sequences(samples, tokens)
+    with pytest.raises(integrity.ArtifactMismatch, match="probes.json is not in its manifest"):
+        integrity.verify_variant(vdir)  # a reader of the finished run still sees the addition
+
+
 @pytest.mark.parametrize("n, tp, starts", [
     (12, 3, [4, 8]),  # even shards
     (7, 2, [4]),  # padded to 8: the last shard is shorter
