@@ -147,7 +147,8 @@ LAYERS = (
     ("config", "models", "tasks", "data"),  # what a run is made of
     ("gates",),  # what each gate is: the registry config, compare, nightly and the reports iterate
     ("engine_patches",),  # evalpipe's changes inside vLLM's processes (switches checked by config)
-    ("errors", "paths", "install", "redact", "machine", "atomic_files", "validation", "reporting", "number_format"),  # small utilities
+    ("errors", "paths", "install", "redact", "machine", "atomic_files", "validation", "reporting", "number_format",
+     "process_table"),  # small utilities
 )
 # Beside the layers: worker/ runs in the variant's interpreter and may use the layers from
 # the run directory down; the lab sits just below the commands (only calibrate imports it,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalpipe.config.cluster import check_variant_resources
+from evalpipe.process_table import carrying
 
 MARK_ENV = "EVALPIPE_LOCAL_RAY_CLUSTER"
 ADDRESS_FILE = "address"
@@ -131,21 +132,7 @@ def _wait_for_nodes(address: str, count: int, env: dict[str, str], python: str, 
 
 def marked_pids(root: Path) -> list[int]:
     """Processes whose environment carries this cluster's mark (Linux /proc)."""
-    needle = f"{MARK_ENV}={root}".encode() + b"\0"
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue  # a zombie is gone but for its parent's wait
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if needle in fh.read() + b"\0":
-                    found.append(int(name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return carrying(f"{MARK_ENV}={root}")
 
 
 def stop_marked(root: Path, grace_s: float = 5.0) -> None:

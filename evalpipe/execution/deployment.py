@@ -42,11 +42,11 @@ from evalpipe.execution.engine_flags import as_flags, shell_line
 from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
 from evalpipe.execution.serve import SERVER_MODULE, ServesAClient, free_port, url_of
 from evalpipe.probes import NODE_ENV, SPEC_ENV
+from evalpipe.process_table import RUN_ID_ENV
 from evalpipe.redact import redact
 
 REAPER_SCRIPT = Path(__file__).with_name("reaper.py")
 DEPLOYMENT_ENV = "EVALPIPE_DEPLOYMENT"
-RUN_ID_ENV = "EVALPIPE_RUN_ID"  # every process a run starts carries it (evalpipe.pipeline.plan)
 FETCH_TIMEOUT_S = 120.0  # a node's probe records through its launcher
 HEADLESS_MODULE = "evalpipe.worker.headless"
 
@@ -431,7 +431,7 @@ def planned_node_lines(variant: Any, model_path: str, variant_dir: Path, placed_
     assert launch.deployment is not None
     port: int | str = launch.port if launch.port is not None else "<free port>"
     rpc_port: int | str = launch.deployment.rpc_port if launch.deployment.rpc_port is not None else "<free port>"
-    forwarded = {**variant.env_overrides, SPEC_ENV: "<the variant's probe spec, inline>", "EVALPIPE_RUN_ID": "<run id>",
+    forwarded = {**variant.env_overrides, SPEC_ENV: "<the variant's probe spec, inline>", RUN_ID_ENV: "<run id>",
                  DEPLOYMENT_ENV: "<a token of this start>",
                  "PYTHONPATH": "<evalpipe's probes and package>"}
     address = launch.deployment.address or ("<the head node's address>" if placed_by_ray else data_parallel_address(launch))

@@ -47,7 +47,7 @@ import time
 import traceback
 from typing import Any, Mapping
 
-RUN_MARK = "EVALPIPE_RUN_ID"  # evalpipe.pipeline.plan.RUN_ID_ENV: every process of a run carries it
+RUN_MARK = "EVALPIPE_RUN_ID"  # evalpipe.process_table.RUN_ID_ENV (this script runs without evalpipe)
 MESSAGE_MAX = 1 << 20  # one request: argv, environment and working directory
 READY_TIMEOUT_S = 900.0  # the client waits this long for a server still importing, then starts alone
 STOP_GRACE_S = 10.0
@@ -300,6 +300,7 @@ def serve_main(socket_path: str, modules: list[str]) -> int:
 
 
 def run_main(socket_path: str, command: list[str]) -> int:
+    what = command[2] if len(command) > 2 and command[1] == "-m" else command[0]  # for the log: the worker, a server
     why = "no answer"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
@@ -310,22 +311,22 @@ def run_main(socket_path: str, command: list[str]) -> int:
             answer = json.loads(sock.recv(MESSAGE_MAX) or b"null")
             if isinstance(answer, dict) and "pid" in answer:
                 sock.settimeout(None)
-                return _follow(sock, int(answer["pid"]))
+                return _follow(sock, int(answer["pid"]), what)
             why = answer["refused"] if isinstance(answer, dict) and "refused" in answer else "the server is gone"
     except (OSError, ValueError) as err:
         why = f"{type(err).__name__}: {err}"
-    print(f"evalpipe: a new interpreter for this worker ({why})", file=sys.stderr, flush=True)
+    print(f"evalpipe: a new interpreter for {what} ({why})", file=sys.stderr, flush=True)
     os.execvp(command[0], command)
     return 127  # not reached
 
 
-def _follow(sock: socket.socket, child: int) -> int:
+def _follow(sock: socket.socket, child: int, what: str) -> int:
     def forward(signum: int, _frame: Any) -> None:
         kill_group(child, signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    print(f"evalpipe: this worker is process {child}, forked from a pre-imported interpreter", file=sys.stderr, flush=True)
+    print(f"evalpipe: {what} runs as process {child}, forked from a pre-imported interpreter", file=sys.stderr, flush=True)
     data = sock.recv(MESSAGE_MAX)
     answer = json.loads(data) if data else None
     if isinstance(answer, dict) and "exit" in answer:

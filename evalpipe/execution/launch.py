@@ -26,6 +26,7 @@ from evalpipe.documents.worker_events import ErrorEvent, WorkerEvent, read_event
 from evalpipe.documents.worker_job import JOB_JSON, WorkerJob, write_job
 from evalpipe.errors import ExitCode
 from evalpipe.execution.watchdog import Watchdog
+from evalpipe.process_table import group_alive
 from evalpipe.rundir import artifacts
 
 EventHandler = Callable[[WorkerEvent], None]
@@ -102,23 +103,6 @@ def kill_live_groups() -> None:
     for pgid in list(live_groups):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of the group runs (Linux /proc). Not ``killpg(pgid, 0)``: that
-    counts zombies, and the guard's watcher is one until init reaps it, which can take
-    seconds (measured in docs/measured.md): every stopped worker waited it out."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:

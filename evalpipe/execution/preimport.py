@@ -24,7 +24,9 @@ from evalpipe.execution.launch import guarded_popen, stop_group
 
 FORKSERVER = Path(__file__).with_name("forkserver.py")
 SWITCH_ENV = "EVALPIPE_PREIMPORT"
-FAKE_ENGINE_ENV = "EVALPIPE_FAKE_ENGINE"  # evalpipe.worker.fakes.engine: a fake worker imports none of it
+# evalpipe.worker.fakes.engine.FAKE_ENGINE_ENV (the parent never imports the worker; a test
+# holds the two equal): a fake worker imports none of what a server would
+FAKE_ENGINE_ENV = "EVALPIPE_FAKE_ENGINE"
 
 # What a worker of vLLM's imports before its engine starts, vLLM and evalpipe excepted (the
 # path probes hook those as they import): torch with the compiler modules vLLM's import pulls
@@ -52,10 +54,11 @@ class Preimport:
     servers: dict[tuple[str, tuple[tuple[str, str], ...]], _Server] = field(default_factory=dict)
 
     def command(self, python: str, command: list[str], env: dict[str, str]) -> list[str]:
-        """``command`` (``python -m MODULE ...``) as the worker starts it: through a fork server,
-        unless evalpipe is told not to or the worker is the fake engine's."""
-        if os.environ.get(SWITCH_ENV, "on") == "off" or env.get(FAKE_ENGINE_ENV):
-            return command
+        """``command`` (``python -m MODULE ...``: a worker, a vLLM API server) as it is started:
+        through a fork server, unless evalpipe is told not to, the process is the fake
+        engine's, or the command is not the interpreter's own ``-m``."""
+        if os.environ.get(SWITCH_ENV, "on") == "off" or env.get(FAKE_ENGINE_ENV) or command[:2] != [python, "-m"]:
+            return command  # a launcher's or a custom command: no server would start it, so none is started
         key = (python, tuple(sorted(comparable_env(env).items())))
         server = self.servers.get(key) or self._start(key, python, env)
         return [python, "-I", str(FORKSERVER), "run", str(server.socket), "--", *command]

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from evalpipe.config.run_config import Launch
-from evalpipe.execution.launch import guarded_popen, log_tail, stop_group
+from evalpipe.execution.launch import Starter, guarded_popen, log_tail, stop_group
 from evalpipe.redact import redact, redact_text
 from evalpipe.rundir.artifacts import write_text
 
@@ -130,13 +130,17 @@ class ServerProcess(ServesAClient):
     proc: subprocess.Popen | None = None
     exit_code: int | None = None
     client: subprocess.Popen | None = None
+    # what the command becomes: through a pre-imported interpreter when it is an interpreter's
+    # own `-m` (evalpipe/execution/preimport.py); None: as it is
+    starter: Starter | None = None
     _stopping: bool = False
 
     def start(self, env: dict[str, str]) -> None:
+        command = self.starter.command(self.command[0], self.command, env) if self.starter is not None else self.command
         with open(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(redact(self.command)) + "\n").encode())  # a launcher may carry a key
             log.flush()
-            self.proc = guarded_popen(self.command, self.grace_s, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = guarded_popen(command, self.grace_s, stdout=log, stderr=subprocess.STDOUT, env=env)
 
         def watch() -> None:
             assert self.proc is not None

@@ -77,7 +77,7 @@ def run_variant(plan: RunPlan, variant: PlannedVariant, model: RunModel, vdir: P
             serve.write_server_args(args_file, serve.server_args({**variant.engine_args, "model": model.directory}, launch, port))
             server = serve.ServerProcess(
                 command=serve.server_command(variant.python, launch, args_file),
-                url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s,
+                url=serve.url_of(launch, port), log_path=vd.engine_log, grace_s=launch.stop_grace_s, starter=starter,
             )
         server_env = dict(env)
         if launch.api_key_env and server_env.get(launch.api_key_env):

@@ -35,12 +35,12 @@ from evalpipe.errors import UserError
 from evalpipe.install import code_version, worker_import_dir
 from evalpipe.models.builtin import BUILTIN_MODELS
 from evalpipe.paths import PLAIN_NAME_RULE, is_plain_name
+from evalpipe.process_table import RUN_ID_ENV
 from evalpipe.redact import api_key_names, redact
 from evalpipe.tasks.families import RULER_MAX_GEN_TOKS, is_generated_ruler
 from evalpipe.validation import first_problem
 
 BUILTIN_PREFIX = "builtin:"
-RUN_ID_ENV = "EVALPIPE_RUN_ID"
 
 # Engines must never wait on a model hub here; a config or the caller's environment
 # may still turn these off explicitly.

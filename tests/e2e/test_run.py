@@ -129,6 +129,9 @@ def test_every_variant_has_all_artifacts(run):
         vdir = artifacts.VariantDir(run["dir"] / name)
         for path in (vdir.manifest, vdir.results, vdir.samples, vdir.tokens, vdir.teacher, vdir.engine_log):
             assert path.is_file() and path.stat().st_size > 0, path
+        # each worker was forked from the run's pre-imported interpreter (evalpipe/execution/preimport.py),
+        # not refused back into a new one
+        assert "forked from a pre-imported interpreter" in vdir.engine_log.read_text(errors="replace"), name
         manifest = artifacts.read_json(vdir.manifest)
         assert manifest["status"] == "ok"
         assert manifest["versions"]["vllm"] and manifest["versions"]["lm_eval"] == "0.4.13"

@@ -55,7 +55,7 @@ def test_a_forked_worker_runs_as_a_new_interpreter_would(tree):
     with Preimport(modules=("json",)) as starter:
         done = _run(starter, tree, "7", "x")
         assert done.returncode == 7, done.stderr
-        assert "forked from a pre-imported interpreter" in done.stderr
+        assert "echo_worker runs as process" in done.stderr and "forked from a pre-imported interpreter" in done.stderr
         seen = json.loads(done.stdout)
         assert seen["argv"] == ["7", "x"] and seen["cwd"] == str(tree["work"]) and seen["main"] == "__main__"
         assert seen["answer"] == "42", "the request's environment, evalpipe's own variables included"
@@ -86,7 +86,7 @@ def test_what_the_server_cannot_start_faithfully_starts_in_a_new_interpreter(tre
                        str(tree["work"] / "nothing"), "--", sys.executable, "-m", "echo_worker", "3"]
             expected = "FileNotFoundError"
         done = subprocess.run(command, cwd=tree["work"], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3 and "a new interpreter for this worker" in done.stderr and expected in done.stderr, done.stderr
+    assert done.returncode == 3 and "a new interpreter for echo_worker (" in done.stderr and expected in done.stderr, done.stderr
     assert "forkserver.py serve" not in json.loads(done.stdout)["parent"]
 
 

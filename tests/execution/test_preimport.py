@@ -27,9 +27,21 @@ def test_one_server_per_environment_and_all_stopped_with_the_run(tmp_path):
 
 
 def test_evalpipe_preimport_off_and_the_fake_engine_keep_the_command(monkeypatch):
+    from evalpipe.execution import preimport
+    from evalpipe.worker.fakes import engine
+
+    assert preimport.FAKE_ENGINE_ENV == engine.FAKE_ENGINE_ENV
     command = [sys.executable, "-m", "json.tool"]
     starter = Preimport(modules=("json",))
-    assert starter.command(sys.executable, command, {**os.environ, "EVALPIPE_FAKE_ENGINE": "1"}) == command
+    assert starter.command(sys.executable, command, {**os.environ, preimport.FAKE_ENGINE_ENV: "1"}) == command
     monkeypatch.setenv("EVALPIPE_PREIMPORT", "off")
     assert starter.command(sys.executable, command, dict(os.environ)) == command
+    assert starter.servers == {}
+
+
+def test_a_launcher_or_another_command_is_kept_and_starts_no_server():
+    starter = Preimport(modules=("json",))
+    for command in (["ssh", "node1", sys.executable, "-m", "json.tool"], ["/opt/vllm/bin/vllm", "serve"],
+                    [sys.executable, "script.py"]):
+        assert starter.command(sys.executable, command, dict(os.environ)) == command
     assert starter.servers == {}

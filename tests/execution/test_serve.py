@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,9 @@ from evalpipe.config.run_config import aa_variant_name
 from evalpipe.documents.journal import JOURNAL_FILE
 from evalpipe.documents.worker_job import ServerJob
 from evalpipe.execution import serve
+from evalpipe.execution.preimport import Preimport
 from evalpipe.pipeline.plan import RUN_ID_ENV
+from evalpipe.process_table import group_alive
 from evalpipe.rundir import artifacts
 from evalpipe.worker.engines import GenRequest, ScoreRequest
 from evalpipe.worker.fakes import server as fake_server
@@ -367,3 +370,35 @@ def test_evalpipe_killed_with_sigkill_takes_its_worker_and_server_along_and_the_
     journal = json.loads((run_dir / "served" / "manifest.json").read_text())["engine"]["journal"]
     assert journal["answers_found"] == answered and journal["answers_reused"] == answered, journal
     assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+
+
+def test_a_server_command_of_the_interpreter_is_forked_from_a_pre_imported_one_and_stopped(tmp_path):
+    port = serve.free_port("127.0.0.1")
+    starter = Preimport(modules=("json",))
+    server = serve.ServerProcess(command=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                                 url=f"http://127.0.0.1:{port}", log_path=tmp_path / "engine.log", grace_s=5.0,
+                                 starter=starter)
+    try:
+        server.start({**os.environ, RUN_ID_ENV: f"srv-{tmp_path.name}"})
+        assert server.proc is not None
+        log = tmp_path / "engine.log"
+        while "forked from a pre-imported interpreter" not in log.read_text():
+            assert server.proc is not None and server.proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        child = int(re.search(r"process (\d+), forked", log.read_text()).group(1))
+        # the log names the server's command, never the fork server's client
+        assert log.read_text().startswith(f"$ {sys.executable} -m http.server {port}")
+        while True:  # bound once its module runs
+            try:
+                with urllib.request.urlopen(server.url, timeout=5) as answer:
+                    assert answer.status == 200
+                break
+            except OSError:
+                assert server.proc.poll() is None, log.read_text()
+                time.sleep(0.05)
+        server.stop()
+        assert not server.died and not group_alive(child)  # the forked server went with its client
+    finally:
+        server.stop()
+        starter.close()
+    assert wait_gone(f"srv-{tmp_path.name}") == []  # and the fork server with the run
