@@ -21,6 +21,7 @@ every run: kill the command, run it again, and it continues.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -55,6 +56,7 @@ from evalpipe.documents.bisect import (
 from evalpipe.documents.comparison import Comparison, GateStatus
 from evalpipe.documents.run_doc import RunStatus, read_run_document
 from evalpipe.errors import EvalpipeError, ExitCode, RunFailed, UserError
+from evalpipe.execution.preimport import Preimport
 from evalpipe.install import default_config
 from evalpipe.pipeline.comparing import compare_with_reference_run, write_outputs
 from evalpipe.pipeline.launching import Limits
@@ -91,6 +93,13 @@ class Bisection:
     variant: str
     root: Path
     reporter: Reporter
+    # the pre-imported interpreters every run's workers fork from (None: each run its own)
+    starter: Preimport | None = None
+
+    @property
+    def mark(self) -> str:
+        """In the environment of every process the bisect starts (RUN_ID_ENV)."""
+        return f"bisect-{self.root.name}"
 
     @property
     def cache(self) -> Path:
@@ -140,12 +149,12 @@ class Bisection:
         plan = make_plan(self.build_config({name: self.built(key)}, floor=floor, samples=level.samples), self.config_path,
                          self.request.tasks, limit=level.limit,
                          output=str(self.root / "runs" if not floor else self.root.parent / "good"),
-                         run_id=run_id, noise_floor=floor)
+                         run_id=run_id, noise_floor=floor, process_mark=self.mark)
         if plan.run_dir.is_dir():
             if _finished(plan.run_dir):
                 return plan.run_dir
             shutil.rmtree(plan.run_dir)
-        execute(plan, self.reporter, self.request.timeout_s, compared_elsewhere=True)
+        execute(plan, self.reporter, self.request.timeout_s, compared_elsewhere=True, starter=self.starter)
         return plan.run_dir
 
 
@@ -337,11 +346,11 @@ class Searcher:
         b.reporter.step(f"[bold]localize[/] {short(culprit)} against {short(parent)}")
         cfg = b.build_config({"parent": b.built(parent), "first_different": b.built(culprit)}, floor=False)
         plan = make_plan(cfg, b.config_path, b.request.tasks, limit=b.request.limit, output=str(b.root / "runs"),
-                         run_id="localize", noise_floor=False)
+                         run_id="localize", noise_floor=False, process_mark=b.mark)
         if not plan.run_dir.is_dir() or not _finished(plan.run_dir):
             if plan.run_dir.is_dir():
                 shutil.rmtree(plan.run_dir)
-            execute(plan, b.reporter, b.request.timeout_s)
+            execute(plan, b.reporter, b.request.timeout_s, starter=b.starter)
         docs = localize_run(plan.run_dir, b.reporter, Request(("first_different",)), Limits(timeout_s=b.request.timeout_s))
         sentence = docs[0].sentence if docs else "nothing to localize: the two builds did not differ in this run"
         return answer.model_copy(update={"localize_dir": str(plan.run_dir), "localized": sentence})
@@ -369,11 +378,26 @@ class Searcher:
                       sentence=f"the first DIFFERENT build is {short(first.commit)} or one of the skipped builds before it ({skipped})")
 
 
+def shared_starter(spec: BisectSpec) -> Preimport | None:
+    """One set of pre-imported interpreters for all the bisect's runs, unless a build step runs
+    between them: it may install into the interpreter what a server imported before it."""
+    return Preimport() if not spec.build else None
+
+
 def bisect_command(request: BisectRequest, reporter: Reporter) -> int:
     """0: the first DIFFERENT build named; 4: no one build named (the answer is one of several
     skipped builds, the bad end is SAME, or it could not be tested)."""
     bisection, journal = prepare(request, reporter)
     bisection.root.mkdir(parents=True, exist_ok=True)
+    starter = shared_starter(bisection.spec)
+    try:
+        return _bisect(dataclasses.replace(bisection, starter=starter), journal, reporter)
+    finally:
+        if starter is not None:
+            starter.close()
+
+
+def _bisect(bisection: Bisection, journal: BisectJournal, reporter: Reporter) -> int:
     count = len(journal.candidates)
     reporter.step(f"[bold]bisect[/] {count} candidate builds of {escape(source(journal))} ({short(journal.good)}..{short(journal.bad)}); "
                   f"about {expected_steps(count)} runs without skips or escalations -> {bisection.root}")

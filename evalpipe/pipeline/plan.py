@@ -68,7 +68,7 @@ class PlannedVariant:
     reverse_order: bool = False  # the A/A run sends requests in reverse order
     aa_of: str | None = None  # set on the A/A noise-floor run: the variant it repeats
     server_of: str | None = None  # serve mode: runs against this variant's server (the A/A reusing it)
-    run_id: str = ""
+    run_id: str = ""  # the mark in every process's environment (RUN_ID_ENV): the run's id, or the bisect's it is a step of
 
     def process_env(self) -> dict[str, str]:
         env = {**DEFAULT_ENV, **os.environ, **self.env_overrides}
@@ -289,8 +289,11 @@ def make_plan(
     run_id: str | None = None,
     noise_floor: bool | None = None,
     strict: bool = True,
+    process_mark: str | None = None,
 ) -> RunPlan:
     """``noise_floor`` (from the command line) overrides the config's ``noise_floor``.
+    ``process_mark``: what marks the run's processes, when not the run's id (a bisect's runs
+    share one, and so their pre-imported interpreters).
     ``strict=False`` plans without requiring the model and interpreters to exist here
     (--dry-run, doctor: a profile for a cluster); `verify_here` checks them after."""
     if strict:
@@ -358,7 +361,7 @@ def make_plan(
         check_run_id(run_id)
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{task_selector.replace(',', '+').replace('/', '_')[:24]}-{digest[:6]}"
     for pv in planned:
-        pv.run_id = run_id
+        pv.run_id = process_mark or run_id
     root = Path(output or config.output).expanduser()
     if not root.is_absolute():
         root = Path.cwd() / root

@@ -67,21 +67,24 @@ class RunResult:
 
 def execute(plan: RunPlan, reporter: Reporter, timeout_s: float | None = None, *,
             extra_info: dict[str, Any] | None = None, record: bool = True, stall_timeout_s: float | None = None,
-            compared_elsewhere: bool = False) -> RunResult:
+            compared_elsewhere: bool = False, starter: Preimport | None = None) -> RunResult:
     """Run the plan; the run (finished or failed) is then recorded in the history
     database unless ``record`` is false (`nightly` records and judges it itself).
     ``extra_info``: more run.json fields (nightly: its kind and the components CI named).
     ``stall_timeout_s``: the watchdog's limit for every variant (default: each variant's
     launch.stall_timeout_s). What it does goes to ``reporter``, ending in the verdict.
     ``compared_elsewhere``: the run's variants are compared with another run's (bisect's
-    steps against the good build): a run of one variant then says nothing of its own."""
+    steps against the good build): a run of one variant then says nothing of its own.
+    ``starter``: the pre-imported interpreters its local workers fork from, when the caller
+    keeps them across runs (a bisect's; their processes' mark is then the caller's too);
+    default: the run's own, stopped with it."""
     names = preflight(plan, reporter)
     limits = Limits(timeout_s, stall_timeout_s)
     if plan.config.cluster.enabled:
         # before the run directory exists: a cluster that cannot be reached leaves no run behind
         connect(str(plan.config.cluster.address))
     try:
-        result = _execute(plan, reporter, limits, extra_info, names, compared_elsewhere)
+        result = _execute(plan, reporter, limits, extra_info, names, compared_elsewhere, starter)
     except KeyboardInterrupt:
         mark_interrupted(plan.run_dir)
         raise
@@ -114,7 +117,8 @@ def record_in_history(plan: RunPlan, reporter: Reporter) -> None:
 
 
 def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict[str, Any] | None,
-             names: dict[str, VariantNames], compared_elsewhere: bool = False) -> RunResult:
+             names: dict[str, VariantNames], compared_elsewhere: bool = False,
+             starter: Preimport | None = None) -> RunResult:
 
     rd = artifacts.RunDir(plan.run_dir)
     info, kept = open_run_dir(rd, run_info(plan, **(extra_info or {})))
@@ -178,7 +182,7 @@ def _execute(plan: RunPlan, reporter: Reporter, limits: Limits, extra_info: dict
     if plan.config.cluster.enabled:
         run_on_cluster(plan, model, rd, names, limits, reporter, kept, record)
     else:
-        _run_here(plan, model, rd, names, limits, reporter, view, kept, record)
+        _run_here(plan, model, rd, names, limits, reporter, view, kept, record, starter)
 
     info = info.updated(timings=info.timings.model_copy(update={"total_s": time.time() - t0}))
     compared = [v.name for v in plan.variants if v.name not in failures]
@@ -220,11 +224,12 @@ def nothing_compared(reference: str, aa: str | None) -> str:
 
 
 def _run_here(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[str, VariantNames], limits: Limits,
-              reporter: Reporter, view: ProgressView, kept: list[str], record) -> None:
+              reporter: Reporter, view: ProgressView, kept: list[str], record, shared: Preimport | None) -> None:
     """The variants one after another in this machine's processes (the default), their workers
-    forked from pre-imported interpreters (evalpipe/execution/preimport.py)."""
+    forked from pre-imported interpreters (evalpipe/execution/preimport.py): ``shared``'s,
+    else the run's own."""
     servers: dict[str, Any] = {}
-    starter = Preimport()
+    starter = shared or Preimport()
     try:
         for i, variant in enumerate(plan.variants):
             if variant.name in kept:
@@ -240,7 +245,8 @@ def _run_here(plan: RunPlan, model: RunModel, rd: artifacts.RunDir, names: dict[
             stop_if_interrupted()
     finally:
         stop_unneeded(servers, [])
-        starter.close()
+        if shared is None:
+            starter.close()
 
 
 def _fail_run(info: RunDocument, failures: dict[str, tuple[str, int]], save: Callable[..., None]) -> NoReturn:

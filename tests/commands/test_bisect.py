@@ -4,6 +4,7 @@ against scripted run outcomes."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -12,11 +13,12 @@ import yaml
 from git_repos import linear_repo
 from rich.console import Console
 
-from evalpipe.commands.bisect import BisectRequest, Searcher, prepare
+from evalpipe.commands.bisect import BisectRequest, Searcher, prepare, shared_starter
 from evalpipe.documents.bisect import Attempt, StepVerdict
 from evalpipe.documents.comparison import Status
 from evalpipe.errors import UserError
 from evalpipe.install import shipped_dir
+from evalpipe.process_table import RUN_ID_ENV
 from evalpipe.reporting import TerminalReporter
 
 
@@ -63,6 +65,27 @@ def test_a_repository_with_uncommitted_changes_is_refused(setup):
     (repo / "plugin.py").write_text("REVISION = 'local edit'\n")
     with pytest.raises(UserError, match="uncommitted changes"):
         prepare(BisectRequest(config(), "HEAD~5", "HEAD"), _reporter())
+
+
+def test_every_run_of_a_bisect_forks_from_one_starter_and_carries_the_bisect_s_mark(setup, monkeypatch):
+    from evalpipe.bisection.levels import Level
+    from evalpipe.commands import bisect as command
+
+    repo, config, _ = setup
+    assert shared_starter(prepare(BisectRequest(config(build=["true"]), "HEAD~5", "HEAD"), _reporter())[0].spec) is None
+    bisection, journal = prepare(BisectRequest(config(), "HEAD~5", "HEAD", limit=10), _reporter())
+    shared = shared_starter(bisection.spec)
+    assert shared is not None
+    bisection = dataclasses.replace(bisection, starter=shared)
+    started = []
+    monkeypatch.setattr(command, "execute", lambda plan, reporter, timeout_s, **kw: started.append((plan, kw["starter"])))
+    bisection.run(journal.good, "good", "good-run", Level(10), floor=True)
+    bisection.run(journal.candidates[0].commit, "candidate", "step-run", Level(10), floor=False)
+    assert [plan.run_id for plan, _ in started] == ["good-run", "step-run"]
+    assert all(starter is shared for _, starter in started)
+    marks = {v.process_env()[RUN_ID_ENV] for plan, _ in started for v in plan.variants}
+    assert marks == {bisection.mark}, "a run's mark would make the shared server refuse its workers"
+    shared.close()
 
 
 def _attempt(verdict: StepVerdict, n: int, limit=None, samples=None) -> Attempt:

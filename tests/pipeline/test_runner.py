@@ -12,6 +12,7 @@ from rich.console import Console
 from evalpipe.documents.run_doc import read_run_document
 from evalpipe.errors import ExitCode
 from evalpipe.pipeline.runner import execute
+from evalpipe.process_table import RUN_ID_ENV
 from evalpipe.reporting import TerminalReporter
 from evalpipe.worker.fakes.engine import FAKE_ENGINE_ENV
 
@@ -55,3 +56,29 @@ def test_a_cluster_that_cannot_be_reached_leaves_no_run_and_no_history_behind(tm
     with pytest.raises(ClusterUnavailable, match=f"cannot reach the Ray cluster at 127.0.0.1:{port}"):
         execute(plan, TerminalReporter(Console(file=io.StringIO())))
     assert list(tmp_path.rglob("*")) == [], "no run directory, no history"
+
+
+class _Recording:
+    """A starter that keeps the commands as they are and remembers who asked."""
+
+    def __init__(self) -> None:
+        self.marks: list[str] = []
+        self.closed = False
+
+    def command(self, python: str, command: list[str], env: dict[str, str]) -> list[str]:
+        self.marks.append(env[RUN_ID_ENV])
+        return command
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_starter_kept_by_the_caller_starts_every_worker_and_outlives_the_run(tmp_path):
+    from evalpipe.pipeline.plan import make_plan
+
+    plan = fake_plan(tmp_path, {"a": {}, "b": {}}, "kept")
+    plan = make_plan(plan.config, "cfg.yaml", "gsm8k", limit=4, output=str(tmp_path / "runs"), run_id="kept",
+                     process_mark="bisect-x")
+    starter = _Recording()
+    execute(plan, TerminalReporter(Console(file=io.StringIO())), record=False, starter=starter)  # type: ignore[arg-type]
+    assert starter.marks == ["bisect-x", "bisect-x"] and not starter.closed
