@@ -5,10 +5,13 @@ transformers and lm-eval once (evalpipe/execution/preimport.py). This runs the s
 `evalpipe run` side by side, one after another, with `EVALPIPE_PREIMPORT=off` (every worker a
 new interpreter) and on (the default), and prints each one's wall time and CPU seconds (its
 whole process tree: evalpipe, guards, fork server, workers), the ratio, how each worker
-started (from its log), and whether the runs' artifacts are the same: every variant's
+and server started (from their logs), and whether the runs' artifacts are the same: every variant's
 parquet files bitwise, its probe records but for their timestamps.
 
-    .venv/bin/python benchmarks/preimported_start.py [--limit 4] [-c configs/default.yaml] [--repeats 1]
+    .venv/bin/python benchmarks/preimported_start.py [--limit 4] [-c configs/default.yaml] [--repeats 1] [--served]
+
+``--served``: every variant of the config behind its own vLLM API server (launch.mode: serve),
+which is forked from the pre-imported interpreter too.
 """
 
 from __future__ import annotations
@@ -42,17 +45,21 @@ def timed_run(config: str, limit: int, out: Path, run_id: str, switch: str) -> d
     if proc.returncode != 0:
         raise SystemExit(f"`evalpipe run` with EVALPIPE_PREIMPORT={switch} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     run_dir = out / run_id
-    starts = {v.name: _how_started(v / "engine.log") for v in sorted(run_dir.iterdir()) if (v / "engine.log").is_file()}
+    starts = {v.name: _how_started(v) for v in sorted(run_dir.iterdir()) if (v / "engine.log").is_file()}
     return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "dir": run_dir, "starts": starts}
 
 
-def _how_started(log: Path) -> str:
-    text = log.read_text(errors="replace")
-    if "forked from a pre-imported interpreter" in text:
-        return "forked"
-    line = next((line for line in text.splitlines() if "a new interpreter for this worker" in line), "")
-    return "new interpreter" + (f" ({line.split('(', 1)[1].rstrip(')')})" if line else "")
+def _how_started(vdir: Path) -> str:
+    """How the variant's worker (and its server, when served) started, from their logs."""
+    said = []
+    for log in (vdir / "engine.log", vdir / "worker.log"):
+        for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+            if line.startswith("evalpipe: ") and "forked from a pre-imported interpreter" in line:
+                said.append(f"{line.split()[1]} forked")
+            elif line.startswith("evalpipe: a new interpreter for "):
+                said.append(f"{line.split()[5]} new interpreter ({line.split('(', 1)[1].rstrip(')')})")
+    return " + ".join(said) or "new interpreter"
 
 
 def _records(run_dir: Path, variant: str) -> list[dict[str, Any]]:
@@ -75,16 +82,30 @@ def same_artifacts(a: Path, b: Path) -> list[str]:
     return differ
 
 
+def served_config(config: Path, work: Path) -> str:
+    """``config`` with every variant behind a server of its own."""
+    import yaml
+
+    names = yaml.safe_load(config.read_text())["variants"]
+    path = work / "served.yaml"
+    path.write_text(yaml.safe_dump({"extends": str(config.resolve()),
+                                    "variants": {name: {"launch": {"mode": "serve"}} for name in names}}))
+    return str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("-c", "--config", default=str(ROOT / "configs" / "default.yaml"))
+    parser.add_argument("--served", action="store_true", help="every variant behind a vLLM API server of its own")
     args = parser.parse_args()
 
     from evalpipe.machine import describe
 
     work = Path(tempfile.mkdtemp(prefix="evalpipe-preimport-"))
+    if args.served:
+        args.config = served_config(Path(args.config), work)
     print(f"machine: {describe()}")
     print(f"config: {args.config}, gsm8k --limit {args.limit}, {args.repeats} run(s) each way, one after another")
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
