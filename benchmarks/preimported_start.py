@@ -11,7 +11,10 @@ parquet files bitwise, its probe records but for their timestamps.
     .venv/bin/python benchmarks/preimported_start.py [--limit 4] [-c configs/default.yaml] [--repeats 1] [--served]
 
 ``--served``: every variant of the config behind its own vLLM API server (launch.mode: serve),
-which is forked from the pre-imported interpreter too.
+which is forked from the pre-imported interpreter too. Each server gets one request at a time
+(launch.concurrency: 1): with several in flight, which requests share a forward pass depends on
+when they arrive, and the sp layout's last bits with it, so two runs could not be compared
+bitwise whatever started them.
 """
 
 from __future__ import annotations
@@ -83,13 +86,13 @@ def same_artifacts(a: Path, b: Path) -> list[str]:
 
 
 def served_config(config: Path, work: Path) -> str:
-    """``config`` with every variant behind a server of its own."""
+    """``config`` with every variant behind a server of its own, one request at a time."""
     import yaml
 
     names = yaml.safe_load(config.read_text())["variants"]
     path = work / "served.yaml"
     path.write_text(yaml.safe_dump({"extends": str(config.resolve()),
-                                    "variants": {name: {"launch": {"mode": "serve"}} for name in names}}))
+                                    "variants": {name: {"launch": {"mode": "serve", "concurrency": 1}} for name in names}}))
     return str(path)
 
 
