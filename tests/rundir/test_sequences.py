@@ -6,6 +6,7 @@ directory only when its files match its manifest; and where T contiguous shards 
 from __future__ import annotations
 
 import pytest
+from rundir_checks import finished_reference
 
 from evalpipe.documents.manifest import VariantManifest, write_manifest
 from evalpipe.errors import UserError
@@ -60,10 +61,7 @@ def test_the_reference_is_read_while_its_parent_adds_probes_json_to_the_record(t
     # a variant teacher-forcing beside it may read in between.
     samples, tokens = _tables()
     vdir = artifacts.VariantDir(tmp_path / "legacy")
-    artifacts.write_table(vdir.samples, samples)
-    artifacts.write_table(vdir.tokens, tokens)
-    write_manifest(vdir.manifest, VariantManifest.model_validate(
-        {"variant": "legacy", "status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)}))
+    finished_reference(vdir, samples, tokens)
     artifacts.write_text(vdir.root / artifacts.PROBES_JSON, "{}\n")
     assert read_reference_sequences(vdir.root) == reference_sequences(samples, tokens)
     with pytest.raises(integrity.ArtifactMismatch, match="probes.json is not in its manifest"):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from fakes import make_samples, mutate, record_artifacts, set_token, write_run
 
-from evalpipe.rundir import artifacts
+from evalpipe.documents.manifest import VariantManifest, write_manifest
+from evalpipe.rundir import artifacts, integrity
 from evalpipe.rundir.artifacts import RunDir
 
 
@@ -41,3 +42,12 @@ def sampled_sequences(run_dir: Path, variant: str) -> dict[tuple[int, int], list
     for r in rows:  # in position order within each sample
         out.setdefault((r["doc_id"], r["repeat"]), []).append(r["token_id"])
     return out
+
+
+def finished_reference(vdir: artifacts.VariantDir, samples, tokens) -> None:
+    """A reference variant as its worker finishes it: its two tables, then a manifest
+    recording them."""
+    artifacts.write_table(vdir.samples, samples)
+    artifacts.write_table(vdir.tokens, tokens)
+    write_manifest(vdir.manifest, VariantManifest.model_validate(
+        {"variant": vdir.root.name, "status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)}))

@@ -3,6 +3,7 @@
 The real engine's side (prompt_logprobs through vLLM) is covered by the end-to-end run."""
 
 import pytest
+from rundir_checks import finished_reference
 
 from evalpipe.config.run_config import PromptPositions
 from evalpipe.documents.manifest import VariantManifest, write_manifest
@@ -96,10 +97,7 @@ def test_a_reference_altered_since_it_finished_is_refused_naming_the_file(tmp_pa
 
     samples, tokens = _reference_tables()
     vdir = artifacts.VariantDir(tmp_path / "ref")
-    artifacts.write_table(vdir.samples, samples)
-    artifacts.write_table(vdir.tokens, tokens)
-    write_manifest(vdir.manifest, VariantManifest.model_validate(
-        {"variant": "ref", "status": "ok", integrity.ARTIFACTS_KEY: integrity.describe_artifacts(vdir)}))
+    finished_reference(vdir, samples, tokens)
     assert len(read_reference_sequences(vdir.root)) == 2
     artifacts.write_table(vdir.tokens, tokens.slice(0, 3))  # rewritten with fewer rows
     with pytest.raises(integrity.ArtifactMismatch, match="tokens.parquet"):
