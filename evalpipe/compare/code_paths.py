@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalpipe.compare.task_paths import check_tasks
 from evalpipe.config.expectations import CountRange, Expectations, collective_key
@@ -60,6 +60,16 @@ class ModelProbe(_Doc):
     per_forward_tokens: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: tokens of the first such passes}
     per_forward_token_range: dict[str, dict[str, list[int]]] = {}  # name -> {calls in one forward: [fewest, most] tokens}
     tokens_per_forward: dict[str, int] = {}  # passes by tokens, power-of-two bins ("1", "2", "4" ...; "other")
+
+    @model_validator(mode="after")
+    def _histograms_within_the_passes(self) -> ModelProbe:
+        """A histogram counts finished passes only: more than ``forwards`` is a record that
+        contradicts itself, which no count read from it could be evidence of."""
+        for name, hist in self.per_forward.items():
+            if sum(hist.values()) > self.forwards:
+                raise ValueError(f"its {self.model_class} counts {sum(hist.values())} forward passes of `{name}`, "
+                                 f"more than the {self.forwards} passes it finished: the record contradicts itself")
+        return self
 
 
 class ProcessProbe(_Doc):

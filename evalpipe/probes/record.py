@@ -17,6 +17,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import os
@@ -290,7 +291,9 @@ class ProcessRecord:
         import multiprocessing
 
         with self.lock:
-            return {
+            # a copy, taken under the lock: the file is written after it is released, while the
+            # engine's thread may finish a pass (its histograms must not move past `forwards`)
+            return copy.deepcopy({
                 "schema_version": SCHEMA_VERSION,
                 "variant": self.variant,
                 "pid": self.pid,
@@ -309,8 +312,8 @@ class ProcessRecord:
                 "collectives": dict(self.collectives),
                 "shapes": {k: list(v) for k, v in self.shapes.items()},
                 "absent": dict(self.absent),
-                "errors": list(self.errors[:20]),
-            }
+                "errors": self.errors[:20],
+            })
 
     def worth_writing(self) -> bool:
         """Processes that touched vLLM in a known role or built a model; not every helper

@@ -104,6 +104,9 @@ def flush() -> None:
             _record.write()
         except OSError:
             pass  # the run directory is gone (the run was cleaned up): nothing left to report to
+        except Exception as err:  # noqa: BLE001 -- the writer thread must outlive one bad write, and say so
+            with _record.lock:
+                _record.errors.append(f"writing this record failed once: {err!r}"[:500])
 
 
 def _forked() -> None:

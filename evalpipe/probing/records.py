@@ -82,9 +82,13 @@ def read_records(source: Path) -> tuple[list[ProcessProbe], list[str]]:
             continue
         try:
             records.append(ProcessProbe.model_validate(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, ValidationError) as err:
-            first = str(err).splitlines()[0]
-            unreadable.append(f"{path.name}: {first}")
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            why = str(first["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            unreadable.append(f"{path.name}: {where + ': ' if where else ''}{why}")
+        except (OSError, ValueError) as err:
+            unreadable.append(f"{path.name}: {str(err).splitlines()[0]}")
     records.sort(key=lambda r: (r.started_at, r.pid))
     return records, unreadable
 

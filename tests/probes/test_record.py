@@ -97,6 +97,28 @@ def test_a_pass_still_running_is_not_in_the_record():
     assert done["running_forwards"] == 0
 
 
+def test_a_snapshot_is_its_own_copy_so_a_pass_finishing_while_it_is_written_does_not_change_it():
+    """The record is serialised after its lock is released (opening the file lets the engine's
+    thread run): a snapshot sharing the live histograms read 63 passes beside 64 gather pairs
+    once, and the reader counted -1 passes without a gather."""
+    rec = R.ProcessRecord("/nonexistent", "v")
+    model = _model()
+    rec.models.append(model)
+    for _ in range(2):
+        snap = rec.forward_started(model, 3)
+        rec.note("all_gather", "virtual", ())
+        rec.forward_finished(model, snap)
+    doc = rec.to_json()
+    before = json.dumps(doc, sort_keys=True)
+    snap = rec.forward_started(model, 70)  # a pass of a new size: every histogram and range moves
+    rec.note("all_gather", "virtual", ())
+    rec.note("reduce_scatter", "virtual", ())
+    rec.forward_finished(model, snap)
+    assert json.dumps(doc, sort_keys=True) == before
+    taken = doc["models"][0]
+    assert sum(taken["per_forward"]["all_gather"].values()) == taken["forwards"] == 2
+
+
 def test_a_name_first_seen_in_a_later_pass_keeps_the_sizes_of_the_passes_without_it():
     rec = R.ProcessRecord("/nonexistent", "v")
     model = _model()

@@ -699,3 +699,21 @@ def test_a_spec_given_inline_reads_as_the_file_would(tmp_path):
     assert read_spec(json.dumps(spec)) == read_spec(str(path)) == spec
     with pytest.raises(ValueError, match="the inline spec: probe spec version 99"):
         read_spec(json.dumps({**spec, "schema_version": 99}))
+
+
+def test_a_write_that_fails_is_said_in_the_record_and_the_next_one_still_writes(tmp_path, monkeypatch):
+    """The writer thread flushes every half second for the life of the engine: one failed
+    write (not the run directory gone) must not end it, and the record says it happened."""
+    from evalpipe.probes import runtime
+    from evalpipe.probes.record import ModelRecord, ProcessRecord
+
+    rec = ProcessRecord(str(tmp_path), "v")
+    rec.models.append(ModelRecord("pkg.Model", {}, []))
+    monkeypatch.setattr(runtime, "_record", rec)
+    real_write = ProcessRecord.write
+    monkeypatch.setattr(ProcessRecord, "write", lambda self: (_ for _ in ()).throw(RuntimeError("dict changed size")))
+    runtime.flush()
+    monkeypatch.setattr(ProcessRecord, "write", real_write)
+    runtime.flush()
+    (written,) = tmp_path.glob("*.json")
+    assert json.loads(written.read_text())["errors"] == ["writing this record failed once: RuntimeError('dict changed size')"]

@@ -48,3 +48,28 @@ def test_records_that_cannot_be_read_are_named_and_probes_json_reads_back(tmp_pa
     assert doc.unreadable == unreadable and doc.names["pkg.f"] == "pkg.impl.f" and doc.names["pkg.gone"] is None
     assert read_probes(tmp_path) == doc
     assert read_probes(tmp_path / "elsewhere") is None
+
+
+def test_a_record_whose_histograms_count_more_passes_than_it_finished_is_named_not_read(tmp_path):
+    """A histogram past `forwards` reads as a negative number of passes without the call:
+    such a record contradicts itself and is named with why, not taken as evidence."""
+    from evalpipe.probes.record import ModelRecord, ProcessRecord
+
+    out = records_dir(tmp_path)
+    rec = ProcessRecord(str(out), "sp")
+    model = ModelRecord("pkg.Model", {"pkg.Layer": 2}, [])
+    rec.models.append(model)
+    snapshot = rec.forward_started(model, 4)
+    rec.note("all_gather", "virtual", ())
+    rec.forward_finished(model, snapshot)
+    rec.write()
+    (good,) = out.glob("*.json")
+    records, unreadable = read_records(out)
+    assert len(records) == 1 and unreadable == []
+    doc = json.loads(good.read_text())
+    doc["models"][0]["forwards"] = 0
+    good.write_text(json.dumps(doc))
+    records, unreadable = read_records(out)
+    assert records == [] and len(unreadable) == 1
+    assert unreadable[0].startswith(f"{good.name}: ") and "counts 1 forward passes of `all_gather`" in unreadable[0]
+    assert "more than the 0 passes it finished" in unreadable[0]
