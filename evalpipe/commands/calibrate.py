@@ -47,6 +47,7 @@ from evalpipe.documents.comparison import Status
 from evalpipe.documents.localization import read_localizations
 from evalpipe.documents.run_doc import RunDocument, RunStatus, read_run_document
 from evalpipe.errors import RunFailed
+from evalpipe.execution.preimport import Preimport
 from evalpipe.install import checkout_root, default_config
 from evalpipe.lab.layout.faults import FAULT_ENV, FAULTS, LAST_LAYER, Fault
 from evalpipe.lab.layout.settings import LAYOUT_ENV
@@ -223,19 +224,22 @@ def run_calibration(
         raise ConfigError(f"--tasks {task_group}: {path} has no such task group; its groups are {', '.join(config.tasks)}.")
     task_group = task_group or next(iter(config.tasks))
     started = time.time()
-    run_dir, info, seconds = _zoo_run(config, path, task_group, limit, output, run_id, from_run, reporter)
-    judged = _judge_zoo(run_dir, info, expected, graded, reporter)
-    rows, comparisons, sensitivity = judged.rows, judged.comparisons, judged.sensitivity
-    if localize and comparisons:
-        rows = _localized(rows, run_dir, places, reporter, again=from_run is None)
-    if sampling is not None:
-        # the sampled run sits beside the greedy one as `<run id>-sampled`; judging a finished
-        # calibration again (--from-run) judges its sampled run too, and runs it when it is missing
-        sampled_root = run_dir.parent if from_run is not None else output
-        sampled_id = f"{run_dir.name}{SAMPLED_SUFFIX}"
-        verdicts = _sampled_run(config.model_copy(update={"sampling": sampling}), path, task_group, limit, sampled_root,
-                                sampled_id, expected, reporter)
-        rows = [r.model_copy(update={"sampled": verdicts.get(r.variant)}) for r in rows]
+    # one set of pre-imported interpreters for the zoo run, its localization and its sampled
+    # run, whose processes all carry the zoo run's mark (a server forks only for its own mark)
+    with Preimport() as starter:
+        run_dir, info, seconds = _zoo_run(config, path, task_group, limit, output, run_id, from_run, reporter, starter)
+        judged = _judge_zoo(run_dir, info, expected, graded, reporter)
+        rows, comparisons, sensitivity = judged.rows, judged.comparisons, judged.sensitivity
+        if localize and comparisons:
+            rows = _localized(rows, run_dir, places, reporter, again=from_run is None, starter=starter)
+        if sampling is not None:
+            # the sampled run sits beside the greedy one as `<run id>-sampled`; judging a finished
+            # calibration again (--from-run) judges its sampled run too, and runs it when it is missing
+            sampled_root = run_dir.parent if from_run is not None else output
+            sampled_id = f"{run_dir.name}{SAMPLED_SUFFIX}"
+            verdicts = _sampled_run(config.model_copy(update={"sampling": sampling}), path, task_group, limit, sampled_root,
+                                    sampled_id, expected, reporter, starter, mark=run_dir.name)
+            rows = [r.model_copy(update={"sampled": verdicts.get(r.variant)}) for r in rows]
 
     options = (("-c", config_path), ("--tasks", task_group if task_group != next(iter(config.tasks)) else None),
                ("--limit", limit), ("--faults", ",".join(fault_names) if fault_names else None),
@@ -268,7 +272,7 @@ def run_calibration(
 
 
 def _zoo_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None, run_id: str | None,
-             from_run: Path | None, reporter: Reporter) -> tuple[Path, RunDocument, float | None]:
+             from_run: Path | None, reporter: Reporter, starter: Preimport) -> tuple[Path, RunDocument, float | None]:
     """(run directory, its run.json, its seconds when judged again): the zoo run now, or the
     finished one ``from_run`` names (refused unless it has every variant of the zoo)."""
     if from_run is not None:
@@ -284,7 +288,7 @@ def _zoo_run(config: RunConfig, path: Path, task_group: str, limit: int | None, 
     plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
     try:
         # exit code ignored: DIVERGENT is the expected outcome for harmful entries
-        info = execute(plan, reporter).document
+        info = execute(plan, reporter, starter=starter).document
     except RunFailed as err:
         # A fault that brings the engine down fails its variant only; the others were compared
         # (the run raised instead of returning: what it saved is read back).
@@ -352,8 +356,10 @@ def _judge_zoo(run_dir: Path, info: RunDocument, expected: dict[str, tuple[Expec
 
 
 def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | None, output: Path | None,
-                 run_id: str | None, expected: dict[str, tuple[Expected, str]], reporter: Reporter) -> dict[str, SampledVerdict]:
-    """The zoo once more with the config's `sampling:`: every entry's verdict under common random numbers."""
+                 run_id: str | None, expected: dict[str, tuple[Expected, str]], reporter: Reporter, starter: Preimport, *,
+                 mark: str) -> dict[str, SampledVerdict]:
+    """The zoo once more with the config's `sampling:`: every entry's verdict under common random
+    numbers; its processes carry ``mark`` (the zoo run's), so they fork from ``starter``'s servers."""
     sampling = config.sampling
     assert sampling is not None  # the caller set it
     earlier = Path(output) / run_id if output is not None and run_id is not None else None
@@ -363,11 +369,12 @@ def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | No
         reporter.step(f"the zoo's sampled run {earlier}: judged again")
         info, run_dir = found, earlier
     else:
-        plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id)
+        plan = make_plan(config, str(path), task_group, limit=limit, output=str(output) if output else None, run_id=run_id,
+                         process_mark=mark)
         run_dir = plan.run_dir
         reporter.step(f"the zoo again at temperature {sampling.temperature:g}, {sampling.samples} sample(s) per item")
         try:
-            info = execute(plan, reporter).document
+            info = execute(plan, reporter, starter=starter).document
         except RunFailed as err:
             info = read_run_document(run_dir) or RunDocument()
             if not info.failed_variants:
@@ -385,12 +392,12 @@ def _sampled_run(config: RunConfig, path: Path, task_group: str, limit: int | No
 
 
 def _localized(rows: list[CalibrationRow], run_dir: Path, places: dict[str, tuple[int, str] | None],
-               reporter: Reporter, *, again: bool) -> list[CalibrationRow]:
+               reporter: Reporter, *, again: bool, starter: Preimport) -> list[CalibrationRow]:
     """Every compared entry through `evalpipe localize` (the reference and its A/A started
     once for all; ``again`` false: the run's localize.json as it is): the first module above
     the floor next to the entry's known place."""
     names = tuple(r.variant for r in rows if r.status != "FAILED")
-    found = localize_run(run_dir, reporter, Request(names)) if again else read_localizations(run_dir)
+    found = localize_run(run_dir, reporter, Request(names), starter=starter) if again else read_localizations(run_dir)
     docs = {d.variant: d for d in found}
     out = []
     for r in rows:

@@ -14,6 +14,7 @@ report.md and report.html get a section, the terminal one sentence.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import time
@@ -63,10 +64,11 @@ class Request:
 
 
 def localize_run(run_dir: Path, reporter: Reporter, request: Request = Request(),
-                 limits: Limits = Limits()) -> list[schema.LocalizeDocument]:
+                 limits: Limits = Limits(), starter: Preimport | None = None) -> list[schema.LocalizeDocument]:
     """Localize the requested variants of a run: the reference and the A/A configuration are
     started once for all of them, each variant once; localize.json and the reports updated.
-    Returns the documents written (one per variant), so a caller need not read them back."""
+    Returns the documents written (one per variant), so a caller need not read them back.
+    ``starter``: a caller's pre-imported interpreters (kept running), else the call's own."""
     rd = RunDir(Path(run_dir))
     info = read_run_document(rd.root)
     if info is None:
@@ -101,7 +103,7 @@ def localize_run(run_dir: Path, reporter: Reporter, request: Request = Request()
     sizes: dict[str, int] = {}
     sides: dict[str, Side] = {}
     view = ProgressView(reporter.console)
-    with Preimport() as starter:
+    with contextlib.nullcontext(starter) if starter is not None else Preimport() as starter:
         for planned in plan.variants:
             t0 = time.monotonic()
             sides[planned.name] = _capture(plan, planned, model, rd, targets, decode_steps, view, limits, reporter, starter)

@@ -106,3 +106,38 @@ def test_a_task_group_the_config_lacks_is_refused_naming_its_groups(tmp_path):
     with pytest.raises(ConfigError, match=r"--tasks scenarios: .* has no such task group; its groups are gsm8k\."):
         run_calibration(path, 2, None, tmp_path / "t.md", QuietReporter(Console(file=io.StringIO())), task_group="scenarios")
     assert not (tmp_path / "t.md").exists()
+
+
+def test_the_zoo_run_its_localization_and_its_sampled_run_fork_from_one_starter_with_the_zoo_run_s_mark(tmp_path, monkeypatch):
+    """A server forks only for processes of its own mark: every phase's processes carry the zoo
+    run's, so torch and its kin are imported once per calibration, not once per phase."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from evalpipe.commands import calibrate as command
+    from evalpipe.documents.run_doc import RunDocument
+    from evalpipe.execution.preimport import Preimport
+    from evalpipe.process_table import RUN_ID_ENV
+    from evalpipe.reporting import QuietReporter
+
+    config, expected = calibration_config(parse_config(BASE), zoo(["double_reduce"]))
+    reporter = QuietReporter(Console(file=io.StringIO()))
+    started, localized = [], []
+
+    class Ran:
+        document = RunDocument()
+
+    monkeypatch.setattr(command, "execute", lambda plan, rep, **kw: started.append((plan, kw["starter"])) or Ran())
+    monkeypatch.setattr(command, "localize_run", lambda run_dir, rep, request, **kw: localized.append(kw["starter"]) or [])
+    with Preimport() as shared:
+        run_dir, _, _ = command._zoo_run(config, Path("cfg.yaml"), "gsm8k", 2, tmp_path, "zoo", None, reporter, shared)
+        command._localized([], run_dir, {}, reporter, again=True, starter=shared)
+        sampled = config.model_copy(update={"sampling": command._sampled_settings(0.6, 2)})
+        command._sampled_run(sampled, Path("cfg.yaml"), "gsm8k", 2, tmp_path, "zoo-sampled", expected, reporter, shared,
+                             mark=run_dir.name)
+    assert [plan.run_id for plan, _ in started] == ["zoo", "zoo-sampled"] and run_dir.name == "zoo"
+    assert all(starter is shared for _, starter in started) and localized == [shared]
+    marks = {v.process_env()[RUN_ID_ENV] for plan, _ in started for v in plan.variants}
+    assert marks == {"zoo"}, "the sampled run's own mark would start a second server"
