@@ -306,12 +306,12 @@ class ProcessRecord:
                 "started_at": self.started_at,
                 "updated_at": time.time(),
                 "models": [m.to_json() for m in self.models],
-                "switches": dict(self.switches),
-                "switch_errors": dict(self.switch_errors),
-                "calls": dict(self.calls),
-                "collectives": dict(self.collectives),
-                "shapes": {k: list(v) for k, v in self.shapes.items()},
-                "absent": dict(self.absent),
+                "switches": self.switches,
+                "switch_errors": self.switch_errors,
+                "calls": self.calls,
+                "collectives": self.collectives,
+                "shapes": self.shapes,
+                "absent": self.absent,
                 "errors": self.errors[:20],
             })
 

@@ -28,6 +28,7 @@ from evalpipe.probing.names import VariantNames
 from evalpipe.rundir import artifacts
 from evalpipe.rundir.artifacts import PROBES_JSON
 from evalpipe.rundir.integrity import describe_file
+from evalpipe.validation import first_problem
 
 PROBES_DIR = "probes"  # <variant>/probes/<pid>.json, the per-process records
 FLUSH_S = 0.5  # how stale a live process's record may be
@@ -83,9 +84,7 @@ def read_records(source: Path) -> tuple[list[ProcessProbe], list[str]]:
         try:
             records.append(ProcessProbe.model_validate(json.loads(path.read_text(encoding="utf-8"))))
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(map(str, first["loc"]))
-            why = str(first["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            where, why = first_problem(err)
             unreadable.append(f"{path.name}: {where + ': ' if where else ''}{why}")
         except (OSError, ValueError) as err:
             unreadable.append(f"{path.name}: {str(err).splitlines()[0]}")
